@@ -1,0 +1,212 @@
+r"""The exact three-way split of block-quantization error, and its order-free attribution.
+
+For a block with max magnitude ``amax``, stored scale ``s`` and element grid ``Q`` (round to
+nearest even, saturating at ``M``, the grid's max: 6 for E2M1):
+
+    s*      = amax / M                       ideal real-valued scale: amax lands on the top grid point
+    x_grid  = s* . Q(x / s*)                 ideal-scale quantization
+    dead    = [Q(x / s*) == 0]               the deadzone (|x| <= amax/24 for E2M1, ties to zero)
+    e_dead  = -x . dead                      deadzone truncation
+    e_grid  = (x_grid - x) . (1 - dead)      grid noise
+    e_scale = s . Q(x / s) - x_grid          scale bias: all that the stored scale adds
+
+Why the identity ``MX(x) - x = e_scale + e_dead + e_grid`` is exact: the sum telescopes,
+
+    e_scale + e_dead + e_grid = MX(x) - x_grid - x.dead + (x_grid - x) - (x_grid - x).dead
+                              = MX(x) - x - x_grid.dead,
+
+and ``x_grid . dead = s* . Q(x/s*) . [Q(x/s*) == 0] = 0`` identically. So the identity holds for
+every real x, every scale rule and every element grid; in floating point the only residual is the
+round-off of the few float64 operations, which ``identity_residual`` reports.
+
+The vectors add up exactly; their energies do not: ``|e|^2 = sum_c |e_c|^2 + cross``, and the
+cross term is large. The split is also path dependent (deadzone, then grid, then scale). The
+Shapley attribution removes the order: three players, scale S (sigma = s* off, s on), deadzone D
+and grid G, with corner quantizers
+
+    D off, G off:  x
+    D on,  G off:  x . [Q(x/sigma) != 0]
+    D off, G on:   sigma . Q(x/sigma) where Q(x/sigma) != 0, else x
+    D on,  G on:   sigma . Q(x/sigma)
+
+and ``v(T) = |f_T(x) - x|^2``. The three Shapley values sum to ``v({S, D, G}) = |MX(x) - x|^2``
+exactly (efficiency), up to float64 round-off.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .formats import BlockFormat, round_to_grid
+from .quantize import check_input, from_blocks, nvfp4_tensor_scale, quantize_blocks, to_blocks
+
+COMPONENTS = ("scale", "dead", "grid")
+
+
+@dataclass
+class Decomposition:
+    """Component tensors (float64, the shape of the input) and per-tensor statistics."""
+
+    x: torch.Tensor
+    quantized: torch.Tensor
+    e_scale: torch.Tensor
+    e_dead: torch.Tensor
+    e_grid: torch.Tensor
+    dead: torch.Tensor
+    saturated: torch.Tensor
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def error(self) -> torch.Tensor:
+        return self.quantized - self.x
+
+
+def _corner_energies(x, grid_values, sigma):
+    """v(D, G) for the four (deadzone, grid) corners at one scale sigma."""
+    kept = grid_values != 0
+    on_grid = sigma * grid_values
+    return {
+        (False, False): 0.0,
+        (True, False): float(x[~kept].pow(2).sum()),
+        (False, True): float((on_grid - x)[kept].pow(2).sum()),
+        (True, True): float((on_grid - x).pow(2).sum()),
+    }
+
+
+def shapley(x, ideal_grid, s_star, stored_grid, s) -> dict[str, float]:
+    """Shapley values of the error energy over the players scale, dead, grid."""
+    at_ideal = _corner_energies(x, ideal_grid, s_star)
+    at_stored = _corner_energies(x, stored_grid, s)
+
+    def v(coalition: frozenset) -> float:
+        corner = ("dead" in coalition, "grid" in coalition)
+        return (at_stored if "scale" in coalition else at_ideal)[corner]
+
+    n = len(COMPONENTS)
+    values = {}
+    for player in COMPONENTS:
+        others = [p for p in COMPONENTS if p != player]
+        total = 0.0
+        for size in range(n):
+            weight = math.factorial(size) * math.factorial(n - size - 1) / math.factorial(n)
+            for subset in itertools.combinations(others, size):
+                t = frozenset(subset)
+                total += weight * (v(t | {player}) - v(t))
+        values[player] = total
+    return values
+
+
+def _share(part: float, total: float) -> float:
+    """part / total, defined as 0 for an error-free tensor (total == 0)."""
+    return part / total if total > 0 else 0.0
+
+
+def decompose(
+    x: torch.Tensor, fmt: str | BlockFormat = "mxfp4", axis: int = -1, scale_rule: str | None = None
+) -> Decomposition:
+    """Split the quantization error of ``x`` into scale bias, deadzone truncation and grid noise."""
+    fmt, axis, rule = check_input(x, fmt, axis, scale_rule)
+    n_bad = int((~torch.isfinite(x)).sum())
+    if n_bad:
+        raise ValueError(f"decompose needs finite input; found {n_bad} NaN or infinite elements")
+    elem = fmt.element
+    tensor_scale = nvfp4_tensor_scale(x, fmt) if fmt.tensor_scale else None
+    blocks32 = to_blocks(x, axis, fmt.block_size)
+    stored_grid, _, scale = quantize_blocks(blocks32, fmt, rule, tensor_scale)
+
+    blocks = blocks32.double()
+    stored_grid = stored_grid.double()
+    s = scale.double().unsqueeze(-1)
+    quantized = stored_grid * s
+    amax = blocks.abs().amax(-1, keepdim=True)
+    nonzero = amax > 0
+    safe_amax = torch.where(nonzero, amax, torch.ones_like(amax))
+    ideal_grid = torch.where(nonzero, round_to_grid(blocks * elem.max_value / safe_amax, elem), 0.0)
+    x_grid = ideal_grid * amax / elem.max_value
+    s_star = amax / elem.max_value
+
+    dead = ideal_grid == 0
+    e_dead = torch.where(dead, -blocks, 0.0)
+    e_grid = torch.where(dead, 0.0, x_grid - blocks)
+    e_scale = quantized - x_grid
+    saturated = (blocks / s).abs() > elem.max_value
+
+    shap = shapley(blocks, ideal_grid, s_star, stored_grid, s)
+
+    def crop(t):
+        return from_blocks(t, x.shape, axis)
+
+    out = Decomposition(
+        x=crop(blocks),
+        quantized=crop(quantized),
+        e_scale=crop(e_scale),
+        e_dead=crop(e_dead),
+        e_grid=crop(e_grid),
+        dead=crop(dead),
+        saturated=crop(saturated),
+    )
+    out.stats = component_stats(out, shap)
+    out.stats.update(format=fmt.name, scale_rule=rule, axis=axis, shape=list(x.shape), dtype=str(x.dtype))
+    return out
+
+
+def component_stats(d: Decomposition, shap: dict[str, float]) -> dict:
+    """Per-tensor statistics of a decomposition (see DESIGN.md, 'Statistics per tensor')."""
+    error = d.error
+    total = float(error.pow(2).sum())
+    components = {"scale": d.e_scale, "dead": d.e_dead, "grid": d.e_grid}
+    energies = {c: float(t.pow(2).sum()) for c, t in components.items()}
+    residual = (error - (d.e_scale + d.e_dead + d.e_grid)).abs()
+    magnitude = torch.maximum(d.x.abs(), d.quantized.abs()).clamp(min=torch.finfo(torch.float64).tiny)
+    n = d.x.numel()
+    stats = {
+        "n": n,
+        "signal_energy": float(d.x.pow(2).sum()),
+        "energy_total": total,
+        "relative_error": math.sqrt(_share(total, float(d.x.pow(2).sum()))),
+        "cross_term": total - sum(energies.values()),
+        "cross_share": _share(total - sum(energies.values()), total),
+        "deadzone_fraction": float(d.dead.sum()) / n,
+        "saturation_fraction": float(d.saturated.sum()) / n,
+        "identity_residual": float(residual.max()) if n else 0.0,
+        "identity_residual_rel": float((residual / magnitude).max()) if n else 0.0,
+        "shapley_residual": abs(sum(shap.values()) - total),
+        "mean_total": float(error.mean()),
+    }
+    for c in COMPONENTS:
+        stats[f"energy_{c}"] = energies[c]
+        stats[f"share_{c}"] = _share(energies[c], total)
+        stats[f"mean_{c}"] = float(components[c].mean())
+        stats[f"shapley_{c}"] = shap[c]
+        stats[f"shapley_share_{c}"] = _share(shap[c], total)
+    return stats
+
+
+def decompose_named(
+    tensors: dict[str, torch.Tensor], fmt: str | BlockFormat = "mxfp4", axis: int = -1, scale_rule: str | None = None
+) -> dict[str, dict]:
+    """Per-tensor statistics of several named tensors (a per-layer breakdown) plus their pooled total."""
+    per = {name: decompose(t, fmt, axis, scale_rule).stats for name, t in tensors.items()}
+    return {"per_tensor": per, "total": pool_stats(list(per.values()))}
+
+
+def pool_stats(stats: list[dict]) -> dict:
+    """Pool per-tensor statistics into one: energies add, fractions average by element count."""
+    n = sum(s["n"] for s in stats)
+    total = sum(s["energy_total"] for s in stats)
+    pooled = {"n": n, "energy_total": total}
+    for c in COMPONENTS:
+        for key in (f"energy_{c}", f"shapley_{c}"):
+            pooled[key] = sum(s[key] for s in stats)
+        pooled[f"share_{c}"] = _share(pooled[f"energy_{c}"], total)
+        pooled[f"shapley_share_{c}"] = _share(pooled[f"shapley_{c}"], total)
+    pooled["cross_term"] = total - sum(pooled[f"energy_{c}"] for c in COMPONENTS)
+    pooled["cross_share"] = _share(pooled["cross_term"], total)
+    for key in ("deadzone_fraction", "saturation_fraction"):
+        pooled[key] = sum(s[key] * s["n"] for s in stats) / n if n else 0.0
+    pooled["identity_residual"] = max((s["identity_residual"] for s in stats), default=0.0)
+    return pooled

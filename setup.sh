@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Create .venv and install the project with every extra a CPU machine can use.
+# torch is pinned to 2.13.0: a CPU build where one lies on local disk, the matching CUDA build elsewhere.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q -e '.[rl,test,bench]'

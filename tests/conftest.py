@@ -1,0 +1,20 @@
+import os
+
+import pytest
+import torch
+from hypothesis import settings
+
+settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True)
+settings.register_profile("dev", max_examples=25, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,9 @@
+rule prove_decomposition:
+    """Numerical check of the exact decomposition identity over the standard distributions and formats."""
+    output:
+        f"{RESULTS}/proofs/proofs.json",
+    log:
+        f"{RESULTS}/logs/proofs.log",
+    threads: 1
+    shell:
+        "mxfp4 prove --out {output} 2> {log}"
