@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .formats import BlockFormat, round_to_grid
-from .quantize import check_input, from_blocks, nvfp4_tensor_scale, quantize_blocks, to_blocks
+from .reference import check_input, from_blocks, nvfp4_tensor_scale, quantize_blocks, to_blocks
 
 COMPONENTS = ("scale", "dead", "grid")
 

@@ -1,5 +1,14 @@
 import os
 
+# The Triton kernels run under the interpreter on CPU; triton decides at import time.
+try:
+    import torch as _torch
+
+    if not _torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+except ImportError:  # pragma: no cover
+    pass
+
 import pytest
 import torch
 from hypothesis import settings

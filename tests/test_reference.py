@@ -3,12 +3,13 @@
 import numpy as np
 import pytest
 import torch
-from adversarial import adversarial_rows
+from mxfp4.adversarial import adversarial_rows
 from oracle import oracle_decode, oracle_quantize
 
 import mxfp4
+from mxfp4 import reference
 from mxfp4.formats import FORMATS
-from mxfp4.quantize import pack_fp4, unpack_fp4
+from mxfp4.reference import pack_fp4, unpack_fp4
 
 FORMAT_RULES = [(f, r) for f in FORMATS for r in FORMATS[f].scale_rules]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -20,7 +21,7 @@ def _oracle(x: torch.Tensor, fmt: str, rule: str):
 
 
 def _assert_matches_oracle(x, fmt, rule):
-    q = mxfp4.quantize(x, fmt, axis=-1, scale_rule=rule)
+    q = reference.quantize(x, fmt, axis=-1, scale_rule=rule)
     codes, scales, tensor_scale = _oracle(x, fmt, rule)
     np.testing.assert_array_equal(q.scales.numpy(), scales)
     np.testing.assert_array_equal(q.element_codes().numpy(), codes)
@@ -49,7 +50,7 @@ def test_dequantized_values_match_oracle_decode():
     codes, scales, _ = _oracle(x, "mxfp4", "floor")
     scale_values = np.ldexp(np.float32(1), scales.astype(np.int64) - 127).astype(np.float32)
     expected = (oracle_decode(codes, "e2m1") * scale_values[..., None]).reshape(x.shape[0], -1)[:, : x.shape[1]]
-    np.testing.assert_array_equal(mxfp4.fake_quantize(x).numpy(), expected)
+    np.testing.assert_array_equal(reference.fake_quantize(x).numpy(), expected)
 
 
 def test_pack_unpack_round_trip():
@@ -65,8 +66,8 @@ def test_pack_unpack_round_trip():
 @pytest.mark.parametrize("case", ["gaussian", "nan_inf", "zero_blocks", "ties"])
 def test_dequantize_of_quantize_is_fake_quantize(fmt, dtype, case):
     x = adversarial_rows()[case].to(dtype)
-    a = mxfp4.fake_quantize(x, fmt)
-    b = mxfp4.dequantize(mxfp4.quantize(x, fmt))
+    a = reference.fake_quantize(x, fmt)
+    b = reference.dequantize(reference.quantize(x, fmt))
     assert a.dtype == x.dtype and a.shape == x.shape
     assert torch.equal(a.isnan(), b.isnan())
     assert torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
@@ -74,8 +75,8 @@ def test_dequantize_of_quantize_is_fake_quantize(fmt, dtype, case):
 
 def test_nan_or_inf_block_decodes_to_nan_and_others_do_not():
     x = adversarial_rows()["nan_inf"]
-    q = mxfp4.quantize(x)
-    y = mxfp4.dequantize(q)
+    q = reference.quantize(x)
+    y = reference.dequantize(q)
     bad_blocks = ~torch.isfinite(x).view(8, -1, 32).all(-1)
     assert torch.equal(q.scales == 0xFF, bad_blocks)
     assert torch.equal(y.view(8, -1, 32).isnan().all(-1), bad_blocks)
@@ -84,9 +85,9 @@ def test_nan_or_inf_block_decodes_to_nan_and_others_do_not():
 
 def test_all_zero_block_gets_smallest_scale_and_stays_zero():
     x = torch.zeros(2, 64)
-    q = mxfp4.quantize(x)
+    q = reference.quantize(x)
     assert (q.scales == 0).all()
-    assert torch.equal(mxfp4.dequantize(q), x)
+    assert torch.equal(reference.dequantize(q), x)
 
 
 @pytest.mark.parametrize("fmt", ["mxfp4", "nvfp4", "mxfp6_e2m3"])
@@ -96,32 +97,32 @@ def test_ragged_last_block_padding_never_leaks(fmt, length):
     x = torch.randn(3, length, generator=g) + 10.0  # padding zeros would matter if they leaked
     bs = FORMATS[fmt].block_size
     padded = torch.nn.functional.pad(x, (0, -length % bs))
-    y = mxfp4.fake_quantize(x, fmt)
+    y = reference.fake_quantize(x, fmt)
     assert y.shape == x.shape
-    assert torch.equal(y, mxfp4.fake_quantize(padded, fmt)[:, :length])
+    assert torch.equal(y, reference.fake_quantize(padded, fmt)[:, :length])
 
 
 @pytest.mark.parametrize("axis", [0, 1, 2, -1])
 def test_any_axis_equals_moving_it_last(axis):
     x = torch.randn(40, 6, 35, generator=torch.Generator().manual_seed(3))
-    y = mxfp4.fake_quantize(x, axis=axis)
-    moved = mxfp4.fake_quantize(x.movedim(axis, -1).contiguous(), axis=-1).movedim(-1, axis)
+    y = reference.fake_quantize(x, axis=axis)
+    moved = reference.fake_quantize(x.movedim(axis, -1).contiguous(), axis=-1).movedim(-1, axis)
     assert torch.equal(y, moved)
-    q = mxfp4.quantize(x, axis=axis)
+    q = reference.quantize(x, axis=axis)
     assert q.scales.shape[-1] == -(-x.shape[axis] // 32)
 
 
 @pytest.mark.parametrize(
     "call,match",
     [
-        (lambda: mxfp4.quantize(torch.ones(4, 32, dtype=torch.float64)), "unsupported dtype.*accepted: float32, bfloat16, float16"),
-        (lambda: mxfp4.quantize(torch.ones(4, 32, dtype=torch.int32)), "unsupported dtype.*accepted"),
-        (lambda: mxfp4.quantize(torch.ones(4, 32), axis=2), "axis 2 is out of range.*accepted: -2 .. 1"),
-        (lambda: mxfp4.quantize(torch.ones(4, 32), "mxfp5"), "unknown format 'mxfp5'; accepted: mxfp4, "),
-        (lambda: mxfp4.quantize(torch.ones(4, 32), scale_rule="round"), "unknown scale rule 'round'.*accepted: floor, ceil, even, rceil"),
-        (lambda: mxfp4.quantize(torch.ones(4, 32), "nvfp4", scale_rule="floor"), "accepted: nearest"),
-        (lambda: mxfp4.fake_quantize(torch.tensor(1.0)), "at least one dimension"),
-        (lambda: mxfp4.fake_quantize(torch.ones(0, 32)), "non-empty"),
+        (lambda: reference.quantize(torch.ones(4, 32, dtype=torch.float64)), "unsupported dtype.*accepted: float32, bfloat16, float16"),
+        (lambda: reference.quantize(torch.ones(4, 32, dtype=torch.int32)), "unsupported dtype.*accepted"),
+        (lambda: reference.quantize(torch.ones(4, 32), axis=2), "axis 2 is out of range.*accepted: -2 .. 1"),
+        (lambda: reference.quantize(torch.ones(4, 32), "mxfp5"), "unknown format 'mxfp5'; accepted: mxfp4, "),
+        (lambda: reference.quantize(torch.ones(4, 32), scale_rule="round"), "unknown scale rule 'round'.*accepted: floor, ceil, even, rceil"),
+        (lambda: reference.quantize(torch.ones(4, 32), "nvfp4", scale_rule="floor"), "accepted: nearest"),
+        (lambda: reference.fake_quantize(torch.tensor(1.0)), "at least one dimension"),
+        (lambda: reference.fake_quantize(torch.ones(0, 32)), "non-empty"),
     ],
 )
 def test_bad_input_raises_value_error_naming_accepted_values(call, match):
@@ -133,6 +134,6 @@ def test_floor_rule_matches_torchao_to_mx():
     mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
     x = torch.randn(64, 256, generator=torch.Generator().manual_seed(7), dtype=torch.bfloat16)
     scale, data = mx.to_mx(x, torch.float4_e2m1fn_x2, 32)
-    q = mxfp4.quantize(x)
+    q = reference.quantize(x)
     assert torch.equal(scale.view(torch.uint8).reshape(q.scales.shape), q.scales)
     assert torch.equal(data.view(torch.uint8).reshape(q.codes.shape), q.codes)

@@ -1,4 +1,4 @@
-"""Adversarial inputs shared by the reference tests and the kernel checks: [rows, K] float32."""
+"""Adversarial inputs shared by the reference tests and the kernel checks: [rows, K] float32 (K = 96 by default)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ def adversarial_rows(k: int = 96, seed: int = 0) -> dict[str, torch.Tensor]:
     sat[:, ::32] = 7.99
     cases["saturation"] = sat
     cases["tiny"] = torch.randn(n, k, generator=g) * 2.0**-133  # float32 subnormals, scale clamps
+    cases["subnormal_out"] = torch.randn(n, k, generator=g) * 2.0**-125  # decoded values are subnormal
     cases["huge"] = torch.randn(n, k, generator=g) * 2.0**125
     zeros = torch.randn(n, k, generator=g)
     zeros[:, :32] = 0.0

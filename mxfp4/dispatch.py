@@ -1,0 +1,107 @@
+"""The one dispatch every caller goes through: it picks the implementation, callers never do.
+
+- CUDA tensors in MXFP4: the Triton kernels.
+- CPU tensors: the reference (pure PyTorch), unless the Triton kernels are asked for with
+  ``MXFP4_BACKEND=triton`` (or ``use_backend("triton")``), which on CPU needs ``TRITON_INTERPRET=1``
+  set before the first import of the kernels; ``compiled`` asks for ``torch.compile`` of the reference.
+- Formats other than MXFP4 always use the reference (it runs on any device).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+import torch
+
+from . import reference
+from .formats import BlockFormat, get_format
+
+BACKENDS = ("auto", "reference", "compiled", "triton")
+_override: list[str] = []
+
+
+@contextlib.contextmanager
+def use_backend(name: str):
+    """Force a backend inside a ``with`` block (tests, benchmarks)."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; accepted: {', '.join(BACKENDS)}")
+    _override.append(name)
+    try:
+        yield
+    finally:
+        _override.pop()
+
+
+def requested_backend() -> str:
+    name = _override[-1] if _override else os.environ.get("MXFP4_BACKEND", "auto")
+    if name not in BACKENDS:
+        raise ValueError(f"MXFP4_BACKEND={name!r} is not a backend; accepted: {', '.join(BACKENDS)}")
+    return name
+
+
+def backend_for(x: torch.Tensor, fmt: str | BlockFormat = "mxfp4") -> str:
+    """The backend that handles ``x`` in ``fmt``: 'reference', 'compiled' or 'triton'."""
+    wanted = requested_backend()
+    is_mxfp4 = get_format(fmt).name == "mxfp4"
+    if wanted == "auto":
+        return "triton" if (x.is_cuda and is_mxfp4) else "reference"
+    if wanted == "triton":
+        if not is_mxfp4:
+            return "reference"
+        if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError(
+                "the Triton backend on CPU tensors runs under the interpreter: set TRITON_INTERPRET=1 "
+                "before importing mxfp4's kernels, or use MXFP4_BACKEND=reference"
+            )
+    return wanted
+
+
+def _kernels():
+    from . import triton_kernels
+
+    return triton_kernels
+
+
+@functools.cache
+def _compiled_fake_quantize():
+    return torch.compile(reference.fake_quantize, dynamic=False)
+
+
+def quantize(x, fmt="mxfp4", axis=-1, scale_rule=None) -> reference.QuantizedTensor:
+    if backend_for(x, fmt) == "triton":
+        return _kernels().quantize(x, axis, scale_rule)
+    return reference.quantize(x, fmt, axis, scale_rule)
+
+
+def dequantize(qt: reference.QuantizedTensor, dtype=None) -> torch.Tensor:
+    if backend_for(qt.codes, qt.fmt) == "triton":
+        return _kernels().dequantize(qt, dtype)
+    return reference.dequantize(qt, dtype)
+
+
+def fake_quantize(x, fmt="mxfp4", axis=-1, scale_rule=None) -> torch.Tensor:
+    backend = backend_for(x, fmt)
+    if backend == "triton":
+        return _kernels().fake_quantize(x, axis, scale_rule)
+    if backend == "compiled":
+        return _compiled_fake_quantize()(x, fmt, axis, scale_rule)
+    return reference.fake_quantize(x, fmt, axis, scale_rule)
+
+
+def fake_quantize_with_stats(x, fmt="mxfp4", axis=-1, scale_rule=None) -> tuple[torch.Tensor, dict]:
+    """Fake-quantize and return the decomposition energies and counts of the same tensor."""
+    if backend_for(x, fmt) == "triton":
+        out, stats = _kernels().fake_quantize_with_stats(x, axis, scale_rule)
+        if not all(torch.isfinite(torch.tensor([stats[k] for k in stats if k.startswith("energy")]))):
+            raise ValueError("fake_quantize_with_stats needs finite input; found NaN or infinite elements")
+        return out, stats
+    from .decompose import decompose
+
+    d = decompose(x, fmt, axis, scale_rule)
+    keys = ("energy_scale", "energy_dead", "energy_grid", "energy_total", "cross_term", "deadzone_fraction", "saturation_fraction", "n")
+    stats = {k: d.stats[k] for k in keys}
+    stats["deadzone_count"] = int(d.dead.sum())
+    stats["saturation_count"] = int(d.saturated.sum())
+    return d.quantized.to(x.dtype), stats
