@@ -8,8 +8,8 @@ below is generic over these parameters, so every format goes through the same co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+import math
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,6 +31,16 @@ class ElementFormat:
     mbits: int
     bias: int
     max_value: float
+    # Derived tables, filled in by __post_init__ (plain attributes, so torch.compile traces them).
+    positive_grid: torch.Tensor = field(init=False, repr=False, compare=False)
+    rounding_steps: tuple = field(init=False, repr=False, compare=False)
+    code_table: torch.Tensor = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        grid = self._positive_grid()
+        object.__setattr__(self, "positive_grid", grid)
+        object.__setattr__(self, "rounding_steps", self._rounding_steps(grid.tolist()))
+        object.__setattr__(self, "code_table", self._code_table(grid))
 
     @property
     def emin(self) -> int:
@@ -40,7 +50,7 @@ class ElementFormat:
     @property
     def emax(self) -> int:
         """Exponent of the largest finite number (2 for E2M1: 6 = 1.5 * 2**2)."""
-        return int(torch.tensor(self.max_value).log2().floor().item())
+        return math.frexp(self.max_value)[1] - 1
 
     @property
     def bits(self) -> int:
@@ -54,8 +64,7 @@ class ElementFormat:
     def min_subnormal(self) -> float:
         return 2.0 ** (self.emin - self.mbits)
 
-    @cached_property
-    def positive_grid(self) -> torch.Tensor:
+    def _positive_grid(self) -> torch.Tensor:
         """Finite non-negative values in code order (code i has value positive_grid[i])."""
         values = []
         for code in range(1 << (self.ebits + self.mbits)):
@@ -69,12 +78,17 @@ class ElementFormat:
             values.append(value)
         return torch.tensor(values, dtype=torch.float64)
 
-    @cached_property
-    def code_table(self) -> torch.Tensor:
+    @staticmethod
+    def _rounding_steps(g: list[float]) -> tuple[tuple[float, float, bool], ...]:
+        """(midpoint, step, inclusive) between consecutive grid values: |y| rounds up past the
+        midpoint, and at the midpoint itself (a tie) only when the upper neighbour's code is even."""
+        return tuple(((lo + hi) / 2, hi - lo, (i + 1) % 2 == 0) for i, (lo, hi) in enumerate(zip(g, g[1:])))
+
+    def _code_table(self, grid: torch.Tensor) -> torch.Tensor:
         """float32 value of every code (sign bit included); NaN for codes beyond max_value."""
         n_pos = 1 << (self.ebits + self.mbits)
         table = torch.full((2 * n_pos,), float("nan"), dtype=torch.float32)
-        grid = self.positive_grid.to(torch.float32)
+        grid = grid.to(torch.float32)
         table[: len(grid)] = grid
         table[n_pos : n_pos + len(grid)] = -grid
         return table
@@ -153,13 +167,20 @@ def floor_log2(a: torch.Tensor) -> torch.Tensor:
 def round_to_grid(y: torch.Tensor, elem: ElementFormat) -> torch.Tensor:
     """Round onto the element grid: nearest, ties to even, saturating at +-max_value.
 
-    Exact in the dtype of ``y`` (float32 or float64): every step is a power-of-two scaling
-    or an integer rounding. The sign of zero is kept.
+    Exact in the dtype of ``y`` (float32 or float64). Small grids (FP4, FP6) count the midpoints
+    passed, which torch.compile fuses into one loop; large ones (FP8) scale by the local step and
+    round. The sign of zero is kept.
     """
     a = y.abs()
-    e = floor_log2(a).clamp(min=elem.emin)
-    step = torch.ldexp(torch.ones_like(a), (e - elem.mbits).to(a.dtype))
-    q = (torch.round(a / step) * step).clamp(max=elem.max_value)
+    if len(elem.rounding_steps) <= 31:
+        q = torch.zeros_like(a)
+        for mid, step, inclusive in elem.rounding_steps:
+            passed = (a >= mid) if inclusive else (a > mid)
+            q = q + torch.where(passed, step, 0.0)
+    else:
+        e = floor_log2(a).clamp(min=elem.emin)
+        step = torch.ldexp(torch.ones_like(a), (e - elem.mbits).to(a.dtype))
+        q = (torch.round(a / step) * step).clamp(max=elem.max_value)
     return torch.copysign(q, y)
 
 
@@ -207,6 +228,7 @@ def e8m0_exponent(amax: torch.Tensor, elem: ElementFormat, rule: str) -> torch.T
 
 def e8m0_decode(scale_bytes: torch.Tensor) -> torch.Tensor:
     """E8M0 bytes to float32 scale values (0xFF is NaN). 2**-127 is a float32 subnormal, exact."""
-    e = scale_bytes.to(torch.int32) - E8M0_BIAS
-    value = torch.ldexp(torch.ones(e.shape, dtype=torch.float32), e.to(torch.float32))
-    return torch.where(scale_bytes == E8M0_NAN, torch.full_like(value, float("nan")), value)
+    biased = scale_bytes.to(torch.int32)
+    # 2**e from its float32 bits; byte 0 (2**-127) is the subnormal with bits 0x00400000
+    value = torch.where(biased == 0, 0x00400000, biased << 23).view(torch.float32)
+    return torch.where(biased == E8M0_NAN, float("nan"), value)

@@ -142,8 +142,12 @@ def quantize_blocks(blocks: torch.Tensor, fmt: BlockFormat, rule: str, tensor_sc
     """
     scale_bytes, scale = block_scales(blocks, fmt, rule, tensor_scale)
     finite = torch.isfinite(scale)
-    safe = torch.where(finite, scale, torch.ones_like(scale))
-    q = round_to_grid(blocks / safe.unsqueeze(-1), fmt.element)
+    if fmt.scale == "e8m0":  # x / 2**e == x * 2**-e exactly; 2**-e from the byte 254 - b
+        inverse = e8m0_decode((254 - scale_bytes.to(torch.int32)).clamp(0, 254).to(torch.uint8))
+        y = blocks * torch.where(finite, inverse, 1.0).unsqueeze(-1)
+    else:
+        y = blocks / torch.where(finite, scale, 1.0).unsqueeze(-1)
+    q = round_to_grid(y, fmt.element)
     q = torch.where(finite.unsqueeze(-1), q, torch.zeros_like(q))
     return q, scale_bytes, scale
 

@@ -1,0 +1,50 @@
+"""Kernel unit checks: every Triton kernel bit-exact against the reference; writes a JSON report.
+
+On a machine without CUDA the kernels run under TRITON_INTERPRET=1 (set here, before triton loads).
+
+    python kernels/check_kernels.py --out results/embedded/kernels/checks.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from mxfp4 import kernel_checks  # noqa: E402
+from mxfp4.io import write_json_atomic  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    results = []
+    for r in kernel_checks.check_cases(device):
+        results.append(r)
+        if not r["passed"]:
+            print(f"FAIL {r}", file=sys.stderr)
+    matmul = kernel_checks.check_matmul(device)
+    passed = all(r["passed"] for r in results) and all(m["passed"] for m in matmul.values())
+    report = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (TRITON_INTERPRET=1)",
+        "n_checks": len(results),
+        "n_failed": sum(not r["passed"] for r in results),
+        "matmul": matmul,
+        "passed": passed,
+        "checks": results,
+    }
+    write_json_atomic(args.out, report)
+    print(f"{report['n_checks']} bit-exact checks, {report['n_failed']} failed; matmul "
+          f"{'ok' if all(m['passed'] for m in matmul.values()) else 'FAILED'} -> {args.out}")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
