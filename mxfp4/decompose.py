@@ -106,17 +106,32 @@ def _share(part: float, total: float) -> float:
 
 
 def decompose(
-    x: torch.Tensor, fmt: str | BlockFormat = "mxfp4", axis: int = -1, scale_rule: str | None = None
+    x: torch.Tensor,
+    fmt: str | BlockFormat = "mxfp4",
+    axis: int = -1,
+    scale_rule: str | None = None,
+    *,
+    block_quantizer=None,
+    exclude: torch.Tensor | None = None,
 ) -> Decomposition:
-    """Split the quantization error of ``x`` into scale bias, deadzone truncation and grid noise."""
+    """Split the quantization error of ``x`` into scale bias, deadzone truncation and grid noise.
+
+    ``block_quantizer(blocks) -> (grid values, effective scale per block)`` replaces the format's
+    own quantizer (corrections such as macro-block scaling pass theirs; the identity holds for any).
+    ``exclude`` marks elements that are not quantized (kept in high precision by a correction):
+    they must be zero in ``x`` and are left out of the counts and fractions.
+    """
     fmt, axis, rule = check_input(x, fmt, axis, scale_rule)
     n_bad = int((~torch.isfinite(x)).sum())
     if n_bad:
         raise ValueError(f"decompose needs finite input; found {n_bad} NaN or infinite elements")
     elem = fmt.element
-    tensor_scale = nvfp4_tensor_scale(x, fmt) if fmt.tensor_scale else None
     blocks32 = to_blocks(x, axis, fmt.block_size)
-    stored_grid, _, scale = quantize_blocks(blocks32, fmt, rule, tensor_scale)
+    if block_quantizer is None:
+        tensor_scale = nvfp4_tensor_scale(x, fmt) if fmt.tensor_scale else None
+        stored_grid, _, scale = quantize_blocks(blocks32, fmt, rule, tensor_scale)
+    else:
+        stored_grid, scale = block_quantizer(blocks32)
 
     blocks = blocks32.double()
     stored_grid = stored_grid.double()
@@ -149,20 +164,31 @@ def decompose(
         dead=crop(dead),
         saturated=crop(saturated),
     )
-    out.stats = component_stats(out, shap)
+    counted = None
+    if exclude is not None:
+        if exclude.shape != x.shape:
+            raise ValueError(f"exclude must have the shape of x {tuple(x.shape)}, got {tuple(exclude.shape)}")
+        if (x[exclude] != 0).any():
+            raise ValueError("excluded elements must be zero in x (they are not quantized)")
+        counted = ~exclude
+        out.dead &= counted
+        out.saturated &= counted
+    out.stats = component_stats(out, shap, counted)
     out.stats.update(format=fmt.name, scale_rule=rule, axis=axis, shape=list(x.shape), dtype=str(x.dtype))
     return out
 
 
-def component_stats(d: Decomposition, shap: dict[str, float]) -> dict:
-    """Per-tensor statistics of a decomposition (see DESIGN.md, 'Statistics per tensor')."""
+def component_stats(d: Decomposition, shap: dict[str, float], counted: torch.Tensor | None = None) -> dict:
+    """Per-tensor statistics of a decomposition (see DESIGN.md, 'Statistics per tensor');
+    fractions and means over the ``counted`` elements (all by default)."""
     error = d.error
     total = float(error.pow(2).sum())
     components = {"scale": d.e_scale, "dead": d.e_dead, "grid": d.e_grid}
     energies = {c: float(t.pow(2).sum()) for c, t in components.items()}
     residual = (error - (d.e_scale + d.e_dead + d.e_grid)).abs()
     magnitude = torch.maximum(d.x.abs(), d.quantized.abs()).clamp(min=torch.finfo(torch.float64).tiny)
-    n = d.x.numel()
+    n = d.x.numel() if counted is None else int(counted.sum())
+    n_mean = max(n, 1)
     stats = {
         "n": n,
         "signal_energy": float(d.x.pow(2).sum()),
@@ -170,17 +196,17 @@ def component_stats(d: Decomposition, shap: dict[str, float]) -> dict:
         "relative_error": math.sqrt(_share(total, float(d.x.pow(2).sum()))),
         "cross_term": total - sum(energies.values()),
         "cross_share": _share(total - sum(energies.values()), total),
-        "deadzone_fraction": float(d.dead.sum()) / n,
-        "saturation_fraction": float(d.saturated.sum()) / n,
+        "deadzone_fraction": float(d.dead.sum()) / n_mean,
+        "saturation_fraction": float(d.saturated.sum()) / n_mean,
         "identity_residual": float(residual.max()) if n else 0.0,
         "identity_residual_rel": float((residual / magnitude).max()) if n else 0.0,
         "shapley_residual": abs(sum(shap.values()) - total),
-        "mean_total": float(error.mean()),
+        "mean_total": float(error.sum()) / n_mean,
     }
     for c in COMPONENTS:
         stats[f"energy_{c}"] = energies[c]
         stats[f"share_{c}"] = _share(energies[c], total)
-        stats[f"mean_{c}"] = float(components[c].mean())
+        stats[f"mean_{c}"] = float(components[c].sum()) / n_mean
         stats[f"shapley_{c}"] = shap[c]
         stats[f"shapley_share_{c}"] = _share(shap[c], total)
     return stats
