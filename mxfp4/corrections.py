@@ -1,12 +1,15 @@
 """Corrections: each targets one component of the MXFP4 error and one RL failure mode.
 
 A correction is a class registered under a name (``@register("name")``, or the entry-point group
-``mxfp4.corrections`` for outside packages). It can act in two places:
+``mxfp4.corrections`` for outside packages). It can act through three hooks, which ``Quantizer``
+composes:
 
-- on tensors: ``wrap(quantizer)`` returns a new quantizer (``x, axis -> fake-quantized x``) and
-  ``decompose(x, axis, base)`` returns the decomposition of what it quantizes, so its effect on each
-  component is measurable with ``mxfp4.decompose`` (macro-block scaling, outlier fallback);
-- on the policy: ``rollout_context(model, step)`` wraps generation (AQN).
+- ``block_quantizer(fmt, rule)``: replaces how each block is scaled and rounded (macro-block scaling);
+- ``split(x, axis)``: marks elements kept in high precision; the rest is quantized (outlier fallback);
+- ``rollout_context(model, step)``: wraps rollout generation (AQN).
+
+``Quantizer(fmt, rule, corrections).decompose(x, axis)`` splits the error of what is quantized, so
+each correction's effect on each component is measurable with ``mxfp4.decompose``.
 
 Every correction reports its cost (``cost()``: extra bits per element, fraction kept in BF16).
 """
@@ -68,11 +71,13 @@ class Correction:
 
     name = "none"
 
-    def wrap(self, quantizer):
-        return quantizer
+    def block_quantizer(self, fmt, rule):
+        """``blocks -> (grid values, effective scale per block)``, or None to keep the format's."""
+        return None
 
-    def decompose(self, x: torch.Tensor, axis: int, fmt="mxfp4", scale_rule=None) -> Decomposition:
-        return decompose(x, fmt, axis, scale_rule)
+    def split(self, x: torch.Tensor, axis: int):
+        """(mask of elements kept in high precision, x with them zeroed), or None for none."""
+        return None
 
     def rollout_context(self, model, step: int):
         return contextlib.nullcontext()
@@ -169,23 +174,6 @@ class MacroBlockScaling(Correction):
 
         return quantize
 
-    def _fake(self, x, axis, fmt, rule):
-        fmt = get_format(fmt)
-        blocks = to_blocks(x, axis % x.dim(), fmt.block_size)
-        grid, scale = self.block_quantizer(fmt, rule or fmt.default_scale_rule)(blocks)
-        return from_blocks(grid * scale.unsqueeze(-1), x.shape, axis % x.dim()).to(x.dtype)
-
-    def wrap(self, quantizer):
-        def quantize(x, axis):
-            return self._fake(x, axis, quantizer.fmt, quantizer.scale_rule)
-
-        return Quantizer.derived(quantizer, quantize, inner=quantizer)
-
-    def decompose(self, x, axis, fmt="mxfp4", scale_rule=None):
-        fmt = get_format(fmt)
-        rule = fmt.check_scale_rule(scale_rule)
-        return decompose(x, fmt, axis, rule, block_quantizer=self.block_quantizer(fmt, rule))
-
     def cost(self) -> dict:
         return {"extra_bits_per_element": 16.0 / (32 * self.blocks * self.rows), "bf16_fraction": 0.0}
 
@@ -234,23 +222,11 @@ class OutlierFallback(Correction):
         return from_blocks(mask, x.shape, axis)
 
     def split(self, x, axis):
-        """(outlier mask, x with the outliers zeroed)."""
+        """(outlier mask, x with the outliers zeroed); counts what it keeps for ``cost()``."""
         mask = self.outlier_mask(x, axis)
+        self._kept[0] += int(mask.sum())
+        self._kept[1] += mask.numel()
         return mask, torch.where(mask, torch.zeros_like(x), x)
-
-    def wrap(self, quantizer):
-        def quantize(x, axis):
-            mask, rest = self.split(x, axis)
-            self._kept[0] += int(mask.sum())
-            self._kept[1] += mask.numel()
-            kept = x.to(torch.bfloat16).to(x.dtype)
-            return torch.where(mask, kept, quantizer(rest, axis))
-
-        return Quantizer.derived(quantizer, quantize, inner=quantizer)
-
-    def decompose(self, x, axis, fmt="mxfp4", scale_rule=None):
-        mask, rest = self.split(x, axis)
-        return decompose(rest, fmt, axis, scale_rule, exclude=mask)
 
     def cost(self) -> dict:
         seen = self._kept[1]
@@ -351,19 +327,49 @@ class AdaptiveQuantizationNoise(Correction):
 
 
 class Quantizer:
-    """A tensor quantizer: ``q(x, axis)`` fake-quantizes x with blocks along ``axis``."""
+    """A tensor quantizer: ``q(x, axis)`` fake-quantizes x with blocks along ``axis``, the
+    corrections' hooks composed: high-precision elements split off first, the rest quantized by
+    the correction's block quantizer (or the format's, through the dispatch)."""
 
-    def __init__(self, fmt="mxfp4", scale_rule=None, fn=None, inner=None):
+    def __init__(self, fmt="mxfp4", scale_rule=None, corrections=()):
         self.fmt = get_format(fmt)
         self.scale_rule = self.fmt.check_scale_rule(scale_rule)
-        self._fn = fn
-        self.inner = inner
+        self.corrections = list(corrections)
+        custom = [q for c in self.corrections if (q := c.block_quantizer(self.fmt, self.scale_rule)) is not None]
+        if len(custom) > 1:
+            raise ValueError("at most one correction may replace the block quantizer (e.g. one macro_block)")
+        self.block_quantizer = custom[0] if custom else None
 
-    @classmethod
-    def derived(cls, base: Quantizer, fn, inner=None) -> Quantizer:
-        return cls(base.fmt, base.scale_rule, fn, inner)
+    def _split(self, x, axis):
+        mask = None
+        for c in self.corrections:
+            part = c.split(x, axis)
+            if part is not None:
+                mask = part[0] if mask is None else mask | part[0]
+        if mask is None:
+            return None, x
+        return mask, torch.where(mask, torch.zeros_like(x), x)
 
     def __call__(self, x: torch.Tensor, axis: int) -> torch.Tensor:
-        if self._fn is not None:
-            return self._fn(x, axis)
-        return dispatch.fake_quantize(x, self.fmt, axis, self.scale_rule)
+        mask, rest = self._split(x, axis)
+        if self.block_quantizer is None:
+            q = dispatch.fake_quantize(rest, self.fmt, axis, self.scale_rule)
+        else:
+            ax = axis % x.dim()
+            grid, scale = self.block_quantizer(to_blocks(rest, ax, self.fmt.block_size))
+            q = from_blocks(grid * scale.unsqueeze(-1), x.shape, ax).to(x.dtype)
+        if mask is None:
+            return q
+        return torch.where(mask, x.to(torch.bfloat16).to(x.dtype), q)
+
+    def decompose(self, x: torch.Tensor, axis: int) -> Decomposition:
+        """The decomposition of what this quantizer quantizes (high-precision elements excluded)."""
+        mask, rest = self._split(x, axis)
+        return decompose(rest, self.fmt, axis, self.scale_rule, block_quantizer=self.block_quantizer, exclude=mask)
+
+    def cost(self) -> dict:
+        total = {"extra_bits_per_element": 0.0, "bf16_fraction": 0.0}
+        for c in self.corrections:
+            for k, v in c.cost().items():
+                total[k] = total.get(k, 0.0) + v
+        return total

@@ -1,0 +1,110 @@
+"""Models: the paper's hub checkpoints and tiny stand-ins of the same architectures.
+
+The tiny models keep the real architectures (Qwen2 dense; Qwen3-MoE with fused 3D experts) at a
+size that trains on two CPU cores, with a character tokenizer built locally by ``tokenizers``.
+They are saved like any checkpoint and loaded back through the same code as hub ids.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from pathlib import Path
+
+import torch
+
+PAPER_MODELS = {"qwen2.5-3b": "Qwen/Qwen2.5-3B", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B-Base"}
+TINY_ARCHS = ("tiny-dense", "tiny-moe")
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+CHARS = string.digits + string.ascii_letters + " \n.,:;!?'\"()+-*/=$%#<>&@_[]{}^|~`\\"
+
+
+def build_char_tokenizer():
+    """A character-level tokenizer (one token per character) as a PreTrainedTokenizerFast."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in CHARS:
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", padding_side="left"
+    )
+
+
+def tiny_config(arch: str, vocab_size: int):
+    """Config of a tiny stand-in; every GEMM dimension a multiple of 32 (whole MX blocks)."""
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    if arch == "tiny-dense":
+        from transformers import Qwen2Config
+
+        return Qwen2Config(intermediate_size=384, **common)
+    if arch == "tiny-moe":
+        from transformers import Qwen3MoeConfig
+
+        return Qwen3MoeConfig(
+            intermediate_size=384, moe_intermediate_size=96, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, **common
+        )
+    raise ValueError(f"unknown tiny architecture {arch!r}; accepted: {', '.join(TINY_ARCHS)}")
+
+
+def build_tiny(arch: str, seed: int = 0):
+    """(randomly initialised model in float32, tokenizer), deterministic under ``seed``."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = build_char_tokenizer()
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, len(tokenizer)), dtype=torch.float32)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model, tokenizer
+
+
+def save(model, tokenizer, path: Path | str, meta: dict | None = None) -> None:
+    path = Path(path)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    if meta is not None:
+        (path / "mxfp4_meta.json").write_text(json.dumps(meta, indent=2))
+
+
+def load(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """(model, tokenizer) from a hub id, a short name of PAPER_MODELS, or a local folder.
+
+    A local folder whose tokenizer we built is loaded as ``PreTrainedTokenizerFast``: ``AutoTokenizer``
+    on a folder whose model type is qwen2 silently substitutes a byte-level BPE tokenizer.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+    ref = PAPER_MODELS.get(name_or_path, name_or_path)
+    local = Path(ref)
+    if local.exists():
+        if not (local / "config.json").exists():
+            raise ValueError(f"{local} is not a model folder (no config.json)")
+        if (local / "tokenizer.json").exists():
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(local)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(local)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(ref)
+    model = AutoModelForCausalLM.from_pretrained(ref, dtype=dtype).to(device)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return model, tokenizer

@@ -1,0 +1,220 @@
+"""Patch a Hugging Face model so that its GEMMs run through the recipe's quantizer.
+
+Every ``nn.Linear`` the recipe names (all but ``lm_head`` by default) and the fused 3D expert
+weights of Qwen3-MoE (``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``) compute through
+``QuantLinearFunction``, which fake-quantizes each operand of each GEMM along that GEMM's reduction
+axis, as the MX spec's reference linear layer does:
+
+    forward       Y  = Q(X, in)    . Q(W, in)^T          (blocks along in_features)
+    input grad    dX = Q(dY, out)  . Q(W, out)           (blocks along out_features)
+    weight grad   dW = Q(dY, tok)^T . Q(X, tok)          (blocks along the tokens)
+
+Gradients reach the master weights straight through. Parameter names do not change (the
+forward methods are swapped on the instances), so TRL's and vLLM's weight sync keep working, and
+``unpatch`` restores the model exactly. Quantized weights are cached per weight version: a weight
+is quantized once per optimizer step, not on every call.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .corrections import Quantizer
+from .recipes import Recipe
+
+
+@dataclass
+class GemmContext:
+    """What one patched layer needs: the quantizer, which GEMMs to quantize, a weight cache, a probe."""
+
+    quantizer: Quantizer
+    gemms: dict
+    name: str = ""
+    probe: object = None  # called as probe(layer_name, kind, tensor, axis) when set
+    _cache: dict = field(default_factory=dict)
+
+    def weight(self, param: torch.Tensor, axis: int, enabled: bool) -> torch.Tensor:
+        """The weight as a GEMM sees it: fake-quantized along ``axis`` (cached per version) or raw."""
+        if not enabled:
+            return param.detach()
+        slot = (param.data_ptr(), axis)
+        hit = self._cache.get(slot)
+        if hit is None or hit[0] != param._version:
+            with torch.no_grad():
+                hit = (param._version, self.quantizer(param.detach(), axis))
+            self._cache[slot] = hit
+            if self.probe is not None:
+                self.probe(self.name, "weight", param.detach(), axis)
+        return hit[1]
+
+    def act(self, x: torch.Tensor, axis: int, kind: str, enabled: bool) -> torch.Tensor:
+        if not enabled:
+            return x
+        if self.probe is not None:
+            self.probe(self.name, kind, x.detach(), axis)
+        return self.quantizer(x, axis)
+
+
+class QuantLinearFunction(torch.autograd.Function):
+    """y = Q(x) Q(w)^T + b with quantized backward GEMMs; w_fwd / w_bwd are the cached quantized weights."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, w_fwd, w_bwd, gemm: GemmContext):
+        y = F.linear(gemm.act(x, -1, "activation", gemm.gemms["forward"]), w_fwd, bias)
+        ctx.save_for_backward(x, w_bwd)
+        ctx.gemm = gemm
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w_bwd = ctx.saved_tensors
+        gemm = ctx.gemm
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        x2 = x.reshape(-1, x.shape[-1])
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = (gemm.act(dy2, -1, "grad", gemm.gemms["input_grad"]) @ w_bwd).reshape(x.shape)
+        if ctx.needs_input_grad[1]:
+            on = gemm.gemms["weight_grad"]
+            dw = gemm.act(dy2, 0, "grad_t", on).T @ gemm.act(x2, 0, "activation_t", on)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.sum(0)
+        return dx, dw, db, None, None, None
+
+
+def quant_linear(x, weight, bias, gemm: GemmContext, w_fwd=None, w_bwd=None):
+    """F.linear through the recipe's quantizer (weights taken from the cache unless given)."""
+    if w_fwd is None:
+        w_fwd = gemm.weight(weight, 1, gemm.gemms["forward"])
+    if w_bwd is None:
+        w_bwd = gemm.weight(weight, 0, gemm.gemms["input_grad"])
+    return QuantLinearFunction.apply(x, weight, bias, w_fwd.to(x.dtype), w_bwd.to(x.dtype), gemm)
+
+
+def _linear_forward(self, x):
+    return quant_linear(x, self.weight, self.bias, self._mx_gemm)
+
+
+def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """Qwen3-MoE experts (transformers' loop) with each expert GEMM quantized; the fused weights are
+    quantized once per version along their reduction axes (H for gate_up_proj, I for down_proj)."""
+    gemm: GemmContext = self._mx_gemm
+    up_f = gemm.weight(self.gate_up_proj, 2, gemm.gemms["forward"])
+    up_b = gemm.weight(self.gate_up_proj, 1, gemm.gemms["input_grad"])
+    down_f = gemm.weight(self.down_proj, 2, gemm.gemms["forward"])
+    down_b = gemm.weight(self.down_proj, 1, gemm.gemms["input_grad"])
+    final = torch.zeros_like(hidden_states)
+    with torch.no_grad():
+        mask = F.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
+        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    for e in hit[:, 0].tolist():
+        if e == self.num_experts:
+            continue
+        pos, tok = torch.where(mask[e])
+        state = hidden_states[tok]
+        gate, up = quant_linear(state, self.gate_up_proj[e], None, gemm, up_f[e], up_b[e]).chunk(2, dim=-1)
+        h = quant_linear(self.act_fn(gate) * up, self.down_proj[e], None, gemm, down_f[e], down_b[e])
+        final.index_add_(0, tok, (h * top_k_weights[tok, pos, None]).to(final.dtype))
+    return final
+
+
+def _is_experts(module) -> bool:
+    return hasattr(module, "gate_up_proj") and hasattr(module, "down_proj") and isinstance(module.gate_up_proj, torch.nn.Parameter)
+
+
+def _is_router(name: str, module) -> bool:
+    return type(module).__name__.endswith("Router") or name.endswith("mlp.gate")
+
+
+def targets(model, recipe: Recipe) -> list[tuple[str, torch.nn.Module, str]]:
+    """(name, module, kind) of every module the recipe quantizes."""
+    out = []
+    kinds = set(recipe.modules)
+    for name, module in model.named_modules():
+        if _is_experts(module):
+            if "experts" in kinds:
+                out.append((name, module, "experts"))
+        elif isinstance(module, torch.nn.Linear):
+            if name.endswith("lm_head"):
+                kind = "lm_head"
+            elif _is_router(name, module):
+                kind = "router"
+            else:
+                kind = "linear"
+            if kind in kinds:
+                out.append((name, module, kind))
+        elif _is_router(name, module) and "router" in kinds and hasattr(module, "weight"):
+            raise ValueError(f"quantizing the router {name} ({type(module).__name__}) is not supported; drop 'router' from modules")
+    return out
+
+
+def patch_model(model, recipe: Recipe, corrections=None, probe=None) -> list[str]:
+    """Patch ``model`` in place for ``recipe``; returns the patched module names.
+
+    ``corrections``: the recipe's correction objects (built fresh when not given). A ``bf16`` recipe
+    (quantize: false) patches nothing. A tied lm_head is refused: quantizing it would also quantize
+    the input embeddings.
+    """
+    if getattr(model, "_mx_patched", None):
+        raise ValueError("model is already patched; unpatch it first")
+    if not recipe.quantize:
+        model._mx_patched = []
+        return []
+    corrections = recipe.build_corrections() if corrections is None else corrections
+    quantizer = Quantizer(recipe.format, recipe.scale_rule, corrections)
+    patched = []
+    for name, module, kind in targets(model, recipe):
+        if kind == "lm_head" and getattr(model.config, "tie_word_embeddings", False):
+            raise ValueError("lm_head is tied to the input embeddings; quantizing it would quantize both")
+        module._mx_gemm = GemmContext(quantizer, recipe.gemms, name=name, probe=probe)
+        module.forward = types.MethodType(_experts_forward if kind == "experts" else _linear_forward, module)
+        patched.append(name)
+    model._mx_patched = patched
+    model._mx_quantizer = quantizer
+    return patched
+
+
+def unpatch_model(model) -> None:
+    """Undo ``patch_model``: instance forwards removed, the class forwards back in force."""
+    names = set(getattr(model, "_mx_patched", None) or [])
+    for name, module in model.named_modules():
+        if name in names:
+            del module.forward
+            del module._mx_gemm
+    for attr in ("_mx_patched", "_mx_quantizer"):
+        if hasattr(model, attr):
+            delattr(model, attr)
+
+
+def set_probe(model, probe) -> None:
+    """Attach (or with None, detach) a statistics probe on every patched module."""
+    for _, module in model.named_modules():
+        if hasattr(module, "_mx_gemm"):
+            module._mx_gemm.probe = probe
+
+
+class bypassed:
+    """Context manager: the patched model computes in full precision inside, patched again after
+    (the BF16 shadow pass of the gradient-accuracy metric)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.saved = []
+
+    def __enter__(self):
+        for _, module in self.model.named_modules():
+            if "forward" in module.__dict__ and hasattr(module, "_mx_gemm"):
+                self.saved.append((module, module.__dict__["forward"]))
+                del module.forward
+        return self.model
+
+    def __exit__(self, *exc):
+        for module, fwd in self.saved:
+            module.forward = fwd
+        self.saved = []
+        return False

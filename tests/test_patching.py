@@ -1,0 +1,118 @@
+"""Patching tiny Qwen2 and Qwen3-MoE models: quantized GEMMs forward and backward, exact undo."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mxfp4 import reference
+from mxfp4.grad_accuracy import gradient_accuracy
+from mxfp4.models import build_tiny
+from mxfp4.patching import patch_model, targets, unpatch_model
+from mxfp4.recipes import Recipe
+
+ARCHS = ["tiny-dense", "tiny-moe"]
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def tiny(request):
+    model, tok = build_tiny(request.param, seed=0)
+    batch = tok(["Q: 12+7=? A: 19 #### 19", "Tom has 3 apples and buys 4."], return_tensors="pt", padding=True)
+    return request.param, model, batch
+
+
+def _loss(batch):
+    return lambda m: m(**batch, labels=batch["input_ids"]).loss
+
+
+def test_bf16_recipe_leaves_the_model_bitwise_identical(tiny):
+    _, model, batch = tiny
+    ref = model(**batch).logits
+    assert patch_model(model, Recipe.named("bf16")) == []
+    assert torch.equal(model(**batch).logits, ref)
+    unpatch_model(model)
+
+
+def test_mxfp4_forward_and_backward_run_and_unpatch_restores_exactly(tiny):
+    arch, model, batch = tiny
+    names_before = [n for n, _ in model.named_parameters()]
+    ref = model(**batch).logits
+    patched = patch_model(model, Recipe.named("mxfp4"))
+    assert not any(n.endswith("lm_head") for n in patched)
+    assert any("experts" in n for n in patched) == (arch == "tiny-moe")
+    assert [n for n, _ in model.named_parameters()] == names_before, "parameter names unchanged"
+    out = model(**batch, labels=batch["input_ids"])
+    assert not torch.equal(out.logits, ref)
+    out.loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for n, p in model.named_parameters() if "layers.0" in n and "norm" not in n)
+    model.zero_grad(set_to_none=True)
+    unpatch_model(model)
+    assert torch.equal(model(**batch).logits, ref)
+    assert not any(hasattr(m, "_mx_gemm") for m in model.modules())
+
+
+def test_patched_linear_equals_a_hand_composed_fake_quant_layer(tiny):
+    _, model, batch = tiny
+    layer = model.model.layers[0].self_attn.q_proj
+    seen = {}
+    hook = layer.register_forward_hook(lambda m, args, out: seen.update(x=args[0].detach(), y=out.detach()))
+    patch_model(model, Recipe.named("mxfp4"))
+    model(**batch)
+    hook.remove()
+    unpatch_model(model)
+    x = seen["x"]
+    expected = F.linear(reference.fake_quantize(x, axis=-1), reference.fake_quantize(layer.weight.detach(), axis=1), layer.bias)
+    assert torch.equal(seen["y"], expected)
+
+
+def test_weight_gradient_uses_operands_blocked_along_tokens():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 32, bias=False)
+    holder = torch.nn.Module()
+    holder.proj = lin
+    holder.config = type("C", (), {"tie_word_embeddings": False})()
+    patch_model(holder, Recipe(name="wgrad-only", gemms={"weight_grad": True}))
+    x = torch.randn(40, 64)
+    dy = torch.randn(40, 32)
+    lin(x).backward(dy)
+    expected = reference.fake_quantize(dy, axis=0).T @ reference.fake_quantize(x, axis=0)
+    assert torch.equal(lin.weight.grad, expected)
+
+
+def test_moe_expert_weights_are_really_quantized():
+    model, tok = build_tiny("tiny-moe", seed=1)
+    batch = tok(["Q: 2+2=? A: 4"], return_tensors="pt")
+    patch_model(model, Recipe.named("mxfp4"))
+    model(**batch)
+    experts = model.model.layers[0].mlp.experts
+    cache = experts._mx_gemm._cache
+    w = cache[(experts.gate_up_proj.data_ptr(), 2)][1]
+    raw = experts.gate_up_proj.detach()
+    assert not torch.equal(w, raw)
+    q = reference.quantize(raw, axis=2)
+    assert torch.equal(w, reference.dequantize(q)), "values on the E2M1 grid times their E8M0 block scales"
+    grid = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6.0])
+    scaled = (w.reshape(-1, 32) / q.scale_values().reshape(-1, 1)).abs()
+    assert torch.isin(scaled, grid).all()
+    unpatch_model(model)
+
+
+def test_gradient_accuracy_is_perfect_under_bf16_and_degraded_under_mxfp4(tiny):
+    _, model, batch = tiny
+    patch_model(model, Recipe.named("bf16"))
+    exact = gradient_accuracy(model, _loss(batch))
+    unpatch_model(model)
+    assert exact["total"]["cosine"] == pytest.approx(1.0) and exact["total"]["rel_norm_error"] == 0
+    patch_model(model, Recipe.named("mxfp4"))
+    acc = gradient_accuracy(model, _loss(batch))
+    unpatch_model(model)
+    assert 0.5 < acc["total"]["cosine"] < 1.0
+    assert acc["total"]["rel_norm_error"] > 0
+    assert {"layer0", "layer1"} <= set(acc["per_layer"])
+
+
+def test_recipe_targets_keep_lm_head_and_router_high_precision_by_default():
+    model, _ = build_tiny("tiny-moe")
+    kinds = {kind for _, _, kind in targets(model, Recipe.named("mxfp4"))}
+    assert kinds == {"linear", "experts"}
+    kinds = {kind for _, _, kind in targets(model, Recipe(name="x", modules=["linear", "lm_head"]))}
+    assert kinds == {"linear", "lm_head"}
