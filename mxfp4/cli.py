@@ -87,6 +87,20 @@ def _cmd_plot(args) -> int:
     return 0
 
 
+def _cmd_corrections_table(args) -> int:
+    from . import correction_table as ct
+    from .io import write_json_atomic
+
+    paths = {"tiny-dense": args.dense, "tiny-moe": args.moe}
+    table = ct.rows(ct.build_sources(paths))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(ct.markdown(table))
+    if args.json:
+        write_json_atomic(args.json, table)
+    print(f"wrote {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .distributions import DISTRIBUTIONS
     from .formats import FORMATS
@@ -117,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cols", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_prove)
+
+    p = sub.add_parser("corrections-table", help="each correction's effect on each error component (markdown)")
+    p.add_argument("--out", default="docs/corrections.md")
+    p.add_argument("--json", default=None, help="also write the rows as JSON")
+    p.add_argument("--dense", default=None, help="a tiny dense checkpoint folder (default: random init)")
+    p.add_argument("--moe", default=None, help="a tiny MoE checkpoint folder (default: random init)")
+    p.set_defaults(func=_cmd_corrections_table)
 
     p = sub.add_parser("plot", help="draw a figure from result files")
     p.add_argument("figure", choices=["decomposition"])
