@@ -101,6 +101,27 @@ def _cmd_corrections_table(args) -> int:
     return 0
 
 
+def _cmd_pretrain(args) -> int:
+    from .pretrain import pretrain
+    from .profiles import load_profile, model_dir
+
+    profile = load_profile(args.profile, args.results)
+    spec = profile["models"].get(args.model)
+    if spec is None or "arch" not in spec:
+        tiny = [m for m, s in profile["models"].items() if "arch" in s]
+        raise ValueError(f"{args.model!r} is not a tiny model of profile {args.profile!r}; accepted: {', '.join(tiny)}")
+    out = Path(args.out) if args.out else model_dir(args.results, args.profile, args.model)
+    meta = pretrain(spec["arch"], out, max_steps_per_problem=profile["data"]["max_problem_steps"], **profile["pretrain"])
+    print(json.dumps(meta, indent=2))
+    return 0
+
+
+def _cmd_cell(args) -> int:
+    from .cell import cell_main
+
+    return cell_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .distributions import DISTRIBUTIONS
     from .formats import FORMATS
@@ -138,6 +159,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dense", default=None, help="a tiny dense checkpoint folder (default: random init)")
     p.add_argument("--moe", default=None, help="a tiny MoE checkpoint folder (default: random init)")
     p.set_defaults(func=_cmd_corrections_table)
+
+    p = sub.add_parser("pretrain", help="warm-start a profile's tiny model with SFT and save it")
+    p.add_argument("--profile", default="embedded")
+    p.add_argument("--model", required=True)
+    p.add_argument("--results", default="results")
+    p.add_argument("--out", default=None, help="folder to save to (default results/<profile>/models/<model>)")
+    p.set_defaults(func=_cmd_pretrain)
+
+    p = sub.add_parser("cell", help="one ablation cell: GRPO under a recipe, then GSM8K eval via lm-eval")
+    p.add_argument("--profile", default="embedded")
+    p.add_argument("--model", required=True)
+    p.add_argument("--recipe", required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--results", default="results")
+    p.add_argument("--recipes", default=None, help="a recipes YAML (default experiments/recipes.yaml)")
+    p.set_defaults(func=_cmd_cell)
 
     p = sub.add_parser("plot", help="draw a figure from result files")
     p.add_argument("figure", choices=["decomposition"])

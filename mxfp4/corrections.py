@@ -150,20 +150,14 @@ class MacroBlockScaling(Correction):
             ratio = (amax_b / elem.max_value).clamp(min=torch.finfo(torch.float32).tiny)
             mant = ratio / torch.exp2(torch.floor(torch.log2(ratio)))
             mant = _bf16_round_up(mant.clamp(1.0, 2.0))
-            candidates = torch.cat([torch.ones_like(mant[:, :1]), mant], dim=1)  # [G, 1+n]
-            best_err = best_grid = best_scale = None
-            for c in candidates.unbind(1):
-                c3 = c[:, None, None]
-                grid, _, scale = quantize_blocks(g / c3, fmt, rule)
-                eff = scale * c[:, None]
-                err = (grid * eff.unsqueeze(-1) - g).pow(2).sum((1, 2))
-                if best_err is None:
-                    best_err, best_grid, best_scale = err, grid, eff
-                else:
-                    better = err < best_err
-                    best_err = torch.where(better, err, best_err)
-                    best_grid = torch.where(better[:, None, None], grid, best_grid)
-                    best_scale = torch.where(better[:, None], eff, best_scale)
+            candidates = torch.cat([torch.ones_like(mant[:, :1]), mant], dim=1).T  # [1+n, G]
+            # all candidates in one batched call: [C, G, n, bs]
+            grid, _, scale = quantize_blocks(g.unsqueeze(0) / candidates[:, :, None, None], fmt, rule)
+            eff = scale * candidates[:, :, None]  # [C, G, n]
+            err = (grid * eff.unsqueeze(-1) - g.unsqueeze(0)).pow(2).sum((2, 3))  # [C, G]
+            best = err.argmin(0)  # first minimum: plain MXFP4 wins ties
+            pick = torch.arange(g.shape[0])
+            best_grid, best_scale = grid[best, pick], eff[best, pick]
             # exponent clamp at the bottom of E8M0 makes m pointless there; keep plain MXFP4
             tiny = amax_b.amax(1) < 2.0 ** (E8M0_MIN_EXP + elem.emax)
             if tiny.any():

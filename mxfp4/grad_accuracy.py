@@ -25,7 +25,8 @@ def _grads(model, loss_fn) -> dict[str, torch.Tensor]:
 
 
 def compare(quantized: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict:
-    """Cosine similarity and relative norm error ``|g_q - g| / |g|``, per layer and in total."""
+    """Cosine similarity and relative norm error ``|g_q - g| / |g|``, per layer and in total
+    (None where the reference gradient is zero)."""
     groups: dict[str, list[str]] = {}
     for name in reference:
         groups.setdefault(layer_of(name), []).append(name)
@@ -33,9 +34,10 @@ def compare(quantized: dict[str, torch.Tensor], reference: dict[str, torch.Tenso
     def score(names):
         q = torch.cat([quantized[n].double().flatten() for n in names])
         r = torch.cat([reference[n].double().flatten() for n in names])
-        rn = float(r.norm())
-        cos = float(torch.dot(q, r) / (q.norm() * r.norm())) if rn > 0 and float(q.norm()) > 0 else float("nan")
-        return {"cosine": cos, "rel_norm_error": float((q - r).norm()) / rn if rn > 0 else float("nan")}
+        rn, qn = float(r.norm()), float(q.norm())
+        # undefined (None) for a zero reference gradient, e.g. a GRPO batch whose groups all tie
+        cos = float(torch.dot(q, r)) / (qn * rn) if rn > 0 and qn > 0 else None
+        return {"cosine": cos, "rel_norm_error": float((q - r).norm()) / rn if rn > 0 else None}
 
     out = {"total": score(list(reference)), "per_layer": {g: score(ns) for g, ns in sorted(groups.items())}}
     return out

@@ -1,0 +1,132 @@
+"""GSM8K data: the real set (hub or local jsonl) and an embedded generator of GSM8K-format problems.
+
+Every record has ``question`` and ``answer`` (a worked answer ending in ``#### n``), like
+``openai/gsm8k`` (config ``main``). Prompts use lm-eval's gsm8k ``doc_to_text``:
+``"Question: {question}\\nAnswer:"``, so training, rollouts and evaluation see one format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from pathlib import Path
+
+HUB_ID = ("openai/gsm8k", "main")
+SHARED_GSM8K = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "gsm8k"
+PROMPT = "Question: {question}\nAnswer:"
+_FINAL = re.compile(r"#### (\-?[0-9\.\,]+)")
+_NUMBER = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
+
+
+def default_gsm8k_dir() -> Path | None:
+    """``$MXFP4_GSM8K_DIR`` or the shared folder beside the checkout, if it holds the files."""
+    env = os.environ.get("MXFP4_GSM8K_DIR")
+    for cand in ([Path(env)] if env else []) + [SHARED_GSM8K]:
+        if (cand / "test.jsonl").exists():
+            return cand
+    return None
+
+
+def read_jsonl(path: Path | str) -> list[dict]:
+    """Records of a jsonl file; a malformed line is an error naming the file and the line."""
+    path = Path(path)
+    records = []
+    with path.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{lineno}: malformed JSON ({err.msg})") from None
+            if not isinstance(rec, dict) or not {"question", "answer"} <= set(rec):
+                raise ValueError(f"{path}:{lineno}: expected an object with 'question' and 'answer'")
+            records.append({"question": rec["question"], "answer": rec["answer"]})
+    return records
+
+
+def load_gsm8k(split: str, source: str | Path | None = None) -> list[dict]:
+    """GSM8K ``split`` (train or test) from a local folder of jsonl files, or from the hub."""
+    if split not in ("train", "test"):
+        raise ValueError(f"unknown GSM8K split {split!r}; accepted: train, test")
+    folder = Path(source) if source not in (None, "hub") else (default_gsm8k_dir() if source is None else None)
+    if folder is not None:
+        path = folder / f"{split}.jsonl"
+        if not path.exists():
+            raise ValueError(f"no {split}.jsonl in {folder}")
+        return read_jsonl(path)
+    from datasets import load_dataset
+
+    return [{"question": r["question"], "answer": r["answer"]} for r in load_dataset(*HUB_ID, split=split)]
+
+
+def final_answer(text: str) -> str | None:
+    """The ``#### n`` answer of a worked solution (lm-eval's strict-match regex), commas dropped."""
+    m = _FINAL.search(text)
+    return m.group(1).replace(",", "").rstrip(".") if m else None
+
+
+def normalize(number: str) -> str:
+    s = number.replace(",", "").replace("$", "").rstrip(".")
+    try:
+        v = float(s)
+    except ValueError:
+        return s
+    return str(int(v)) if v == int(v) else str(v)
+
+
+def is_correct(completion: str, answer: str) -> bool:
+    """Strict: the completion's ``#### n`` equals the reference's final answer."""
+    got, want = final_answer(completion), final_answer(answer)
+    return got is not None and want is not None and normalize(got) == normalize(want)
+
+
+# ------------------------------------------------------------------------------------------
+# Embedded GSM8K-format problems of graded difficulty (1 to 3 arithmetic steps).
+
+NAMES = ["Tom", "Ana", "Sam", "Lea", "Max", "Mia", "Ben", "Zoe"]
+ITEMS = ["apples", "books", "coins", "pens", "cards", "eggs"]
+
+
+def _step(rng: random.Random, total: int, item: str, name: str):
+    """One arithmetic step on the running total: (sentence, worked line, new total)."""
+    op = rng.choice(["+", "-", "*"] if total <= 12 else ["+", "-"])
+    if op == "+":
+        k = rng.randint(1, 9)
+        return f"{name} gets {k} more {item}.", f"{total}+{k}=<<{total}+{k}={total + k}>>{total + k}", total + k
+    if op == "-" and total > 1:
+        k = rng.randint(1, min(9, total - 1))
+        return f"{name} gives away {k} {item}.", f"{total}-{k}=<<{total}-{k}={total - k}>>{total - k}", total - k
+    k = rng.randint(2, 3)
+    return f"{name} gets {k} times as many {item}.", f"{total}*{k}=<<{total}*{k}={total * k}>>{total * k}", total * k
+
+
+def generate_problem(rng: random.Random, steps: int) -> dict:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    total = rng.randint(2, 9)
+    sentences, lines = [f"{name} has {total} {item}."], []
+    for _ in range(steps):
+        sentence, line, total = _step(rng, total, item, name)
+        sentences.append(sentence)
+        lines.append(line)
+    question = " ".join(sentences) + f" How many {item} does {name} have?"
+    return {"question": question, "answer": "\n".join(lines) + f"\n#### {total}", "steps": steps}
+
+
+def embedded_split(split: str, n: int, seed: int = 0, max_steps: int = 2) -> list[dict]:
+    """``n`` problems, steps spread evenly over 1..max_steps; train and test draw from disjoint seeds."""
+    if split not in ("train", "test"):
+        raise ValueError(f"unknown split {split!r}; accepted: train, test")
+    rng = random.Random(f"{split}-{seed}")
+    return [generate_problem(rng, 1 + i % max_steps) for i in range(n)]
+
+
+def write_jsonl(records: list[dict], path: Path | str) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n" for r in records))
+    tmp.replace(path)
+    return path

@@ -1,0 +1,78 @@
+"""GSM8K evaluation through lm-eval: lm-eval's gsm8k task structure on an in-memory model (HFLM)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+TASK_YAML = Path(__file__).resolve().parent / "tasks" / "gsm8k_local.yaml"
+
+
+def task_config(data_dir: Path | str, num_fewshot: int, max_gen_toks: int | None = None) -> dict:
+    """lm-eval's gsm8k config pointed at ``data_dir/{train,test}.jsonl``."""
+    data_dir = Path(data_dir)
+    for split in ("train", "test"):
+        if not (data_dir / f"{split}.jsonl").exists():
+            raise ValueError(f"GSM8K evaluation needs {data_dir / f'{split}.jsonl'}")
+    cfg = yaml.safe_load(TASK_YAML.read_text())
+    cfg["dataset_kwargs"] = {"data_files": {s: str(data_dir / f"{s}.jsonl") for s in ("train", "test")}}
+    cfg["num_fewshot"] = num_fewshot
+    if max_gen_toks is not None:
+        cfg["generation_kwargs"]["max_gen_toks"] = max_gen_toks
+    return cfg
+
+
+def hf_lm(model, tokenizer, batch_size: int = 32, max_length: int | None = None):
+    """lm-eval's HFLM around an in-memory (possibly patched, quantized) model."""
+    from lm_eval.models.huggingface import HFLM
+
+    kwargs = {"pretrained": model, "tokenizer": tokenizer, "batch_size": batch_size}
+    if max_length is not None:
+        kwargs["max_length"] = max_length
+    return HFLM(**kwargs)
+
+
+def evaluate_gsm8k(lm, data_dir, num_fewshot: int = 0, limit: int | None = None, max_gen_toks: int | None = None,
+                   output_dir: Path | str | None = None, seed: int = 0) -> dict:
+    """Run the task; returns {strict_match, flexible_extract, n}. lm-eval's own results (and samples)
+    are written under ``output_dir`` when given."""
+    from lm_eval import evaluator
+
+    cfg = task_config(data_dir, num_fewshot, max_gen_toks)
+    results = evaluator.simple_evaluate(
+        model=lm,
+        tasks=[cfg],
+        limit=limit,
+        log_samples=output_dir is not None,
+        random_seed=seed,
+        numpy_random_seed=seed,
+        torch_random_seed=seed,
+        fewshot_random_seed=seed,
+        bootstrap_iters=0,
+    )
+    r = results["results"][cfg["task"]]
+    summary = {
+        "strict_match": r["exact_match,strict-match"],
+        "flexible_extract": r["exact_match,flexible-extract"],
+        "n": results["n-samples"][cfg["task"]]["effective"],
+        "num_fewshot": num_fewshot,
+    }
+    if output_dir is not None:
+        _write_lm_eval_output(results, Path(output_dir))
+    return summary
+
+
+def _write_lm_eval_output(results: dict, out: Path) -> None:
+    """lm-eval's results JSON and per-sample JSONL, as its own ``--output_path`` writes them."""
+    import json
+
+    from lm_eval.utils import handle_non_serializable
+
+    out.mkdir(parents=True, exist_ok=True)
+    samples = results.pop("samples", {})
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=handle_non_serializable))
+    for task, rows in samples.items():
+        with (out / f"samples_{task}.jsonl").open("w") as f:
+            for row in rows:
+                f.write(json.dumps(row, default=handle_non_serializable) + "\n")
