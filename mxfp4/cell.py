@@ -252,6 +252,7 @@ def run_cell(profile_name: str, model_name: str, recipe_name: str, seed: int, re
         top_k=0,
         beta=grpo["beta"],
         loss_type=grpo["loss_type"],
+        router_aux_loss_coef=grpo.get("router_aux_loss_coef"),
         logging_steps=1,
         save_strategy="no",
         report_to=[],

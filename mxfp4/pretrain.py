@@ -68,6 +68,9 @@ def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, bat
         use_cpu=not torch.cuda.is_available(),
         dataloader_num_workers=0,
         max_length=256,
+        # No MoE load-balancing loss: transformers' aux-loss reduction fails on padded SFT batches
+        # (attention mask rows != router rows), and 8 tiny experts need no balancing push.
+        router_aux_loss_coef=0.0,
         disable_tqdm=False,
     )
     trainer = SFTTrainer(model=model, args=config, train_dataset=sft_dataset(train, tokenizer.eos_token), processing_class=tokenizer)
