@@ -1,21 +1,47 @@
-# The paper-replication DAG. Profile: --config profile=embedded|smoke|paper (default embedded).
+# The paper-replication DAG. Every rule calls the `mxfp4` package (its CLI, or a script under kernels/).
+#
+#   snakemake --cores all figures                          # embedded profile (default)
+#   snakemake --cores all figures --config profile=smoke   # a minute or two
+#   snakemake --profile workflow/profiles/slurm all --config profile=paper
+#   snakemake --cores 1 results/embedded/cells/tiny-dense/mxfp4/seed0/metrics.json   # one cell alone
+#   snakemake --cores all compare --config compare_recipe=mxfp4+macro              # against stored baselines
+from mxfp4.profiles import load_profile
+
 configfile: "experiments/config.yaml"
 
 PROFILE = config.get("profile", "embedded")
+P = load_profile(PROFILE)
+PROFILE_CFG = config.get("profiles", {}).get(PROFILE, {})
 RESULTS = f"results/{PROFILE}"
 FIGURES = f"figures/{PROFILE}"
+BASELINES = f"results/baselines/{PROFILE}"
+MODELS = list(P["models"])
+RECIPES = list(P["recipes"])
+SEEDS = list(P["seeds"])
+COMPARE_RECIPE = config.get("compare_recipe", "mxfp4+all")
 
-PROFILE_CFG = config.get("profiles", {}).get(PROFILE, {})
+
+def cell_path(model, recipe, seed, leaf="metrics.json"):
+    return f"{RESULTS}/cells/{model}/{recipe}/seed{seed}/{leaf}"
+
+
+ALL_CELLS = [cell_path(m, r, s) for m in MODELS for r in RECIPES for s in SEEDS]
+ALL_EVALS = [cell_path(m, r, s, "eval/results.json") for m in MODELS for r in RECIPES for s in SEEDS]
 
 include: "workflow/rules/kernels.smk"
 include: "workflow/rules/proofs.smk"
+include: "workflow/rules/cells.smk"
+include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/figures.smk"
+include: "workflow/rules/compare.smk"
 
 
 rule all:
+    default_target: True
     input:
         rules.figures.input,
         rules.kernel_checks.output,
+        f"{RESULTS}/claims.md",
 
 
 rule kernels:
@@ -27,3 +53,18 @@ rule kernels:
 rule proofs:
     input:
         f"{RESULTS}/proofs/proofs.json",
+
+
+rule pretrain:
+    input:
+        [f"{RESULTS}/models/{m}" for m in MODELS if "arch" in P["models"][m]],
+
+
+rule ablations:
+    input:
+        ALL_CELLS,
+
+
+rule eval:
+    input:
+        ALL_EVALS,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -82,8 +83,41 @@ def _cmd_prove(args) -> int:
 def _cmd_plot(args) -> int:
     from . import plots
 
-    paths = plots.decomposition_shares(args.proofs, args.out)
+    source = {"decomposition": args.proofs, "corrections": args.corrections, "training": args.steps,
+              "accuracy": args.cells, "kernels": args.bench}[args.figure]
+    if source is None:
+        raise ValueError(f"plot {args.figure} needs its input file (see mxfp4 plot --help)")
+    draw = {"decomposition": plots.decomposition_shares, "corrections": plots.correction_effects,
+            "training": plots.training_curves, "accuracy": plots.accuracy_bars, "kernels": plots.kernel_throughput}
+    paths = draw[args.figure](source, args.out)
     print("wrote " + ", ".join(map(str, paths)))
+    return 0
+
+
+def _cmd_aggregate(args) -> int:
+    from .aggregate import aggregate
+
+    counts = aggregate(args.results, args.profile, args.out or Path(args.results) / args.profile / "aggregate")
+    print(f"aggregated {counts['cells']} cells, {counts['steps']} steps")
+    return 0
+
+
+def _cmd_claims(args) -> int:
+    from .claims import run_claims
+
+    rows = run_claims(args.cells, args.proofs, args.corrections, args.out, Path(args.cells).parent.parent.name)
+    for r in rows:
+        print(f"{r['held']:<40} {r['model']:<28} {r['claim']}")
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    from .compare import run_compare
+
+    rows = run_compare(args.results, args.profile, args.recipe, args.baselines, args.out, args.figure)
+    for r in rows:
+        if r["metric"] == "gsm8k_strict_accuracy":
+            print(f"{r['model']:<12} vs {r['baseline']:<16} accuracy {r['diff']:+.4f}: {r['verdict']}")
     return 0
 
 
@@ -176,9 +210,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipes", default=None, help="a recipes YAML (default experiments/recipes.yaml)")
     p.set_defaults(func=_cmd_cell)
 
+    p = sub.add_parser("aggregate", help="tidy CSVs of a profile's finished cells (cells, steps, summary)")
+    p.add_argument("--profile", default="embedded")
+    p.add_argument("--results", default="results")
+    p.add_argument("--out", default=None)
+    p.set_defaults(func=_cmd_aggregate)
+
+    p = sub.add_parser("claims", help="the paper's claims against a profile's measurements (markdown)")
+    p.add_argument("--cells", required=True)
+    p.add_argument("--proofs", required=True)
+    p.add_argument("--corrections", required=True)
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_cmd_claims)
+
+    p = sub.add_parser("compare", help="a recipe's cells against stored baselines, with intervals and verdicts")
+    p.add_argument("--profile", default="embedded")
+    p.add_argument("--recipe", required=True)
+    p.add_argument("--results", default="results")
+    p.add_argument("--baselines", default=None, help="default results/baselines/<profile>/cells.csv")
+    p.add_argument("--out", required=True)
+    p.add_argument("--figure", default=None, help="output stem for the figure (.png and .pdf)")
+    p.set_defaults(func=_cmd_compare)
+
     p = sub.add_parser("plot", help="draw a figure from result files")
-    p.add_argument("figure", choices=["decomposition"])
-    p.add_argument("--proofs", default="results/embedded/proofs/proofs.json")
+    p.add_argument("figure", choices=["decomposition", "corrections", "training", "accuracy", "kernels"])
+    p.add_argument("--proofs", default=None)
+    p.add_argument("--corrections", default=None)
+    p.add_argument("--steps", default=None)
+    p.add_argument("--cells", default=None)
+    p.add_argument("--bench", default=None)
     p.add_argument("--out", required=True, help="output path without suffix; writes .png and .pdf")
     p.set_defaults(func=_cmd_plot)
     return parser
@@ -186,6 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "compare" and args.baselines is None:
+        args.baselines = str(Path(args.results) / "baselines" / args.profile / "cells.csv")
+    threads = os.environ.get("MXFP4_THREADS")
+    if threads:
+        import torch
+
+        torch.set_num_threads(int(threads))
     try:
         return args.func(args)
     except ValueError as err:  # bad input: say what was wrong, no traceback

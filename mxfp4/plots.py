@@ -56,3 +56,140 @@ def decomposition_shares(proofs_json: Path | str, out_stem: Path | str) -> list[
     axes[0][0].legend(fontsize=8, ncol=4)
     fig.suptitle("Decomposition of block-quantization error energy (cross term = total minus the three energies)")
     return save(fig, out_stem)
+
+
+RECIPE_COLORS = {"bf16": "#000000", "mxfp4": "#d62728", "mxfp4+macro": "#ff7f0e", "mxfp4+fallback": "#1f77b4",
+                 "mxfp4+aqn": "#9467bd", "mxfp4+all": "#2ca02c"}
+
+
+def _color(recipe: str, i: int) -> str:
+    return RECIPE_COLORS.get(recipe, f"C{i % 10}")
+
+
+def correction_effects(corrections_json: Path | str, out_stem: Path | str) -> list[Path]:
+    """Relative change of each component's energy (and the deadzone fraction) per correction and source."""
+    rows = json.loads(Path(corrections_json).read_text())
+    sources = list(dict.fromkeys(r["source"] for r in rows))
+    corrs = list(dict.fromkeys(r["correction"] for r in rows))
+    keys = [("energy_scale", "scale-bias energy"), ("deadzone_fraction", "deadzone fraction"),
+            ("energy_grid", "grid-noise energy"), ("energy_total", "total error energy")]
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 0.45 * len(sources) * len(corrs) / 2 + 2), sharey=True)
+    height = 0.8 / len(corrs)
+    for ax, (key, label) in zip(axes, keys):
+        for j, corr in enumerate(corrs):
+            vals = []
+            for s in sources:
+                r = next(r for r in rows if r["source"] == s and r["correction"] == corr)
+                before = r[f"{key}_before"]
+                vals.append(100 * (r[f"{key}_after"] - before) / before if before else 0.0)
+            ax.barh([i + j * height for i in range(len(sources))], vals, height=height, label=corr, color=f"C{j}")
+        ax.axvline(0, color="k", lw=0.6)
+        ax.set_title(label, fontsize=10)
+        ax.set_xlabel("change vs plain MXFP4 (%)")
+    axes[0].set_yticks([i + 0.4 - height / 2 for i in range(len(sources))], sources, fontsize=8)
+    axes[-1].legend(fontsize=7, loc="lower left")
+    fig.suptitle("Each correction's effect on the components of MXFP4 error (negative = smaller)")
+    return save(fig, out_stem)
+
+
+def training_curves(steps_csv: Path | str, out_stem: Path | str) -> list[Path]:
+    """Reward, entropy and gradient cosine per step, per recipe: mean over seeds with a min-max band."""
+    from .aggregate import read_csv
+
+    rows = read_csv(steps_csv)
+    models = sorted({r["model"] for r in rows})
+    recipes = list(dict.fromkeys(r["recipe"] for r in rows))
+    metrics = [("reward", "reward (rollout accuracy)"), ("entropy", "policy entropy (nats/token)"),
+               ("grad_cosine", "gradient cosine vs BF16 shadow")]
+    fig, axes = plt.subplots(len(metrics), len(models), figsize=(6 * len(models), 3 * len(metrics)), squeeze=False)
+    for col, model in enumerate(models):
+        for row, (key, label) in enumerate(metrics):
+            ax = axes[row][col]
+            for i, recipe in enumerate(recipes):
+                pts: dict[int, list[float]] = {}
+                for r in rows:
+                    if r["model"] == model and r["recipe"] == recipe and r.get(key) is not None:
+                        pts.setdefault(r["step"], []).append(r[key])
+                if not pts:
+                    continue
+                xs = sorted(pts)
+                mean = [sum(pts[x]) / len(pts[x]) for x in xs]
+                ax.plot(xs, mean, color=_color(recipe, i), label=recipe, marker="o" if key == "grad_cosine" else None, ms=3)
+                ax.fill_between(xs, [min(pts[x]) for x in xs], [max(pts[x]) for x in xs], color=_color(recipe, i), alpha=0.15)
+            ax.set_title(f"{model}: {label}", fontsize=9)
+            ax.set_xlabel("GRPO step")
+        axes[0][col].legend(fontsize=7)
+    fig.suptitle("GRPO training curves per recipe (line: mean over seeds; band: min-max)")
+    return save(fig, out_stem)
+
+
+def accuracy_bars(cells_csv: Path | str, out_stem: Path | str) -> list[Path]:
+    """GSM8K strict accuracy per recipe with 95% t intervals over seeds, BF16 as a reference line."""
+    from .aggregate import mean_ci, read_csv
+
+    rows = read_csv(cells_csv)
+    models = sorted({r["model"] for r in rows})
+    recipes = list(dict.fromkeys(r["recipe"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        for i, recipe in enumerate(recipes):
+            s = mean_ci([r["gsm8k_strict_accuracy"] for r in rows if r["model"] == model and r["recipe"] == recipe])
+            if s["mean"] is None:
+                continue
+            err = [[s["mean"] - s["ci_low"]], [s["ci_high"] - s["mean"]]] if s["ci_low"] is not None else None
+            ax.bar(i, s["mean"], yerr=err, color=_color(recipe, i), capsize=4)
+            if recipe == "bf16":
+                ax.axhline(s["mean"], color="k", ls="--", lw=0.8, label="bf16 mean")
+        ax.set_xticks(range(len(recipes)), recipes, rotation=25, ha="right", fontsize=8)
+        ax.set_ylabel("GSM8K strict-match accuracy")
+        ax.set_title(f"{model} (lm-eval, error bars: 95% CI over seeds)", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle("GSM8K accuracy of the trained policy, evaluated through its recipe's quantized forward")
+    return save(fig, out_stem)
+
+
+def kernel_throughput(bench_json: Path | str, out_stem: Path | str) -> list[Path]:
+    """Achieved GB/s of each path per shape, against the device's copy bandwidth measured in the same run."""
+    report = json.loads(Path(bench_json).read_text())
+    rows = report["rows"]
+    shapes = list(dict.fromkeys("x".join(map(str, r["shape"])) for r in rows))
+    paths = list(dict.fromkeys(r["path"] for r in rows))
+    fig, ax = plt.subplots(figsize=(max(7, 2.5 * len(shapes)), 4.5))
+    width = 0.8 / len(paths)
+    for j, path in enumerate(paths):
+        xs, ys = [], []
+        for i, shape in enumerate(shapes):
+            r = next((r for r in rows if r["path"] == path and "x".join(map(str, r["shape"])) == shape), None)
+            if r:
+                xs.append(i + j * width)
+                ys.append(r["GBps"])
+        ax.bar(xs, ys, width=width, label=path, color=f"C{j}")
+    for i, shape in enumerate(shapes):
+        copy = next(r["copy_GBps"] for r in rows if "x".join(map(str, r["shape"])) == shape)
+        ax.hlines(copy, i - width / 2, i + 0.8 - width / 2, colors="k", linestyles="--", label="copy bandwidth" if i == 0 else None)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))], [f"{s} bf16" for s in shapes])
+    ax.set_ylabel("GB/s of bytes moved")
+    ax.set_yscale("log")
+    ax.set_title(f"MXFP4 paths on {report['device']}", fontsize=10)
+    ax.legend(fontsize=7)
+    return save(fig, out_stem)
+
+
+def compare_figure(rows: list[dict], recipe: str, out_stem: Path | str) -> list[Path]:
+    """Difference to each baseline with its 95% interval, for accuracy and gradient cosine."""
+    metrics = ["gsm8k_strict_accuracy", "mean_grad_cosine", "mean_entropy"]
+    models = sorted({r["model"] for r in rows})
+    fig, axes = plt.subplots(len(models), len(metrics), figsize=(4.5 * len(metrics), 2.8 * len(models)), squeeze=False)
+    for i, model in enumerate(models):
+        for j, metric in enumerate(metrics):
+            ax = axes[i][j]
+            sel = [r for r in rows if r["model"] == model and r["metric"] == metric and r["diff"] is not None]
+            for k, r in enumerate(sel):
+                err = None if r["ci_low"] is None else [[r["diff"] - r["ci_low"]], [r["ci_high"] - r["diff"]]]
+                ax.errorbar(r["diff"], k, xerr=err, fmt="o", color="k", capsize=3)
+            ax.set_yticks(range(len(sel)), [r["baseline"] for r in sel], fontsize=8)
+            ax.axvline(0, color="gray", lw=0.6)
+            ax.set_title(f"{model}: {metric}", fontsize=9)
+            ax.set_xlabel(f"{recipe} minus baseline")
+    fig.suptitle(f"{recipe} against the stored baselines (95% Welch intervals over seeds)")
+    return save(fig, out_stem)

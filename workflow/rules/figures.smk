@@ -2,14 +2,63 @@ rule figure_decomposition:
     input:
         f"{RESULTS}/proofs/proofs.json",
     output:
-        png=f"{FIGURES}/decomposition_shares.png",
-        pdf=f"{FIGURES}/decomposition_shares.pdf",
+        multiext(f"{FIGURES}/decomposition_shares", ".png", ".pdf"),
     log:
         f"{RESULTS}/logs/figure_decomposition.log",
     shell:
         "mxfp4 plot decomposition --proofs {input} --out {FIGURES}/decomposition_shares > {log} 2>&1"
 
 
-rule figures:
+rule figure_corrections:
     input:
+        f"{RESULTS}/corrections.json",
+    output:
+        multiext(f"{FIGURES}/correction_effects", ".png", ".pdf"),
+    log:
+        f"{RESULTS}/logs/figure_corrections.log",
+    shell:
+        "mxfp4 plot corrections --corrections {input} --out {FIGURES}/correction_effects > {log} 2>&1"
+
+
+rule figure_training:
+    input:
+        f"{RESULTS}/aggregate/steps.csv",
+    output:
+        multiext(f"{FIGURES}/training_curves", ".png", ".pdf"),
+    log:
+        f"{RESULTS}/logs/figure_training.log",
+    shell:
+        "mxfp4 plot training --steps {input} --out {FIGURES}/training_curves > {log} 2>&1"
+
+
+rule figure_accuracy:
+    input:
+        f"{RESULTS}/aggregate/cells.csv",
+    output:
+        multiext(f"{FIGURES}/gsm8k_accuracy", ".png", ".pdf"),
+    log:
+        f"{RESULTS}/logs/figure_accuracy.log",
+    shell:
+        "mxfp4 plot accuracy --cells {input} --out {FIGURES}/gsm8k_accuracy > {log} 2>&1"
+
+
+rule figure_kernels:
+    input:
+        f"{RESULTS}/kernels/bench.json",
+    output:
+        multiext(f"{FIGURES}/kernel_throughput", ".png", ".pdf"),
+    log:
+        f"{RESULTS}/logs/figure_kernels.log",
+    shell:
+        "mxfp4 plot kernels --bench {input} --out {FIGURES}/kernel_throughput > {log} 2>&1"
+
+
+rule figures:
+    """Every figure of the profile, and the claims table they support."""
+    input:
+        f"{RESULTS}/claims.md",
         rules.figure_decomposition.output,
+        rules.figure_corrections.output,
+        rules.figure_training.output,
+        rules.figure_accuracy.output,
+        rules.figure_kernels.output,

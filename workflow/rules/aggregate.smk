@@ -1,0 +1,42 @@
+rule aggregate:
+    """Tidy CSVs: one row per cell, one per cell-step, and per (model, recipe) means with CIs over seeds."""
+    input:
+        ALL_CELLS,
+    output:
+        cells=f"{RESULTS}/aggregate/cells.csv",
+        steps=f"{RESULTS}/aggregate/steps.csv",
+        summary=f"{RESULTS}/aggregate/summary.csv",
+    log:
+        f"{RESULTS}/logs/aggregate.log",
+    shell:
+        "mxfp4 aggregate --profile {PROFILE} --out {RESULTS}/aggregate > {log} 2>&1"
+
+
+rule corrections_table:
+    """Each correction's effect on each component, on the standard distributions and the tiny models."""
+    input:
+        [f"{RESULTS}/models/{m}" for m in MODELS if "arch" in P["models"][m]],
+    output:
+        md=f"{RESULTS}/corrections.md",
+        json=f"{RESULTS}/corrections.json",
+    log:
+        f"{RESULTS}/logs/corrections_table.log",
+    params:
+        models=lambda wc, input: " ".join(f"--{'dense' if 'dense' in p else 'moe'} {p}" for p in input),
+    shell:
+        "mxfp4 corrections-table --out {output.md} --json {output.json} {params.models} > {log} 2>&1"
+
+
+rule claims:
+    """The paper's claims against what this profile measured, with seeds and intervals."""
+    input:
+        cells=f"{RESULTS}/aggregate/cells.csv",
+        proofs=f"{RESULTS}/proofs/proofs.json",
+        corrections=f"{RESULTS}/corrections.json",
+    output:
+        f"{RESULTS}/claims.md",
+    log:
+        f"{RESULTS}/logs/claims.log",
+    shell:
+        "mxfp4 claims --cells {input.cells} --proofs {input.proofs} --corrections {input.corrections} "
+        "--out {output} > {log} 2>&1"

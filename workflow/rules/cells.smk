@@ -1,0 +1,34 @@
+def model_input(wc):
+    """A tiny model must be warm-started first; hub models are fetched by the cell itself."""
+    return [f"{RESULTS}/models/{wc.model}"] if "arch" in P["models"][wc.model] else []
+
+
+rule pretrain_model:
+    """Warm-start a tiny stand-in with SFT on the embedded problems (TRL SFTTrainer)."""
+    output:
+        directory(f"{RESULTS}/models/{{model}}"),
+    log:
+        f"{RESULTS}/logs/pretrain_{{model}}.log",
+    threads: 1
+    shell:
+        "MXFP4_THREADS={threads} mxfp4 pretrain --profile {PROFILE} --model {wildcards.model} > {log} 2>&1"
+
+
+rule cell:
+    """One ablation cell: GRPO under the recipe, then GSM8K through lm-eval; metrics.json last (atomic)."""
+    input:
+        model_input,
+    output:
+        metrics=f"{RESULTS}/cells/{{model}}/{{recipe}}/seed{{seed}}/metrics.json",
+        log=f"{RESULTS}/cells/{{model}}/{{recipe}}/seed{{seed}}/train_log.jsonl",
+        eval=f"{RESULTS}/cells/{{model}}/{{recipe}}/seed{{seed}}/eval/results.json",
+    log:
+        f"{RESULTS}/logs/cell_{{model}}_{{recipe}}_seed{{seed}}.log",
+    wildcard_constraints:
+        seed=r"\d+",
+    threads: 1
+    resources:
+        gpu=lambda wc: P["models"][wc.model].get("gpus", 0),
+    shell:
+        "MXFP4_THREADS={threads} mxfp4 cell --profile {PROFILE} --model {wildcards.model} "
+        "--recipe '{wildcards.recipe}' --seed {wildcards.seed} > {log} 2>&1"
