@@ -17,7 +17,9 @@ Every correction reports its cost (``cost()``: extra bits per element, fraction 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
+import os
 from dataclasses import asdict, dataclass
 from importlib.metadata import entry_points
 
@@ -44,7 +46,11 @@ def register(name: str):
 
 
 def available() -> dict[str, type]:
-    """Built-in corrections plus those that installed packages declare as entry points."""
+    """Built-in corrections, those that installed packages declare as entry points (group
+    ``mxfp4.corrections``), and those registered by the modules named in ``$MXFP4_PLUGINS``
+    (comma-separated import paths, e.g. a local ``my_corrections.py`` with ``PYTHONPATH=.``)."""
+    for module in filter(None, os.environ.get("MXFP4_PLUGINS", "").split(",")):
+        importlib.import_module(module.strip())
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name not in _REGISTRY:
             cls = ep.load()

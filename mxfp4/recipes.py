@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -81,18 +82,29 @@ class Recipe:
         return cls.from_dict(name, table[name])
 
 
+def recipe_files(path: Path | str | None = None) -> list[Path]:
+    """The named recipes' files: experiments/recipes.yaml, then ``path`` and the files in
+    ``$MXFP4_RECIPES`` (os.pathsep-separated); later files add recipes and may override."""
+    extra = [path] if path else []
+    extra += [p for p in os.environ.get("MXFP4_RECIPES", "").split(os.pathsep) if p]
+    files = [RECIPES_YAML] + [Path(p) for p in extra]
+    for f in files:
+        if not f.exists():
+            raise ValueError(f"recipe file {f} does not exist")
+    return files
+
+
 def load_recipe_table(path: Path | str | None = None) -> dict[str, dict]:
-    """Resolved recipe specs by name (``base`` chains expanded)."""
-    path = Path(path) if path else RECIPES_YAML
-    if not path.exists():
-        raise ValueError(f"recipe file {path} does not exist")
-    raw = yaml.safe_load(path.read_text()) or {}
+    """Resolved recipe specs by name (``base`` chains expanded), from every recipe file."""
+    raw = {}
+    for f in recipe_files(path):
+        raw.update(yaml.safe_load(f.read_text()) or {})
 
     def resolve(name, seen=()):
         if name in seen:
             raise ValueError(f"recipe {name!r} has a cyclic base chain: {' -> '.join((*seen, name))}")
         if name not in raw:
-            raise ValueError(f"unknown recipe {name!r} in {path}; known: {', '.join(raw)}")
+            raise ValueError(f"unknown recipe {name!r}; known: {', '.join(raw)}")
         spec = dict(raw[name])
         base = spec.pop("base", None)
         if base is None:

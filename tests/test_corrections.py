@@ -131,3 +131,27 @@ def test_a_correction_registered_from_outside_plugs_into_a_recipe():
         assert torch.equal(y[x.abs() > 3], x[x.abs() > 3].bfloat16().float())
     finally:
         corr._REGISTRY.pop("test_halve_outliers")
+
+
+def test_outside_correction_and_recipe_files_plug_in_through_the_environment(tmp_path, monkeypatch):
+    (tmp_path / "my_corrections.py").write_text(
+        "import torch\n"
+        "from mxfp4.corrections import Correction, register\n\n"
+        "@register('test_clip')\n"
+        "class Clip(Correction):\n"
+        "    def __init__(self, limit=3.0):\n"
+        "        self.limit = limit\n"
+        "    def split(self, x, axis):\n"
+        "        mask = x.abs() > self.limit\n"
+        "        return mask, torch.where(mask, 0.0, x)\n"
+    )
+    (tmp_path / "my_recipes.yaml").write_text("mxfp4+clip:\n  base: mxfp4\n  corrections: [{name: test_clip, limit: 2.5}]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("MXFP4_PLUGINS", "my_corrections")
+    monkeypatch.setenv("MXFP4_RECIPES", str(tmp_path / "my_recipes.yaml"))
+    try:
+        r = Recipe.named("mxfp4+clip")
+        assert r.format == "mxfp4" and r.corrections == [{"name": "test_clip", "limit": 2.5}]
+        assert r.build_corrections()[0].limit == 2.5
+    finally:
+        corr._REGISTRY.pop("test_clip", None)
