@@ -27,7 +27,7 @@ from . import data as gsm
 from .decompose import COMPONENTS, pool_stats
 from .grad_accuracy import compare
 from .io import write_json_atomic
-from .patching import bypassed, patch_model, set_probe
+from .patching import bypassed, patch_model, quantized_weights, set_probe
 from .profiles import load_profile, model_dir
 from .recipes import Recipe
 
@@ -72,6 +72,15 @@ def _trainer_class():
             self.mx_corrections, self.mx_quantizer = corrections, quantizer
             self.mx_probe_every, self.mx_probe_layers = probe_every, probe_layers
             self.mx_step_metrics: dict = {}
+            if getattr(self, "use_vllm", False) and quantizer is not None:
+                # push the recipe's quantized weights (not the master weights) to the vLLM engine
+                sync = self.vllm_generation.sync_weights
+
+                def sync_quantized():
+                    with quantized_weights(self.model):
+                        sync()
+
+                self.vllm_generation.sync_weights = sync_quantized
 
         def _generate_and_score_completions(self, inputs):
             with contextlib.ExitStack() as stack:

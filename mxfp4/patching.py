@@ -218,3 +218,30 @@ class bypassed:
             module.forward = fwd
         self.saved = []
         return False
+
+
+def quantized_weights(model):
+    """Context manager: inside it the patched weights hold their forward-quantized values (same names,
+    shapes and dtypes), so a weight sync (TRL's push to vLLM) ships the recipe's quantized weights."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def swap():
+        saved = []
+        with torch.no_grad():
+            for _, module in model.named_modules():
+                gemm = getattr(module, "_mx_gemm", None)
+                if gemm is None:
+                    continue
+                params = (module.gate_up_proj, module.down_proj) if _is_experts(module) else (module.weight,)
+                for p in params:
+                    quantized = gemm.weight(p, p.dim() - 1, True).to(p.dtype)
+                    saved.append((p, p.data))
+                    p.data = quantized
+        try:
+            yield model
+        finally:
+            for p, data in saved:
+                p.data = data
+
+    return swap()

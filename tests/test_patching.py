@@ -116,3 +116,21 @@ def test_recipe_targets_keep_lm_head_and_router_high_precision_by_default():
     assert kinds == {"linear", "experts"}
     kinds = {kind for _, _, kind in targets(model, Recipe(name="x", modules=["linear", "lm_head"]))}
     assert kinds == {"linear", "lm_head"}
+
+
+def test_quantized_weights_context_ships_the_quantized_values_and_restores_the_masters():
+    from mxfp4.patching import quantized_weights
+
+    model, _ = build_tiny("tiny-moe", seed=2)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    patch_model(model, Recipe.named("mxfp4"))
+    experts = model.model.layers[0].mlp.experts
+    with quantized_weights(model):
+        names = [n for n, _ in model.named_parameters()]
+        q = model.model.layers[0].self_attn.q_proj.weight
+        assert torch.equal(q, reference.fake_quantize(before["model.layers.0.self_attn.q_proj.weight"], axis=1))
+        assert torch.equal(experts.down_proj, reference.fake_quantize(before["model.layers.0.mlp.experts.down_proj"], axis=2))
+        assert torch.equal(model.lm_head.weight, before["lm_head.weight"]), "lm_head stays high precision"
+    assert names == list(before)
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    unpatch_model(model)
