@@ -30,6 +30,7 @@ from .io import write_json_atomic
 from .patching import bypassed, patch_model, quantized_weights, set_probe
 from .profiles import load_profile, model_dir
 from .recipes import Recipe
+from .training import common_args
 
 SUMMARY_KEYS = ("share_scale", "share_dead", "share_grid", "cross_share", "shapley_share_scale",
                 "shapley_share_dead", "shapley_share_grid", "deadzone_fraction", "saturation_fraction")
@@ -263,16 +264,7 @@ def run_cell(profile_name: str, model_name: str, recipe_name: str, seed: int, re
         loss_type=grpo["loss_type"],
         router_aux_loss_coef=grpo.get("router_aux_loss_coef"),
         logging_steps=1,
-        save_strategy="no",
-        report_to=[],
-        seed=seed,
-        data_seed=seed,
-        bf16=False,
-        fp16=False,
-        gradient_checkpointing=False,
-        use_cpu=not torch.cuda.is_available(),
-        dataloader_num_workers=0,
-        disable_tqdm=False,
+        **common_args(seed),
         **rollout_backend(grpo),
     )
     trainer = _trainer_class()(model=model, reward_funcs=[accuracy_reward], args=config, train_dataset=dataset,

@@ -13,6 +13,7 @@ import torch
 
 from .data import PROMPT, embedded_split
 from .models import build_tiny, save
+from .training import common_args
 
 
 def sft_dataset(records: list[dict], eos: str):
@@ -58,20 +59,11 @@ def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, bat
         warmup_steps=max(1, steps // 20),
         weight_decay=0.0,
         logging_steps=max(1, steps // 10),
-        save_strategy="no",
-        report_to=[],
-        seed=seed,
-        data_seed=seed,
-        bf16=False,
-        fp16=False,
-        gradient_checkpointing=False,
-        use_cpu=not torch.cuda.is_available(),
-        dataloader_num_workers=0,
+        **common_args(seed),
         max_length=256,
         # No MoE load-balancing loss: transformers' aux-loss reduction fails on padded SFT batches
         # (attention mask rows != router rows), and 8 tiny experts need no balancing push.
         router_aux_loss_coef=0.0,
-        disable_tqdm=False,
     )
     trainer = SFTTrainer(model=model, args=config, train_dataset=sft_dataset(train, tokenizer.eos_token), processing_class=tokenizer)
     trainer.train()
