@@ -14,6 +14,7 @@ the probed layers.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import platform
 import subprocess
@@ -108,9 +109,12 @@ def _trainer_class():
                 g_q = torch.autograd.grad(loss, [p for _, p in params], retain_graph=True, allow_unused=True)
             finally:
                 set_probe(model, None)
+            # the shadow pass must not leak into TRL's logged metrics (entropy, KL, clip ratios)
+            logged, window = copy.deepcopy(self._metrics), copy.deepcopy(getattr(self, "_entropy_window_stats", None))
             with bypassed(model):
                 ref_loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
                 g_r = torch.autograd.grad(ref_loss, [p for _, p in params], allow_unused=True)
+            self._metrics, self._entropy_window_stats = logged, window
             quant = {n: g for (n, _), g in zip(params, g_q) if g is not None}
             ref = {n: g for (n, _), g in zip(params, g_r) if g is not None and n in quant}
             acc = compare(quant, ref)

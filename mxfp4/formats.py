@@ -33,13 +33,11 @@ class ElementFormat:
     max_value: float
     # Derived tables, filled in by __post_init__ (plain attributes, so torch.compile traces them).
     positive_grid: torch.Tensor = field(init=False, repr=False, compare=False)
-    rounding_steps: tuple = field(init=False, repr=False, compare=False)
     code_table: torch.Tensor = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         grid = self._positive_grid()
         object.__setattr__(self, "positive_grid", grid)
-        object.__setattr__(self, "rounding_steps", self._rounding_steps(grid.tolist()))
         object.__setattr__(self, "code_table", self._code_table(grid))
 
     @property
@@ -77,12 +75,6 @@ class ElementFormat:
                 break
             values.append(value)
         return torch.tensor(values, dtype=torch.float64)
-
-    @staticmethod
-    def _rounding_steps(g: list[float]) -> tuple[tuple[float, float, bool], ...]:
-        """(midpoint, step, inclusive) between consecutive grid values: |y| rounds up past the
-        midpoint, and at the midpoint itself (a tie) only when the upper neighbour's code is even."""
-        return tuple(((lo + hi) / 2, hi - lo, (i + 1) % 2 == 0) for i, (lo, hi) in enumerate(zip(g, g[1:])))
 
     def _code_table(self, grid: torch.Tensor) -> torch.Tensor:
         """float32 value of every code (sign bit included); NaN for codes beyond max_value."""
@@ -158,29 +150,23 @@ def get_format(fmt: str | BlockFormat) -> BlockFormat:
         raise ValueError(f"unknown format {fmt!r}; accepted: {', '.join(FORMATS)}") from None
 
 
-def floor_log2(a: torch.Tensor) -> torch.Tensor:
-    """floor(log2(a)) for finite a > 0, exactly (from the binary exponent, not a log)."""
-    _, exp = torch.frexp(a)
-    return exp.to(torch.int32) - 1
+_FLOAT_BITS = {torch.float32: (torch.int32, 23, 127), torch.float64: (torch.int64, 52, 1023)}
 
 
 def round_to_grid(y: torch.Tensor, elem: ElementFormat) -> torch.Tensor:
     """Round onto the element grid: nearest, ties to even, saturating at +-max_value.
 
-    Exact in the dtype of ``y`` (float32 or float64). Small grids (FP4, FP6) count the midpoints
-    passed, which torch.compile fuses into one loop; large ones (FP8) scale by the local step and
-    round. The sign of zero is kept.
+    Exact in the dtype of ``y`` (float32 or float64): the local grid step 2**(e - mbits), with e the
+    binary exponent of |y| (read from its bits) floored at the grid's subnormal exponent, is a power of
+    two; |y| / step is rounded half-to-even, and scaled back exactly. The sign of zero is kept.
     """
+    if y.dtype not in _FLOAT_BITS:
+        raise ValueError(f"round_to_grid takes float32 or float64, got {y.dtype}")
+    int_dtype, mant_bits, bias = _FLOAT_BITS[y.dtype]
     a = y.abs()
-    if len(elem.rounding_steps) <= 31:
-        q = torch.zeros_like(a)
-        for mid, step, inclusive in elem.rounding_steps:
-            passed = (a >= mid) if inclusive else (a > mid)
-            q = q + torch.where(passed, step, 0.0)
-    else:
-        e = floor_log2(a).clamp(min=elem.emin)
-        step = torch.ldexp(torch.ones_like(a), (e - elem.mbits).to(a.dtype))
-        q = (torch.round(a / step) * step).clamp(max=elem.max_value)
+    e = ((a.view(int_dtype) >> mant_bits) - bias).clamp_(min=elem.emin)
+    step = ((e - elem.mbits + bias) << mant_bits).view(y.dtype)
+    q = (torch.round(a / step) * step).clamp_(max=elem.max_value)
     return torch.copysign(q, y)
 
 

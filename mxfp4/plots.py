@@ -31,7 +31,8 @@ def decomposition_shares(proofs_json: Path | str, out_stem: Path | str) -> list[
     cases = [c for c in report["cases"] if c["dtype"] == "float32" and c["scale_rule"] in ("floor", "nearest")]
     formats = list(dict.fromkeys(c["format"] for c in cases))
     dists = list(dict.fromkeys(c["distribution"] for c in cases))
-    fig, axes = plt.subplots(len(formats), 2, figsize=(13, 2.6 * len(formats)), squeeze=False, sharex=True)
+    fig, axes = plt.subplots(len(formats), 2, figsize=(13, 2.6 * len(formats)), squeeze=False, sharex=True,
+                             layout="constrained")
     for row, fmt in enumerate(formats):
         by_dist = {c["distribution"]: c for c in cases if c["format"] == fmt}
         for col, (prefix, title) in enumerate((("share_", "canonical path (D, G, S)"), ("shapley_share_", "Shapley"))):
@@ -53,7 +54,8 @@ def decomposition_shares(proofs_json: Path | str, out_stem: Path | str) -> list[
             ax.set_title(f"{fmt}: {title}", fontsize=9)
             ax.set_ylabel("share of error energy")
             ax.set_xticks(range(len(dists)), dists, rotation=30, ha="right", fontsize=8)
-    axes[0][0].legend(fontsize=8, ncol=4)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=9)
     fig.suptitle("Decomposition of block-quantization error energy (cross term = total minus the three energies)")
     return save(fig, out_stem)
 
@@ -73,7 +75,8 @@ def correction_effects(corrections_json: Path | str, out_stem: Path | str) -> li
     corrs = list(dict.fromkeys(r["correction"] for r in rows))
     keys = [("energy_scale", "scale-bias energy"), ("deadzone_fraction", "deadzone fraction"),
             ("energy_grid", "grid-noise energy"), ("energy_total", "total error energy")]
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 0.45 * len(sources) * len(corrs) / 2 + 2), sharey=True)
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 0.45 * len(sources) * len(corrs) / 2 + 2.5), sharey=True,
+                             layout="constrained")
     height = 0.8 / len(corrs)
     for ax, (key, label) in zip(axes, keys):
         for j, corr in enumerate(corrs):
@@ -87,7 +90,8 @@ def correction_effects(corrections_json: Path | str, out_stem: Path | str) -> li
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("change vs plain MXFP4 (%)")
     axes[0].set_yticks([i + 0.4 - height / 2 for i in range(len(sources))], sources, fontsize=8)
-    axes[-1].legend(fontsize=7, loc="lower left")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=len(corrs), fontsize=8)
     fig.suptitle("Each correction's effect on the components of MXFP4 error (negative = smaller)")
     return save(fig, out_stem)
 
@@ -101,7 +105,8 @@ def training_curves(steps_csv: Path | str, out_stem: Path | str) -> list[Path]:
     recipes = list(dict.fromkeys(r["recipe"] for r in rows))
     metrics = [("reward", "reward (rollout accuracy)"), ("entropy", "policy entropy (nats/token)"),
                ("grad_cosine", "gradient cosine vs BF16 shadow")]
-    fig, axes = plt.subplots(len(metrics), len(models), figsize=(6 * len(models), 3 * len(metrics)), squeeze=False)
+    fig, axes = plt.subplots(len(metrics), len(models), figsize=(6 * len(models), 3 * len(metrics)), squeeze=False,
+                             layout="constrained")
     for col, model in enumerate(models):
         for row, (key, label) in enumerate(metrics):
             ax = axes[row][col]
@@ -130,7 +135,7 @@ def accuracy_bars(cells_csv: Path | str, out_stem: Path | str) -> list[Path]:
     rows = read_csv(cells_csv)
     models = sorted({r["model"] for r in rows})
     recipes = list(dict.fromkeys(r["recipe"] for r in rows))
-    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False, layout="constrained")
     for ax, model in zip(axes[0], models):
         for i, recipe in enumerate(recipes):
             s = mean_ci([r["gsm8k_strict_accuracy"] for r in rows if r["model"] == model and r["recipe"] == recipe])
@@ -154,7 +159,7 @@ def kernel_throughput(bench_json: Path | str, out_stem: Path | str) -> list[Path
     rows = report["rows"]
     shapes = list(dict.fromkeys("x".join(map(str, r["shape"])) for r in rows))
     paths = list(dict.fromkeys(r["path"] for r in rows))
-    fig, ax = plt.subplots(figsize=(max(7, 2.5 * len(shapes)), 4.5))
+    fig, ax = plt.subplots(figsize=(max(7, 2.5 * len(shapes)), 4.5), layout="constrained")
     width = 0.8 / len(paths)
     for j, path in enumerate(paths):
         xs, ys = [], []
@@ -179,7 +184,8 @@ def compare_figure(rows: list[dict], recipe: str, out_stem: Path | str) -> list[
     """Difference to each baseline with its 95% interval, for accuracy and gradient cosine."""
     metrics = ["gsm8k_strict_accuracy", "mean_grad_cosine", "mean_entropy"]
     models = sorted({r["model"] for r in rows})
-    fig, axes = plt.subplots(len(models), len(metrics), figsize=(4.5 * len(metrics), 2.8 * len(models)), squeeze=False)
+    fig, axes = plt.subplots(len(models), len(metrics), figsize=(4.5 * len(metrics), 2.8 * len(models)), squeeze=False,
+                             layout="constrained")
     for i, model in enumerate(models):
         for j, metric in enumerate(metrics):
             ax = axes[i][j]
