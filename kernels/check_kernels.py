@@ -30,6 +30,8 @@ def main(argv=None) -> int:
         results.append(r)
         if not r["passed"]:
             print(f"FAIL {r}", file=sys.stderr)
+        if len(results) % 96 == 0:
+            print(f"[{len(results)} checks] {r['case']} done", file=sys.stderr, flush=True)
     matmul = kernel_checks.check_matmul(device)
     passed = all(r["passed"] for r in results) and all(m["passed"] for m in matmul.values())
     report = {

@@ -27,7 +27,7 @@ import torch
 
 from . import dispatch
 from .decompose import Decomposition, decompose
-from .formats import E8M0_MIN_EXP, get_format
+from .formats import get_format
 from .reference import from_blocks, quantize_blocks, to_blocks
 
 _REGISTRY: dict[str, type] = {}
@@ -113,18 +113,23 @@ class MacroBlockScaling(Correction):
     """x ~ m . MX(x / m) with one BF16 scale m in [1, 2) per macro-block of ``blocks`` 32-blocks
     along the blocked axis and ``rows`` rows across it (rows > 1 gives 2D tiles).
 
-    Candidates for m: 1 (plain MXFP4) and, for each 32-block of the group, the mantissa that puts
-    that block's max exactly on the top grid point (``amax_b / M`` divided by its power of two,
-    rounded up to BF16 so nothing saturates); m is the candidate with the least error energy over
-    the group. So the group never does worse than MXFP4, and the chosen block has no scale bias.
+    Candidates for m: 1 (plain MXFP4) and the mantissa that puts a block's max exactly on the top
+    grid point (``amax_b / M`` divided by its power of two, rounded up to BF16 so nothing
+    saturates): for the group's largest block (``candidates: max``, the default) or for every block
+    of the group (``candidates: all``, up to 1 + blocks*rows quantizations: slower, a little more
+    accurate). m is the candidate with the least error energy over the group, so the group never
+    does worse than MXFP4, and the aligned block has no scale bias.
     """
 
     blocks: int = 4
     rows: int = 1
+    candidates: str = "max"
 
     def __post_init__(self):
         if self.blocks < 1 or self.rows < 1:
             raise ValueError(f"macro_block needs blocks >= 1 and rows >= 1, got blocks={self.blocks}, rows={self.rows}")
+        if self.candidates not in ("max", "all"):
+            raise ValueError(f"macro_block candidates must be one of: max, all; got {self.candidates!r}")
 
     def _groups(self, blocks32: torch.Tensor) -> tuple[torch.Tensor, tuple]:
         """[G, rows*blocks, bs] view of the blocks, padded with zero blocks; and how to undo it."""
@@ -153,6 +158,8 @@ class MacroBlockScaling(Correction):
         def quantize(blocks32: torch.Tensor):
             g, info = self._groups(blocks32)  # [G, n, bs]
             amax_b = g.abs().amax(-1)  # [G, n]
+            if self.candidates == "max":
+                amax_b = amax_b.amax(-1, keepdim=True)  # [G, 1]
             ratio = (amax_b / elem.max_value).clamp(min=torch.finfo(torch.float32).tiny)
             mant = ratio / torch.exp2(torch.floor(torch.log2(ratio)))
             mant = _bf16_round_up(mant.clamp(1.0, 2.0))
@@ -163,14 +170,7 @@ class MacroBlockScaling(Correction):
             err = (grid * eff.unsqueeze(-1) - g.unsqueeze(0)).pow(2).sum((2, 3))  # [C, G]
             best = err.argmin(0)  # first minimum: plain MXFP4 wins ties
             pick = torch.arange(g.shape[0])
-            best_grid, best_scale = grid[best, pick], eff[best, pick]
-            # exponent clamp at the bottom of E8M0 makes m pointless there; keep plain MXFP4
-            tiny = amax_b.amax(1) < 2.0 ** (E8M0_MIN_EXP + elem.emax)
-            if tiny.any():
-                grid1, _, scale1 = quantize_blocks(g, fmt, rule)
-                best_grid = torch.where(tiny[:, None, None], grid1, best_grid)
-                best_scale = torch.where(tiny[:, None], scale1, best_scale)
-            return self._ungroup(best_grid, info), self._ungroup(best_scale, info)
+            return self._ungroup(grid[best, pick], info), self._ungroup(eff[best, pick], info)
 
         return quantize
 
@@ -209,7 +209,7 @@ class OutlierFallback(Correction):
         if self.mode == "element":
             mask = torch.zeros_like(blocks, dtype=torch.bool)
             if self.k:
-                idx = blocks.topk(self.k, dim=-1).indices
+                idx = blocks.argmax(-1, keepdim=True) if self.k == 1 else blocks.topk(self.k, dim=-1).indices
                 mask.scatter_(-1, idx, True)
         else:
             rms = blocks.pow(2).mean(-1).sqrt().clamp(min=torch.finfo(torch.float32).tiny)

@@ -15,7 +15,7 @@ DISTS = ["gaussian", "laplace", "student_t3", "llm_rows"]
 
 
 @pytest.mark.parametrize("dist", DISTS)
-@pytest.mark.parametrize("params", [{"blocks": 1}, {"blocks": 4}, {"blocks": 4, "rows": 4}])
+@pytest.mark.parametrize("params", [{"blocks": 1}, {"blocks": 4}, {"blocks": 4, "rows": 4}, {"blocks": 4, "candidates": "all"}])
 def test_macro_block_scaling_reduces_scale_bias_energy(dist, params):
     x = sample(dist, 64, 512, seed=1)
     base = Quantizer().decompose(x, -1).stats

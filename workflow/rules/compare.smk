@@ -1,14 +1,20 @@
 rule store_baselines:
-    """Store this profile's aggregated cells as the baselines that `compare` measures new recipes against."""
+    """Store this profile's aggregated cells (and its claims table) as the baselines that `compare`
+    measures new recipes against; results/baselines/ is committed."""
     input:
         f"{RESULTS}/aggregate/cells.csv",
         f"{RESULTS}/aggregate/summary.csv",
+        f"{RESULTS}/claims.md",
     output:
         f"{BASELINES}/cells.csv",
         f"{BASELINES}/summary.csv",
-    shell:
-        "mkdir -p {BASELINES} && cp {input[0]} {output[0]}.tmp && mv {output[0]}.tmp {output[0]} && "
-        "cp {input[1]} {output[1]}.tmp && mv {output[1]}.tmp {output[1]}"
+        f"{BASELINES}/claims.md",
+    run:
+        import shutil
+
+        for src, dst in zip(input, output):
+            shutil.copyfile(src, dst + ".tmp")
+            shutil.move(dst + ".tmp", dst)
 
 
 rule compare:
