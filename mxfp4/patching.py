@@ -29,7 +29,8 @@ from .recipes import Recipe
 
 @dataclass
 class GemmContext:
-    """What one patched layer needs: the quantizer, which GEMMs to quantize, a weight cache, a probe."""
+    """What one patched layer needs: the quantizer, which GEMMs to quantize, a weight cache, and a
+    probe that sees the activations and gradients it quantizes (weights are probed by the caller)."""
 
     quantizer: Quantizer
     gemms: dict
@@ -47,8 +48,6 @@ class GemmContext:
             with torch.no_grad():
                 hit = (param._version, self.quantizer(param.detach(), axis))
             self._cache[slot] = hit
-            if self.probe is not None:
-                self.probe(self.name, "weight", param.detach(), axis)
         return hit[1]
 
     def act(self, x: torch.Tensor, axis: int, kind: str, enabled: bool) -> torch.Tensor:

@@ -149,7 +149,7 @@ def accuracy_bars(cells_csv: Path | str, out_stem: Path | str) -> list[Path]:
         ax.set_ylabel("GSM8K strict-match accuracy")
         ax.set_title(f"{model} (lm-eval, error bars: 95% CI over seeds)", fontsize=9)
         ax.legend(fontsize=7)
-    fig.suptitle("GSM8K accuracy of the trained policy, evaluated through its recipe's quantized forward")
+    fig.suptitle("Accuracy of the trained policy on the profile's GSM8K-format test set (lm-eval gsm8k task), through its recipe's quantized forward")
     return save(fig, out_stem)
 
 
