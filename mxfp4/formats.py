@@ -171,9 +171,17 @@ def round_to_grid(y: torch.Tensor, elem: ElementFormat) -> torch.Tensor:
 
 
 def encode_elements(q: torch.Tensor, elem: ElementFormat) -> torch.Tensor:
-    """Codes (uint8, sign in the top bit of the element) of values already on the grid."""
-    grid = elem.positive_grid.to(q.dtype)
-    magnitude = torch.searchsorted(grid, q.abs().contiguous())
+    """Codes (uint8, sign in the top bit of the element) of values already on the grid.
+
+    From the float32 bits: a normal value 1.m * 2**E has the code (E + bias) << mbits | the top
+    mbits of m; a subnormal one (below 2**emin) is an integer multiple of the smallest step.
+    """
+    a = q.abs().to(torch.float32)
+    bits = a.view(torch.int32)
+    exp = (bits >> 23) - 127
+    normal = ((exp + elem.bias) << elem.mbits) | ((bits & 0x7FFFFF) >> (23 - elem.mbits))
+    subnormal = (a * (1.0 / elem.min_subnormal)).to(torch.int32)
+    magnitude = torch.where(exp >= elem.emin, normal, subnormal)
     sign = torch.signbit(q).to(torch.uint8) * elem.sign_bit
     return magnitude.to(torch.uint8) | sign
 
