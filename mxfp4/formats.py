@@ -164,9 +164,11 @@ def round_to_grid(y: torch.Tensor, elem: ElementFormat) -> torch.Tensor:
         raise ValueError(f"round_to_grid takes float32 or float64, got {y.dtype}")
     int_dtype, mant_bits, bias = _FLOAT_BITS[y.dtype]
     a = y.abs()
-    e = ((a.view(int_dtype) >> mant_bits) - bias).clamp_(min=elem.emin)
+    # exponent of |y|, kept within [emin, emax]: the clamp at emax only changes values that saturate
+    e = ((a.view(int_dtype) >> mant_bits) - bias).clamp_(elem.emin, elem.emax)
     step = ((e - elem.mbits + bias) << mant_bits).view(y.dtype)
-    q = (torch.round(a / step) * step).clamp_(max=elem.max_value)
+    inv_step = ((elem.mbits - e + bias) << mant_bits).view(y.dtype)  # 1 / step, exactly
+    q = (torch.round(a * inv_step) * step).clamp_(max=elem.max_value)
     return torch.copysign(q, y)
 
 
