@@ -54,8 +54,11 @@ rule figure_kernels:
 
 
 rule figures:
-    """Every figure of the profile, and the claims table they support."""
+    """Every figure of the profile, and the claims table they support. The cells are named here too:
+    Snakemake does not regenerate a deleted intermediate file whose consumers are up to date, so a
+    deleted cell is rerun (alone, then the aggregates) only when a target asks for it directly."""
     input:
+        ALL_CELLS,
         f"{RESULTS}/claims.md",
         rules.figure_decomposition.output,
         rules.figure_corrections.output,
