@@ -254,7 +254,6 @@ def run_cell(profile_name: str, model_name: str, recipe_name: str, seed: int, re
     dataset = Dataset.from_list([{"prompt": gsm.PROMPT.format(question=r["question"]), "answer": r["answer"]} for r in train])
     n_gen = grpo["num_generations"]
     config = GRPOConfig(
-        output_dir=str(out / "_trainer"),
         max_steps=grpo["max_steps"],
         learning_rate=grpo["learning_rate"],
         lr_scheduler_type="constant",

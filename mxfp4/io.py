@@ -17,6 +17,7 @@ def write_json_atomic(path: Path | str, obj) -> None:
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=2, sort_keys=False)
             f.write("\n")
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

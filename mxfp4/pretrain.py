@@ -51,7 +51,6 @@ def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, bat
     model, tokenizer = build_tiny(arch, seed=seed)
     train = embedded_split("train", n_train, seed=seed, max_steps=max_steps_per_problem)
     config = SFTConfig(
-        output_dir=str(Path(out) / "_sft"),
         max_steps=steps,
         per_device_train_batch_size=batch_size,
         learning_rate=lr,

@@ -1,6 +1,5 @@
 """Corrections shrink the component they target; the identity still holds for what stays quantized."""
 
-import math
 
 import pytest
 import torch

@@ -6,7 +6,6 @@ import torch
 from mxfp4.adversarial import adversarial_rows
 from oracle import oracle_decode, oracle_quantize
 
-import mxfp4
 from mxfp4 import reference
 from mxfp4.formats import FORMATS
 from mxfp4.reference import pack_fp4, unpack_fp4
