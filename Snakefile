@@ -5,10 +5,16 @@
 #   snakemake --profile workflow/profiles/slurm all --config profile=paper
 #   snakemake --cores 1 results/embedded/cells/tiny-dense/mxfp4/seed0/metrics.json   # one cell alone
 #   snakemake --cores all compare --config compare_recipe=mxfp4+macro              # against stored baselines
+import sys
+
 from mxfp4.profiles import load_profile
 
 configfile: "experiments/config.yaml"
 
+# Rules call the package through the interpreter that runs Snakemake, so an unactivated
+# `.venv/bin/snakemake` finds the same environment.
+MXFP4 = f"{sys.executable} -m mxfp4"
+PYTHON = sys.executable
 PROFILE = config.get("profile", "embedded")
 P = load_profile(PROFILE)
 PROFILE_CFG = config.get("profiles", {}).get(PROFILE, {})

@@ -9,7 +9,7 @@ rule aggregate:
     log:
         f"{RESULTS}/logs/aggregate.log",
     shell:
-        "mxfp4 aggregate --profile {PROFILE} --out {RESULTS}/aggregate > {log} 2>&1"
+        "{MXFP4} aggregate --profile {PROFILE} --out {RESULTS}/aggregate > {log} 2>&1"
 
 
 rule corrections_table:
@@ -24,7 +24,7 @@ rule corrections_table:
     params:
         models=lambda wc, input: " ".join(f"--{'dense' if 'dense' in p else 'moe'} {p}" for p in input),
     shell:
-        "mxfp4 corrections-table --out {output.md} --json {output.json} {params.models} > {log} 2>&1"
+        "{MXFP4} corrections-table --out {output.md} --json {output.json} {params.models} > {log} 2>&1"
 
 
 rule claims:
@@ -38,5 +38,5 @@ rule claims:
     log:
         f"{RESULTS}/logs/claims.log",
     shell:
-        "mxfp4 claims --cells {input.cells} --proofs {input.proofs} --corrections {input.corrections} "
+        "{MXFP4} claims --cells {input.cells} --proofs {input.proofs} --corrections {input.corrections} "
         "--out {output} > {log} 2>&1"

@@ -11,7 +11,7 @@ rule pretrain_model:
         f"{RESULTS}/logs/pretrain_{{model}}.log",
     threads: 1
     shell:
-        "MXFP4_THREADS={threads} mxfp4 pretrain --profile {PROFILE} --model {wildcards.model} > {log} 2>&1"
+        "MXFP4_THREADS={threads} {MXFP4} pretrain --profile {PROFILE} --model {wildcards.model} > {log} 2>&1"
 
 
 rule cell:
@@ -30,5 +30,5 @@ rule cell:
     resources:
         gpu=lambda wc: P["models"][wc.model].get("gpus", 0),
     shell:
-        "MXFP4_THREADS={threads} mxfp4 cell --profile {PROFILE} --model {wildcards.model} "
+        "MXFP4_THREADS={threads} {MXFP4} cell --profile {PROFILE} --model {wildcards.model} "
         "--recipe '{wildcards.recipe}' --seed {wildcards.seed} > {log} 2>&1"

@@ -28,5 +28,5 @@ rule compare:
     log:
         f"{RESULTS}/logs/compare_{COMPARE_RECIPE}.log",
     shell:
-        "mxfp4 compare --profile {PROFILE} --recipe '{COMPARE_RECIPE}' --baselines {input.baselines} "
+        "{MXFP4} compare --profile {PROFILE} --recipe '{COMPARE_RECIPE}' --baselines {input.baselines} "
         "--out {output.md} --figure {FIGURES}/compare_{COMPARE_RECIPE} > {log} 2>&1"

@@ -6,7 +6,7 @@ rule kernel_checks:
         f"{RESULTS}/logs/kernel_checks.log",
     threads: 2
     shell:
-        "python kernels/check_kernels.py --out {output} > {log} 2>&1"
+        "{PYTHON} kernels/check_kernels.py --out {output} > {log} 2>&1"
 
 
 rule kernel_bench:
@@ -19,5 +19,5 @@ rule kernel_bench:
         shapes=lambda wc: PROFILE_CFG.get("bench_shapes", ""),
     threads: workflow.cores
     shell:
-        "python kernels/bench_kernels.py --out {output} "
+        "{PYTHON} kernels/bench_kernels.py --out {output} "
         "$( [ -n '{params.shapes}' ] && echo --shapes {params.shapes} ) > {log} 2>&1"

@@ -6,4 +6,4 @@ rule prove_decomposition:
         f"{RESULTS}/logs/proofs.log",
     threads: 1
     shell:
-        "mxfp4 prove --out {output} 2> {log}"
+        "{MXFP4} prove --out {output} 2> {log}"
