@@ -20,7 +20,7 @@ import contextlib
 import importlib
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 import torch
@@ -90,9 +90,6 @@ class Correction:
 
     def cost(self) -> dict:
         return {"extra_bits_per_element": 0.0, "bf16_fraction": 0.0}
-
-    def params(self) -> dict:
-        return asdict(self) if hasattr(self, "__dataclass_fields__") else {}
 
 
 # --------------------------------------------------------------------------------------------

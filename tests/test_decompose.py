@@ -116,3 +116,16 @@ def test_decompose_cli_prints_the_table(capsys):
     for word in ("scale", "dead", "grid", "cross", "deadzone"):
         assert word in out
     assert main(["decompose", "--scale-rule", "bogus"]) == 2
+
+
+def test_per_layer_breakdown_pools_energies_and_weights_fractions_by_size():
+    from mxfp4.decompose import decompose_named
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {"a": torch.randn(8, 64, generator=g), "b": torch.randn(4, 32, generator=g) * 10}
+    out = decompose_named(tensors)
+    per, total = out["per_tensor"], out["total"]
+    assert set(per) == {"a", "b"}
+    assert total["energy_total"] == pytest.approx(per["a"]["energy_total"] + per["b"]["energy_total"])
+    expected = (per["a"]["deadzone_fraction"] * 512 + per["b"]["deadzone_fraction"] * 128) / 640
+    assert total["deadzone_fraction"] == pytest.approx(expected)
