@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import os
 
 import torch
@@ -94,7 +95,7 @@ def fake_quantize_with_stats(x, fmt="mxfp4", axis=-1, scale_rule=None) -> tuple[
     """Fake-quantize and return the decomposition energies and counts of the same tensor."""
     if backend_for(x, fmt) == "triton":
         out, stats = _kernels().fake_quantize_with_stats(x, axis, scale_rule)
-        if not all(torch.isfinite(torch.tensor([stats[k] for k in stats if k.startswith("energy")]))):
+        if not all(math.isfinite(v) for k, v in stats.items() if k.startswith("energy")):
             raise ValueError("fake_quantize_with_stats needs finite input; found NaN or infinite elements")
         return out, stats
     from .decompose import decompose

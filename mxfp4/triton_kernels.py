@@ -18,6 +18,8 @@ two built from bits (2**-127 as a float32 subnormal).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -329,8 +331,6 @@ def _tiles(r: int, k: int) -> tuple[int, int]:
 
 
 def triton_interpreting() -> bool:
-    import os
-
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
