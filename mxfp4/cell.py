@@ -28,7 +28,7 @@ from . import data as gsm
 from .decompose import COMPONENTS, pool_stats
 from .grad_accuracy import compare
 from .io import write_json_atomic
-from .patching import bypassed, patch_model, quantized_weights, set_probe
+from .patching import bypassed, gemm_weights, patch_model, quantized_weights, set_probe
 from .profiles import load_profile, model_dir
 from .recipes import Recipe
 from .training import common_args
@@ -333,7 +333,7 @@ def weight_decomposition(model, quantizer) -> dict:
     for _, module in model.named_modules():
         if not hasattr(module, "_mx_gemm"):
             continue
-        for p in (module.gate_up_proj, module.down_proj) if hasattr(module, "gate_up_proj") else (module.weight,):
+        for p in gemm_weights(module).values():
             stats.append(quantizer.decompose(p.detach().float(), -1).stats)
     pooled = pool_stats(stats)
     return {k: pooled[k] for k in SUMMARY_KEYS} | {f"energy_{c}": pooled[f"energy_{c}"] for c in COMPONENTS} | {"energy_total": pooled["energy_total"]}

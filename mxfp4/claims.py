@@ -14,20 +14,24 @@ def _vals(cells, model, recipe, metric):
     return [c[metric] for c in cells if c["model"] == model and c["recipe"] == recipe and c.get(metric) is not None]
 
 
+def _held(d: dict, direction: int) -> str:
+    """Verdict for a difference claimed to have the sign ``direction``: held only when its 95%
+    interval excludes 0 on that side."""
+    if d["diff"] is None:
+        return "not measured"
+    if d["ci_low"] is None:
+        return "inconclusive (one seed)"
+    if (d["ci_low"] > 0 and direction > 0) or (d["ci_high"] < 0 and direction < 0):
+        return "held"
+    if d["ci_low"] <= 0 <= d["ci_high"]:
+        return "not shown (interval includes 0)"
+    return "contradicted"
+
+
 def _diff_claim(cells, model, a, b, metric, direction: int, label: str, claim: str) -> dict:
     """Claim held when mean(a) - mean(b) has the sign ``direction`` and its 95% interval excludes 0."""
     d = welch_diff(_vals(cells, model, a, metric), _vals(cells, model, b, metric))
-    if d["diff"] is None:
-        held = "not measured"
-    elif d["ci_low"] is None:
-        held = "inconclusive (one seed)"
-    elif (d["ci_low"] > 0 and direction > 0) or (d["ci_high"] < 0 and direction < 0):
-        held = "held"
-    elif d["ci_low"] <= 0 <= d["ci_high"]:
-        held = "not shown (interval includes 0)"
-    else:
-        held = "contradicted"
-    return {"claim": claim, "model": model, "measure": label, **d, "held": held}
+    return {"claim": claim, "model": model, "measure": label, **d, "held": _held(d, direction)}
 
 
 def build_claims(cells: list[dict], proofs: dict, corrections: list[dict]) -> list[dict]:
@@ -52,10 +56,8 @@ def build_claims(cells: list[dict], proofs: dict, corrections: list[dict]) -> li
             target = sum(base) / len(base)
             gap = lambda r: [abs(v - target) for v in _vals(cells, model, r, "mean_entropy")]  # noqa: E731
             d = welch_diff(gap("mxfp4+aqn"), gap("mxfp4"))
-            held = ("not measured" if d["diff"] is None else "inconclusive (one seed)" if d["ci_low"] is None
-                    else "held" if d["ci_high"] < 0 else "not shown (interval includes 0)" if d["ci_low"] <= 0 else "contradicted")
             rows.append({"claim": "AQN holds the policy entropy nearer the BF16 run's", "model": model,
-                         "measure": "|entropy - bf16 entropy|: mxfp4+aqn minus mxfp4", **d, "held": held})
+                         "measure": "|entropy - bf16 entropy|: mxfp4+aqn minus mxfp4", **d, "held": _held(d, -1)})
         d = welch_diff(_vals(cells, model, "mxfp4+all", "gsm8k_strict_accuracy"), _vals(cells, model, "bf16", "gsm8k_strict_accuracy"))
         if d["diff"] is None:
             held = "not measured"

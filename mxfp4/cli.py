@@ -114,7 +114,8 @@ def _cmd_claims(args) -> int:
 def _cmd_compare(args) -> int:
     from .compare import run_compare
 
-    rows = run_compare(args.results, args.profile, args.recipe, args.baselines, args.out, args.figure)
+    baselines = args.baselines or Path(args.results) / "baselines" / args.profile / "cells.csv"
+    rows = run_compare(args.results, args.profile, args.recipe, baselines, args.out, args.figure)
     for r in rows:
         if r["metric"] == "gsm8k_strict_accuracy":
             print(f"{r['model']:<12} vs {r['baseline']:<16} accuracy {r['diff']:+.4f}: {r['verdict']}")
@@ -246,8 +247,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "compare" and args.baselines is None:
-        args.baselines = str(Path(args.results) / "baselines" / args.profile / "cells.csv")
     threads = os.environ.get("MXFP4_THREADS")
     if threads:
         import torch

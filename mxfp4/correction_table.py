@@ -7,7 +7,7 @@ import torch
 from .corrections import Quantizer, build
 from .decompose import pool_stats
 from .distributions import sample
-from .patching import targets
+from .patching import gemm_weights, targets
 from .recipes import Recipe
 
 TABLE_CORRECTIONS = [
@@ -25,12 +25,9 @@ def model_weights(arch: str, path: str | None = None) -> dict[str, tuple[torch.T
 
     model = load(path)[0] if path else build_tiny(arch)[0]
     out = {}
-    for name, module, kind in targets(model, Recipe.named("mxfp4")):
-        if kind == "experts":
-            out[f"{name}.gate_up_proj"] = (module.gate_up_proj.detach(), 2)
-            out[f"{name}.down_proj"] = (module.down_proj.detach(), 2)
-        else:
-            out[f"{name}.weight"] = (module.weight.detach(), 1)
+    for name, module, _ in targets(model, Recipe.named("mxfp4")):
+        for attr, p in gemm_weights(module).items():
+            out[f"{name}.{attr}"] = (p.detach(), p.dim() - 1)
     return out
 
 

@@ -45,8 +45,7 @@ def check_one(kernel: str, x: torch.Tensor, axis: int, rule: str) -> tuple[bool,
         return ok, "" if ok else f"{int((q.codes.cpu() != ref_q.codes).sum())} code bytes differ"
     ref_fake = reference.dequantize(ref_q)
     if kernel == "dequantize":
-        dev_q = reference.QuantizedTensor(ref_q.codes.to(x.device), ref_q.scales.to(x.device), None, ref_q.fmt, rule, x.shape, ref_q.axis, x.dtype)
-        out = tk.dequantize(dev_q).cpu()
+        out = tk.dequantize(ref_q.to(x.device)).cpu()
     elif kernel == "fake_quantize":
         out = tk.fake_quantize(x, axis, rule).cpu()
     else:
@@ -87,14 +86,13 @@ def check_matmul(device: str = "cpu", m: int = 48, n: int = 40, k: int = 200, se
     g = torch.Generator().manual_seed(seed)
     a, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
     qa, qw = reference.quantize(a), reference.quantize(w)
-    to_dev = lambda q: reference.QuantizedTensor(q.codes.to(device), q.scales.to(device), None, q.fmt, q.scale_rule, q.shape, q.axis, q.dtype)  # noqa: E731
     wq = reference.dequantize(qw).double()
     results = {}
     for name, lhs, lhs_exact in (
-        ("mxfp4_x_mxfp4", to_dev(qa), reference.dequantize(qa).double()),
+        ("mxfp4_x_mxfp4", qa.to(device), reference.dequantize(qa).double()),
         ("bf16_x_mxfp4", a.bfloat16().to(device), a.bfloat16().double()),
     ):
-        c = tk.mx_matmul(lhs, to_dev(qw)).cpu().double()
+        c = tk.mx_matmul(lhs, qw.to(device)).cpu().double()
         exact = lhs_exact @ wq.T
         bound = (lhs_exact.abs() @ wq.abs().T) * k * torch.finfo(torch.float32).eps
         worst = float(((c - exact).abs() / bound.clamp(min=1e-30)).max())

@@ -126,6 +126,14 @@ def _is_experts(module) -> bool:
     return hasattr(module, "gate_up_proj") and hasattr(module, "down_proj") and isinstance(module.gate_up_proj, torch.nn.Parameter)
 
 
+def gemm_weights(module) -> dict[str, torch.nn.Parameter]:
+    """The GEMM weights of a patchable module by attribute name; each reduces along its last axis
+    (in_features of a Linear weight, H of gate_up_proj, I of down_proj)."""
+    if _is_experts(module):
+        return {"gate_up_proj": module.gate_up_proj, "down_proj": module.down_proj}
+    return {"weight": module.weight}
+
+
 def _is_router(name: str, module) -> bool:
     return type(module).__name__.endswith("Router") or name.endswith("mlp.gate")
 
@@ -232,8 +240,7 @@ def quantized_weights(model):
                 gemm = getattr(module, "_mx_gemm", None)
                 if gemm is None:
                     continue
-                params = (module.gate_up_proj, module.down_proj) if _is_experts(module) else (module.weight,)
-                for p in params:
+                for p in gemm_weights(module).values():
                     quantized = gemm.weight(p, p.dim() - 1, True).to(p.dtype)
                     saved.append((p, p.data))
                     p.data = quantized

@@ -12,6 +12,7 @@ block's amax, and is cropped on the way back.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +57,11 @@ class QuantizedTensor:
     def scale_values(self) -> torch.Tensor:
         """Effective float32 scale per block (the tensor scale included)."""
         return decode_scales(self.scales, self.fmt, self.tensor_scale)
+
+    def to(self, device) -> QuantizedTensor:
+        """The same quantized tensor with its storage on ``device``."""
+        ts = None if self.tensor_scale is None else self.tensor_scale.to(device)
+        return dataclasses.replace(self, codes=self.codes.to(device), scales=self.scales.to(device), tensor_scale=ts)
 
 
 def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
