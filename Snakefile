@@ -7,9 +7,12 @@
 #   snakemake --cores all compare --config compare_recipe=mxfp4+macro              # against stored baselines
 import sys
 
-from mxfp4.profiles import load_profile
+from snakemake.utils import validate
+
+from mxfp4.config.profiles import load_profile
 
 configfile: "experiments/config.yaml"
+validate(config, "workflow/schemas/config.schema.yaml")
 
 # Rules call the package through the interpreter that runs Snakemake, so an unactivated
 # `.venv/bin/snakemake` finds the same environment.
@@ -17,13 +20,13 @@ MXFP4 = f"{sys.executable} -m mxfp4"
 PYTHON = sys.executable
 PROFILE = config.get("profile", "embedded")
 P = load_profile(PROFILE)
-PROFILE_CFG = config.get("profiles", {}).get(PROFILE, {})
 RESULTS = f"results/{PROFILE}"
 FIGURES = f"figures/{PROFILE}"
 BASELINES = f"results/baselines/{PROFILE}"
-MODELS = list(P["models"])
-RECIPES = list(P["recipes"])
-SEEDS = list(P["seeds"])
+MODELS = list(P.models)
+TINY_MODELS = P.tiny_models()
+RECIPES = list(P.recipes)
+SEEDS = list(P.seeds)
 COMPARE_RECIPE = config.get("compare_recipe", "mxfp4+all")
 
 
@@ -63,7 +66,7 @@ rule proofs:
 
 rule pretrain:
     input:
-        [f"{RESULTS}/models/{m}" for m in MODELS if "arch" in P["models"][m]],
+        [f"{RESULTS}/models/{m}" for m in TINY_MODELS],
 
 
 rule ablations:

@@ -19,7 +19,7 @@ import time
 import torch
 
 import mxfp4
-from mxfp4 import reference
+from mxfp4.numerics import reference
 from mxfp4.io import write_json_atomic
 
 
@@ -77,7 +77,7 @@ def bench(device: str, shapes: list[tuple[int, int]], reps: int) -> dict:
         copy_gbps = 2 * in_bytes / copy_s / 1e9
         paths = {}
         if device == "cuda":
-            from mxfp4 import triton_kernels as tk
+            from mxfp4.numerics import triton_kernels as tk
 
             q = tk.quantize(x)
             paths["triton quantize"] = (lambda: tk.quantize(x), in_bytes + packed_bytes)

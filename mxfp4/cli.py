@@ -8,11 +8,11 @@ import os
 import sys
 from pathlib import Path
 
-from .io import write_json_atomic
+from .io import write_json_atomic, write_text_atomic
 
 
 def _cmd_formats(args) -> int:
-    from .formats import FORMATS
+    from .numerics.formats import FORMATS
 
     print(f"{'format':<12} {'element':<8} {'scale':<6} {'block':>5}  scale rules")
     for f in FORMATS.values():
@@ -23,23 +23,33 @@ def _cmd_formats(args) -> int:
 def _load_tensor(args):
     import torch
 
-    from .distributions import sample
+    from .numerics.distributions import sample
 
     if args.tensor:
-        obj = torch.load(args.tensor, map_location="cpu", weights_only=True)
+        if not Path(args.tensor).is_file():
+            raise ValueError(f"--tensor {args.tensor}: no such file (accepted: a file saved with torch.save)")
+        try:
+            obj = torch.load(args.tensor, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - any unreadable file is bad input
+            raise ValueError(f"--tensor {args.tensor}: not a torch.save file of tensors ({type(err).__name__}: {err})") from None
         if isinstance(obj, dict):
             if args.key is None:
-                raise SystemExit(f"{args.tensor} holds several tensors; pick one with --key from: {', '.join(obj)}")
+                raise ValueError(f"{args.tensor} holds several tensors; pick one with --key from: {', '.join(map(str, obj))}")
+            if args.key not in obj:
+                raise ValueError(f"--key {args.key!r} is not in {args.tensor}; accepted: {', '.join(map(str, obj))}")
             obj = obj[args.key]
         if not isinstance(obj, torch.Tensor):
-            raise SystemExit(f"{args.tensor} does not hold a tensor (got {type(obj).__name__})")
+            raise ValueError(f"{args.tensor} does not hold a tensor (got {type(obj).__name__})")
         return obj, args.tensor
+    for flag, v in (("--rows", args.rows), ("--cols", args.cols)):
+        if v < 1:
+            raise ValueError(f"{flag} must be >= 1, got {v}")
     dtype = getattr(torch, args.dtype)
     return sample(args.dist, args.rows, args.cols, seed=args.seed, dtype=dtype), args.dist
 
 
 def _cmd_decompose(args) -> int:
-    from .decompose import COMPONENTS, decompose
+    from .numerics.decompose import COMPONENTS, decompose
 
     x, label = _load_tensor(args)
     stats = decompose(x, args.format, axis=args.axis, scale_rule=args.scale_rule).stats
@@ -63,39 +73,47 @@ def _cmd_decompose(args) -> int:
 
 
 def _cmd_prove(args) -> int:
-    from .prove import run_proofs
+    from tqdm import tqdm
+
+    from .numerics.prove import run_proofs
+
+    bar = tqdm(desc="proofs", unit="case", file=sys.stderr)
 
     def progress(i, n, entry):
-        flag = "ok " if entry["passed"] else "FAIL"
-        print(
-            f"[{i:3d}/{n}] {flag} {entry['distribution']:<16} {entry['format']:<11} {entry['scale_rule']:<6} "
-            f"{entry['dtype']:<9} residual {entry['identity_residual_rel']:.2e}",
-            file=sys.stderr,
-        )
+        bar.total = n
+        bar.set_postfix_str(f"{entry['distribution']} {entry['format']} {entry['scale_rule']} "
+                            f"residual {entry['identity_residual_rel']:.1e}" + ("" if entry["passed"] else " FAIL"))
+        bar.update(1)
 
     report = run_proofs(rows=args.rows, cols=args.cols, seed=args.seed, progress=progress)
+    bar.close()
     write_json_atomic(Path(args.out), report)
     print(f"{len(report['cases'])} cases, max relative identity residual {report['max_identity_residual_rel']:.3g}: "
           f"{'passed' if report['passed'] else 'FAILED'} -> {args.out}")
     return 0 if report["passed"] else 1
 
 
-def _cmd_plot(args) -> int:
-    from . import plots
+PLOTS = {  # figure -> (drawing function in mxfp4.report.plots, what its input file is)
+    "decomposition": ("decomposition_shares", "proofs.json of mxfp4 prove"),
+    "corrections": ("correction_effects", "corrections.json of mxfp4 corrections-table"),
+    "training": ("training_curves", "aggregate/steps.csv of mxfp4 aggregate"),
+    "accuracy": ("accuracy_bars", "aggregate/cells.csv of mxfp4 aggregate"),
+    "kernels": ("kernel_throughput", "bench.json of kernels/bench_kernels.py"),
+}
 
-    source = {"decomposition": args.proofs, "corrections": args.corrections, "training": args.steps,
-              "accuracy": args.cells, "kernels": args.bench}[args.figure]
-    if source is None:
-        raise ValueError(f"plot {args.figure} needs its input file (see mxfp4 plot --help)")
-    draw = {"decomposition": plots.decomposition_shares, "corrections": plots.correction_effects,
-            "training": plots.training_curves, "accuracy": plots.accuracy_bars, "kernels": plots.kernel_throughput}
-    paths = draw[args.figure](source, args.out)
+
+def _cmd_plot(args) -> int:
+    from .report import plots
+
+    if not Path(args.input).is_file():
+        raise ValueError(f"plot {args.figure}: input {args.input} does not exist (expected the {PLOTS[args.figure][1]})")
+    paths = getattr(plots, PLOTS[args.figure][0])(args.input, args.out)
     print("wrote " + ", ".join(map(str, paths)))
     return 0
 
 
 def _cmd_aggregate(args) -> int:
-    from .aggregate import aggregate
+    from .report.aggregate import aggregate
 
     counts = aggregate(args.results, args.profile, args.out or Path(args.results) / args.profile / "aggregate")
     print(f"aggregated {counts['cells']} cells, {counts['steps']} steps")
@@ -103,16 +121,22 @@ def _cmd_aggregate(args) -> int:
 
 
 def _cmd_claims(args) -> int:
-    from .claims import run_claims
+    from .report.claims import run_claims
 
-    rows = run_claims(args.cells, args.proofs, args.corrections, args.out, Path(args.cells).parent.parent.name)
+    root = Path(args.results) / args.profile
+    inputs = {"cells": args.cells or root / "aggregate" / "cells.csv", "proofs": args.proofs or root / "proofs" / "proofs.json",
+              "corrections": args.corrections or root / "corrections.json"}
+    for name, path in inputs.items():
+        if not Path(path).is_file():
+            raise ValueError(f"claims needs --{name} {path}, which does not exist (snakemake --cores all claims makes it)")
+    rows = run_claims(inputs["cells"], inputs["proofs"], inputs["corrections"], args.out or root / "claims.md", args.profile)
     for r in rows:
         print(f"{r['held']:<40} {r['model']:<28} {r['claim']}")
     return 0
 
 
 def _cmd_compare(args) -> int:
-    from .compare import run_compare
+    from .report.compare import run_compare
 
     baselines = args.baselines or Path(args.results) / "baselines" / args.profile / "cells.csv"
     rows = run_compare(args.results, args.profile, args.recipe, baselines, args.out, args.figure)
@@ -123,13 +147,16 @@ def _cmd_compare(args) -> int:
 
 
 def _cmd_corrections_table(args) -> int:
-    from . import correction_table as ct
-    from .io import write_json_atomic
+    from .report import correction_table as ct
 
-    paths = {"tiny-dense": args.dense, "tiny-moe": args.moe}
-    table = ct.rows(ct.build_sources(paths))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(ct.markdown(table))
+    models = {}
+    for item in args.model or []:
+        label, sep, source = item.partition("=")
+        if not sep or not label or not source:
+            raise ValueError(f"--model {item!r}: expected NAME=PATH (a checkpoint folder, hub id, or tiny-dense/tiny-moe for random init)")
+        models[label] = source
+    table = ct.rows(ct.build_sources(models or None))
+    write_text_atomic(args.out, ct.markdown(table))
     if args.json:
         write_json_atomic(args.json, table)
     print(f"wrote {args.out}")
@@ -137,29 +164,32 @@ def _cmd_corrections_table(args) -> int:
 
 
 def _cmd_pretrain(args) -> int:
-    from .pretrain import pretrain
-    from .profiles import load_profile, model_dir
+    from .config.profiles import load_profile, model_dir
+    from .rl.pretrain import pretrain
 
-    profile = load_profile(args.profile, args.results)
-    spec = profile["models"].get(args.model)
-    if spec is None or "arch" not in spec:
-        tiny = [m for m, s in profile["models"].items() if "arch" in s]
-        raise ValueError(f"{args.model!r} is not a tiny model of profile {args.profile!r}; accepted: {', '.join(tiny)}")
+    profile = load_profile(args.profile)
+    spec = profile.model(args.model)
+    if not spec.arch:
+        raise ValueError(f"{args.model!r} is a hub model, not a tiny stand-in; accepted: {', '.join(profile.tiny_models())}")
     out = Path(args.out) if args.out else model_dir(args.results, args.profile, args.model)
-    meta = pretrain(spec["arch"], out, max_steps_per_problem=profile["data"]["max_problem_steps"], **profile["pretrain"])
+    meta = pretrain(spec.arch, out, max_steps_per_problem=profile.data.max_problem_steps, **profile.pretrain.model_dump())
     print(json.dumps(meta, indent=2))
     return 0
 
 
 def _cmd_cell(args) -> int:
-    from .cell import cell_main
+    from .rl.cell import execute, plan_cell
 
-    return cell_main(args)
+    plan = plan_cell(args.profile, args.model, args.recipe, args.seed, results=args.results, recipes_file=args.recipes)
+    m = execute(plan)
+    print(json.dumps({k: m[k] for k in ("gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_entropy",
+                                        "mean_grad_cosine", "mean_step_time", "wall_time_seconds")}, indent=2))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .distributions import DISTRIBUTIONS
-    from .formats import FORMATS
+    from .numerics.distributions import DISTRIBUTIONS
+    from .numerics.formats import FORMATS
 
     parser = argparse.ArgumentParser(prog="mxfp4", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -191,8 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("corrections-table", help="each correction's effect on each error component (markdown)")
     p.add_argument("--out", default="docs/corrections.md")
     p.add_argument("--json", default=None, help="also write the rows as JSON")
-    p.add_argument("--dense", default=None, help="a tiny dense checkpoint folder (default: random init)")
-    p.add_argument("--moe", default=None, help="a tiny MoE checkpoint folder (default: random init)")
+    p.add_argument("--model", action="append", metavar="NAME=PATH",
+                   help="a model's weights as a source (checkpoint folder or hub id; tiny-dense / tiny-moe for random "
+                        "init); repeatable; default: both tiny stand-ins at random init")
     p.set_defaults(func=_cmd_corrections_table)
 
     p = sub.add_parser("pretrain", help="warm-start a profile's tiny model with SFT and save it")
@@ -218,10 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_aggregate)
 
     p = sub.add_parser("claims", help="the paper's claims against a profile's measurements (markdown)")
-    p.add_argument("--cells", required=True)
-    p.add_argument("--proofs", required=True)
-    p.add_argument("--corrections", required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("--profile", default="embedded")
+    p.add_argument("--results", default="results")
+    p.add_argument("--cells", default=None, help="default results/<profile>/aggregate/cells.csv")
+    p.add_argument("--proofs", default=None, help="default results/<profile>/proofs/proofs.json")
+    p.add_argument("--corrections", default=None, help="default results/<profile>/corrections.json")
+    p.add_argument("--out", default=None, help="default results/<profile>/claims.md")
     p.set_defaults(func=_cmd_claims)
 
     p = sub.add_parser("compare", help="a recipe's cells against stored baselines, with intervals and verdicts")
@@ -234,12 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("plot", help="draw a figure from result files")
-    p.add_argument("figure", choices=["decomposition", "corrections", "training", "accuracy", "kernels"])
-    p.add_argument("--proofs", default=None)
-    p.add_argument("--corrections", default=None)
-    p.add_argument("--steps", default=None)
-    p.add_argument("--cells", default=None)
-    p.add_argument("--bench", default=None)
+    p.add_argument("figure", choices=list(PLOTS), help="; ".join(f"{k}: {v[1]}" for k, v in PLOTS.items()))
+    p.add_argument("input", help="the figure's input file")
     p.add_argument("--out", required=True, help="output path without suffix; writes .png and .pdf")
     p.set_defaults(func=_cmd_plot)
     return parser
@@ -251,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     if threads:
         import torch
 
+        if not threads.isdigit() or int(threads) < 1:
+            print(f"mxfp4: error: MXFP4_THREADS={threads!r}; accepted: a positive integer", file=sys.stderr)
+            return 2
         torch.set_num_threads(int(threads))
     try:
         return args.func(args)

@@ -1,24 +1,51 @@
-"""Atomic result files: a run interrupted midway never leaves a half-written output behind."""
+"""Atomic result files: a run interrupted midway never leaves a half-written output behind.
+
+``atomic_path(path)`` is the one mechanism: it yields a temporary path beside ``path`` and renames it
+into place only when the block finishes without error. The writers below use it.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from pathlib import Path
 
 
-def write_json_atomic(path: Path | str, obj) -> None:
-    """Write ``obj`` as JSON to a temporary file beside ``path``, then rename it into place."""
+@contextlib.contextmanager
+def atomic_path(path: Path | str):
+    """Yield a temporary file path beside ``path``; on success it replaces ``path`` (mode 0644)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=False)
-            f.write("\n")
+        yield Path(tmp)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
+
+
+def write_text_atomic(path: Path | str, text: str) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
+
+
+def write_json_atomic(path: Path | str, obj) -> Path:
+    """Write ``obj`` as indented JSON."""
+    return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_jsonl_atomic(path: Path | str, rows) -> Path:
+    return write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def copy_atomic(src: Path | str, dst: Path | str) -> Path:
+    with atomic_path(dst) as tmp:
+        tmp.write_bytes(Path(src).read_bytes())
+    return Path(dst)

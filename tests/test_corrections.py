@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from mxfp4 import corrections as corr
-from mxfp4.corrections import AdaptiveQuantizationNoise, Quantizer
-from mxfp4.distributions import sample
-from mxfp4.prove import IDENTITY_TOL_REL
-from mxfp4.recipes import Recipe, load_recipe_table
+from mxfp4.corrections import AdaptiveQuantizationNoise
+from mxfp4.numerics.quantizer import Quantizer
+from mxfp4.numerics.distributions import sample
+from mxfp4.numerics.prove import IDENTITY_TOL_REL
+from mxfp4.config.recipes import Recipe, load_recipe_table
 
 DISTS = ["gaussian", "laplace", "student_t3", "llm_rows"]
 
@@ -82,10 +83,10 @@ def test_aqn_noise_is_deterministic_restored_and_only_on_rmsnorm():
 def test_aqn_adaptive_mode_raises_sigma_when_entropy_is_below_target():
     a = AdaptiveQuantizationNoise(stages=2, total_steps=10, adaptive=True, target_entropy=1.0)
     s0 = a.sigma(5)
-    a.observe_entropy(0.5)
+    a.observe({"entropy": 0.5})
     assert a.sigma(5) > s0
-    a.observe_entropy(2.0)
-    a.observe_entropy(2.0)
+    a.observe({"entropy": 2.0})
+    a.observe({"entropy": 2.0})
     assert a.sigma(5) < s0
     with pytest.raises(ValueError, match="target_entropy"):
         AdaptiveQuantizationNoise(adaptive=True)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mxfp4 import data
+from mxfp4.rl import data
 
 GSM8K = data.default_gsm8k_dir()
 needs_gsm8k = pytest.mark.skipif(GSM8K is None, reason="the real GSM8K files (../shared/data/gsm8k) are not here")
@@ -24,7 +24,7 @@ def test_malformed_jsonl_line_is_an_error_naming_file_and_line(tmp_path):
         data.load_gsm8k("test", tmp_path)
     f.write_text('{"question": "a"}\n')
     with pytest.raises(ValueError, match=r"test\.jsonl:1: expected an object with 'question' and 'answer'"):
-        data.read_jsonl(f)
+        data.validate_jsonl(f)
     with pytest.raises(ValueError, match="unknown GSM8K split 'dev'"):
         data.load_gsm8k("dev", tmp_path)
 

@@ -7,11 +7,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mxfp4 import reference
+from mxfp4.numerics import reference
 from mxfp4.cli import main
-from mxfp4.decompose import decompose
-from mxfp4.formats import FORMATS
-from mxfp4.prove import IDENTITY_TOL_REL
+from mxfp4.numerics.decompose import decompose
+from mxfp4.numerics.formats import FORMATS
+from mxfp4.numerics.prove import IDENTITY_TOL_REL
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -119,7 +119,7 @@ def test_decompose_cli_prints_the_table(capsys):
 
 
 def test_per_layer_breakdown_pools_energies_and_weights_fractions_by_size():
-    from mxfp4.decompose import decompose_named
+    from mxfp4.numerics.decompose import decompose_named
 
     g = torch.Generator().manual_seed(0)
     tensors = {"a": torch.randn(8, 64, generator=g), "b": torch.randn(4, 32, generator=g) * 10}

@@ -3,8 +3,8 @@
 import pytest
 from lm_eval.api.model import LM
 
-from mxfp4.data import default_gsm8k_dir, load_gsm8k
-from mxfp4.evaluate import evaluate_gsm8k
+from mxfp4.rl.data import default_gsm8k_dir, load_gsm8k
+from mxfp4.rl.evaluate import evaluate_gsm8k
 
 GSM8K = default_gsm8k_dir()
 needs_gsm8k = pytest.mark.skipif(GSM8K is None, reason="the real GSM8K files (../shared/data/gsm8k) are not here")

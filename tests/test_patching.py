@@ -4,11 +4,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mxfp4 import reference
-from mxfp4.grad_accuracy import gradient_accuracy
-from mxfp4.models import build_tiny
-from mxfp4.patching import patch_model, targets, unpatch_model
-from mxfp4.recipes import Recipe
+from mxfp4.numerics import reference
+from mxfp4.rl.grad_accuracy import gradient_accuracy
+from mxfp4.rl.models import build_tiny
+from mxfp4.rl.patching import patch_model, targets, unpatch_model
+from mxfp4.config.recipes import Recipe
 
 ARCHS = ["tiny-dense", "tiny-moe"]
 
@@ -27,7 +27,7 @@ def _loss(batch):
 def test_bf16_recipe_leaves_the_model_bitwise_identical(tiny):
     _, model, batch = tiny
     ref = model(**batch).logits
-    assert patch_model(model, Recipe.named("bf16")) == []
+    assert patch_model(model, Recipe.named("bf16").quantizer()) == []
     assert torch.equal(model(**batch).logits, ref)
     unpatch_model(model)
 
@@ -36,7 +36,7 @@ def test_mxfp4_forward_and_backward_run_and_unpatch_restores_exactly(tiny):
     arch, model, batch = tiny
     names_before = [n for n, _ in model.named_parameters()]
     ref = model(**batch).logits
-    patched = patch_model(model, Recipe.named("mxfp4"))
+    patched = patch_model(model, Recipe.named("mxfp4").quantizer())
     assert not any(n.endswith("lm_head") for n in patched)
     assert any("experts" in n for n in patched) == (arch == "tiny-moe")
     assert [n for n, _ in model.named_parameters()] == names_before, "parameter names unchanged"
@@ -47,7 +47,7 @@ def test_mxfp4_forward_and_backward_run_and_unpatch_restores_exactly(tiny):
     model.zero_grad(set_to_none=True)
     unpatch_model(model)
     assert torch.equal(model(**batch).logits, ref)
-    assert not any(hasattr(m, "_mx_gemm") for m in model.modules())
+    assert not any(hasattr(m, "_mxfp4_gemm") for m in model.modules())
 
 
 def test_patched_linear_equals_a_hand_composed_fake_quant_layer(tiny):
@@ -55,7 +55,7 @@ def test_patched_linear_equals_a_hand_composed_fake_quant_layer(tiny):
     layer = model.model.layers[0].self_attn.q_proj
     seen = {}
     hook = layer.register_forward_hook(lambda m, args, out: seen.update(x=args[0].detach(), y=out.detach()))
-    patch_model(model, Recipe.named("mxfp4"))
+    patch_model(model, Recipe.named("mxfp4").quantizer())
     model(**batch)
     hook.remove()
     unpatch_model(model)
@@ -70,7 +70,7 @@ def test_weight_gradient_uses_operands_blocked_along_tokens():
     holder = torch.nn.Module()
     holder.proj = lin
     holder.config = type("C", (), {"tie_word_embeddings": False})()
-    patch_model(holder, Recipe(name="wgrad-only", gemms={"weight_grad": True}))
+    patch_model(holder, Recipe(name="wgrad-only", gemms={"weight_grad": True}).quantizer())
     x = torch.randn(40, 64)
     dy = torch.randn(40, 32)
     lin(x).backward(dy)
@@ -81,10 +81,10 @@ def test_weight_gradient_uses_operands_blocked_along_tokens():
 def test_moe_expert_weights_are_really_quantized():
     model, tok = build_tiny("tiny-moe", seed=1)
     batch = tok(["Q: 2+2=? A: 4"], return_tensors="pt")
-    patch_model(model, Recipe.named("mxfp4"))
+    patch_model(model, Recipe.named("mxfp4").quantizer())
     model(**batch)
     experts = model.model.layers[0].mlp.experts
-    cache = experts._mx_gemm._cache
+    cache = experts._mxfp4_gemm._cache
     w = cache[(experts.gate_up_proj.data_ptr(), 2)][1]
     raw = experts.gate_up_proj.detach()
     assert not torch.equal(w, raw)
@@ -98,11 +98,11 @@ def test_moe_expert_weights_are_really_quantized():
 
 def test_gradient_accuracy_is_perfect_under_bf16_and_degraded_under_mxfp4(tiny):
     _, model, batch = tiny
-    patch_model(model, Recipe.named("bf16"))
+    patch_model(model, Recipe.named("bf16").quantizer())
     exact = gradient_accuracy(model, _loss(batch))
     unpatch_model(model)
     assert exact["total"]["cosine"] == pytest.approx(1.0) and exact["total"]["rel_norm_error"] == 0
-    patch_model(model, Recipe.named("mxfp4"))
+    patch_model(model, Recipe.named("mxfp4").quantizer())
     acc = gradient_accuracy(model, _loss(batch))
     unpatch_model(model)
     assert 0.5 < acc["total"]["cosine"] < 1.0
@@ -112,18 +112,18 @@ def test_gradient_accuracy_is_perfect_under_bf16_and_degraded_under_mxfp4(tiny):
 
 def test_recipe_targets_keep_lm_head_and_router_high_precision_by_default():
     model, _ = build_tiny("tiny-moe")
-    kinds = {kind for _, _, kind in targets(model, Recipe.named("mxfp4"))}
+    kinds = {kind for _, _, kind in targets(model, Recipe.named("mxfp4").quantizer())}
     assert kinds == {"linear", "experts"}
-    kinds = {kind for _, _, kind in targets(model, Recipe(name="x", modules=["linear", "lm_head"]))}
+    kinds = {kind for _, _, kind in targets(model, Recipe(name="x", modules=["linear", "lm_head"]).quantizer())}
     assert kinds == {"linear", "lm_head"}
 
 
 def test_quantized_weights_context_ships_the_quantized_values_and_restores_the_masters():
-    from mxfp4.patching import quantized_weights
+    from mxfp4.rl.patching import quantized_weights
 
     model, _ = build_tiny("tiny-moe", seed=2)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    patch_model(model, Recipe.named("mxfp4"))
+    patch_model(model, Recipe.named("mxfp4").quantizer())
     experts = model.model.layers[0].mlp.experts
     with quantized_weights(model):
         names = [n for n, _ in model.named_parameters()]

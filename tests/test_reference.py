@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 import torch
-from mxfp4.adversarial import adversarial_rows
+from mxfp4.numerics.adversarial import adversarial_rows
 from oracle import oracle_decode, oracle_quantize
 
-from mxfp4 import reference
-from mxfp4.formats import FORMATS
-from mxfp4.reference import pack_fp4, unpack_fp4
+from mxfp4.numerics import reference
+from mxfp4.numerics.formats import FORMATS
+from mxfp4.numerics.reference import pack_fp4, unpack_fp4
 
 FORMAT_RULES = [(f, r) for f in FORMATS for r in FORMATS[f].scale_rules]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -140,7 +140,7 @@ def test_floor_rule_matches_torchao_to_mx():
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_every_code_round_trips_through_encode_and_decode(fmt):
-    from mxfp4.formats import decode_elements, encode_elements
+    from mxfp4.numerics.formats import decode_elements, encode_elements
 
     elem = FORMATS[fmt].element
     table = elem.code_table

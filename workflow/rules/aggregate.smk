@@ -15,14 +15,14 @@ rule aggregate:
 rule corrections_table:
     """Each correction's effect on each component, on the standard distributions and the tiny models."""
     input:
-        [f"{RESULTS}/models/{m}" for m in MODELS if "arch" in P["models"][m]],
+        [f"{RESULTS}/models/{m}" for m in TINY_MODELS],
     output:
         md=f"{RESULTS}/corrections.md",
         json=f"{RESULTS}/corrections.json",
     log:
         f"{RESULTS}/logs/corrections_table.log",
     params:
-        models=lambda wc, input: " ".join(f"--{'dense' if 'dense' in p else 'moe'} {p}" for p in input),
+        models=lambda wc, input: " ".join(f"--model {m}={p}" for m, p in zip(TINY_MODELS, input)),
     shell:
         "{MXFP4} corrections-table --out {output.md} --json {output.json} {params.models} > {log} 2>&1"
 
@@ -38,5 +38,5 @@ rule claims:
     log:
         f"{RESULTS}/logs/claims.log",
     shell:
-        "{MXFP4} claims --cells {input.cells} --proofs {input.proofs} --corrections {input.corrections} "
-        "--out {output} > {log} 2>&1"
+        "{MXFP4} claims --profile {PROFILE} --cells {input.cells} --proofs {input.proofs} "
+        "--corrections {input.corrections} --out {output} > {log} 2>&1"

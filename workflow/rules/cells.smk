@@ -1,6 +1,6 @@
 def model_input(wc):
     """A tiny model must be warm-started first; hub models are fetched by the cell itself."""
-    return [f"{RESULTS}/models/{wc.model}"] if "arch" in P["models"][wc.model] else []
+    return [f"{RESULTS}/models/{wc.model}"] if wc.model in TINY_MODELS else []
 
 
 rule pretrain_model:
@@ -28,7 +28,7 @@ rule cell:
         seed=r"\d+",
     threads: 1
     resources:
-        gpu=lambda wc: P["models"][wc.model].get("gpus", 0),
+        gpu=lambda wc: P.model(wc.model).gpus,
     shell:
         "MXFP4_THREADS={threads} {MXFP4} cell --profile {PROFILE} --model {wildcards.model} "
         "--recipe '{wildcards.recipe}' --seed {wildcards.seed} > {log} 2>&1"

@@ -10,11 +10,10 @@ rule store_baselines:
         f"{BASELINES}/summary.csv",
         f"{BASELINES}/claims.md",
     run:
-        import shutil
+        from mxfp4.io import copy_atomic
 
         for src, dst in zip(input, output):
-            shutil.copyfile(src, dst + ".tmp")
-            shutil.move(dst + ".tmp", dst)
+            copy_atomic(src, dst)
 
 
 rule compare:

@@ -6,7 +6,7 @@ rule figure_decomposition:
     log:
         f"{RESULTS}/logs/figure_decomposition.log",
     shell:
-        "{MXFP4} plot decomposition --proofs {input} --out {FIGURES}/decomposition_shares > {log} 2>&1"
+        "{MXFP4} plot decomposition {input} --out {FIGURES}/decomposition_shares > {log} 2>&1"
 
 
 rule figure_corrections:
@@ -17,7 +17,7 @@ rule figure_corrections:
     log:
         f"{RESULTS}/logs/figure_corrections.log",
     shell:
-        "{MXFP4} plot corrections --corrections {input} --out {FIGURES}/correction_effects > {log} 2>&1"
+        "{MXFP4} plot corrections {input} --out {FIGURES}/correction_effects > {log} 2>&1"
 
 
 rule figure_training:
@@ -28,7 +28,7 @@ rule figure_training:
     log:
         f"{RESULTS}/logs/figure_training.log",
     shell:
-        "{MXFP4} plot training --steps {input} --out {FIGURES}/training_curves > {log} 2>&1"
+        "{MXFP4} plot training {input} --out {FIGURES}/training_curves > {log} 2>&1"
 
 
 rule figure_accuracy:
@@ -39,7 +39,7 @@ rule figure_accuracy:
     log:
         f"{RESULTS}/logs/figure_accuracy.log",
     shell:
-        "{MXFP4} plot accuracy --cells {input} --out {FIGURES}/gsm8k_accuracy > {log} 2>&1"
+        "{MXFP4} plot accuracy {input} --out {FIGURES}/gsm8k_accuracy > {log} 2>&1"
 
 
 rule figure_kernels:
@@ -50,7 +50,7 @@ rule figure_kernels:
     log:
         f"{RESULTS}/logs/figure_kernels.log",
     shell:
-        "{MXFP4} plot kernels --bench {input} --out {FIGURES}/kernel_throughput > {log} 2>&1"
+        "{MXFP4} plot kernels {input} --out {FIGURES}/kernel_throughput > {log} 2>&1"
 
 
 rule figures:

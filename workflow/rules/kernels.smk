@@ -16,7 +16,7 @@ rule kernel_bench:
     log:
         f"{RESULTS}/logs/kernel_bench.log",
     params:
-        shapes=lambda wc: PROFILE_CFG.get("bench_shapes", ""),
+        shapes=P.bench_shapes,
     threads: workflow.cores
     shell:
         "{PYTHON} kernels/bench_kernels.py --out {output} "

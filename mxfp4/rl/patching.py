@@ -13,6 +13,9 @@ Gradients reach the master weights straight through. Parameter names do not chan
 forward methods are swapped on the instances), so TRL's and vLLM's weight sync keep working, and
 ``unpatch`` restores the model exactly. Quantized weights are cached per weight version: a weight
 is quantized once per optimizer step, not on every call.
+
+Patched state is public through two accessors: ``patch_state(model)`` (the quantizer and the patched
+module names, or None) and ``gemm_context(module)``; a patched module's ``repr`` shows its recipe.
 """
 
 from __future__ import annotations
@@ -23,8 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .corrections import Quantizer
-from .recipes import Recipe
+from ..numerics.quantizer import Quantizer
 
 
 @dataclass
@@ -33,10 +35,13 @@ class GemmContext:
     probe that sees the activations and gradients it quantizes (weights are probed by the caller)."""
 
     quantizer: Quantizer
-    gemms: dict
     name: str = ""
     probe: object = None  # called as probe(layer_name, kind, tensor, axis) when set
     _cache: dict = field(default_factory=dict)
+
+    @property
+    def gemms(self) -> dict:
+        return self.quantizer.gemms
 
     def weight(self, param: torch.Tensor, axis: int, enabled: bool) -> torch.Tensor:
         """The weight as a GEMM sees it: fake-quantized along ``axis`` (cached per version) or raw."""
@@ -96,13 +101,13 @@ def quant_linear(x, weight, bias, gemm: GemmContext, w_fwd=None, w_bwd=None):
 
 
 def _linear_forward(self, x):
-    return quant_linear(x, self.weight, self.bias, self._mx_gemm)
+    return quant_linear(x, self.weight, self.bias, gemm_context(self))
 
 
 def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """Qwen3-MoE experts (transformers' loop) with each expert GEMM quantized; the fused weights are
     quantized once per version along their reduction axes (H for gate_up_proj, I for down_proj)."""
-    gemm: GemmContext = self._mx_gemm
+    gemm = gemm_context(self)
     up_f = gemm.weight(self.gate_up_proj, 2, gemm.gemms["forward"])
     up_b = gemm.weight(self.gate_up_proj, 1, gemm.gemms["input_grad"])
     down_f = gemm.weight(self.down_proj, 2, gemm.gemms["forward"])
@@ -138,10 +143,12 @@ def _is_router(name: str, module) -> bool:
     return type(module).__name__.endswith("Router") or name.endswith("mlp.gate")
 
 
-def targets(model, recipe: Recipe) -> list[tuple[str, torch.nn.Module, str]]:
-    """(name, module, kind) of every module the recipe quantizes."""
+def targets(model, modules=("linear", "experts")) -> list[tuple[str, torch.nn.Module, str]]:
+    """(name, module, kind) of every module of the given kinds (a Quantizer's ``modules``)."""
+    if isinstance(modules, Quantizer):
+        modules = modules.modules
     out = []
-    kinds = set(recipe.modules)
+    kinds = set(modules)
     for name, module in model.named_modules():
         if _is_experts(module):
             if "experts" in kinds:
@@ -160,49 +167,78 @@ def targets(model, recipe: Recipe) -> list[tuple[str, torch.nn.Module, str]]:
     return out
 
 
-def patch_model(model, recipe: Recipe, corrections=None, probe=None) -> list[str]:
-    """Patch ``model`` in place for ``recipe``; returns the patched module names.
+@dataclass
+class PatchState:
+    """What ``patch_model`` did to a model: the quantizer (None for a full-precision recipe) and the
+    patched module names."""
 
-    ``corrections``: the recipe's correction objects (built fresh when not given). A ``bf16`` recipe
-    (quantize: false) patches nothing. A tied lm_head is refused: quantizing it would also quantize
-    the input embeddings.
+    quantizer: Quantizer | None
+    modules: list[str]
+
+
+_STATE_ATTR = "_mxfp4_patch"
+_GEMM_ATTR = "_mxfp4_gemm"
+
+
+def patch_state(model) -> PatchState | None:
+    """The model's patch state, or None when ``patch_model`` never touched it."""
+    return getattr(model, _STATE_ATTR, None)
+
+
+def gemm_context(module) -> GemmContext | None:
+    """A patched module's GEMM context (quantizer, weight cache, probe), or None."""
+    return module.__dict__.get(_GEMM_ATTR)
+
+
+def patched_modules(model):
+    """(name, module, GemmContext) of every patched module."""
+    for name, module in model.named_modules():
+        gemm = gemm_context(module)
+        if gemm is not None:
+            yield name, module, gemm
+
+
+def _extra_repr(self) -> str:
+    base = type(self).extra_repr(self)
+    tag = f"mxfp4={gemm_context(self).quantizer!r}"
+    return f"{base}, {tag}" if base else tag
+
+
+def patch_model(model, quantizer: Quantizer | None, probe=None) -> list[str]:
+    """Patch ``model`` in place so that the modules of ``quantizer.modules`` compute their GEMMs
+    through ``quantizer`` (``Recipe.quantizer()``); returns the patched module names.
+
+    ``None`` (a full-precision recipe) patches nothing but records the state. A tied lm_head is
+    refused: quantizing it would also quantize the input embeddings.
     """
-    if getattr(model, "_mx_patched", None):
+    if patch_state(model) is not None:
         raise ValueError("model is already patched; unpatch it first")
-    if not recipe.quantize:
-        model._mx_patched = []
-        return []
-    corrections = recipe.build_corrections() if corrections is None else corrections
-    quantizer = Quantizer(recipe.format, recipe.scale_rule, corrections)
+    if quantizer is not None and not isinstance(quantizer, Quantizer):
+        raise ValueError(f"patch_model takes a Quantizer (Recipe.quantizer()) or None, got {type(quantizer).__name__}")
     patched = []
-    for name, module, kind in targets(model, recipe):
+    for name, module, kind in (targets(model, quantizer) if quantizer is not None else []):
         if kind == "lm_head" and getattr(model.config, "tie_word_embeddings", False):
             raise ValueError("lm_head is tied to the input embeddings; quantizing it would quantize both")
-        module._mx_gemm = GemmContext(quantizer, recipe.gemms, name=name, probe=probe)
+        setattr(module, _GEMM_ATTR, GemmContext(quantizer, name=name, probe=probe))
         module.forward = types.MethodType(_experts_forward if kind == "experts" else _linear_forward, module)
+        module.extra_repr = types.MethodType(_extra_repr, module)
         patched.append(name)
-    model._mx_patched = patched
-    model._mx_quantizer = quantizer
+    setattr(model, _STATE_ATTR, PatchState(quantizer, patched))
     return patched
 
 
 def unpatch_model(model) -> None:
     """Undo ``patch_model``: instance forwards removed, the class forwards back in force."""
-    names = set(getattr(model, "_mx_patched", None) or [])
-    for name, module in model.named_modules():
-        if name in names:
-            del module.forward
-            del module._mx_gemm
-    for attr in ("_mx_patched", "_mx_quantizer"):
-        if hasattr(model, attr):
-            delattr(model, attr)
+    for _, module, _ in list(patched_modules(model)):
+        for attr in ("forward", "extra_repr", _GEMM_ATTR):
+            module.__dict__.pop(attr, None)
+    model.__dict__.pop(_STATE_ATTR, None)
 
 
 def set_probe(model, probe) -> None:
     """Attach (or with None, detach) a statistics probe on every patched module."""
-    for _, module in model.named_modules():
-        if hasattr(module, "_mx_gemm"):
-            module._mx_gemm.probe = probe
+    for _, _, gemm in patched_modules(model):
+        gemm.probe = probe
 
 
 class bypassed:
@@ -214,10 +250,9 @@ class bypassed:
         self.saved = []
 
     def __enter__(self):
-        for _, module in self.model.named_modules():
-            if "forward" in module.__dict__ and hasattr(module, "_mx_gemm"):
-                self.saved.append((module, module.__dict__["forward"]))
-                del module.forward
+        for _, module, _ in patched_modules(self.model):
+            if "forward" in module.__dict__:
+                self.saved.append((module, module.__dict__.pop("forward")))
         return self.model
 
     def __exit__(self, *exc):
@@ -236,10 +271,7 @@ def quantized_weights(model):
     def swap():
         saved = []
         with torch.no_grad():
-            for _, module in model.named_modules():
-                gemm = getattr(module, "_mx_gemm", None)
-                if gemm is None:
-                    continue
+            for _, module, gemm in patched_modules(model):
                 for p in gemm_weights(module).values():
                     quantized = gemm.weight(p, p.dim() - 1, True).to(p.dtype)
                     saved.append((p, p.data))

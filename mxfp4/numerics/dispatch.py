@@ -44,6 +44,8 @@ def requested_backend() -> str:
 
 def backend_for(x: torch.Tensor, fmt: str | BlockFormat = "mxfp4") -> str:
     """The backend that handles ``x`` in ``fmt``: 'reference', 'compiled' or 'triton'."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"expected a torch.Tensor, got {type(x).__name__} (wrap it: torch.tensor(...))")
     wanted = requested_backend()
     is_mxfp4 = get_format(fmt).name == "mxfp4"
     if wanted == "auto":
@@ -77,6 +79,8 @@ def quantize(x, fmt="mxfp4", axis=-1, scale_rule=None) -> reference.QuantizedTen
 
 
 def dequantize(qt: reference.QuantizedTensor, dtype=None) -> torch.Tensor:
+    if not isinstance(qt, reference.QuantizedTensor):
+        raise ValueError(f"dequantize takes a QuantizedTensor (from mxfp4.quantize), got {type(qt).__name__}")
     if backend_for(qt.codes, qt.fmt) == "triton":
         return _kernels().dequantize(qt, dtype)
     return reference.dequantize(qt, dtype)

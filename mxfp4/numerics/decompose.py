@@ -44,6 +44,10 @@ import torch
 from .formats import BlockFormat, round_to_grid
 from .reference import check_input, from_blocks, nvfp4_tensor_scale, quantize_blocks, to_blocks
 
+# The pooled shares that summaries (cell metrics, probe logs) report.
+SUMMARY_KEYS = ("share_scale", "share_dead", "share_grid", "cross_share", "shapley_share_scale",
+                "shapley_share_dead", "shapley_share_grid", "deadzone_fraction", "saturation_fraction")
+
 COMPONENTS = ("scale", "dead", "grid")
 
 

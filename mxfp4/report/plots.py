@@ -130,7 +130,8 @@ def training_curves(steps_csv: Path | str, out_stem: Path | str) -> list[Path]:
 
 def accuracy_bars(cells_csv: Path | str, out_stem: Path | str) -> list[Path]:
     """GSM8K strict accuracy per recipe with 95% t intervals over seeds, BF16 as a reference line."""
-    from .aggregate import mean_ci, read_csv
+    from .aggregate import read_csv
+    from .stats import mean_ci
 
     rows = read_csv(cells_csv)
     models = sorted({r["model"] for r in rows})

@@ -3,12 +3,13 @@ with a 95% Welch interval, and a verdict (better / worse / no significant differ
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from .aggregate import HIGHER_IS_BETTER, read_cells, verdict, welch_diff
+from ..io import write_text_atomic
+from .aggregate import read_cells, read_csv
+from .stats import HIGHER_IS_BETTER, verdict, welch_diff
 
 COMPARED = ["gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_rollout_accuracy", "mean_entropy",
             "mean_grad_cosine", "mean_grad_rel_norm_error", "mean_step_time"]
+TIMINGS = {"mean_step_time"}  # shown, never judged: the stored baselines may come from another machine
 
 
 def compare_rows(new: list[dict], baselines: list[dict], recipe: str) -> list[dict]:
@@ -20,8 +21,10 @@ def compare_rows(new: list[dict], baselines: list[dict], recipe: str) -> list[di
             theirs = [r for r in baselines if r["model"] == model and r["recipe"] == base]
             for metric in COMPARED:
                 d = welch_diff([r.get(metric) for r in mine], [r.get(metric) for r in theirs])
-                out.append({"model": model, "recipe": recipe, "baseline": base, "metric": metric, **d,
-                            "verdict": verdict(d, HIGHER_IS_BETTER.get(metric))})
+                v = verdict(d, HIGHER_IS_BETTER.get(metric))
+                if metric in TIMINGS:
+                    v = "no verdict (timings of different runs may come from different machines)"
+                out.append({"model": model, "recipe": recipe, "baseline": base, "metric": metric, **d, "verdict": v})
     return out
 
 
@@ -29,9 +32,23 @@ def _fmt(v):
     return "—" if v is None else f"{v:+.4f}"
 
 
-def markdown(rows: list[dict], recipe: str) -> str:
+def setting_check(new: list[dict], baselines: list[dict]) -> str:
+    """Whether the new cells and the baselines were made with the same profile setting and code
+    version (``setting_hash``), in one sentence."""
+    mine = {r.get("setting_hash") for r in new}
+    theirs = {r.get("setting_hash") for r in baselines}
+    if None in theirs or None in mine:
+        return "The baselines (or the new cells) carry no setting hash: whether they share the profile's setting cannot be checked."
+    if mine == theirs and len(mine) <= len({r["model"] for r in new}):
+        return f"Same profile setting and code version as the baselines (setting hash {', '.join(sorted(mine))})."
+    return (f"WARNING: the setting differs from the baselines' (new {', '.join(sorted(mine))}, baselines "
+            f"{', '.join(sorted(theirs))}): a profile value or the code version changed, so differences mix both.")
+
+
+def markdown(rows: list[dict], recipe: str, check: str = "") -> str:
     lines = [f"# `{recipe}` against the stored baselines", "",
              "Difference = mean over seeds of the new recipe minus the baseline's; 95% Welch interval.", "",
+             *([check, ""] if check else []),
              "| model | baseline | metric | difference | 95% CI | seeds (new/base) | verdict |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
@@ -41,15 +58,14 @@ def markdown(rows: list[dict], recipe: str) -> str:
 
 
 def run_compare(results, profile: str, recipe: str, baselines_csv, out_md, figure_stem=None) -> list[dict]:
-    from .aggregate import read_csv
-
     cells, _ = read_cells(results, profile)
     new = [c for c in cells if c["recipe"] == recipe]
     if not new:
         raise ValueError(f"no finished cells of recipe {recipe!r} in profile {profile!r}; run them first")
-    rows = compare_rows(new, read_csv(baselines_csv), recipe)
-    Path(out_md).parent.mkdir(parents=True, exist_ok=True)
-    Path(out_md).write_text(markdown(rows, recipe))
+    baselines = read_csv(baselines_csv)
+    models = {r["model"] for r in new}
+    rows = compare_rows(new, baselines, recipe)
+    write_text_atomic(out_md, markdown(rows, recipe, setting_check(new, [b for b in baselines if b["model"] in models])))
     if figure_stem:
         from .plots import compare_figure
 

@@ -13,8 +13,11 @@ import random
 import re
 from pathlib import Path
 
+from ..config import REPO_ROOT
+from ..io import write_jsonl_atomic
+
 HUB_ID = ("openai/gsm8k", "main")
-SHARED_GSM8K = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "gsm8k"
+SHARED_GSM8K = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
 PROMPT = "Question: {question}\nAnswer:"
 _FINAL = re.compile(r"#### (\-?[0-9\.\,]+)")
 _NUMBER = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
@@ -29,10 +32,13 @@ def default_gsm8k_dir() -> Path | None:
     return None
 
 
-def read_jsonl(path: Path | str) -> list[dict]:
-    """Records of a jsonl file; a malformed line is an error naming the file and the line."""
+def validate_jsonl(path: Path | str) -> int:
+    """Check a GSM8K jsonl file line by line (an object with string 'question' and 'answer' on
+    every non-empty line); returns the record count. A bad line is an error naming file and line."""
     path = Path(path)
-    records = []
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist (expected a GSM8K jsonl file)")
+    n = 0
     with path.open() as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -43,23 +49,37 @@ def read_jsonl(path: Path | str) -> list[dict]:
                 raise ValueError(f"{path}:{lineno}: malformed JSON ({err.msg})") from None
             if not isinstance(rec, dict) or not {"question", "answer"} <= set(rec):
                 raise ValueError(f"{path}:{lineno}: expected an object with 'question' and 'answer'")
-            records.append({"question": rec["question"], "answer": rec["answer"]})
-    return records
+            if not all(isinstance(rec[k], str) for k in ("question", "answer")):
+                raise ValueError(f"{path}:{lineno}: 'question' and 'answer' must be strings")
+            if final_answer(rec["answer"]) is None:
+                raise ValueError(f"{path}:{lineno}: the answer has no final '#### n' line")
+            n += 1
+    if n == 0:
+        raise ValueError(f"{path} holds no records")
+    return n
+
+
+def validate_gsm8k_dir(folder: Path | str) -> dict[str, int]:
+    """Both splits of a GSM8K folder validated up front (before any training): records per split."""
+    folder = Path(folder)
+    return {split: validate_jsonl(folder / f"{split}.jsonl") for split in ("train", "test")}
 
 
 def load_gsm8k(split: str, source: str | Path | None = None) -> list[dict]:
-    """GSM8K ``split`` (train or test) from a local folder of jsonl files, or from the hub."""
+    """GSM8K ``split`` (train or test) from a local folder of jsonl files (validated, then read by
+    ``datasets``' json builder), or from the hub."""
+    from datasets import load_dataset
+
     if split not in ("train", "test"):
         raise ValueError(f"unknown GSM8K split {split!r}; accepted: train, test")
     folder = Path(source) if source not in (None, "hub") else (default_gsm8k_dir() if source is None else None)
     if folder is not None:
         path = folder / f"{split}.jsonl"
-        if not path.exists():
-            raise ValueError(f"no {split}.jsonl in {folder}")
-        return read_jsonl(path)
-    from datasets import load_dataset
-
-    return [{"question": r["question"], "answer": r["answer"]} for r in load_dataset(*HUB_ID, split=split)]
+        validate_jsonl(path)
+        ds = load_dataset("json", data_files=str(path), split="train")
+    else:
+        ds = load_dataset(*HUB_ID, split=split)
+    return [{"question": q, "answer": a} for q, a in zip(ds["question"], ds["answer"])]
 
 
 def final_answer(text: str) -> str | None:
@@ -124,9 +144,4 @@ def embedded_split(split: str, n: int, seed: int = 0, max_steps: int = 2) -> lis
 
 
 def write_jsonl(records: list[dict], path: Path | str) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n" for r in records))
-    tmp.replace(path)
-    return path
+    return write_jsonl_atomic(path, ({"question": r["question"], "answer": r["answer"]} for r in records))

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from .corrections import Quantizer, build
-from .decompose import pool_stats
-from .distributions import sample
-from .patching import gemm_weights, targets
-from .recipes import Recipe
+from ..corrections import build
+from ..numerics.decompose import pool_stats
+from ..numerics.distributions import sample
+from ..numerics.quantizer import Quantizer
+from ..rl.patching import gemm_weights, targets
 
 TABLE_CORRECTIONS = [
     {"name": "macro_block", "blocks": 4},
@@ -19,13 +19,14 @@ TABLE_CORRECTIONS = [
 TABLE_DISTS = ["gaussian", "laplace", "student_t3", "llm_rows"]
 
 
-def model_weights(arch: str, path: str | None = None) -> dict[str, tuple[torch.Tensor, int]]:
-    """(weight, reduction axis) of every GEMM weight that the mxfp4 recipe quantizes."""
-    from .models import build_tiny, load
+def model_weights(source: str) -> dict[str, tuple[torch.Tensor, int]]:
+    """(weight, reduction axis) of every GEMM weight the mxfp4 recipe quantizes, of a checkpoint
+    folder or hub id, or of a randomly initialised tiny stand-in when ``source`` is its name."""
+    from ..rl.models import TINY_ARCHS, build_tiny, load
 
-    model = load(path)[0] if path else build_tiny(arch)[0]
+    model = build_tiny(source)[0] if source in TINY_ARCHS else load(source)[0]
     out = {}
-    for name, module, _ in targets(model, Recipe.named("mxfp4")):
+    for name, module, _ in targets(model, ("linear", "experts")):
         for attr, p in gemm_weights(module).items():
             out[f"{name}.{attr}"] = (p.detach(), p.dim() - 1)
     return out
@@ -55,10 +56,14 @@ def rows(sources: dict[str, dict[str, tuple[torch.Tensor, int]]]) -> list[dict]:
     return out
 
 
-def build_sources(model_paths: dict[str, str | None] | None = None) -> dict:
+def build_sources(models: dict[str, str] | None = None) -> dict:
+    """The standard distributions, then the weights of each ``label -> checkpoint`` (default: both
+    tiny stand-ins at random init)."""
     sources = {d: {d: (sample(d, 256, 1024, seed=0), -1)} for d in TABLE_DISTS}
-    for arch, path in (model_paths or {"tiny-dense": None, "tiny-moe": None}).items():
-        sources[f"{arch} weights" + ("" if path else " (random init)")] = model_weights(arch, path)
+    from ..rl.models import TINY_ARCHS
+
+    for label, source in (models or {a: a for a in TINY_ARCHS}).items():
+        sources[f"{label} weights" + (" (random init)" if source in TINY_ARCHS else "")] = model_weights(source)
     return sources
 
 

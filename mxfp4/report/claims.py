@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .aggregate import read_csv, welch_diff
+from ..io import write_text_atomic
+from .aggregate import read_csv
+from .stats import welch_diff
 
 ACCURACY_TOLERANCE = 0.007  # the paper: BF16 accuracy recovered "to within 0.7%"
 
@@ -99,5 +101,5 @@ def markdown(rows: list[dict], profile: str) -> str:
 def run_claims(cells_csv, proofs_json, corrections_json, out_md, profile: str) -> list[dict]:
     rows = build_claims(read_csv(cells_csv), json.loads(Path(proofs_json).read_text()),
                         json.loads(Path(corrections_json).read_text()))
-    Path(out_md).write_text(markdown(rows, profile))
+    write_text_atomic(out_md, markdown(rows, profile))
     return rows

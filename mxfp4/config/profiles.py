@@ -1,0 +1,166 @@
+"""Profiles (``experiments/profiles/<name>.yaml``): the grid of cells and every hyperparameter.
+
+Each profile is validated into ``Profile`` (pydantic, strict): a missing or unknown key at any depth,
+a wrong type (``use_vllm: "no"``) or an out-of-range value (``max_steps: 0``, a negative seed) is a
+``ValueError`` that names the key, what was given and what is accepted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from . import EXPERIMENTS
+from .validation import parse
+
+PROFILES_DIR = EXPERIMENTS / "profiles"
+CODE_VERSION = "0.2"  # bump when a change to the package changes what a cell computes
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class ModelSpec(_Strict):
+    """One model of the grid: a tiny stand-in warm-started here (``arch``) or a hub checkpoint (``hub``)."""
+
+    arch: Literal["tiny-dense", "tiny-moe"] | None = Field(None, description="tiny stand-in architecture")
+    hub: str | None = Field(None, description="Hugging Face hub id (or a local folder)")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="dtype the weights load in")
+    gpus: int = Field(0, ge=0, description="GPUs a cell of this model reserves")
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.arch is None) == (self.hub is None):
+            raise ValueError("give exactly one of arch (a tiny stand-in) or hub (a checkpoint)")
+        return self
+
+
+class PretrainSettings(_Strict):
+    """SFT warm-start of the tiny stand-ins (TRL SFTTrainer)."""
+
+    steps: int = Field(ge=1, description="optimizer steps")
+    lr: float = Field(gt=0, description="peak learning rate (cosine schedule)")
+    batch_size: int = Field(ge=1)
+    n_train: int = Field(ge=1, description="embedded problems to train on")
+
+
+class DataSettings(_Strict):
+    source: Literal["embedded", "gsm8k"] = Field(description="embedded generator, or real GSM8K jsonl/hub")
+    n_train: int | None = Field(None, ge=1, description="embedded: training problems")
+    n_eval: int | None = Field(None, ge=1, description="embedded: evaluation problems")
+    max_problem_steps: int | None = Field(None, ge=1, description="embedded: arithmetic steps per problem")
+    dir: str | None = Field(None, description="gsm8k: folder with train.jsonl and test.jsonl (default: $MXFP4_GSM8K_DIR or ../shared)")
+
+    @model_validator(mode="after")
+    def _embedded_sizes(self):
+        if self.source == "embedded":
+            missing = [k for k in ("n_train", "n_eval", "max_problem_steps") if getattr(self, k) is None]
+            if missing:
+                raise ValueError(f"the embedded source needs {', '.join(missing)}")
+        return self
+
+
+class GRPOSettings(_Strict):
+    """The GRPO run of every cell (passed to TRL's GRPOConfig)."""
+
+    max_steps: int = Field(ge=1)
+    learning_rate: float = Field(gt=0)
+    num_generations: int = Field(ge=2, description="group size")
+    prompts_per_step: int = Field(ge=1)
+    max_completion_length: int = Field(ge=1)
+    temperature: float = Field(gt=0)
+    beta: float = Field(ge=0, description="KL coefficient (0: no reference model)")
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
+    use_vllm: bool = Field(False, description="vLLM rollouts on GPU")
+    router_aux_loss_coef: float | None = Field(None, ge=0, description="MoE load-balancing loss weight")
+
+
+class EvalSettings(_Strict):
+    """GSM8K through lm-eval."""
+
+    num_fewshot: int = Field(ge=0)
+    limit: int | None = Field(None, ge=1, description="problems evaluated (None: all)")
+    max_gen_toks: int | None = Field(None, ge=1)
+    batch_size: int = Field(32, ge=1)
+
+
+class Profile(_Strict):
+    name: str
+    models: dict[str, ModelSpec] = Field(min_length=1)
+    pretrain: PretrainSettings | None = Field(None, description="needed when a model is a tiny stand-in")
+    recipes: list[str] = Field(min_length=1, description="named recipes of the grid")
+    seeds: list[int] = Field(min_length=1)
+    data: DataSettings
+    grpo: GRPOSettings
+    probe_every: int = Field(0, ge=0, description="steps between gradient/decomposition probes (0: never)")
+    eval: EvalSettings
+    bench_shapes: str = Field("", pattern=r"^(\d+x\d+(,\d+x\d+)*)?$", description="kernel benchmark shapes, RxC,...")
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        bad = [s for s in self.seeds if s < 0]
+        if bad:
+            raise ValueError(f"seeds must be >= 0, got {bad}")
+        if any(m.arch for m in self.models.values()) and self.pretrain is None:
+            raise ValueError("tiny stand-in models need a pretrain section")
+        return self
+
+    def model(self, name: str) -> ModelSpec:
+        if name not in self.models:
+            raise ValueError(f"model {name!r} is not in profile {self.name!r}; known: {', '.join(self.models)}")
+        return self.models[name]
+
+    def tiny_models(self) -> list[str]:
+        return [m for m, s in self.models.items() if s.arch]
+
+    def setting(self, model: str) -> dict:
+        """Everything of this profile that determines a cell of ``model`` besides recipe and seed."""
+        return {"model": self.model(model).model_dump(), "code_version": CODE_VERSION,
+                **self.model_dump(include={"pretrain", "data", "grpo", "probe_every", "eval"})}
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def load_profile(name: str) -> Profile:
+    path = PROFILES_DIR / f"{name}.yaml"
+    if not path.exists():
+        raise ValueError(f"unknown profile {name!r}; known: {', '.join(available())}")
+    profile = parse(Profile, yaml.safe_load(path.read_text()), f"profile {path.name}")
+    if profile.name != name:
+        raise ValueError(f"profile {path.name}: name: {profile.name!r} differs from the file name; accepted: {name!r}")
+    from .recipes import load_recipe_table
+
+    known = load_recipe_table()
+    unknown = [r for r in profile.recipes if r not in known]
+    if unknown:
+        raise ValueError(f"profile {path.name}: recipes: unknown recipe(s) {unknown}; known: {', '.join(known)}")
+    return profile
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def setting_hash(profile: Profile, model: str) -> str:
+    """Hash of what a cell's result depends on apart from recipe and seed (paths excluded): cells
+    with equal setting hashes are comparable."""
+    return _digest(profile.setting(model))
+
+
+def config_hash(profile: Profile, model: str, recipe, seed: int) -> str:
+    """Hash of exactly what determines a cell's result: the profile's setting for the model, the
+    recipe, the seed and the code version; nothing about where results are written."""
+    return _digest({"setting": profile.setting(model), "recipe": recipe.to_dict(), "seed": seed})
+
+
+def model_dir(results: Path | str, profile: str, model: str) -> Path:
+    """Where the profile's warm-started tiny model is saved."""
+    return Path(results) / profile / "models" / model

@@ -1,0 +1,128 @@
+"""Recipes: a named, composable, validated description of how a model is quantized.
+
+Loaded from ``experiments/recipes.yaml`` (plus the files in ``$MXFP4_RECIPES``) or built in Python::
+
+    Recipe.named("mxfp4+all").quantizer()       # the recipe's Quantizer, corrections built
+    Recipe(name="mine", corrections=[{"name": "macro_block", "blocks": 2}])
+
+A recipe may start from a ``base`` recipe and override fields (``Recipe.model_copy(update=...)``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .. import corrections as corr
+from ..numerics.formats import get_format
+from ..numerics.quantizer import DEFAULT_MODULES, GEMMS, Quantizer
+from . import EXPERIMENTS
+from .validation import parse
+
+RECIPES_YAML = EXPERIMENTS / "recipes.yaml"
+
+
+class Recipe(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+
+    name: str
+    quantize: bool = Field(True, description="false: full precision (the bf16 reference)")
+    format: str = Field("mxfp4", description="block format: mxfp4, nvfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3")
+    scale_rule: str | None = Field(None, description="E8M0 scale rule: floor (default), ceil, even, rceil")
+    gemms: dict[str, bool] = Field(default_factory=lambda: {g: True for g in GEMMS},
+                                   description="quantized GEMMs: forward, input_grad, weight_grad")
+    modules: list[Literal["linear", "experts", "lm_head", "router"]] = Field(
+        default_factory=lambda: list(DEFAULT_MODULES), description="module kinds quantized")
+    corrections: list[dict | str] = Field(default_factory=list, description="registered corrections with parameters")
+
+    @field_validator("gemms")
+    @classmethod
+    def _gemms(cls, v):
+        unknown = set(v) - set(GEMMS)
+        if unknown:
+            raise ValueError(f"unknown GEMM(s) {sorted(unknown)}; accepted: {', '.join(GEMMS)}")
+        return {g: bool(v.get(g, False)) for g in GEMMS}
+
+    @field_validator("corrections")
+    @classmethod
+    def _corrections(cls, v):
+        specs = [c if isinstance(c, dict) else {"name": c} for c in v]
+        for s in specs:
+            corr.build(s)  # validate names and parameters now, not mid-run
+        return specs
+
+    @model_validator(mode="after")
+    def _format(self):
+        fmt = get_format(self.format)
+        rule = fmt.check_scale_rule(self.scale_rule)
+        if rule != self.scale_rule:
+            object.__setattr__(self, "scale_rule", rule)
+        return self
+
+    def build_corrections(self) -> list[corr.Correction]:
+        """Fresh correction objects (they carry run state such as AQN's sigma and fallback counts)."""
+        return [corr.build(c) for c in self.corrections]
+
+    def quantizer(self, corrections: list | None = None) -> Quantizer | None:
+        """The recipe's quantizer (None for a full-precision recipe); corrections built fresh unless given."""
+        if not self.quantize:
+            return None
+        corrections = self.build_corrections() if corrections is None else corrections
+        return Quantizer(self.format, self.scale_rule, corrections, gemms=self.gemms, modules=self.modules, name=self.name)
+
+    def to_dict(self) -> dict:
+        return self.model_dump()
+
+    def hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+    @classmethod
+    def from_dict(cls, name: str, spec: dict) -> Recipe:
+        return parse(cls, {**spec, "name": name}, f"recipe {name!r}")
+
+    @classmethod
+    def named(cls, name: str, path: Path | str | None = None) -> Recipe:
+        table = load_recipe_table(path)
+        if name not in table:
+            raise ValueError(f"unknown recipe {name!r}; known: {', '.join(table)}")
+        return cls.from_dict(name, table[name])
+
+
+def recipe_files(path: Path | str | None = None) -> list[Path]:
+    """The named recipes' files: experiments/recipes.yaml, then ``path`` and the files in
+    ``$MXFP4_RECIPES`` (os.pathsep-separated); later files add recipes and may override."""
+    extra = [path] if path else []
+    extra += [p for p in os.environ.get("MXFP4_RECIPES", "").split(os.pathsep) if p]
+    files = [RECIPES_YAML] + [Path(p) for p in extra]
+    for f in files:
+        if not f.exists():
+            raise ValueError(f"recipe file {f} does not exist")
+    return files
+
+
+def load_recipe_table(path: Path | str | None = None) -> dict[str, dict]:
+    """Resolved recipe specs by name (``base`` chains expanded: the base recipe's fields, overridden
+    by the recipe's own), from every recipe file."""
+    raw = {}
+    for f in recipe_files(path):
+        table = yaml.safe_load(f.read_text()) or {}
+        if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
+            raise ValueError(f"{f}: expected a mapping of recipe name -> fields")
+        raw.update(table)
+
+    def resolve(name, seen=()):
+        if name in seen:
+            raise ValueError(f"recipe {name!r} has a cyclic base chain: {' -> '.join((*seen, name))}")
+        if name not in raw:
+            raise ValueError(f"unknown recipe {name!r}; known: {', '.join(raw)}")
+        spec = dict(raw[name])
+        base = spec.pop("base", None)
+        return spec if base is None else {**resolve(base, (*seen, name)), **spec}
+
+    return {name: resolve(name) for name in raw}

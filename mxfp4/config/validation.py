@@ -1,0 +1,50 @@
+"""Turn pydantic's validation errors into one ``ValueError`` that names the key, what was given and
+what is accepted."""
+
+from __future__ import annotations
+
+import typing
+
+import pydantic
+
+
+def _accepted_keys(model: type[pydantic.BaseModel], loc: tuple) -> list[str]:
+    """The field names of the (nested) model that holds ``loc[-1]``."""
+    cls = model
+    for part in loc[:-1]:
+        if isinstance(cls, type) and issubclass(cls, pydantic.BaseModel):
+            field = cls.model_fields.get(part)
+            if field is None:
+                return []
+            cls = field.annotation
+        elif typing.get_origin(cls) is dict:
+            cls = typing.get_args(cls)[1]
+        else:
+            return []
+        while typing.get_origin(cls) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+            cls = next(a for a in typing.get_args(cls) if a is not type(None))
+    if isinstance(cls, type) and issubclass(cls, pydantic.BaseModel):
+        return list(cls.model_fields)
+    return []
+
+
+def parse(model: type[pydantic.BaseModel], data, where: str):
+    """``model.model_validate(data)``, its errors raised as one ValueError."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected a mapping of keys, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as err:
+        problems = []
+        for e in err.errors():
+            loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            key = ".".join(str(p) for p in loc) or "(top level)"
+            if e["type"] == "extra_forbidden":
+                accepted = _accepted_keys(model, loc)
+                problems.append(f"{key}: unknown key" + (f"; accepted: {', '.join(accepted)}" if accepted else ""))
+            elif e["type"] == "missing":
+                problems.append(f"{key}: missing (required)")
+            else:
+                msg = e["msg"].removeprefix("Value error, ")
+                problems.append(f"{key}: {msg} (got {e.get('input')!r})")
+        raise ValueError(f"{where}: " + "; ".join(problems)) from None

@@ -1,0 +1,27 @@
+"""Corrections: each targets one component of the MXFP4 error and one RL failure mode.
+
+A correction is a class registered under a name (``@register("name")``, or the entry-point group
+``mxfp4.corrections`` for outside packages, or a module named in ``$MXFP4_PLUGINS``). Its hooks are
+listed in ``mxfp4.corrections.base.Correction``: numerics hooks composed by the recipe's quantizer
+(``mxfp4.numerics.quantizer.Quantizer``) and lifecycle hooks the GRPO cell calls.
+
+Built in: ``macro_block`` (scale bias), ``outlier_fallback`` (deadzone), ``aqn`` (entropy).
+"""
+
+from .aqn import AdaptiveQuantizationNoise
+from .base import Correction
+from .macro_block import MacroBlockScaling
+from .outlier_fallback import OutlierFallback
+from .registry import _REGISTRY, ENTRY_POINT_GROUP, available, build, register
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "AdaptiveQuantizationNoise",
+    "Correction",
+    "MacroBlockScaling",
+    "OutlierFallback",
+    "_REGISTRY",
+    "available",
+    "build",
+    "register",
+]

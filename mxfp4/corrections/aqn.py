@@ -1,0 +1,107 @@
+"""AQN: adaptive quantization noise (after QeRL, arXiv 2510.11696) on the RMSNorm weights of the
+rollout policy. Targets the entropy effect of grid noise."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .base import Correction
+from .registry import register
+
+
+@register("aqn")
+@dataclass
+class AdaptiveQuantizationNoise(Correction):
+    """Gaussian noise N(0, sigma^2) added to every RMSNorm weight while the policy generates rollouts.
+
+    Schedule (QeRL): training is split into ``stages`` equal stages; stage 0 is noise-free and stage
+    k >= 1 uses ``sigma_k = sigma_start * (sigma_end / sigma_start) ** ((k - 1) / (stages - 2))``
+    (exponential decay; with two stages, stage 1 uses sigma_start).
+    Adaptive mode (``adaptive: true``): after the noise-free stage, sigma moves multiplicatively,
+    ``sigma <- clip(sigma * exp(gain * (target_entropy - entropy)), sigma_min, sigma_max)``, holding
+    the policy entropy near ``target_entropy`` (the BF16 run's).
+    Noise is drawn from a generator seeded by (seed, step): the same step gives the same noise.
+    """
+
+    sigma_start: float = 1e-2
+    sigma_end: float = 5e-4
+    stages: int = 4
+    total_steps: int = 100
+    adaptive: bool = False
+    target_entropy: float | None = None
+    gain: float = 2.0
+    sigma_min: float = 1e-5
+    sigma_max: float = 5e-2
+    seed: int = 0
+
+    def __post_init__(self):
+        if not (self.sigma_start > 0 and self.sigma_end > 0):
+            raise ValueError(f"aqn needs sigma_start > 0 and sigma_end > 0, got {self.sigma_start}, {self.sigma_end}")
+        if self.stages < 2:
+            raise ValueError(f"aqn needs stages >= 2 (stage 0 is noise-free), got {self.stages}")
+        if self.total_steps < 1:
+            raise ValueError(f"aqn needs total_steps >= 1, got {self.total_steps}")
+        if self.adaptive and self.target_entropy is None:
+            raise ValueError("aqn adaptive mode needs target_entropy (the BF16 run's mean entropy)")
+        self._sigma = self.sigma_start
+        self.last_sigma = 0.0
+
+    def stage(self, step: int) -> int:
+        return min(self.stages - 1, step * self.stages // self.total_steps)
+
+    def scheduled_sigma(self, step: int) -> float:
+        k = self.stage(step)
+        if k == 0:
+            return 0.0
+        if self.stages == 2:
+            return self.sigma_start
+        return self.sigma_start * (self.sigma_end / self.sigma_start) ** ((k - 1) / (self.stages - 2))
+
+    def sigma(self, step: int) -> float:
+        if not self.adaptive or self.stage(step) == 0:
+            return self.scheduled_sigma(step)
+        return self._sigma
+
+    def bind(self, total_steps: int, seed: int) -> None:
+        """The schedule spans the run's ``total_steps``; the noise is drawn from ``seed``."""
+        if total_steps < 1:
+            raise ValueError(f"aqn needs total_steps >= 1, got {total_steps}")
+        self.total_steps, self.seed = total_steps, seed
+
+    def observe(self, metrics: dict) -> None:
+        """Adaptive mode: move sigma toward holding the step's ``entropy`` at the target."""
+        entropy = metrics.get("entropy")
+        if self.adaptive and entropy is not None:
+            s = self._sigma * math.exp(self.gain * (self.target_entropy - entropy))
+            self._sigma = min(self.sigma_max, max(self.sigma_min, s))
+
+    def metrics(self) -> dict:
+        return {"aqn/sigma": self.last_sigma}
+
+    @staticmethod
+    def norm_weights(model) -> list[torch.nn.Parameter]:
+        return [m.weight for m in model.modules() if type(m).__name__.endswith("RMSNorm") and getattr(m, "weight", None) is not None]
+
+    @contextlib.contextmanager
+    def rollout_context(self, model, step: int):
+        sigma = self.sigma(step)
+        self.last_sigma = sigma
+        weights = self.norm_weights(model)
+        if sigma == 0 or not weights:
+            yield sigma
+            return
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)  # CPU draws: same noise on any device
+        saved = [w.detach().clone() for w in weights]
+        with torch.no_grad():
+            for w in weights:
+                w.add_(torch.randn(w.shape, generator=g, dtype=torch.float32).to(w) * sigma)
+        try:
+            yield sigma
+        finally:
+            with torch.no_grad():
+                for w, s in zip(weights, saved):
+                    w.copy_(s)

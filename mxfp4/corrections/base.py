@@ -1,0 +1,55 @@
+"""The correction protocol: every hook a correction may implement, each a no-op by default.
+
+Numerics hooks (composed by ``mxfp4.numerics.quantizer.Quantizer`` on every quantized operand):
+
+- ``block_quantizer(fmt, rule)``: replaces how each block is scaled and rounded (macro-block scaling);
+- ``split(x, axis)``: marks elements kept in high precision; the rest is quantized (outlier fallback).
+
+Lifecycle hooks (called by the GRPO cell, which never names a correction):
+
+- ``bind(total_steps, seed)``: once, before training: the run's length and seed;
+- ``rollout_context(model, step)``: a context manager around each rollout generation (AQN);
+- ``observe(metrics)``: after each logged step, with that step's metrics (reward, entropy, ...);
+- ``metrics()``: what the correction wants logged for the step (AQN's sigma), merged into the log.
+
+And ``cost()``: extra bits per element and the fraction kept in BF16, always reported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+class Correction:
+    """Base class: a correction that changes nothing and costs nothing."""
+
+    name = "none"
+
+    # numerics hooks -----------------------------------------------------------------------
+    def block_quantizer(self, fmt, rule):
+        """``blocks -> (grid values, effective scale per block)``, or None to keep the format's."""
+        return None
+
+    def split(self, x: torch.Tensor, axis: int):
+        """(mask of elements kept in high precision, x with them zeroed), or None for none."""
+        return None
+
+    # lifecycle hooks ----------------------------------------------------------------------
+    def bind(self, total_steps: int, seed: int) -> None:
+        """Called once before training with the number of optimizer steps and the cell's seed."""
+
+    def rollout_context(self, model, step: int):
+        """Wraps the policy's rollout generation at optimizer step ``step``."""
+        return contextlib.nullcontext()
+
+    def observe(self, metrics: dict) -> None:
+        """Sees the metrics logged for each finished step (keys as in ``train_log.jsonl``)."""
+
+    def metrics(self) -> dict:
+        """Metrics to log for the current step, e.g. ``{"aqn/sigma": 0.01}``."""
+        return {}
+
+    def cost(self) -> dict:
+        return {"extra_bits_per_element": 0.0, "bf16_fraction": 0.0}

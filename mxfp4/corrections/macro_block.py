@@ -1,0 +1,92 @@
+"""Macro-block scaling: a BF16 scale per macro-block (a group of 32-blocks, or a 2D tile) on top of
+the E8M0 block scales. Targets scale bias (gradient accuracy)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..numerics.formats import get_format
+from ..numerics.reference import quantize_blocks
+from .base import Correction
+from .registry import register
+
+
+def _bf16_round_up(m: torch.Tensor) -> torch.Tensor:
+    """The smallest bfloat16 value >= m (m > 0, finite)."""
+    down = m.to(torch.bfloat16).float()
+    inf = torch.full_like(down, float("inf"), dtype=torch.bfloat16)  # on m's device: no CPU operand
+    up = torch.nextafter(down.to(torch.bfloat16), inf).float()
+    return torch.where(down >= m, down, up)
+
+
+@register("macro_block")
+@dataclass
+class MacroBlockScaling(Correction):
+    """x ~ m . MX(x / m) with one BF16 scale m in [1, 2) per macro-block of ``blocks`` 32-blocks
+    along the blocked axis and ``rows`` rows across it (rows > 1 gives 2D tiles).
+
+    Candidates for m: 1 (plain MXFP4) and the mantissa that puts a block's max exactly on the top
+    grid point (``amax_b / M`` divided by its power of two, rounded up to BF16 so nothing
+    saturates): for the group's largest block (``candidates: max``, the default) or for every block
+    of the group (``candidates: all``, up to 1 + blocks*rows quantizations: slower, a little more
+    accurate). m is the candidate with the least error energy over the group, so the group never
+    does worse than MXFP4, and the aligned block has no scale bias.
+    """
+
+    blocks: int = 4
+    rows: int = 1
+    candidates: str = "max"
+
+    def __post_init__(self):
+        if self.blocks < 1 or self.rows < 1:
+            raise ValueError(f"macro_block needs blocks >= 1 and rows >= 1, got blocks={self.blocks}, rows={self.rows}")
+        if self.candidates not in ("max", "all"):
+            raise ValueError(f"macro_block candidates must be one of: max, all; got {self.candidates!r}")
+
+    def _groups(self, blocks32: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """[G, rows*blocks, bs] view of the blocks, padded with zero blocks; and how to undo it."""
+        bs = blocks32.shape[-1]
+        flat = blocks32.reshape(-1, blocks32.shape[-2], bs)  # [R, nb, bs]
+        r, nb = flat.shape[:2]
+        pr, pb = -r % self.rows, -nb % self.blocks
+        padded = torch.nn.functional.pad(flat, (0, 0, 0, pb, 0, pr))
+        R, NB = padded.shape[:2]
+        g = padded.reshape(R // self.rows, self.rows, NB // self.blocks, self.blocks, bs)
+        g = g.permute(0, 2, 1, 3, 4).reshape(-1, self.rows * self.blocks, bs)
+        return g, (blocks32.shape, r, nb, R, NB)
+
+    def _ungroup(self, g: torch.Tensor, info) -> torch.Tensor:
+        """Inverse of ``_groups`` for a [G, rows*blocks, *tail] tensor: [..., nb, *tail]."""
+        shape, r, nb, R, NB = info
+        tail = g.shape[2:]
+        t = g.reshape(R // self.rows, NB // self.blocks, self.rows, self.blocks, *tail)
+        t = t.transpose(1, 2).reshape(R, NB, *tail)
+        return t[:r, :nb].reshape(*shape[:-1], *tail)
+
+    def block_quantizer(self, fmt, rule):
+        fmt = get_format(fmt)
+        elem = fmt.element
+
+        def quantize(blocks32: torch.Tensor):
+            g, info = self._groups(blocks32)  # [G, n, bs]
+            amax_b = g.abs().amax(-1)  # [G, n]
+            if self.candidates == "max":
+                amax_b = amax_b.amax(-1, keepdim=True)  # [G, 1]
+            ratio = (amax_b / elem.max_value).clamp(min=torch.finfo(torch.float32).tiny)
+            mant = ratio / torch.exp2(torch.floor(torch.log2(ratio)))
+            mant = _bf16_round_up(mant.clamp(1.0, 2.0))
+            candidates = torch.cat([torch.ones_like(mant[:, :1]), mant], dim=1).T  # [1+n, G]
+            # all candidates in one batched call: [C, G, n, bs]
+            grid, _, scale = quantize_blocks(g.unsqueeze(0) / candidates[:, :, None, None], fmt, rule)
+            eff = scale * candidates[:, :, None]  # [C, G, n]
+            err = (grid * eff.unsqueeze(-1) - g.unsqueeze(0)).pow(2).sum((2, 3))  # [C, G]
+            best = err.argmin(0)  # first minimum: plain MXFP4 wins ties
+            pick = torch.arange(g.shape[0], device=g.device)
+            return self._ungroup(grid[best, pick], info), self._ungroup(eff[best, pick], info)
+
+        return quantize
+
+    def cost(self) -> dict:
+        return {"extra_bits_per_element": 16.0 / (32 * self.blocks * self.rows), "bf16_fraction": 0.0}

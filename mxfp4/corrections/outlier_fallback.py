@@ -1,0 +1,65 @@
+"""Outlier fallback: outliers stay in BF16; the rest is quantized with the scale of what remains, so
+entries of the deadzone come back. Targets deadzone truncation (rollout quality)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..numerics.reference import from_blocks, to_blocks
+from .base import Correction
+from .registry import register
+
+
+@register("outlier_fallback")
+@dataclass
+class OutlierFallback(Correction):
+    """``mode: element`` keeps the ``k`` largest magnitudes of every 32-block in BF16 (cost k/32 of
+    the elements plus a 5-bit index each); ``mode: block`` keeps whole blocks in BF16: the
+    ``fraction`` of blocks with the largest crest factor (amax / rms)."""
+
+    mode: str = "element"
+    k: int = 1
+    fraction: float = 0.05
+
+    def __post_init__(self):
+        if self.mode not in ("element", "block"):
+            raise ValueError(f"outlier_fallback mode must be one of: element, block; got {self.mode!r}")
+        if not 0 <= self.k < 32:
+            raise ValueError(f"outlier_fallback k must be in 0..31, got {self.k}")
+        if not 0 <= self.fraction <= 1:
+            raise ValueError(f"outlier_fallback fraction must be in [0, 1], got {self.fraction}")
+        self._kept = [0, 0]  # elements kept in BF16, elements seen
+
+    def outlier_mask(self, x: torch.Tensor, axis: int) -> torch.Tensor:
+        axis = axis % x.dim()
+        blocks = to_blocks(x, axis, 32).abs()
+        if self.mode == "element":
+            mask = torch.zeros_like(blocks, dtype=torch.bool)
+            if self.k:
+                idx = blocks.argmax(-1, keepdim=True) if self.k == 1 else blocks.topk(self.k, dim=-1).indices
+                mask.scatter_(-1, idx, True)
+        else:
+            rms = blocks.pow(2).mean(-1).sqrt().clamp(min=torch.finfo(torch.float32).tiny)
+            crest = blocks.amax(-1) / rms
+            n_keep = int(round(self.fraction * crest.numel()))
+            keep = torch.zeros(crest.numel(), dtype=torch.bool, device=crest.device)
+            if n_keep:
+                keep[crest.flatten().topk(n_keep).indices] = True
+            mask = keep.view(crest.shape).unsqueeze(-1).expand_as(blocks)
+        return from_blocks(mask, x.shape, axis)
+
+    def split(self, x, axis):
+        """(outlier mask, x with the outliers zeroed); counts what it keeps for ``cost()``."""
+        mask = self.outlier_mask(x, axis)
+        self._kept[0] += int(mask.sum())
+        self._kept[1] += mask.numel()
+        return mask, torch.where(mask, torch.zeros_like(x), x)
+
+    def cost(self) -> dict:
+        seen = self._kept[1]
+        nominal = self.k / 32 if self.mode == "element" else self.fraction
+        frac = self._kept[0] / seen if seen else nominal
+        index_bits = 5 if self.mode == "element" else 0
+        return {"extra_bits_per_element": frac * (16 + index_bits), "bf16_fraction": frac}

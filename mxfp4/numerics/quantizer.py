@@ -1,0 +1,92 @@
+"""The recipe's quantizer: the one object that says how a GEMM operand is quantized.
+
+``Quantizer(fmt, scale_rule, corrections, gemms=...)`` fake-quantizes a tensor along an axis with
+the corrections' numerics hooks composed (high-precision elements split off first, the rest
+quantized by a correction's block quantizer or the format's own, through the one dispatch), and
+says which GEMMs of a linear layer it applies to. ``Recipe.quantizer()`` builds it; the model
+patcher (``mxfp4.rl.patching.patch_model``) takes it; ``decompose`` splits the error of exactly
+what it quantizes. The corrections are duck-typed here (see ``mxfp4.corrections.base``): the
+numerics layer does not import them.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import dispatch
+from .decompose import Decomposition, decompose
+from .formats import get_format
+from .reference import from_blocks, to_blocks
+
+GEMMS = ("forward", "input_grad", "weight_grad")
+MODULE_KINDS = ("linear", "experts", "lm_head", "router")
+DEFAULT_MODULES = ("linear", "experts")
+
+
+class Quantizer:
+    """``q(x, axis)``: x fake-quantized with blocks along ``axis``.
+
+    ``gemms``: which GEMMs of a patched layer quantize their operands (forward X.W^T, input grad
+    dY.W, weight grad dY^T.X); all three by default. ``modules``: which module kinds a patched
+    model quantizes (linear: every nn.Linear but lm_head; experts: fused MoE 3D weights; lm_head;
+    router). ``name``: the recipe it came from (shown in the repr of patched modules).
+    """
+
+    def __init__(self, fmt="mxfp4", scale_rule=None, corrections=(), gemms=None, modules=DEFAULT_MODULES, name=None):
+        self.fmt = get_format(fmt)
+        self.scale_rule = self.fmt.check_scale_rule(scale_rule)
+        self.corrections = list(corrections)
+        gemms = {g: True for g in GEMMS} if gemms is None else dict(gemms)
+        unknown = set(gemms) - set(GEMMS)
+        if unknown:
+            raise ValueError(f"unknown GEMM(s) {sorted(unknown)}; accepted: {', '.join(GEMMS)}")
+        self.gemms = {g: bool(gemms.get(g, False)) for g in GEMMS}
+        bad = [m for m in modules if m not in MODULE_KINDS]
+        if bad:
+            raise ValueError(f"unknown module kind(s) {bad}; accepted: {', '.join(MODULE_KINDS)}")
+        self.modules = tuple(modules)
+        self.name = name
+        custom = [q for c in self.corrections if (q := c.block_quantizer(self.fmt, self.scale_rule)) is not None]
+        if len(custom) > 1:
+            raise ValueError("at most one correction may replace the block quantizer (e.g. one macro_block)")
+        self.block_quantizer = custom[0] if custom else None
+
+    def __repr__(self) -> str:
+        corr = ", ".join(c.name for c in self.corrections) or "none"
+        on = ",".join(g for g, v in self.gemms.items() if v) or "none"
+        label = f"recipe={self.name}, " if self.name else ""
+        return f"Quantizer({label}format={self.fmt.name}, scale_rule={self.scale_rule}, corrections=[{corr}], gemms={on})"
+
+    def _split(self, x, axis):
+        mask = None
+        for c in self.corrections:
+            part = c.split(x, axis)
+            if part is not None:
+                mask = part[0] if mask is None else mask | part[0]
+        if mask is None:
+            return None, x
+        return mask, torch.where(mask, torch.zeros_like(x), x)
+
+    def __call__(self, x: torch.Tensor, axis: int) -> torch.Tensor:
+        mask, rest = self._split(x, axis)
+        if self.block_quantizer is None:
+            q = dispatch.fake_quantize(rest, self.fmt, axis, self.scale_rule)
+        else:
+            ax = axis % x.dim()
+            grid, scale = self.block_quantizer(to_blocks(rest, ax, self.fmt.block_size))
+            q = from_blocks(grid * scale.unsqueeze(-1), x.shape, ax).to(x.dtype)
+        if mask is None:
+            return q
+        return torch.where(mask, x.to(torch.bfloat16).to(x.dtype), q)
+
+    def decompose(self, x: torch.Tensor, axis: int) -> Decomposition:
+        """The decomposition of what this quantizer quantizes (high-precision elements excluded)."""
+        mask, rest = self._split(x, axis)
+        return decompose(rest, self.fmt, axis, self.scale_rule, block_quantizer=self.block_quantizer, exclude=mask)
+
+    def cost(self) -> dict:
+        total = {"extra_bits_per_element": 0.0, "bf16_fraction": 0.0}
+        for c in self.corrections:
+            for k, v in c.cost().items():
+                total[k] = total.get(k, 0.0) + v
+        return total

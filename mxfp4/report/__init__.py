@@ -1,0 +1,1 @@
+"""Reports: tidy aggregates, statistics, the claims table, comparison with stored baselines, figures."""

@@ -1,0 +1,82 @@
+"""Aggregate cells into tidy CSVs: one row per cell, one per cell-step, and per (model, recipe) means
+with 95% t intervals over seeds (``mxfp4.report.stats``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from ..io import atomic_path
+from .stats import mean_ci
+
+CELL_METRICS = [
+    "gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_reward", "mean_rollout_accuracy", "mean_entropy",
+    "final_entropy", "mean_kl", "mean_grad_cosine", "mean_grad_rel_norm_error", "mean_step_time", "wall_time_seconds",
+]
+WEIGHT_KEYS = ["share_scale", "share_dead", "share_grid", "cross_share", "deadzone_fraction"]
+STEP_KEYS = {
+    "reward": "reward", "rollout_accuracy": "rewards/accuracy_reward/mean", "entropy": "entropy", "kl": "kl",
+    "grad_cosine": "grad/cosine", "grad_rel_norm_error": "grad/rel_norm_error", "step_time": "step_time",
+    "aqn_sigma": "aqn/sigma", "act_share_dead": "decomp/activation/share_dead", "act_share_scale": "decomp/activation/share_scale",
+    "grad_share_scale": "decomp/grad/share_scale", "weight_share_scale": "decomp/weight/share_scale",
+}
+
+
+def read_cells(results: Path | str, profile: str) -> tuple[list[dict], list[dict]]:
+    """(one row per cell, one row per cell-step) from every metrics.json and train_log.jsonl."""
+    cells, steps = [], []
+    root = Path(results) / profile / "cells"
+    for metrics in sorted(root.glob("*/*/seed*/metrics.json")):
+        m = json.loads(metrics.read_text())
+        row = {"profile": profile, "model": m["model"], "recipe": m["recipe"], "seed": m["seed"]}
+        row.update({k: m.get(k) for k in CELL_METRICS})
+        w = m.get("decomposition_weights") or {}
+        row.update({f"weight_{k}": w.get(k) for k in WEIGHT_KEYS})
+        costs = m.get("correction_costs") or {}
+        row["extra_bits_per_element"] = sum(c.get("extra_bits_per_element", 0) for c in costs.values())
+        row["bf16_fraction"] = sum(c.get("bf16_fraction", 0) for c in costs.values())
+        row["config_hash"] = m.get("config_hash")
+        row["setting_hash"] = m.get("setting_hash")
+        cells.append(row)
+        for line in (metrics.parent / "train_log.jsonl").read_text().splitlines():
+            s = json.loads(line)
+            steps.append({"model": m["model"], "recipe": m["recipe"], "seed": m["seed"], "step": s["step"],
+                          **{k: s.get(src) for k, src in STEP_KEYS.items()}})
+    return cells, steps
+
+
+def summarize(cells: list[dict]) -> list[dict]:
+    groups: dict[tuple, list[dict]] = {}
+    for c in cells:
+        groups.setdefault((c["model"], c["recipe"]), []).append(c)
+    out = []
+    for (model, recipe), rows in sorted(groups.items()):
+        for metric in CELL_METRICS + [f"weight_{k}" for k in WEIGHT_KEYS] + ["extra_bits_per_element", "bf16_fraction"]:
+            out.append({"model": model, "recipe": recipe, "metric": metric, **mean_ci([r.get(metric) for r in rows])})
+    return out
+
+
+def write_csv(rows: list[dict], path: Path | str) -> None:
+    """Rows (dicts; the union of their keys, in first-seen order) as a CSV, atomically."""
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with atomic_path(path) as tmp:
+        pd.DataFrame(rows, columns=fields).to_csv(tmp, index=False)
+
+
+def read_csv(path: Path | str) -> list[dict]:
+    """Rows as dicts with pandas' column types (empty cells are None)."""
+    df = pd.read_csv(path)
+    return df.astype(object).where(df.notna(), None).to_dict("records")
+
+
+def aggregate(results: Path | str, profile: str, out: Path | str) -> dict:
+    cells, steps = read_cells(results, profile)
+    if not cells:
+        raise ValueError(f"no finished cells under {Path(results) / profile / 'cells'}")
+    out = Path(out)
+    write_csv(cells, out / "cells.csv")
+    write_csv(steps, out / "steps.csv")
+    write_csv(summarize(cells), out / "summary.csv")
+    return {"cells": len(cells), "steps": len(steps)}

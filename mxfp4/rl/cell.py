@@ -1,0 +1,240 @@
+"""One ablation cell: GRPO (TRL's GRPOTrainer) under a recipe, then GSM8K evaluation through lm-eval.
+
+A cell is ``(profile, model, recipe, seed)``; it writes ``results/<profile>/cells/<model>/<recipe>/seed<seed>/``:
+``train_log.jsonl`` (one line per step), ``eval/`` (lm-eval's own output) and ``metrics.json``.
+
+Per step the log holds TRL's own metrics (reward mean and std, the accuracy reward = rollout
+accuracy, policy entropy, KL when beta > 0, completion lengths) plus, through ``mxfp4.rl.grpo``:
+step time, each correction's metrics (AQN's sigma), and every ``probe_every`` steps the gradient
+cosine and relative norm error against a full-precision shadow backward pass on the same batch
+(per layer and total) and decomposition statistics of the probed layers.
+
+Every input (profile, model, recipe, seed, model folder, data) is checked before any output folder
+is made or any work starts.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import REPO_ROOT
+from ..config.profiles import Profile, config_hash, load_profile, model_dir, setting_hash
+from ..config.recipes import Recipe
+from ..io import write_json_atomic
+from ..numerics.decompose import COMPONENTS, SUMMARY_KEYS, pool_stats
+from . import data as gsm
+from .patching import gemm_weights, patch_model, patch_state, patched_modules
+from .training import common_args
+
+
+def accuracy_reward(completions, answer, **kwargs) -> list[float]:
+    """1 when the completion's ``#### n`` is the reference answer, else 0 (TRL reward signature)."""
+    return [1.0 if gsm.is_correct(c, a) else 0.0 for c, a in zip(completions, answer)]
+
+
+def rollout_backend(grpo) -> dict:
+    """vLLM on a GPU when asked and installed (with TRL's importance-sampling correction); else HF generate."""
+    if not grpo.use_vllm or not torch.cuda.is_available():
+        return {"use_vllm": False}
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise ValueError("the profile asks for vLLM rollouts (grpo.use_vllm: true) but vLLM is not installed; "
+                         "pip install -e '.[gpu]', or set use_vllm: false for HF-generate rollouts") from None
+    return {"use_vllm": True, "vllm_mode": "colocate", "vllm_importance_sampling_correction": True}
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for mod in ("torch", "transformers", "trl", "lm_eval", "datasets", "triton"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - a missing optional package is reported as None
+            out[mod] = None
+    return out
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=REPO_ROOT).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def cell_dir(results: Path | str, profile: str, model: str, recipe: str, seed: int) -> Path:
+    return Path(results) / profile / "cells" / model / recipe / f"seed{seed}"
+
+
+@dataclass
+class CellPlan:
+    """A cell's inputs, every one checked: what ``run_cell`` needs before it writes anything."""
+
+    profile: Profile
+    model: str
+    recipe: Recipe
+    seed: int
+    results: Path
+    model_ref: str
+    out: Path
+
+
+def plan_cell(profile_name: str, model_name: str, recipe_name: str, seed: int, results: Path | str = "results",
+              recipes_file: str | None = None) -> CellPlan:
+    """Check every input of a cell; a bad one is a ValueError saying what is wrong and what is accepted."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    profile = load_profile(profile_name)
+    spec = profile.model(model_name)
+    recipe = Recipe.named(recipe_name, recipes_file)
+    if spec.arch:
+        folder = model_dir(results, profile_name, model_name)
+        if not (folder / "config.json").exists():
+            raise ValueError(f"the tiny model {model_name!r} of profile {profile_name!r} has not been warm-started "
+                             f"({folder} has no config.json); make it with: mxfp4 pretrain --profile {profile_name} "
+                             f"--model {model_name} (or snakemake --cores all pretrain --config profile={profile_name})")
+        model_ref = str(folder)
+    else:
+        model_ref = spec.hub
+    if profile.data.source == "gsm8k":
+        gsm.validate_gsm8k_dir(gsm8k_folder(profile))
+    return CellPlan(profile, model_name, recipe, seed, Path(results), model_ref,
+                    cell_dir(results, profile_name, model_name, recipe_name, seed))
+
+
+def gsm8k_folder(profile: Profile) -> Path:
+    folder = gsm.default_gsm8k_dir() if profile.data.dir is None else Path(profile.data.dir)
+    if folder is None:
+        raise ValueError("the gsm8k data source needs the GSM8K jsonl folder: set data.dir in the profile or "
+                         "MXFP4_GSM8K_DIR (a folder with train.jsonl and test.jsonl)")
+    return folder
+
+
+def cell_data(profile: Profile, results: Path | str) -> tuple[list[dict], Path]:
+    """(training problems, folder with train/test jsonl for lm-eval) for the profile's data source."""
+    d = profile.data
+    if d.source == "embedded":
+        train = gsm.embedded_split("train", d.n_train, seed=0, max_steps=d.max_problem_steps)
+        folder = Path(results) / profile.name / "data"
+        if not (folder / "test.jsonl").exists():
+            gsm.write_jsonl(gsm.embedded_split("train", 64, seed=1, max_steps=d.max_problem_steps), folder / "train.jsonl")
+            gsm.write_jsonl(gsm.embedded_split("test", d.n_eval, seed=0, max_steps=d.max_problem_steps), folder / "test.jsonl")
+        return train, folder
+    folder = gsm8k_folder(profile)
+    return gsm.load_gsm8k("train", folder), folder
+
+
+def run_cell(profile_name: str, model_name: str, recipe_name: str, seed: int, results: Path | str = "results",
+             recipes_file: str | None = None) -> dict:
+    plan = plan_cell(profile_name, model_name, recipe_name, seed, results, recipes_file)
+    return execute(plan)
+
+
+def execute(plan: CellPlan) -> dict:
+    from datasets import Dataset
+    from transformers import set_seed
+    from trl import GRPOConfig
+
+    from .evaluate import evaluate_gsm8k, hf_lm
+    from .grpo import MXGRPOTrainer, StepLogger
+    from .models import load
+
+    t_start = time.time()
+    profile, recipe, seed, out = plan.profile, plan.recipe, plan.seed, plan.out
+    spec, grpo = profile.model(plan.model), profile.grpo
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "train_log.jsonl"
+    log_path.unlink(missing_ok=True)
+    set_seed(seed)
+
+    model, tokenizer = load(plan.model_ref, dtype=getattr(torch, spec.dtype))
+    corrections = recipe.build_corrections()
+    for c in corrections:
+        c.bind(total_steps=grpo.max_steps, seed=seed)
+    patch_model(model, recipe.quantizer(corrections))
+
+    train, eval_folder = cell_data(profile, plan.results)
+    dataset = Dataset.from_list([{"prompt": gsm.PROMPT.format(question=r["question"]), "answer": r["answer"]} for r in train])
+    config = GRPOConfig(
+        max_steps=grpo.max_steps,
+        learning_rate=grpo.learning_rate,
+        lr_scheduler_type="constant",
+        per_device_train_batch_size=grpo.num_generations * grpo.prompts_per_step,
+        gradient_accumulation_steps=1,
+        num_generations=grpo.num_generations,
+        max_completion_length=grpo.max_completion_length,
+        temperature=grpo.temperature,
+        top_k=0,
+        beta=grpo.beta,
+        loss_type=grpo.loss_type,
+        router_aux_loss_coef=grpo.router_aux_loss_coef,
+        logging_steps=1,
+        **common_args(seed),
+        **rollout_backend(grpo),
+    )
+    trainer = MXGRPOTrainer(model=model, reward_funcs=[accuracy_reward], args=config, train_dataset=dataset,
+                            processing_class=tokenizer)
+    trainer.setup_mx(corrections, profile.probe_every)
+    trainer.add_callback(StepLogger(trainer, log_path))
+    t_train = time.time()
+    trainer.train()
+    train_seconds = time.time() - t_train
+
+    ev = profile.eval
+    model.eval()
+    lm = hf_lm(model, tokenizer, batch_size=ev.batch_size)
+    scores = evaluate_gsm8k(lm, eval_folder, num_fewshot=ev.num_fewshot, limit=ev.limit,
+                            max_gen_toks=ev.max_gen_toks, output_dir=out / "eval", seed=seed)
+    metrics = summarize(log_path, scores, model, patch_state(model).quantizer, corrections)
+    metrics.update(
+        profile=profile.name, model=plan.model, recipe=recipe.name, seed=seed,
+        wall_time_seconds=time.time() - t_start, train_seconds=train_seconds,
+        config={"recipe": recipe.to_dict(), "grpo": grpo.model_dump(), "data": profile.data.model_dump(),
+                "eval": ev.model_dump(), "model": spec.model_dump()},
+        config_hash=config_hash(profile, plan.model, recipe, seed),
+        setting_hash=setting_hash(profile, plan.model),
+        versions=versions(), git_commit=git_commit(), device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+    )
+    write_json_atomic(out / "metrics.json", metrics)
+    return metrics
+
+
+def summarize(log_path: Path, scores: dict, model, quantizer, corrections) -> dict:
+    rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+
+    def mean(key):
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        return sum(vals) / len(vals) if vals else None
+
+    out = {
+        "gsm8k_strict_accuracy": scores["strict_match"],
+        "gsm8k_flexible_accuracy": scores["flexible_extract"],
+        "eval_n": scores["n"],
+        "steps": len(rows),
+        "mean_reward": mean("reward"),
+        "mean_rollout_accuracy": mean("rewards/accuracy_reward/mean"),
+        "mean_entropy": mean("entropy"),
+        "final_entropy": rows[-1].get("entropy") if rows else None,
+        "mean_kl": mean("kl"),
+        "mean_grad_cosine": mean("grad/cosine"),
+        "mean_grad_rel_norm_error": mean("grad/rel_norm_error"),
+        "mean_step_time": mean("step_time"),
+        "correction_costs": {c.name: c.cost() for c in corrections},
+    }
+    out["decomposition_weights"] = weight_decomposition(model, quantizer) if quantizer is not None else None
+    return out
+
+
+def weight_decomposition(model, quantizer) -> dict:
+    """Pooled decomposition shares of every quantized weight, as the recipe's quantizer sees it."""
+    stats = [quantizer.decompose(p.detach().float(), -1).stats
+             for _, module, _ in patched_modules(model) for p in gemm_weights(module).values()]
+    pooled = pool_stats(stats)
+    return {k: pooled[k] for k in SUMMARY_KEYS} | {f"energy_{c}": pooled[f"energy_{c}"] for c in COMPONENTS} | {"energy_total": pooled["energy_total"]}
