@@ -7,4 +7,5 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e '.[rl,test,bench]'
+# constraints.txt pins the libraries whose private APIs the code touches (the versions tested)
+.venv/bin/python -m pip install -q -c constraints.txt -e '.[rl,test,bench]'

@@ -17,6 +17,7 @@ import sys
 import time
 
 import torch
+from tqdm import tqdm
 
 import mxfp4
 from mxfp4.numerics import reference
@@ -91,8 +92,7 @@ def bench(device: str, shapes: list[tuple[int, int]], reps: int) -> dict:
         if ao is not None:
             paths["torchao to_mx"] = (lambda: ao[0](x), in_bytes + packed_bytes)
             paths["torchao to_mx + dequantize"] = (lambda: ao[1](x), 2 * in_bytes)
-        for name, (fn, moved) in paths.items():
-            print(f"{shape} {name} ...", file=sys.stderr, flush=True)
+        for name, (fn, moved) in tqdm(paths.items(), desc=f"bench {shape[0]}x{shape[1]}", unit="path", file=sys.stderr):
             s = timer(device, fn, reps)
             rows.append(
                 {

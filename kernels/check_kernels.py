@@ -12,6 +12,7 @@ import os
 import sys
 
 import torch
+from tqdm import tqdm
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -26,12 +27,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     results = []
-    for r in kernel_checks.check_cases(device):
-        results.append(r)
-        if not r["passed"]:
-            print(f"FAIL {r}", file=sys.stderr)
-        if len(results) % 96 == 0:
-            print(f"[{len(results)} checks] {r['case']} done", file=sys.stderr, flush=True)
+    with tqdm(desc="bit-exact kernel checks", unit="check", file=sys.stderr) as bar:
+        for r in kernel_checks.check_cases(device):
+            results.append(r)
+            if not r["passed"]:
+                tqdm.write(f"FAIL {r}", file=sys.stderr)
+            bar.set_postfix_str(r["case"])
+            bar.update(1)
     matmul = kernel_checks.check_matmul(device)
     passed = all(r["passed"] for r in results) and all(m["passed"] for m in matmul.values())
     report = {

@@ -1,6 +1,7 @@
 """Smoke cells end to end on CPU: warm-start, GRPO under a recipe, lm-eval, metrics.json."""
 
 import json
+from pathlib import Path
 
 import pytest
 from transformers import PreTrainedTokenizerFast
@@ -63,3 +64,28 @@ def test_same_seed_gives_identical_metrics(results):
     second = run_cell("smoke", "tiny-dense", "mxfp4+all", 1, results=results)
     strip = lambda m: {k: v for k, v in m.items() if k not in TIMING}  # noqa: E731
     assert strip(first) == strip(second)
+
+
+def _readme_block(header: str) -> str:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = readme.index(header)
+    return readme[start:readme.index("```", start)]
+
+
+def test_the_readme_plugin_correction_gets_the_step_count_in_a_real_cell(results, tmp_path, monkeypatch):
+    """The README's example, verbatim: bind() gives it the run's length, observe() the step, and its
+    metrics() land in the log; its split hook switches on halfway through the run."""
+    from mxfp4 import corrections as corr
+
+    (tmp_path / "my_corrections.py").write_text(_readme_block("# my_corrections.py"))
+    (tmp_path / "my_recipes.yaml").write_text(_readme_block("# my_recipes.yaml"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("MXFP4_PLUGINS", "my_corrections")
+    monkeypatch.setenv("MXFP4_RECIPES", str(tmp_path / "my_recipes.yaml"))
+    try:
+        m = run_cell("smoke", "tiny-dense", "mxfp4+clip", 0, results=results)
+    finally:
+        corr._REGISTRY.pop("clip_outliers", None)
+    rows = [json.loads(line) for line in (results / "smoke/cells/tiny-dense/mxfp4+clip/seed0/train_log.jsonl").read_text().splitlines()]
+    assert [r["clip/active"] for r in rows] == [0.0, 0.0, 1.0]  # 3 steps, start 0.5: on from step 1.5
+    assert m["correction_costs"] == {"clip_outliers": {"extra_bits_per_element": 0.0, "bf16_fraction": 0.0}}

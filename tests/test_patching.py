@@ -134,3 +134,27 @@ def test_quantized_weights_context_ships_the_quantized_values_and_restores_the_m
     assert names == list(before)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
     unpatch_model(model)
+
+
+def test_patched_modules_show_their_recipe_and_state_is_public(tiny):
+    from mxfp4.rl.patching import gemm_context, patch_state
+
+    _, model, _ = tiny
+    assert patch_state(model) is None
+    plain = repr(model)
+    assert "mxfp4=" not in plain
+    quantizer = Recipe.named("mxfp4+macro").quantizer()
+    names = patch_model(model, quantizer)
+    try:
+        state = patch_state(model)
+        assert state.quantizer is quantizer and state.modules == names
+        q_proj = model.get_submodule(names[0])
+        assert gemm_context(q_proj).quantizer is quantizer
+        assert "recipe=mxfp4+macro" in repr(q_proj) and "macro_block" in repr(q_proj)
+        assert all("recipe=mxfp4+macro" in repr(model.get_submodule(n)) for n in names)
+        assert "recipe=mxfp4+macro" in repr(model)
+        with pytest.raises(ValueError, match="already patched"):
+            patch_model(model, quantizer)
+    finally:
+        unpatch_model(model)
+    assert repr(model) == plain and patch_state(model) is None

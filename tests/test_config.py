@@ -1,0 +1,116 @@
+"""Typed configs and up-front input checks: every bad input is one clear ValueError (or one CLI line)."""
+
+import copy
+
+import pytest
+import torch
+import yaml
+
+import mxfp4
+from mxfp4.cli import main
+from mxfp4.config.profiles import PROFILES_DIR, Profile, config_hash, load_profile, setting_hash
+from mxfp4.config.recipes import Recipe
+from mxfp4.config.validation import parse
+from mxfp4.rl.cell import plan_cell
+
+EMBEDDED = yaml.safe_load((PROFILES_DIR / "embedded.yaml").read_text())
+
+
+def bad(mutate):
+    spec = copy.deepcopy(EMBEDDED)
+    mutate(spec)
+    with pytest.raises(ValueError) as err:
+        parse(Profile, spec, "profile test.yaml")
+    return str(err.value)
+
+
+def test_every_shipped_profile_validates():
+    for name in ("embedded", "smoke", "paper"):
+        assert load_profile(name).name == name
+
+
+def test_missing_unknown_wrong_type_and_out_of_range_keys_name_the_key():
+    msg = bad(lambda s: s["grpo"].pop("max_steps"))
+    assert "grpo.max_steps: missing" in msg
+    msg = bad(lambda s: s["grpo"].update(max_stpes=3))
+    assert "grpo.max_stpes: unknown key; accepted: max_steps" in msg
+    msg = bad(lambda s: s["models"]["tiny-dense"].update(archh="x"))
+    assert "models.tiny-dense.archh: unknown key; accepted: arch, hub, dtype, gpus" in msg
+    msg = bad(lambda s: s["grpo"].update(use_vllm="no"))
+    assert "grpo.use_vllm" in msg and "'no'" in msg and "boolean" in msg
+    msg = bad(lambda s: s["grpo"].update(max_steps=0))
+    assert "grpo.max_steps" in msg and "greater than or equal to 1" in msg and "(got 0)" in msg
+    msg = bad(lambda s: s.update(seeds=[0, -1]))
+    assert "seeds must be >= 0" in msg
+    msg = bad(lambda s: s["eval"].update(limit=-3))
+    assert "eval.limit" in msg
+
+
+def test_recipe_values_are_typed_and_in_range():
+    with pytest.raises(ValueError, match=r"recipe 'x': quantize: Input should be a valid boolean \(got 'no'\)"):
+        Recipe.from_dict("x", {"quantize": "no"})
+    with pytest.raises(ValueError, match="aqn needs sigma_start > 0"):
+        Recipe(name="x", corrections=[{"name": "aqn", "sigma_start": -1.0}])
+    with pytest.raises(ValueError, match=r"recipe 'x': colour: unknown key; accepted: name, quantize, format"):
+        Recipe.from_dict("x", {"colour": "red"})
+
+
+def test_cli_prints_one_line_for_a_bad_profile(capsys):
+    assert main(["pretrain", "--profile", "nope", "--model", "tiny-dense"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown profile 'nope'; known: embedded" in err[0]
+
+
+def test_config_hash_covers_what_determines_the_result_and_no_path():
+    p = load_profile("smoke")
+    r = Recipe.named("mxfp4")
+    h = config_hash(p, "tiny-dense", r, 0)
+    assert h == config_hash(load_profile("smoke"), "tiny-dense", Recipe.named("mxfp4"), 0)  # paths play no part
+    assert h != config_hash(p, "tiny-dense", r, 1)
+    assert h != config_hash(p, "tiny-dense", Recipe.named("mxfp4+macro"), 0)
+    changed = p.model_copy(deep=True)
+    changed.grpo.learning_rate *= 2
+    assert h != config_hash(changed, "tiny-dense", r, 0)
+    assert setting_hash(p, "tiny-dense") == setting_hash(load_profile("smoke"), "tiny-dense")
+    renamed = p.model_copy(update={"name": "other", "seeds": [5], "recipes": ["bf16"]})
+    assert setting_hash(renamed, "tiny-dense") == setting_hash(p, "tiny-dense")
+
+
+def test_an_unpretrained_tiny_model_says_which_command_makes_it(tmp_path):
+    with pytest.raises(ValueError, match="mxfp4 pretrain --profile smoke --model tiny-moe"):
+        plan_cell("smoke", "tiny-moe", "mxfp4", 0, results=tmp_path)
+    assert not (tmp_path / "smoke").exists()  # nothing made before the inputs are valid
+
+
+def test_a_negative_seed_leaves_no_folder_behind(tmp_path):
+    assert main(["cell", "--profile", "smoke", "--model", "tiny-dense", "--recipe", "mxfp4", "--seed", "-1",
+                 "--results", str(tmp_path)]) == 2
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_malformed_gsm8k_split_is_caught_before_any_work(tmp_path, monkeypatch):
+    folder = tmp_path / "gsm8k"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text('{"question": "q", "answer": "a\\n#### 3"}\n')
+    (folder / "test.jsonl").write_text('{"question": "q", "answer": "a\\n#### 3"}\n{"question": "q"\n')
+    monkeypatch.setenv("MXFP4_GSM8K_DIR", str(folder))
+    with pytest.raises(ValueError, match=r"test\.jsonl:2: malformed JSON"):
+        plan_cell("paper", "qwen2.5-3b", "mxfp4", 0, results=tmp_path / "results")
+    assert not (tmp_path / "results").exists()
+
+
+def test_decompose_cli_rejects_bad_tensor_inputs_in_one_line(tmp_path, capsys):
+    assert main(["decompose", "--tensor", str(tmp_path / "missing.pt")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    torch.save({"a": torch.randn(4, 32)}, tmp_path / "t.pt")
+    assert main(["decompose", "--tensor", str(tmp_path / "t.pt"), "--key", "b"]) == 2
+    assert "--key 'b' is not in" in capsys.readouterr().err
+    assert main(["decompose", "--rows", "-4"]) == 2
+    assert "--rows must be >= 1, got -4" in capsys.readouterr().err
+
+
+def test_public_api_rejects_non_tensors_clearly():
+    with pytest.raises(ValueError, match="expected a torch.Tensor, got list"):
+        mxfp4.quantize([1.0])
+    with pytest.raises(ValueError, match="dequantize takes a QuantizedTensor"):
+        mxfp4.dequantize(torch.ones(4))

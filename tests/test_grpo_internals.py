@@ -1,0 +1,107 @@
+"""Every touch of TRL's private API (mxfp4/rl/grpo.py, "TRL INTERNALS") against the pinned TRL."""
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import trl
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+from mxfp4.corrections import Correction
+from mxfp4.rl.grpo import MXGRPOTrainer, StepLogger
+from mxfp4.rl.models import build_tiny
+from mxfp4.rl.patching import patch_model
+from mxfp4.rl.training import common_args
+from mxfp4.config.recipes import Recipe
+
+CONSTRAINTS = Path(__file__).resolve().parent.parent / "constraints.txt"
+
+
+def test_installed_trl_is_the_pinned_version():
+    pins = dict(re.findall(r"^([\w-]+)==([\w.]+)", CONSTRAINTS.read_text(), re.M))
+    assert trl.__version__ == pins["trl"], "the TRL internals below were checked against the pinned version only"
+
+
+def test_the_private_names_exist_with_the_signatures_used():
+    assert list(inspect.signature(GRPOTrainer._generate_and_score_completions).parameters) == ["self", "inputs"]
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    assert callable(VLLMGeneration.sync_weights)
+    assert "_entropy_window_stats" in inspect.getsource(GRPOTrainer.__init__)
+
+
+class Recorder(Correction):
+    name = "recorder"
+
+    def __init__(self):
+        self.rollout_steps, self.observed, self.bound = [], [], None
+        self.in_rollout = False
+
+    def bind(self, total_steps, seed):
+        self.bound = (total_steps, seed)
+
+    def rollout_context(self, model, step):
+        import contextlib
+
+        @contextlib.contextmanager
+        def ctx():
+            self.rollout_steps.append(step)
+            self.in_rollout = True
+            yield
+            self.in_rollout = False
+
+        return ctx()
+
+    def observe(self, metrics):
+        self.observed.append(metrics)
+
+    def metrics(self):
+        return {"recorder/calls": float(len(self.rollout_steps))}
+
+
+def _reward(completions, **kw):
+    return [float(len(c) % 2) for c in completions]  # not all equal: advantages are non-zero
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("grpo")
+    model, tok = build_tiny("tiny-dense", seed=0)
+    rec = Recorder()
+    rec.bind(2, 7)
+    patch_model(model, Recipe.named("mxfp4").quantizer([rec]))
+    args = GRPOConfig(max_steps=2, learning_rate=1e-4, per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=8, top_k=0, beta=0.0, logging_steps=1, **common_args(0))
+    data = Dataset.from_list([{"prompt": f"Question: {i}+1\nAnswer:"} for i in range(8)])
+    trainer = MXGRPOTrainer(model=model, reward_funcs=[_reward], args=args, train_dataset=data, processing_class=tok)
+    trainer.setup_mx([rec], probe_every=1)
+    trainer.add_callback(StepLogger(trainer, tmp / "log.jsonl"))
+    trainer.train()
+    return trainer, rec, tmp / "log.jsonl"
+
+
+def test_rollout_contexts_wrap_generation_and_hooks_see_every_step(trained):
+    trainer, rec, log = trained
+    assert rec.rollout_steps == [0, 1] and not rec.in_rollout
+    assert [m["step"] for m in rec.observed] == [1, 2]
+    assert all("entropy" in m and "grad/cosine" in m for m in rec.observed)
+    lines = log.read_text().splitlines()
+    assert len(lines) == 2 and '"recorder/calls": 1.0' in lines[0]
+
+
+def test_shadow_pass_leaves_trl_metric_buffers_as_they_were(trained):
+    trainer, _, _ = trained
+    trainer._metrics["train"]["entropy"].append(123.0)
+    snapshot = {k: list(v) for k, v in trainer._metrics["train"].items()}
+
+    def mutate():
+        trainer._metrics["train"]["entropy"].append(-1.0)
+        trainer._entropy_window_stats = "changed"
+
+    window = trainer._entropy_window_stats
+    trainer._without_logging(mutate)
+    assert {k: list(v) for k, v in trainer._metrics["train"].items()} == snapshot
+    assert trainer._entropy_window_stats == window
