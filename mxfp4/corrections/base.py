@@ -33,8 +33,14 @@ class Correction:
         return None
 
     def split(self, x: torch.Tensor, axis: int):
-        """(mask of elements kept in high precision, x with them zeroed), or None for none."""
+        """(mask of elements kept in high precision, x with them zeroed), or None for none.
+        A ``split`` that also takes ``valid=`` is told which elements are real when x holds zero
+        padding (grouped MoE experts), so that it counts only those."""
         return None
+
+    def blocks_per_group(self) -> int:
+        """How many consecutive blocks along the blocked axis the correction treats together."""
+        return 1
 
     # lifecycle hooks ----------------------------------------------------------------------
     def bind(self, total_steps: int, seed: int) -> None:

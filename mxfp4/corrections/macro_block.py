@@ -65,6 +65,9 @@ class MacroBlockScaling(Correction):
         t = t.transpose(1, 2).reshape(R, NB, *tail)
         return t[:r, :nb].reshape(*shape[:-1], *tail)
 
+    def blocks_per_group(self) -> int:
+        return self.blocks
+
     def block_quantizer(self, fmt, rule):
         fmt = get_format(fmt)
         elem = fmt.element

@@ -50,11 +50,13 @@ class OutlierFallback(Correction):
             mask = keep.view(crest.shape).unsqueeze(-1).expand_as(blocks)
         return from_blocks(mask, x.shape, axis)
 
-    def split(self, x, axis):
-        """(outlier mask, x with the outliers zeroed); counts what it keeps for ``cost()``."""
+    def split(self, x, axis, valid=None):
+        """(outlier mask, x with the outliers zeroed); counts what it keeps for ``cost()`` (only the
+        ``valid`` elements when x holds padding)."""
         mask = self.outlier_mask(x, axis)
-        self._kept[0] += int(mask.sum())
-        self._kept[1] += mask.numel()
+        counted = mask if valid is None else mask & valid
+        self._kept[0] += int(counted.sum())
+        self._kept[1] += mask.numel() if valid is None else int(valid.expand_as(mask).sum())
         return mask, torch.where(mask, torch.zeros_like(x), x)
 
     def cost(self) -> dict:

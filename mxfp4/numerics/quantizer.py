@@ -11,6 +11,9 @@ numerics layer does not import them.
 
 from __future__ import annotations
 
+import inspect
+import math
+
 import torch
 
 from . import dispatch
@@ -50,6 +53,13 @@ class Quantizer:
         if len(custom) > 1:
             raise ValueError("at most one correction may replace the block quantizer (e.g. one macro_block)")
         self.block_quantizer = custom[0] if custom else None
+        self._split_takes_valid = [("valid" in inspect.signature(c.split).parameters) for c in self.corrections]
+
+    def token_alignment(self) -> int:
+        """Rows along a blocked axis that one quantization group spans (the block size, times the
+        blocks a correction groups): segments aligned to it never share a block or a group."""
+        groups = [c.blocks_per_group() for c in self.corrections if hasattr(c, "blocks_per_group")]
+        return self.fmt.block_size * math.lcm(1, *groups)
 
     def __repr__(self) -> str:
         corr = ", ".join(c.name for c in self.corrections) or "none"
@@ -57,18 +67,20 @@ class Quantizer:
         label = f"recipe={self.name}, " if self.name else ""
         return f"Quantizer({label}format={self.fmt.name}, scale_rule={self.scale_rule}, corrections=[{corr}], gemms={on})"
 
-    def _split(self, x, axis):
+    def _split(self, x, axis, valid=None):
         mask = None
-        for c in self.corrections:
-            part = c.split(x, axis)
+        for c, takes_valid in zip(self.corrections, self._split_takes_valid):
+            part = c.split(x, axis, valid=valid) if (takes_valid and valid is not None) else c.split(x, axis)
             if part is not None:
                 mask = part[0] if mask is None else mask | part[0]
         if mask is None:
             return None, x
         return mask, torch.where(mask, torch.zeros_like(x), x)
 
-    def __call__(self, x: torch.Tensor, axis: int) -> torch.Tensor:
-        mask, rest = self._split(x, axis)
+    def __call__(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """``valid`` (broadcastable to x): the real elements when x holds padding (grouped experts);
+        padding must be zeros and only changes what corrections count."""
+        mask, rest = self._split(x, axis, valid)
         if self.block_quantizer is None:
             q = dispatch.fake_quantize(rest, self.fmt, axis, self.scale_rule)
         else:
@@ -79,9 +91,14 @@ class Quantizer:
             return q
         return torch.where(mask, x.to(torch.bfloat16).to(x.dtype), q)
 
-    def decompose(self, x: torch.Tensor, axis: int) -> Decomposition:
-        """The decomposition of what this quantizer quantizes (high-precision elements excluded)."""
-        mask, rest = self._split(x, axis)
+    def decompose(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None) -> Decomposition:
+        """The decomposition of what this quantizer quantizes (high-precision elements and, with
+        ``valid``, padding excluded)."""
+        mask, rest = self._split(x, axis, valid)
+        if valid is not None:
+            pad = ~valid.expand_as(x)
+            mask = pad if mask is None else mask | pad
+            rest = torch.where(pad, torch.zeros_like(rest), rest)
         return decompose(rest, self.fmt, axis, self.scale_rule, block_quantizer=self.block_quantizer, exclude=mask)
 
     def cost(self) -> dict:

@@ -42,10 +42,10 @@ class DecompositionProbe:
         self.quantizer, self.layers = quantizer, layers
         self.stats: dict[str, list[dict]] = {}
 
-    def __call__(self, layer: str, kind: str, tensor: torch.Tensor, axis: int):
+    def __call__(self, layer: str, kind: str, tensor: torch.Tensor, axis: int, valid=None):
         if layer in self.layers and torch.isfinite(tensor).all():
             kind = kind.removesuffix("_t")
-            self.stats.setdefault(kind, []).append(self.quantizer.decompose(tensor.float(), axis).stats)
+            self.stats.setdefault(kind, []).append(self.quantizer.decompose(tensor.float(), axis, valid).stats)
 
     def summary(self) -> dict:
         out = {}

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..numerics.quantizer import Quantizer
+from .experts import grouped_experts_forward
 
 
 @dataclass
@@ -55,12 +56,13 @@ class GemmContext:
             self._cache[slot] = hit
         return hit[1]
 
-    def act(self, x: torch.Tensor, axis: int, kind: str, enabled: bool) -> torch.Tensor:
+    def act(self, x: torch.Tensor, axis: int, kind: str, enabled: bool, valid=None) -> torch.Tensor:
+        """x fake-quantized along ``axis`` (``valid``: the real rows of a zero-padded x)."""
         if not enabled:
             return x
         if self.probe is not None:
-            self.probe(self.name, kind, x.detach(), axis)
-        return self.quantizer(x, axis)
+            self.probe(self.name, kind, x.detach(), axis, valid)
+        return self.quantizer(x, axis, valid) if valid is not None else self.quantizer(x, axis)
 
 
 class QuantLinearFunction(torch.autograd.Function):
@@ -102,29 +104,6 @@ def quant_linear(x, weight, bias, gemm: GemmContext, w_fwd=None, w_bwd=None):
 
 def _linear_forward(self, x):
     return quant_linear(x, self.weight, self.bias, gemm_context(self))
-
-
-def _experts_forward(self, hidden_states, top_k_index, top_k_weights):
-    """Qwen3-MoE experts (transformers' loop) with each expert GEMM quantized; the fused weights are
-    quantized once per version along their reduction axes (H for gate_up_proj, I for down_proj)."""
-    gemm = gemm_context(self)
-    up_f = gemm.weight(self.gate_up_proj, 2, gemm.gemms["forward"])
-    up_b = gemm.weight(self.gate_up_proj, 1, gemm.gemms["input_grad"])
-    down_f = gemm.weight(self.down_proj, 2, gemm.gemms["forward"])
-    down_b = gemm.weight(self.down_proj, 1, gemm.gemms["input_grad"])
-    final = torch.zeros_like(hidden_states)
-    with torch.no_grad():
-        mask = F.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
-        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
-    for e in hit[:, 0].tolist():
-        if e == self.num_experts:
-            continue
-        pos, tok = torch.where(mask[e])
-        state = hidden_states[tok]
-        gate, up = quant_linear(state, self.gate_up_proj[e], None, gemm, up_f[e], up_b[e]).chunk(2, dim=-1)
-        h = quant_linear(self.act_fn(gate) * up, self.down_proj[e], None, gemm, down_f[e], down_b[e])
-        final.index_add_(0, tok, (h * top_k_weights[tok, pos, None]).to(final.dtype))
-    return final
 
 
 def _is_experts(module) -> bool:
@@ -220,7 +199,7 @@ def patch_model(model, quantizer: Quantizer | None, probe=None) -> list[str]:
         if kind == "lm_head" and getattr(model.config, "tie_word_embeddings", False):
             raise ValueError("lm_head is tied to the input embeddings; quantizing it would quantize both")
         setattr(module, _GEMM_ATTR, GemmContext(quantizer, name=name, probe=probe))
-        module.forward = types.MethodType(_experts_forward if kind == "experts" else _linear_forward, module)
+        module.forward = types.MethodType(grouped_experts_forward if kind == "experts" else _linear_forward, module)
         module.extra_repr = types.MethodType(_extra_repr, module)
         patched.append(name)
     setattr(model, _STATE_ATTR, PatchState(quantizer, patched))

@@ -1,0 +1,131 @@
+"""Grouped quantized MoE experts (Qwen3-MoE's fused ``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``).
+
+One forward for all experts, with no Python loop over experts and no host sync:
+
+1. each token's activation is quantized once along H, before dispatch (quantization along H is per
+   token, so this equals quantizing each expert's gathered rows);
+2. the (token, slot) rows are sorted by expert (within an expert: by top-k slot, then token, the order
+   of transformers' per-expert loop); offsets come from a scatter-add count, not ``bincount``;
+3. the up and down projections are grouped GEMMs (``torch.nn.functional.grouped_mm``) on the sorted
+   rows, through ``GroupedQuantLinear``: forward ``Q(X, H) . Q(W, H)^T``, input grad
+   ``Q(dY, out) . Q(W, out)``, weight grad ``Q(dY, tok)^T . Q(X, tok)`` per expert;
+4. the weight-gradient operands are quantized along tokens within each expert's segment. The padding
+   rule: every expert's segment starts at a multiple of ``align`` rows (``Quantizer.token_alignment``:
+   the block size, times a macro-block's group when a correction groups blocks) in a zero-filled
+   buffer of the static size ``S + E * (align - 1)`` rounded up to a multiple of 8 rows; so no 32-block (or macro-block) straddles two
+   experts, the padding rows are zeros (exactly as the reference pads a ragged last block), and they
+   are marked invalid so corrections and probes do not count them;
+5. the weighted expert outputs are added back per token in expert order (``index_add_``).
+
+The weight gradient is computed straight into ``[E, N, K]`` by one grouped GEMM: nothing grows as E².
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class DispatchPlan:
+    """Where each (token, slot) row goes: sorted order, expert offsets, padded positions. Every
+    routed expert id must be < E (Qwen3-MoE's router picks top-k of its E experts)."""
+
+    def __init__(self, top_k_index: torch.Tensor, num_experts: int, align: int):
+        t, k = top_k_index.shape
+        device = top_k_index.device
+        expert = top_k_index.reshape(-1).long()  # flat row r = token * k + slot
+        slot = torch.arange(k, device=device).repeat(t)
+        token = torch.arange(t, device=device).repeat_interleave(k)
+        self.order = torch.argsort(expert * (t * k) + slot * t + token)  # sorted row -> flat row
+        self.token = token[self.order]
+        self.expert = expert[self.order]
+        counts = torch.zeros(num_experts, dtype=torch.long, device=device)
+        counts.scatter_add_(0, self.expert, torch.ones_like(self.expert))
+        self.offsets = torch.cumsum(counts, 0).to(torch.int32)
+        padded_counts = (counts + align - 1) // align * align
+        self.padded_offsets = torch.cumsum(padded_counts, 0).to(torch.int32)
+        shift = (self.padded_offsets.long() - padded_counts) - (self.offsets.long() - counts)  # per expert
+        rows = t * k
+        # static size (no host sync), a multiple of 8 rows: grouped_mm wants 16-byte strides
+        self.padded_rows = -(-(rows + num_experts * (align - 1)) // 8) * 8
+        self.position = torch.arange(rows, device=device) + shift[self.expert]
+        self.valid_padded = torch.zeros(self.padded_rows, 1, dtype=torch.bool, device=device)
+        self.valid_padded[self.position] = True
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """Sorted rows [S, D] -> the aligned, zero-padded buffer [padded_rows, D]."""
+        return x.new_zeros(self.padded_rows, x.shape[-1]).index_copy(0, self.position, x)
+
+
+class _Gather(torch.autograd.Function):
+    """``x[token]`` whose backward adds each token's row gradients in descending expert order with
+    one ``index_add_``: the order autograd adds them in in transformers' per-expert loop, so the
+    input gradient is bit-equal to it (the default gather backward, ``index_put_`` with
+    accumulation, adds in another order)."""
+
+    @staticmethod
+    def forward(ctx, x, token):
+        ctx.save_for_backward(token)
+        ctx.n = x.shape[0]
+        return x[token]
+
+    @staticmethod
+    def backward(ctx, grad):
+        (token,) = ctx.saved_tensors
+        out = grad.new_zeros(ctx.n, grad.shape[-1])
+        return out.index_add_(0, token.flip(0), grad.flip(0)), None
+
+
+class GroupedQuantLinear(torch.autograd.Function):
+    """``y[s] = Q(x)[s] . Q(W[e(s)])^T`` on expert-sorted rows, with quantized backward GEMMs.
+
+    ``xq``: x already quantized along its last axis (or None to quantize here); ``w_fwd`` / ``w_bwd``:
+    the cached quantized weights along K and along N.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, xq, w_fwd, w_bwd, plan: DispatchPlan, gemm):
+        if xq is None:
+            xq = gemm.act(x, -1, "activation", gemm.gemms["forward"])
+        y = F.grouped_mm(xq, w_fwd.transpose(-2, -1).to(x.dtype), offs=plan.offsets)
+        ctx.save_for_backward(x, w_bwd)
+        ctx.plan, ctx.gemm = plan, gemm
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w_bwd = ctx.saved_tensors
+        plan, gemm = ctx.plan, ctx.gemm
+        dx = dw = None
+        if ctx.needs_input_grad[0]:
+            dyq = gemm.act(dy, -1, "grad", gemm.gemms["input_grad"])
+            dx = F.grouped_mm(dyq, w_bwd.to(dy.dtype), offs=plan.offsets)
+        if ctx.needs_input_grad[1]:
+            on = gemm.gemms["weight_grad"]
+            valid = plan.valid_padded
+            dy_t = gemm.act(plan.pad(dy), 0, "grad_t", on, valid=valid)
+            x_t = gemm.act(plan.pad(x), 0, "activation_t", on, valid=valid)
+            dw = F.grouped_mm(dy_t.T.contiguous(), x_t, offs=plan.padded_offsets)
+        return dx, dw, None, None, None, None, None
+
+
+def grouped_experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """Drop-in forward of a patched Qwen3-MoE experts module (see the module docstring)."""
+    from .patching import gemm_context
+
+    gemm = gemm_context(self)
+    on_fwd, on_ig = gemm.gemms["forward"], gemm.gemms["input_grad"]
+    up_f = gemm.weight(self.gate_up_proj, 2, on_fwd)
+    up_b = gemm.weight(self.gate_up_proj, 1, on_ig)
+    down_f = gemm.weight(self.down_proj, 2, on_fwd)
+    down_b = gemm.weight(self.down_proj, 1, on_ig)
+    plan = DispatchPlan(top_k_index, self.num_experts, gemm.quantizer.token_alignment())
+
+    hq = gemm.act(hidden_states, -1, "activation", on_fwd)  # once per token, before dispatch
+    x = _Gather.apply(hidden_states, plan.token)
+    xq = hq[plan.token].detach() if on_fwd else None
+    gate_up = GroupedQuantLinear.apply(x, self.gate_up_proj, xq, up_f, up_b, plan, gemm)
+    gate, up = gate_up.chunk(2, dim=-1)
+    h = GroupedQuantLinear.apply(self.act_fn(gate) * up, self.down_proj, None, down_f, down_b, plan, gemm)
+    contrib = h * top_k_weights.reshape(-1)[plan.order].unsqueeze(-1)
+    return torch.zeros_like(hidden_states).index_add_(0, plan.token, contrib.to(hidden_states.dtype))
