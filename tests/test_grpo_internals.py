@@ -30,6 +30,7 @@ def test_the_private_names_exist_with_the_signatures_used():
     from trl.generation.vllm_generation import VLLMGeneration
 
     assert callable(VLLMGeneration.sync_weights)
+    assert list(inspect.signature(VLLMGeneration._iter_named_params).parameters) == ["self"]
     assert "_entropy_window_stats" in inspect.getsource(GRPOTrainer.__init__)
 
 

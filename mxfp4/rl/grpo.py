@@ -31,6 +31,7 @@ from trl import GRPOTrainer
 
 from ..numerics.decompose import SUMMARY_KEYS, pool_stats
 from .grad_accuracy import compare
+from .vllm_weights import vllm_named_weights
 from .patching import bypassed, gemm_weights, patch_state, patched_modules, quantized_weights, set_probe
 
 
@@ -89,7 +90,9 @@ class MXGRPOTrainer(GRPOTrainer):
     # 2. ``_metrics`` and ``_entropy_window_stats``: TRL's per-step metric buffers; the probe's
     #    shadow pass calls ``compute_loss`` a second time, so they are saved and restored around it.
     # 3. ``vllm_generation.sync_weights``: TRL's weight push to vLLM, wrapped to ship the recipe's
-    #    quantized weights (same names and shapes) instead of the master weights.
+    #    quantized weights (same names and shapes) instead of the master weights; and
+    #    ``vllm_generation._iter_named_params``, the (name, tensor) stream it pushes, mapped to the
+    #    checkpoint names vLLM's loaders take (fused MoE experts split per expert: vllm_weights.py).
 
     def _generate_and_score_completions(self, inputs):
         with contextlib.ExitStack() as stack:
@@ -107,13 +110,16 @@ class MXGRPOTrainer(GRPOTrainer):
             self._metrics, self._entropy_window_stats = logged, window
 
     def _push_quantized_weights_to_vllm(self):
-        sync = self.vllm_generation.sync_weights
+        gen = self.vllm_generation
+        stream = gen._iter_named_params
+        gen._iter_named_params = lambda: vllm_named_weights(stream())
+        sync = gen.sync_weights
 
         def sync_quantized():
             with quantized_weights(self.model):
                 sync()
 
-        self.vllm_generation.sync_weights = sync_quantized
+        gen.sync_weights = sync_quantized
 
     # ---------------------------------------------------------------- TRL INTERNALS (end)
 
