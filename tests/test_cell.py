@@ -1,6 +1,7 @@
 """Smoke cells end to end on CPU: warm-start, GRPO under a recipe, lm-eval, metrics.json."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,7 @@ def test_the_readme_plugin_correction_gets_the_step_count_in_a_real_cell(results
         m = run_cell("smoke", "tiny-dense", "mxfp4+clip", 0, results=results)
     finally:
         corr._REGISTRY.pop("clip_outliers", None)
+        sys.modules.pop("my_corrections", None)  # other tests import their own my_corrections
     rows = [json.loads(line) for line in (results / "smoke/cells/tiny-dense/mxfp4+clip/seed0/train_log.jsonl").read_text().splitlines()]
     assert [r["clip/active"] for r in rows] == [0.0, 0.0, 1.0]  # 3 steps, start 0.5: on from step 1.5
     assert m["correction_costs"] == {"clip_outliers": {"extra_bits_per_element": 0.0, "bf16_fraction": 0.0}}

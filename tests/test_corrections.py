@@ -1,5 +1,6 @@
 """Corrections shrink the component they target; the identity still holds for what stays quantized."""
 
+import sys
 
 import pytest
 import torch
@@ -155,3 +156,4 @@ def test_outside_correction_and_recipe_files_plug_in_through_the_environment(tmp
         assert r.build_corrections()[0].limit == 2.5
     finally:
         corr._REGISTRY.pop("test_clip", None)
+        sys.modules.pop("my_corrections", None)
