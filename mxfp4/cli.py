@@ -178,10 +178,9 @@ def _cmd_pretrain(args) -> int:
 
 
 def _cmd_cell(args) -> int:
-    from .rl.cell import execute, plan_cell
+    from .rl.cell import run_cell
 
-    plan = plan_cell(args.profile, args.model, args.recipe, args.seed, results=args.results, recipes_file=args.recipes)
-    m = execute(plan)
+    m = run_cell(args.profile, args.model, args.recipe, args.seed, results=args.results, recipes_file=args.recipes)
     print(json.dumps({k: m[k] for k in ("gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_entropy",
                                         "mean_grad_cosine", "mean_step_time", "wall_time_seconds")}, indent=2))
     return 0

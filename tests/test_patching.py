@@ -112,9 +112,9 @@ def test_gradient_accuracy_is_perfect_under_bf16_and_degraded_under_mxfp4(tiny):
 
 def test_recipe_targets_keep_lm_head_and_router_high_precision_by_default():
     model, _ = build_tiny("tiny-moe")
-    kinds = {kind for _, _, kind in targets(model, Recipe.named("mxfp4").quantizer())}
+    kinds = {kind for _, _, kind in targets(model, Recipe.named("mxfp4").quantizer().modules)}
     assert kinds == {"linear", "experts"}
-    kinds = {kind for _, _, kind in targets(model, Recipe(name="x", modules=["linear", "lm_head"]).quantizer())}
+    kinds = {kind for _, _, kind in targets(model, Recipe(name="x", modules=["linear", "lm_head"]).quantizer().modules)}
     assert kinds == {"linear", "lm_head"}
 
 

@@ -5,13 +5,11 @@ Loaded from ``experiments/recipes.yaml`` (plus the files in ``$MXFP4_RECIPES``) 
     Recipe.named("mxfp4+all").quantizer()       # the recipe's Quantizer, corrections built
     Recipe(name="mine", corrections=[{"name": "macro_block", "blocks": 2}])
 
-A recipe may start from a ``base`` recipe and override fields (``Recipe.model_copy(update=...)``).
+A recipe may start from a ``base`` recipe and override fields (the base's fields, updated by its own).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Literal
@@ -21,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .. import corrections as corr
 from ..numerics.formats import get_format
-from ..numerics.quantizer import DEFAULT_MODULES, GEMMS, Quantizer
+from ..numerics.quantizer import DEFAULT_MODULES, GEMMS, Quantizer, normalize_gemms
 from . import EXPERIMENTS
 from .validation import parse
 
@@ -44,10 +42,7 @@ class Recipe(BaseModel):
     @field_validator("gemms")
     @classmethod
     def _gemms(cls, v):
-        unknown = set(v) - set(GEMMS)
-        if unknown:
-            raise ValueError(f"unknown GEMM(s) {sorted(unknown)}; accepted: {', '.join(GEMMS)}")
-        return {g: bool(v.get(g, False)) for g in GEMMS}
+        return normalize_gemms(v)
 
     @field_validator("corrections")
     @classmethod
@@ -78,9 +73,6 @@ class Recipe(BaseModel):
 
     def to_dict(self) -> dict:
         return self.model_dump()
-
-    def hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
 
     @classmethod
     def from_dict(cls, name: str, spec: dict) -> Recipe:

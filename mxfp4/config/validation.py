@@ -3,6 +3,7 @@ what is accepted."""
 
 from __future__ import annotations
 
+import types
 import typing
 
 import pydantic
@@ -21,7 +22,7 @@ def _accepted_keys(model: type[pydantic.BaseModel], loc: tuple) -> list[str]:
             cls = typing.get_args(cls)[1]
         else:
             return []
-        while typing.get_origin(cls) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        while typing.get_origin(cls) in (typing.Union, types.UnionType):
             cls = next(a for a in typing.get_args(cls) if a is not type(None))
     if isinstance(cls, type) and issubclass(cls, pydantic.BaseModel):
         return list(cls.model_fields)

@@ -26,6 +26,16 @@ MODULE_KINDS = ("linear", "experts", "lm_head", "router")
 DEFAULT_MODULES = ("linear", "experts")
 
 
+def normalize_gemms(gemms: dict | None) -> dict[str, bool]:
+    """Every GEMM named, as a bool (missing ones off); all on for None. Unknown names are an error."""
+    if gemms is None:
+        return {g: True for g in GEMMS}
+    unknown = set(gemms) - set(GEMMS)
+    if unknown:
+        raise ValueError(f"unknown GEMM(s) {sorted(unknown)}; accepted: {', '.join(GEMMS)}")
+    return {g: bool(gemms.get(g, False)) for g in GEMMS}
+
+
 class Quantizer:
     """``q(x, axis)``: x fake-quantized with blocks along ``axis``.
 
@@ -39,11 +49,7 @@ class Quantizer:
         self.fmt = get_format(fmt)
         self.scale_rule = self.fmt.check_scale_rule(scale_rule)
         self.corrections = list(corrections)
-        gemms = {g: True for g in GEMMS} if gemms is None else dict(gemms)
-        unknown = set(gemms) - set(GEMMS)
-        if unknown:
-            raise ValueError(f"unknown GEMM(s) {sorted(unknown)}; accepted: {', '.join(GEMMS)}")
-        self.gemms = {g: bool(gemms.get(g, False)) for g in GEMMS}
+        self.gemms = normalize_gemms(gemms)
         bad = [m for m in modules if m not in MODULE_KINDS]
         if bad:
             raise ValueError(f"unknown module kind(s) {bad}; accepted: {', '.join(MODULE_KINDS)}")

@@ -39,7 +39,7 @@ def setting_check(new: list[dict], baselines: list[dict]) -> str:
     theirs = {r.get("setting_hash") for r in baselines}
     if None in theirs or None in mine:
         return "The baselines (or the new cells) carry no setting hash: whether they share the profile's setting cannot be checked."
-    if mine == theirs and len(mine) <= len({r["model"] for r in new}):
+    if mine == theirs:
         return f"Same profile setting and code version as the baselines (setting hash {', '.join(sorted(mine))})."
     return (f"WARNING: the setting differs from the baselines' (new {', '.join(sorted(mine))}, baselines "
             f"{', '.join(sorted(theirs))}): a profile value or the code version changed, so differences mix both.")

@@ -8,6 +8,7 @@ from ..corrections import build
 from ..numerics.decompose import pool_stats
 from ..numerics.distributions import sample
 from ..numerics.quantizer import Quantizer
+from ..rl.models import TINY_ARCHS
 from ..rl.patching import gemm_weights, targets
 
 TABLE_CORRECTIONS = [
@@ -22,7 +23,7 @@ TABLE_DISTS = ["gaussian", "laplace", "student_t3", "llm_rows"]
 def model_weights(source: str) -> dict[str, tuple[torch.Tensor, int]]:
     """(weight, reduction axis) of every GEMM weight the mxfp4 recipe quantizes, of a checkpoint
     folder or hub id, or of a randomly initialised tiny stand-in when ``source`` is its name."""
-    from ..rl.models import TINY_ARCHS, build_tiny, load
+    from ..rl.models import build_tiny, load
 
     model = build_tiny(source)[0] if source in TINY_ARCHS else load(source)[0]
     out = {}
@@ -60,8 +61,6 @@ def build_sources(models: dict[str, str] | None = None) -> dict:
     """The standard distributions, then the weights of each ``label -> checkpoint`` (default: both
     tiny stand-ins at random init)."""
     sources = {d: {d: (sample(d, 256, 1024, seed=0), -1)} for d in TABLE_DISTS}
-    from ..rl.models import TINY_ARCHS
-
     for label, source in (models or {a: a for a in TINY_ARCHS}).items():
         sources[f"{label} weights" + (" (random init)" if source in TINY_ARCHS else "")] = model_weights(source)
     return sources

@@ -62,7 +62,7 @@ class GemmContext:
             return x
         if self.probe is not None:
             self.probe(self.name, kind, x.detach(), axis, valid)
-        return self.quantizer(x, axis, valid) if valid is not None else self.quantizer(x, axis)
+        return self.quantizer(x, axis, valid)
 
 
 class QuantLinearFunction(torch.autograd.Function):
@@ -124,8 +124,6 @@ def _is_router(name: str, module) -> bool:
 
 def targets(model, modules=("linear", "experts")) -> list[tuple[str, torch.nn.Module, str]]:
     """(name, module, kind) of every module of the given kinds (a Quantizer's ``modules``)."""
-    if isinstance(modules, Quantizer):
-        modules = modules.modules
     out = []
     kinds = set(modules)
     for name, module in model.named_modules():
@@ -195,7 +193,7 @@ def patch_model(model, quantizer: Quantizer | None, probe=None) -> list[str]:
     if quantizer is not None and not isinstance(quantizer, Quantizer):
         raise ValueError(f"patch_model takes a Quantizer (Recipe.quantizer()) or None, got {type(quantizer).__name__}")
     patched = []
-    for name, module, kind in (targets(model, quantizer) if quantizer is not None else []):
+    for name, module, kind in (targets(model, quantizer.modules) if quantizer is not None else []):
         if kind == "lm_head" and getattr(model.config, "tie_word_embeddings", False):
             raise ValueError("lm_head is tied to the input embeddings; quantizing it would quantize both")
         setattr(module, _GEMM_ATTR, GemmContext(quantizer, name=name, probe=probe))
