@@ -14,7 +14,8 @@ from .adversarial import adversarial_rows
 from .formats import SCALE_RULES_E8M0
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-KERNELS = ("quantize", "dequantize", "fake_quantize", "fake_quantize_with_stats")
+KERNELS = ("quantize", "dequantize", "fake_quantize", "fake_quantize_with_stats", "fake_quantize_both")
+ENERGY_RTOL = 1e-5  # the stats kernel works in float32; the reference in float64
 
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -44,6 +45,12 @@ def check_one(kernel: str, x: torch.Tensor, axis: int, rule: str) -> tuple[bool,
         ok = torch.equal(q.codes.cpu(), ref_q.codes) and torch.equal(q.scales.cpu(), ref_q.scales)
         return ok, "" if ok else f"{int((q.codes.cpu() != ref_q.codes).sum())} code bytes differ"
     ref_fake = reference.dequantize(ref_q)
+    if kernel == "fake_quantize_both":
+        if x.dim() != 2:
+            return True, "skipped: 2D tensors only"
+        along = tk.fake_quantize_both(x, rule)[0 if axis in (-1, 1) else 1].cpu()
+        ok = same(along, ref_fake)
+        return ok, "" if ok else f"{int((along != ref_fake).sum())} values differ"
     if kernel == "dequantize":
         out = tk.dequantize(ref_q.to(x.device)).cpu()
     elif kernel == "fake_quantize":
@@ -53,12 +60,13 @@ def check_one(kernel: str, x: torch.Tensor, axis: int, rule: str) -> tuple[bool,
             return True, "skipped: statistics need finite input"
         out, stats = tk.fake_quantize_with_stats(x, axis, rule)
         out = out.cpu()
+        stats = {k: float(v) for k, v in stats.items()}
         from .decompose import decompose
 
         ref = decompose(x.cpu(), "mxfp4", axis, rule)
         exact = stats["deadzone_count"] == int(ref.dead.sum()) and stats["saturation_count"] == int(ref.saturated.sum())
         close = all(
-            abs(stats[k] - ref.stats[k]) <= 1e-9 * max(abs(ref.stats[k]), ref.stats["energy_total"], 1e-300)
+            abs(stats[k] - ref.stats[k]) <= ENERGY_RTOL * max(abs(ref.stats[k]), ref.stats["energy_total"])
             for k in ("energy_scale", "energy_dead", "energy_grid", "energy_total")
         )
         if not (exact and close):
@@ -67,21 +75,38 @@ def check_one(kernel: str, x: torch.Tensor, axis: int, rule: str) -> tuple[bool,
     return ok, "" if ok else f"{int((out != ref_fake).sum())} values differ"
 
 
+AXES = {2: (-1, 0), 3: (-1, 1, 0)}
+
+
 def check_cases(device: str = "cpu", k: int = 96):
     """Yield one result dict per (kernel, case, dtype, rule, axis)."""
     cases = adversarial_rows(k)
     cases["ragged_3d"] = torch.randn(3, 5, 45, generator=torch.Generator().manual_seed(5))
+    cases["experts_3d"] = torch.randn(40, 3, 64, generator=torch.Generator().manual_seed(6))  # blocked along 0 too
+    cases["transposed"] = torch.randn(64, 72, generator=torch.Generator().manual_seed(7)).t()  # read without a copy
     for (name, x), dtype, rule, kernel in itertools.product(cases.items(), DTYPES, SCALE_RULES_E8M0, KERNELS):
         x_dev = x.to(device=device, dtype=dtype)
-        for axis in ((-1, 0) if x.dim() == 2 else (-1, 1)):
+        if name == "transposed":
+            x_dev = x_dev.t().contiguous().t()
+        for axis in AXES[x.dim()]:
             ok, detail = check_one(kernel, x_dev, axis, rule)
             yield {"kernel": kernel, "case": name, "dtype": str(dtype).removeprefix("torch."), "scale_rule": rule, "axis": axis, "passed": ok, "detail": detail}
 
 
+def _error_over_bound(c: torch.Tensor, lhs: torch.Tensor, rhs: torch.Tensor) -> float:
+    """max |c - exact| / (K eps_fp32 sum|a||b|): <= 1 for any order of float32 accumulation of
+    exact products (a bfloat16 or MXFP4 value times an MXFP4 value is exact in float32)."""
+    exact = lhs @ rhs.T
+    bound = (lhs.abs() @ rhs.abs().T) * lhs.shape[1] * torch.finfo(torch.float32).eps
+    return float(((c.double() - exact).abs() / bound.clamp(min=1e-30)).max())
+
+
 def check_matmul(device: str = "cpu", m: int = 48, n: int = 40, k: int = 200, seed: int = 0) -> dict:
-    """mx_matmul against float64 products of the dequantized operands (the products are exact;
-    only the float32 accumulation order differs), for MXFP4 and bf16 activations."""
-    from . import triton_kernels as tk
+    """The GEMMs against float64 products of the dequantized operands (the products are exact;
+    only the float32 accumulation order differs): ``mx_matmul`` for MXFP4 and bf16 activations,
+    ``w4a16_matmul`` at a decode and a prefill M, for weights on the bit-built upcast path and
+    for weights with extreme scales (the exact float32 decode path)."""
+    from . import triton_gemm as tg
 
     g = torch.Generator().manual_seed(seed)
     a, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
@@ -92,9 +117,18 @@ def check_matmul(device: str = "cpu", m: int = 48, n: int = 40, k: int = 200, se
         ("mxfp4_x_mxfp4", qa.to(device), reference.dequantize(qa).double()),
         ("bf16_x_mxfp4", a.bfloat16().to(device), a.bfloat16().double()),
     ):
-        c = tk.mx_matmul(lhs, qw.to(device)).cpu().double()
-        exact = lhs_exact @ wq.T
-        bound = (lhs_exact.abs() @ wq.abs().T) * k * torch.finfo(torch.float32).eps
-        worst = float(((c - exact).abs() / bound.clamp(min=1e-30)).max())
+        worst = _error_over_bound(tg.mx_matmul(lhs, qw.to(device)).cpu(), lhs_exact, wq)
         results[name] = {"passed": worst <= 1.0, "max_error_over_bound": worst, "shape": [m, n, k]}
+    extreme = w * torch.logspace(-44, 30, n, dtype=torch.float64).float()[:, None]  # scale bytes 0 .. 227
+    for wname, weight in (("w4a16", w), ("w4a16_extreme_scales", extreme)):
+        qt = reference.quantize(weight)
+        packed = tg.pack_weight(qt.to(device))
+        deq = reference.dequantize(qt, torch.bfloat16).double()  # the bf16 values the kernel upcasts to
+        for rows in (3, 96):  # decode (split K) and prefill
+            x = torch.randn(rows, k, generator=g).bfloat16()
+            c = tg.w4a16_matmul(x.to(device), packed, torch.float32).cpu()
+            worst = _error_over_bound(c, x.double(), deq)
+            results[f"{wname}_m{rows}"] = {
+                "passed": worst <= 1.0, "max_error_over_bound": worst, "shape": [rows, n, k], "fast_upcast": packed.fast_upcast,
+            }
     return results

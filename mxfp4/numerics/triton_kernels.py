@@ -1,23 +1,40 @@
 """Triton kernels for MXFP4 (E2M1 elements, E8M0 scales, blocks of 32): bit-exact with the reference.
 
-- ``quantize``: float32/bfloat16/float16 to packed E2M1 codes + E8M0 scale bytes, blocks along any
-  axis (the kernel reads the axis with its stride: the last axis for forward operands, the first
-  for the transposed operands of the backward GEMMs), output in the reference's layout.
-- ``dequantize``: the inverse, to any float dtype.
-- ``fake_quantize``: both in one pass; optionally also the decomposition statistics (sums of
-  squares of e_scale, e_dead, e_grid and of the total error, deadzone and saturation counts) in
-  the same pass over memory. The deadzone test and the ideal-scale grid are done with exact
-  float64 comparisons, so the counts equal the reference's exactly.
-- ``mx_matmul``: C = A @ B^T on MXFP4 operands through ``tl.dot_scaled`` (B MXFP4; A MXFP4 or bf16).
+Two tilings, chosen by where the blocked axis lies in memory, never by a transposed copy:
 
-Everything runs on CUDA, and on CPU under ``TRITON_INTERPRET=1`` (how CI checks bit-exactness).
-The arithmetic restates the reference exactly: shared exponents from the float32 bits of the block
-max, element rounding by comparison with the grid's midpoints (ties to the even code), powers of
-two built from bits (2**-127 as a float32 subnormal).
+- row mode (the blocked axis is the contiguous one): tiles [BLOCK_R, BLOCK_K], blocks along K;
+- column mode (the blocked axis has a stride): the tensor is read as [B, R, C] with C contiguous and
+  blocks of 32 along R, tiles [BLOCK_R, BLOCK_C] in the tensor's own layout (the weight-gradient
+  operands along axis 0, 3D expert stacks along any axis). Rows are read as even/odd pairs so that
+  codes pack two per byte along R without a shuffle.
+
+Kernels:
+
+- ``quantize``: float32/bfloat16/float16 to packed E2M1 codes + E8M0 scale bytes, in the
+  reference's layout (blocked axis last).
+- ``dequantize``: the inverse, to any float dtype, written in the original tensor's layout.
+- ``fake_quantize``: both in one pass, output in the input's layout; ``fake_quantize_both``: a 2D
+  tensor along both axes from one read (dY for the input- and weight-gradient GEMMs).
+- ``fake_quantize_with_stats``: also the decomposition statistics (energies of e_scale, e_dead,
+  e_grid and of the total error; deadzone and saturation counts), in float32 in each block's
+  scaled domain x / 2**e, summed per block, scaled back by 4**e and summed in float64 per
+  program; returned as device tensors (no host sync). The deadzone and grid decisions compare
+  6|x| with the grid's midpoints times amax: exact in float32 for bfloat16 and float16 inputs
+  (at most 11 + 3 significant bits), done in float64 for float32 inputs, so the counts equal the
+  reference's exactly for every dtype; the energies carry float32 round-off (checked against the
+  float64 reference to a relative 1e-5).
+
+On CUDA the tiles and warps are autotuned (key: the blocked length, a power-of-two bucket of the
+other extent, and the variant); under ``TRITON_INTERPRET=1`` on CPU (how CI checks bit-exactness)
+large fixed tiles keep the number of programs small. The arithmetic restates the reference
+exactly: shared exponents from the float32 bits of the block max, element rounding by comparison
+with the grid's midpoints (ties to the even code), powers of two built from bits (2**-127 as a
+float32 subnormal). The GEMMs are in ``triton_gemm``.
 """
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -25,11 +42,12 @@ import triton
 import triton.language as tl
 
 from .formats import FORMATS
-from .reference import QuantizedTensor
+from .reference import QuantizedTensor, check_input
 
 MXFP4 = FORMATS["mxfp4"]
 RULE_IDS = {"floor": 0, "ceil": 1, "even": 2, "rceil": 3}
-N_STATS = 8  # scale, dead, grid, total energies; dead count, saturated count, (2 spare)
+N_STATS = 8  # energies of e_scale, e_dead, e_grid, total; deadzone count, saturated count; 2 spare
+STAT_NAMES = ("energy_scale", "energy_dead", "energy_grid", "energy_total", "deadzone_count", "saturation_count")
 
 
 @triton.jit
@@ -97,12 +115,24 @@ def _e2m1_value(idx):
     return tl.where(idx <= 4, 0.5 * idx.to(tl.float32), tl.where(idx == 7, 6.0, (idx - 2).to(tl.float32)))
 
 
+
+
 @triton.jit
-def _ideal_index(ax, amax):
-    """Grid index of |x| / s* with s* = amax / 6, by exact float64 comparisons 6|x| vs m * amax;
-    0 in an all-zero block (where s* = 0)."""
-    a6 = ax.to(tl.float64) * 6.0
-    m = amax.to(tl.float64)
+def _pow4_f64(e):
+    """4**e = 2**(2e) as float64 for integer e in [-127, 127] (a normal float64)."""
+    return ((2 * e.to(tl.int64) + 1023) << 52).to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def _ideal_index(ay, amax_s, EXACT_F64: tl.constexpr):
+    """Grid index of |x| / s* (s* = amax / 6) from 6|y| against the midpoints times amax_s, in the
+    block's scaled domain (y = x / 2**e, amax_s = amax / 2**e: exact scalings); 0 where amax = 0."""
+    if EXACT_F64:
+        a6 = ay.to(tl.float64) * 6.0
+        m = amax_s.to(tl.float64)
+    else:
+        a6 = ay * 6.0
+        m = amax_s
     idx = (
         (a6 > 0.25 * m).to(tl.int32)
         + (a6 >= 0.75 * m).to(tl.int32)
@@ -116,107 +146,227 @@ def _ideal_index(ax, amax):
 
 
 @triton.jit
-def _mx_quant_kernel(
-    x_ptr,
-    codes_ptr,
-    scales_ptr,
-    out_ptr,
-    stats_ptr,
-    R,
-    K,
-    n_blocks,
-    stride_xr,
-    stride_xk,
-    stride_or,
-    stride_ok,
-    RULE: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    WRITE_CODES: tl.constexpr,
-    WRITE_FAKE: tl.constexpr,
-    WITH_STATS: tl.constexpr,
-    IN_BF16: tl.constexpr,
-    OUT_BF16: tl.constexpr,
+def _encode(xf, inv_scale, bad):
+    """(grid index 0..7, sign bit, scaled magnitude y) of every element; broadcast operands."""
+    y = tl.abs(xf) * inv_scale
+    idx = tl.where(bad, 0, _e2m1_index(y))
+    sign = (xf.to(tl.int32, bitcast=True) >> 31) & 1
+    return idx, sign, y
+
+
+@triton.jit
+def _fake_value(idx, sign, scale, bad):
+    q = _e2m1_value(idx)
+    signed = (q.to(tl.int32, bitcast=True) | (sign << 31)).to(tl.float32, bitcast=True)
+    return tl.where(bad, float("nan"), signed * scale)
+
+
+@triton.jit
+def _stat_terms(xf, y, idx, sign, amax_s, valid, EXACT_F64: tl.constexpr):
+    """Squared errors in the scaled domain (e_scale, e_dead, e_grid, total) and the dead and
+    saturated indicators, elementwise, float32."""
+    istar = _ideal_index(y, amax_s, EXACT_F64)
+    dead = valid & (istar == 0)
+    neg = sign == 1
+    ys = tl.where(neg, -y, y)
+    q = _e2m1_value(idx)
+    fs = tl.where(neg, -q, q)
+    g = _e2m1_value(istar) * amax_s / 6.0
+    gs = tl.where(neg, -g, g)
+    e_scale = tl.where(valid, fs - gs, 0.0)
+    e_dead = tl.where(dead, ys, 0.0)
+    e_grid = tl.where(valid & (istar != 0), gs - ys, 0.0)
+    e_total = tl.where(valid, fs - ys, 0.0)
+    sat = valid & (y > 6.0)
+    return e_scale * e_scale, e_dead * e_dead, e_grid * e_grid, e_total * e_total, dead.to(tl.float32), sat.to(tl.float32)
+
+
+@triton.jit
+def _store_stats(base, s_scale, s_dead, s_grid, s_total, n_dead, n_sat, e):
+    """Per-block float32 sums -> float64 (times 4**e) -> one sum each -> 8 float64 at ``base``."""
+    w = _pow4_f64(e)
+    tl.store(base + 0, tl.sum(s_scale.to(tl.float64) * w))
+    tl.store(base + 1, tl.sum(s_dead.to(tl.float64) * w))
+    tl.store(base + 2, tl.sum(s_grid.to(tl.float64) * w))
+    tl.store(base + 3, tl.sum(s_total.to(tl.float64) * w))
+    tl.store(base + 4, tl.sum(n_dead.to(tl.float64)))
+    tl.store(base + 5, tl.sum(n_sat.to(tl.float64)))
+
+
+@triton.jit
+def _quant_rows_kernel(
+    x_ptr, codes_ptr, scales_ptr, out_ptr, stats_ptr,
+    R, K, n_blocks, stride_xr, stride_or, R_BUCKET,
+    RULE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    WRITE_CODES: tl.constexpr, WRITE_FAKE: tl.constexpr, WITH_STATS: tl.constexpr,
+    IN_BF16: tl.constexpr, IN_FP32: tl.constexpr, OUT_BF16: tl.constexpr,
 ):
+    """Blocks along the contiguous axis K of an [R, K] view (row stride ``stride_xr``)."""
     NB: tl.constexpr = BLOCK_K // 32
     pid_r = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     valid = (rows[:, None] < R) & (cols[None, :] < K)
-    x = tl.load(x_ptr + rows[:, None] * stride_xr + cols[None, :] * stride_xk, mask=valid, other=0)
-    xb = tl.reshape(_to_float32(x, IN_BF16), (BLOCK_R, NB, 32))
-    ax = tl.abs(xb)
+    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xr + cols[None, :], mask=valid, other=0)
+    xf = tl.reshape(_to_float32(x, IN_BF16), (BLOCK_R, NB, 32))
+    ax = tl.abs(xf)
     finite = ax < float("inf")  # False for NaN and infinities
     bad = tl.max((~finite).to(tl.int32), axis=2) > 0
     amax = tl.where(bad, 0.0, tl.max(tl.where(finite, ax, 0.0), axis=2))
     e = _shared_exponent(amax, RULE)
-    scale = _pow2(e)[:, :, None]
-    y = ax * _pow2(-e)[:, :, None]
-    idx = tl.where(bad[:, :, None], 0, _e2m1_index(y))
-    sign = (xb.to(tl.int32, bitcast=True) >> 31) & 1
+    idx, sign, y = _encode(xf, _pow2(-e)[:, :, None], bad[:, :, None])
 
     if WRITE_CODES:
-        codes = tl.where(bad[:, :, None], 0, idx | (sign << 3))
-        pairs = tl.reshape(codes, (BLOCK_R, BLOCK_K // 2, 2))
-        lo, hi = tl.split(pairs)
-        packed = (lo | (hi << 4)).to(tl.uint8)
+        codes = idx | (sign << 3)
+        codes = tl.where(bad[:, :, None], 0, codes)
+        lo, hi = tl.split(tl.reshape(codes, (BLOCK_R, BLOCK_K // 2, 2)))
         half = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
         row_bytes = n_blocks * 16
         tl.store(
-            codes_ptr + rows[:, None] * row_bytes + half[None, :],
-            packed,
+            codes_ptr + rows[:, None].to(tl.int64) * row_bytes + half[None, :],
+            (lo | (hi << 4)).to(tl.uint8),
             mask=(rows[:, None] < R) & (half[None, :] < row_bytes),
         )
         blk = pid_k * NB + tl.arange(0, NB)
-        scale_bytes = tl.where(bad, 255, e + 127).to(tl.uint8)
         tl.store(
-            scales_ptr + rows[:, None] * n_blocks + blk[None, :],
-            scale_bytes,
+            scales_ptr + rows[:, None].to(tl.int64) * n_blocks + blk[None, :],
+            tl.where(bad, 255, e + 127).to(tl.uint8),
             mask=(rows[:, None] < R) & (blk[None, :] < n_blocks),
         )
-
     if WRITE_FAKE:
-        q = _e2m1_value(idx)
-        signed = (q.to(tl.int32, bitcast=True) | (sign << 31)).to(tl.float32, bitcast=True)
-        fake = tl.where(bad[:, :, None], float("nan"), signed * scale)
+        fake = _fake_value(idx, sign, _pow2(e)[:, :, None], bad[:, :, None])
         out = _from_float32(tl.reshape(fake, (BLOCK_R, BLOCK_K)), out_ptr, OUT_BF16)
-        tl.store(out_ptr + rows[:, None] * stride_or + cols[None, :] * stride_ok, out, mask=valid)
-
-        if WITH_STATS:
-            vb = tl.reshape(valid, (BLOCK_R, NB, 32))
-            istar = _ideal_index(ax, amax[:, :, None])
-            dead = vb & (istar == 0)
-            xd = xb.to(tl.float64)
-            amax64 = amax.to(tl.float64)[:, :, None]
-            x_grid = _e2m1_value(istar).to(tl.float64) * amax64 / 6.0
-            x_grid = tl.where(xd < 0, -x_grid, x_grid)
-            fake64 = tl.where(vb, fake.to(tl.float64), 0.0)
-            e_dead = tl.where(dead, -xd, 0.0)
-            e_grid = tl.where(vb & (istar != 0), x_grid - xd, 0.0)
-            e_scale = tl.where(vb, fake64 - x_grid, 0.0)
-            e_total = fake64 - xd
-            base = stats_ptr + (pid_r * tl.num_programs(1) + pid_k) * 8
-            tl.store(base + 0, tl.sum(tl.sum(tl.sum(e_scale * e_scale, axis=2), axis=1), axis=0))
-            tl.store(base + 1, tl.sum(tl.sum(tl.sum(e_dead * e_dead, axis=2), axis=1), axis=0))
-            tl.store(base + 2, tl.sum(tl.sum(tl.sum(e_grid * e_grid, axis=2), axis=1), axis=0))
-            tl.store(base + 3, tl.sum(tl.sum(tl.sum(e_total * e_total, axis=2), axis=1), axis=0))
-            tl.store(base + 4, tl.sum(tl.sum(tl.sum(dead.to(tl.float64), axis=2), axis=1), axis=0))
-            sat = vb & (y > 6.0)
-            tl.store(base + 5, tl.sum(tl.sum(tl.sum(sat.to(tl.float64), axis=2), axis=1), axis=0))
+        tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_or + cols[None, :], out, mask=valid)
+    if WITH_STATS:
+        amax_s = (amax * _pow2(-e))[:, :, None]
+        vb = tl.reshape(valid, (BLOCK_R, NB, 32))
+        t0, t1, t2, t3, t4, t5 = _stat_terms(xf, y, idx, sign, amax_s, vb, IN_FP32)
+        base = stats_ptr + (pid_r * tl.num_programs(1) + pid_k) * 8
+        _store_stats(base, tl.sum(t0, axis=2), tl.sum(t1, axis=2), tl.sum(t2, axis=2), tl.sum(t3, axis=2),
+                     tl.sum(t4, axis=2), tl.sum(t5, axis=2), e)
 
 
 @triton.jit
-def _mx_dequant_kernel(
-    codes_ptr,
-    scales_ptr,
-    out_ptr,
-    R,
-    K,
-    n_blocks,
-    BLOCK_R: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    OUT_BF16: tl.constexpr,
+def _quant_cols_kernel(
+    x_ptr, codes_ptr, scales_ptr, out_ptr, stats_ptr,
+    R, C, n_blocks, stride_xb, stride_xr, stride_ob, stride_or, R_BUCKET,
+    RULE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    WRITE_CODES: tl.constexpr, WRITE_FAKE: tl.constexpr, WITH_STATS: tl.constexpr,
+    IN_BF16: tl.constexpr, IN_FP32: tl.constexpr, OUT_BF16: tl.constexpr,
+):
+    """Blocks of 32 along R of a [B, R, C] tensor with C contiguous; tiles in the tensor's layout.
+    Even and odd rows are loaded apart: the two nibbles of one code byte."""
+    NB: tl.constexpr = BLOCK_R // 32
+    HALF: tl.constexpr = BLOCK_R // 2
+    pid_c = tl.program_id(0)
+    pid_r = tl.program_id(1)
+    pid_b = tl.program_id(2)
+    pair = pid_r * HALF + tl.arange(0, HALF)  # index of the row pair (= the code byte along R)
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    rows_e = 2 * pair
+    rows_o = rows_e + 1
+    c_ok = cols[None, :] < C
+    ok_e = (rows_e[:, None] < R) & c_ok
+    ok_o = (rows_o[:, None] < R) & c_ok
+    base = x_ptr + pid_b.to(tl.int64) * stride_xb
+    xe = tl.load(base + rows_e[:, None].to(tl.int64) * stride_xr + cols[None, :], mask=ok_e, other=0)
+    xo = tl.load(base + rows_o[:, None].to(tl.int64) * stride_xr + cols[None, :], mask=ok_o, other=0)
+    fe = tl.reshape(_to_float32(xe, IN_BF16), (NB, 16, BLOCK_C))
+    fo = tl.reshape(_to_float32(xo, IN_BF16), (NB, 16, BLOCK_C))
+    ae = tl.abs(fe)
+    ao = tl.abs(fo)
+    fin_e = ae < float("inf")
+    fin_o = ao < float("inf")
+    bad = (tl.max((~fin_e).to(tl.int32), axis=1) + tl.max((~fin_o).to(tl.int32), axis=1)) > 0
+    amax = tl.maximum(tl.max(tl.where(fin_e, ae, 0.0), axis=1), tl.max(tl.where(fin_o, ao, 0.0), axis=1))
+    amax = tl.where(bad, 0.0, amax)
+    e = _shared_exponent(amax, RULE)  # [NB, BLOCK_C]
+    inv = _pow2(-e)[:, None, :]
+    bad3 = bad[:, None, :]
+    idx_e, sign_e, y_e = _encode(fe, inv, bad3)
+    idx_o, sign_o, y_o = _encode(fo, inv, bad3)
+
+    if WRITE_CODES:
+        code_e = tl.where(bad3, 0, idx_e | (sign_e << 3))
+        code_o = tl.where(bad3, 0, idx_o | (sign_o << 3))
+        packed = tl.trans(tl.reshape(code_e | (code_o << 4), (HALF, BLOCK_C))).to(tl.uint8)  # [C, pairs]
+        row_bytes = n_blocks * 16
+        lead = pid_b.to(tl.int64) * C + cols  # row of the code matrix [B * C, row_bytes]
+        tl.store(
+            codes_ptr + lead[:, None] * row_bytes + pair[None, :],
+            packed,
+            mask=(cols[:, None] < C) & (pair[None, :] < row_bytes),
+        )
+        blk = pid_r * NB + tl.arange(0, NB)
+        tl.store(
+            scales_ptr + lead[:, None] * n_blocks + blk[None, :],
+            tl.trans(tl.where(bad, 255, e + 127).to(tl.uint8)),
+            mask=(cols[:, None] < C) & (blk[None, :] < n_blocks),
+        )
+    if WRITE_FAKE:
+        scale = _pow2(e)[:, None, :]
+        out_e = _from_float32(tl.reshape(_fake_value(idx_e, sign_e, scale, bad3), (HALF, BLOCK_C)), out_ptr, OUT_BF16)
+        out_o = _from_float32(tl.reshape(_fake_value(idx_o, sign_o, scale, bad3), (HALF, BLOCK_C)), out_ptr, OUT_BF16)
+        obase = out_ptr + pid_b.to(tl.int64) * stride_ob
+        tl.store(obase + rows_e[:, None].to(tl.int64) * stride_or + cols[None, :], out_e, mask=ok_e)
+        tl.store(obase + rows_o[:, None].to(tl.int64) * stride_or + cols[None, :], out_o, mask=ok_o)
+    if WITH_STATS:
+        amax_s = (amax * _pow2(-e))[:, None, :]
+        a0, a1, a2, a3, a4, a5 = _stat_terms(fe, y_e, idx_e, sign_e, amax_s, tl.reshape(ok_e, (NB, 16, BLOCK_C)), IN_FP32)
+        b0, b1, b2, b3, b4, b5 = _stat_terms(fo, y_o, idx_o, sign_o, amax_s, tl.reshape(ok_o, (NB, 16, BLOCK_C)), IN_FP32)
+        pid = (pid_b * tl.num_programs(1) + pid_r) * tl.num_programs(0) + pid_c
+        _store_stats(stats_ptr + pid * 8, tl.sum(a0 + b0, axis=1), tl.sum(a1 + b1, axis=1), tl.sum(a2 + b2, axis=1),
+                     tl.sum(a3 + b3, axis=1), tl.sum(a4 + b4, axis=1), tl.sum(a5 + b5, axis=1), e)
+
+
+@triton.jit
+def _fake_both_kernel(
+    x_ptr, out_rows_ptr, out_cols_ptr, R, C, stride_xr, R_BUCKET,
+    RULE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    IN_BF16: tl.constexpr, OUT_BF16: tl.constexpr,
+):
+    """One read of an [R, C] tile; fake-quantized with blocks along C (``out_rows``) and along R
+    (``out_cols``), both in the input's layout."""
+    rows = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    valid = (rows[:, None] < R) & (cols[None, :] < C)
+    offs = rows[:, None].to(tl.int64) * stride_xr + cols[None, :]
+    xf = _to_float32(tl.load(x_ptr + offs, mask=valid, other=0), IN_BF16)
+    ax = tl.abs(xf)
+    fin = ax < float("inf")
+    # blocks along C
+    xr = tl.reshape(xf, (BLOCK_R, BLOCK_C // 32, 32))
+    fr = tl.reshape(fin, (BLOCK_R, BLOCK_C // 32, 32))
+    ar = tl.abs(xr)
+    bad = tl.max((~fr).to(tl.int32), axis=2) > 0
+    e = _shared_exponent(tl.where(bad, 0.0, tl.max(tl.where(fr, ar, 0.0), axis=2)), RULE)
+    idx, sign, _ = _encode(xr, _pow2(-e)[:, :, None], bad[:, :, None])
+    fake = tl.reshape(_fake_value(idx, sign, _pow2(e)[:, :, None], bad[:, :, None]), (BLOCK_R, BLOCK_C))
+    tl.store(out_rows_ptr + offs, _from_float32(fake, out_rows_ptr, OUT_BF16), mask=valid)
+    # blocks along R
+    xc = tl.reshape(xf, (BLOCK_R // 32, 32, BLOCK_C))
+    fc = tl.reshape(fin, (BLOCK_R // 32, 32, BLOCK_C))
+    ac = tl.abs(xc)
+    bad = tl.max((~fc).to(tl.int32), axis=1) > 0
+    e = _shared_exponent(tl.where(bad, 0.0, tl.max(tl.where(fc, ac, 0.0), axis=1)), RULE)
+    idx, sign, _ = _encode(xc, _pow2(-e)[:, None, :], bad[:, None, :])
+    fake = tl.reshape(_fake_value(idx, sign, _pow2(e)[:, None, :], bad[:, None, :]), (BLOCK_R, BLOCK_C))
+    tl.store(out_cols_ptr + offs, _from_float32(fake, out_cols_ptr, OUT_BF16), mask=valid)
+
+
+@triton.jit
+def _decode(packed, sbytes):
+    """float32 values of the codes in ``packed`` (int32, one code each) times scales from bytes."""
+    scale = tl.where(sbytes == 255, float("nan"), _pow2(tl.minimum(sbytes, 254) - 127))
+    q = _e2m1_value(packed & 7)
+    return (q.to(tl.int32, bitcast=True) | ((packed >> 3) << 31)).to(tl.float32, bitcast=True) * scale
+
+
+@triton.jit
+def _dequant_rows_kernel(
+    codes_ptr, scales_ptr, out_ptr, R, K, n_blocks, R_BUCKET,
+    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, OUT_BF16: tl.constexpr,
 ):
     NB: tl.constexpr = BLOCK_K // 32
     pid_r = tl.program_id(0)
@@ -225,234 +375,276 @@ def _mx_dequant_kernel(
     half = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
     row_bytes = n_blocks * 16
     packed = tl.load(
-        codes_ptr + rows[:, None] * row_bytes + half[None, :],
+        codes_ptr + rows[:, None].to(tl.int64) * row_bytes + half[None, :],
         mask=(rows[:, None] < R) & (half[None, :] < row_bytes),
         other=0,
     ).to(tl.int32)
     codes = tl.reshape(tl.join(packed & 0xF, packed >> 4), (BLOCK_R, NB, 32))
     blk = pid_k * NB + tl.arange(0, NB)
     sbytes = tl.load(
-        scales_ptr + rows[:, None] * n_blocks + blk[None, :],
+        scales_ptr + rows[:, None].to(tl.int64) * n_blocks + blk[None, :],
         mask=(rows[:, None] < R) & (blk[None, :] < n_blocks),
         other=127,
     ).to(tl.int32)
-    scale = _pow2(tl.minimum(sbytes, 254) - 127)
-    scale = tl.where(sbytes == 255, float("nan"), scale)[:, :, None]
-    q = _e2m1_value(codes & 7)
-    signed = (q.to(tl.int32, bitcast=True) | ((codes >> 3) << 31)).to(tl.float32, bitcast=True)
-    out = _from_float32(tl.reshape(signed * scale, (BLOCK_R, BLOCK_K)), out_ptr, OUT_BF16)
+    values = _decode(codes, sbytes[:, :, None])
+    out = _from_float32(tl.reshape(values, (BLOCK_R, BLOCK_K)), out_ptr, OUT_BF16)
     cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    tl.store(out_ptr + rows[:, None] * K + cols[None, :], out, mask=(rows[:, None] < R) & (cols[None, :] < K))
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], out, mask=(rows[:, None] < R) & (cols[None, :] < K))
 
 
 @triton.jit
-def _mx_matmul_kernel(
-    a_ptr,
-    a_scale_ptr,
-    b_ptr,
-    b_scale_ptr,
-    c_ptr,
-    M,
-    N,
-    K_pad,
-    stride_am,
-    stride_cm,
-    A_FORMAT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+def _dequant_cols_kernel(
+    codes_ptr, scales_ptr, out_ptr, R, C, n_blocks, R_BUCKET,
+    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, OUT_BF16: tl.constexpr,
 ):
-    """C[M, N] = A[M, K] @ B[N, K]^T; B packed E2M1 [N, K/2] + scales [N, K/32]; A likewise or bf16."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    n_blocks = K_pad // 32
-    for k0 in range(0, K_pad, BLOCK_K):
-        kh = k0 // 2 + tl.arange(0, BLOCK_K // 2)
-        ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        b = tl.load(
-            b_ptr + offs_n[None, :] * (K_pad // 2) + kh[:, None],
-            mask=(offs_n[None, :] < N) & (kh[:, None] < K_pad // 2),
-            other=0,
-        )
-        b_scale = tl.load(
-            b_scale_ptr + offs_n[:, None] * n_blocks + ks[None, :],
-            mask=(offs_n[:, None] < N) & (ks[None, :] < n_blocks),
-            other=127,
-        )
-        if A_FORMAT == "e2m1":
-            a = tl.load(
-                a_ptr + offs_m[:, None] * stride_am + kh[None, :],
-                mask=(offs_m[:, None] < M) & (kh[None, :] < K_pad // 2),
-                other=0,
-            )
-            a_scale = tl.load(
-                a_scale_ptr + offs_m[:, None] * n_blocks + ks[None, :],
-                mask=(offs_m[:, None] < M) & (ks[None, :] < n_blocks),
-                other=127,
-            )
-            acc = tl.dot_scaled(a, a_scale, "e2m1", b, b_scale, "e2m1", acc)
-        else:
-            kf = k0 + tl.arange(0, BLOCK_K)
-            a = tl.load(
-                a_ptr + offs_m[:, None] * stride_am + kf[None, :],
-                mask=(offs_m[:, None] < M) & (kf[None, :] < K_pad),
-                other=0.0,
-            )
-            acc = tl.dot_scaled(a, None, "bf16", b, b_scale, "e2m1", acc)
+    """Codes [B * C, n_blocks * 16] (blocked axis last) -> values [B, R, C] in the original layout."""
+    NB: tl.constexpr = BLOCK_R // 32
+    HALF: tl.constexpr = BLOCK_R // 2
+    pid_c = tl.program_id(0)
+    pid_r = tl.program_id(1)
+    pid_b = tl.program_id(2)
+    pair = pid_r * HALF + tl.arange(0, HALF)
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    row_bytes = n_blocks * 16
+    lead = pid_b.to(tl.int64) * C + cols
+    packed = tl.load(
+        codes_ptr + lead[:, None] * row_bytes + pair[None, :],
+        mask=(cols[:, None] < C) & (pair[None, :] < row_bytes),
+        other=0,
+    ).to(tl.int32)
+    packed = tl.trans(packed)  # [pairs, C]
+    blk = pid_r * NB + tl.arange(0, NB)
+    sbytes = tl.trans(tl.load(
+        scales_ptr + lead[:, None] * n_blocks + blk[None, :],
+        mask=(cols[:, None] < C) & (blk[None, :] < n_blocks),
+        other=127,
+    ).to(tl.int32))[:, None, :]  # [NB, 1, C]
+    even = _decode(tl.reshape(packed & 0xF, (NB, 16, BLOCK_C)), sbytes)
+    odd = _decode(tl.reshape(packed >> 4, (NB, 16, BLOCK_C)), sbytes)
+    rows_e = 2 * pair
+    rows_o = rows_e + 1
+    obase = out_ptr + pid_b.to(tl.int64) * R * C
     tl.store(
-        c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :],
-        acc,
-        mask=(offs_m[:, None] < M) & (offs_n[None, :] < N),
+        obase + rows_e[:, None].to(tl.int64) * C + cols[None, :],
+        _from_float32(tl.reshape(even, (HALF, BLOCK_C)), out_ptr, OUT_BF16),
+        mask=(rows_e[:, None] < R) & (cols[None, :] < C),
     )
+    tl.store(
+        obase + rows_o[:, None].to(tl.int64) * C + cols[None, :],
+        _from_float32(tl.reshape(odd, (HALF, BLOCK_C)), out_ptr, OUT_BF16),
+        mask=(rows_o[:, None] < R) & (cols[None, :] < C),
+    )
+
+
+# ---------------------------------------------------------------------------- launch (host side)
+
+def triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _configs(tiles, names):
+    return [triton.Config(dict(zip(names, t[:2])), num_warps=t[2]) for t in tiles]
+
+
+# Autotune spaces (tile extents, warps); kernels/tune_kernels.py measures them one by one.
+ROW_TILES = [(8, 512, 4), (16, 256, 4), (16, 512, 4), (32, 256, 4), (32, 256, 8), (16, 1024, 8), (32, 512, 8), (64, 256, 8)]
+COL_TILES = [(32, 64, 4), (32, 128, 4), (64, 64, 4), (64, 128, 4), (64, 128, 8), (32, 256, 8), (128, 64, 8), (64, 256, 8)]
+BOTH_TILES = [(32, 64, 4), (32, 128, 4), (64, 64, 4), (64, 128, 8), (32, 256, 8)]
+_VARIANT = ["RULE", "WRITE_CODES", "WRITE_FAKE", "WITH_STATS", "IN_BF16", "IN_FP32", "OUT_BF16"]
+
+_quant_rows_tuned = triton.autotune(_configs(ROW_TILES, ("BLOCK_R", "BLOCK_K")), key=["K", "R_BUCKET", *_VARIANT])(_quant_rows_kernel)
+_quant_cols_tuned = triton.autotune(_configs(COL_TILES, ("BLOCK_R", "BLOCK_C")), key=["C", "R", "R_BUCKET", *_VARIANT])(_quant_cols_kernel)
+_fake_both_tuned = triton.autotune(_configs(BOTH_TILES, ("BLOCK_R", "BLOCK_C")), key=["C", "R_BUCKET", "RULE", "IN_BF16", "OUT_BF16"])(_fake_both_kernel)
+_dequant_rows_tuned = triton.autotune(_configs(ROW_TILES, ("BLOCK_R", "BLOCK_K")), key=["K", "R_BUCKET", "OUT_BF16"])(_dequant_rows_kernel)
+_dequant_cols_tuned = triton.autotune(_configs(COL_TILES, ("BLOCK_R", "BLOCK_C")), key=["C", "R", "R_BUCKET", "OUT_BF16"])(_dequant_cols_kernel)
+
+
+def _bucket(n: int) -> int:
+    """Autotune key for an extent that varies from call to call (tokens): its power-of-two ceiling."""
+    return min(triton.next_power_of_2(max(n, 1)), 1 << 16)
 
 
 def _bits_if_bf16(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
 
 
-def _rows_view(x: torch.Tensor, axis: int) -> torch.Tensor:
-    """A 2D [R, K] view (or copy) of ``x`` with the blocked axis as K, strides kept where possible."""
-    moved = x.movedim(axis, -1)
-    k = moved.shape[-1]
-    try:
-        return moved.view(-1, k)
-    except RuntimeError:
-        return moved.reshape(-1, k)
-
-
-def _tiles(r: int, k: int) -> tuple[int, int]:
-    """Tile sizes: large tiles (few programs) under the interpreter, moderate ones on the GPU."""
+def _launch(kernel, tuned, grid_of, interp_tiles, args: tuple, names: tuple[str, str], **constexprs):
+    """Launch ``tuned`` on CUDA (grid from the chosen config) or ``kernel`` with fixed tiles under
+    the interpreter."""
     if triton_interpreting():
-        return min(64, triton.next_power_of_2(max(r, 1))), min(512, max(32, triton.next_power_of_2(k)))
-    return 16, 256
+        tiles = dict(zip(names, interp_tiles))
+        kernel[grid_of(tiles)](*args, **tiles, **constexprs)
+    else:
+        tuned[grid_of](*args, **constexprs)
 
 
-def triton_interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+def _max_programs(grid_of, tiles, names) -> int:
+    """Most programs any config of the autotune space launches: the size of the stats buffer."""
+    if triton_interpreting():
+        return math.prod(grid_of(dict(zip(names, tiles))))
+    return max(math.prod(grid_of(dict(zip(names, t[:2])))) for t in (ROW_TILES if names[1] == "BLOCK_K" else COL_TILES))
 
 
-def _launch_quant(x, axis, rule, write_codes, write_fake, with_stats, out_dtype=None):
-    from .reference import check_input
+class _Geometry:
+    """Where the blocked axis of ``x`` lies in memory. A 2D tensor stored transposed is read through
+    its transpose (no copy); otherwise a non-contiguous tensor is made contiguous once.
 
+    - rows mode: ``src`` viewed [R, K] with K the blocked, contiguous axis;
+    - cols mode: ``src`` viewed [B, R, C] with R the blocked axis and C contiguous.
+    """
+
+    def __init__(self, x: torch.Tensor, axis: int):
+        self.shape, self.axis = x.shape, axis
+        self.flip = x.dim() == 2 and not x.is_contiguous() and x.t().is_contiguous()
+        src, ax = (x.t(), 1 - axis) if self.flip else (x, axis)
+        if ax == src.dim() - 1 and src.stride(-1) == 1 and src.dim() == 2:
+            self.src = src
+        else:
+            self.src = src.contiguous()
+        shape = self.src.shape
+        self.b, self.r, self.c = math.prod(shape[:ax]), shape[ax], math.prod(shape[ax + 1:])
+        self.rows_mode = self.c == 1
+        if self.rows_mode:  # blocked axis contiguous: rows are everything before it
+            self.view = self.src if self.src.dim() == 2 and ax == 1 else self.src.reshape(-1, shape[ax])
+        else:
+            self.view = self.src.view(self.b, self.r, self.c)
+        self.lead = x.movedim(axis, -1).shape[:-1]
+        self.n_blocks = -(-shape[ax] // 32)
+
+    def restore(self, out: torch.Tensor) -> torch.Tensor:
+        """An output written in ``src``'s layout, back to ``x``'s shape (a transposed view if flipped)."""
+        out = out.reshape(self.src.shape)
+        return out.t() if self.flip else out
+
+
+def _quant(x, axis, rule, write_codes, write_fake, with_stats, out_dtype=None):
     fmt, axis, rule = check_input(x, MXFP4, axis, rule)
-    v = _rows_view(x, axis)
-    r, k = v.shape
-    n_blocks = -(-k // 32)
-    block_r, block_k = _tiles(r, k)
-    grid = (triton.cdiv(r, block_r), triton.cdiv(k, block_k))
+    g = _Geometry(x, axis)
     dev = x.device
-    codes = torch.empty((r, n_blocks * 16), dtype=torch.uint8, device=dev) if write_codes else None
-    scales = torch.empty((r, n_blocks), dtype=torch.uint8, device=dev) if write_codes else None
-    out = torch.empty((r, k), dtype=out_dtype or x.dtype, device=dev) if write_fake else None
-    stats = torch.zeros((grid[0] * grid[1], N_STATS), dtype=torch.float64, device=dev) if with_stats else None
+    rows = g.b * g.c if not g.rows_mode else g.view.shape[0]
+    codes = torch.empty((rows, g.n_blocks * 16), dtype=torch.uint8, device=dev) if write_codes else None
+    scales = torch.empty((rows, g.n_blocks), dtype=torch.uint8, device=dev) if write_codes else None
+    out = torch.empty(g.view.shape, dtype=out_dtype or x.dtype, device=dev) if write_fake else None
     dummy = torch.empty(1, dtype=torch.uint8, device=dev)
-    _mx_quant_kernel[grid](
-        _bits_if_bf16(v),
-        codes if codes is not None else dummy,
-        scales if scales is not None else dummy,
-        _bits_if_bf16(out) if out is not None else dummy,
-        stats if stats is not None else dummy,
-        r,
-        k,
-        n_blocks,
-        v.stride(0),
-        v.stride(1),
-        k,
-        1,
-        RULE=RULE_IDS[rule],
-        BLOCK_R=block_r,
-        BLOCK_K=block_k,
-        WRITE_CODES=write_codes,
-        WRITE_FAKE=write_fake,
-        WITH_STATS=with_stats,
-        IN_BF16=v.dtype == torch.bfloat16,
+    flags = dict(
+        RULE=RULE_IDS[rule], WRITE_CODES=write_codes, WRITE_FAKE=write_fake, WITH_STATS=with_stats,
+        IN_BF16=x.dtype == torch.bfloat16, IN_FP32=x.dtype == torch.float32,
         OUT_BF16=out is not None and out.dtype == torch.bfloat16,
     )
-    return fmt, axis, rule, codes, scales, out, stats
+    v = _bits_if_bf16(g.view)
+    if g.rows_mode:
+        r, k = v.shape
+        names = ("BLOCK_R", "BLOCK_K")
+        tiles = (min(64, triton.next_power_of_2(r)), min(512, max(32, triton.next_power_of_2(k))))
+
+        def grid(m):
+            return (triton.cdiv(r, m["BLOCK_R"]), triton.cdiv(k, m["BLOCK_K"]))
+
+        stats = _stats_buffer(with_stats, grid, tiles, names, dev)
+        args = (v, codes if write_codes else dummy, scales if write_codes else dummy,
+                _bits_if_bf16(out) if write_fake else dummy, stats if with_stats else dummy,
+                r, k, g.n_blocks, v.stride(0), k, _bucket(r))
+        _launch(_quant_rows_kernel, _quant_rows_tuned, grid, tiles, args, names, **flags)
+    else:
+        b, r, c = g.b, g.r, g.c
+        names = ("BLOCK_R", "BLOCK_C")
+        tiles = (min(64, max(32, triton.next_power_of_2(r))), min(256, max(16, triton.next_power_of_2(c))))
+
+        def grid(m):
+            return (triton.cdiv(c, m["BLOCK_C"]), triton.cdiv(r, m["BLOCK_R"]), b)
+
+        stats = _stats_buffer(with_stats, grid, tiles, names, dev)
+        args = (v, codes if write_codes else dummy, scales if write_codes else dummy,
+                _bits_if_bf16(out) if write_fake else dummy, stats if with_stats else dummy,
+                r, c, g.n_blocks, r * c, c, r * c, c, _bucket(b * c))
+        _launch(_quant_cols_kernel, _quant_cols_tuned, grid, tiles, args, names, **flags)
+    return fmt, g, rule, codes, scales, out, stats
+
+
+def _stats_buffer(with_stats, grid, tiles, names, dev):
+    if not with_stats:
+        return None
+    return torch.zeros((_max_programs(grid, tiles, names), N_STATS), dtype=torch.float64, device=dev)
 
 
 def quantize(x: torch.Tensor, axis: int = -1, scale_rule: str | None = None) -> QuantizedTensor:
-    fmt, axis, rule, codes, scales, _, _ = _launch_quant(x, axis, scale_rule, True, False, False)
-    lead = x.movedim(axis, -1).shape[:-1]
+    fmt, g, rule, codes, scales, _, _ = _quant(x, axis, scale_rule, True, False, False)
     return QuantizedTensor(
-        codes.reshape(*lead, -1), scales.reshape(*lead, -1), None, fmt, rule, x.shape, axis, x.dtype
+        codes.reshape(*g.lead, -1), scales.reshape(*g.lead, -1), None, fmt, rule, x.shape, g.axis, x.dtype
     )
-
-
-def _restore(out2d: torch.Tensor, shape: torch.Size, axis: int) -> torch.Tensor:
-    moved_shape = list(shape)
-    moved_shape.append(moved_shape.pop(axis))
-    return out2d.reshape(moved_shape).movedim(-1, axis)
 
 
 def fake_quantize(x: torch.Tensor, axis: int = -1, scale_rule: str | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
-    _, axis, _, _, _, out, _ = _launch_quant(x, axis, scale_rule, False, True, False, dtype)
-    return _restore(out, x.shape, axis)
+    """dequantize(quantize(x)) in one pass, in x's shape and layout."""
+    _, g, _, _, _, out, _ = _quant(x, axis, scale_rule, False, True, False, dtype)
+    return g.restore(out)
 
 
 def fake_quantize_with_stats(x: torch.Tensor, axis: int = -1, scale_rule: str | None = None):
-    """(fake-quantized x, stats dict) in one pass: energies of the three components and the total,
-    deadzone and saturation counts and fractions."""
-    _, axis, _, _, _, out, stats = _launch_quant(x, axis, scale_rule, False, True, True)
-    sums = stats.sum(0).tolist()
+    """(fake-quantized x, stats) in one pass; stats are float64 device tensors (0-dim): the
+    energies of the three components and of the total error, the cross term, deadzone and
+    saturation counts and fractions, and ``n``. Nothing waits for the device."""
+    _, g, _, _, _, out, partials = _quant(x, axis, scale_rule, False, True, True)
+    sums = partials.sum(0)
     n = x.numel()
-    energy = dict(zip(("energy_scale", "energy_dead", "energy_grid", "energy_total"), sums[:4]))
-    return _restore(out, x.shape, axis), {
-        **energy,
-        "cross_term": energy["energy_total"] - energy["energy_scale"] - energy["energy_dead"] - energy["energy_grid"],
-        "deadzone_count": int(sums[4]),
-        "saturation_count": int(sums[5]),
-        "deadzone_fraction": sums[4] / n,
-        "saturation_fraction": sums[5] / n,
-        "n": n,
-    }
+    stats = dict(zip(STAT_NAMES, sums.unbind()))
+    stats["cross_term"] = stats["energy_total"] - stats["energy_scale"] - stats["energy_dead"] - stats["energy_grid"]
+    stats["deadzone_fraction"] = stats["deadzone_count"] / n
+    stats["saturation_fraction"] = stats["saturation_count"] / n
+    stats["n"] = n
+    return g.restore(out), stats
+
+
+def fake_quantize_both(x: torch.Tensor, scale_rule: str | None = None, dtype: torch.dtype | None = None):
+    """A 2D tensor fake-quantized with blocks along axis 1 and along axis 0, from one read:
+    (fake along -1, fake along 0), both in x's layout (contiguous)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"fake_quantize_both takes a 2D tensor, got {getattr(x, 'shape', type(x).__name__)}")
+    _, _, rule = check_input(x, MXFP4, 0, scale_rule)
+    x = x.contiguous()
+    r, c = x.shape
+    along_rows = torch.empty_like(x, dtype=dtype or x.dtype)
+    along_cols = torch.empty_like(along_rows)
+    names = ("BLOCK_R", "BLOCK_C")
+    tiles = (min(64, max(32, triton.next_power_of_2(r))), min(256, max(32, triton.next_power_of_2(c))))
+
+    def grid(m):
+        return (triton.cdiv(c, m["BLOCK_C"]), triton.cdiv(r, m["BLOCK_R"]))
+
+    args = (_bits_if_bf16(x), _bits_if_bf16(along_rows), _bits_if_bf16(along_cols), r, c, c, _bucket(r))
+    flags = dict(RULE=RULE_IDS[rule], IN_BF16=x.dtype == torch.bfloat16, OUT_BF16=along_rows.dtype == torch.bfloat16)
+    _launch(_fake_both_kernel, _fake_both_tuned, grid, tiles, args, names, **flags)
+    return along_rows, along_cols
 
 
 def dequantize(qt: QuantizedTensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Values in the original tensor's shape and (contiguous) layout."""
     if qt.fmt.name != "mxfp4":
         raise ValueError(f"the Triton dequantize kernel takes mxfp4 only, got {qt.fmt.name!r}")
-    k = qt.shape[qt.axis]
+    shape, axis = qt.shape, qt.axis
     codes = qt.codes.reshape(-1, qt.codes.shape[-1]).contiguous()
     scales = qt.scales.reshape(-1, qt.scales.shape[-1]).contiguous()
-    r, n_blocks = scales.shape
-    out = torch.empty((r, k), dtype=dtype or qt.dtype, device=codes.device)
-    block_r, block_k = _tiles(r, k)
-    grid = (triton.cdiv(r, block_r), triton.cdiv(k, block_k))
-    _mx_dequant_kernel[grid](
-        codes, scales, _bits_if_bf16(out), r, k, n_blocks,
-        BLOCK_R=block_r, BLOCK_K=block_k, OUT_BF16=out.dtype == torch.bfloat16,
-    )
-    return _restore(out, qt.shape, qt.axis)
+    n_blocks = scales.shape[1]
+    out = torch.empty(shape, dtype=dtype or qt.dtype, device=codes.device)
+    o = _bits_if_bf16(out)
+    b, r, c = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+    if c == 1:
+        rows, k = b, r
+        names = ("BLOCK_R", "BLOCK_K")
+        tiles = (min(64, triton.next_power_of_2(rows)), min(512, max(32, triton.next_power_of_2(k))))
 
+        def grid(m):
+            return (triton.cdiv(rows, m["BLOCK_R"]), triton.cdiv(k, m["BLOCK_K"]))
 
-def mx_matmul(a: QuantizedTensor | torch.Tensor, b: QuantizedTensor) -> torch.Tensor:
-    """float32 C = A @ B^T with B an MXFP4 [N, K] (blocks along K) and A an MXFP4 [M, K] or a bf16 [M, K]."""
-    if b.fmt.name != "mxfp4" or len(b.shape) != 2 or b.axis != 1:
-        raise ValueError("mx_matmul needs b quantized as mxfp4 with shape [N, K] and blocks along K (axis 1)")
-    n, k = b.shape
-    k_pad = b.n_blocks * 32
-    if isinstance(a, QuantizedTensor):
-        if a.fmt.name != "mxfp4" or len(a.shape) != 2 or a.axis != 1 or a.shape[1] != k:
-            raise ValueError(f"mx_matmul needs a quantized as mxfp4 [M, {k}] with blocks along K, got {tuple(a.shape)}")
-        a_data, a_scales, a_format, stride_am = a.codes, a.scales, "e2m1", a.codes.stride(0)
-        m = a.shape[0]
+        _launch(_dequant_rows_kernel, _dequant_rows_tuned, grid, tiles, (codes, scales, o, rows, k, n_blocks, _bucket(rows)),
+                names, OUT_BF16=out.dtype == torch.bfloat16)
     else:
-        if a.dim() != 2 or a.shape[1] != k:
-            raise ValueError(f"mx_matmul needs a of shape [M, {k}], got {tuple(a.shape)}")
-        a_data = torch.nn.functional.pad(a.to(torch.bfloat16), (0, k_pad - k)).contiguous()
-        a_scales, a_format, stride_am, m = a_data, "bf16", a_data.stride(0), a.shape[0]
-    c = torch.empty((m, n), dtype=torch.float32, device=b.codes.device)
-    if triton_interpreting():
-        bm, bn = max(16, min(64, triton.next_power_of_2(m))), max(16, min(64, triton.next_power_of_2(n)))
-        bk = 128 if k_pad % 128 == 0 else 64 if k_pad % 64 == 0 else 32
-    else:
-        bm, bn, bk = 128, 128, 128
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn))
-    _mx_matmul_kernel[grid](
-        a_data, a_scales, b.codes, b.scales, c, m, n, k_pad, stride_am, c.stride(0),
-        A_FORMAT=a_format, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-    )
-    return c
+        names = ("BLOCK_R", "BLOCK_C")
+        tiles = (min(64, max(32, triton.next_power_of_2(r))), min(256, max(16, triton.next_power_of_2(c))))
+
+        def grid(m):
+            return (triton.cdiv(c, m["BLOCK_C"]), triton.cdiv(r, m["BLOCK_R"]), b)
+
+        _launch(_dequant_cols_kernel, _dequant_cols_tuned, grid, tiles, (codes, scales, o, r, c, n_blocks, _bucket(b * c)),
+                names, OUT_BF16=out.dtype == torch.bfloat16)
+    return out

@@ -1,0 +1,264 @@
+"""Triton GEMMs with MXFP4 weights.
+
+- ``w4a16_matmul``: BF16 activations x MXFP4 weights, the Hopper path (no FP4 tensor cores there).
+  The weight is packed once per weight version (``pack_weight``) into a layout chosen for the
+  in-register upcast: per 64-element chunk of K, byte j holds element j in its low nibble and
+  element 32 + j in its high nibble, so the two nibbles of a loaded [BLOCK_N, 32] byte tile are
+  two whole MX blocks (one scale each) and feed two dots with no shuffle; scales are stored
+  [K/32, N] so a chunk's scales are one coalesced row. The upcast builds the bfloat16 bits of
+  code x 2**(scale - 127) from the code and the scale byte with integer adds and shifts (exact:
+  every value is a normal bfloat16 when 2 <= scale byte <= 252); weights with scales outside that
+  range (or NaN scales) take an exact float32 decode instead, chosen once at pack time. The
+  product is computed as (W X^T)^T so that the upcast weight is the register operand of the
+  tensor-core MMA and the activations stream through shared memory; fp32 accumulation. Small M
+  (decode) splits K over programs and adds into a zeroed float32 output.
+- ``mx_matmul``: C = A @ B^T on MXFP4 operands through ``tl.dot_scaled`` (B MXFP4; A MXFP4 or
+  bf16), for devices with native FP4 MMA (sm_100); autotuned on CUDA.
+
+Both are exact against dequantize-then-matmul up to the order of the float32 accumulation (every
+product of a bfloat16 and an MXFP4 value is exact in float32); ``kernel_checks.check_matmul``
+bounds the difference by K * eps_fp32 * sum|a||b| per output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .reference import QuantizedTensor
+from .triton_kernels import _decode, _e2m1_value, _pow2, triton_interpreting  # noqa: F401  (shared jit helpers)
+
+K_ALIGN = 256  # packed K is padded to this (every CHUNKS choice divides it)
+FAST_SCALES = (2, 252)  # scale bytes for which the bit-built upcast is exact
+
+
+@dataclass
+class PackedWeight:
+    """An MXFP4 weight [N, K] in the W4A16 kernel's layout (see the module docstring)."""
+
+    codes: torch.Tensor  # uint8 [N, K_pad / 2]
+    scales: torch.Tensor  # uint8 [K_pad / 32, N]
+    n: int
+    k: int
+    fast_upcast: bool
+
+    @property
+    def k_pad(self) -> int:
+        return self.codes.shape[1] * 2
+
+
+def pack_weight(qt: QuantizedTensor) -> PackedWeight:
+    """Repack a quantized weight (``mxfp4.quantize(w, axis=-1)`` of an [N, K] weight)."""
+    if qt.fmt.name != "mxfp4" or len(qt.shape) != 2 or qt.axis != 1:
+        raise ValueError("pack_weight takes an mxfp4 weight [N, K] quantized with blocks along K (axis=-1)")
+    n, k = qt.shape
+    k_pad = -(-k // K_ALIGN) * K_ALIGN
+    codes = qt.codes
+    lo, hi = codes & 0xF, codes >> 4
+    elems = torch.stack((lo, hi), dim=-1).reshape(n, -1)  # one code per element, [N, K_blocks]
+    elems = torch.nn.functional.pad(elems, (0, k_pad - elems.shape[1]))
+    chunks = elems.reshape(n, k_pad // 64, 2, 32)
+    packed = (chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(n, k_pad // 2).contiguous()
+    scales = torch.nn.functional.pad(qt.scales, (0, k_pad // 32 - qt.scales.shape[1]), value=127)
+    lo_ok, hi_ok = FAST_SCALES
+    fast = bool(((scales >= lo_ok) & (scales <= hi_ok)).all())
+    return PackedWeight(packed, scales.t().contiguous(), n, k, fast)
+
+
+@triton.jit
+def _upcast(codes, sbytes, FAST: tl.constexpr):
+    """bfloat16 values of 4-bit codes (int32) times 2**(sbytes - 127) (sbytes int32, broadcast)."""
+    if FAST:
+        m3 = codes & 7
+        mag = tl.where(m3 >= 2, (m3 << 22) + ((sbytes - 1) << 23), tl.where(m3 == 1, (sbytes - 1) << 23, 0))
+        bits = (mag | ((codes >> 3) << 31)) >> 16
+        return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return _decode(codes, sbytes).to(tl.bfloat16)
+
+
+@triton.jit
+def _w4a16_kernel(
+    x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_pad, stride_xm, stride_ym, M_BUCKET,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr,
+    GROUP_N: tl.constexpr, FAST: tl.constexpr, OUT_BF16: tl.constexpr, DOT_F32: tl.constexpr = False,
+):
+    """y[M, N] = x[M, K] @ W[N, K]^T, computed as acc[BLOCK_N, BLOCK_M] = W x^T."""
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    m_tiles = tl.cdiv(M, BLOCK_M)
+    group = GROUP_N * m_tiles  # grouped order: GROUP_N weight tiles stay hot in L2 across M tiles
+    first_n = (pid // group) * GROUP_N
+    size_n = tl.minimum(n_tiles - first_n, GROUP_N)
+    pid_n = first_n + (pid % group) % size_n
+    pid_m = (pid % group) // size_n
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_ok = offs_n < N
+    m_ok = offs_m < M
+    j = tl.arange(0, 32)
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    n_chunks = K_pad // 64
+    for c0 in range(pid_k * CHUNKS, n_chunks, SPLIT_K * CHUNKS):
+        for u in tl.static_range(CHUNKS):
+            c = c0 + u
+            wb = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * (K_pad // 2) + c * 32 + j[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
+            s_lo = tl.load(s_ptr + (2 * c) * N + offs_n, mask=n_ok, other=127).to(tl.int32)
+            s_hi = tl.load(s_ptr + (2 * c + 1) * N + offs_n, mask=n_ok, other=127).to(tl.int32)
+            w_lo = _upcast(wb & 0xF, s_lo[:, None], FAST)
+            w_hi = _upcast(wb >> 4, s_hi[:, None], FAST)
+            k_lo = c * 64 + j
+            k_hi = k_lo + 32
+            x_lo = tl.load(x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + k_lo[:, None], mask=m_ok[None, :] & (k_lo[:, None] < K), other=0.0)
+            x_hi = tl.load(x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + k_hi[:, None], mask=m_ok[None, :] & (k_hi[:, None] < K), other=0.0)
+            if DOT_F32:  # the interpreter's bfloat16 tl.dot is wrong; widened operands give the same exact products
+                acc = tl.dot(w_lo.to(tl.float32), x_lo.to(tl.float32), acc, input_precision="ieee")
+                acc = tl.dot(w_hi.to(tl.float32), x_hi.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(w_lo, x_lo, acc)
+                acc = tl.dot(w_hi, x_hi, acc)
+    y_offs = y_ptr + offs_m[None, :].to(tl.int64) * stride_ym + offs_n[:, None]
+    mask = n_ok[:, None] & m_ok[None, :]
+    if SPLIT_K == 1:
+        if OUT_BF16:
+            tl.store(y_offs, acc.to(tl.bfloat16), mask=mask)
+        else:
+            tl.store(y_offs, acc, mask=mask)
+    else:
+        tl.atomic_add(y_offs, acc, mask=mask, sem="relaxed")
+
+
+def _w4a16_configs(tiles):
+    return [
+        triton.Config({"BLOCK_N": bn, "BLOCK_M": bm, "CHUNKS": ch, "SPLIT_K": sk, "GROUP_N": 8}, num_warps=w, num_stages=s)
+        for bn, bm, ch, sk, w, s in tiles
+    ]
+
+
+# Autotune spaces: (BLOCK_N, BLOCK_M, CHUNKS of 64 along K, SPLIT_K, warps, stages).
+PREFILL_TILES = [
+    (128, 128, 1, 1, 8, 4), (128, 256, 1, 1, 8, 3), (256, 128, 1, 1, 8, 3), (128, 128, 2, 1, 8, 3),
+    (128, 64, 2, 1, 4, 4), (64, 128, 2, 1, 4, 4), (256, 64, 1, 1, 8, 4), (128, 128, 1, 1, 4, 4),
+]
+DECODE_TILES = [  # BLOCK_M is set from M
+    (64, 0, 1, 1, 4, 4), (64, 0, 2, 2, 4, 4), (128, 0, 1, 2, 4, 4), (64, 0, 1, 4, 4, 4),
+    (128, 0, 2, 4, 4, 3), (64, 0, 2, 8, 4, 3), (128, 0, 1, 8, 4, 4), (32, 0, 2, 4, 4, 4),
+]
+DECODE_MAX_M = 64
+
+_w4a16_prefill = triton.autotune(_w4a16_configs(PREFILL_TILES), key=["N", "K", "M_BUCKET", "FAST", "OUT_BF16"])(_w4a16_kernel)
+_w4a16_decode = {
+    bm: triton.autotune(
+        _w4a16_configs([(bn, bm, ch, sk, w, s) for bn, _, ch, sk, w, s in DECODE_TILES]),
+        key=["N", "K", "M_BUCKET", "FAST"], reset_to_zero=["y_ptr"],
+    )(_w4a16_kernel)
+    for bm in (16, 32, 64)
+}
+
+
+def w4a16_matmul(x: torch.Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x[..., K] (bfloat16) @ W^T -> [..., N] in ``out_dtype`` (default x's dtype)."""
+    if not isinstance(w, PackedWeight):
+        raise ValueError(f"w4a16_matmul takes a PackedWeight (from pack_weight), got {type(w).__name__}")
+    if x.shape[-1] != w.k:
+        raise ValueError(f"w4a16_matmul: x has K = {x.shape[-1]}, the weight has K = {w.k}")
+    out_dtype = out_dtype or x.dtype
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, w.k).to(torch.bfloat16)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    common = (x2, w.codes, w.scales)
+    decode = m <= DECODE_MAX_M
+    bm = max(16, triton.next_power_of_2(m))
+    y = torch.zeros((m, w.n), dtype=torch.float32, device=x.device) if decode else torch.empty((m, w.n), dtype=out_dtype, device=x.device)
+    args = (*common, y, m, w.n, w.k, w.k_pad, x2.stride(0), y.stride(0), triton.next_power_of_2(m))
+    flags = dict(FAST=w.fast_upcast, OUT_BF16=y.dtype == torch.bfloat16)
+
+    def grid(meta):
+        return (triton.cdiv(w.n, meta["BLOCK_N"]) * triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"])
+
+    if triton_interpreting():
+        tiles = dict(BLOCK_N=min(64, max(16, triton.next_power_of_2(w.n))), BLOCK_M=bm if decode else 64, CHUNKS=1,
+                     SPLIT_K=2 if decode else 1, GROUP_N=8)
+        _w4a16_kernel[grid(tiles)](*args, **tiles, **flags, DOT_F32=True)
+    elif decode:
+        _w4a16_decode[bm][grid](*args, **flags)
+    else:
+        _w4a16_prefill[grid](*args, **flags)
+    return y.to(out_dtype).reshape(*lead, w.n)
+
+
+@triton.jit
+def _mx_matmul_kernel(
+    a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, c_ptr, M, N, K_pad, stride_am, stride_cm,
+    A_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """C[M, N] = A[M, K] @ B[N, K]^T; B packed E2M1 [N, K/2] + scales [N, K/32]; A likewise or bf16."""
+    pid = tl.program_id(0)
+    m_tiles = tl.cdiv(M, BLOCK_M)
+    n_tiles = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * n_tiles
+    first_m = (pid // group) * GROUP_M
+    size_m = tl.minimum(m_tiles - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % size_m
+    pid_n = (pid % group) // size_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    n_blocks = K_pad // 32
+    for k0 in range(0, K_pad, BLOCK_K):
+        kh = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        b = tl.load(b_ptr + offs_n[None, :] * (K_pad // 2) + kh[:, None], mask=(offs_n[None, :] < N) & (kh[:, None] < K_pad // 2), other=0)
+        b_scale = tl.load(b_scale_ptr + offs_n[:, None] * n_blocks + ks[None, :], mask=(offs_n[:, None] < N) & (ks[None, :] < n_blocks), other=127)
+        if A_FORMAT == "e2m1":
+            a = tl.load(a_ptr + offs_m[:, None] * stride_am + kh[None, :], mask=(offs_m[:, None] < M) & (kh[None, :] < K_pad // 2), other=0)
+            a_scale = tl.load(a_scale_ptr + offs_m[:, None] * n_blocks + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < n_blocks), other=127)
+            acc = tl.dot_scaled(a, a_scale, "e2m1", b, b_scale, "e2m1", acc)
+        else:
+            kf = k0 + tl.arange(0, BLOCK_K)
+            a = tl.load(a_ptr + offs_m[:, None] * stride_am + kf[None, :], mask=(offs_m[:, None] < M) & (kf[None, :] < K_pad), other=0.0)
+            acc = tl.dot_scaled(a, None, "bf16", b, b_scale, "e2m1", acc)
+    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+MX_MATMUL_TILES = [(128, 128, 128, 4, 3), (128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (64, 128, 128, 4, 4), (128, 64, 256, 4, 3)]
+_mx_matmul_tuned = triton.autotune(
+    [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s) for bm, bn, bk, w, s in MX_MATMUL_TILES],
+    key=["M", "N", "K_pad", "A_FORMAT"],
+)(_mx_matmul_kernel)
+
+
+def mx_matmul(a: QuantizedTensor | torch.Tensor, b: QuantizedTensor) -> torch.Tensor:
+    """float32 C = A @ B^T with B an MXFP4 [N, K] (blocks along K) and A an MXFP4 [M, K] or a bf16 [M, K]."""
+    if b.fmt.name != "mxfp4" or len(b.shape) != 2 or b.axis != 1:
+        raise ValueError("mx_matmul needs b quantized as mxfp4 with shape [N, K] and blocks along K (axis 1)")
+    n, k = b.shape
+    k_pad = b.n_blocks * 32
+    if isinstance(a, QuantizedTensor):
+        if a.fmt.name != "mxfp4" or len(a.shape) != 2 or a.axis != 1 or a.shape[1] != k:
+            raise ValueError(f"mx_matmul needs a quantized as mxfp4 [M, {k}] with blocks along K, got {tuple(a.shape)}")
+        a_data, a_scales, a_format, stride_am = a.codes, a.scales, "e2m1", a.codes.stride(0)
+        m = a.shape[0]
+    else:
+        if a.dim() != 2 or a.shape[1] != k:
+            raise ValueError(f"mx_matmul needs a of shape [M, {k}], got {tuple(a.shape)}")
+        a_data = torch.nn.functional.pad(a.to(torch.bfloat16), (0, k_pad - k)).contiguous()
+        a_scales, a_format, stride_am, m = a_data, "bf16", a_data.stride(0), a.shape[0]
+    c = torch.empty((m, n), dtype=torch.float32, device=b.codes.device)
+    args = (a_data, a_scales, b.codes, b.scales, c, m, n, k_pad, stride_am, c.stride(0))
+
+    def grid(meta):
+        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
+
+    if triton_interpreting():
+        tiles = dict(BLOCK_M=max(16, min(64, triton.next_power_of_2(m))), BLOCK_N=max(16, min(64, triton.next_power_of_2(n))),
+                     BLOCK_K=128 if k_pad % 128 == 0 else 64 if k_pad % 64 == 0 else 32, GROUP_M=8)
+        _mx_matmul_kernel[grid(tiles)](*args, A_FORMAT=a_format, **tiles)
+    else:
+        _mx_matmul_tuned[grid](*args, A_FORMAT=a_format)
+    return c
