@@ -1,18 +1,26 @@
-"""Microbenchmark of the MXFP4 paths, side by side with their peers in the same run; writes JSON.
+"""Microbenchmark of the MXFP4 paths, each row a fraction of a ceiling measured in the same run; writes JSON.
 
-On CUDA: the Triton kernels (quantize, fake-quant, fake-quant with fused decomposition stats,
-dequantize) against the device's own device-to-device copy bandwidth (measured here, same sizes),
-torchao's MX cast of the same tensor, and torch.compile of the reference.
-On CPU: the eager reference and its torch.compile against torchao's ``to_mx`` (+ dequantize),
-and the CPU's copy bandwidth.
+On CUDA (TRITON_INTERPRET off):
+- memory-bound kernels (quantize, fake-quant, fake-quant with fused stats, dequantize; along the
+  contiguous axis, along axis 0 of 2D operands, along both axes in one read, 3D expert stacks) as a
+  fraction of the device-to-device copy bandwidth measured at the same size (bytes read + written),
+  next to torchao's ``to_mx`` under ``torch.compile`` (the peer) and the compiled reference;
+- GEMMs (BF16 x MXFP4-weight ``w4a16_matmul``, ``tl.dot_scaled`` BF16 x MXFP4, dequantize + cuBLAS)
+  as a fraction of cuBLAS BF16 TFLOP/s on the same shape: square 8192^3, Qwen2.5-3B's projections
+  and Qwen3-30B-A3B's expert GEMMs at prefill M, and decode M <= 64.
+On CPU: the eager reference and its torch.compile against torchao's ``to_mx`` + dequantize, over
+``--runs`` independent repetitions in one process (the claim is a minimum over runs), and the CPU's
+copy bandwidth.
 
     python kernels/bench_kernels.py --out results/bench/bench_cpu.json
+    python kernels/bench_kernels.py --out results/bench/bench_h100.json     # on a GPU
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
+import statistics
 import sys
 import time
 
@@ -20,8 +28,11 @@ import torch
 from tqdm import tqdm
 
 import mxfp4
-from mxfp4.numerics import reference
 from mxfp4.io import write_json_atomic
+from mxfp4.numerics import reference
+
+QWEN25_3B = {"q_proj": (2048, 2048), "k_proj": (256, 2048), "gate_proj": (11008, 2048), "down_proj": (2048, 11008)}
+QWEN3_30B_A3B_EXPERT = {"expert gate_proj": (768, 2048), "expert down_proj": (2048, 768)}
 
 
 def device_name(device: str) -> str:
@@ -31,11 +42,12 @@ def device_name(device: str) -> str:
 
 
 def timer(device: str, fn, reps: int) -> float:
-    """Seconds per call: triton's do_bench on CUDA (L2 flushed), best of ``reps`` on CPU."""
+    """Seconds per call: the median of triton's do_bench on CUDA (events, L2 flushed), best of
+    ``reps`` on CPU."""
     if device == "cuda":
         import triton.testing
 
-        return triton.testing.do_bench(fn, warmup=25, rep=100) / 1e3
+        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") / 1e3
     fn()
     best = float("inf")
     for _ in range(reps):
@@ -45,8 +57,8 @@ def timer(device: str, fn, reps: int) -> float:
     return best
 
 
-def torchao_paths():
-    """torchao's MX cast and its dequantize, or None when torchao is missing."""
+def torchao_paths(compiled: bool):
+    """torchao's MX cast and its round trip (eager, or under torch.compile), or None without torchao."""
     try:
         from torchao.prototype.mx_formats.mx_tensor import to_dtype, to_mx
     except ImportError:
@@ -60,73 +72,169 @@ def torchao_paths():
         scale, data = to_mx(x, elem, 32)
         return to_dtype(data, scale, elem, 32, x.dtype)
 
+    if compiled:
+        return torch.compile(cast), torch.compile(round_trip)
     return cast, round_trip
 
 
-def bench(device: str, shapes: list[tuple[int, int]], reps: int) -> dict:
-    dtype = torch.bfloat16
-    ao = torchao_paths()
-    compiled = torch.compile(reference.fake_quantize, dynamic=False)
+def _row(kind, path, shape, seconds, **extra) -> dict:
+    return {"kind": kind, "path": path, "shape": list(shape), "seconds": seconds, **extra}
+
+
+def verify(x, q_rows, q_cols) -> None:
+    """The autotuned kernels at this shape, bit for bit against the reference on the same device."""
+    from mxfp4.numerics import triton_kernels as tk
+    from mxfp4.numerics.kernel_checks import same
+
+    axes = (-1, 0) if x.dim() == 2 else (-1, 1, 0)
+    for axis in axes:
+        ref_q = reference.quantize(x, "mxfp4", axis)
+        ref = reference.dequantize(ref_q)
+        got = tk.quantize(x, axis)
+        checks = {
+            "codes": torch.equal(got.codes, ref_q.codes) and torch.equal(got.scales, ref_q.scales),
+            "fake": same(tk.fake_quantize(x, axis), ref),
+            "dequantize": same(tk.dequantize(ref_q), ref),
+            "stats fake": same(tk.fake_quantize_with_stats(x, axis)[0], ref),
+        }
+        if x.dim() == 2:
+            checks["both"] = same(tk.fake_quantize_both(x)[0 if axis == -1 else 1], ref)
+        failed = [k for k, ok in checks.items() if not ok]
+        if failed:
+            raise AssertionError(f"{tuple(x.shape)} axis {axis}: {failed} differ from the reference")
+
+
+def memory_rows(device: str, shapes, reps: int) -> list[dict]:
+    """Every memory-bound path at every shape, with the copy bandwidth of the same bytes."""
+    from mxfp4.numerics import triton_kernels as tk
+
+    ao = torchao_paths(compiled=True)
+    compiled_ref = torch.compile(reference.fake_quantize, dynamic=False)
     rows = []
     for shape in shapes:
-        x = torch.randn(shape, device=device, dtype=dtype)
+        x = torch.randn(shape, device=device, dtype=torch.bfloat16)
         n = x.numel()
-        in_bytes = n * x.element_size()
-        packed_bytes = n // 2 + n // 32
-        dst = torch.empty_like(x)  # preallocated: time the copy, not the allocation
-        copy_s = timer(device, lambda: dst.copy_(x), reps)
-        copy_gbps = 2 * in_bytes / copy_s / 1e9
-        paths = {}
-        if device == "cuda":
-            from mxfp4.numerics import triton_kernels as tk
+        full, packed = 2 * n, n // 2 + n // 32
+        src = torch.randn(n * 2, device=device, dtype=torch.bfloat16)  # copy ceilings at each byte count
+        ceilings = {}
 
-            q = tk.quantize(x)
-            paths["triton quantize"] = (lambda: tk.quantize(x), in_bytes + packed_bytes)
-            paths["triton fake_quantize"] = (lambda: tk.fake_quantize(x), 2 * in_bytes)
-            paths["triton fake_quantize_with_stats"] = (lambda: tk.fake_quantize_with_stats(x), 2 * in_bytes)
-            paths["triton dequantize"] = (lambda: tk.dequantize(q), packed_bytes + in_bytes)
-        else:
-            paths["reference quantize"] = (lambda: reference.quantize(x), in_bytes + packed_bytes)
-            paths["reference fake_quantize"] = (lambda: reference.fake_quantize(x), 2 * in_bytes)
-        paths["torch.compile(reference) fake_quantize"] = (lambda: compiled(x), 2 * in_bytes)
+        def copy_gbps(moved):
+            if moved not in ceilings:
+                a, b = src[: moved // 4], torch.empty(moved // 4, device=device, dtype=torch.bfloat16)
+                ceilings[moved] = moved / timer(device, lambda: b.copy_(a), reps) / 1e9
+            return ceilings[moved]
+
+        q_rows, q_cols = tk.quantize(x, -1), tk.quantize(x, 0)
+        verify(x, q_rows, q_cols)
+        paths = {
+            ("triton quantize", -1): (lambda: tk.quantize(x, -1), full + packed),
+            ("triton fake_quantize", -1): (lambda: tk.fake_quantize(x, -1), 2 * full),
+            ("triton fake_quantize_with_stats", -1): (lambda: tk.fake_quantize_with_stats(x, -1), 2 * full),
+            ("triton dequantize", -1): (lambda: tk.dequantize(q_rows), packed + full),
+            ("triton quantize", 0): (lambda: tk.quantize(x, 0), full + packed),
+            ("triton fake_quantize", 0): (lambda: tk.fake_quantize(x, 0), 2 * full),
+            ("triton fake_quantize_with_stats", 0): (lambda: tk.fake_quantize_with_stats(x, 0), 2 * full),
+            ("triton dequantize", 0): (lambda: tk.dequantize(q_cols), packed + full),
+            ("torch.compile(reference) fake_quantize", -1): (lambda: compiled_ref(x), 2 * full),
+        }
+        if x.dim() == 2:
+            paths[("triton fake_quantize_both", "both")] = (lambda: tk.fake_quantize_both(x), 3 * full)
         if ao is not None:
-            paths["torchao to_mx"] = (lambda: ao[0](x), in_bytes + packed_bytes)
-            paths["torchao to_mx + dequantize"] = (lambda: ao[1](x), 2 * in_bytes)
-        for name, (fn, moved) in tqdm(paths.items(), desc=f"bench {shape[0]}x{shape[1]}", unit="path", file=sys.stderr):
+            paths[("torch.compile(torchao to_mx)", -1)] = (lambda: ao[0](x), full + packed)
+            paths[("torch.compile(torchao to_mx + dequantize)", -1)] = (lambda: ao[1](x), 2 * full)
+        for (name, axis), (fn, moved) in tqdm(paths.items(), desc=f"memory {tuple(shape)}", unit="path", file=sys.stderr):
             s = timer(device, fn, reps)
-            rows.append(
-                {
-                    "path": name,
-                    "shape": list(shape),
-                    "dtype": "bfloat16",
-                    "MiB": in_bytes / 2**20,
-                    "seconds": s,
-                    "bytes_moved": moved,
-                    "GBps": moved / s / 1e9,
-                    "fraction_of_copy_bandwidth": moved / s / 1e9 / copy_gbps,
-                    "copy_GBps": copy_gbps,
-                }
-            )
-    return {"rows": rows, "ratios": ratios(rows)}
+            ceiling = copy_gbps(moved)
+            rows.append(_row("memory", name, shape, s, axis=axis, bytes_moved=moved, GBps=moved / s / 1e9,
+                             copy_GBps=ceiling, fraction=moved / s / 1e9 / ceiling, fraction_of="copy bandwidth (same bytes, same run)"))
+    return rows
 
 
-def ratios(rows: list[dict]) -> dict:
-    """Speed-ups against torchao in the same run, per shape (time of torchao / time of ours)."""
+def gemm_rows(device: str, problems, reps: int) -> list[dict]:
+    """GEMMs y = x W^T against cuBLAS BF16 on the same shape."""
+    from mxfp4.numerics import triton_gemm as tg
+    from mxfp4.numerics import triton_kernels as tk
+
+    rows = []
+    for label, m, n, k in tqdm(problems, desc="gemm", unit="shape", file=sys.stderr):
+        x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
+        qw = tk.quantize(w)
+        packed = tg.pack_weight(qw)
+        w_deq = tk.dequantize(qw)
+        flops = 2 * m * n * k
+        cublas = timer(device, lambda: x @ w_deq.T, reps)
+        paths = {
+            "cuBLAS bf16": lambda: x @ w_deq.T,
+            "triton w4a16 (BF16 x MXFP4 weight)": lambda: tg.w4a16_matmul(x, packed),
+            "dequantize + cuBLAS bf16": lambda: x @ tk.dequantize(qw).T,
+        }
+        if m >= 16:
+            paths["triton tl.dot_scaled (BF16 x MXFP4)"] = lambda: tg.mx_matmul(x, qw)
+        for name, fn in paths.items():
+            s = cublas if name == "cuBLAS bf16" else timer(device, fn, reps)
+            rows.append(_row("gemm", name, (m, n, k), s, model_shape=label, TFLOPs=flops / s / 1e12,
+                             fraction=cublas / s, fraction_of="cuBLAS bf16 TFLOP/s (same shape, same run)",
+                             speedup_vs_cublas_bf16=cublas / s))
+    return rows
+
+
+def gemm_problems() -> list[tuple[str, int, int, int]]:
+    out = [("square 8192^3", 8192, 8192, 8192)]
+    for m in (8192, 64, 16, 1):
+        for name, (n, k) in QWEN25_3B.items():
+            out.append((f"Qwen2.5-3B {name}", m, n, k))
+    for m in (512, 64, 16):  # tokens per expert: 8192 x top-8 / 128 experts = 512 at prefill
+        for name, (n, k) in QWEN3_30B_A3B_EXPERT.items():
+            out.append((f"Qwen3-30B-A3B {name}", m, n, k))
+    return out
+
+
+def cpu_rows(shapes, reps: int, runs: int) -> tuple[list[dict], dict]:
+    """CPU: reference (eager, compiled) against torchao eager, ``runs`` repetitions; per-run ratios."""
+    ao = torchao_paths(compiled=False)
+    compiled = torch.compile(reference.fake_quantize, dynamic=False)
+    rows, ratios = [], {}
+    for shape in shapes:
+        x = torch.randn(shape, dtype=torch.bfloat16)
+        n = x.numel()
+        full, packed = 2 * n, n // 2 + n // 32
+        dst = torch.empty_like(x)
+        copy = 2 * full / timer("cpu", lambda: dst.copy_(x), reps) / 1e9
+        paths = {
+            "reference quantize": (lambda: reference.quantize(x), full + packed),
+            "reference fake_quantize": (lambda: reference.fake_quantize(x), 2 * full),
+            "torch.compile(reference) fake_quantize": (lambda: compiled(x), 2 * full),
+        }
+        if ao is not None:
+            paths["torchao to_mx"] = (lambda: ao[0](x), full + packed)
+            paths["torchao to_mx + dequantize"] = (lambda: ao[1](x), 2 * full)
+        per_run = {name: [] for name in paths}
+        for _ in tqdm(range(runs), desc=f"cpu {tuple(shape)}", unit="run", file=sys.stderr):
+            for name, (fn, _) in paths.items():
+                per_run[name].append(timer("cpu", fn, reps))
+        for name, (fn, moved) in paths.items():
+            s = min(per_run[name])
+            rows.append(_row("memory", name, shape, s, axis=-1, per_run_seconds=per_run[name], bytes_moved=moved,
+                             GBps=moved / s / 1e9, copy_GBps=copy, fraction=moved / s / 1e9 / copy,
+                             fraction_of="CPU copy bandwidth (same run)"))
+        if ao is not None:
+            key = "x".join(map(str, shape))
+            r = [p / c for p, c in zip(per_run["torchao to_mx + dequantize"], per_run["torch.compile(reference) fake_quantize"])]
+            ratios[f"compiled_fake_vs_torchao_roundtrip@{key}"] = {"per_run": r, "min": min(r), "median": statistics.median(r)}
+    return rows, ratios
+
+
+def gpu_ratios(rows) -> dict:
+    """Ours over the peer, per shape (time of the peer / time of ours)."""
+    by = {(r["path"], tuple(r["shape"]), r.get("axis")): r["seconds"] for r in rows}
     out = {}
-    by = {(r["path"], tuple(r["shape"])): r["seconds"] for r in rows}
-    for shape in {tuple(r["shape"]) for r in rows}:
+    for (path, shape, axis), s in by.items():
         key = "x".join(map(str, shape))
-        peer_rt = by.get(("torchao to_mx + dequantize", shape))
-        peer_cast = by.get(("torchao to_mx", shape))
-        for ours, peer, label in (
-            ("torch.compile(reference) fake_quantize", peer_rt, "compiled_fake_vs_torchao_roundtrip"),
-            ("reference fake_quantize", peer_rt, "reference_fake_vs_torchao_roundtrip"),
-            ("reference quantize", peer_cast, "reference_quantize_vs_torchao_to_mx"),
-            ("triton fake_quantize", peer_rt, "triton_fake_vs_torchao_roundtrip"),
-            ("triton quantize", peer_cast, "triton_quantize_vs_torchao_to_mx"),
-        ):
-            if peer and (ours, shape) in by:
-                out[f"{label}@{key}"] = peer / by[(ours, shape)]
+        if path == "triton quantize" and axis == -1 and ("torch.compile(torchao to_mx)", shape, -1) in by:
+            out[f"triton_quantize_vs_compiled_torchao_to_mx@{key}"] = by[("torch.compile(torchao to_mx)", shape, -1)] / s
+        if path == "triton fake_quantize" and axis == -1 and ("torch.compile(torchao to_mx + dequantize)", shape, -1) in by:
+            out[f"triton_fake_vs_compiled_torchao_roundtrip@{key}"] = by[("torch.compile(torchao to_mx + dequantize)", shape, -1)] / s
     return out
 
 
@@ -134,31 +242,45 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--shapes", default=None, help="e.g. 4096x4096,8192x8192 (defaults by device)")
+    p.add_argument("--shapes", default=None, help="memory-bound shapes, e.g. 4096x4096,128x768x2048 (defaults by device)")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--runs", type=int, default=5, help="CPU: independent repetitions of every path")
+    p.add_argument("--only", choices=("memory", "gemm"), help="CUDA: only the memory-bound rows, or only the GEMM rows")
     args = p.parse_args(argv)
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    elif args.device == "cuda":  # 64 MiB and up, as the speed targets are stated
-        shapes = [(8192, 4096), (16384, 8192), (32768, 8192)]
+    elif args.device == "cuda":
+        shapes = [(8192, 4096), (16384, 8192), (8192, 2048), (8192, 11008), (128, 768, 2048), (64, 2048)]
     else:
         shapes = [(1024, 4096), (4096, 4096)]
     torch.manual_seed(0)
     report = {
         "device": device_name(args.device),
         "device_type": args.device,
-        "versions": {"torch": torch.__version__, "mxfp4": getattr(mxfp4, "__version__", "0.1.0")},
-        "command": " ".join(["python", "kernels/bench_kernels.py", *(argv or sys.argv[1:])]),
+        "versions": {"torch": torch.__version__, "mxfp4": mxfp4.__version__},
+        "command": " ".join(["python", "kernels/bench_kernels.py", *(argv if argv is not None else sys.argv[1:])]),
+        "method": "CUDA: median of triton.testing.do_bench (CUDA events, L2 flushed, 100 ms of repeats); "
+                  "CPU: best of --reps calls, per run, --runs runs in one process",
     }
     for mod in ("triton", "torchao"):
         try:
             report["versions"][mod] = __import__(mod).__version__
         except ImportError:
             report["versions"][mod] = None
-    report.update(bench(args.device, shapes, args.reps))
+    if args.device == "cuda":
+        rows = [] if args.only == "gemm" else memory_rows("cuda", shapes, args.reps)
+        if args.only != "memory":
+            rows += gemm_rows("cuda", gemm_problems(), args.reps)
+        report.update(rows=rows, ratios=gpu_ratios(rows))
+    else:
+        rows, ratios = cpu_rows(shapes, args.reps, args.runs)
+        report.update(rows=rows, ratios=ratios)
     write_json_atomic(args.out, report)
+    for r in report["rows"]:
+        shape = "x".join(map(str, r["shape"]))
+        print(f"{r['path']:<45} {shape:>16} axis={r.get('axis', '')!s:>4} {r['seconds'] * 1e6:10.1f} us  {r['fraction']:6.1%} of {r['fraction_of'].split(' (')[0]}")
     for k, v in report["ratios"].items():
-        print(f"{k}: {v:.1f}x")
+        print(f"{k}: {v if isinstance(v, float) else v['min']:.1f}x" + ("" if isinstance(v, float) else " (min over runs)"))
     return 0
 
 

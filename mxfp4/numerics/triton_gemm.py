@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .reference import QuantizedTensor
-from .triton_kernels import _decode, _e2m1_value, _pow2, triton_interpreting  # noqa: F401  (shared jit helpers)
+from .triton_kernels import _decode, launch_tuned, triton_interpreting
 
 K_ALIGN = 256  # packed K is padded to this (every CHUNKS choice divides it)
 FAST_SCALES = (2, 252)  # scale bytes for which the bit-built upcast is exact
@@ -181,14 +181,10 @@ def w4a16_matmul(x: torch.Tensor, w: PackedWeight, out_dtype: torch.dtype | None
     def grid(meta):
         return (triton.cdiv(w.n, meta["BLOCK_N"]) * triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"])
 
-    if triton_interpreting():
-        tiles = dict(BLOCK_N=min(64, max(16, triton.next_power_of_2(w.n))), BLOCK_M=bm if decode else 64, CHUNKS=1,
-                     SPLIT_K=2 if decode else 1, GROUP_N=8)
-        _w4a16_kernel[grid(tiles)](*args, **tiles, **flags, DOT_F32=True)
-    elif decode:
-        _w4a16_decode[bm][grid](*args, **flags)
-    else:
-        _w4a16_prefill[grid](*args, **flags)
+    interp = dict(BLOCK_N=min(64, max(16, triton.next_power_of_2(w.n))), BLOCK_M=bm if decode else 64, CHUNKS=1,
+                  SPLIT_K=2 if decode else 1, GROUP_N=8)
+    tuned = _w4a16_decode[bm] if decode else _w4a16_prefill
+    launch_tuned(_w4a16_kernel, tuned, grid, interp, args, **flags, DOT_F32=triton_interpreting())
     return y.to(out_dtype).reshape(*lead, w.n)
 
 
@@ -255,10 +251,7 @@ def mx_matmul(a: QuantizedTensor | torch.Tensor, b: QuantizedTensor) -> torch.Te
     def grid(meta):
         return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
-    if triton_interpreting():
-        tiles = dict(BLOCK_M=max(16, min(64, triton.next_power_of_2(m))), BLOCK_N=max(16, min(64, triton.next_power_of_2(n))),
-                     BLOCK_K=128 if k_pad % 128 == 0 else 64 if k_pad % 64 == 0 else 32, GROUP_M=8)
-        _mx_matmul_kernel[grid(tiles)](*args, A_FORMAT=a_format, **tiles)
-    else:
-        _mx_matmul_tuned[grid](*args, A_FORMAT=a_format)
+    interp = dict(BLOCK_M=max(16, min(64, triton.next_power_of_2(m))), BLOCK_N=max(16, min(64, triton.next_power_of_2(n))),
+                  BLOCK_K=128 if k_pad % 128 == 0 else 64 if k_pad % 64 == 0 else 32, GROUP_M=8)
+    launch_tuned(_mx_matmul_kernel, _mx_matmul_tuned, grid, interp, args, A_FORMAT=a_format)
     return c

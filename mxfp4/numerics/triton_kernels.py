@@ -442,14 +442,32 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def autotuning() -> bool:
+    """On CUDA the tiles are autotuned unless ``MXFP4_AUTOTUNE=0`` (then each space's first config:
+    kernel checks and CI-like runs that compile many variants once each)."""
+    return os.environ.get("MXFP4_AUTOTUNE", "1") != "0"
+
+
+def launch_tuned(kernel, tuned, grid_of, interp_meta: dict, args: tuple, **constexprs):
+    """Launch ``tuned`` (an autotuner over ``kernel``) on CUDA, its first config when autotuning is
+    off, or ``kernel`` with ``interp_meta`` under the interpreter."""
+    if triton_interpreting():
+        kernel[grid_of(interp_meta)](*args, **interp_meta, **constexprs)
+    elif autotuning():
+        tuned[grid_of](*args, **constexprs)
+    else:
+        cfg = tuned.configs[0]
+        kernel[grid_of(cfg.kwargs)](*args, **cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **constexprs)
+
+
 def _configs(tiles, names):
     return [triton.Config(dict(zip(names, t[:2])), num_warps=t[2]) for t in tiles]
 
 
 # Autotune spaces (tile extents, warps); kernels/tune_kernels.py measures them one by one.
-ROW_TILES = [(8, 512, 4), (16, 256, 4), (16, 512, 4), (32, 256, 4), (32, 256, 8), (16, 1024, 8), (32, 512, 8), (64, 256, 8)]
-COL_TILES = [(32, 64, 4), (32, 128, 4), (64, 64, 4), (64, 128, 4), (64, 128, 8), (32, 256, 8), (128, 64, 8), (64, 256, 8)]
-BOTH_TILES = [(32, 64, 4), (32, 128, 4), (64, 64, 4), (64, 128, 8), (32, 256, 8)]
+ROW_TILES = [(16, 512, 4), (8, 512, 4), (16, 256, 4), (32, 256, 4), (32, 256, 8), (16, 1024, 8), (32, 512, 8), (64, 256, 8)]
+COL_TILES = [(64, 128, 8), (32, 64, 4), (32, 128, 4), (64, 64, 4), (64, 128, 4), (32, 256, 8), (128, 64, 8), (64, 256, 8)]
+BOTH_TILES = [(64, 128, 8), (32, 64, 4), (32, 128, 4), (64, 64, 4), (32, 256, 8)]
 _VARIANT = ["RULE", "WRITE_CODES", "WRITE_FAKE", "WITH_STATS", "IN_BF16", "IN_FP32", "OUT_BF16"]
 
 _quant_rows_tuned = triton.autotune(_configs(ROW_TILES, ("BLOCK_R", "BLOCK_K")), key=["K", "R_BUCKET", *_VARIANT])(_quant_rows_kernel)
@@ -469,13 +487,7 @@ def _bits_if_bf16(t: torch.Tensor) -> torch.Tensor:
 
 
 def _launch(kernel, tuned, grid_of, interp_tiles, args: tuple, names: tuple[str, str], **constexprs):
-    """Launch ``tuned`` on CUDA (grid from the chosen config) or ``kernel`` with fixed tiles under
-    the interpreter."""
-    if triton_interpreting():
-        tiles = dict(zip(names, interp_tiles))
-        kernel[grid_of(tiles)](*args, **tiles, **constexprs)
-    else:
-        tuned[grid_of](*args, **constexprs)
+    launch_tuned(kernel, tuned, grid_of, dict(zip(names, interp_tiles)), args, **constexprs)
 
 
 def _max_programs(grid_of, tiles, names) -> int:
