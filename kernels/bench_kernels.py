@@ -41,13 +41,41 @@ def device_name(device: str) -> str:
     return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
 
 
-def timer(device: str, fn, reps: int) -> float:
-    """Seconds per call: the median of triton's do_bench on CUDA (events, L2 flushed), best of
-    ``reps`` on CPU."""
-    if device == "cuda":
-        import triton.testing
+L2_ROTATE_BYTES = 128 << 20  # inputs rotated until the working set is over twice the L2 (50-60 MB on Hopper)
 
-        return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") / 1e3
+
+def graph_time(calls: list, replays: int = 30) -> float:
+    """Seconds per call on CUDA: ``calls`` (the same op over rotated inputs) captured in one CUDA
+    graph after a warm-up (autotuning happens there), the graph replayed ``replays`` times between
+    CUDA events; the median replay over the number of calls. No launch gaps, no L2 reuse."""
+    for f in calls:
+        f()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for f in calls:
+            f()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times) / len(calls)
+
+
+def copies_for(nbytes: int) -> int:
+    return max(1, -(-L2_ROTATE_BYTES // max(nbytes, 1)))
+
+
+def timer(device: str, fn, reps: int) -> float:
+    """Seconds per call: on CUDA ``graph_time`` of one call; on CPU the best of ``reps`` calls."""
+    if device == "cuda":
+        return graph_time([fn])
     fn()
     best = float("inf")
     for _ in range(reps):
@@ -104,6 +132,13 @@ def verify(x, q_rows, q_cols) -> None:
             raise AssertionError(f"{tuple(x.shape)} axis {axis}: {failed} differ from the reference")
 
 
+def rotated(device: str, op, inputs: list) -> float:
+    """Seconds per call of ``op`` over ``inputs`` (rotated: no L2 reuse on CUDA)."""
+    if device == "cuda":
+        return graph_time([lambda a=a: op(*a) for a in inputs])
+    return min(timer(device, lambda a=a: op(*a), 1) for a in inputs)
+
+
 def memory_rows(device: str, shapes, reps: int) -> list[dict]:
     """Every memory-bound path at every shape, with the copy bandwidth of the same bytes."""
     from mxfp4.numerics import triton_kernels as tk
@@ -112,67 +147,71 @@ def memory_rows(device: str, shapes, reps: int) -> list[dict]:
     compiled_ref = torch.compile(reference.fake_quantize, dynamic=False)
     rows = []
     for shape in shapes:
-        x = torch.randn(shape, device=device, dtype=torch.bfloat16)
-        n = x.numel()
+        probe = torch.randn(shape, device=device, dtype=torch.bfloat16)
+        n = probe.numel()
         full, packed = 2 * n, n // 2 + n // 32
-        src = torch.randn(n * 2, device=device, dtype=torch.bfloat16)  # copy ceilings at each byte count
-        ceilings = {}
-
-        def copy_gbps(moved):
-            if moved not in ceilings:
-                a, b = src[: moved // 4], torch.empty(moved // 4, device=device, dtype=torch.bfloat16)
-                ceilings[moved] = moved / timer(device, lambda: b.copy_(a), reps) / 1e9
-            return ceilings[moved]
-
-        q_rows, q_cols = tk.quantize(x, -1), tk.quantize(x, 0)
-        verify(x, q_rows, q_cols)
+        xs = [torch.randn(shape, device=device, dtype=torch.bfloat16) for _ in range(copies_for(2 * full))]
+        q_rows = [tk.quantize(x, -1) for x in xs]
+        q_cols = [tk.quantize(x, 0) for x in xs]
+        verify(xs[0], q_rows[0], q_cols[0])
+        dsts = [torch.empty_like(x) for x in xs]
+        copy_gbps = 2 * full / rotated(device, lambda a, b: b.copy_(a), list(zip(xs, dsts))) / 1e9
+        one = [(x,) for x in xs]
         paths = {
-            ("triton quantize", -1): (lambda: tk.quantize(x, -1), full + packed),
-            ("triton fake_quantize", -1): (lambda: tk.fake_quantize(x, -1), 2 * full),
-            ("triton fake_quantize_with_stats", -1): (lambda: tk.fake_quantize_with_stats(x, -1), 2 * full),
-            ("triton dequantize", -1): (lambda: tk.dequantize(q_rows), packed + full),
-            ("triton quantize", 0): (lambda: tk.quantize(x, 0), full + packed),
-            ("triton fake_quantize", 0): (lambda: tk.fake_quantize(x, 0), 2 * full),
-            ("triton fake_quantize_with_stats", 0): (lambda: tk.fake_quantize_with_stats(x, 0), 2 * full),
-            ("triton dequantize", 0): (lambda: tk.dequantize(q_cols), packed + full),
-            ("torch.compile(reference) fake_quantize", -1): (lambda: compiled_ref(x), 2 * full),
+            ("triton quantize", -1): (lambda x: tk.quantize(x, -1), one, full + packed),
+            ("triton fake_quantize", -1): (lambda x: tk.fake_quantize(x, -1), one, 2 * full),
+            ("triton fake_quantize_with_stats", -1): (lambda x: tk.fake_quantize_with_stats(x, -1), one, 2 * full),
+            ("triton dequantize", -1): (tk.dequantize, [(q,) for q in q_rows], packed + full),
+            ("triton quantize", 0): (lambda x: tk.quantize(x, 0), one, full + packed),
+            ("triton fake_quantize", 0): (lambda x: tk.fake_quantize(x, 0), one, 2 * full),
+            ("triton fake_quantize_with_stats", 0): (lambda x: tk.fake_quantize_with_stats(x, 0), one, 2 * full),
+            ("triton dequantize", 0): (tk.dequantize, [(q,) for q in q_cols], packed + full),
+            ("torch.compile(reference) fake_quantize", -1): (compiled_ref, one, 2 * full),
         }
-        if x.dim() == 2:
-            paths[("triton fake_quantize_both", "both")] = (lambda: tk.fake_quantize_both(x), 3 * full)
+        if len(shape) == 2:
+            paths[("triton fake_quantize_both", "both")] = (tk.fake_quantize_both, one, 3 * full)
         if ao is not None:
-            paths[("torch.compile(torchao to_mx)", -1)] = (lambda: ao[0](x), full + packed)
-            paths[("torch.compile(torchao to_mx + dequantize)", -1)] = (lambda: ao[1](x), 2 * full)
-        for (name, axis), (fn, moved) in tqdm(paths.items(), desc=f"memory {tuple(shape)}", unit="path", file=sys.stderr):
-            s = timer(device, fn, reps)
-            ceiling = copy_gbps(moved)
+            paths[("torch.compile(torchao to_mx)", -1)] = (ao[0], one, full + packed)
+            paths[("torch.compile(torchao to_mx + dequantize)", -1)] = (ao[1], one, 2 * full)
+        for (name, axis), (op, inputs, moved) in tqdm(paths.items(), desc=f"memory {tuple(shape)}", unit="path", file=sys.stderr):
+            s = rotated(device, op, inputs)
             rows.append(_row("memory", name, shape, s, axis=axis, bytes_moved=moved, GBps=moved / s / 1e9,
-                             copy_GBps=ceiling, fraction=moved / s / 1e9 / ceiling, fraction_of="copy bandwidth (same bytes, same run)"))
+                             copy_GBps=copy_gbps * moved / (2 * full), fraction=moved / s / 1e9 / copy_gbps,
+                             fraction_of="copy bandwidth (same run, same shape)"))
     return rows
 
 
 def gemm_rows(device: str, problems, reps: int) -> list[dict]:
-    """GEMMs y = x W^T against cuBLAS BF16 on the same shape."""
+    """GEMMs y = x W^T against cuBLAS BF16 on the same shape, weights and activations rotated."""
     from mxfp4.numerics import triton_gemm as tg
     from mxfp4.numerics import triton_kernels as tk
 
     rows = []
     for label, m, n, k in tqdm(problems, desc="gemm", unit="shape", file=sys.stderr):
-        x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-        w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
-        qw = tk.quantize(w)
-        packed = tg.pack_weight(qw)
-        w_deq = tk.dequantize(qw)
+        sets = []
+        for _ in range(copies_for(2 * (m * k + n * k + m * n))):
+            x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            qw = tk.quantize(torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02)
+            sets.append((x, qw, tg.pack_weight(qw), tk.dequantize(qw)))
+        x, qw, packed, w_deq = sets[0]
+        ref = x.double() @ w_deq.double().T
+        for fused, tol in ((True, 1e-5), (False, 2**-8)):  # cuBLAS rounds its bf16 output
+            got = tg.w4a16_matmul(x, packed, torch.float32, fused=fused).double()
+            err = float((got - ref).norm() / ref.norm())
+            if not err < tol:
+                raise AssertionError(f"w4a16 (fused={fused}) at {m}x{n}x{k}: relative error {err:.2e} against dequantize + matmul")
         flops = 2 * m * n * k
-        cublas = timer(device, lambda: x @ w_deq.T, reps)
         paths = {
-            "cuBLAS bf16": lambda: x @ w_deq.T,
-            "triton w4a16 (BF16 x MXFP4 weight)": lambda: tg.w4a16_matmul(x, packed),
-            "dequantize + cuBLAS bf16": lambda: x @ tk.dequantize(qw).T,
+            "cuBLAS bf16": (lambda x, qw, p, wd: x @ wd.T),
+            "w4a16_matmul (auto: fused at M<=64, else dequantize + cuBLAS)": (lambda x, qw, p, wd: tg.w4a16_matmul(x, p)),
+            "triton w4a16 fused kernel": (lambda x, qw, p, wd: tg.w4a16_matmul(x, p, fused=True)),
+            "dequantize + cuBLAS bf16": (lambda x, qw, p, wd: x @ tk.dequantize(qw).T),
         }
         if m >= 16:
-            paths["triton tl.dot_scaled (BF16 x MXFP4)"] = lambda: tg.mx_matmul(x, qw)
-        for name, fn in paths.items():
-            s = cublas if name == "cuBLAS bf16" else timer(device, fn, reps)
+            paths["triton tl.dot_scaled (BF16 x MXFP4)"] = (lambda x, qw, p, wd: tg.mx_matmul(x, qw))
+        times = {name: rotated(device, op, sets) for name, op in paths.items()}
+        cublas = times["cuBLAS bf16"]
+        for name, s in times.items():
             rows.append(_row("gemm", name, (m, n, k), s, model_shape=label, TFLOPs=flops / s / 1e12,
                              fraction=cublas / s, fraction_of="cuBLAS bf16 TFLOP/s (same shape, same run)",
                              speedup_vs_cublas_bf16=cublas / s))
@@ -181,7 +220,7 @@ def gemm_rows(device: str, problems, reps: int) -> list[dict]:
 
 def gemm_problems() -> list[tuple[str, int, int, int]]:
     out = [("square 8192^3", 8192, 8192, 8192)]
-    for m in (8192, 64, 16, 1):
+    for m in (8192, 64, 16, 1):  # prefill and decode
         for name, (n, k) in QWEN25_3B.items():
             out.append((f"Qwen2.5-3B {name}", m, n, k))
     for m in (512, 64, 16):  # tokens per expert: 8192 x top-8 / 128 experts = 512 at prefill

@@ -189,7 +189,7 @@ def encode_elements(q: torch.Tensor, elem: ElementFormat) -> torch.Tensor:
 
 
 def decode_elements(codes: torch.Tensor, elem: ElementFormat) -> torch.Tensor:
-    return elem.code_table[codes.long()]
+    return elem.code_table.to(codes.device)[codes.long()]
 
 
 def e8m0_exponent(amax: torch.Tensor, elem: ElementFormat, rule: str) -> torch.Tensor:
