@@ -124,7 +124,7 @@ def check_matmul(device: str = "cpu", m: int = 48, n: int = 40, k: int = 200, se
         qt = reference.quantize(weight)
         packed = tg.pack_weight(qt.to(device))
         deq = reference.dequantize(qt, torch.bfloat16).double()  # the bf16 values the kernel upcasts to
-        for rows in (3, 96):  # decode (split K) and prefill
+        for rows in (3, 64, 96):  # decode (the fused kernel, split K) and above (dequantize + BLAS)
             x = torch.randn(rows, k, generator=g).bfloat16()
             c = tg.w4a16_matmul(x.to(device), packed, torch.float32).cpu()
             worst = _error_over_bound(c, x.double(), deq)

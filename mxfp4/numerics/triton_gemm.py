@@ -10,8 +10,9 @@
   every value is a normal bfloat16 when 2 <= scale byte <= 252); weights with scales outside that
   range (or NaN scales) take an exact float32 decode instead, chosen once at pack time. The
   product is computed as (W X^T)^T so that the upcast weight is the register operand of the
-  tensor-core MMA and the activations stream through shared memory; fp32 accumulation. Small M
-  (decode) splits K over programs and adds into a zeroed float32 output.
+  tensor-core MMA and the activations stream through shared memory; fp32 accumulation; K is split
+  over programs that add into a zeroed float32 output. The fused kernel is the decode path
+  (M <= 64); larger M dequantizes the weight once and multiplies through the BLAS.
 - ``mx_matmul``: C = A @ B^T on MXFP4 operands through ``tl.dot_scaled`` (B MXFP4; A MXFP4 or
   bf16), for devices with native FP4 MMA (sm_100); autotuned on CUDA.
 
@@ -141,18 +142,13 @@ def _w4a16_configs(tiles):
     ]
 
 
-# Autotune spaces: (BLOCK_N, BLOCK_M, CHUNKS of 64 along K, SPLIT_K, warps, stages).
-PREFILL_TILES = [
-    (128, 128, 1, 1, 8, 4), (128, 256, 1, 1, 8, 3), (256, 128, 1, 1, 8, 3), (128, 128, 2, 1, 8, 3),
-    (128, 256, 2, 1, 8, 3), (256, 256, 1, 1, 8, 2), (128, 64, 2, 1, 4, 4), (128, 128, 1, 1, 4, 4),
-]
+# Autotune space of the decode path: (BLOCK_N, BLOCK_M, CHUNKS of 64 along K, SPLIT_K, warps, stages).
 DECODE_TILES = [  # BLOCK_M is set from M
     (64, 0, 2, 8, 4, 3), (64, 0, 1, 1, 4, 4), (64, 0, 2, 2, 4, 4), (128, 0, 1, 2, 4, 4), (64, 0, 1, 4, 4, 4),
     (128, 0, 2, 4, 4, 3), (128, 0, 1, 8, 4, 4), (32, 0, 2, 4, 4, 4), (32, 0, 2, 16, 4, 3), (64, 0, 4, 8, 4, 3),
 ]
 DECODE_MAX_M = 64
 
-_w4a16_prefill = triton.autotune(_w4a16_configs(PREFILL_TILES), key=["N", "K", "M_BUCKET", "FAST", "OUT_BF16"])(_w4a16_kernel)
 _w4a16_decode = {
     bm: triton.autotune(
         _w4a16_configs([(bn, bm, ch, sk, w, s) for bn, _, ch, sk, w, s in DECODE_TILES]),
@@ -178,38 +174,39 @@ def dequantize_packed(w: PackedWeight, dtype: torch.dtype = torch.bfloat16) -> t
 def w4a16_matmul(x: torch.Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None, fused: bool | None = None) -> torch.Tensor:
     """x[..., K] (bfloat16) @ W^T -> [..., N] in ``out_dtype`` (default x's dtype).
 
-    ``fused=None`` picks by M: the fused upcast kernel for decode (M <= DECODE_MAX_M, where reading
-    the 4-bit weight once is the whole cost), and at larger M the dequantized weight through cuBLAS
-    (the upcast is then paid once per weight instead of once per M tile; measured faster on H100,
-    results/bench/bench_h100.json)."""
-    if fused is None:
-        fused = x.numel() // max(x.shape[-1], 1) <= DECODE_MAX_M or not x.is_cuda
+    The fused upcast kernel is the decode path (M <= DECODE_MAX_M, where reading the 4-bit weight
+    once is the whole cost); above it the weight is dequantized and multiplied by the BLAS (the
+    upcast then costs once per weight, not once per M tile), in float32 when ``out_dtype`` is
+    float32 and in bfloat16 otherwise. ``fused=None`` picks by M; ``fused=True`` with M > 64 is
+    refused: at BLOCK_M = 128 the kernel was exact under the interpreter but not on an H100 with
+    Triton 3.6 (results/bench/bench_h100.json notes), so no caller reaches it there."""
     if not isinstance(w, PackedWeight):
         raise ValueError(f"w4a16_matmul takes a PackedWeight (from pack_weight), got {type(w).__name__}")
     if x.shape[-1] != w.k:
         raise ValueError(f"w4a16_matmul: x has K = {x.shape[-1]}, the weight has K = {w.k}")
     out_dtype = out_dtype or x.dtype
     lead = x.shape[:-1]
+    m = x.numel() // w.k
+    if fused is None:
+        fused = m <= DECODE_MAX_M
+    elif fused and m > DECODE_MAX_M:
+        raise ValueError(f"the fused W4A16 kernel is the decode path: M <= {DECODE_MAX_M}, got M = {m}; pass fused=None")
     if not fused:
-        return torch.nn.functional.linear(x.to(torch.bfloat16), dequantize_packed(w)).to(out_dtype)
+        dtype = torch.float32 if out_dtype == torch.float32 else torch.bfloat16
+        return torch.nn.functional.linear(x.to(dtype), dequantize_packed(w, dtype)).to(out_dtype)
     x2 = x.reshape(-1, w.k).to(torch.bfloat16)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    m = x2.shape[0]
-    common = (x2, w.codes, w.scales)
-    decode = m <= DECODE_MAX_M
     bm = max(16, triton.next_power_of_2(m))
-    y = torch.zeros((m, w.n), dtype=torch.float32, device=x.device) if decode else torch.empty((m, w.n), dtype=out_dtype, device=x.device)
-    args = (*common, y, m, w.n, w.k, w.k_pad, x2.stride(0), y.stride(0), triton.next_power_of_2(m))
-    flags = dict(FAST=w.fast_upcast, OUT_BF16=y.dtype == torch.bfloat16)
+    y = torch.zeros((m, w.n), dtype=torch.float32, device=x.device)  # split K adds into it
+    args = (x2, w.codes, w.scales, y, m, w.n, w.k, w.k_pad, x2.stride(0), y.stride(0), triton.next_power_of_2(m))
+    flags = dict(FAST=w.fast_upcast, OUT_BF16=False)
 
     def grid(meta):
         return (triton.cdiv(w.n, meta["BLOCK_N"]) * triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"])
 
-    interp = dict(BLOCK_N=min(64, max(16, triton.next_power_of_2(w.n))), BLOCK_M=bm if decode else 64, CHUNKS=1,
-                  SPLIT_K=2 if decode else 1, GROUP_N=8)
-    tuned = _w4a16_decode[bm] if decode else _w4a16_prefill
-    launch_tuned(_w4a16_kernel, tuned, grid, interp, args, **flags, DOT_F32=triton_interpreting())
+    interp = dict(BLOCK_N=min(64, max(16, triton.next_power_of_2(w.n))), BLOCK_M=bm, CHUNKS=1, SPLIT_K=2, GROUP_N=8)
+    launch_tuned(_w4a16_kernel, _w4a16_decode[bm], grid, interp, args, **flags, DOT_F32=triton_interpreting())
     return y.to(out_dtype).reshape(*lead, w.n)
 
 
