@@ -229,14 +229,17 @@ def pool_stats(stats: list[dict]) -> dict:
     n = sum(s["n"] for s in stats)
     total = sum(s["energy_total"] for s in stats)
     pooled = {"n": n, "energy_total": total}
+    with_shapley = all(f"shapley_{c}" in s for s in stats for c in COMPONENTS)  # the fused kernel has none
     for c in COMPONENTS:
-        for key in (f"energy_{c}", f"shapley_{c}"):
-            pooled[key] = sum(s[key] for s in stats)
+        pooled[f"energy_{c}"] = sum(s[f"energy_{c}"] for s in stats)
         pooled[f"share_{c}"] = _share(pooled[f"energy_{c}"], total)
-        pooled[f"shapley_share_{c}"] = _share(pooled[f"shapley_{c}"], total)
+        if with_shapley:
+            pooled[f"shapley_{c}"] = sum(s[f"shapley_{c}"] for s in stats)
+            pooled[f"shapley_share_{c}"] = _share(pooled[f"shapley_{c}"], total)
     pooled["cross_term"] = total - sum(pooled[f"energy_{c}"] for c in COMPONENTS)
     pooled["cross_share"] = _share(pooled["cross_term"], total)
     for key in ("deadzone_fraction", "saturation_fraction"):
         pooled[key] = sum(s[key] * s["n"] for s in stats) / n if n else 0.0
-    pooled["identity_residual"] = max((s["identity_residual"] for s in stats), default=0.0)
+    if all("identity_residual" in s for s in stats):
+        pooled["identity_residual"] = max((s["identity_residual"] for s in stats), default=0.0)
     return pooled

@@ -16,6 +16,7 @@ from .formats import SCALE_RULES_E8M0
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 KERNELS = ("quantize", "dequantize", "fake_quantize", "fake_quantize_with_stats", "fake_quantize_both")
 ENERGY_RTOL = 1e-5  # the stats kernel works in float32; the reference in float64
+ENERGY_KEYS = ("energy_scale", "energy_dead", "energy_grid", "energy_total")
 
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -67,7 +68,7 @@ def check_one(kernel: str, x: torch.Tensor, axis: int, rule: str) -> tuple[bool,
         exact = stats["deadzone_count"] == int(ref.dead.sum()) and stats["saturation_count"] == int(ref.saturated.sum())
         close = all(
             abs(stats[k] - ref.stats[k]) <= ENERGY_RTOL * max(abs(ref.stats[k]), ref.stats["energy_total"])
-            for k in ("energy_scale", "energy_dead", "energy_grid", "energy_total")
+            for k in ENERGY_KEYS
         )
         if not (exact and close):
             return False, f"stats differ: kernel {stats} reference {ref.stats}"

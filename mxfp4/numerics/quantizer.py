@@ -107,6 +107,16 @@ class Quantizer:
             rest = torch.where(pad, torch.zeros_like(rest), rest)
         return decompose(rest, self.fmt, axis, self.scale_rule, block_quantizer=self.block_quantizer, exclude=mask)
 
+    def fused_stats(self, x: torch.Tensor, axis: int) -> dict | None:
+        """The decomposition energies and counts of ``x`` from the fused Triton kernel (float32
+        arithmetic, 0-dim device tensors, no host sync) where it applies: a tensor the dispatch
+        sends to Triton (CUDA), MXFP4, no correction. None otherwise (use ``decompose``)."""
+        if self.corrections or self.fmt.name != "mxfp4" or dispatch.backend_for(x, self.fmt) != "triton":
+            return None
+        from . import triton_kernels
+
+        return triton_kernels.fake_quantize_with_stats(x, axis, self.scale_rule)[1]
+
     def cost(self) -> dict:
         total = {"extra_bits_per_element": 0.0, "bf16_fraction": 0.0}
         for c in self.corrections:

@@ -154,30 +154,43 @@ def accuracy_bars(cells_csv: Path | str, out_stem: Path | str) -> list[Path]:
     return save(fig, out_stem)
 
 
+def _bar_groups(ax, rows, label_of, group_of, title):
+    groups = list(dict.fromkeys(group_of(r) for r in rows))
+    labels = list(dict.fromkeys(label_of(r) for r in rows))
+    width = 0.8 / len(labels)
+    for j, label in enumerate(labels):
+        pts = [(i + j * width, r["fraction"]) for i, g in enumerate(groups) for r in rows if group_of(r) == g and label_of(r) == label]
+        if pts:
+            ax.bar(*zip(*pts), width=width, label=label, color=f"C{j % 10}", hatch="//" if j >= 10 else None)
+    ax.axhline(1.0, color="k", linestyle="--", linewidth=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], groups, fontsize=7, rotation=20, ha="right")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=6, ncol=2)
+
+
 def kernel_throughput(bench_json: Path | str, out_stem: Path | str) -> list[Path]:
-    """Achieved GB/s of each path per shape, against the device's copy bandwidth measured in the same run."""
+    """Each path as a fraction of a ceiling measured in the same run: the copy bandwidth of the same
+    bytes (memory-bound paths) and cuBLAS BF16 on the same shape (GEMMs)."""
     report = json.loads(Path(bench_json).read_text())
     rows = report["rows"]
-    shapes = list(dict.fromkeys("x".join(map(str, r["shape"])) for r in rows))
-    paths = list(dict.fromkeys(r["path"] for r in rows))
-    fig, ax = plt.subplots(figsize=(max(7, 2.5 * len(shapes)), 4.5), layout="constrained")
-    width = 0.8 / len(paths)
-    for j, path in enumerate(paths):
-        xs, ys = [], []
-        for i, shape in enumerate(shapes):
-            r = next((r for r in rows if r["path"] == path and "x".join(map(str, r["shape"])) == shape), None)
-            if r:
-                xs.append(i + j * width)
-                ys.append(r["GBps"])
-        ax.bar(xs, ys, width=width, label=path, color=f"C{j}")
-    for i, shape in enumerate(shapes):
-        copy = next(r["copy_GBps"] for r in rows if "x".join(map(str, r["shape"])) == shape)
-        ax.hlines(copy, i - width / 2, i + 0.8 - width / 2, colors="k", linestyles="--", label="copy bandwidth" if i == 0 else None)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))], [f"{s} bf16" for s in shapes])
-    ax.set_ylabel("GB/s of bytes moved")
-    ax.set_yscale("log")
-    ax.set_title(f"MXFP4 paths on {report['device']}", fontsize=10)
-    ax.legend(fontsize=7)
+    if any("fraction" not in r for r in rows):
+        raise ValueError(f"{bench_json}: rows without 'fraction' (written by an older bench_kernels.py); rerun it")
+    memory = [r for r in rows if r.get("kind", "memory") == "memory"]
+    gemm = [r for r in rows if r.get("kind") == "gemm" and r["path"] != "cuBLAS bf16"]
+    panels = [p for p in (memory, gemm) if p]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(12, 4.2 * len(panels)), layout="constrained", squeeze=False)
+    shape = lambda r: "x".join(map(str, r["shape"]))  # noqa: E731
+    if memory:
+        ax = axes[0, 0]
+        _bar_groups(ax, memory, lambda r: f"{r['path']} (axis {r.get('axis', -1)})", lambda r: f"{shape(r)} bf16",
+                    "memory-bound paths / copy bandwidth of the same bytes (dashed: the ceiling)")
+        ax.set_ylabel("fraction of copy bandwidth")
+    if gemm:
+        ax = axes[-1, 0]
+        _bar_groups(ax, gemm, lambda r: r["path"], lambda r: f"{r.get('model_shape', '')} {shape(r)}",
+                    "GEMMs y = x W^T (MxNxK) / cuBLAS bf16 on the same shape (dashed: parity)")
+        ax.set_ylabel("fraction of cuBLAS bf16 TFLOP/s")
+    fig.suptitle(f"MXFP4 kernels on {report['device']} ({report.get('method', '')[:90]}...)", fontsize=9)
     return save(fig, out_stem)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import math
 import time
 from pathlib import Path
 
@@ -37,20 +38,33 @@ from .patching import bypassed, gemm_weights, patch_state, patched_modules, quan
 
 
 class DecompositionProbe:
-    """Collects the decomposition statistics of tensors that patched layers see, by kind."""
+    """Collects the decomposition statistics of tensors that patched layers see, by kind.
+
+    On GPU, for a quantizer without corrections, the fused stats kernel gives the energies and
+    counts in the same pass as a fake-quantization (float32, device tensors, synced once in
+    ``summary``; no Shapley shares); elsewhere the float64 decomposition with Shapley shares."""
 
     def __init__(self, quantizer, layers: set[str]):
         self.quantizer, self.layers = quantizer, layers
         self.stats: dict[str, list[dict]] = {}
 
     def __call__(self, layer: str, kind: str, tensor: torch.Tensor, axis: int, valid=None):
-        if layer in self.layers and torch.isfinite(tensor).all():
-            kind = kind.removesuffix("_t")
+        if layer not in self.layers:
+            return
+        kind = kind.removesuffix("_t")
+        fused = self.quantizer.fused_stats(tensor, axis) if valid is None else None
+        if fused is not None:
+            self.stats.setdefault(kind, []).append(fused)
+        elif torch.isfinite(tensor).all():
             self.stats.setdefault(kind, []).append(self.quantizer.decompose(tensor.float(), axis, valid).stats)
 
     def summary(self) -> dict:
         out = {}
         for kind, items in self.stats.items():
+            items = [{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in s.items()} for s in items]  # one sync
+            items = [s for s in items if all(math.isfinite(v) for v in s.values() if isinstance(v, float))]
+            if not items:
+                continue
             pooled = pool_stats(items)
             for k in SUMMARY_KEYS:
                 if k in pooled:
