@@ -96,9 +96,13 @@ def fake_quantize(x, fmt="mxfp4", axis=-1, scale_rule=None) -> torch.Tensor:
 
 
 def fake_quantize_with_stats(x, fmt="mxfp4", axis=-1, scale_rule=None) -> tuple[torch.Tensor, dict]:
-    """Fake-quantize and return the decomposition energies and counts of the same tensor."""
+    """Fake-quantize and return the decomposition energies and counts of the same tensor, as Python
+    numbers (the Triton path's float32 energies: relative 1e-5 of the float64 reference; for device
+    tensors without a sync use ``Quantizer.fused_stats``)."""
     if backend_for(x, fmt) == "triton":
-        out, stats = _kernels().fake_quantize_with_stats(x, axis, scale_rule)
+        out, on_device = _kernels().fake_quantize_with_stats(x, axis, scale_rule)  # device tensors: synced here
+        stats = {k: float(v) if isinstance(v, torch.Tensor) else v for k, v in on_device.items()}
+        stats["deadzone_count"], stats["saturation_count"] = int(stats["deadzone_count"]), int(stats["saturation_count"])
         if not all(math.isfinite(v) for k, v in stats.items() if k.startswith("energy")):
             raise ValueError("fake_quantize_with_stats needs finite input; found NaN or infinite elements")
         return out, stats
