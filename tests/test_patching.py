@@ -158,3 +158,30 @@ def test_patched_modules_show_their_recipe_and_state_is_public(tiny):
     finally:
         unpatch_model(model)
     assert repr(model) == plain and patch_state(model) is None
+
+
+def test_weight_only_recipe_generates_through_the_packed_w4a16_kernel_and_matches_fake_quant_weights():
+    import mxfp4
+    from mxfp4.rl.patching import gemm_context, patched_modules
+
+    model, tok = build_tiny("tiny-dense", seed=0)
+    model = model.to(torch.bfloat16)
+    batch = tok(["Q: 12+7=? A: 19"], return_tensors="pt")
+    patch_model(model, Recipe.named("mxfp4-w4a16").quantizer())
+    linear = next(m for _, m, _ in patched_modules(model) if isinstance(m, torch.nn.Linear))
+    x = torch.randn(3, linear.in_features, generator=torch.Generator().manual_seed(0)).bfloat16()
+    w_fake = reference.fake_quantize(linear.weight.detach().float()).bfloat16()
+    expected = F.linear(x.float(), w_fake.float(), None if linear.bias is None else linear.bias.float())
+    with mxfp4.use_backend("triton"), torch.no_grad():
+        assert gemm_context(linear).w4a16_applies(x, linear.weight)
+        got = linear(x)
+        logits = model(**batch).logits
+    assert any(key[1] == "w4a16" for key in gemm_context(linear)._cache)  # the packed path ran
+    torch.testing.assert_close(got.float(), expected, rtol=2**-7, atol=1e-3)  # bf16 output rounding
+    with torch.no_grad():
+        reference_logits = model(**batch).logits  # CPU dispatch: the fake-quantized weights, activations unquantized
+    torch.testing.assert_close(logits.float(), reference_logits.float(), rtol=0.05, atol=0.05)
+    assert not gemm_context(linear).w4a16_applies(x.float(), linear.weight)  # only bf16 inputs
+    with mxfp4.use_backend("triton"):
+        assert not gemm_context(linear).w4a16_applies(x, linear.weight)  # autograd on: the training path
+    unpatch_model(model)

@@ -38,6 +38,7 @@ class Recipe(BaseModel):
     modules: list[Literal["linear", "experts", "lm_head", "router"]] = Field(
         default_factory=lambda: list(DEFAULT_MODULES), description="module kinds quantized")
     corrections: list[dict | str] = Field(default_factory=list, description="registered corrections with parameters")
+    activations: bool = Field(True, description="false: weight-only (W4A16); activations and gradients stay unquantized")
 
     @field_validator("gemms")
     @classmethod
@@ -69,7 +70,8 @@ class Recipe(BaseModel):
         if not self.quantize:
             return None
         corrections = self.build_corrections() if corrections is None else corrections
-        return Quantizer(self.format, self.scale_rule, corrections, gemms=self.gemms, modules=self.modules, name=self.name)
+        return Quantizer(self.format, self.scale_rule, corrections, gemms=self.gemms, modules=self.modules, name=self.name,
+                         activations=self.activations)
 
     def to_dict(self) -> dict:
         return self.model_dump()

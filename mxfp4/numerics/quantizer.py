@@ -43,10 +43,14 @@ class Quantizer:
     dY.W, weight grad dY^T.X); all three by default. ``modules``: which module kinds a patched
     model quantizes (linear: every nn.Linear but lm_head; experts: fused MoE 3D weights; lm_head;
     router). ``name``: the recipe it came from (shown in the repr of patched modules).
+    ``activations=False``: weight-only quantization (W4A16): only the weights of those GEMMs are
+    quantized; on GPU a patched Linear then generates through the packed W4A16 kernel.
     """
 
-    def __init__(self, fmt="mxfp4", scale_rule=None, corrections=(), gemms=None, modules=DEFAULT_MODULES, name=None):
+    def __init__(self, fmt="mxfp4", scale_rule=None, corrections=(), gemms=None, modules=DEFAULT_MODULES, name=None,
+                 activations=True):
         self.fmt = get_format(fmt)
+        self.activations = bool(activations)  # False: weight-only (W4A16), activations and gradients unquantized
         self.scale_rule = self.fmt.check_scale_rule(scale_rule)
         self.corrections = list(corrections)
         self.gemms = normalize_gemms(gemms)
@@ -71,7 +75,8 @@ class Quantizer:
         corr = ", ".join(c.name for c in self.corrections) or "none"
         on = ",".join(g for g, v in self.gemms.items() if v) or "none"
         label = f"recipe={self.name}, " if self.name else ""
-        return f"Quantizer({label}format={self.fmt.name}, scale_rule={self.scale_rule}, corrections=[{corr}], gemms={on})"
+        weights_only = "" if self.activations else ", weights only"
+        return f"Quantizer({label}format={self.fmt.name}, scale_rule={self.scale_rule}, corrections=[{corr}], gemms={on}{weights_only})"
 
     def _split(self, x, axis, valid=None):
         mask = None

@@ -14,6 +14,11 @@ forward methods are swapped on the instances), so TRL's and vLLM's weight sync k
 ``unpatch`` restores the model exactly. Quantized weights are cached per weight version: a weight
 is quantized once per optimizer step, not on every call.
 
+A weight-only recipe (``activations: false``) leaves activations and gradients unquantized; where the
+dispatch runs Triton (CUDA) and no gradient is recorded (rollout generation), its Linear layers
+multiply through the packed W4A16 kernel (``triton_gemm.w4a16_matmul``), the weight packed once per
+version; the result equals the fake-quantized weight's product up to float32 accumulation order.
+
 Patched state is public through two accessors: ``patch_state(model)`` (the quantizer and the patched
 module names, or None) and ``gemm_context(module)``; a patched module's ``repr`` shows its recipe.
 """
@@ -26,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ..numerics import dispatch
 from ..numerics.quantizer import Quantizer
 from .experts import grouped_experts_forward
 
@@ -56,9 +62,29 @@ class GemmContext:
             self._cache[slot] = hit
         return hit[1]
 
+    def packed(self, param: torch.Tensor):
+        """The weight packed for the W4A16 kernel (cached per version)."""
+        from ..numerics import triton_gemm, triton_kernels
+
+        slot = (param.data_ptr(), "w4a16")
+        hit = self._cache.get(slot)
+        if hit is None or hit[0] != param._version:
+            q = triton_kernels.quantize(param.detach(), -1, self.quantizer.scale_rule)
+            hit = (param._version, triton_gemm.pack_weight(q))
+            self._cache[slot] = hit
+        return hit[1]
+
+    def w4a16_applies(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Weight-only MXFP4 without corrections, a bf16 input, Triton dispatch, no autograd."""
+        q = self.quantizer
+        return (not q.activations and not q.corrections and q.fmt.name == "mxfp4" and self.gemms["forward"]
+                and x.dtype == torch.bfloat16 and weight.dim() == 2 and not torch.is_grad_enabled()
+                and dispatch.backend_for(weight, q.fmt) == "triton")
+
     def act(self, x: torch.Tensor, axis: int, kind: str, enabled: bool, valid=None) -> torch.Tensor:
-        """x fake-quantized along ``axis`` (``valid``: the real rows of a zero-padded x)."""
-        if not enabled:
+        """x fake-quantized along ``axis`` (``valid``: the real rows of a zero-padded x); x itself
+        for a weight-only recipe."""
+        if not enabled or not self.quantizer.activations:
             return x
         if self.probe is not None:
             self.probe(self.name, kind, x.detach(), axis, valid)
@@ -103,7 +129,13 @@ def quant_linear(x, weight, bias, gemm: GemmContext, w_fwd=None, w_bwd=None):
 
 
 def _linear_forward(self, x):
-    return quant_linear(x, self.weight, self.bias, gemm_context(self))
+    gemm = gemm_context(self)
+    if gemm.w4a16_applies(x, self.weight):
+        from ..numerics.triton_gemm import w4a16_matmul
+
+        y = w4a16_matmul(x, gemm.packed(self.weight))
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+    return quant_linear(x, self.weight, self.bias, gemm)
 
 
 def _is_experts(module) -> bool:
