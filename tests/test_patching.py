@@ -185,3 +185,33 @@ def test_weight_only_recipe_generates_through_the_packed_w4a16_kernel_and_matche
     with mxfp4.use_backend("triton"):
         assert not gemm_context(linear).w4a16_applies(x, linear.weight)  # autograd on: the training path
     unpatch_model(model)
+
+
+def test_backward_quantizes_dy_along_both_axes_in_one_read_bit_identically(monkeypatch):
+    import mxfp4
+    from mxfp4.rl import patching
+
+    layer = torch.nn.Linear(64, 96)
+    patch_model(torch.nn.Sequential(layer), Recipe.named("mxfp4").quantizer())
+    x = torch.randn(40, 64, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    dy = torch.randn(40, 96, generator=torch.Generator().manual_seed(1))
+    calls = []
+    fused = patching.GemmContext.grad_both
+
+    def counting(self, dy2):
+        out = fused(self, dy2)
+        calls.append(out is not None)
+        return out
+
+    def grads():
+        x.grad = layer.weight.grad = layer.bias.grad = None
+        layer(x).backward(dy)
+        return x.grad.clone(), layer.weight.grad.clone()
+
+    with mxfp4.use_backend("triton"):
+        monkeypatch.setattr(patching.GemmContext, "grad_both", counting)
+        one_read = grads()
+        monkeypatch.setattr(patching.GemmContext, "grad_both", lambda self, dy2: None)
+        two_reads = grads()
+    assert calls == [True]
+    assert all(torch.equal(a, b) for a, b in zip(one_read, two_reads))

@@ -81,6 +81,20 @@ class GemmContext:
                 and x.dtype == torch.bfloat16 and weight.dim() == 2 and not torch.is_grad_enabled()
                 and dispatch.backend_for(weight, q.fmt) == "triton")
 
+    def grad_both(self, dy2: torch.Tensor):
+        """(dY along its rows, dY along its columns) from one read of dY (the fused Triton kernel),
+        when both backward GEMMs quantize dY with the plain MXFP4 quantizer, nothing probes it and the
+        dispatch runs Triton; None otherwise (each GEMM then quantizes dY itself). Bit-identical to
+        the two separate quantizations."""
+        q = self.quantizer
+        if (q.activations and not q.corrections and q.fmt.name == "mxfp4" and self.probe is None
+                and self.gemms["input_grad"] and self.gemms["weight_grad"] and dy2.dim() == 2
+                and dispatch.backend_for(dy2, q.fmt) == "triton"):
+            from ..numerics import triton_kernels
+
+            return triton_kernels.fake_quantize_both(dy2, q.scale_rule)
+        return None
+
     def act(self, x: torch.Tensor, axis: int, kind: str, enabled: bool, valid=None) -> torch.Tensor:
         """x fake-quantized along ``axis`` (``valid``: the real rows of a zero-padded x); x itself
         for a weight-only recipe."""
@@ -109,11 +123,14 @@ class QuantLinearFunction(torch.autograd.Function):
         dy2 = dy.reshape(-1, dy.shape[-1])
         x2 = x.reshape(-1, x.shape[-1])
         dx = dw = db = None
+        both = gemm.grad_both(dy2) if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] else None
         if ctx.needs_input_grad[0]:
-            dx = (gemm.act(dy2, -1, "grad", gemm.gemms["input_grad"]) @ w_bwd).reshape(x.shape)
+            g = both[0] if both is not None else gemm.act(dy2, -1, "grad", gemm.gemms["input_grad"])
+            dx = (g @ w_bwd).reshape(x.shape)
         if ctx.needs_input_grad[1]:
             on = gemm.gemms["weight_grad"]
-            dw = gemm.act(dy2, 0, "grad_t", on).T @ gemm.act(x2, 0, "activation_t", on)
+            g = both[1] if both is not None else gemm.act(dy2, 0, "grad_t", on)
+            dw = g.T @ gemm.act(x2, 0, "activation_t", on)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0)
         return dx, dw, db, None, None, None
