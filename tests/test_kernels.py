@@ -97,7 +97,6 @@ def test_packed_weight_layout_holds_elements_j_and_32_plus_j_of_each_64_chunk():
     assert torch.equal(packed.codes.reshape(5, -1, 32) & 0xF, chunks[..., :32])
     assert torch.equal(packed.codes.reshape(5, -1, 32) >> 4, chunks[..., 32:])
     assert packed.scales.shape == (packed.k_pad // 32, 5) and packed.fast_upcast
-    assert torch.equal(tg.dequantize_packed(packed, torch.float32), reference.dequantize(qt, torch.float32))
 
 
 def test_fused_w4a16_kernel_is_refused_above_decode_m_and_bad_input_is_named():

@@ -29,10 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .formats import FORMATS
 from .reference import QuantizedTensor
-
-MXFP4 = FORMATS["mxfp4"]
+from .reference import dequantize as reference_dequantize
 from .triton_kernels import _decode, launch_tuned, triton_interpreting
 
 K_ALIGN = 256  # packed K is padded to this (every CHUNKS choice divides it)
@@ -48,6 +46,7 @@ class PackedWeight:
     n: int
     k: int
     fast_upcast: bool
+    source: QuantizedTensor  # the reference layout (0.53 more bytes per element): the dequantize + BLAS path above decode M
 
     @property
     def k_pad(self) -> int:
@@ -69,7 +68,7 @@ def pack_weight(qt: QuantizedTensor) -> PackedWeight:
     scales = torch.nn.functional.pad(qt.scales, (0, k_pad // 32 - qt.scales.shape[1]), value=127)
     lo_ok, hi_ok = FAST_SCALES
     fast = bool(((scales >= lo_ok) & (scales <= hi_ok)).all())
-    return PackedWeight(packed, scales.t().contiguous(), n, k, fast)
+    return PackedWeight(packed, scales.t().contiguous(), n, k, fast, qt)
 
 
 @triton.jit
@@ -159,16 +158,11 @@ _w4a16_decode = {
 
 
 def dequantize_packed(w: PackedWeight, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """The [N, K] weight values of a packed weight (exact in bfloat16 unless out of its range)."""
+    """The [N, K] weight values of a packed weight, from its reference-layout source (the Triton
+    dequantize kernel on CUDA, the reference elsewhere)."""
     from .triton_kernels import dequantize
 
-    lo, hi = w.codes & 0xF, w.codes >> 4
-    chunks = torch.stack((lo.reshape(w.n, -1, 32), hi.reshape(w.n, -1, 32)), dim=2).reshape(w.n, -1)
-    pairs = chunks.reshape(w.n, -1, 2)
-    codes = (pairs[..., 0] | (pairs[..., 1] << 4))[:, : -(-w.k // 32) * 16]
-    scales = w.scales.t()[:, : -(-w.k // 32)].contiguous()
-    qt = QuantizedTensor(codes.contiguous(), scales, None, MXFP4, "floor", torch.Size((w.n, w.k)), 1, dtype)
-    return dequantize(qt, dtype)
+    return dequantize(w.source, dtype) if w.source.codes.is_cuda else reference_dequantize(w.source, dtype)
 
 
 def w4a16_matmul(x: torch.Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None, fused: bool | None = None) -> torch.Tensor:
