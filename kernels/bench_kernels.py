@@ -19,6 +19,7 @@ copy bandwidth.
 from __future__ import annotations
 
 import argparse
+import math
 import platform
 import statistics
 import sys
@@ -72,10 +73,8 @@ def copies_for(nbytes: int) -> int:
     return max(1, -(-L2_ROTATE_BYTES // max(nbytes, 1)))
 
 
-def timer(device: str, fn, reps: int) -> float:
-    """Seconds per call: on CUDA ``graph_time`` of one call; on CPU the best of ``reps`` calls."""
-    if device == "cuda":
-        return graph_time([fn])
+def cpu_timer(fn, reps: int) -> float:
+    """Seconds per call on CPU: the best of ``reps`` calls after a warm-up."""
     fn()
     best = float("inf")
     for _ in range(reps):
@@ -136,10 +135,10 @@ def rotated(device: str, op, inputs: list) -> float:
     """Seconds per call of ``op`` over ``inputs`` (rotated: no L2 reuse on CUDA)."""
     if device == "cuda":
         return graph_time([lambda a=a: op(*a) for a in inputs])
-    return min(timer(device, lambda a=a: op(*a), 1) for a in inputs)
+    return min(cpu_timer(lambda a=a: op(*a), 1) for a in inputs)
 
 
-def memory_rows(device: str, shapes, reps: int, sink=lambda rows: None) -> list[dict]:
+def memory_rows(device: str, shapes, sink=lambda rows: None) -> list[dict]:
     """Every memory-bound path at every shape, with the copy bandwidth of the same bytes."""
     from mxfp4.numerics import triton_kernels as tk
 
@@ -147,8 +146,7 @@ def memory_rows(device: str, shapes, reps: int, sink=lambda rows: None) -> list[
     compiled_ref = torch.compile(reference.fake_quantize, dynamic=False)
     rows = []
     for shape in shapes:
-        probe = torch.randn(shape, device=device, dtype=torch.bfloat16)
-        n = probe.numel()
+        n = math.prod(shape)
         full, packed = 2 * n, n // 2 + n // 32
         xs = [torch.randn(shape, device=device, dtype=torch.bfloat16) for _ in range(copies_for(2 * full))]
         q_rows = [tk.quantize(x, -1) for x in xs]
@@ -182,7 +180,7 @@ def memory_rows(device: str, shapes, reps: int, sink=lambda rows: None) -> list[
     return rows
 
 
-def gemm_rows(device: str, problems, reps: int, sink=lambda rows: None) -> list[dict]:
+def gemm_rows(device: str, problems, sink=lambda rows: None) -> list[dict]:
     """GEMMs y = x W^T against cuBLAS BF16 on the same shape, weights and activations rotated."""
     from mxfp4.numerics import triton_gemm as tg
     from mxfp4.numerics import triton_kernels as tk
@@ -198,9 +196,8 @@ def gemm_rows(device: str, problems, reps: int, sink=lambda rows: None) -> list[
         ref = x.double() @ w_deq.double().T
         for fused in ((True, False) if m <= tg.DECODE_MAX_M else (False,)):
             got = tg.w4a16_matmul(x, packed, torch.float32, fused=fused).double()
-            tol = 1e-5
             err = float((got - ref).norm() / ref.norm())
-            if not err < tol:
+            if not err < 1e-5:
                 raise AssertionError(f"w4a16 (fused={fused}) at {m}x{n}x{k}: relative error {err:.2e} against dequantize + matmul")
         flops = 2 * m * n * k
         paths = {
@@ -243,7 +240,7 @@ def cpu_rows(shapes, reps: int, runs: int) -> tuple[list[dict], dict]:
         n = x.numel()
         full, packed = 2 * n, n // 2 + n // 32
         dst = torch.empty_like(x)
-        copy = 2 * full / timer("cpu", lambda: dst.copy_(x), reps) / 1e9
+        copy = 2 * full / cpu_timer(lambda: dst.copy_(x), reps) / 1e9
         paths = {
             "reference quantize": (lambda: reference.quantize(x), full + packed),
             "reference fake_quantize": (lambda: reference.fake_quantize(x), 2 * full),
@@ -255,7 +252,7 @@ def cpu_rows(shapes, reps: int, runs: int) -> tuple[list[dict], dict]:
         per_run = {name: [] for name in paths}
         for _ in tqdm(range(runs), desc=f"cpu {tuple(shape)}", unit="run", file=sys.stderr):
             for name, (fn, _) in paths.items():
-                per_run[name].append(timer("cpu", fn, reps))
+                per_run[name].append(cpu_timer(fn, reps))
         for name, (fn, moved) in paths.items():
             s = min(per_run[name])
             rows.append(_row("memory", name, shape, s, axis=-1, per_run_seconds=per_run[name], bytes_moved=moved,
@@ -286,7 +283,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--shapes", default=None, help="memory-bound shapes, e.g. 4096x4096,128x768x2048 (defaults by device)")
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--reps", type=int, default=5, help="CPU: calls per timing (the best is kept)")
     p.add_argument("--runs", type=int, default=5, help="CPU: independent repetitions of every path")
     p.add_argument("--only", choices=("memory", "gemm"), help="CUDA: only the memory-bound rows, or only the GEMM rows")
     args = p.parse_args(argv)
@@ -316,9 +313,9 @@ def main(argv=None) -> int:
 
         done: list[dict] = []
         if args.only != "gemm":
-            done += memory_rows("cuda", shapes, args.reps, sink)
+            done += memory_rows("cuda", shapes, sink)
         if args.only != "memory":
-            done += gemm_rows("cuda", gemm_problems(), args.reps, sink)
+            done += gemm_rows("cuda", gemm_problems(), sink)
         rows = done
         report.update(rows=rows, ratios=gpu_ratios(rows))
     else:

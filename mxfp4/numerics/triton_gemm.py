@@ -83,6 +83,16 @@ def _upcast(codes, sbytes, FAST: tl.constexpr):
 
 
 @triton.jit
+def _grouped_tile(pid, major_tiles, minor_tiles, GROUP: tl.constexpr):
+    """(major, minor) tile of program ``pid`` in grouped order: GROUP major tiles stay hot in L2
+    while the minor index sweeps."""
+    group = GROUP * minor_tiles
+    first = (pid // group) * GROUP
+    size = tl.minimum(major_tiles - first, GROUP)
+    return first + (pid % group) % size, (pid % group) // size
+
+
+@triton.jit
 def _w4a16_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_pad, stride_xm, stride_ym, M_BUCKET,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -91,13 +101,7 @@ def _w4a16_kernel(
     """y[M, N] = x[M, K] @ W[N, K]^T, computed as acc[BLOCK_N, BLOCK_M] = W x^T."""
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    n_tiles = tl.cdiv(N, BLOCK_N)
-    m_tiles = tl.cdiv(M, BLOCK_M)
-    group = GROUP_N * m_tiles  # grouped order: GROUP_N weight tiles stay hot in L2 across M tiles
-    first_n = (pid // group) * GROUP_N
-    size_n = tl.minimum(n_tiles - first_n, GROUP_N)
-    pid_n = first_n + (pid % group) % size_n
-    pid_m = (pid % group) // size_n
+    pid_n, pid_m = _grouped_tile(pid, tl.cdiv(N, BLOCK_N), tl.cdiv(M, BLOCK_M), GROUP_N)  # weight tiles stay hot
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_ok = offs_n < N
@@ -211,13 +215,7 @@ def _mx_matmul_kernel(
 ):
     """C[M, N] = A[M, K] @ B[N, K]^T; B packed E2M1 [N, K/2] + scales [N, K/32]; A likewise or bf16."""
     pid = tl.program_id(0)
-    m_tiles = tl.cdiv(M, BLOCK_M)
-    n_tiles = tl.cdiv(N, BLOCK_N)
-    group = GROUP_M * n_tiles
-    first_m = (pid // group) * GROUP_M
-    size_m = tl.minimum(m_tiles - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % size_m
-    pid_n = (pid % group) // size_m
+    pid_m, pid_n = _grouped_tile(pid, tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)

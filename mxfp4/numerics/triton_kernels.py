@@ -471,14 +471,15 @@ BOTH_TILES = [(64, 128, 8), (32, 64, 4), (32, 128, 4), (64, 64, 4), (32, 256, 8)
 _VARIANT = ["RULE", "WRITE_CODES", "WRITE_FAKE", "WITH_STATS", "IN_BF16", "IN_FP32", "OUT_BF16"]
 
 _quant_rows_tuned = triton.autotune(_configs(ROW_TILES, ("BLOCK_R", "BLOCK_K")), key=["K", "R_BUCKET", *_VARIANT])(_quant_rows_kernel)
-_quant_cols_tuned = triton.autotune(_configs(COL_TILES, ("BLOCK_R", "BLOCK_C")), key=["C", "R", "R_BUCKET", *_VARIANT])(_quant_cols_kernel)
+_quant_cols_tuned = triton.autotune(_configs(COL_TILES, ("BLOCK_R", "BLOCK_C")), key=["C", "R_BUCKET", *_VARIANT])(_quant_cols_kernel)
 _fake_both_tuned = triton.autotune(_configs(BOTH_TILES, ("BLOCK_R", "BLOCK_C")), key=["C", "R_BUCKET", "RULE", "IN_BF16", "OUT_BF16"])(_fake_both_kernel)
 _dequant_rows_tuned = triton.autotune(_configs(ROW_TILES, ("BLOCK_R", "BLOCK_K")), key=["K", "R_BUCKET", "OUT_BF16"])(_dequant_rows_kernel)
-_dequant_cols_tuned = triton.autotune(_configs(COL_TILES, ("BLOCK_R", "BLOCK_C")), key=["C", "R", "R_BUCKET", "OUT_BF16"])(_dequant_cols_kernel)
+_dequant_cols_tuned = triton.autotune(_configs(COL_TILES, ("BLOCK_R", "BLOCK_C")), key=["C", "R_BUCKET", "OUT_BF16"])(_dequant_cols_kernel)
 
 
 def _bucket(n: int) -> int:
-    """Autotune key for an extent that varies from call to call (tokens): its power-of-two ceiling."""
+    """Autotune key for an extent that varies from call to call (tokens): its power-of-two ceiling.
+    Column mode buckets B * R (the tokens of an axis-0 operand), so training does not retune per step."""
     return min(triton.next_power_of_2(max(n, 1)), 1 << 16)
 
 
@@ -486,15 +487,27 @@ def _bits_if_bf16(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
 
 
-def _launch(kernel, tuned, grid_of, interp_tiles, args: tuple, names: tuple[str, str], **constexprs):
-    launch_tuned(kernel, tuned, grid_of, dict(zip(names, interp_tiles)), args, **constexprs)
+def _rows_tiling(r: int, k: int):
+    """(grid, interpreter tiles) of row mode over an [r, k] view."""
+    def grid(m):
+        return (triton.cdiv(r, m["BLOCK_R"]), triton.cdiv(k, m["BLOCK_K"]))
+
+    return grid, {"BLOCK_R": min(64, triton.next_power_of_2(r)), "BLOCK_K": min(512, max(32, triton.next_power_of_2(k)))}
 
 
-def _max_programs(grid_of, tiles, names) -> int:
-    """Most programs any config of the autotune space launches: the size of the stats buffer."""
-    if triton_interpreting():
-        return math.prod(grid_of(dict(zip(names, tiles))))
-    return max(math.prod(grid_of(dict(zip(names, t[:2])))) for t in (ROW_TILES if names[1] == "BLOCK_K" else COL_TILES))
+def _cols_tiling(b: int, r: int, c: int, min_c: int = 16):
+    """(grid, interpreter tiles) of column mode over a [b, r, c] view (blocks along r)."""
+    def grid(m):
+        return (triton.cdiv(c, m["BLOCK_C"]), triton.cdiv(r, m["BLOCK_R"]), b)
+
+    return grid, {"BLOCK_R": min(64, max(32, triton.next_power_of_2(r))), "BLOCK_C": min(256, max(min_c, triton.next_power_of_2(c)))}
+
+
+def _stats_buffer(grid, interp: dict, tuned, dev) -> torch.Tensor:
+    """Zeroed per-program partials, sized for the most programs any config of the space launches."""
+    metas = [interp] if triton_interpreting() else [cfg.kwargs for cfg in tuned.configs]
+    n_programs = max(math.prod(grid(m)) for m in metas)
+    return torch.zeros((n_programs, N_STATS), dtype=torch.float64, device=dev)
 
 
 class _Geometry:
@@ -546,37 +559,17 @@ def _quant(x, axis, rule, write_codes, write_fake, with_stats, out_dtype=None):
     v = _bits_if_bf16(g.view)
     if g.rows_mode:
         r, k = v.shape
-        names = ("BLOCK_R", "BLOCK_K")
-        tiles = (min(64, triton.next_power_of_2(r)), min(512, max(32, triton.next_power_of_2(k))))
-
-        def grid(m):
-            return (triton.cdiv(r, m["BLOCK_R"]), triton.cdiv(k, m["BLOCK_K"]))
-
-        stats = _stats_buffer(with_stats, grid, tiles, names, dev)
-        args = (v, codes if write_codes else dummy, scales if write_codes else dummy,
-                _bits_if_bf16(out) if write_fake else dummy, stats if with_stats else dummy,
-                r, k, g.n_blocks, v.stride(0), k, _bucket(r))
-        _launch(_quant_rows_kernel, _quant_rows_tuned, grid, tiles, args, names, **flags)
+        kernel, tuned, (grid, interp) = _quant_rows_kernel, _quant_rows_tuned, _rows_tiling(r, k)
+        sizes = (r, k, g.n_blocks, v.stride(0), k, _bucket(r))
     else:
         b, r, c = g.b, g.r, g.c
-        names = ("BLOCK_R", "BLOCK_C")
-        tiles = (min(64, max(32, triton.next_power_of_2(r))), min(256, max(16, triton.next_power_of_2(c))))
-
-        def grid(m):
-            return (triton.cdiv(c, m["BLOCK_C"]), triton.cdiv(r, m["BLOCK_R"]), b)
-
-        stats = _stats_buffer(with_stats, grid, tiles, names, dev)
-        args = (v, codes if write_codes else dummy, scales if write_codes else dummy,
-                _bits_if_bf16(out) if write_fake else dummy, stats if with_stats else dummy,
-                r, c, g.n_blocks, r * c, c, r * c, c, _bucket(b * c))
-        _launch(_quant_cols_kernel, _quant_cols_tuned, grid, tiles, args, names, **flags)
+        kernel, tuned, (grid, interp) = _quant_cols_kernel, _quant_cols_tuned, _cols_tiling(b, r, c)
+        sizes = (r, c, g.n_blocks, r * c, c, r * c, c, _bucket(b * r))
+    stats = _stats_buffer(grid, interp, tuned, dev) if with_stats else None
+    args = (v, codes if write_codes else dummy, scales if write_codes else dummy,
+            _bits_if_bf16(out) if write_fake else dummy, stats if with_stats else dummy, *sizes)
+    launch_tuned(kernel, tuned, grid, interp, args, **flags)
     return fmt, g, rule, codes, scales, out, stats
-
-
-def _stats_buffer(with_stats, grid, tiles, names, dev):
-    if not with_stats:
-        return None
-    return torch.zeros((_max_programs(grid, tiles, names), N_STATS), dtype=torch.float64, device=dev)
 
 
 def quantize(x: torch.Tensor, axis: int = -1, scale_rule: str | None = None) -> QuantizedTensor:
@@ -617,15 +610,10 @@ def fake_quantize_both(x: torch.Tensor, scale_rule: str | None = None, dtype: to
     r, c = x.shape
     along_rows = torch.empty_like(x, dtype=dtype or x.dtype)
     along_cols = torch.empty_like(along_rows)
-    names = ("BLOCK_R", "BLOCK_C")
-    tiles = (min(64, max(32, triton.next_power_of_2(r))), min(256, max(32, triton.next_power_of_2(c))))
-
-    def grid(m):
-        return (triton.cdiv(c, m["BLOCK_C"]), triton.cdiv(r, m["BLOCK_R"]))
-
+    grid, interp = _cols_tiling(1, r, c, min_c=32)  # blocks along both axes: 32 columns at least
     args = (_bits_if_bf16(x), _bits_if_bf16(along_rows), _bits_if_bf16(along_cols), r, c, c, _bucket(r))
     flags = dict(RULE=RULE_IDS[rule], IN_BF16=x.dtype == torch.bfloat16, OUT_BF16=along_rows.dtype == torch.bfloat16)
-    _launch(_fake_both_kernel, _fake_both_tuned, grid, tiles, args, names, **flags)
+    launch_tuned(_fake_both_kernel, _fake_both_tuned, grid, interp, args, **flags)
     return along_rows, along_cols
 
 
@@ -640,23 +628,11 @@ def dequantize(qt: QuantizedTensor, dtype: torch.dtype | None = None) -> torch.T
     out = torch.empty(shape, dtype=dtype or qt.dtype, device=codes.device)
     o = _bits_if_bf16(out)
     b, r, c = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
-    if c == 1:
-        rows, k = b, r
-        names = ("BLOCK_R", "BLOCK_K")
-        tiles = (min(64, triton.next_power_of_2(rows)), min(512, max(32, triton.next_power_of_2(k))))
-
-        def grid(m):
-            return (triton.cdiv(rows, m["BLOCK_R"]), triton.cdiv(k, m["BLOCK_K"]))
-
-        _launch(_dequant_rows_kernel, _dequant_rows_tuned, grid, tiles, (codes, scales, o, rows, k, n_blocks, _bucket(rows)),
-                names, OUT_BF16=out.dtype == torch.bfloat16)
+    flags = dict(OUT_BF16=out.dtype == torch.bfloat16)
+    if c == 1:  # blocked axis last: b rows of r
+        grid, interp = _rows_tiling(b, r)
+        launch_tuned(_dequant_rows_kernel, _dequant_rows_tuned, grid, interp, (codes, scales, o, b, r, n_blocks, _bucket(b)), **flags)
     else:
-        names = ("BLOCK_R", "BLOCK_C")
-        tiles = (min(64, max(32, triton.next_power_of_2(r))), min(256, max(16, triton.next_power_of_2(c))))
-
-        def grid(m):
-            return (triton.cdiv(c, m["BLOCK_C"]), triton.cdiv(r, m["BLOCK_R"]), b)
-
-        _launch(_dequant_cols_kernel, _dequant_cols_tuned, grid, tiles, (codes, scales, o, r, c, n_blocks, _bucket(b * c)),
-                names, OUT_BF16=out.dtype == torch.bfloat16)
+        grid, interp = _cols_tiling(b, r, c)
+        launch_tuned(_dequant_cols_kernel, _dequant_cols_tuned, grid, interp, (codes, scales, o, r, c, n_blocks, _bucket(b * r)), **flags)
     return out
