@@ -39,6 +39,10 @@ class Recipe(BaseModel):
         default_factory=lambda: list(DEFAULT_MODULES), description="module kinds quantized")
     corrections: list[dict | str] = Field(default_factory=list, description="registered corrections with parameters")
     activations: bool = Field(True, description="false: weight-only (W4A16); activations and gradients stay unquantized")
+    inject: Literal["scale", "dead", "grid"] | None = Field(
+        None, description="only this MXFP4 error component is added to each operand (x + e_c; the pathway matrix)")
+    remove: Literal["scale", "dead", "grid"] | None = Field(
+        None, description="MXFP4 minus this error component (MX(x) - e_c: a perfect correction of it)")
 
     @field_validator("gemms")
     @classmethod
@@ -61,6 +65,17 @@ class Recipe(BaseModel):
             object.__setattr__(self, "scale_rule", rule)
         return self
 
+    @model_validator(mode="after")
+    def _injection(self):
+        if self.inject is None and self.remove is None:
+            return self
+        if self.inject is not None and self.remove is not None:
+            raise ValueError(f"recipe {self.name!r}: set one of inject or remove, not both")
+        if not self.quantize or self.corrections or not self.activations:
+            raise ValueError(f"recipe {self.name!r}: inject/remove act on plain MXFP4 operands; they need quantize: true, "
+                             "activations: true and no corrections")
+        return self
+
     def build_corrections(self) -> list[corr.Correction]:
         """Fresh correction objects (they carry run state such as AQN's sigma and fallback counts)."""
         return [corr.build(c) for c in self.corrections]
@@ -70,6 +85,11 @@ class Recipe(BaseModel):
         if not self.quantize:
             return None
         corrections = self.build_corrections() if corrections is None else corrections
+        if self.inject or self.remove:
+            from ..numerics.injection import ComponentQuantizer
+
+            return ComponentQuantizer(self.format, self.scale_rule, corrections, inject=self.inject, remove=self.remove,
+                                      gemms=self.gemms, modules=self.modules, name=self.name)
         return Quantizer(self.format, self.scale_rule, corrections, gemms=self.gemms, modules=self.modules, name=self.name,
                          activations=self.activations)
 

@@ -109,6 +109,46 @@ def _share(part: float, total: float) -> float:
     return part / total if total > 0 else 0.0
 
 
+def _block_components(x, fmt: BlockFormat, axis: int, rule, block_quantizer=None, dtype=torch.float64):
+    """The blocks of x (in ``dtype``) and, per block, the stored and ideal quantizations and the three
+    error components (see the module docstring), all in ``dtype``."""
+    elem = fmt.element
+    blocks32 = to_blocks(x, axis, fmt.block_size)
+    if block_quantizer is None:
+        tensor_scale = nvfp4_tensor_scale(x, fmt) if fmt.tensor_scale else None
+        stored_grid, _, scale = quantize_blocks(blocks32, fmt, rule, tensor_scale)
+    else:
+        stored_grid, scale = block_quantizer(blocks32)
+    blocks = blocks32.to(dtype)
+    stored_grid = stored_grid.to(dtype)
+    s = scale.to(dtype).unsqueeze(-1)
+    quantized = stored_grid * s
+    amax = blocks.abs().amax(-1, keepdim=True)
+    nonzero = amax > 0
+    safe_amax = torch.where(nonzero, amax, torch.ones_like(amax))
+    ideal_grid = torch.where(nonzero, round_to_grid(blocks * elem.max_value / safe_amax, elem), 0.0)
+    x_grid = ideal_grid * amax / elem.max_value
+    dead = ideal_grid == 0
+    return blocks, {
+        "quantized": quantized, "stored_grid": stored_grid, "s": s, "ideal_grid": ideal_grid,
+        "s_star": amax / elem.max_value, "dead": dead,
+        "e_dead": torch.where(dead, -blocks, 0.0),
+        "e_grid": torch.where(dead, 0.0, x_grid - blocks),
+        "e_scale": quantized - x_grid,
+    }
+
+
+def error_components(x: torch.Tensor, fmt: str | BlockFormat = "mxfp4", axis: int = -1, scale_rule: str | None = None,
+                     *, block_quantizer=None, dtype=torch.float64) -> dict[str, torch.Tensor]:
+    """The three error components of ``x`` as tensors of x's shape in ``dtype`` (float64 by default),
+    keyed ``scale``, ``dead``, ``grid``, plus ``quantized`` (MX(x)): the lean path of ``decompose``
+    (no statistics, no Shapley), for injecting one component into a GEMM operand."""
+    fmt, axis, rule = check_input(x, fmt, axis, scale_rule)
+    _, parts = _block_components(x, fmt, axis, rule, block_quantizer, dtype)
+    return {name: from_blocks(parts[key], x.shape, axis)
+            for name, key in (("scale", "e_scale"), ("dead", "e_dead"), ("grid", "e_grid"), ("quantized", "quantized"))}
+
+
 def decompose(
     x: torch.Tensor,
     fmt: str | BlockFormat = "mxfp4",
@@ -129,30 +169,10 @@ def decompose(
     n_bad = int((~torch.isfinite(x)).sum())
     if n_bad:
         raise ValueError(f"decompose needs finite input; found {n_bad} NaN or infinite elements")
-    elem = fmt.element
-    blocks32 = to_blocks(x, axis, fmt.block_size)
-    if block_quantizer is None:
-        tensor_scale = nvfp4_tensor_scale(x, fmt) if fmt.tensor_scale else None
-        stored_grid, _, scale = quantize_blocks(blocks32, fmt, rule, tensor_scale)
-    else:
-        stored_grid, scale = block_quantizer(blocks32)
-
-    blocks = blocks32.double()
-    stored_grid = stored_grid.double()
-    s = scale.double().unsqueeze(-1)
-    quantized = stored_grid * s
-    amax = blocks.abs().amax(-1, keepdim=True)
-    nonzero = amax > 0
-    safe_amax = torch.where(nonzero, amax, torch.ones_like(amax))
-    ideal_grid = torch.where(nonzero, round_to_grid(blocks * elem.max_value / safe_amax, elem), 0.0)
-    x_grid = ideal_grid * amax / elem.max_value
-    s_star = amax / elem.max_value
-
-    dead = ideal_grid == 0
-    e_dead = torch.where(dead, -blocks, 0.0)
-    e_grid = torch.where(dead, 0.0, x_grid - blocks)
-    e_scale = quantized - x_grid
-    saturated = (blocks / s).abs() > elem.max_value
+    blocks, parts = _block_components(x, fmt, axis, rule, block_quantizer)
+    quantized, e_scale, e_dead, e_grid = parts["quantized"], parts["e_scale"], parts["e_dead"], parts["e_grid"]
+    dead, ideal_grid, s_star, stored_grid, s = parts["dead"], parts["ideal_grid"], parts["s_star"], parts["stored_grid"], parts["s"]
+    saturated = (blocks / s).abs() > fmt.element.max_value
 
     shap = shapley(blocks, ideal_grid, s_star, stored_grid, s)
 

@@ -65,6 +65,11 @@ class Quantizer:
         self.block_quantizer = custom[0] if custom else None
         self._split_takes_valid = [("valid" in inspect.signature(c.split).parameters) for c in self.corrections]
 
+    @property
+    def plain(self) -> bool:
+        """Plain MXFP4 (no correction, no component injection): what the fused Triton paths compute."""
+        return not self.corrections and self.fmt.name == "mxfp4"
+
     def token_alignment(self) -> int:
         """Rows along a blocked axis that one quantization group spans (the block size, times the
         blocks a correction groups): segments aligned to it never share a block or a group."""
@@ -116,7 +121,7 @@ class Quantizer:
         """The decomposition energies and counts of ``x`` from the fused Triton kernel (float32
         arithmetic, 0-dim device tensors, no host sync) where it applies: a tensor the dispatch
         sends to Triton (CUDA), MXFP4, no correction. None otherwise (use ``decompose``)."""
-        if self.corrections or self.fmt.name != "mxfp4" or dispatch.backend_for(x, self.fmt) != "triton":
+        if not self.plain or dispatch.backend_for(x, self.fmt) != "triton":
             return None
         from . import triton_kernels
 

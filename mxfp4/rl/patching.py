@@ -77,7 +77,7 @@ class GemmContext:
     def w4a16_applies(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         """Weight-only MXFP4 without corrections, a bf16 input, Triton dispatch, no autograd."""
         q = self.quantizer
-        return (not q.activations and not q.corrections and q.fmt.name == "mxfp4" and self.gemms["forward"]
+        return (not q.activations and q.plain and self.gemms["forward"]
                 and x.dtype == torch.bfloat16 and weight.dim() == 2 and not torch.is_grad_enabled()
                 and dispatch.backend_for(weight, q.fmt) == "triton")
 
@@ -87,7 +87,7 @@ class GemmContext:
         dispatch runs Triton; None otherwise (each GEMM then quantizes dY itself). Bit-identical to
         the two separate quantizations."""
         q = self.quantizer
-        if (q.activations and not q.corrections and q.fmt.name == "mxfp4" and self.probe is None
+        if (q.activations and q.plain and self.probe is None
                 and self.gemms["input_grad"] and self.gemms["weight_grad"] and dy2.dim() == 2
                 and dispatch.backend_for(dy2, q.fmt) == "triton"):
             from ..numerics import triton_kernels
