@@ -40,6 +40,7 @@ ALL_EVALS = [cell_path(m, r, s, "eval/results.json") for m in MODELS for r in RE
 include: "workflow/rules/kernels.smk"
 include: "workflow/rules/proofs.smk"
 include: "workflow/rules/cells.smk"
+include: "workflow/rules/pathways.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/compare.smk"
@@ -67,6 +68,11 @@ rule proofs:
 rule pretrain:
     input:
         [f"{RESULTS}/models/{m}" for m in TINY_MODELS],
+
+
+rule pathways:
+    input:
+        f"{RESULTS}/pathways/pathways.csv",
 
 
 rule ablations:

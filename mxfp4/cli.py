@@ -99,6 +99,7 @@ PLOTS = {  # figure -> (drawing function in mxfp4.report.plots, what its input f
     "training": ("training_curves", "aggregate/steps.csv of mxfp4 aggregate"),
     "accuracy": ("accuracy_bars", "aggregate/cells.csv of mxfp4 aggregate"),
     "kernels": ("kernel_throughput", "bench.json of kernels/bench_kernels.py"),
+    "pathways": ("pathway_matrix", "pathways/pathways.csv (every model's mxfp4 pathways rows)"),
 }
 
 
@@ -129,9 +130,13 @@ def _cmd_claims(args) -> int:
     for name, path in inputs.items():
         if not Path(path).is_file():
             raise ValueError(f"claims needs --{name} {path}, which does not exist (snakemake --cores all claims makes it)")
-    rows = run_claims(inputs["cells"], inputs["proofs"], inputs["corrections"], args.out or root / "claims.md", args.profile)
+    pathways = args.pathways or root / "pathways" / "pathways.csv"
+    if args.pathways and not Path(pathways).is_file():
+        raise ValueError(f"claims: --pathways {pathways} does not exist (snakemake --cores all pathways makes it)")
+    rows = run_claims(inputs["cells"], inputs["proofs"], inputs["corrections"], args.out or root / "claims.md", args.profile,
+                      pathways_csv=pathways)
     for r in rows:
-        print(f"{r['held']:<40} {r['model']:<28} {r['claim']}")
+        print(f"{r['verdict']:<40} {r['model']:<28} {r['claim']}")
     return 0
 
 
@@ -183,6 +188,16 @@ def _cmd_cell(args) -> int:
     m = run_cell(args.profile, args.model, args.recipe, args.seed, results=args.results, recipes_file=args.recipes)
     print(json.dumps({k: m[k] for k in ("gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_entropy",
                                         "mean_grad_cosine", "mean_step_time", "wall_time_seconds")}, indent=2))
+    return 0
+
+
+def _cmd_pathways(args) -> int:
+    from .rl.pathways import run_pathways
+
+    out = args.out or f"{args.results}/{args.profile}/pathways/{args.model}/pathways.csv"
+    rows = run_pathways(args.profile, args.model, results=args.results, out_csv=out,
+                        progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(f"wrote {out} ({len(rows)} rows)")
     return 0
 
 
@@ -241,6 +256,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipes", default=None, help="a recipes YAML (default experiments/recipes.yaml)")
     p.set_defaults(func=_cmd_cell)
 
+    p = sub.add_parser("pathways", help="the pathway matrix: each error component injected alone, on gradients, rollouts, entropy")
+    p.add_argument("--profile", default="embedded")
+    p.add_argument("--model", required=True)
+    p.add_argument("--results", default="results")
+    p.add_argument("--out", default=None, help="default results/<profile>/pathways/<model>/pathways.csv")
+    p.set_defaults(func=_cmd_pathways)
+
     p = sub.add_parser("aggregate", help="tidy CSVs of a profile's finished cells (cells, steps, summary)")
     p.add_argument("--profile", default="embedded")
     p.add_argument("--results", default="results")
@@ -253,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cells", default=None, help="default results/<profile>/aggregate/cells.csv")
     p.add_argument("--proofs", default=None, help="default results/<profile>/proofs/proofs.json")
     p.add_argument("--corrections", default=None, help="default results/<profile>/corrections.json")
+    p.add_argument("--pathways", default=None, help="default results/<profile>/pathways/pathways.csv")
     p.add_argument("--out", default=None, help="default results/<profile>/claims.md")
     p.set_defaults(func=_cmd_claims)
 

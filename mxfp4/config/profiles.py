@@ -90,6 +90,20 @@ class EvalSettings(_Strict):
     batch_size: int = Field(32, ge=1)
 
 
+class PathwaySettings(_Strict):
+    """The pathway matrix (``mxfp4 pathways``): how much data each arm is measured on."""
+
+    batches: int = Field(ge=2, description="GRPO batches with non-zero advantages per checkpoint (gradient pathway)")
+    prompts_per_batch: int | None = Field(None, ge=1, description="prompts of a gradient batch (default grpo.prompts_per_step)")
+    prompts: int = Field(ge=2, description="prompts per checkpoint (rollout and entropy pathways)")
+    samples_per_prompt: int = Field(ge=1, description="sampled completions per prompt")
+    sites: list[Literal["forward", "backward", "both"]] = Field(default_factory=lambda: ["both"], min_length=1,
+                                                              description="GEMM sites of the gradient rows")
+    scale_rules: list[Literal["floor", "ceil", "even", "rceil"]] = Field(
+        default_factory=lambda: ["floor", "ceil", "even", "rceil"], description="scale rules of the rule row group")
+    additivity_steps: list[int] = Field(default_factory=lambda: [1, 5], description="k of the additivity test (empty: skip)")
+
+
 class Profile(_Strict):
     name: str
     models: dict[str, ModelSpec] = Field(min_length=1)
@@ -100,6 +114,7 @@ class Profile(_Strict):
     grpo: GRPOSettings
     probe_every: int = Field(0, ge=0, description="steps between gradient/decomposition probes (0: never)")
     eval: EvalSettings
+    pathways: PathwaySettings | None = Field(None, description="the pathway matrix (mxfp4 pathways)")
     bench_shapes: str = Field("", pattern=r"^(\d+x\d+(,\d+x\d+)*)?$", description="kernel benchmark shapes, RxC,...")
 
     @model_validator(mode="after")

@@ -32,7 +32,7 @@ class AdaptiveQuantizationNoise(Correction):
     stages: int = 4
     total_steps: int = 100
     adaptive: bool = False
-    target_entropy: float | None = None
+    target_entropy: float | str | None = None  # a number, or "bf16": the bf16 cell's mean entropy (same model, seed)
     gain: float = 2.0
     sigma_min: float = 1e-5
     sigma_max: float = 5e-2
@@ -46,7 +46,9 @@ class AdaptiveQuantizationNoise(Correction):
         if self.total_steps < 1:
             raise ValueError(f"aqn needs total_steps >= 1, got {self.total_steps}")
         if self.adaptive and self.target_entropy is None:
-            raise ValueError("aqn adaptive mode needs target_entropy (the BF16 run's mean entropy)")
+            raise ValueError("aqn adaptive mode needs target_entropy (a number, or bf16: the BF16 cell's mean entropy)")
+        if isinstance(self.target_entropy, str) and self.target_entropy != "bf16":
+            raise ValueError(f"aqn target_entropy must be a number or 'bf16', got {self.target_entropy!r}")
         self._sigma = self.sigma_start
         self.last_sigma = 0.0
 
@@ -72,10 +74,25 @@ class AdaptiveQuantizationNoise(Correction):
             raise ValueError(f"aqn needs total_steps >= 1, got {total_steps}")
         self.total_steps, self.seed = total_steps, seed
 
+    @property
+    def needs_reference(self) -> bool:
+        """True when the target entropy is the BF16 cell's (``bind_reference`` must be called first)."""
+        return self.target_entropy == "bf16"
+
+    def bind_reference(self, reference: dict) -> None:
+        """Take the target entropy from the BF16 cell's metrics (same model and seed)."""
+        if self.needs_reference:
+            entropy = reference.get("mean_entropy")
+            if entropy is None:
+                raise ValueError("aqn target_entropy: bf16, but the bf16 cell's metrics hold no mean_entropy")
+            self.target_entropy = float(entropy)
+
     def observe(self, metrics: dict) -> None:
         """Adaptive mode: move sigma toward holding the step's ``entropy`` at the target."""
         entropy = metrics.get("entropy")
         if self.adaptive and entropy is not None:
+            if self.needs_reference:
+                raise ValueError("aqn target_entropy: bf16 was never bound to the bf16 cell's entropy (bind_reference)")
             s = self._sigma * math.exp(self.gain * (self.target_entropy - entropy))
             self._sigma = min(self.sigma_max, max(self.sigma_min, s))
 

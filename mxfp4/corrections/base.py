@@ -8,6 +8,8 @@ Numerics hooks (composed by ``mxfp4.numerics.quantizer.Quantizer`` on every quan
 Lifecycle hooks (called by the GRPO cell, which never names a correction):
 
 - ``bind(total_steps, seed)``: once, before training: the run's length and seed;
+- ``needs_reference`` / ``bind_reference(metrics)``: a correction that steers toward the BF16 run
+  (AQN's adaptive mode) gets the metrics of the bf16 cell of the same model and seed;
 - ``rollout_context(model, step)``: a context manager around each rollout generation (AQN);
 - ``observe(metrics)``: after each logged step, with that step's metrics (reward, entropy, ...);
 - ``metrics()``: what the correction wants logged for the step (AQN's sigma), merged into the log.
@@ -45,6 +47,11 @@ class Correction:
     # lifecycle hooks ----------------------------------------------------------------------
     def bind(self, total_steps: int, seed: int) -> None:
         """Called once before training with the number of optimizer steps and the cell's seed."""
+
+    needs_reference = False  # True: call bind_reference with the bf16 cell's metrics before training
+
+    def bind_reference(self, reference: dict) -> None:
+        """Called before training with the bf16 cell's metrics.json when ``needs_reference``."""
 
     def rollout_context(self, model, step: int):
         """Wraps the policy's rollout generation at optimizer step ``step``."""

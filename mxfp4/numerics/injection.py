@@ -8,9 +8,9 @@ can be applied to a GEMM operand by itself (DESIGN.md, "The pathway matrix"):
 
 ``ComponentQuantizer`` is a ``Quantizer``: the model patcher runs it through the same patched GEMMs
 as every recipe, so a recipe's ``gemms`` choose the site (``SITES``: the forward GEMM, the two
-backward GEMMs, or both). The components are computed in float64 on the CPU and float32 on a GPU,
+backward GEMMs, or both). The components are computed in float32 (float64 for a float64 operand),
 then cast to the operand's dtype; so ``inject scale + inject dead + inject grid - 2x = MX(x)`` holds
-to the operand dtype's round-off.
+to float32 round-off.
 
 The pathway matrix's rows (``ROWS``) name the arms: ``none`` (no quantization), ``+c`` (inject c),
 ``all`` (MXFP4), ``-c`` (remove c).
@@ -79,7 +79,7 @@ class ComponentQuantizer(Quantizer):
         return super().__repr__().replace("Quantizer(", f"ComponentQuantizer({self.row}, ", 1)
 
     def __call__(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None) -> torch.Tensor:
-        dtype = torch.float64 if x.device.type == "cpu" else torch.float32
+        dtype = torch.float32 if x.dtype != torch.float64 else torch.float64
         parts = error_components(x, self.fmt, axis, self.scale_rule, dtype=dtype)
         if self.inject:
             out = x.to(dtype) + parts[self.inject]

@@ -1,15 +1,43 @@
 """Compare a recipe's cells against stored baselines: per metric, the difference of means over seeds
-with a 95% Welch interval, and a verdict (better / worse / no significant difference)."""
+(paired by seed where both sides have the same seeds: same initialisation, data order and sampling
+RNG; a 95% Welch interval otherwise), and a verdict (better / worse / no significant difference).
+
+Step times are compared only as ratios to a bf16 cell of the same run and seed (``step_time_vs_bf16``):
+absolute seconds of two runs may come from two machines, so they get no verdict."""
 
 from __future__ import annotations
 
 from ..io import write_text_atomic
 from .aggregate import read_cells, read_csv
-from .stats import HIGHER_IS_BETTER, verdict, welch_diff
+from .stats import HIGHER_IS_BETTER, paired_diff, verdict, welch_diff
 
 COMPARED = ["gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_rollout_accuracy", "mean_entropy",
-            "mean_grad_cosine", "mean_grad_rel_norm_error", "mean_step_time"]
+            "mean_grad_cosine", "mean_grad_rel_norm_error", "step_time_vs_bf16", "mean_step_time"]
 TIMINGS = {"mean_step_time"}  # shown, never judged: the stored baselines may come from another machine
+HIGHER_IS_BETTER = {**HIGHER_IS_BETTER, "step_time_vs_bf16": False}
+
+
+def with_time_ratio(cells: list[dict]) -> list[dict]:
+    """Each cell with ``step_time_vs_bf16``: its mean step time over the bf16 cell's of the same run,
+    model and seed (None where that run has no such bf16 cell)."""
+    bf16 = {(c["model"], c["seed"]): c.get("mean_step_time") for c in cells if c["recipe"] == "bf16"}
+    out = []
+    for c in cells:
+        ref, t = bf16.get((c["model"], c["seed"])), c.get("mean_step_time")
+        out.append({**c, "step_time_vs_bf16": t / ref if t is not None and ref else None})
+    return out
+
+
+def difference(mine: list[dict], theirs: list[dict], metric: str) -> dict:
+    """Paired by seed when both sides have the same seeds, else Welch; says which in ``method``."""
+    a = {int(r["seed"]): r.get(metric) for r in mine}
+    b = {int(r["seed"]): r.get(metric) for r in theirs}
+    if set(a) == set(b) and len(a) >= 2:
+        seeds = sorted(a)
+        d = paired_diff([a[s] for s in seeds], [b[s] for s in seeds])
+        return {"diff": d["diff"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n_a": d["n"], "n_b": d["n"],
+                "method": "paired by seed (t)"}
+    return {**welch_diff(list(a.values()), list(b.values())), "method": "Welch (seeds differ)"}
 
 
 def compare_rows(new: list[dict], baselines: list[dict], recipe: str) -> list[dict]:
@@ -20,10 +48,10 @@ def compare_rows(new: list[dict], baselines: list[dict], recipe: str) -> list[di
         for base in sorted({r["recipe"] for r in baselines if r["model"] == model}):
             theirs = [r for r in baselines if r["model"] == model and r["recipe"] == base]
             for metric in COMPARED:
-                d = welch_diff([r.get(metric) for r in mine], [r.get(metric) for r in theirs])
+                d = difference(mine, theirs, metric)
                 v = verdict(d, HIGHER_IS_BETTER.get(metric))
                 if metric in TIMINGS:
-                    v = "no verdict (timings of different runs may come from different machines)"
+                    v = "no verdict (seconds of different runs may come from different machines; see step_time_vs_bf16)"
                 out.append({"model": model, "recipe": recipe, "baseline": base, "metric": metric, **d, "verdict": v})
     return out
 
@@ -47,22 +75,24 @@ def setting_check(new: list[dict], baselines: list[dict]) -> str:
 
 def markdown(rows: list[dict], recipe: str, check: str = "") -> str:
     lines = [f"# `{recipe}` against the stored baselines", "",
-             "Difference = mean over seeds of the new recipe minus the baseline's; 95% Welch interval.", "",
+             "Difference = mean over seeds of the new recipe minus the baseline's; 95% interval paired by seed",
+             "(Welch where the seeds differ). Step time is judged only as a ratio to the same run's bf16 cell.", "",
              *([check, ""] if check else []),
-             "| model | baseline | metric | difference | 95% CI | seeds (new/base) | verdict |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| model | baseline | metric | difference | 95% CI | method | seeds (new/base) | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         ci = "—" if r["ci_low"] is None else f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]"
-        lines.append(f"| {r['model']} | {r['baseline']} | {r['metric']} | {_fmt(r['diff'])} | {ci} | {r['n_a']}/{r['n_b']} | {r['verdict']} |")
+        lines.append(f"| {r['model']} | {r['baseline']} | {r['metric']} | {_fmt(r['diff'])} | {ci} | {r['method']} | "
+                     f"{r['n_a']}/{r['n_b']} | {r['verdict']} |")
     return "\n".join(lines) + "\n"
 
 
 def run_compare(results, profile: str, recipe: str, baselines_csv, out_md, figure_stem=None) -> list[dict]:
     cells, _ = read_cells(results, profile)
-    new = [c for c in cells if c["recipe"] == recipe]
+    new = [c for c in with_time_ratio(cells) if c["recipe"] == recipe]
     if not new:
         raise ValueError(f"no finished cells of recipe {recipe!r} in profile {profile!r}; run them first")
-    baselines = read_csv(baselines_csv)
+    baselines = with_time_ratio(read_csv(baselines_csv))
     models = {r["model"] for r in new}
     rows = compare_rows(new, baselines, recipe)
     write_text_atomic(out_md, markdown(rows, recipe, setting_check(new, [b for b in baselines if b["model"] in models])))

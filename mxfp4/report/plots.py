@@ -213,3 +213,61 @@ def compare_figure(rows: list[dict], recipe: str, out_stem: Path | str) -> list[
             ax.set_xlabel(f"{recipe} minus baseline")
     fig.suptitle(f"{recipe} against the stored baselines (95% Welch intervals over seeds)")
     return save(fig, out_stem)
+
+
+PATHWAY_PANELS = (  # (metric, x label, transform of a grad cosine into harm)
+    ("grad_cosine", "1 - gradient cosine vs unquantized (batches)", True),
+    ("rollout_accuracy_diff", "rollout accuracy minus unquantized (paired, prompts)", False),
+    ("entropy_diff", "token entropy minus unquantized (paired, prompts)", False),
+)
+
+
+def pathway_matrix(pathways_csv: Path | str, out_stem: Path | str) -> list[Path]:
+    """The pathway matrix: rows the injection arms, columns the three pathways (effects against the
+    unquantized arm with 95% intervals; one marker per model and checkpoint), and the gradient
+    cosine by layer depth per injected component."""
+    import csv
+
+    rows = list(csv.DictReader(Path(pathways_csv).open()))
+    arms = ["+scale", "+dead", "+grid", "all", "-scale", "-dead", "-grid"]
+    series = list(dict.fromkeys((r["model"], r["checkpoint"]) for r in rows))
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.2), layout="constrained")
+    arm_color = {"+scale": COLORS["scale"], "+dead": COLORS["dead"], "+grid": COLORS["grid"], "all": "k"}
+    for ax, (metric, label, harm) in zip(axes, PATHWAY_PANELS):
+        for k, (model, ckpt) in enumerate(series):
+            off = (k - (len(series) - 1) / 2) * 0.8 / max(len(series), 1)
+            for i, arm in enumerate(arms):
+                sel = [r for r in rows if r["model"] == model and r["checkpoint"] == ckpt and r["injection"] == arm
+                       and r["metric"] == metric and r["layer"] == "total" and r["site"] in ("both", "forward") and r["mean"]]
+                if not sel:
+                    continue
+                r = sel[0]
+                m, lo, hi = (float(r[c]) if r[c] else None for c in ("mean", "ci_low", "ci_high"))
+                if harm:
+                    m, lo, hi = 1 - m, (None if hi is None else 1 - hi), (None if lo is None else 1 - lo)
+                err = None if lo is None else [[m - lo], [hi - m]]
+                ax.errorbar(m, i + off, xerr=err, fmt="osD^v<>"[k % 7], color=arm_color.get(arm, "#9467bd"), capsize=2,
+                            ms=4, label=f"{model} / {ckpt}" if i == 0 else None)
+        ax.set_yticks(range(len(arms)), arms)
+        ax.invert_yaxis()
+        ax.axvline(0, color="gray", lw=0.6)
+        ax.set_xlabel(label, fontsize=8)
+    axes[0].set_title("gradient accuracy (claimed: scale)", fontsize=9)
+    axes[1].set_title("rollout quality (claimed: deadzone)", fontsize=9)
+    axes[2].set_title("policy entropy (claimed: grid)", fontsize=9)
+    axes[0].legend(fontsize=7, loc="lower right")
+    ax = axes[3]
+    for k, (model, ckpt) in enumerate(series):
+        for arm in ("+scale", "+dead", "+grid", "all"):
+            sel = [r for r in rows if r["model"] == model and r["checkpoint"] == ckpt and r["injection"] == arm
+                   and r["metric"] == "grad_cosine" and r["layer"].startswith("layer") and r["site"] == "both" and r["mean"]]
+            sel.sort(key=lambda r: int(r["layer"][5:]))
+            if sel:
+                ax.plot([int(r["layer"][5:]) for r in sel], [float(r["mean"]) for r in sel], marker="osD^v<>"[k % 7],
+                        color=arm_color[arm], ls=("-", ":", "--", "-.")[k % 4], lw=1, ms=3, label=f"{arm} ({model}/{ckpt})")
+    ax.set_xlabel("layer (input side = 0)")
+    ax.set_ylabel("gradient cosine (mean over batches)")
+    ax.set_title("gradient cosine by depth, per injected component", fontsize=9)
+    ax.legend(fontsize=6)
+    fig.suptitle("Pathway matrix: each MXFP4 error component injected alone (+c), MXFP4 (all), MXFP4 without it (-c)")
+    return save(fig, out_stem)

@@ -54,6 +54,28 @@ def welch_diff(a: list[float], b: list[float]) -> dict:
     return out
 
 
+def paired_diff(a: list, b: list) -> dict:
+    """mean(a - b) over pairs (a[i], b[i]) with a 95% paired t interval (``scipy.stats.ttest_rel``),
+    the pairs' sample std and the two-sided p value. A pair with a missing side is dropped."""
+    pairs = [(float(x), float(y)) for x, y in zip(a, b) if _clean([x]) and _clean([y])]
+    n = len(pairs)
+    out = {"diff": None, "ci_low": None, "ci_high": None, "n": n, "sd": None, "p": None}
+    if n == 0:
+        return out
+    d = np.array([x - y for x, y in pairs])
+    out["diff"] = float(d.mean())
+    if n < 2:
+        return out
+    out["sd"] = float(d.std(ddof=1))
+    if out["sd"] == 0:
+        out.update(ci_low=out["diff"], ci_high=out["diff"], p=1.0 if out["diff"] == 0 else 0.0)
+        return out
+    res = stats.ttest_rel([x for x, _ in pairs], [y for _, y in pairs])
+    ci = res.confidence_interval(0.95)
+    out.update(ci_low=float(ci.low), ci_high=float(ci.high), p=float(res.pvalue))
+    return out
+
+
 def verdict(d: dict, higher_is_better: bool | None = True) -> str:
     if d["diff"] is None:
         return "n/a"

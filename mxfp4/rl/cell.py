@@ -1,7 +1,9 @@
 """One ablation cell: GRPO (TRL's GRPOTrainer) under a recipe, then GSM8K evaluation through lm-eval.
 
 A cell is ``(profile, model, recipe, seed)``; it writes ``results/<profile>/cells/<model>/<recipe>/seed<seed>/``:
-``train_log.jsonl`` (one line per step), ``eval/`` (lm-eval's own output) and ``metrics.json``.
+``train_log.jsonl`` (one line per step), ``eval/`` (lm-eval's own output) and ``metrics.json``; a
+full-precision (bf16 recipe) cell also saves its policy after GRPO in ``policy/`` (the pathway
+matrix's second checkpoint).
 
 Per step the log holds TRL's own metrics (reward mean and std, the accuracy reward = rollout
 accuracy, policy entropy, KL when beta > 0, completion lengths) plus, through ``mxfp4.rl.grpo``:
@@ -158,6 +160,13 @@ def execute(plan: CellPlan) -> dict:
     corrections = recipe.build_corrections()
     for c in corrections:
         c.bind(total_steps=grpo.max_steps, seed=seed)
+    if any(c.needs_reference for c in corrections):
+        reference = cell_dir(plan.results, profile.name, plan.model, "bf16", seed) / "metrics.json"
+        if not reference.exists():
+            raise ValueError(f"recipe {recipe.name!r} steers toward the bf16 cell of the same model and seed, which has not "
+                             f"run ({reference} missing); run that cell first")
+        for c in corrections:
+            c.bind_reference(json.loads(reference.read_text()))
     patch_model(model, recipe.quantizer(corrections))
 
     train, eval_folder = cell_data(profile, plan.results)
@@ -186,6 +195,8 @@ def execute(plan: CellPlan) -> dict:
     t_train = time.time()
     trainer.train()
     train_seconds = time.time() - t_train
+    if not recipe.quantize:
+        save_policy(model, tokenizer, out / "policy")
 
     ev = profile.eval
     model.eval()
@@ -204,6 +215,20 @@ def execute(plan: CellPlan) -> dict:
     )
     write_json_atomic(out / "metrics.json", metrics)
     return metrics
+
+
+def save_policy(model, tokenizer, folder: Path) -> None:
+    """The full-precision policy after GRPO (the pathway matrix's second checkpoint), written whole
+    or not at all."""
+    import shutil
+
+    from .models import save
+
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save(model, tokenizer, tmp)
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
 
 
 def summarize(log_path: Path, scores: dict, model, quantizer, corrections) -> dict:

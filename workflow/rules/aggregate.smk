@@ -33,10 +33,11 @@ rule claims:
         cells=f"{RESULTS}/aggregate/cells.csv",
         proofs=f"{RESULTS}/proofs/proofs.json",
         corrections=f"{RESULTS}/corrections.json",
+        pathways=f"{RESULTS}/pathways/pathways.csv",
     output:
         f"{RESULTS}/claims.md",
     log:
         f"{RESULTS}/logs/claims.log",
     shell:
         "{MXFP4} claims --profile {PROFILE} --cells {input.cells} --proofs {input.proofs} "
-        "--corrections {input.corrections} --out {output} > {log} 2>&1"
+        "--corrections {input.corrections} --pathways {input.pathways} --out {output} > {log} 2>&1"

@@ -3,6 +3,15 @@ def model_input(wc):
     return [f"{RESULTS}/models/{wc.model}"] if wc.model in TINY_MODELS else []
 
 
+def reference_input(wc):
+    """A recipe that steers toward the BF16 run (AQN adaptive) needs the bf16 cell of the same seed first."""
+    from mxfp4.config.recipes import Recipe
+
+    if any(c.needs_reference for c in Recipe.named(wc.recipe).build_corrections()):
+        return [cell_path(wc.model, "bf16", wc.seed)]
+    return []
+
+
 rule pretrain_model:
     """Warm-start a tiny stand-in with SFT on the embedded problems (TRL SFTTrainer)."""
     output:
@@ -18,6 +27,7 @@ rule cell:
     """One ablation cell: GRPO under the recipe, then GSM8K through lm-eval; metrics.json last (atomic)."""
     input:
         model_input,
+        reference_input,
     output:
         metrics=f"{RESULTS}/cells/{{model}}/{{recipe}}/seed{{seed}}/metrics.json",
         log=f"{RESULTS}/cells/{{model}}/{{recipe}}/seed{{seed}}/train_log.jsonl",

@@ -53,8 +53,21 @@ rule figure_kernels:
         "{MXFP4} plot kernels {input} --out {FIGURES}/kernel_throughput > {log} 2>&1"
 
 
+rule figure_pathways:
+    input:
+        f"{RESULTS}/pathways/pathways.csv",
+    output:
+        multiext(f"{FIGURES}/pathway_matrix", ".png", ".pdf"),
+    log:
+        f"{RESULTS}/logs/figure_pathways.log",
+    shell:
+        "{MXFP4} plot pathways {input} --out {FIGURES}/pathway_matrix > {log} 2>&1"
+
+
 rule figures:
-    """Every figure of the profile, and the claims table they support. The cells are named here too:
+    """Every figure of the profile, and the claims table they support, all made by this run (the
+    kernel checks and a short benchmark included; stored reference figures live beside the baselines
+    in results/baselines/<profile>/figures/). The cells are named here too:
     Snakemake does not regenerate a deleted intermediate file whose consumers are up to date, so a
     deleted cell is rerun (alone, then the aggregates) only when a target asks for it directly."""
     input:
@@ -65,3 +78,5 @@ rule figures:
         rules.figure_training.output,
         rules.figure_accuracy.output,
         rules.figure_kernels.output,
+        rules.figure_pathways.output,
+        rules.kernel_checks.output,

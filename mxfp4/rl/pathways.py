@@ -1,0 +1,352 @@
+"""The pathway matrix: each MXFP4 error component injected alone (or removed), measured on the three
+RL pathways the paper maps it to (DESIGN.md, "The pathway matrix").
+
+On fixed checkpoints (the warm-started policy and the policy after the bf16 cell's GRPO steps), every
+arm sees the same data, so the only difference between arms is the injected error:
+
+- gradient accuracy: GRPO batches generated once by the unquantized policy (TRL's own
+  ``_generate_and_score_completions``: rollouts, rewards, advantages), then TRL's ``compute_loss``
+  backward under each arm; cosine and relative norm error against the unquantized gradient of the
+  same batch, total and per layer. Batches whose advantages are all zero carry no policy gradient:
+  they are skipped and counted (``skipped_zero_advantage_batches``).
+- rollout quality and policy entropy: the same prompts sampled under each arm (forward GEMMs) from
+  the same seed; accuracy and mean token entropy per prompt, paired with the unquantized arm.
+- scale rules (floor, ceil, even, rceil) as a row group: weight scale-bias energy and gradient cosine.
+- additivity after RL: from the warm checkpoint and one batch, k AdamW updates under each single
+  injection and under full MXFP4; interaction ratio ``|D_all - sum_c D_c| / |D_all|`` of the
+  parameter deviations from the unquantized update.
+
+Output: a tidy CSV (model, checkpoint, injection, site, layer, metric, mean, ci_low, ci_high, n, method).
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from pathlib import Path
+
+import torch
+
+from ..config.profiles import Profile, load_profile, model_dir
+from ..config.recipes import Recipe
+from ..io import write_text_atomic
+from ..numerics.injection import ROWS, SITES, row_spec
+from ..numerics.decompose import pool_stats
+from ..report.stats import mean_ci, paired_diff
+from . import data as gsm
+from .grad_accuracy import compare
+from .patching import gemm_weights, patch_model, patched_modules, unpatch_model
+
+FIELDS = ["model", "checkpoint", "injection", "site", "layer", "metric", "mean", "ci_low", "ci_high", "n", "p", "method"]
+# The paper's mapping: which component dominates which pathway, and the harm measure of that pathway
+# (larger = worse), per unit (gradient batch or prompt).
+MAPPING = {"gradient": "scale", "rollout": "dead", "entropy": "grid"}
+CONTRAST_METHOD = ("paired over {units}: harm(+{a}) - harm(+{b}), harm = {harm}; 95% t interval, two-sided p "
+                   "(scipy.stats.ttest_rel)")
+SCALE_RULES = ("floor", "ceil", "even", "rceil")
+GRAD_METHOD = "mean over batches, 95% t interval"
+PAIRED_METHOD = "paired difference from the unquantized arm, mean over prompts, 95% t interval (same prompts and sampling seed)"
+
+
+def policy_dir(results, profile: str, model: str, seed: int) -> Path:
+    """Where the bf16 cell of ``seed`` saves its policy after GRPO (the pathway matrix's second checkpoint)."""
+    return Path(results) / profile / "cells" / model / "bf16" / f"seed{seed}" / "policy"
+
+
+def row_quantizer(row: str, site: str = "both", scale_rule: str = "floor"):
+    """The quantizer of a pathway arm (None for ``none``), its operands at ``site``."""
+    spec = row_spec(row)
+    if spec is None:
+        return None
+    return Recipe(name=f"pathway{row}", scale_rule=scale_rule, gemms=SITES[site], **spec).quantizer()
+
+
+class Arm:
+    """Context manager: the model patched as one arm (and unpatched after)."""
+
+    def __init__(self, model, quantizer):
+        self.model, self.quantizer = model, quantizer
+
+    def __enter__(self):
+        if self.quantizer is not None:
+            patch_model(self.model, self.quantizer)
+        return self.model
+
+    def __exit__(self, *exc):
+        if self.quantizer is not None:
+            unpatch_model(self.model)
+        return False
+
+
+def _trainer(model, tokenizer, profile: Profile, seed: int):
+    """TRL's GRPO trainer on this model, used for its batch generation and its loss (never trained)."""
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from .cell import accuracy_reward
+    from .grpo import MXGRPOTrainer
+    from .training import common_args
+
+    g = profile.grpo
+    args = GRPOConfig(max_steps=1, learning_rate=g.learning_rate, per_device_train_batch_size=g.num_generations * batch_prompts(profile),
+                      num_generations=g.num_generations, max_completion_length=g.max_completion_length,
+                      temperature=g.temperature, top_k=0, beta=0.0, loss_type=g.loss_type, logging_steps=1,
+                      router_aux_loss_coef=g.router_aux_loss_coef, **common_args(seed))
+    dummy = Dataset.from_list([{"prompt": "x", "answer": "0"}])
+    trainer = MXGRPOTrainer(model=model, reward_funcs=[accuracy_reward], args=args, train_dataset=dummy,
+                            processing_class=tokenizer)
+    trainer.setup_mx([], 0)
+    trainer.current_gradient_accumulation_steps = 1  # set by TRL's training loop; the loss reads it
+    return trainer
+
+
+def batch_prompts(profile: Profile) -> int:
+    return profile.pathways.prompts_per_batch or profile.grpo.prompts_per_step
+
+
+def gradient_batches(trainer, problems: list[dict], profile: Profile, n_batches: int, seed: int):
+    """(batches, skipped): up to ``n_batches`` GRPO batches with non-zero advantages, generated by
+    the model as it is (unquantized), and the number of all-zero-advantage batches skipped on the way
+    (fewer batches when the problems run out)."""
+    g, size = profile.grpo, batch_prompts(profile)
+    torch.manual_seed(seed)
+    batches, skipped, i = [], 0, 0
+    trainer.model.train()
+    while len(batches) < n_batches:
+        chunk = problems[i * size:(i + 1) * size]
+        i += 1
+        if len(chunk) < size:  # out of problems: the rows say how many batches were usable
+            break
+        inputs = [{"prompt": gsm.PROMPT.format(question=r["question"]), "answer": r["answer"]}
+                  for r in chunk for _ in range(g.num_generations)]
+        with torch.no_grad():
+            batch = trainer._generate_and_score_completions(inputs)
+        if batch["advantages"].abs().max() == 0:
+            skipped += 1
+            continue
+        batches.append(batch)
+    return batches, skipped
+
+
+def batch_gradient(trainer, batch) -> dict[str, torch.Tensor]:
+    """The GRPO loss gradient of one batch, by parameter name (TRL's ``compute_loss``)."""
+    model = trainer.model
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    loss = trainer._without_logging(lambda: trainer.compute_loss(model, batch))
+    grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+    return {n: g.detach() for (n, _), g in zip(params, grads) if g is not None}
+
+
+def rollout_scores(model, tokenizer, problems: list[dict], samples: int, max_new_tokens: int, temperature: float,
+                   seed: int) -> tuple[list[float], list[float]]:
+    """Per prompt: accuracy of ``samples`` sampled completions and their mean token entropy. The
+    sampling RNG is seeded, so arms that differ only in their logits are paired sample by sample."""
+    prompts = [gsm.PROMPT.format(question=r["question"]) for r in problems for _ in range(samples)]
+    enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    torch.manual_seed(seed)
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=True, top_k=0, top_p=1.0,
+                             temperature=temperature, output_logits=True, return_dict_in_generate=True,
+                             pad_token_id=tokenizer.pad_token_id)
+    completion = out.sequences[:, enc["input_ids"].shape[1]:]
+    logits = torch.stack(out.logits, 1).float() / temperature  # [B, T, V]
+    logp = torch.log_softmax(logits, -1)
+    entropy = -(logp.exp() * logp).sum(-1)  # [B, T]
+    eos = tokenizer.eos_token_id
+    ended = (completion == eos).int().cumsum(1)
+    live = (ended == 0) | ((ended == 1) & (completion == eos))  # tokens up to and including the first EOS
+    tok_entropy = (entropy * live).sum(1) / live.sum(1).clamp(min=1)
+    texts = tokenizer.batch_decode(completion, skip_special_tokens=True)
+    correct = torch.tensor([float(gsm.is_correct(t, r["answer"])) for t, r in zip(texts, [r for r in problems for _ in range(samples)])])
+    return correct.view(-1, samples).mean(1).tolist(), tok_entropy.view(-1, samples).mean(1).tolist()
+
+
+def weight_scale_energy(model, quantizer) -> dict:
+    """Pooled decomposition of every weight the quantizer patches (float64)."""
+    stats = [quantizer.decompose(p.detach().float(), -1).stats for _, m, _ in patched_modules(model)
+             for p in gemm_weights(m).values()]
+    return pool_stats(stats)
+
+
+def _row(model, checkpoint, injection, site, layer, metric, est, method) -> dict:
+    return {"model": model, "checkpoint": checkpoint, "injection": injection, "site": site, "layer": layer,
+            "metric": metric, "mean": est["mean"], "ci_low": est["ci_low"], "ci_high": est["ci_high"],
+            "n": est["n"], "p": est.get("p"), "method": method}
+
+
+def contrast_rows(model, checkpoint, harms: dict[str, dict[str, list]], units: dict[str, str], harm_names: dict[str, str]) -> list[dict]:
+    """For each pathway, the claimed dominant component's harm minus each other component's, paired
+    over the same units (metric ``<pathway>_harm_contrast``; positive = the claimed one hurts more)."""
+    rows = []
+    for pathway, top in MAPPING.items():
+        per = harms.get(pathway)
+        if not per:
+            continue
+        for other in (c for c in ("scale", "dead", "grid") if c != top):
+            d = paired_diff(per[top], per[other])
+            rows.append(_row(model, checkpoint, f"+{top} vs +{other}", "forward" if pathway != "gradient" else "both", "total",
+                             f"{pathway}_harm_contrast", {"mean": d["diff"], "ci_low": d["ci_low"], "ci_high": d["ci_high"],
+                                                          "n": d["n"], "p": d["p"]},
+                             CONTRAST_METHOD.format(units=units[pathway], a=top, b=other, harm=harm_names[pathway])))
+    return rows
+
+
+def _grad_rows(model_name, ckpt, injection, site, per_batch: list[dict]) -> list[dict]:
+    rows = []
+    layers = ["total"] + sorted(per_batch[0]["per_layer"], key=_depth)
+    for layer in layers:
+        for metric in ("cosine", "rel_norm_error"):
+            vals = [(b["total"] if layer == "total" else b["per_layer"][layer])[metric] for b in per_batch]
+            rows.append(_row(model_name, ckpt, injection, site, layer, f"grad_{metric}", mean_ci(vals), GRAD_METHOD))
+    return rows
+
+
+def _depth(layer: str):
+    return (0, int(layer[5:])) if layer.startswith("layer") and layer[5:].isdigit() else (1, layer)
+
+
+def additivity(model, trainer, batch, steps: list[int], lr: float) -> dict[int, float]:
+    """Interaction ratio ``|D_all - sum_c D_c| / |D_all|`` after k AdamW updates on one batch, where
+    D_arm is the arm's parameter deviation from the unquantized arm's after the same updates."""
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    finals: dict[str, dict[int, dict]] = {}
+    for row in ("none", "+scale", "+dead", "+grid", "all"):
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(start[n])
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+        finals[row] = {}
+        with Arm(model, row_quantizer(row)):
+            for k in range(1, max(steps) + 1):
+                opt.zero_grad(set_to_none=True)
+                trainer._without_logging(lambda: trainer.compute_loss(model, batch)).backward()
+                opt.step()
+                if k in steps:
+                    finals[row][k] = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(start[n])
+    out = {}
+    for k in steps:
+        base = finals["none"][k]
+        dev = {r: torch.cat([(finals[r][k][n] - base[n]).double().flatten() for n in base]) for r in finals if r != "none"}
+        full = dev["all"]
+        out[k] = float((full - dev["+scale"] - dev["+dead"] - dev["+grid"]).norm() / full.norm()) if full.norm() > 0 else None
+    return out
+
+
+def gradient_pathway(model_name, ckpt, trainer, model, batches, settings, harms) -> list[dict]:
+    """Gradient rows of every arm at every site, and the scale-rule row group; fills
+    ``harms["gradient"]`` with the per-batch harm of each single injection (site both)."""
+    rows = []
+    reference = [batch_gradient(trainer, b) for b in batches]
+
+    def grads_under(quantizer):
+        with Arm(model, quantizer):
+            return [compare(batch_gradient(trainer, b), ref) for b, ref in zip(batches, reference)]
+
+    for site in settings.sites:
+        for row in ROWS[1:]:
+            per_batch = grads_under(row_quantizer(row, site))
+            rows += _grad_rows(model_name, ckpt, row, site, per_batch)
+            if site == "both" and row[0] == "+":
+                harms["gradient"][row[1:]] = [None if b["total"]["cosine"] is None else 1 - b["total"]["cosine"] for b in per_batch]
+    for rule in settings.scale_rules:
+        q = row_quantizer("all", "both", rule)
+        rows += [r for r in _grad_rows(model_name, ckpt, f"rule:{rule}", "both", grads_under(q)) if r["layer"] == "total"]
+        with Arm(model, q):
+            pooled = weight_scale_energy(model, q)
+        for metric in ("energy_scale", "share_scale"):
+            rows.append(_row(model_name, ckpt, f"rule:{rule}", "weights", "total", f"weight_{metric}",
+                             {"mean": pooled[metric], "ci_low": None, "ci_high": None, "n": 1},
+                             "pooled over all quantized weights (float64)"))
+    return rows
+
+
+def checkpoints(profile: Profile, model_name: str, results) -> dict[str, Path]:
+    """The fixed checkpoints: the warm-started policy and (when its bf16 cell ran) the policy after GRPO."""
+    spec = profile.model(model_name)
+    seed = profile.seeds[0]
+    warm = model_dir(results, profile.name, model_name) if spec.arch else Path(spec.hub)
+    out = {"warm": warm}
+    after = policy_dir(results, profile.name, model_name, seed)
+    if (after / "config.json").exists():
+        out["grpo"] = after
+    return out
+
+
+def run_pathways(profile_name: str, model_name: str, results="results", out_csv=None, progress=print) -> list[dict]:
+    from .cell import cell_data
+    from .models import load
+
+    profile = load_profile(profile_name)
+    settings = profile.pathways
+    if settings is None:
+        raise ValueError(f"profile {profile_name!r} has no pathways section; add one (see experiments/profiles/embedded.yaml)")
+    spec = profile.model(model_name)
+    seed = profile.seeds[0]
+    ckpts = checkpoints(profile, model_name, results)
+    if spec.arch and not (ckpts["warm"] / "config.json").exists():
+        raise ValueError(f"the tiny model {model_name!r} has not been warm-started ({ckpts['warm']}); run: mxfp4 pretrain "
+                         f"--profile {profile_name} --model {model_name}")
+    train, _ = cell_data(profile, results)
+    grad_problems = train[: len(train) // 2]
+    roll_problems = train[len(train) // 2:][: settings.prompts]
+    g = profile.grpo
+    rows: list[dict] = []
+    t0 = time.time()
+    for ckpt, path in ckpts.items():
+        model, tokenizer = load(str(path), dtype=getattr(torch, spec.dtype))
+        trainer = _trainer(model, tokenizer, profile, seed)
+        batches, skipped = gradient_batches(trainer, grad_problems, profile, settings.batches, seed)
+        rows.append(_row(model_name, ckpt, "none", "-", "total", "skipped_zero_advantage_batches",
+                         {"mean": float(skipped), "ci_low": None, "ci_high": None, "n": skipped + len(batches)}, "count"))
+        harms: dict[str, dict[str, list]] = {"gradient": {}}
+        if len(batches) >= 2:
+            rows += gradient_pathway(model_name, ckpt, trainer, model, batches, settings, harms)
+            progress(f"[{time.time() - t0:6.1f}s] {model_name}/{ckpt}: gradient and scale-rule rows")
+        else:
+            progress(f"{model_name}/{ckpt}: fewer than 2 usable gradient batches: no gradient rows")
+
+        scores = {}
+        for row in ROWS:
+            with Arm(model, row_quantizer(row, "forward")):
+                scores[row] = rollout_scores(model, tokenizer, roll_problems, settings.samples_per_prompt,
+                                             g.max_completion_length, g.temperature, seed)
+        for row in ROWS:
+            for i, metric in enumerate(("rollout_accuracy", "entropy")):
+                level = mean_ci(scores[row][i])
+                rows.append(_row(model_name, ckpt, row, "forward", "total", metric, level, "mean over prompts, 95% t interval"))
+                if row != "none":
+                    d = paired_diff(scores[row][i], scores["none"][i])
+                    rows.append(_row(model_name, ckpt, row, "forward", "total", f"{metric}_diff",
+                                     {"mean": d["diff"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"], "p": d["p"]},
+                                     PAIRED_METHOD))
+        harms["rollout"] = {c: [-v for v in scores[f"+{c}"][0]] for c in ("scale", "dead", "grid")}
+        harms["entropy"] = {c: scores[f"+{c}"][1] for c in ("scale", "dead", "grid")}
+        rows += contrast_rows(model_name, ckpt, harms,
+                              {"gradient": "gradient batches", "rollout": "prompts", "entropy": "prompts"},
+                              {"gradient": "1 - gradient cosine", "rollout": "- rollout accuracy", "entropy": "mean token entropy"})
+        progress(f"[{time.time() - t0:6.1f}s] {model_name}/{ckpt}: rollout rows ({len(roll_problems)} prompts x {settings.samples_per_prompt})")
+
+        if ckpt == "warm" and settings.additivity_steps and batches:
+            ratios = additivity(model, trainer, batches[0], settings.additivity_steps, g.learning_rate)
+            for k, ratio in ratios.items():
+                rows.append(_row(model_name, ckpt, "interaction", "both", "total", f"interaction_ratio_k{k}",
+                                 {"mean": ratio, "ci_low": None, "ci_high": None, "n": 1},
+                                 f"one batch, {k} AdamW update(s) per arm: |D_all - (D_scale + D_dead + D_grid)| / |D_all|"))
+            progress(f"[{time.time() - t0:6.1f}s] {model_name}/{ckpt}: additivity k={settings.additivity_steps}")
+    if out_csv is not None:
+        write_csv(rows, out_csv)
+    return rows
+
+
+def write_csv(rows: list[dict], path) -> None:
+    import io
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=FIELDS)
+    w.writeheader()
+    w.writerows(rows)
+    write_text_atomic(path, buf.getvalue())

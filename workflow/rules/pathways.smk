@@ -1,0 +1,26 @@
+rule pathways_model:
+    """The pathway matrix of one model: each error component injected alone (or removed) on the
+    warm-started policy and on the bf16 cell's policy after GRPO (first seed), paired on the same data."""
+    input:
+        model_input,
+        bf16_policy=lambda wc: cell_path(wc.model, "bf16", SEEDS[0]),
+    output:
+        f"{RESULTS}/pathways/{{model}}/pathways.csv",
+    log:
+        f"{RESULTS}/logs/pathways_{{model}}.log",
+    threads: 1
+    shell:
+        "MXFP4_THREADS={threads} {MXFP4} pathways --profile {PROFILE} --model {wildcards.model} --out {output} > {log} 2>&1"
+
+
+rule pathways_table:
+    """Every model's pathway rows in one tidy CSV."""
+    input:
+        [f"{RESULTS}/pathways/{m}/pathways.csv" for m in MODELS],
+    output:
+        f"{RESULTS}/pathways/pathways.csv",
+    run:
+        from mxfp4.io import write_text_atomic
+
+        parts = [open(p).read().splitlines() for p in input]
+        write_text_atomic(output[0], "\n".join(parts[0][:1] + [line for p in parts for line in p[1:]]) + "\n")
