@@ -27,3 +27,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def smoke_results(tmp_path_factory):
+    """A results folder with the smoke profile's tiny models warm-started (shared by the cell and
+    pathway tests)."""
+    from mxfp4.config.profiles import load_profile, model_dir
+    from mxfp4.rl.pretrain import pretrain
+
+    root = tmp_path_factory.mktemp("results")
+    profile = load_profile("smoke")
+    for model, spec in profile.models.items():
+        pretrain(spec.arch, model_dir(root, "smoke", model), max_steps_per_problem=1, **profile.pretrain.model_dump())
+    return root

@@ -9,8 +9,7 @@ from transformers import PreTrainedTokenizerFast
 
 from mxfp4.rl.cell import run_cell
 from mxfp4.rl.models import load
-from mxfp4.rl.pretrain import pretrain
-from mxfp4.config.profiles import load_profile, model_dir
+from mxfp4.config.profiles import model_dir
 
 PROMISED_METRICS = [
     "gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_entropy", "mean_grad_cosine", "decomposition_weights",
@@ -22,12 +21,8 @@ TIMING = {"wall_time_seconds", "train_seconds", "mean_step_time"}
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    root = tmp_path_factory.mktemp("results")
-    profile = load_profile("smoke")
-    for model, spec in profile.models.items():
-        pretrain(spec.arch, model_dir(root, "smoke", model), max_steps_per_problem=1, **profile.pretrain.model_dump())
-    return root
+def results(smoke_results):
+    return smoke_results
 
 
 @pytest.mark.parametrize("model", ["tiny-dense", "tiny-moe"])

@@ -38,17 +38,31 @@ def planned_jobs(output: str) -> dict[str, int]:
 @pytest.mark.parametrize("profile", ["embedded", "smoke", "paper"])
 def test_dry_run_resolves_the_full_dag(workdir, profile):
     jobs = planned_jobs(snakemake(workdir, "-n", "all", "--config", f"profile={profile}"))
-    n_cells = {"embedded": 2 * 6 * 3, "smoke": 2 * 3, "paper": 2 * 6 * 3}[profile]
+    n_cells = {"embedded": 2 * 7 * 3, "smoke": 2 * 3, "paper": 2 * 7 * 3}[profile]
     assert jobs["cell"] == n_cells
     assert jobs.get("pretrain_model", 0) == (0 if profile == "paper" else 2)
-    for rule in ("aggregate", "claims", "figure_training", "figure_accuracy", "kernel_checks", "prove_decomposition"):
+    assert jobs["pathways_model"] == 2
+    for rule in ("aggregate", "claims", "figure_training", "figure_accuracy", "kernel_checks", "prove_decomposition",
+                 "pathways_table", "figure_pathways"):
         assert jobs[rule] == 1, rule
+
+
+def test_figures_drives_the_kernel_checks_and_benchmark_of_this_run(workdir):
+    """A fresh checkout has no figures: the figures target itself runs the kernel checks and the
+    benchmark whose figure it shows, so no figure of another machine passes for this run's."""
+    tracked = subprocess.run(["git", "ls-files", "figures"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    if tracked:  # in a git checkout: no committed figure under figures/
+        assert tracked == ["figures/README.md"], tracked
+    jobs = planned_jobs(snakemake(workdir, "-n", "figures", "--config", "profile=embedded"))
+    for rule in ("kernel_checks", "kernel_bench", "figure_kernels", "pathways_table", "figure_pathways"):
+        assert jobs.get(rule) == 1, rule
 
 
 def test_smoke_profile_runs_to_figures_and_reruns_exactly(workdir):
     snakemake(workdir, "all", "--config", "profile=smoke")
     figures = workdir / "figures" / "smoke"
-    for stem in ("decomposition_shares", "correction_effects", "training_curves", "gsm8k_accuracy", "kernel_throughput"):
+    for stem in ("decomposition_shares", "correction_effects", "training_curves", "gsm8k_accuracy", "kernel_throughput",
+                 "pathway_matrix"):
         assert (figures / f"{stem}.png").stat().st_size > 10_000
         assert (figures / f"{stem}.pdf").exists()
     assert "| claim |" in (workdir / "results" / "smoke" / "claims.md").read_text()

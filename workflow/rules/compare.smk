@@ -1,14 +1,23 @@
+BASELINE_FIGURES = ["decomposition_shares", "correction_effects", "training_curves", "gsm8k_accuracy",
+                    "kernel_throughput", "pathway_matrix"]
+
+
 rule store_baselines:
-    """Store this profile's aggregated cells (and its claims table) as the baselines that `compare`
-    measures new recipes against; results/baselines/ is committed."""
+    """Store this profile's aggregated cells, claims table, pathway matrix and figures as the baselines
+    that `compare` measures new recipes against (results/baselines/ is committed; the figures there
+    are the reference figures, while figures/ holds only what the current run drew)."""
     input:
         f"{RESULTS}/aggregate/cells.csv",
         f"{RESULTS}/aggregate/summary.csv",
         f"{RESULTS}/claims.md",
+        f"{RESULTS}/pathways/pathways.csv",
+        [f"{FIGURES}/{name}{ext}" for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
     output:
         f"{BASELINES}/cells.csv",
         f"{BASELINES}/summary.csv",
         f"{BASELINES}/claims.md",
+        f"{BASELINES}/pathways.csv",
+        [f"{BASELINES}/figures/{name}{ext}" for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
     run:
         from mxfp4.io import copy_atomic
 

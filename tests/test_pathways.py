@@ -1,0 +1,86 @@
+"""The pathway matrix (mxfp4.rl.pathways): every arm measured on the same data, the rows it promises,
+gradient arms that differ from the unquantized one only by the injected error."""
+
+import csv
+
+import pytest
+import torch
+
+from mxfp4.config.profiles import load_profile
+from mxfp4.numerics.injection import ROWS
+from mxfp4.rl.models import build_tiny
+from mxfp4.rl.pathways import FIELDS, Arm, _trainer, batch_gradient, policy_dir, row_quantizer, run_pathways
+from mxfp4.rl.cell import run_cell
+from mxfp4.rl.grad_accuracy import compare
+
+
+@pytest.fixture(scope="module")
+def pathway_rows(smoke_results):
+    if not (policy_dir(smoke_results, "smoke", "tiny-dense", 0) / "config.json").exists():
+        run_cell("smoke", "tiny-dense", "bf16", 0, results=smoke_results)
+    out = smoke_results / "smoke" / "pathways" / "tiny-dense" / "pathways.csv"
+    rows = run_pathways("smoke", "tiny-dense", results=smoke_results, out_csv=out, progress=lambda m: None)
+    return rows, out
+
+
+def test_both_checkpoints_every_arm_and_a_tidy_csv(pathway_rows):
+    rows, out = pathway_rows
+    with out.open() as f:
+        assert csv.DictReader(f).fieldnames == FIELDS
+    assert {r["checkpoint"] for r in rows} == {"warm", "grpo"}
+    for ckpt in ("warm", "grpo"):
+        for arm in ROWS:
+            metrics = {r["metric"] for r in rows if r["checkpoint"] == ckpt and r["injection"] == arm}
+            assert {"rollout_accuracy", "entropy"} <= metrics, (ckpt, arm)
+            if arm != "none":
+                assert {"rollout_accuracy_diff", "entropy_diff"} <= metrics
+        skipped = next(r for r in rows if r["checkpoint"] == ckpt and r["metric"] == "skipped_zero_advantage_batches")
+        usable = skipped["n"] - skipped["mean"]
+        grad = [r for r in rows if r["checkpoint"] == ckpt and r["metric"] == "grad_cosine"]
+        assert bool(grad) == (usable >= 2)  # a batch with all-zero advantages never enters a gradient row
+    contrasts = [r for r in rows if r["metric"].endswith("_harm_contrast")]
+    assert {r["metric"] for r in contrasts} >= {"rollout_harm_contrast", "entropy_harm_contrast"}
+    assert all(r["n"] == 4 for r in rows if r["metric"] == "entropy_diff")  # smoke: 4 prompts, paired
+
+
+def test_the_unquantized_arm_reproduces_its_own_rollouts(smoke_results):
+    """Same prompts, same seed: two runs of one arm give the same per-prompt scores, so every
+    difference between arms is the injected error's."""
+    from mxfp4.rl.data import embedded_split
+    from mxfp4.rl.models import load
+    from mxfp4.rl.pathways import rollout_scores
+
+    model, tok = load(str(smoke_results / "smoke" / "models" / "tiny-dense"))
+    problems = embedded_split("train", 3, seed=0, max_steps=1)
+    a = rollout_scores(model, tok, problems, 2, 16, 1.0, seed=5)
+    b = rollout_scores(model, tok, problems, 2, 16, 1.0, seed=5)
+    with Arm(model, row_quantizer("+grid", "forward")):
+        c = rollout_scores(model, tok, problems, 2, 16, 1.0, seed=5)
+    assert a == b and a[1] != c[1]
+
+
+def _varied_reward(completions, **kw):
+    return [float(len(c) % 2) for c in completions]
+
+
+def test_gradient_arms_differ_from_the_unquantized_gradient_only_by_the_injection():
+    model, tok = build_tiny("tiny-dense", seed=0)
+    profile = load_profile("smoke")
+    trainer = _trainer(model, tok, profile, seed=0)
+    trainer.reward_funcs = [_varied_reward]
+    torch.manual_seed(0)
+    inputs = [{"prompt": f"Question: {i}+1\nAnswer:", "answer": "0"} for i in range(2) for _ in range(profile.grpo.num_generations)]
+    with torch.no_grad():
+        batch = trainer._generate_and_score_completions(inputs)
+    assert batch["advantages"].abs().max() > 0
+    ref = batch_gradient(trainer, batch)
+    again = batch_gradient(trainer, batch)
+    assert compare(again, ref)["total"]["cosine"] == pytest.approx(1.0, abs=1e-12)
+    with Arm(model, row_quantizer("+scale", "backward")):
+        back = batch_gradient(trainer, batch)
+    with Arm(model, row_quantizer("+scale", "both")):
+        both = batch_gradient(trainer, batch)
+    assert all(torch.equal(p, model.get_parameter(n)) for n, p in model.named_parameters())  # nothing trained
+    for g in (back, both):
+        score = compare(g, ref)["total"]
+        assert score["cosine"] < 1 - 1e-6 and score["rel_norm_error"] > 1e-6
