@@ -246,15 +246,19 @@ def gradient_pathway(model_name, ckpt, trainer, model, batches, settings, harms)
         with Arm(model, quantizer):
             return [compare(batch_gradient(trainer, b), ref) for b, ref in zip(batches, reference)]
 
+    full_mxfp4 = None  # the "all" arm at site both is the floor rule's arm: measured once
     for site in settings.sites:
         for row in ROWS[1:]:
             per_batch = grads_under(row_quantizer(row, site))
             rows += _grad_rows(model_name, ckpt, row, site, per_batch)
             if site == "both" and row[0] == "+":
                 harms["gradient"][row[1:]] = [None if b["total"]["cosine"] is None else 1 - b["total"]["cosine"] for b in per_batch]
+            if site == "both" and row == "all":
+                full_mxfp4 = per_batch
     for rule in settings.scale_rules:
         q = row_quantizer("all", "both", rule)
-        rows += [r for r in _grad_rows(model_name, ckpt, f"rule:{rule}", "both", grads_under(q)) if r["layer"] == "total"]
+        per_batch = full_mxfp4 if rule == "floor" and full_mxfp4 is not None else grads_under(q)
+        rows += [r for r in _grad_rows(model_name, ckpt, f"rule:{rule}", "both", per_batch) if r["layer"] == "total"]
         with Arm(model, q):
             pooled = weight_scale_energy(model, q)
         for metric in ("energy_scale", "share_scale"):

@@ -4,9 +4,9 @@ rule kernel_checks:
         f"{RESULTS}/kernels/checks.json",
     log:
         f"{RESULTS}/logs/kernel_checks.log",
-    threads: 2
+    threads: 1
     shell:
-        "{PYTHON} kernels/check_kernels.py --out {output} > {log} 2>&1"
+        "OMP_NUM_THREADS={threads} {PYTHON} kernels/check_kernels.py --out {output} > {log} 2>&1"
 
 
 rule kernel_bench:
