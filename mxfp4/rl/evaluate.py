@@ -38,11 +38,15 @@ def evaluate_gsm8k(lm, data_dir, num_fewshot: int = 0, limit: int | None = None,
     """Run the task; returns {strict_match, flexible_extract, n}. lm-eval's own results (and samples)
     are written under ``output_dir`` when given."""
     from lm_eval import evaluator
+    from lm_eval.tasks import TaskManager
 
     cfg = task_config(data_dir, num_fewshot, max_gen_toks)
     results = evaluator.simple_evaluate(
         model=lm,
         tasks=[cfg],
+        # the task is given whole as a config: skip indexing lm-eval's thousands of bundled task YAMLs
+        # (seconds per cell)
+        task_manager=TaskManager(include_defaults=False),
         limit=limit,
         log_samples=output_dir is not None,
         random_seed=seed,
