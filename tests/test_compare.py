@@ -92,3 +92,19 @@ def test_direct_claims_come_from_the_pathway_contrasts():
     rows = [r for r in build_claims([], proofs, [], pathways) if r["test"].startswith("direct")]
     assert [r["verdict"] for r in rows] == ["held", "not shown"]
     assert rows[1]["n_needed"] is None  # an estimate of the wrong sign: no n resolves it
+
+
+def test_per_problem_comparison_is_mcnemar_on_the_discordant_pairs():
+    from mxfp4.report.compare import item_difference
+
+    def items(recipe, correct):
+        return [{"model": "m", "recipe": recipe, "seed": s, "doc_id": i, "doc_hash": f"h{i}", "strict": float(c)}
+                for s in (0, 1) for i, c in enumerate(correct)]
+
+    base = items("b", [1] * 20 + [0] * 20)
+    same = item_difference(items("a", [1] * 20 + [0] * 20), base)
+    assert same["diff"] == 0 and same["p"] == 1.0 and same["n_a"] == 80
+    better = item_difference(items("a", [1] * 20 + [1] * 10 + [0] * 10), base)  # 20 gained, 0 lost over 80 pairs
+    assert better["diff"] == 0.25 and better["p"] < 1e-5 and "20 gained, 0 lost" in better["method"]
+    other_problems = [dict(r, doc_hash="x" + r["doc_hash"]) for r in items("a", [1] * 40)]
+    assert item_difference(other_problems, base) is None  # a different test set pairs nothing

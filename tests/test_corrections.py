@@ -157,3 +157,27 @@ def test_outside_correction_and_recipe_files_plug_in_through_the_environment(tmp
     finally:
         corr._REGISTRY.pop("test_clip", None)
         sys.modules.pop("my_corrections", None)
+
+
+def test_the_aqn_recipe_uses_qerls_schedule_from_1e_2_to_1e_4_over_10_stages():
+    from mxfp4.config.recipes import Recipe
+
+    (a,) = Recipe.named("mxfp4+aqn").build_corrections()
+    a.bind(total_steps=100, seed=0)
+    sigmas = [a.scheduled_sigma(step) for step in range(0, 100, 10)]  # one step per stage
+    assert sigmas[0] == 0.0 and sigmas[1] == pytest.approx(1e-2) and sigmas[-1] == pytest.approx(1e-4)
+    ratios = [b / a_ for a_, b in zip(sigmas[1:], sigmas[2:])]
+    assert ratios == pytest.approx([ratios[0]] * len(ratios))  # exponential decay
+
+
+def test_adaptive_aqn_takes_its_target_from_the_bf16_cell():
+    from mxfp4.config.recipes import Recipe
+
+    (a,) = Recipe.named("mxfp4+aqn-adaptive").build_corrections()
+    assert a.needs_reference and a.adaptive
+    with pytest.raises(ValueError, match="never bound"):
+        a.observe({"entropy": 0.1})
+    a.bind_reference({"mean_entropy": 0.25})
+    assert a.target_entropy == 0.25 and not a.needs_reference
+    with pytest.raises(ValueError, match="a number or 'bf16'"):
+        AdaptiveQuantizationNoise(adaptive=True, target_entropy="fp32")

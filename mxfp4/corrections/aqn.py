@@ -18,6 +18,7 @@ from .registry import register
 class AdaptiveQuantizationNoise(Correction):
     """Gaussian noise N(0, sigma^2) added to every RMSNorm weight while the policy generates rollouts.
 
+    Defaults are QeRL's (sigma 1e-2 -> 1e-4 over 10 stages).
     Schedule (QeRL): training is split into ``stages`` equal stages; stage 0 is noise-free and stage
     k >= 1 uses ``sigma_k = sigma_start * (sigma_end / sigma_start) ** ((k - 1) / (stages - 2))``
     (exponential decay; with two stages, stage 1 uses sigma_start).
@@ -28,8 +29,8 @@ class AdaptiveQuantizationNoise(Correction):
     """
 
     sigma_start: float = 1e-2
-    sigma_end: float = 5e-4
-    stages: int = 4
+    sigma_end: float = 1e-4
+    stages: int = 10
     total_steps: int = 100
     adaptive: bool = False
     target_entropy: float | str | None = None  # a number, or "bf16": the bf16 cell's mean entropy (same model, seed)

@@ -47,6 +47,24 @@ def read_cells(results: Path | str, profile: str) -> tuple[list[dict], list[dict
     return cells, steps
 
 
+def read_items(results: Path | str, profile: str) -> list[dict]:
+    """One row per (cell, GSM8K problem) from lm-eval's per-sample output: strict and flexible
+    correctness, with lm-eval's ``doc_id`` and ``doc_hash`` (two runs pair a problem on both)."""
+    items = []
+    root = Path(results) / profile / "cells"
+    for metrics in sorted(root.glob("*/*/seed*/metrics.json")):
+        m = json.loads(metrics.read_text())
+        by_doc: dict[int, dict] = {}
+        for samples in sorted((metrics.parent / "eval").glob("samples_*.jsonl")):
+            for line in samples.read_text().splitlines():
+                s = json.loads(line)
+                row = by_doc.setdefault(s["doc_id"], {"model": m["model"], "recipe": m["recipe"], "seed": m["seed"],
+                                                        "doc_hash": s["doc_hash"], "doc_id": s["doc_id"]})
+                row["strict" if s["filter"] == "strict-match" else "flexible"] = float(s["exact_match"])
+        items += by_doc.values()
+    return items
+
+
 def summarize(cells: list[dict]) -> list[dict]:
     groups: dict[tuple, list[dict]] = {}
     for c in cells:
@@ -79,4 +97,7 @@ def aggregate(results: Path | str, profile: str, out: Path | str) -> dict:
     write_csv(cells, out / "cells.csv")
     write_csv(steps, out / "steps.csv")
     write_csv(summarize(cells), out / "summary.csv")
-    return {"cells": len(cells), "steps": len(steps)}
+    items = read_items(results, profile)
+    if items:
+        write_csv(items, out / "items.csv")
+    return {"cells": len(cells), "steps": len(steps), "items": len(items)}

@@ -7,8 +7,10 @@ absolute seconds of two runs may come from two machines, so they get no verdict.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..io import write_text_atomic
-from .aggregate import read_cells, read_csv
+from .aggregate import read_cells, read_csv, read_items
 from .stats import HIGHER_IS_BETTER, paired_diff, verdict, welch_diff
 
 COMPARED = ["gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_rollout_accuracy", "mean_entropy",
@@ -40,7 +42,25 @@ def difference(mine: list[dict], theirs: list[dict], metric: str) -> dict:
     return {**welch_diff(list(a.values()), list(b.values())), "method": "Welch (seeds differ)"}
 
 
-def compare_rows(new: list[dict], baselines: list[dict], recipe: str) -> list[dict]:
+def item_difference(mine: list[dict], theirs: list[dict], key: str = "strict") -> dict | None:
+    """Problem by problem: the (seed, problem) pairs both sides answered, McNemar's exact test on the
+    discordant ones (``scipy.stats.binomtest``). None when no pair is shared."""
+    from scipy.stats import binomtest
+
+    theirs_by = {(int(r["seed"]), int(r["doc_id"]), r["doc_hash"]): r.get(key) for r in theirs}
+    pairs = [(r.get(key), theirs_by[k]) for r in mine
+             if (k := (int(r["seed"]), int(r["doc_id"]), r["doc_hash"])) in theirs_by]
+    pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+    if not pairs:
+        return None
+    gained = sum(1 for a, b in pairs if a > b)
+    lost = sum(1 for a, b in pairs if a < b)
+    p = binomtest(gained, gained + lost, 0.5).pvalue if gained + lost else 1.0
+    return {"diff": (gained - lost) / len(pairs), "ci_low": None, "ci_high": None, "n_a": len(pairs), "n_b": len(pairs),
+            "p": float(p), "method": f"McNemar exact over (seed, problem) pairs: {gained} gained, {lost} lost"}
+
+
+def compare_rows(new: list[dict], baselines: list[dict], recipe: str, new_items=(), base_items=()) -> list[dict]:
     out = []
     models = sorted({r["model"] for r in new})
     for model in models:
@@ -53,6 +73,12 @@ def compare_rows(new: list[dict], baselines: list[dict], recipe: str) -> list[di
                 if metric in TIMINGS:
                     v = "no verdict (seconds of different runs may come from different machines; see step_time_vs_bf16)"
                 out.append({"model": model, "recipe": recipe, "baseline": base, "metric": metric, **d, "verdict": v})
+            d = item_difference([r for r in new_items if r["model"] == model and r["recipe"] == recipe],
+                                [r for r in base_items if r["model"] == model and r["recipe"] == base])
+            if d is not None:
+                v = "no significant difference" if d["p"] >= 0.05 else ("better" if d["diff"] > 0 else "worse")
+                out.append({"model": model, "recipe": recipe, "baseline": base, "metric": "gsm8k_strict_accuracy (per problem)",
+                            **d, "verdict": v})
     return out
 
 
@@ -94,7 +120,9 @@ def run_compare(results, profile: str, recipe: str, baselines_csv, out_md, figur
         raise ValueError(f"no finished cells of recipe {recipe!r} in profile {profile!r}; run them first")
     baselines = with_time_ratio(read_csv(baselines_csv))
     models = {r["model"] for r in new}
-    rows = compare_rows(new, baselines, recipe)
+    items_csv = Path(baselines_csv).with_name("items.csv")
+    base_items = read_csv(items_csv) if items_csv.exists() else []
+    rows = compare_rows(new, baselines, recipe, read_items(results, profile), base_items)
     write_text_atomic(out_md, markdown(rows, recipe, setting_check(new, [b for b in baselines if b["model"] in models])))
     if figure_stem:
         from .plots import compare_figure

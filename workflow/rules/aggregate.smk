@@ -1,11 +1,13 @@
 rule aggregate:
-    """Tidy CSVs: one row per cell, one per cell-step, and per (model, recipe) means with CIs over seeds."""
+    """Tidy CSVs: one row per cell, one per cell-step, one per cell and GSM8K problem (lm-eval's samples),
+    and per (model, recipe) means with CIs over seeds."""
     input:
         ALL_CELLS,
     output:
         cells=f"{RESULTS}/aggregate/cells.csv",
         steps=f"{RESULTS}/aggregate/steps.csv",
         summary=f"{RESULTS}/aggregate/summary.csv",
+        items=f"{RESULTS}/aggregate/items.csv",
     log:
         f"{RESULTS}/logs/aggregate.log",
     shell:

@@ -9,12 +9,14 @@ rule store_baselines:
     input:
         f"{RESULTS}/aggregate/cells.csv",
         f"{RESULTS}/aggregate/summary.csv",
+        f"{RESULTS}/aggregate/items.csv",
         f"{RESULTS}/claims.md",
         f"{RESULTS}/pathways/pathways.csv",
         [f"{FIGURES}/{name}{ext}" for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
     output:
         f"{BASELINES}/cells.csv",
         f"{BASELINES}/summary.csv",
+        f"{BASELINES}/items.csv",
         f"{BASELINES}/claims.md",
         f"{BASELINES}/pathways.csv",
         [f"{BASELINES}/figures/{name}{ext}" for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
