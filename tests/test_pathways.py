@@ -84,3 +84,15 @@ def test_gradient_arms_differ_from_the_unquantized_gradient_only_by_the_injectio
     for g in (back, both):
         score = compare(g, ref)["total"]
         assert score["cosine"] < 1 - 1e-6 and score["rel_norm_error"] > 1e-6
+
+
+def test_the_markdown_matrix_has_a_line_per_arm_and_checkpoint(pathway_rows):
+    from mxfp4.report.pathway_table import markdown
+
+    rows, out = pathway_rows
+    text = markdown(list(csv.DictReader(out.open())))
+    for ckpt in ("warm", "grpo"):
+        for arm in ("+scale", "+dead", "+grid", "all", "-scale", "-dead", "-grid"):
+            assert f"| tiny-dense | {ckpt} | {arm} |" in text
+    entropy = next(r for r in rows if r["checkpoint"] == "warm" and r["injection"] == "+grid" and r["metric"] == "entropy_diff")
+    assert f"{entropy['mean']:+.3f}" in text.split("| tiny-dense | warm | +grid |")[1].splitlines()[0]

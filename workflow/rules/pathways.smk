@@ -14,13 +14,16 @@ rule pathways_model:
 
 
 rule pathways_table:
-    """Every model's pathway rows in one tidy CSV."""
+    """Every model's pathway rows in one tidy CSV, and the matrix as a markdown table."""
     input:
         [f"{RESULTS}/pathways/{m}/pathways.csv" for m in MODELS],
     output:
-        f"{RESULTS}/pathways/pathways.csv",
+        csv=f"{RESULTS}/pathways/pathways.csv",
+        md=f"{RESULTS}/pathways/pathways.md",
     run:
         from mxfp4.io import write_text_atomic
+        from mxfp4.report.pathway_table import run as table
 
         parts = [open(p).read().splitlines() for p in input]
-        write_text_atomic(output[0], "\n".join(parts[0][:1] + [line for p in parts for line in p[1:]]) + "\n")
+        write_text_atomic(output.csv, "\n".join(parts[0][:1] + [line for p in parts for line in p[1:]]) + "\n")
+        table(output.csv, output.md)

@@ -1,0 +1,59 @@
+"""The pathway matrix as a markdown table: per model and checkpoint, each arm's effect on the three
+pathways against the unquantized arm, with 95% intervals and n."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from ..io import write_text_atomic
+
+COLUMNS = (  # (metric, header, turn a cosine into 1 - cosine)
+    ("grad_cosine", "1 - grad cosine", True),
+    ("grad_rel_norm_error", "grad rel. norm error", False),
+    ("rollout_accuracy_diff", "rollout accuracy diff", False),
+    ("entropy_diff", "token entropy diff", False),
+    ("weight_energy_scale", "weight scale-bias energy", False),
+)
+
+
+def _cell(r: dict | None, flip: bool) -> str:
+    if r is None or r["mean"] in ("", None):
+        return "—"
+    m = float(r["mean"])
+    lo, hi = (float(r[k]) if r[k] not in ("", None) else None for k in ("ci_low", "ci_high"))
+    if flip:
+        m, lo, hi = 1 - m, (None if hi is None else 1 - hi), (None if lo is None else 1 - lo)
+    ci = "" if lo is None else f" [{lo:+.3f}, {hi:+.3f}]"
+    return f"{m:+.3f}{ci}"
+
+
+def markdown(rows: list[dict]) -> str:
+    out = ["| model | checkpoint | arm | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
+           "| --- | --- | --- | " + " | ".join("---" for _ in COLUMNS) + " |"]
+    keys = list(dict.fromkeys((r["model"], r["checkpoint"]) for r in rows))
+    for model, ckpt in keys:
+        mine = [r for r in rows if r["model"] == model and r["checkpoint"] == ckpt and r["layer"] == "total"]
+        arms = [a for a in dict.fromkeys(r["injection"] for r in mine)
+                if (a[0] in "+-" and " vs " not in a) or a == "all" or a.startswith("rule:")]
+        for arm in arms:
+            cells = []
+            for metric, _, flip in COLUMNS:
+                hit = [r for r in mine if r["injection"] == arm and r["metric"] == metric and r["site"] in ("both", "forward", "weights")]
+                cells.append(_cell(hit[0] if hit else None, flip))
+            out.append(f"| {model} | {ckpt} | {arm} | " + " | ".join(cells) + " |")
+        n = {m: next((r["n"] for r in mine if r["metric"] == m), "—") for m in ("grad_cosine", "entropy_diff")}
+        skipped = next((r for r in mine if r["metric"] == "skipped_zero_advantage_batches"), None)
+        ratios = [f"k={r['metric'].rsplit('k', 1)[1]}: {float(r['mean']):.2f}" for r in mine
+                  if r["metric"].startswith("interaction_ratio") and r["mean"] not in ("", None)]
+        note = (f"| {model} | {ckpt} | n | {n['grad_cosine']} batches"
+                f"{'' if skipped is None else ' (' + str(int(float(skipped['mean']))) + ' skipped: all-zero advantages)'} | | "
+                f"{n['entropy_diff']} prompts, paired | " + (("interaction ratio " + ", ".join(ratios)) if ratios else "") + " | |")
+        out.append(note)
+    return "\n".join(out) + "\n"
+
+
+def run(pathways_csv, out_md) -> str:
+    text = markdown(list(csv.DictReader(Path(pathways_csv).open())))
+    write_text_atomic(out_md, text)
+    return text
