@@ -255,7 +255,8 @@ def pathway_matrix(pathways_csv: Path | str, out_stem: Path | str) -> list[Path]
     axes[0].set_title("gradient accuracy (claimed: scale)", fontsize=9)
     axes[1].set_title("rollout quality (claimed: deadzone)", fontsize=9)
     axes[2].set_title("policy entropy (claimed: grid)", fontsize=9)
-    axes[0].legend(fontsize=7, loc="lower right")
+    handles = [plt.Line2D([], [], ls="", marker="osD^v<>"[k % 7], color="gray", label=f"{m} / {c}") for k, (m, c) in enumerate(series)]
+    axes[0].legend(handles=handles, fontsize=7, loc="lower right")
     ax = axes[3]
     for k, (model, ckpt) in enumerate(series):
         for arm in ("+scale", "+dead", "+grid", "all"):
@@ -268,6 +269,6 @@ def pathway_matrix(pathways_csv: Path | str, out_stem: Path | str) -> list[Path]
     ax.set_xlabel("layer (input side = 0)")
     ax.set_ylabel("gradient cosine (mean over batches)")
     ax.set_title("gradient cosine by depth, per injected component", fontsize=9)
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=5, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle("Pathway matrix: each MXFP4 error component injected alone (+c), MXFP4 (all), MXFP4 without it (-c)")
     return save(fig, out_stem)
