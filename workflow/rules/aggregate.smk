@@ -7,7 +7,7 @@ rule aggregate:
         cells=f"{RESULTS}/aggregate/cells.csv",
         steps=f"{RESULTS}/aggregate/steps.csv",
         summary=f"{RESULTS}/aggregate/summary.csv",
-        items=f"{RESULTS}/aggregate/items.csv",
+        problems=f"{RESULTS}/aggregate/items.csv",
     log:
         f"{RESULTS}/logs/aggregate.log",
     shell:
