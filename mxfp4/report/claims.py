@@ -150,7 +150,7 @@ def indirect_rows(cells: list[dict], model: str) -> list[dict]:
         if d["n"] == 0:
             continue
         out.append(_row("AQN holds the policy entropy nearer the BF16 run's", model, "indirect (correction, cells)",
-                        f"|entropy - bf16 entropy|: {recipe} minus mxfp4", d, _signed_p(d, -1),
+                        f"abs(entropy - bf16 entropy): {recipe} minus mxfp4", d, _signed_p(d, -1),
                         f"paired t over seeds (n={d['n']}), one-sided", effect_for_n=-d["diff"]))
     return out
 
@@ -228,7 +228,9 @@ def markdown(rows: list[dict], profile: str) -> str:
              "component injected alone against each other one, paired over the same batches or prompts) and indirectly",
              "by their corrections (cells paired by seed). p values are one-sided in the claimed direction; Holm's",
              "correction runs over every tested row. 'held' = Holm-adjusted p < 0.05. MDE80 = the smallest true",
-             "effect this design detects with 80% power; 'n needed' = units that would resolve the observed effect.",
+             "effect this design detects with 80% power; 'n needed' = units (batches, prompts or seeds) that would",
+             "resolve the observed effect at the measured paired spread (for the MoE superiority row: the paper's",
+             "+1.0%; '—' where the estimate has the wrong sign, so that no n resolves it).",
              "Rows true by construction say so.", "",
              "| claim | model | test | measure | value | 95% CI | n | method | p (Holm) | MDE80 | n needed | verdict |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

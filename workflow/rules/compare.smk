@@ -12,6 +12,7 @@ rule store_baselines:
         f"{RESULTS}/aggregate/items.csv",
         f"{RESULTS}/claims.md",
         f"{RESULTS}/pathways/pathways.csv",
+        f"{RESULTS}/pathways/pathways.md",
         [f"{FIGURES}/{name}{ext}" for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
     output:
         f"{BASELINES}/cells.csv",
@@ -19,6 +20,7 @@ rule store_baselines:
         f"{BASELINES}/items.csv",
         f"{BASELINES}/claims.md",
         f"{BASELINES}/pathways.csv",
+        f"{BASELINES}/pathways.md",
         [f"{BASELINES}/figures/{name}{ext}" for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
     run:
         from mxfp4.io import copy_atomic
