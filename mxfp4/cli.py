@@ -201,6 +201,13 @@ def _cmd_pathways(args) -> int:
     return 0
 
 
+def _model_args(p) -> None:
+    """The arguments of a command that works on one model of a profile."""
+    p.add_argument("--profile", default="embedded")
+    p.add_argument("--model", required=True)
+    p.add_argument("--results", default="results")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .numerics.distributions import DISTRIBUTIONS
     from .numerics.formats import FORMATS
@@ -241,25 +248,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_corrections_table)
 
     p = sub.add_parser("pretrain", help="warm-start a profile's tiny model with SFT and save it")
-    p.add_argument("--profile", default="embedded")
-    p.add_argument("--model", required=True)
-    p.add_argument("--results", default="results")
+    _model_args(p)
     p.add_argument("--out", default=None, help="folder to save to (default results/<profile>/models/<model>)")
     p.set_defaults(func=_cmd_pretrain)
 
     p = sub.add_parser("cell", help="one ablation cell: GRPO under a recipe, then GSM8K eval via lm-eval")
-    p.add_argument("--profile", default="embedded")
-    p.add_argument("--model", required=True)
+    _model_args(p)
     p.add_argument("--recipe", required=True)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--results", default="results")
     p.add_argument("--recipes", default=None, help="a recipes YAML (default experiments/recipes.yaml)")
     p.set_defaults(func=_cmd_cell)
 
     p = sub.add_parser("pathways", help="the pathway matrix: each error component injected alone, on gradients, rollouts, entropy")
-    p.add_argument("--profile", default="embedded")
-    p.add_argument("--model", required=True)
-    p.add_argument("--results", default="results")
+    _model_args(p)
     p.add_argument("--out", default=None, help="default results/<profile>/pathways/<model>/pathways.csv")
     p.set_defaults(func=_cmd_pathways)
 

@@ -72,11 +72,8 @@ def _one_sided_p(d: dict, shift: float = 0.0) -> float | None:
 
 
 def _signed_p(d: dict, direction: int) -> float | None:
-    """One-sided p in the claimed direction from a paired difference."""
-    if d["n"] < 2 or d["sd"] is None:
-        return None
-    flipped = dict(d, diff=d["diff"] * direction)
-    return _one_sided_p(flipped)
+    """One-sided p in the claimed direction (``direction`` +1 or -1) from a paired difference."""
+    return _one_sided_p(dict(d, diff=d["diff"] * direction))
 
 
 def _row(claim, model, test, measure, d, p, method, one_sided=True, effect_for_n=None) -> dict:
@@ -109,7 +106,7 @@ def direct_rows(pathways: list[dict]) -> list[dict]:
         if not r["metric"].endswith("_harm_contrast") or r["mean"] in ("", None):
             continue
         pathway = r["metric"].removesuffix("_harm_contrast")
-        top, claim = MECHANISMS[pathway]
+        _, claim = MECHANISMS[pathway]
         n = int(r["n"])
         ci_lo, ci_hi, mean = (float(r[k]) if r[k] not in ("", None) else None for k in ("ci_low", "ci_high", "mean"))
         # recover the paired spread from the t interval (half-width = t_{.975,n-1} sd / sqrt n)
@@ -121,7 +118,7 @@ def direct_rows(pathways: list[dict]) -> list[dict]:
         units = "gradient batches" if pathway == "gradient" else "prompts"
         out.append(_row(claim, f"{r['model']} ({r['checkpoint']})", "direct (pathway matrix)",
                         f"harm {r['injection']} ({pathway}; > 0 as claimed)", d, p,
-                        f"paired t over {n} {units}, one-sided", one_sided=True))
+                        f"paired t over {n} {units}, one-sided"))
     return out
 
 

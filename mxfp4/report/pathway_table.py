@@ -17,13 +17,20 @@ COLUMNS = (  # (metric, header, turn a cosine into 1 - cosine)
 )
 
 
-def _cell(r: dict | None, flip: bool) -> str:
-    if r is None or r["mean"] in ("", None):
-        return "—"
+def estimate(r: dict, flip: bool = False) -> tuple[float, float | None, float | None]:
+    """(mean, ci_low, ci_high) of a pathways.csv row; ``flip`` turns a cosine into 1 - cosine (the
+    interval's ends swap)."""
     m = float(r["mean"])
     lo, hi = (float(r[k]) if r[k] not in ("", None) else None for k in ("ci_low", "ci_high"))
     if flip:
         m, lo, hi = 1 - m, (None if hi is None else 1 - hi), (None if lo is None else 1 - lo)
+    return m, lo, hi
+
+
+def _cell(r: dict | None, flip: bool) -> str:
+    if r is None or r["mean"] in ("", None):
+        return "—"
+    m, lo, hi = estimate(r, flip)
     ci = "" if lo is None else f" [{lo:+.3f}, {hi:+.3f}]"
     return f"{m:+.3f}{ci}"
 

@@ -228,6 +228,8 @@ def pathway_matrix(pathways_csv: Path | str, out_stem: Path | str) -> list[Path]
     cosine by layer depth per injected component."""
     import csv
 
+    from .pathway_table import estimate
+
     rows = list(csv.DictReader(Path(pathways_csv).open()))
     arms = ["+scale", "+dead", "+grid", "all", "-scale", "-dead", "-grid"]
     series = list(dict.fromkeys((r["model"], r["checkpoint"]) for r in rows))
@@ -241,10 +243,7 @@ def pathway_matrix(pathways_csv: Path | str, out_stem: Path | str) -> list[Path]
                        and r["metric"] == metric and r["layer"] == "total" and r["site"] in ("both", "forward") and r["mean"]]
                 if not sel:
                     continue
-                r = sel[0]
-                m, lo, hi = (float(r[c]) if r[c] else None for c in ("mean", "ci_low", "ci_high"))
-                if harm:
-                    m, lo, hi = 1 - m, (None if hi is None else 1 - hi), (None if lo is None else 1 - lo)
+                m, lo, hi = estimate(sel[0], flip=harm)
                 err = None if lo is None else [[m - lo], [hi - m]]
                 ax.errorbar(m, i + off, xerr=err, fmt="osD^v<>"[k % 7], color=arm_color.get(arm, "#9467bd"), capsize=2,
                             ms=4, label=f"{model} / {ckpt}" if i == 0 else None)

@@ -31,11 +31,11 @@ from ..config.profiles import Profile, load_profile, model_dir
 from ..config.recipes import Recipe
 from ..io import write_text_atomic
 from ..numerics.injection import ROWS, SITES, row_spec
-from ..numerics.decompose import pool_stats
 from ..report.stats import mean_ci, paired_diff
 from . import data as gsm
+from .cell import accuracy_reward, cell_data, weight_decomposition
 from .grad_accuracy import compare
-from .patching import gemm_weights, patch_model, patched_modules, unpatch_model
+from .patching import patch_model, unpatch_model
 
 FIELDS = ["model", "checkpoint", "injection", "site", "layer", "metric", "mean", "ci_low", "ci_high", "n", "p", "method"]
 # The paper's mapping: which component dominates which pathway, and the harm measure of that pathway
@@ -83,7 +83,6 @@ def _trainer(model, tokenizer, profile: Profile, seed: int):
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from .cell import accuracy_reward
     from .grpo import MXGRPOTrainer
     from .training import common_args
 
@@ -141,8 +140,8 @@ def rollout_scores(model, tokenizer, problems: list[dict], samples: int, max_new
                    seed: int) -> tuple[list[float], list[float]]:
     """Per prompt: accuracy of ``samples`` sampled completions and their mean token entropy. The
     sampling RNG is seeded, so arms that differ only in their logits are paired sample by sample."""
-    prompts = [gsm.PROMPT.format(question=r["question"]) for r in problems for _ in range(samples)]
-    enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    repeated = [r for r in problems for _ in range(samples)]
+    enc = tokenizer([gsm.PROMPT.format(question=r["question"]) for r in repeated], return_tensors="pt", padding=True)
     torch.manual_seed(seed)
     model.eval()
     with torch.no_grad():
@@ -158,15 +157,8 @@ def rollout_scores(model, tokenizer, problems: list[dict], samples: int, max_new
     live = (ended == 0) | ((ended == 1) & (completion == eos))  # tokens up to and including the first EOS
     tok_entropy = (entropy * live).sum(1) / live.sum(1).clamp(min=1)
     texts = tokenizer.batch_decode(completion, skip_special_tokens=True)
-    correct = torch.tensor([float(gsm.is_correct(t, r["answer"])) for t, r in zip(texts, [r for r in problems for _ in range(samples)])])
+    correct = torch.tensor([float(gsm.is_correct(t, r["answer"])) for t, r in zip(texts, repeated)])
     return correct.view(-1, samples).mean(1).tolist(), tok_entropy.view(-1, samples).mean(1).tolist()
-
-
-def weight_scale_energy(model, quantizer) -> dict:
-    """Pooled decomposition of every weight the quantizer patches (float64)."""
-    stats = [quantizer.decompose(p.detach().float(), -1).stats for _, m, _ in patched_modules(model)
-             for p in gemm_weights(m).values()]
-    return pool_stats(stats)
 
 
 def _row(model, checkpoint, injection, site, layer, metric, est, method) -> dict:
@@ -210,11 +202,15 @@ def additivity(model, trainer, batch, steps: list[int], lr: float) -> dict[int, 
     """Interaction ratio ``|D_all - sum_c D_c| / |D_all|`` after k AdamW updates on one batch, where
     D_arm is the arm's parameter deviation from the unquantized arm's after the same updates."""
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
-    finals: dict[str, dict[int, dict]] = {}
-    for row in ("none", "+scale", "+dead", "+grid", "all"):
+
+    def restore():
         with torch.no_grad():
             for n, p in model.named_parameters():
                 p.copy_(start[n])
+
+    finals: dict[str, dict[int, dict]] = {}
+    for row in ("none", "+scale", "+dead", "+grid", "all"):
+        restore()
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
         finals[row] = {}
         with Arm(model, row_quantizer(row)):
@@ -224,9 +220,7 @@ def additivity(model, trainer, batch, steps: list[int], lr: float) -> dict[int, 
                 opt.step()
                 if k in steps:
                     finals[row][k] = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            p.copy_(start[n])
+    restore()
     out = {}
     for k in steps:
         base = finals["none"][k]
@@ -260,7 +254,7 @@ def gradient_pathway(model_name, ckpt, trainer, model, batches, settings, harms)
         per_batch = full_mxfp4 if rule == "floor" and full_mxfp4 is not None else grads_under(q)
         rows += [r for r in _grad_rows(model_name, ckpt, f"rule:{rule}", "both", per_batch) if r["layer"] == "total"]
         with Arm(model, q):
-            pooled = weight_scale_energy(model, q)
+            pooled = weight_decomposition(model, q)
         for metric in ("energy_scale", "share_scale"):
             rows.append(_row(model_name, ckpt, f"rule:{rule}", "weights", "total", f"weight_{metric}",
                              {"mean": pooled[metric], "ci_low": None, "ci_high": None, "n": 1},
@@ -281,7 +275,6 @@ def checkpoints(profile: Profile, model_name: str, results) -> dict[str, Path]:
 
 
 def run_pathways(profile_name: str, model_name: str, results="results", out_csv=None, progress=print) -> list[dict]:
-    from .cell import cell_data
     from .models import load
 
     profile = load_profile(profile_name)
