@@ -1,7 +1,7 @@
 """Profiles (``experiments/profiles/<name>.yaml``): the grid of cells and every hyperparameter.
 
 Each profile is validated into ``Profile`` (pydantic, strict): a missing or unknown key at any depth,
-a wrong type (``use_vllm: "no"``) or an out-of-range value (``max_steps: 0``, a negative seed) is a
+a wrong type (``gradient_checkpointing: "no"``) or an out-of-range value (``max_steps: 0``, a negative seed) is a
 ``ValueError`` that names the key, what was given and what is accepted.
 """
 
@@ -27,17 +27,37 @@ class _Strict(BaseModel):
 
 
 class ModelSpec(_Strict):
-    """One model of the grid: a tiny stand-in warm-started here (``arch``) or a hub checkpoint (``hub``)."""
+    """One model of the grid: a tiny stand-in warm-started here (``arch``), a hub checkpoint (``hub``),
+    or a randomly initialised model of a real configuration shipped under ``experiments/models/``
+    (``config``: the GPU smoke test of the paper's models, whose weights cannot be downloaded here).
+
+    Master weights and optimizer state are always float32 (a 1e-6 AdamW update on a bfloat16 weight
+    near 0.02 is below half its ulp and rounds away); ``compute: bfloat16`` runs the forward and
+    backward under bf16 autocast (accelerate's mixed precision), the paper's GPU setting.
+    """
 
     arch: Literal["tiny-dense", "tiny-moe"] | None = Field(None, description="tiny stand-in architecture")
     hub: str | None = Field(None, description="Hugging Face hub id (or a local folder)")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="dtype the weights load in")
-    gpus: int = Field(0, ge=0, description="GPUs a cell of this model reserves")
+    config: str | None = Field(None, description="random init from experiments/models/<config>.json")
+    compute: Literal["float32", "bfloat16"] = Field("float32", description="compute dtype (bfloat16: autocast over fp32 masters)")
+    processes: int = Field(1, ge=1, description="training processes of a cell (> 1: accelerate launch with `launch`)")
+    launch: str | None = Field(None, description="accelerate config under experiments/accelerate/ (processes > 1)")
+    gpus: int = Field(0, ge=0, description="GPUs a cell of this model reserves (the Snakemake `gpu` resource)")
 
     @model_validator(mode="after")
     def _one_source(self):
-        if (self.arch is None) == (self.hub is None):
-            raise ValueError("give exactly one of arch (a tiny stand-in) or hub (a checkpoint)")
+        if sum(x is not None for x in (self.arch, self.hub, self.config)) != 1:
+            raise ValueError("give exactly one of arch (a tiny stand-in), hub (a checkpoint) or config (random init "
+                             "from experiments/models/<config>.json)")
+        if self.config is not None and not (EXPERIMENTS / "models" / f"{self.config}.json").exists():
+            known = sorted(p.stem for p in (EXPERIMENTS / "models").glob("*.json"))
+            raise ValueError(f"config {self.config!r}: no experiments/models/{self.config}.json; known: {', '.join(known)}")
+        if self.processes > 1 and self.launch is None:
+            raise ValueError(f"processes: {self.processes} needs launch: an accelerate config under experiments/accelerate/ "
+                             f"(known: {', '.join(sorted(p.name for p in (EXPERIMENTS / 'accelerate').glob('*.yaml')))})")
+        if self.launch is not None and not (EXPERIMENTS / "accelerate" / self.launch).exists():
+            known = sorted(p.name for p in (EXPERIMENTS / "accelerate").glob("*.yaml"))
+            raise ValueError(f"launch {self.launch!r}: no experiments/accelerate/{self.launch}; known: {', '.join(known)}")
         return self
 
 
@@ -77,8 +97,32 @@ class GRPOSettings(_Strict):
     temperature: float = Field(gt=0)
     beta: float = Field(ge=0, description="KL coefficient (0: no reference model)")
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
-    use_vllm: bool = Field(False, description="vLLM rollouts on GPU")
+    rollout: Literal["hf", "vllm"] = Field("hf", description="rollout backend: hf (generate through the patched "
+                                           "model, W4A4, exact to training) or vllm (quantized weights, W4A16)")
     router_aux_loss_coef: float | None = Field(None, ge=0, description="MoE load-balancing loss weight")
+    micro_batch_size: int | None = Field(None, ge=1, description="sequences per device per forward/backward "
+                                         "(gradient accumulation makes up the step; None: the whole step at once)")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass")
+    save_steps: int | None = Field(None, ge=1, description="checkpoint every save_steps; a rerun resumes from the last")
+
+    @model_validator(mode="after")
+    def _micro_batches(self):
+        total = self.num_generations * self.prompts_per_step
+        if self.micro_batch_size is not None and total % self.micro_batch_size:
+            raise ValueError(f"micro_batch_size {self.micro_batch_size} must divide the step's "
+                             f"num_generations x prompts_per_step = {total} sequences")
+        return self
+
+    def accumulation(self, processes: int = 1) -> tuple[int, int]:
+        """(sequences per device per micro-batch, gradient accumulation steps) for ``processes`` ranks."""
+        total = self.num_generations * self.prompts_per_step
+        if total % processes:
+            raise ValueError(f"num_generations x prompts_per_step = {total} sequences do not split over {processes} processes")
+        per_rank = total // processes
+        micro = min(self.micro_batch_size or per_rank, per_rank)
+        if per_rank % micro:
+            raise ValueError(f"micro_batch_size {micro} must divide the {per_rank} sequences of each of {processes} processes")
+        return micro, per_rank // micro
 
 
 class EvalSettings(_Strict):
@@ -113,6 +157,8 @@ class Profile(_Strict):
     data: DataSettings
     grpo: GRPOSettings
     probe_every: int = Field(0, ge=0, description="steps between gradient/decomposition probes (0: never)")
+    probe_rows: int = Field(4096, ge=32, description="rows (tokens, or weight rows) a decomposition probe samples "
+                            "per tensor: its memory does not grow with the model's activations")
     eval: EvalSettings
     pathways: PathwaySettings | None = Field(None, description="the pathway matrix (mxfp4 pathways)")
     bench_shapes: str = Field("", pattern=r"^(\d+x\d+(,\d+x\d+)*)?$", description="kernel benchmark shapes, RxC,...")
@@ -137,7 +183,7 @@ class Profile(_Strict):
     def setting(self, model: str) -> dict:
         """Everything of this profile that determines a cell of ``model`` besides recipe and seed."""
         return {"model": self.model(model).model_dump(), "code_version": CODE_VERSION,
-                **self.model_dump(include={"pretrain", "data", "grpo", "probe_every", "eval"})}
+                **self.model_dump(include={"pretrain", "data", "grpo", "probe_every", "probe_rows", "eval"})}
 
 
 def available() -> list[str]:

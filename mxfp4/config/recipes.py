@@ -43,6 +43,9 @@ class Recipe(BaseModel):
         None, description="only this MXFP4 error component is added to each operand (x + e_c; the pathway matrix)")
     remove: Literal["scale", "dead", "grid"] | None = Field(
         None, description="MXFP4 minus this error component (MX(x) - e_c: a perfect correction of it)")
+    truncated_is_cap: float | None = Field(
+        None, gt=1, description="truncated importance sampling of vLLM rollouts: TRL's IS correction, per-token ratios "
+        "pi_train / pi_vllm clipped at this cap C (None: no correction; HF rollouts are on-policy and ignore it)")
 
     @field_validator("gemms")
     @classmethod

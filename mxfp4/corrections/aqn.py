@@ -100,6 +100,15 @@ class AdaptiveQuantizationNoise(Correction):
     def metrics(self) -> dict:
         return {"aqn/sigma": self.last_sigma}
 
+    def perturbs_rollout(self, step: int) -> bool:
+        return self.sigma(step) > 0
+
+    def state_dict(self) -> dict:
+        return {"sigma": self._sigma, "last_sigma": self.last_sigma}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._sigma, self.last_sigma = float(state["sigma"]), float(state["last_sigma"])
+
     @staticmethod
     def norm_weights(model) -> list[torch.nn.Parameter]:
         return [m.weight for m in model.modules() if type(m).__name__.endswith("RMSNorm") and getattr(m, "weight", None) is not None]

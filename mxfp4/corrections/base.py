@@ -12,7 +12,11 @@ Lifecycle hooks (called by the GRPO cell, which never names a correction):
   (AQN's adaptive mode) gets the metrics of the bf16 cell of the same model and seed;
 - ``rollout_context(model, step)``: a context manager around each rollout generation (AQN);
 - ``observe(metrics)``: after each logged step, with that step's metrics (reward, entropy, ...);
-- ``metrics()``: what the correction wants logged for the step (AQN's sigma), merged into the log.
+- ``metrics()``: what the correction wants logged for the step (AQN's sigma), merged into the log;
+- ``perturbs_rollout(step)``: whether ``rollout_context`` makes the rollout policy differ from the
+  training policy at that step (then the mismatch ledger measures it);
+- ``state_dict()`` / ``load_state_dict(state)``: run state saved with every checkpoint (a resumed
+  cell continues exactly where the killed one stopped).
 
 And ``cost()``: extra bits per element and the fraction kept in BF16, always reported.
 """
@@ -57,8 +61,19 @@ class Correction:
         """Wraps the policy's rollout generation at optimizer step ``step``."""
         return contextlib.nullcontext()
 
+    def perturbs_rollout(self, step: int) -> bool:
+        """True when ``rollout_context`` changes the policy at optimizer step ``step``."""
+        return False
+
     def observe(self, metrics: dict) -> None:
         """Sees the metrics logged for each finished step (keys as in ``train_log.jsonl``)."""
+
+    def state_dict(self) -> dict:
+        """JSON-serialisable run state (what ``observe`` and the numerics hooks accumulate)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict`` returned (resuming from a checkpoint)."""
 
     def metrics(self) -> dict:
         """Metrics to log for the current step, e.g. ``{"aqn/sigma": 0.01}``."""

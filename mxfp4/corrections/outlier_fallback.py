@@ -30,7 +30,7 @@ class OutlierFallback(Correction):
             raise ValueError(f"outlier_fallback k must be in 0..31, got {self.k}")
         if not 0 <= self.fraction <= 1:
             raise ValueError(f"outlier_fallback fraction must be in [0, 1], got {self.fraction}")
-        self._kept = [0, 0]  # elements kept in BF16, elements seen
+        self._kept = [0, 0]  # elements kept in BF16, elements seen (device tensors between syncs)
 
     def outlier_mask(self, x: torch.Tensor, axis: int) -> torch.Tensor:
         axis = axis % x.dim()
@@ -55,11 +55,18 @@ class OutlierFallback(Correction):
         ``valid`` elements when x holds padding)."""
         mask = self.outlier_mask(x, axis)
         counted = mask if valid is None else mask & valid
-        self._kept[0] += int(counted.sum())
-        self._kept[1] += mask.numel() if valid is None else int(valid.expand_as(mask).sum())
+        self._kept[0] = self._kept[0] + counted.sum()  # stays on the device: no host sync per call
+        self._kept[1] = self._kept[1] + (mask.numel() if valid is None else valid.expand_as(mask).sum())
         return mask, torch.where(mask, torch.zeros_like(x), x)
 
+    def state_dict(self) -> dict:
+        return {"kept": [int(v) for v in self._kept]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._kept = [int(v) for v in state["kept"]]
+
     def cost(self) -> dict:
+        self._kept = [int(v) for v in self._kept]  # one sync
         seen = self._kept[1]
         nominal = self.k / 32 if self.mode == "element" else self.fraction
         frac = self._kept[0] / seen if seen else nominal

@@ -70,6 +70,13 @@ class Quantizer:
         """Plain MXFP4 (no correction, no component injection): what the fused Triton paths compute."""
         return not self.corrections and self.fmt.name == "mxfp4"
 
+    @property
+    def exact_in_bf16(self) -> bool:
+        """Every value this quantizer returns is a bfloat16 number (MX elements times a power-of-two
+        scale, high-precision elements rounded to BF16), so a bf16 GEMM on them is exact; not so with
+        a per-tensor FP32 scale (NVFP4) or a BF16 mantissa on the block scale (macro-block)."""
+        return not self.fmt.tensor_scale and self.block_quantizer is None
+
     def token_alignment(self) -> int:
         """Rows along a blocked axis that one quantization group spans (the block size, times the
         blocks a correction groups): segments aligned to it never share a block or a group."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import platform
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -41,16 +42,39 @@ def accuracy_reward(completions, answer, **kwargs) -> list[float]:
     return [1.0 if gsm.is_correct(c, a) else 0.0 for c, a in zip(completions, answer)]
 
 
-def rollout_backend(grpo) -> dict:
-    """vLLM on a GPU when asked and installed (with TRL's importance-sampling correction); else HF generate."""
-    if not grpo.use_vllm or not torch.cuda.is_available():
+def rollout_settings(grpo, recipe) -> dict:
+    """GRPOConfig arguments of the profile's rollout backend. ``hf``: generate through the patched
+    model (W4A4, exact to the training forward). ``vllm``: TRL's colocated vLLM engine fed the
+    recipe's quantized weights (W4A16), with the recipe's truncated importance sampling if it sets a
+    cap. A requested backend that cannot run is an error, never a fallback."""
+    if grpo.rollout == "hf":
         return {"use_vllm": False}
     try:
         import vllm  # noqa: F401
     except ImportError:
-        raise ValueError("the profile asks for vLLM rollouts (grpo.use_vllm: true) but vLLM is not installed; "
-                         "pip install -e '.[gpu]', or set use_vllm: false for HF-generate rollouts") from None
-    return {"use_vllm": True, "vllm_mode": "colocate", "vllm_importance_sampling_correction": True}
+        raise ValueError("the profile asks for vLLM rollouts (grpo.rollout: vllm) but vLLM is not installed; "
+                         "pip install -e '.[gpu]', or set grpo.rollout: hf (generate through the patched model)") from None
+    if not torch.cuda.is_available():
+        raise ValueError("the profile asks for vLLM rollouts (grpo.rollout: vllm), which need a CUDA device; "
+                         "set grpo.rollout: hf to roll out on this machine")
+    cap = recipe.truncated_is_cap
+    return {"use_vllm": True, "vllm_mode": "colocate", "vllm_importance_sampling_correction": cap is not None,
+            "vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": cap or 3.0}
+
+
+def rollout_record(trainer, recipe) -> dict:
+    """What actually generated the rollouts (read back from the trainer, not from the request)."""
+    vllm = bool(getattr(trainer, "use_vllm", False))
+    if not recipe.quantize:
+        precision = "full precision"
+    elif vllm or not recipe.activations:
+        precision = "W4A16 (the recipe's quantized weights)"
+    else:
+        precision = "W4A4 (the training forward)"
+    applied = vllm and bool(getattr(trainer, "vllm_importance_sampling_correction", False))
+    return {"backend": "vllm" if vllm else "hf", "precision": precision,
+            "truncated_is_cap": recipe.truncated_is_cap if applied else None,
+            "truncated_is_requested": recipe.truncated_is_cap}
 
 
 def versions() -> dict:
@@ -139,24 +163,64 @@ def run_cell(profile_name: str, model_name: str, recipe_name: str, seed: int, re
     return execute(plan)
 
 
-def execute(plan: CellPlan) -> dict:
-    from datasets import Dataset
-    from transformers import set_seed
+def grpo_config(plan: CellPlan, output_dir: Path | None = None, processes: int = 1):
+    """TRL's GRPOConfig of a cell: the profile's GRPO settings, its precision (fp32 masters, bf16
+    autocast when the model computes in bf16), micro-batches with gradient accumulation, gradient
+    checkpointing, checkpoints every ``save_steps`` under ``output_dir``, the rollout backend."""
     from trl import GRPOConfig
 
+    grpo, spec = plan.profile.grpo, plan.profile.model(plan.model)
+    micro, accumulation = grpo.accumulation(processes)
+    return GRPOConfig(
+        max_steps=grpo.max_steps,
+        learning_rate=grpo.learning_rate,
+        lr_scheduler_type="constant",
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=accumulation,
+        num_generations=grpo.num_generations,
+        max_completion_length=grpo.max_completion_length,
+        temperature=grpo.temperature,
+        top_k=0,
+        beta=grpo.beta,
+        loss_type=grpo.loss_type,
+        router_aux_loss_coef=grpo.router_aux_loss_coef,
+        logging_steps=1,
+        **common_args(plan.seed, compute=spec.compute, output_dir=output_dir,
+                      save_steps=grpo.save_steps if output_dir is not None else None,
+                      gradient_checkpointing=grpo.gradient_checkpointing),
+        **rollout_settings(grpo, plan.recipe),
+    )
+
+
+def execute(plan: CellPlan) -> dict:
+    from accelerate import PartialState
+    from datasets import Dataset
+    from transformers import set_seed
+
     from .evaluate import evaluate_gsm8k, hf_lm
-    from .grpo import MXGRPOTrainer, StepLogger
+    from .grpo import MXGRPOTrainer, StepLogger, last_checkpoint, resume_state
     from .models import load
 
     t_start = time.time()
+    dist = PartialState()  # one process, or the ranks accelerate launch started
     profile, recipe, seed, out = plan.profile, plan.recipe, plan.seed, plan.out
     spec, grpo = profile.model(plan.model), profile.grpo
+    if dist.num_processes != spec.processes:
+        raise ValueError(f"model {plan.model!r} of profile {profile.name!r} trains on processes: {spec.processes}, but "
+                         f"{dist.num_processes} were launched; launch it as the cell rule does "
+                         f"(accelerate launch --config_file experiments/accelerate/{spec.launch} ...) or fix processes")
+    c_hash = config_hash(profile, plan.model, recipe, seed)
     out.mkdir(parents=True, exist_ok=True)
-    log_path = out / "train_log.jsonl"
-    log_path.unlink(missing_ok=True)
+    log_path, checkpoints = out / "train_log.jsonl", out / "checkpoints"
+    resume = last_checkpoint(checkpoints, c_hash) if grpo.save_steps else None
+    dist.wait_for_everyone()
+    if dist.is_main_process:
+        if resume is None:
+            log_path.unlink(missing_ok=True)
+            shutil.rmtree(checkpoints, ignore_errors=True)  # another configuration's, or a run that never saved
     set_seed(seed)
 
-    model, tokenizer = load(plan.model_ref, dtype=getattr(torch, spec.dtype))
+    model, tokenizer = load(plan.model_ref, dtype=torch.float32)  # fp32 master weights on every device
     corrections = recipe.build_corrections()
     for c in corrections:
         c.bind(total_steps=grpo.max_steps, seed=seed)
@@ -171,67 +235,81 @@ def execute(plan: CellPlan) -> dict:
 
     train, eval_folder = cell_data(profile, plan.results)
     dataset = Dataset.from_list([{"prompt": gsm.PROMPT.format(question=r["question"]), "answer": r["answer"]} for r in train])
-    config = GRPOConfig(
-        max_steps=grpo.max_steps,
-        learning_rate=grpo.learning_rate,
-        lr_scheduler_type="constant",
-        per_device_train_batch_size=grpo.num_generations * grpo.prompts_per_step,
-        gradient_accumulation_steps=1,
-        num_generations=grpo.num_generations,
-        max_completion_length=grpo.max_completion_length,
-        temperature=grpo.temperature,
-        top_k=0,
-        beta=grpo.beta,
-        loss_type=grpo.loss_type,
-        router_aux_loss_coef=grpo.router_aux_loss_coef,
-        logging_steps=1,
-        **common_args(seed),
-        **rollout_backend(grpo),
-    )
+    config = grpo_config(plan, checkpoints if grpo.save_steps else None, dist.num_processes)
     trainer = MXGRPOTrainer(model=model, reward_funcs=[accuracy_reward], args=config, train_dataset=dataset,
                             processing_class=tokenizer)
-    trainer.setup_mx(corrections, profile.probe_every)
-    trainer.add_callback(StepLogger(trainer, log_path))
+    trainer.setup_mx(corrections, profile.probe_every, profile.probe_rows)
+    trainer.add_callback(StepLogger(trainer, log_path, config_hash=c_hash))
+    resumed_from = None
+    if resume is not None:
+        resumed_from = resume_state(resume, log_path if dist.is_main_process else None, corrections)
+        print(f"resuming {out} from {resume} (step {resumed_from} of {grpo.max_steps})", flush=True)
     t_train = time.time()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
     train_seconds = time.time() - t_train
+    digests = weight_digests(trainer)
     if not recipe.quantize:
-        save_policy(model, tokenizer, out / "policy")
+        save_policy(trainer, tokenizer, out / "policy")
 
     ev = profile.eval
     model.eval()
-    lm = hf_lm(model, tokenizer, batch_size=ev.batch_size)
-    scores = evaluate_gsm8k(lm, eval_folder, num_fewshot=ev.num_fewshot, limit=ev.limit,
-                            max_gen_toks=ev.max_gen_toks, output_dir=out / "eval", seed=seed)
-    metrics = summarize(log_path, scores, model, patch_state(model).quantizer, corrections)
-    metrics.update(
-        profile=profile.name, model=plan.model, recipe=recipe.name, seed=seed,
-        wall_time_seconds=time.time() - t_start, train_seconds=train_seconds,
-        config={"recipe": recipe.to_dict(), "grpo": grpo.model_dump(), "data": profile.data.model_dump(),
-                "eval": ev.model_dump(), "model": spec.model_dump()},
-        config_hash=config_hash(profile, plan.model, recipe, seed),
-        setting_hash=setting_hash(profile, plan.model),
-        versions=versions(), git_commit=git_commit(), device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-    )
-    write_json_atomic(out / "metrics.json", metrics)
+    lm = hf_lm(model, tokenizer, batch_size=ev.batch_size)  # every rank evaluates (FSDP gathers in lockstep)
+    scores = evaluate_gsm8k(lm, eval_folder, num_fewshot=ev.num_fewshot, limit=ev.limit, max_gen_toks=ev.max_gen_toks,
+                            output_dir=out / "eval" if dist.is_main_process else None, seed=seed)
+    metrics = summarize(log_path, scores, model, patch_state(model).quantizer, corrections, profile.probe_rows) \
+        if dist.is_main_process else None
+    if dist.is_main_process:
+        metrics.update(
+            profile=profile.name, model=plan.model, recipe=recipe.name, seed=seed,
+            wall_time_seconds=time.time() - t_start, train_seconds=train_seconds,
+            rollout=rollout_record(trainer, recipe),
+            precision={"master_weights": "float32", "compute": spec.compute},
+            world_size=dist.num_processes, weight_digests=digests, resumed_from_step=resumed_from,
+            config={"recipe": recipe.to_dict(), "grpo": grpo.model_dump(), "data": profile.data.model_dump(),
+                    "eval": ev.model_dump(), "model": spec.model_dump()},
+            config_hash=c_hash,
+            setting_hash=setting_hash(profile, plan.model),
+            versions=versions(), git_commit=git_commit(),
+            device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        )
+        write_json_atomic(out / "metrics.json", metrics)
+        shutil.rmtree(checkpoints, ignore_errors=True)  # the cell is complete: nothing to resume
+    dist.wait_for_everyone()
     return metrics
 
 
-def save_policy(model, tokenizer, folder: Path) -> None:
-    """The full-precision policy after GRPO (the pathway matrix's second checkpoint), written whole
-    or not at all."""
-    import shutil
+def weight_digests(trainer) -> list[str] | None:
+    """SHA-256 of every rank's trained weights (gathered; identical under DDP), or None when the
+    parameters are sharded (FSDP / ZeRO-3: no rank holds them whole)."""
+    import hashlib
 
-    from .models import save
+    from accelerate.utils import gather_object
 
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if any(type(p).__name__ == "DTensor" or hasattr(p, "ds_id") for p in model.parameters()):
+        return None
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    return gather_object([h.hexdigest()])
+
+
+def save_policy(trainer, tokenizer, folder: Path) -> None:
+    """The full-precision policy after GRPO (the pathway matrix's second checkpoint) through the
+    trainer's own ``save_model`` (which gathers FSDP / ZeRO shards), written whole or not at all."""
     tmp = folder.with_name(folder.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save(model, tokenizer, tmp)
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
+    if trainer.accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    trainer.save_model(str(tmp))
+    if trainer.accelerator.is_main_process:
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+    trainer.accelerator.wait_for_everyone()
 
 
-def summarize(log_path: Path, scores: dict, model, quantizer, corrections) -> dict:
+def summarize(log_path: Path, scores: dict, model, quantizer, corrections, probe_rows: int = 4096) -> dict:
     rows = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
 
     def mean(key):
@@ -251,15 +329,26 @@ def summarize(log_path: Path, scores: dict, model, quantizer, corrections) -> di
         "mean_grad_cosine": mean("grad/cosine"),
         "mean_grad_rel_norm_error": mean("grad/rel_norm_error"),
         "mean_step_time": mean("step_time"),
+        "mean_probe_time": mean("probe_time"),
+        "mean_mismatch_kl": mean("mismatch/kl"),
+        "mean_mismatch_log_ratio": mean("mismatch/log_ratio_mean"),
         "correction_costs": {c.name: c.cost() for c in corrections},
     }
-    out["decomposition_weights"] = weight_decomposition(model, quantizer) if quantizer is not None else None
+    out["decomposition_weights"] = weight_decomposition(model, quantizer, probe_rows) if quantizer is not None else None
     return out
 
 
-def weight_decomposition(model, quantizer) -> dict:
-    """Pooled decomposition shares of every quantized weight, as the recipe's quantizer sees it."""
-    stats = [quantizer.decompose(p.detach().float(), -1).stats
+def weight_decomposition(model, quantizer, rows: int | None = None) -> dict:
+    """Pooled decomposition shares of every quantized weight, as the recipe's quantizer sees it; with
+    ``rows``, on at most that many evenly spaced rows and 128 blocks of each weight (float64 memory
+    bounded at any model size)."""
+    from .grpo import sample_blocks
+
+    def view(p):
+        t = p.detach().float()
+        return sample_blocks(t, -1, rows, quantizer)[0] if rows else t
+
+    stats = [quantizer.decompose(view(p), -1).stats
              for _, module, _ in patched_modules(model) for p in gemm_weights(module).values()]
     pooled = pool_stats(stats)
     return {k: pooled[k] for k in SUMMARY_KEYS} | {f"energy_{c}": pooled[f"energy_{c}"] for c in COMPONENTS} | {"energy_total": pooled["energy_total"]}

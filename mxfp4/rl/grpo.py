@@ -3,14 +3,21 @@
 ``MXGRPOTrainer`` adds, on top of TRL's trainer:
 
 - every correction's ``rollout_context`` around rollout generation (AQN's noise);
-- every ``probe_every`` steps, the gradient cosine and relative norm error against a full-precision
-  shadow backward pass on the same batch (per layer and total), and the decomposition statistics of
-  the weights, activations and gradients of the probed layers;
+- every ``probe_every`` steps (on the step's first micro-batch), the gradient cosine and relative
+  norm error against a full-precision shadow backward pass on the same batch (per layer and total),
+  and the decomposition statistics of the weights, activations and gradients of the probed layers:
+  the fused float32 stats kernel where it applies, else float64 on at most ``probe_rows`` rows and
+  128 blocks per tensor (evenly spaced), so a probe's memory does not grow with the activations;
+  the probe's time is logged as ``probe_time`` and left out of ``step_time``;
+- every step, the rollout/train mismatch ledger (``mismatch_ledger``): the token log-ratio of the
+  training policy to the policy that sampled the rollouts, its KL and the importance-ratio quantiles;
 - the recipe's quantized weights pushed to vLLM when rollouts run there.
 
 ``StepLogger`` (a ``TrainerCallback``) writes one JSON line per step: TRL's logged metrics, the
-probes' metrics, each correction's ``metrics()`` and the step time, and hands the step's metrics to
-each correction's ``observe``.
+probes' metrics, the ledger, each correction's ``metrics()`` and the step time, and hands the step's
+metrics to each correction's ``observe``. With every checkpoint it saves the log so far, the
+corrections' run state and the cell's config hash (``mxfp4_state.json``, written last: a checkpoint
+without it is incomplete), from which ``resume_state`` restores a killed cell.
 
 Every touch of TRL's private API is in the block marked "TRL INTERNALS" below, and
 ``tests/test_grpo_internals.py`` exercises each of them against the TRL version pinned in
@@ -23,18 +30,57 @@ import contextlib
 import copy
 import json
 import math
+import shutil
 import time
 from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from ..numerics.decompose import SUMMARY_KEYS, pool_stats
 from .grad_accuracy import compare
 from .vllm_weights import vllm_named_weights
-from .patching import bypassed, gemm_weights, patch_state, patched_modules, quantized_weights, set_probe
+from .patching import bypassed, clear_weight_caches, gemm_weights, patch_state, patched_modules, quantized_weights, set_probe
 
+
+
+PROBE_BLOCKS = 128  # quantization groups along the blocked axis a float64 probe keeps per row
+
+
+def _runs(n: int, unit: int, keep: int, device) -> torch.Tensor | None:
+    """Indices of ``keep`` evenly spaced runs of ``unit`` consecutive positions out of n (None: keep all)."""
+    runs = n // unit
+    if runs <= keep or n % unit:
+        return None
+    start = torch.linspace(0, runs - 1, keep, device=device).round().long() * unit
+    return (start[:, None] + torch.arange(unit, device=device)).flatten()
+
+
+def sample_blocks(t: torch.Tensor, axis: int, rows: int, quantizer=None, groups: int = PROBE_BLOCKS,
+                  valid: torch.Tensor | None = None):
+    """(t, valid) as a 2D tensor blocked along its last axis, cut to about ``rows`` rows across
+    ``axis`` and ``groups`` quantization groups along it, evenly spaced and deterministic. A group is
+    what the quantizer treats together (a 32-block; a macro-block's run of blocks and its rows), so
+    the sample is quantized exactly as inside the whole tensor (up to corrections that rank blocks
+    across the whole tensor, such as outlier fallback's block mode)."""
+    unit, row_unit = 32, 1
+    if quantizer is not None:
+        unit = quantizer.token_alignment()
+        row_unit = math.lcm(1, *[getattr(c, "rows", 1) for c in quantizer.corrections])
+    axis = axis % t.dim()
+    t2 = t.movedim(axis, -1).reshape(-1, t.shape[axis])
+    v2 = None if valid is None else valid.expand_as(t).movedim(axis, -1).reshape(-1, t.shape[axis])
+    pick = _runs(t2.shape[0], row_unit, max(1, rows // row_unit), t.device)
+    if pick is not None:
+        t2 = t2.index_select(0, pick)
+        v2 = None if v2 is None else v2.index_select(0, pick)
+    cols = _runs(t2.shape[1], unit, groups, t.device)
+    if cols is not None:
+        t2 = t2.index_select(1, cols)
+        v2 = None if v2 is None else v2.index_select(1, cols)
+    return t2, v2
 
 
 class DecompositionProbe:
@@ -42,10 +88,11 @@ class DecompositionProbe:
 
     On GPU, for a quantizer without corrections, the fused stats kernel gives the energies and
     counts in the same pass as a fake-quantization (float32, device tensors, synced once in
-    ``summary``; no Shapley shares); elsewhere the float64 decomposition with Shapley shares."""
+    ``summary``; no Shapley shares); elsewhere the float64 decomposition with Shapley shares on at
+    most ``rows`` rows and 128 quantization groups of each tensor (``sample_blocks``)."""
 
-    def __init__(self, quantizer, layers: set[str]):
-        self.quantizer, self.layers = quantizer, layers
+    def __init__(self, quantizer, layers: set[str], rows: int = 4096):
+        self.quantizer, self.layers, self.rows = quantizer, layers, rows
         self.stats: dict[str, list[dict]] = {}
 
     def __call__(self, layer: str, kind: str, tensor: torch.Tensor, axis: int, valid=None):
@@ -55,8 +102,10 @@ class DecompositionProbe:
         fused = self.quantizer.fused_stats(tensor, axis) if valid is None else None
         if fused is not None:
             self.stats.setdefault(kind, []).append(fused)
-        elif torch.isfinite(tensor).all():
-            self.stats.setdefault(kind, []).append(self.quantizer.decompose(tensor.float(), axis, valid).stats)
+            return
+        t, v = sample_blocks(tensor, axis, self.rows, self.quantizer, valid=valid)
+        if torch.isfinite(t).all():
+            self.stats.setdefault(kind, []).append(self.quantizer.decompose(t.float(), -1, v).stats)
 
     def summary(self) -> dict:
         out = {}
@@ -70,6 +119,28 @@ class DecompositionProbe:
                 if k in pooled:
                     out[f"decomp/{kind}/{k}"] = pooled[k]
         return out
+
+
+def mismatch_ledger(train: torch.Tensor | None, rollout: torch.Tensor | None, mask: torch.Tensor) -> dict:
+    """The rollout/train mismatch over the completion tokens (``mask``): the token log-ratio
+    log pi_train - log pi_rollout (mean), KL(rollout || train) by the k3 estimator
+    E[r - 1 - log r] (non-negative, unbiased for tokens sampled from the rollout policy), and the
+    quantiles of the importance ratio r = pi_train / pi_rollout. ``train`` None: the rollout policy
+    is the training policy by construction (HF generate through the same patched model with no
+    rollout perturbation), the ledger is exactly zero and ``mismatch/measured`` is 0."""
+    if train is None:
+        return {"mismatch/measured": 0.0, "mismatch/log_ratio_mean": 0.0, "mismatch/kl": 0.0,
+                **{f"mismatch/is_ratio_{q}": 1.0 for q in ("p01", "p50", "p99", "max")}}
+    keep = mask.bool() & torch.isfinite(rollout) & torch.isfinite(train)
+    log_r = (train - rollout)[keep].double()
+    if log_r.numel() == 0:
+        raise ValueError("the mismatch ledger got no completion token with finite log-probs under both policies")
+    r = log_r.exp()
+    qs = torch.quantile(r, torch.tensor([0.01, 0.5, 0.99], dtype=r.dtype, device=r.device)).tolist()
+    return {"mismatch/measured": 1.0, "mismatch/log_ratio_mean": log_r.mean().item(),
+            "mismatch/kl": (r - 1 - log_r).mean().item(), "mismatch/is_ratio_p01": qs[0],
+            "mismatch/is_ratio_p50": qs[1], "mismatch/is_ratio_p99": qs[2], "mismatch/is_ratio_max": r.max().item(),
+            "mismatch/tokens": float(log_r.numel())}
 
 
 def probe_layers(model) -> set[str]:
@@ -87,13 +158,18 @@ class MXGRPOTrainer(GRPOTrainer):
     is read from the patched model (``patch_state``).
     """
 
-    def setup_mx(self, corrections, probe_every: int):
+    def setup_mx(self, corrections, probe_every: int, probe_rows: int = 4096):
         state = patch_state(self.model)
         self.mx_corrections = list(corrections)
         self.mx_quantizer = state.quantizer if state is not None else None
         self.mx_probe_every = probe_every
+        self.mx_probe_rows = probe_rows
         self.mx_probe_layers = probe_layers(self.model)
         self.mx_step_metrics: dict = {}
+        self.mx_probe_seconds = 0.0
+        self.mx_rollout_seconds = 0.0
+        self._mx_probed_step = None
+        self.add_callback(WeightCacheReset(self))
         if getattr(self, "use_vllm", False) and self.mx_quantizer is not None:
             self._push_quantized_weights_to_vllm()
 
@@ -107,12 +183,34 @@ class MXGRPOTrainer(GRPOTrainer):
     #    quantized weights (same names and shapes) instead of the master weights; and
     #    ``vllm_generation._iter_named_params``, the (name, tensor) stream it pushes, mapped to the
     #    checkpoint names vLLM's loaders take (fused MoE experts split per expert: vllm_weights.py).
+    # 4. ``_get_per_token_logps_and_entropies`` and the keys of the dict that
+    #    ``_generate_and_score_completions`` returns (prompt/completion ids and masks, vLLM's
+    #    ``sampling_per_token_logps``): the mismatch ledger scores the rollouts under both policies.
 
     def _generate_and_score_completions(self, inputs):
+        step = self.state.global_step
+        perturbed = any(c.perturbs_rollout(step) for c in self.mx_corrections)
         with contextlib.ExitStack() as stack:
             for c in self.mx_corrections:
-                stack.enter_context(c.rollout_context(self.model, self.state.global_step))
-            return super()._generate_and_score_completions(inputs)
+                stack.enter_context(c.rollout_context(self.model, step))
+            t0 = self._timed_sync()
+            output = super()._generate_and_score_completions(inputs)
+            self.mx_rollout_seconds += self._timed_sync() - t0
+            rollout = output.get("sampling_per_token_logps")  # vLLM's own log-probs of what it sampled
+            if rollout is None and perturbed:
+                rollout = self._completion_logps(output)  # the policy that sampled: under the rollout context
+        train = self._completion_logps(output) if rollout is not None else None
+        self.mx_step_metrics.update(self._gathered_ledger(train, rollout, output["completion_mask"]))
+        return output
+
+    def _completion_logps(self, output) -> torch.Tensor:
+        """Per-token log-probs of the completions under the model as it is now (no grad)."""
+        ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        with torch.no_grad():
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, ids, mask, output["completion_ids"].size(1), batch_size=self.args.per_device_train_batch_size)
+        return logps.float()
 
     def _without_logging(self, fn):
         """Run ``fn()`` leaving TRL's logged metrics as they were."""
@@ -137,28 +235,55 @@ class MXGRPOTrainer(GRPOTrainer):
 
     # ---------------------------------------------------------------- TRL INTERNALS (end)
 
+    def _gathered_ledger(self, train, rollout, mask) -> dict:
+        """The mismatch ledger over the tokens of every process (padded to one width, gathered)."""
+        if train is not None and self.accelerator.num_processes > 1:
+            train, rollout, mask = (self.accelerator.gather(self.accelerator.pad_across_processes(t, dim=1))
+                                    for t in (train, rollout, mask))
+        return mismatch_ledger(train, rollout, mask)
+
+    def _timed_sync(self):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         step = self.state.global_step
-        probing = self.mx_quantizer is not None and self.mx_probe_every and step % self.mx_probe_every == 0
+        probing = (self.mx_quantizer is not None and self.mx_probe_every and step % self.mx_probe_every == 0
+                   and self._mx_probed_step != step)  # the step's first micro-batch only
         if not probing:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        probe = DecompositionProbe(self.mx_quantizer, self.mx_probe_layers)
+        self._mx_probed_step = step
+        t0 = self._timed_sync()
+        self._probe(model, inputs, num_items_in_batch)
+        self.mx_probe_seconds += self._timed_sync() - t0  # the probe's time is not the step's
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def _probe(self, model, inputs, num_items_in_batch):
+        """Gradient accuracy and decomposition statistics on this micro-batch, in passes of its own
+        (the training loss is computed as on any step). DDP's wrapper is stepped around: the probe's
+        forward and backward passes run on the module itself and reduce nothing."""
+        model = self.accelerator.unwrap_model(model)
+        probe = DecompositionProbe(self.mx_quantizer, self.mx_probe_layers, self.mx_probe_rows)
         for name, module, _ in patched_modules(model):
             if name in self.mx_probe_layers:
                 probe(name, "weight", next(iter(gemm_weights(module).values())).detach(), -1)
-        set_probe(model, probe)
-        try:
-            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-            g_q = torch.autograd.grad(loss, [p for _, p in params], retain_graph=True, allow_unused=True)
-        finally:
-            set_probe(model, None)
+        params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+        def quantized():
+            set_probe(model, probe)
+            try:
+                loss = super(MXGRPOTrainer, self).compute_loss(model, inputs, False, num_items_in_batch)
+                return torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+            finally:
+                set_probe(model, None)
 
         def shadow():
             with bypassed(model):
-                ref_loss = super(MXGRPOTrainer, self).compute_loss(model, inputs, return_outputs, num_items_in_batch)
+                ref_loss = super(MXGRPOTrainer, self).compute_loss(model, inputs, False, num_items_in_batch)
                 return torch.autograd.grad(ref_loss, [p for _, p in params], allow_unused=True)
 
+        g_q = self._without_logging(quantized)
         g_r = self._without_logging(shadow)
         quant = {n: g for (n, _), g in zip(params, g_q) if g is not None}
         ref = {n: g for (n, _), g in zip(params, g_r) if g is not None and n in quant}
@@ -169,34 +294,101 @@ class MXGRPOTrainer(GRPOTrainer):
             metrics[f"grad/{layer}/rel_norm_error"] = v["rel_norm_error"]
         metrics.update(probe.summary())
         self.mx_step_metrics.update(metrics)
-        return loss
+
+
+class WeightCacheReset(TrainerCallback):
+    """Clears the patched layers' quantized-weight caches after every optimizer step: under FSDP2 /
+    ZeRO-3 an updated weight can come back in the same storage with the same version counter."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_optimizer_step(self, args, state, control, **kw):
+        clear_weight_caches(self.trainer.model)
+
+
+STATE_FILE = "mxfp4_state.json"
+LOG_FILE = "train_log.jsonl"
 
 
 class StepLogger(TrainerCallback):
-    """Writes one JSON line per step (TRL's logs, the probes' metrics, the corrections' metrics, step
-    time) and passes the step's metrics to every correction's ``observe``."""
+    """Writes one JSON line per step (TRL's logs, the probes' metrics, the ledger, the corrections'
+    metrics, ``step_time`` without the probe, ``probe_time``, ``rollout_time`` (generation and
+    scoring, inside ``step_time``) and on GPU the step's ``peak_memory_gib``), passes the step's metrics to every
+    correction's ``observe``, and adds to every checkpoint what a resumed cell needs (``on_save``).
+    Only the main process writes."""
 
-    def __init__(self, trainer: MXGRPOTrainer, path: Path, progress=None):
-        self.trainer, self.path, self.progress = trainer, Path(path), progress
+    def __init__(self, trainer: MXGRPOTrainer, path: Path, progress=None, config_hash: str | None = None):
+        self.trainer, self.path, self.progress, self.config_hash = trainer, Path(path), progress, config_hash
         self.t0 = None
-        self.step_time = None
+        self.step_time = self.peak_memory = None
+        self.probe_time = self.rollout_time = 0.0
 
     def on_step_begin(self, args, state, control, **kw):
-        self.t0 = time.perf_counter()
+        self.t0 = self.trainer._timed_sync()
+        self.trainer.mx_probe_seconds = self.trainer.mx_rollout_seconds = 0.0
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
 
     def on_step_end(self, args, state, control, **kw):
-        self.step_time = time.perf_counter() - self.t0
+        self.probe_time = self.trainer.mx_probe_seconds
+        self.rollout_time = self.trainer.mx_rollout_seconds
+        self.step_time = self.trainer._timed_sync() - self.t0 - self.probe_time
+        self.peak_memory = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
 
     def on_log(self, args, state, control, logs=None, **kw):
         if logs is None or "train_runtime" in logs:
             return
-        row = {"step": state.global_step, "step_time": self.step_time, **logs, **self.trainer.mx_step_metrics}
+        row = {"step": state.global_step, "step_time": self.step_time, "probe_time": self.probe_time,
+               "rollout_time": self.rollout_time, "peak_memory_gib": self.peak_memory, **logs, **self.trainer.mx_step_metrics}
         for c in self.trainer.mx_corrections:
             row.update(c.metrics())
         self.trainer.mx_step_metrics = {}
         for c in self.trainer.mx_corrections:
             c.observe(row)
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        if self.progress is not None:
-            self.progress(row)
+        if state.is_world_process_zero:
+            with self.path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            if self.progress is not None:
+                self.progress(row)
+
+    def on_save(self, args, state, control, **kw):
+        """The checkpoint the trainer just wrote gets the log so far and the corrections' state;
+        ``mxfp4_state.json`` last, so that its presence marks a complete checkpoint."""
+        if not state.is_world_process_zero:
+            return
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        shutil.copyfile(self.path, folder / LOG_FILE)
+        payload = {"step": state.global_step, "config_hash": self.config_hash,
+                   "corrections": [c.state_dict() for c in self.trainer.mx_corrections]}
+        tmp = folder / (STATE_FILE + ".tmp")
+        tmp.write_text(json.dumps(payload))
+        tmp.rename(folder / STATE_FILE)
+
+
+def last_checkpoint(folder: Path, config_hash: str | None) -> Path | None:
+    """The newest complete checkpoint of this exact cell configuration under ``folder`` (one with
+    ``mxfp4_state.json`` and the same config hash), or None."""
+    if not folder.is_dir():
+        return None
+    found = []
+    for d in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
+        state = d / STATE_FILE
+        if d.name.split("-")[-1].isdigit() and state.exists():
+            if json.loads(state.read_text()).get("config_hash") == config_hash:
+                found.append((int(d.name.split("-")[-1]), d))
+    return max(found)[1] if found else None
+
+
+def resume_state(checkpoint: Path, log_path: Path | None, corrections) -> int:
+    """Restore the corrections' run state saved with ``checkpoint`` and (``log_path`` given: the main
+    process) the log up to it; the checkpoint's step."""
+    payload = json.loads((checkpoint / STATE_FILE).read_text())
+    if len(payload["corrections"]) != len(corrections):
+        raise ValueError(f"{checkpoint} holds the state of {len(payload['corrections'])} corrections, the recipe has "
+                         f"{len(corrections)}: it is not a checkpoint of this cell")
+    for c, st in zip(corrections, payload["corrections"]):
+        c.load_state_dict(st)
+    if log_path is not None:
+        shutil.copyfile(checkpoint / LOG_FILE, log_path)
+    return int(payload["step"])

@@ -1,8 +1,14 @@
-"""Models: the paper's hub checkpoints and tiny stand-ins of the same architectures.
+"""Models: the paper's hub checkpoints, tiny stand-ins of the same architectures, and randomly
+initialised models of the paper's real configurations.
 
 The tiny models keep the real architectures (Qwen2 dense; Qwen3-MoE with fused 3D experts) at a
 size that trains on two CPU cores, with a character tokenizer built locally by ``tokenizers``.
 They are saved like any checkpoint and loaded back through the same code as hub ids.
+
+``random:<config>`` loads a model of ``experiments/models/<config>.json`` (a real configuration, e.g.
+Qwen2.5-3B: all 36 layers, the 151,936-token vocabulary) with random weights, and a character
+tokenizer padded to that vocabulary: the GPU smoke test of the paper's path, since real weights
+cannot be downloaded on these machines.
 """
 
 from __future__ import annotations
@@ -19,14 +25,20 @@ SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 CHARS = string.digits + string.ascii_letters + " \n.,:;!?'\"()+-*/=$%#<>&@_[]{}^|~`\\"
 
 
-def build_char_tokenizer():
-    """A character-level tokenizer (one token per character) as a PreTrainedTokenizerFast."""
+def build_char_tokenizer(vocab_size: int | None = None):
+    """A character-level tokenizer (one token per character) as a PreTrainedTokenizerFast; with
+    ``vocab_size``, padded with never-produced ``<extra_i>`` tokens to exactly that many ids (the
+    embedding and logit widths of a real configuration)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for ch in CHARS:
         vocab.setdefault(ch, len(vocab))
+    if vocab_size is not None:
+        if vocab_size < len(vocab):
+            raise ValueError(f"vocab_size {vocab_size} is below the {len(vocab)} tokens of the character tokenizer")
+        vocab.update({f"<extra_{i}>": i for i in range(len(vocab), vocab_size)})
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     tok.decoder = decoders.Fuse()
@@ -76,6 +88,42 @@ def build_tiny(arch: str, seed: int = 0):
     return model, tokenizer
 
 
+RANDOM_PREFIX = "random:"
+
+
+def real_config(name: str):
+    """The transformers config of ``experiments/models/<name>.json`` (a real model's architecture)."""
+    from transformers import AutoConfig
+
+    from ..config import EXPERIMENTS
+
+    path = EXPERIMENTS / "models" / f"{name}.json"
+    if not path.exists():
+        known = sorted(p.stem for p in (EXPERIMENTS / "models").glob("*.json"))
+        raise ValueError(f"no model configuration {path}; known: {', '.join(known)}")
+    fields = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
+
+
+def build_random(name: str, seed: int | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """(model of the real configuration ``name`` with random weights, tokenizer of its vocabulary size);
+    ``seed`` None draws from torch's current RNG (the cell seeds it)."""
+    from transformers import AutoModelForCausalLM
+
+    config = real_config(name)
+    tokenizer = build_char_tokenizer(config.vocab_size)
+    config.pad_token_id, config.bos_token_id, config.eos_token_id = (
+        tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
+    if seed is not None:
+        torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    return model, tokenizer
+
+
 def save(model, tokenizer, path: Path | str, meta: dict | None = None) -> None:
     path = Path(path)
     model.save_pretrained(path)
@@ -85,13 +133,16 @@ def save(model, tokenizer, path: Path | str, meta: dict | None = None) -> None:
 
 
 def load(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """(model, tokenizer) from a hub id, a short name of PAPER_MODELS, or a local folder.
+    """(model, tokenizer) from a hub id, a short name of PAPER_MODELS, a local folder, or
+    ``random:<config>`` (random weights of a real configuration, seeded by the caller's RNG).
 
     A local folder whose tokenizer we built is loaded as ``PreTrainedTokenizerFast``: ``AutoTokenizer``
     on a folder whose model type is qwen2 silently substitutes a byte-level BPE tokenizer.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
+    if name_or_path.startswith(RANDOM_PREFIX):
+        return build_random(name_or_path[len(RANDOM_PREFIX):], dtype=dtype, device=device)
     ref = PAPER_MODELS.get(name_or_path, name_or_path)
     local = Path(ref)
     if local.exists():

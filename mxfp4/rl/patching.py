@@ -12,7 +12,11 @@ axis, as the MX spec's reference linear layer does:
 Gradients reach the master weights straight through. Parameter names do not change (the
 forward methods are swapped on the instances), so TRL's and vLLM's weight sync keep working, and
 ``unpatch`` restores the model exactly. Quantized weights are cached per weight version: a weight
-is quantized once per optimizer step, not on every call.
+is quantized once per optimizer step, not on every call. The version counter alone cannot be
+trusted under FSDP2 / ZeRO-3, which write gathered weights into reused storage through ``.data`` or
+collectives (no version bump), so the GRPO trainer also clears every cache at each optimizer step
+(``clear_weight_caches``). Where the quantizer's values are all bf16 numbers
+(``Quantizer.exact_in_bf16``) the cache holds them in bf16: half the memory, the same values.
 
 A weight-only recipe (``activations: false``) leaves activations and gradients unquantized; where the
 dispatch runs Triton (CUDA) and no gradient is recorded (rollout generation), its Linear layers
@@ -58,9 +62,16 @@ class GemmContext:
         hit = self._cache.get(slot)
         if hit is None or hit[0] != param._version:
             with torch.no_grad():
-                hit = (param._version, self.quantizer(param.detach(), axis))
+                q = self.quantizer(param.detach(), axis)
+                if self.quantizer.exact_in_bf16 and q.dtype == torch.float32:
+                    q = q.to(torch.bfloat16)  # lossless: every value is a bf16 number
+            hit = (param._version, q)
             self._cache[slot] = hit
         return hit[1]
+
+    def clear(self) -> None:
+        """Drop every cached quantized weight (after an optimizer step)."""
+        self._cache.clear()
 
     def packed(self, param: torch.Tensor):
         """The weight packed for the W4A16 kernel (cached per version)."""
@@ -105,12 +116,46 @@ class GemmContext:
         return self.quantizer(x, axis, valid)
 
 
+def _autocast_dtype(x: torch.Tensor):
+    """The autocast dtype in force for x's device type, or None."""
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+
+
+def _gemm_precision(ctx, fn):
+    """Run ``fn`` under the autocast state the forward saw (autograd runs backward outside autocast),
+    or with autocast off and float32 operands when the quantized values are not all bf16 numbers:
+    a bf16 GEMM would round them (DESIGN.md: bf16 compute, exact quantized operands)."""
+    if ctx.autocast is None:
+        return fn(None)
+    if ctx.exact:
+        with torch.autocast(ctx.device_type, dtype=ctx.autocast):
+            return fn(None)
+    with torch.autocast(ctx.device_type, enabled=False):
+        return fn(torch.float32)
+
+
 class QuantLinearFunction(torch.autograd.Function):
-    """y = Q(x) Q(w)^T + b with quantized backward GEMMs; w_fwd / w_bwd are the cached quantized weights."""
+    """y = Q(x) Q(w)^T + b with quantized backward GEMMs; w_fwd / w_bwd are the cached quantized weights.
+
+    Under autocast (bf16 compute over fp32 master weights) the GEMMs take bf16 operands, which is
+    exact for the quantized values of plain MX formats and outlier fallback; macro-block, NVFP4 and
+    component injection make values that are not bf16 numbers, so their GEMMs run in float32 and the
+    output is returned in the autocast dtype."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, w_fwd, w_bwd, gemm: GemmContext):
-        y = F.linear(gemm.act(x, -1, "activation", gemm.gemms["forward"]), w_fwd, bias)
+        ctx.autocast, ctx.device_type = _autocast_dtype(x), x.device.type
+        ctx.exact = gemm.quantizer.exact_in_bf16
+
+        def run(cast):
+            a = gemm.act(x, -1, "activation", gemm.gemms["forward"])
+            if cast is None:
+                return F.linear(a, w_fwd, bias)
+            b = None if bias is None else bias.to(cast)
+            return F.linear(a.to(cast), w_fwd.to(cast), b).to(ctx.autocast)
+
+        y = _gemm_precision(ctx, run)
         ctx.save_for_backward(x, w_bwd)
         ctx.gemm = gemm
         ctx.has_bias = bias is not None
@@ -118,7 +163,13 @@ class QuantLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
+        return _gemm_precision(ctx, lambda cast: QuantLinearFunction._backward(ctx, dy, cast))
+
+    @staticmethod
+    def _backward(ctx, dy, cast):
         x, w_bwd = ctx.saved_tensors
+        if cast is not None:
+            dy, x, w_bwd = dy.to(cast), x.to(cast), w_bwd.to(cast)
         gemm = ctx.gemm
         dy2 = dy.reshape(-1, dy.shape[-1])
         x2 = x.reshape(-1, x.shape[-1])
@@ -142,7 +193,9 @@ def quant_linear(x, weight, bias, gemm: GemmContext, w_fwd=None, w_bwd=None):
         w_fwd = gemm.weight(weight, 1, gemm.gemms["forward"])
     if w_bwd is None:
         w_bwd = gemm.weight(weight, 0, gemm.gemms["input_grad"])
-    return QuantLinearFunction.apply(x, weight, bias, w_fwd.to(x.dtype), w_bwd.to(x.dtype), gemm)
+    if _autocast_dtype(x) is None or not gemm.quantizer.exact_in_bf16:
+        w_fwd, w_bwd = w_fwd.to(x.dtype), w_bwd.to(x.dtype)  # (under autocast the GEMM casts them itself)
+    return QuantLinearFunction.apply(x, weight, bias, w_fwd, w_bwd, gemm)
 
 
 def _linear_forward(self, x):
@@ -259,6 +312,12 @@ def unpatch_model(model) -> None:
         for attr in ("forward", "extra_repr", _GEMM_ATTR):
             module.__dict__.pop(attr, None)
     model.__dict__.pop(_STATE_ATTR, None)
+
+
+def clear_weight_caches(model) -> None:
+    """Forget every patched layer's quantized weights: the next GEMM quantizes the current values."""
+    for _, _, gemm in patched_modules(model):
+        gemm.clear()
 
 
 def set_probe(model, probe) -> None:

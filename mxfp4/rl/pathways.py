@@ -294,7 +294,7 @@ def run_pathways(profile_name: str, model_name: str, results="results", out_csv=
     rows: list[dict] = []
     t0 = time.time()
     for ckpt, path in ckpts.items():
-        model, tokenizer = load(str(path), dtype=getattr(torch, spec.dtype))
+        model, tokenizer = load(str(path), dtype=torch.float32)  # float32 compute: the arms differ only by MXFP4
         trainer = _trainer(model, tokenizer, profile, seed)
         batches, skipped = gradient_batches(trainer, grad_problems, profile, settings.batches, seed)
         rows.append(_row(model_name, ckpt, "none", "-", "total", "skipped_zero_advantage_batches",

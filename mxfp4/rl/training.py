@@ -1,26 +1,42 @@
-"""TrainingArguments that SFT and GRPO share in this harness."""
+"""TrainingArguments that SFT and GRPO share in this harness.
+
+Precision: the master weights and the optimizer state stay float32 (the cell loads them so); with
+``compute="bfloat16"`` the forward and backward run under bf16 autocast (``bf16=True``: accelerate's
+mixed precision, or the mixed-precision policy of FSDP2 / DeepSpeed in a launch config). On CPU the
+default, float32 compute, is what every CPU profile runs (TRL 1.x defaults would turn bf16 on).
+"""
 
 from __future__ import annotations
 
 import tempfile
+from pathlib import Path
 
 import torch
 
 
-def common_args(seed: int) -> dict:
-    """No checkpoints or trackers (the trainer's output folder is a throwaway temporary one); full
-    precision and no gradient checkpointing on CPU (TRL 1.x defaults turn on bf16 and gradient
-    checkpointing); seeded data order; progress bars on."""
+def common_args(seed: int, *, compute: str = "float32", output_dir: Path | str | None = None,
+                save_steps: int | None = None, gradient_checkpointing: bool = False) -> dict:
+    """Seeded data order, progress bars on, no trackers. ``output_dir`` (with ``save_steps``) is where
+    checkpoints go; without it the trainer writes to a throwaway temporary folder and saves nothing.
+    ``gradient_checkpointing`` is non-reentrant (it composes with the patched layers' autograd
+    function and with DDP / FSDP2)."""
+    if compute not in ("float32", "bfloat16"):
+        raise ValueError(f"compute must be float32 or bfloat16, got {compute!r}")
+    if save_steps is not None and output_dir is None:
+        raise ValueError("save_steps needs an output_dir for the checkpoints")
     on_gpu = torch.cuda.is_available()
     return dict(
-        output_dir=tempfile.mkdtemp(prefix="mxfp4-trainer-"),
-        save_strategy="no",
+        output_dir=str(output_dir) if output_dir is not None else tempfile.mkdtemp(prefix="mxfp4-trainer-"),
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
+        save_total_limit=2 if save_steps else None,
         report_to=[],
         seed=seed,
         data_seed=seed,
-        bf16=False,
+        bf16=compute == "bfloat16",
         fp16=False,
-        gradient_checkpointing=False,
+        activation_checkpointing=gradient_checkpointing,  # transformers 5's name of gradient checkpointing
+        activation_checkpointing_kwargs={"use_reentrant": False} if gradient_checkpointing else None,
         use_cpu=not on_gpu,
         dataloader_num_workers=0,
         disable_tqdm=False,

@@ -1,0 +1,86 @@
+"""Checkpoint and resume: a smoke cell killed mid-run (SIGKILL, as a preempted job dies) continues from
+its last checkpoint when rerun, not from step 0, and ends with the metrics of an uninterrupted run."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mxfp4.rl.cell import run_cell
+
+TIMING = {"wall_time_seconds", "train_seconds", "mean_step_time", "mean_probe_time", "resumed_from_step", "git_commit"}
+ROW_TIMING = {"step_time", "probe_time", "rollout_time", "peak_memory_gib"}
+CELL = ("smoke", "tiny-dense", "mxfp4+all", 0)  # AQN noise and fallback counts: run state to restore
+
+
+def _cell_command(results: Path) -> list[str]:
+    profile, model, recipe, seed = CELL
+    return [sys.executable, "-m", "mxfp4", "cell", "--profile", profile, "--model", model, "--recipe", recipe,
+            "--seed", str(seed), "--results", str(results)]
+
+
+def _kill_after_first_checkpoint(results: Path, cell: Path) -> None:
+    env = {**os.environ, "MXFP4_THREADS": str(torch.get_num_threads())}  # float64 sums: same reduction order
+    proc = subprocess.Popen(_cell_command(results), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 600
+    try:
+        while not list((cell / "checkpoints").glob("checkpoint-*/mxfp4_state.json")):
+            assert proc.poll() is None, "the cell ended before its first checkpoint"
+            assert time.time() < deadline, "no checkpoint within 10 minutes"
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+def _rows(cell: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (cell / "train_log.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ROW_TIMING} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(smoke_results, tmp_path_factory):
+    root = tmp_path_factory.mktemp("uninterrupted")
+    shutil.copytree(smoke_results / "smoke" / "models", root / "smoke" / "models")
+    metrics = run_cell(*CELL, results=root)
+    return metrics, root / "smoke" / "cells" / "tiny-dense" / "mxfp4+all" / "seed0"
+
+
+def test_a_killed_cell_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_run(smoke_results, uninterrupted,
+                                                                                     tmp_path):
+    expected, expected_cell = uninterrupted
+    shutil.copytree(smoke_results / "smoke" / "models", tmp_path / "smoke" / "models")
+    cell = tmp_path / "smoke" / "cells" / "tiny-dense" / "mxfp4+all" / "seed0"
+    _kill_after_first_checkpoint(tmp_path, cell)
+    assert not (cell / "metrics.json").exists()
+    saved = sorted(int(p.parent.name.split("-")[1]) for p in (cell / "checkpoints").glob("checkpoint-*/mxfp4_state.json"))
+    (cell / "train_log.jsonl").unlink(missing_ok=True)  # as snakemake --rerun-incomplete deletes the outputs
+
+    resumed = run_cell(*CELL, results=tmp_path)
+    assert resumed["resumed_from_step"] == saved[-1] and 1 <= saved[-1] < resumed["steps"]
+    assert [r["step"] for r in _rows(cell)] == [1, 2, 3]
+    for got, want in zip(_rows(cell), _rows(expected_cell)):
+        assert got == want, {k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)}
+    strip = lambda m: {k: v for k, v in m.items() if k not in TIMING}  # noqa: E731
+    assert strip(resumed) == strip(expected)
+    assert not (cell / "checkpoints").exists()  # a complete cell keeps no checkpoint
+
+
+def test_a_checkpoint_of_another_configuration_is_not_resumed(smoke_results, tmp_path):
+    """A checkpoint written under a different config hash (say, an edited profile) is ignored."""
+    from mxfp4.rl.grpo import STATE_FILE, last_checkpoint
+
+    folder = tmp_path / "checkpoints" / "checkpoint-2"
+    folder.mkdir(parents=True)
+    (folder / STATE_FILE).write_text(json.dumps({"step": 2, "config_hash": "old", "corrections": []}))
+    assert last_checkpoint(tmp_path / "checkpoints", "new") is None
+    assert last_checkpoint(tmp_path / "checkpoints", "old") == folder
+    (tmp_path / "checkpoints" / "checkpoint-3").mkdir()  # no state file: an interrupted save
+    assert last_checkpoint(tmp_path / "checkpoints", "old") == folder
