@@ -186,6 +186,8 @@ def _cmd_cell(args) -> int:
     from .rl.cell import run_cell
 
     m = run_cell(args.profile, args.model, args.recipe, args.seed, results=args.results, recipes_file=args.recipes)
+    if m is None:  # a rank other than the main process of a multi-process cell: the main one reports
+        return 0
     print(json.dumps({k: m[k] for k in ("gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_entropy",
                                         "mean_grad_cosine", "mean_step_time", "wall_time_seconds")}, indent=2))
     return 0

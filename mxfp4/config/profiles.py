@@ -186,6 +186,19 @@ class Profile(_Strict):
                 **self.model_dump(include={"pretrain", "data", "grpo", "probe_every", "probe_rows", "eval"})}
 
 
+def launch_prefix(spec: ModelSpec, python: str) -> str:
+    """The command that starts a cell's processes, up to and including ``-m mxfp4``: the package
+    itself for one process; for several, ``accelerate launch`` with the model's launch config, or
+    torchrun for a CPU config (accelerate's launcher starts several CPU processes only through MPI;
+    accelerate then sets up gloo from torchrun's environment)."""
+    if spec.processes == 1:
+        return f"{python} -m mxfp4"
+    path = EXPERIMENTS / "accelerate" / spec.launch
+    if yaml.safe_load(path.read_text()).get("distributed_type") == "MULTI_CPU":
+        return f"{python} -m torch.distributed.run --standalone --nproc_per_node {spec.processes} -m mxfp4"
+    return f"{python} -m accelerate.commands.launch --config_file {path} --num_processes {spec.processes} -m mxfp4"
+
+
 def available() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
 

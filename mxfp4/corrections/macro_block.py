@@ -74,22 +74,54 @@ class MacroBlockScaling(Correction):
 
         def quantize(blocks32: torch.Tensor):
             g, info = self._groups(blocks32)  # [G, n, bs]
-            amax_b = g.abs().amax(-1)  # [G, n]
-            if self.candidates == "max":
-                amax_b = amax_b.amax(-1, keepdim=True)  # [G, 1]
-            ratio = (amax_b / elem.max_value).clamp(min=torch.finfo(torch.float32).tiny)
-            mant = ratio / torch.exp2(torch.floor(torch.log2(ratio)))
-            mant = _bf16_round_up(mant.clamp(1.0, 2.0))
-            candidates = torch.cat([torch.ones_like(mant[:, :1]), mant], dim=1).T  # [1+n, G]
+            candidates = self._candidates(g, elem)  # [1+n, G]
             # all candidates in one batched call: [C, G, n, bs]
             grid, _, scale = quantize_blocks(g.unsqueeze(0) / candidates[:, :, None, None], fmt, rule)
             eff = scale * candidates[:, :, None]  # [C, G, n]
-            err = (grid * eff.unsqueeze(-1) - g.unsqueeze(0)).pow(2).sum((2, 3))  # [C, G]
-            best = err.argmin(0)  # first minimum: plain MXFP4 wins ties
-            pick = torch.arange(g.shape[0], device=g.device)
+            best, pick = self._best(grid * eff.unsqueeze(-1), g)
             return self._ungroup(grid[best, pick], info), self._ungroup(eff[best, pick], info)
 
         return quantize
+
+    def _candidates(self, g: torch.Tensor, elem) -> torch.Tensor:
+        """[1 + n, G] macro scales per group: 1 (plain MXFP4), then the BF16 mantissa that puts the
+        group's largest block (``max``: n = 1) or each block (``all``) on the top grid point."""
+        amax_b = g.abs().amax(-1)  # [G, n]
+        if self.candidates == "max":
+            amax_b = amax_b.amax(-1, keepdim=True)  # [G, 1]
+        ratio = (amax_b / elem.max_value).clamp(min=torch.finfo(torch.float32).tiny)
+        mant = ratio / torch.exp2(torch.floor(torch.log2(ratio)))
+        mant = _bf16_round_up(mant.clamp(1.0, 2.0))
+        return torch.cat([torch.ones_like(mant[:, :1]), mant], dim=1).T
+
+    @staticmethod
+    def _best(values: torch.Tensor, g: torch.Tensor):
+        """(index of the candidate with the least error energy per group, group index) for candidate
+        values [C, G, n, bs] of groups g [G, n, bs]; the first minimum: plain MXFP4 wins ties."""
+        err = (values - g.unsqueeze(0)).pow(2).sum((2, 3))  # [C, G]
+        return err.argmin(0), torch.arange(g.shape[0], device=g.device)
+
+    def fake_quantize(self, x: torch.Tensor, axis: int, fmt, rule) -> torch.Tensor | None:
+        """m . MX(x / m) through the dispatch (the Triton kernels on CUDA): two fake-quantizations of
+        the whole tensor (m = 1 and the group's mantissa) and a per-group choice, the same values as
+        ``block_quantizer`` bit for bit (products of a grid value, a power of two and a BF16
+        mantissa are exact in float32). ``candidates: all`` returns None (use the block path)."""
+        if self.candidates != "max":
+            return None
+        from ..numerics import dispatch
+        from ..numerics.reference import from_blocks, to_blocks
+
+        fmt = get_format(fmt)
+        ax = axis % x.dim()
+        xf = x.float()
+        g, info = self._groups(to_blocks(xf, ax, fmt.block_size))  # [G, n, bs]
+        m = self._candidates(g, fmt.element)[1]  # [G]
+        scaled = from_blocks(self._ungroup(g / m[:, None, None], info), x.shape, ax)
+        plain = self._groups(to_blocks(dispatch.fake_quantize(xf, fmt, ax, rule), ax, fmt.block_size))[0]
+        macro = self._groups(to_blocks(dispatch.fake_quantize(scaled, fmt, ax, rule), ax, fmt.block_size))[0]
+        values = torch.stack([plain, macro * m[:, None, None]])  # [2, G, n, bs]
+        best, pick = self._best(values, g)
+        return from_blocks(self._ungroup(values[best, pick], info), x.shape, ax).to(x.dtype)
 
     def cost(self) -> dict:
         return {"extra_bits_per_element": 16.0 / (32 * self.blocks * self.rows), "bf16_fraction": 0.0}

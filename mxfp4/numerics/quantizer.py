@@ -104,8 +104,11 @@ class Quantizer:
         """``valid`` (broadcastable to x): the real elements when x holds padding (grouped experts);
         padding must be zeros and only changes what corrections count."""
         mask, rest = self._split(x, axis, valid)
+        fast = self._dispatched_block_quantizer(rest, axis)
         if self.block_quantizer is None:
             q = dispatch.fake_quantize(rest, self.fmt, axis, self.scale_rule)
+        elif fast is not None:
+            q = fast
         else:
             ax = axis % x.dim()
             grid, scale = self.block_quantizer(to_blocks(rest, ax, self.fmt.block_size))
@@ -113,6 +116,17 @@ class Quantizer:
         if mask is None:
             return q
         return torch.where(mask, x.to(torch.bfloat16).to(x.dtype), q)
+
+    def _dispatched_block_quantizer(self, x: torch.Tensor, axis: int) -> torch.Tensor | None:
+        """Where the dispatch runs Triton, a block-replacing correction that can express itself as
+        fake-quantizations of rescaled tensors (macro-block's ``fake_quantize``) goes through the
+        kernels; None otherwise (the reference block path, identical values)."""
+        if self.block_quantizer is None or dispatch.backend_for(x, self.fmt) != "triton":
+            return None
+        for c in self.corrections:
+            if hasattr(c, "fake_quantize"):
+                return c.fake_quantize(x, axis, self.fmt, self.scale_rule)
+        return None
 
     def decompose(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None) -> Decomposition:
         """The decomposition of what this quantizer quantizes (high-precision elements and, with

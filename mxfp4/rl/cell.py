@@ -158,7 +158,8 @@ def cell_data(profile: Profile, results: Path | str) -> tuple[list[dict], Path]:
 
 
 def run_cell(profile_name: str, model_name: str, recipe_name: str, seed: int, results: Path | str = "results",
-             recipes_file: str | None = None) -> dict:
+             recipes_file: str | None = None) -> dict | None:
+    """Run one cell; its metrics (None on the ranks other than the main process of a multi-process cell)."""
     plan = plan_cell(profile_name, model_name, recipe_name, seed, results, recipes_file)
     return execute(plan)
 
@@ -202,7 +203,7 @@ def execute(plan: CellPlan) -> dict:
     from .models import load
 
     t_start = time.time()
-    dist = PartialState()  # one process, or the ranks accelerate launch started
+    dist = PartialState(cpu=not torch.cuda.is_available())  # one process, or the ranks the launcher started
     profile, recipe, seed, out = plan.profile, plan.recipe, plan.seed, plan.out
     spec, grpo = profile.model(plan.model), profile.grpo
     if dist.num_processes != spec.processes:
@@ -253,9 +254,9 @@ def execute(plan: CellPlan) -> dict:
 
     ev = profile.eval
     model.eval()
-    lm = hf_lm(model, tokenizer, batch_size=ev.batch_size)  # every rank evaluates (FSDP gathers in lockstep)
+    lm = hf_lm(model, tokenizer, batch_size=ev.batch_size)  # every rank evaluates its share of the problems
     scores = evaluate_gsm8k(lm, eval_folder, num_fewshot=ev.num_fewshot, limit=ev.limit, max_gen_toks=ev.max_gen_toks,
-                            output_dir=out / "eval" if dist.is_main_process else None, seed=seed)
+                            output_dir=out / "eval", seed=seed)
     metrics = summarize(log_path, scores, model, patch_state(model).quantizer, corrections, profile.probe_rows) \
         if dist.is_main_process else None
     if dist.is_main_process:

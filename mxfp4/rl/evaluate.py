@@ -34,9 +34,10 @@ def hf_lm(model, tokenizer, batch_size: int = 32, max_length: int | None = None)
 
 
 def evaluate_gsm8k(lm, data_dir, num_fewshot: int = 0, limit: int | None = None, max_gen_toks: int | None = None,
-                   output_dir: Path | str | None = None, seed: int = 0) -> dict:
+                   output_dir: Path | str | None = None, seed: int = 0) -> dict | None:
     """Run the task; returns {strict_match, flexible_extract, n}. lm-eval's own results (and samples)
-    are written under ``output_dir`` when given."""
+    are written under ``output_dir`` when given. Under several processes every rank must call it
+    (lm-eval splits the requests over the ranks and gathers them on rank 0); the other ranks get None."""
     from lm_eval import evaluator
     from lm_eval.tasks import TaskManager
 
@@ -55,6 +56,8 @@ def evaluate_gsm8k(lm, data_dir, num_fewshot: int = 0, limit: int | None = None,
         fewshot_random_seed=seed,
         bootstrap_iters=0,
     )
+    if results is None:  # not rank 0: lm-eval gathered this rank's share on rank 0
+        return None
     r = results["results"][cfg["task"]]
     summary = {
         "strict_match": r["exact_match,strict-match"],

@@ -23,8 +23,18 @@ rule pretrain_model:
         "MXFP4_THREADS={threads} {MXFP4} pretrain --profile {PROFILE} --model {wildcards.model} > {log} 2>&1"
 
 
+def cell_launcher(wc):
+    """`python -m mxfp4`, or the multi-process launcher of the model's launch config (accelerate launch;
+    torchrun for CPU DDP) when the profile gives it several processes."""
+    from mxfp4.config.profiles import launch_prefix
+
+    return launch_prefix(P.model(wc.model), PYTHON)
+
+
 rule cell:
-    """One ablation cell: GRPO under the recipe, then GSM8K through lm-eval; metrics.json last (atomic)."""
+    """One ablation cell: GRPO under the recipe, then GSM8K through lm-eval; metrics.json last (atomic).
+    A cell checkpoints every grpo.save_steps and a rerun resumes from its last checkpoint (the cell's
+    own `checkpoints/` folder is not a declared output, so --rerun-incomplete keeps it)."""
     input:
         model_input,
         reference_input,
@@ -36,9 +46,11 @@ rule cell:
         f"{RESULTS}/logs/cell_{{model}}_{{recipe}}_seed{{seed}}.log",
     wildcard_constraints:
         seed=r"\d+",
-    threads: 1
+    threads: lambda wc: P.model(wc.model).processes
     resources:
         gpu=lambda wc: P.model(wc.model).gpus,
+    params:
+        launcher=cell_launcher,
     shell:
-        "MXFP4_THREADS={threads} {MXFP4} cell --profile {PROFILE} --model {wildcards.model} "
+        "MXFP4_THREADS=1 {params.launcher} cell --profile {PROFILE} --model {wildcards.model} "
         "--recipe '{wildcards.recipe}' --seed {wildcards.seed} > {log} 2>&1"
