@@ -2,7 +2,9 @@
 #
 #   snakemake --cores all figures                          # embedded profile (default)
 #   snakemake --cores all figures --config profile=smoke   # a minute or two
+#   snakemake --profile workflow/profiles/local figures     # resumable: a killed run continues where it stopped
 #   snakemake --profile workflow/profiles/slurm all --config profile=paper
+#   snakemake --cores all gpu_smoke --config profile=gpu-smoke   # on a GPU: results/gpu/gpu_smoke_dense.json
 #   snakemake --cores 1 results/embedded/cells/tiny-dense/mxfp4/seed0/metrics.json   # one cell alone
 #   snakemake --cores all compare --config compare_recipe=mxfp4+macro              # against stored baselines
 import sys
@@ -44,6 +46,7 @@ include: "workflow/rules/pathways.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/compare.smk"
+include: "workflow/rules/gpu.smk"
 
 
 rule all:

@@ -193,6 +193,15 @@ def _cmd_cell(args) -> int:
     return 0
 
 
+def _cmd_gpu_smoke_report(args) -> int:
+    from .report.gpu_smoke import run
+
+    rec = run(args.results, args.profile, args.out)
+    print(json.dumps({r: {k: v.get(k) for k in ("status", "step_time_vs_bf16", "rollout_time_vs_bf16", "peak_memory_gib")}
+                      for r, v in rec["recipes"].items()}, indent=2))
+    return 0
+
+
 def _cmd_pathways(args) -> int:
     from .rl.pathways import run_pathways
 
@@ -290,6 +299,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--figure", default=None, help="output stem for the figure (.png and .pdf)")
     p.set_defaults(func=_cmd_compare)
+
+    p = sub.add_parser("gpu-smoke-report", help="per recipe: step and generation time vs BF16, peak memory, weight update")
+    p.add_argument("--profile", default="gpu-smoke")
+    p.add_argument("--results", default="results")
+    p.add_argument("--out", default="results/gpu/gpu_smoke_dense.json")
+    p.set_defaults(func=_cmd_gpu_smoke_report)
 
     p = sub.add_parser("plot", help="draw a figure from result files")
     p.add_argument("figure", choices=list(PLOTS), help="; ".join(f"{k}: {v[1]}" for k, v in PLOTS.items()))

@@ -14,10 +14,12 @@ from mxfp4.config.profiles import model_dir
 PROMISED_METRICS = [
     "gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_entropy", "mean_grad_cosine", "decomposition_weights",
     "wall_time_seconds", "config", "config_hash", "versions", "git_commit", "correction_costs", "mean_rollout_accuracy",
-    "mean_step_time", "mean_kl",
+    "mean_step_time", "mean_kl", "mean_probe_time", "mean_mismatch_kl", "rollout", "precision", "weight_update",
+    "world_size", "weight_digests",
 ]
-PROMISED_LOG = ["step", "step_time", "reward", "reward_std", "rewards/accuracy_reward/mean", "entropy", "kl"]
-TIMING = {"wall_time_seconds", "train_seconds", "mean_step_time"}
+PROMISED_LOG = ["step", "step_time", "probe_time", "rollout_time", "reward", "reward_std", "rewards/accuracy_reward/mean",
+               "entropy", "kl", "mismatch/kl", "mismatch/is_ratio_p99"]
+TIMING = {"wall_time_seconds", "train_seconds", "mean_step_time", "mean_probe_time"}
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +49,17 @@ def test_smoke_cell_writes_every_promised_field(results, model, recipe):
     for key in PROMISED_LOG:
         assert key in rows[0], key
     assert (cell / "eval" / "results.json").exists()
+    assert m["rollout"]["backend"] == "hf" and m["precision"] == {"master_weights": "float32", "compute": "float32"}
+    assert m["weight_update"]["n"] > 0 and m["weight_update"]["norm"] >= 0
     if recipe == "bf16":
         assert m["decomposition_weights"] is None and m["mean_grad_cosine"] is None
+        assert all(r["mismatch/measured"] == 0.0 and r["mismatch/kl"] == 0.0 for r in rows)  # the same policy
     else:
+        # AQN perturbs the rollout policy only (noise at rollout, none in training): the ledger measures
+        # it on every step whose sigma is non-zero (stage 0 is noise-free)
+        noisy = [r for r in rows if r["aqn/sigma"] > 0]
+        assert noisy and all(r["mismatch/measured"] == 1.0 and r["mismatch/kl"] > 0 for r in noisy)
+        assert all(r["mismatch/measured"] == 0.0 for r in rows if r["aqn/sigma"] == 0)
         assert "grad/rel_norm_error" in rows[0] and "decomp/activation/share_dead" in rows[0]
         assert "decomp/grad/share_scale" in rows[0] and "aqn/sigma" in rows[0]
         assert set(m["correction_costs"]) == {"outlier_fallback", "macro_block", "aqn"}

@@ -25,7 +25,7 @@ def bad(mutate):
 
 
 def test_every_shipped_profile_validates():
-    for name in ("embedded", "smoke", "paper"):
+    for name in ("embedded", "smoke", "paper", "smoke-ddp", "gpu-smoke"):
         assert load_profile(name).name == name
 
 
@@ -35,9 +35,13 @@ def test_missing_unknown_wrong_type_and_out_of_range_keys_name_the_key():
     msg = bad(lambda s: s["grpo"].update(max_stpes=3))
     assert "grpo.max_stpes: unknown key; accepted: max_steps" in msg
     msg = bad(lambda s: s["models"]["tiny-dense"].update(archh="x"))
-    assert "models.tiny-dense.archh: unknown key; accepted: arch, hub, dtype, gpus" in msg
-    msg = bad(lambda s: s["grpo"].update(use_vllm="no"))
-    assert "grpo.use_vllm" in msg and "'no'" in msg and "boolean" in msg
+    assert "models.tiny-dense.archh: unknown key; accepted: arch, hub, config, compute, processes, launch, gpus" in msg
+    msg = bad(lambda s: s["grpo"].update(gradient_checkpointing="no"))
+    assert "grpo.gradient_checkpointing" in msg and "'no'" in msg and "boolean" in msg
+    msg = bad(lambda s: s["grpo"].update(rollout="sglang"))
+    assert "grpo.rollout" in msg and "'hf'" in msg and "'vllm'" in msg
+    msg = bad(lambda s: s["grpo"].update(micro_batch_size=5))
+    assert "micro_batch_size 5 must divide" in msg
     msg = bad(lambda s: s["grpo"].update(max_steps=0))
     assert "grpo.max_steps" in msg and "greater than or equal to 1" in msg and "(got 0)" in msg
     msg = bad(lambda s: s.update(seeds=[0, -1]))

@@ -33,7 +33,7 @@ def test_two_cpu_processes_train_one_cell_to_identical_weights(smoke_results, tm
     m = json.loads((cell / "metrics.json").read_text())
     for key in PROMISED:
         assert m.get(key) is not None, key
-    assert m["world_size"] == 2 and len(m["weight_digests"]) == 2
+    assert m["world_size"] == 2 and len(m["weight_digests"]) == 2 and m["eval_n"] == 16  # both ranks share the eval
     assert m["weight_digests"][0] == m["weight_digests"][1]
     rows = [json.loads(line) for line in (cell / "train_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]  # one writer: the main process

@@ -18,6 +18,7 @@ is made or any work starts.
 from __future__ import annotations
 
 import json
+import math
 import platform
 import shutil
 import subprocess
@@ -33,6 +34,7 @@ from ..config.recipes import Recipe
 from ..io import write_json_atomic
 from ..numerics.decompose import COMPONENTS, SUMMARY_KEYS, pool_stats
 from . import data as gsm
+from .models import RANDOM_PREFIX
 from .patching import gemm_weights, patch_model, patch_state, patched_modules
 from .training import common_args
 
@@ -127,6 +129,8 @@ def plan_cell(profile_name: str, model_name: str, recipe_name: str, seed: int, r
                              f"({folder} has no config.json); make it with: mxfp4 pretrain --profile {profile_name} "
                              f"--model {model_name} (or snakemake --cores all pretrain --config profile={profile_name})")
         model_ref = str(folder)
+    elif spec.config:
+        model_ref = f"{RANDOM_PREFIX}{spec.config}"
     else:
         model_ref = spec.hub
     if profile.data.source == "gsm8k":
@@ -246,8 +250,10 @@ def execute(plan: CellPlan) -> dict:
         resumed_from = resume_state(resume, log_path if dist.is_main_process else None, corrections)
         print(f"resuming {out} from {resume} (step {resumed_from} of {grpo.max_steps})", flush=True)
     t_train = time.time()
+    snapshot = weight_snapshot(model)  # the initial weights (a resumed run loads its checkpoint inside train)
     trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
     train_seconds = time.time() - t_train
+    update = weight_update(model, snapshot)
     digests = weight_digests(trainer)
     if not recipe.quantize:
         save_policy(trainer, tokenizer, out / "policy")
@@ -266,6 +272,7 @@ def execute(plan: CellPlan) -> dict:
             rollout=rollout_record(trainer, recipe),
             precision={"master_weights": "float32", "compute": spec.compute},
             world_size=dist.num_processes, weight_digests=digests, resumed_from_step=resumed_from,
+            weight_update=update,
             config={"recipe": recipe.to_dict(), "grpo": grpo.model_dump(), "data": profile.data.model_dump(),
                     "eval": ev.model_dump(), "model": spec.model_dump()},
             config_hash=c_hash,
@@ -277,6 +284,32 @@ def execute(plan: CellPlan) -> dict:
         shutil.rmtree(checkpoints, ignore_errors=True)  # the cell is complete: nothing to resume
     dist.wait_for_everyone()
     return metrics
+
+
+def weight_snapshot(model) -> dict[str, torch.Tensor]:
+    """CPU float32 copies of the first and last decoder layers' parameters (bounded at any model
+    size): the reference of ``weight_update``."""
+    last = getattr(model.config, "num_hidden_layers", 1) - 1
+    keep = (".layers.0.", f".layers.{last}.")
+    return {n: p.detach().float().cpu().clone() for n, p in model.named_parameters()
+            if any(k in n for k in keep) and type(p).__name__ != "DTensor"}
+
+
+def weight_update(model, snapshot: dict[str, torch.Tensor]) -> dict:
+    """How far training moved the snapshot's parameters: the update norm, relative to the weights'
+    norm, and the fraction of elements that changed at all (an update below half an ulp of a
+    bfloat16 master weight rounds away: this fraction is then near 0)."""
+    params = dict(model.named_parameters())
+    delta2 = base2 = changed = total = 0.0
+    for name, before in snapshot.items():
+        d = params[name].detach().float().cpu() - before
+        delta2 += float(d.double().pow(2).sum())
+        base2 += float(before.double().pow(2).sum())
+        changed += int((d != 0).sum())
+        total += d.numel()
+    return {"scope": "parameters of the first and last decoder layers", "n": int(total),
+            "norm": math.sqrt(delta2), "relative": math.sqrt(delta2 / base2) if base2 else None,
+            "changed_fraction": changed / total if total else None}
 
 
 def weight_digests(trainer) -> list[str] | None:

@@ -266,6 +266,9 @@ def checkpoints(profile: Profile, model_name: str, results) -> dict[str, Path]:
     """The fixed checkpoints: the warm-started policy and (when its bf16 cell ran) the policy after GRPO."""
     spec = profile.model(model_name)
     seed = profile.seeds[0]
+    if spec.config:
+        raise ValueError(f"model {model_name!r} is a random initialisation (config: {spec.config}); the pathway matrix "
+                         "needs a warm-started tiny model or a hub checkpoint")
     warm = model_dir(results, profile.name, model_name) if spec.arch else Path(spec.hub)
     out = {"warm": warm}
     after = policy_dir(results, profile.name, model_name, seed)

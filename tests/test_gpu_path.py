@@ -1,0 +1,238 @@
+"""The paper profile's GPU path, checked on CPU: precision, the rollout backend and its ledger,
+gradient checkpointing, bounded probes, the weight cache under sharded writes, vLLM's Qwen2 names."""
+
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+from trl import GRPOConfig
+
+from mxfp4.config.profiles import load_profile
+from mxfp4.config.recipes import Recipe
+from mxfp4.rl.cell import plan_cell, rollout_record, rollout_settings, weight_snapshot, weight_update
+from mxfp4.rl.grpo import MXGRPOTrainer, mismatch_ledger, sample_blocks
+from mxfp4.rl.models import build_random, build_tiny
+from mxfp4.rl.patching import clear_weight_caches, gemm_context, patch_model
+from mxfp4.rl.training import common_args
+from mxfp4.rl.vllm_weights import vllm_named_weights
+
+
+def _reward(completions, **kw):
+    return [float(len(c) % 2) for c in completions]  # not all equal: advantages are non-zero
+
+
+def _one_step(model, tok, compute, lr=1e-6):
+    args = GRPOConfig(max_steps=1, learning_rate=lr, per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=8, top_k=0, beta=0.0, logging_steps=1, lr_scheduler_type="constant",
+                      **common_args(0, compute=compute))
+    data = Dataset.from_list([{"prompt": f"Question: {i}+1\nAnswer:"} for i in range(8)])
+    trainer = MXGRPOTrainer(model=model, reward_funcs=[_reward], args=args, train_dataset=data, processing_class=tok)
+    trainer.setup_mx([], probe_every=0)
+    trainer.train()
+    return trainer
+
+
+# --- precision --------------------------------------------------------------------------------
+
+def test_a_1e6_learning_rate_step_moves_fp32_master_weights_under_bf16_compute():
+    """The paper's lr 1e-6 with AdamW: about 1e-6 per element. On fp32 master weights with bf16
+    autocast compute (what the cell does on GPU) nearly every weight moves; on pure-bf16 weights
+    (what the cell did before) the update is below half an ulp and nearly none does."""
+    model, tok = build_tiny("tiny-dense", seed=0)
+    patch_model(model, Recipe.named("mxfp4").quantizer())
+    snap = weight_snapshot(model)
+    _one_step(model, tok, compute="bfloat16")
+    moved = weight_update(model, snap)
+    assert moved["changed_fraction"] > 0.9 and 0 < moved["norm"]
+
+    model16, tok = build_tiny("tiny-dense", seed=0)
+    model16.to(torch.bfloat16)
+    patch_model(model16, Recipe.named("mxfp4").quantizer())
+    snap16 = weight_snapshot(model16)
+    _one_step(model16, tok, compute="float32")
+    assert weight_update(model16, snap16)["changed_fraction"] < 0.05
+
+
+def test_bf16_compute_is_autocast_over_fp32_masters_and_cpu_profiles_keep_float32():
+    assert common_args(0, compute="bfloat16")["bf16"] is True
+    assert common_args(0)["bf16"] is False
+    for name in ("smoke", "embedded"):
+        assert all(m.compute == "float32" for m in load_profile(name).models.values())
+    assert all(m.compute == "bfloat16" for m in load_profile("paper").models.values())
+    with pytest.raises(ValueError, match="compute must be"):
+        common_args(0, compute="fp8")
+
+
+@pytest.mark.parametrize("recipe", ["mxfp4", "mxfp4+macro"])
+def test_gradient_checkpointing_gives_the_same_gradients(recipe):
+    """Recomputing the patched forward in the backward pass re-quantizes identically."""
+    grads = []
+    for checkpointing in (False, True):
+        model, _ = build_tiny("tiny-dense", seed=0)
+        patch_model(model, Recipe.named(recipe).quantizer())
+        model.train()
+        if checkpointing:
+            model.gradient_checkpointing_enable({"use_reentrant": False})
+        ids = torch.randint(4, 60, (2, 48), generator=torch.Generator().manual_seed(0))
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for n in grads[0]:
+        assert torch.equal(grads[0][n], grads[1][n]), n
+
+
+def test_micro_batches_split_the_step_over_ranks_and_accumulation():
+    grpo = load_profile("paper").grpo
+    assert grpo.accumulation(1) == (8, 32) and grpo.accumulation(8) == (8, 4)
+    with pytest.raises(ValueError, match="do not split over 3 processes"):
+        grpo.accumulation(3)
+
+
+# --- rollout backend and the mismatch ledger ---------------------------------------------------------
+
+def test_a_requested_vllm_backend_that_cannot_run_is_an_error():
+    grpo = load_profile("paper").grpo
+    with pytest.raises(ValueError, match="grpo.rollout: vllm"):
+        rollout_settings(grpo, Recipe.named("mxfp4"))
+    assert rollout_settings(load_profile("smoke").grpo, Recipe.named("mxfp4")) == {"use_vllm": False}
+
+
+def test_the_rollout_record_reads_the_backend_the_trainer_used():
+    class T:
+        use_vllm, vllm_importance_sampling_correction = True, True
+
+    class H:
+        use_vllm = False
+
+    tis = Recipe.named("mxfp4+tis")
+    assert rollout_record(T(), tis) == {"backend": "vllm", "precision": "W4A16 (the recipe's quantized weights)",
+                                        "truncated_is_cap": 2.0, "truncated_is_requested": 2.0}
+    rec = rollout_record(H(), tis)
+    assert rec["backend"] == "hf" and rec["precision"] == "W4A4 (the training forward)" and rec["truncated_is_cap"] is None
+
+
+def test_the_ledger_on_known_log_ratios():
+    mask = torch.tensor([[1, 1, 1, 0]])
+    rollout = torch.zeros(1, 4)
+    train = torch.tensor([[math.log(2.0)] * 3 + [float("nan")]])
+    m = mismatch_ledger(train, rollout, mask)
+    assert m["mismatch/measured"] == 1.0 and m["mismatch/tokens"] == 3
+    assert m["mismatch/log_ratio_mean"] == pytest.approx(math.log(2))
+    assert m["mismatch/kl"] == pytest.approx(2 - 1 - math.log(2))
+    assert m["mismatch/is_ratio_p50"] == pytest.approx(2.0) and m["mismatch/is_ratio_max"] == pytest.approx(2.0)
+    same = mismatch_ledger(rollout, rollout, mask)
+    assert same["mismatch/kl"] == 0 and same["mismatch/is_ratio_p99"] == 1.0
+    assert mismatch_ledger(None, None, mask)["mismatch/measured"] == 0.0
+
+
+# --- bounded probes -----------------------------------------------------------------------------------
+
+def test_probe_samples_are_bounded_and_keep_whole_quantization_groups():
+    x = torch.randn(2000, 160 * 128)  # 160 macro-groups of 4 x 32 elements per row
+    q = Recipe.named("mxfp4+macro").quantizer()
+    t, _ = sample_blocks(x, -1, 1024, q)
+    assert t.shape == (1024, 128 * 128)
+    t0, _ = sample_blocks(x.T, 0, 1024, q)  # blocked along the first axis (the weight-gradient operand)
+    assert t0.shape == (1024, 128 * 128)
+    small = torch.randn(64, 256)
+    s, _ = sample_blocks(small, -1, 4096, q)
+    assert torch.equal(s, small)  # below the bounds: the tensor itself
+    # a sampled macro-group quantizes exactly as inside the whole tensor
+    whole = q(x[:8], -1)
+    part, _ = sample_blocks(x[:8], -1, 4096, q, groups=4)
+    cols = torch.linspace(0, 159, 4).round().long()
+    idx = (cols[:, None] * 128 + torch.arange(128)).flatten()
+    assert torch.equal(q(part, -1), whole[:, idx])
+
+
+# --- the weight cache under FSDP / ZeRO writes -------------------------------------------------------
+
+def test_an_update_written_through_data_is_seen_after_the_step_clears_the_caches():
+    """FSDP2 and ZeRO-3 write gathered weights into reused storage without a version bump: the
+    version check alone would serve the old quantized weight; the per-step clear does not."""
+    model, _ = build_tiny("tiny-dense", seed=0)
+    patch_model(model, Recipe.named("mxfp4").quantizer())
+    layer = model.model.layers[0].self_attn.q_proj
+    gemm = gemm_context(layer)
+    before = gemm.weight(layer.weight, 1, True).clone()
+    version = layer.weight._version
+    layer.weight.data.copy_(layer.weight.data * 4)  # no version bump on the parameter
+    assert layer.weight._version == version
+    assert torch.equal(gemm.weight(layer.weight, 1, True), before)  # stale: why the caches are cleared
+    clear_weight_caches(model)
+    assert torch.equal(gemm.weight(layer.weight, 1, True).float(), before.float() * 4)
+
+
+def test_the_trainer_clears_the_caches_at_every_optimizer_step():
+    from mxfp4.rl.grpo import WeightCacheReset
+
+    model, tok = build_tiny("tiny-dense", seed=0)
+    patch_model(model, Recipe.named("mxfp4").quantizer())
+    trainer = _one_step(model, tok, compute="float32", lr=1e-4)
+    assert any(isinstance(cb, WeightCacheReset) for cb in trainer.callback_handler.callbacks)
+    layer = model.model.layers[0].self_attn.q_proj
+    assert torch.equal(gemm_context(layer).weight(layer.weight, 1, True).float(),
+                       Recipe.named("mxfp4").quantizer()(layer.weight.detach(), -1))
+
+
+# --- the paper's configurations, randomly initialised -------------------------------------------------
+
+def test_the_gpu_smoke_model_is_the_real_qwen25_3b_configuration():
+    model, tok = build_random("qwen2.5-3b", device="meta")
+    n = sum(p.numel() for p in model.parameters())
+    assert 3.08e9 < n < 3.10e9  # Qwen2.5-3B: 3.09 B parameters (embeddings tied)
+    assert model.config.num_hidden_layers == 36 and model.config.vocab_size == 151936 == len(tok)
+    assert model.config.tie_word_embeddings
+    plan = plan_cell("gpu-smoke", "qwen2.5-3b-random", "mxfp4", 0)
+    assert plan.model_ref == "random:qwen2.5-3b"
+
+
+# --- vLLM's Qwen2 loader -----------------------------------------------------------------------------
+
+# vLLM's Qwen2ForCausalLM.load_weights (vllm/model_executor/models/qwen2.py): AutoWeightsLoader skips
+# "lm_head." when the embeddings are tied, then Qwen2Model.load_weights renames through
+# stacked_params_mapping and skips rotary_emb.inv_freq; every other name must be a parameter.
+VLLM_STACKED = [("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v"),
+                ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1)]
+
+
+def _vllm_qwen2_params(config) -> set[str]:
+    names = {"model.embed_tokens.weight", "model.norm.weight"}
+    for i in range(config.num_hidden_layers):
+        p = f"model.layers.{i}."
+        names |= {p + "self_attn.qkv_proj.weight", p + "self_attn.qkv_proj.bias", p + "self_attn.o_proj.weight",
+                  p + "mlp.gate_up_proj.weight", p + "mlp.down_proj.weight", p + "input_layernorm.weight",
+                  p + "post_attention_layernorm.weight"}
+    if not config.tie_word_embeddings:
+        names.add("lm_head.weight")
+    return names
+
+
+def _vllm_qwen2_load(names, config) -> dict[str, set]:
+    """Which vLLM parameter (and shard) each pushed name lands on, as vLLM's loader resolves it."""
+    params, loaded = _vllm_qwen2_params(config), {}
+    for name in names:
+        if "rotary_emb.inv_freq" in name or (config.tie_word_embeddings and name.startswith("lm_head.")):
+            continue
+        for param, shard, shard_id in VLLM_STACKED:
+            if shard in name:
+                target = name.replace(shard, param)
+                break
+        else:
+            target, shard_id = name, None
+        assert target in params, f"vLLM's Qwen2 loader has no parameter for {name!r}"
+        loaded.setdefault(target, set()).add(shard_id)
+    return loaded
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_pushed_dense_weights_load_into_every_vllm_qwen2_parameter(tied):
+    model, _ = build_tiny("tiny-dense", seed=0)
+    model.config.tie_word_embeddings = tied
+    patch_model(model, Recipe.named("mxfp4").quantizer())
+    loaded = _vllm_qwen2_load([n for n, _ in vllm_named_weights(model.named_parameters())], model.config)
+    assert set(loaded) == _vllm_qwen2_params(model.config)  # every vLLM parameter gets its weights
+    for name, shards in loaded.items():
+        want = {"q", "k", "v"} if "qkv_proj" in name else {0, 1} if "gate_up_proj" in name else {None}
+        assert shards == want, name
