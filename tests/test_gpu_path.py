@@ -236,3 +236,19 @@ def test_pushed_dense_weights_load_into_every_vllm_qwen2_parameter(tied):
     for name, shards in loaded.items():
         want = {"q", "k", "v"} if "qkv_proj" in name else {0, 1} if "gate_up_proj" in name else {None}
         assert shards == want, name
+
+
+def test_sharded_launches_quantize_at_every_use_with_the_same_values():
+    """Under FSDP / ZeRO-3 the cell patches without the weight cache (it would hold every gathered
+    layer on every rank); the forward is the same."""
+    paper = load_profile("paper")
+    assert paper.model("qwen3-30b-a3b").sharded and not paper.model("qwen2.5-3b").sharded
+    ids = torch.randint(4, 60, (2, 40), generator=torch.Generator().manual_seed(1))
+    outs = []
+    for cache in (True, False):
+        model, _ = build_tiny("tiny-dense", seed=0)
+        patch_model(model, Recipe.named("mxfp4+fallback").quantizer(), cache_weights=cache)
+        with torch.no_grad():
+            outs.append(model(input_ids=ids).logits)
+        assert bool(gemm_context(model.model.layers[0].mlp.up_proj)._cache) == cache
+    assert torch.equal(outs[0], outs[1])

@@ -75,3 +75,44 @@ def test_smoke_profile_runs_to_figures_and_reruns_exactly(workdir):
     # one cell by its output path
     out = snakemake(workdir, "results/smoke/cells/tiny-dense/mxfp4/seed0/metrics.json", "--config", "profile=smoke")
     assert (workdir / "results/smoke/cells/tiny-dense/mxfp4/seed0/metrics.json").exists(), out[-2000:]
+
+
+def test_a_hard_killed_run_of_the_local_profile_resumes_with_the_same_command(workdir):
+    """SIGKILL to Snakemake and its cell mid-run leaves an incomplete output and a stale lock; the
+    same command again (local profile: rerun-incomplete, nolock) resumes the cell from its
+    checkpoint, with no --unlock. Runs after the smoke workflow above (its warm-started models)."""
+    import os
+    import signal
+    import time
+
+    cell = workdir / "results/smoke/cells/tiny-dense/mxfp4+all/seed0"
+    if not (workdir / "results/smoke/models/tiny-dense").exists():
+        snakemake(workdir, "pretrain", "--config", "profile=smoke")
+    (cell / "metrics.json").unlink(missing_ok=True)
+    command = [*SNAKEMAKE, "--profile", "workflow/profiles/local", "--cores", "2", str(cell.relative_to(workdir) / "metrics.json"),
+               "--config", "profile=smoke"]
+    proc = subprocess.Popen(command, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    try:
+        while not list((cell / "checkpoints").glob("checkpoint-*/mxfp4_state.json")):
+            assert proc.poll() is None and time.time() < deadline, "no checkpoint before the run ended"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert list((workdir / ".snakemake" / "locks").glob("*")), "a hard kill leaves Snakemake's lock behind"
+    done = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert (cell / "metrics.json").exists()
+    log = (workdir / "results/smoke/logs/cell_tiny-dense_mxfp4+all_seed0.log").read_text()
+    assert "resuming" in log  # the rerun (which rewrote the log) continued from the checkpoint
+
+
+def test_gpu_smoke_and_multi_process_cells_resolve_with_their_launchers(workdir):
+    jobs = planned_jobs(snakemake(workdir, "-n", "gpu_smoke", "--config", "profile=gpu-smoke"))
+    assert jobs["cell"] == 6 and jobs["gpu_smoke"] == 1 and "pretrain_model" not in jobs
+    out = snakemake(workdir, "-n", "-p", "ablations", "--config", "profile=smoke-ddp")
+    assert "-m torch.distributed.run --standalone --nproc_per_node 2 -m mxfp4 cell --profile smoke-ddp" in out
+    out = snakemake(workdir, "-n", "-p", "ablations", "--config", "profile=paper")
+    assert "fsdp2_qwen3_moe_8gpu.yaml --num_processes 8 -m mxfp4 cell --profile paper --model qwen3-30b-a3b" in out
+    assert "-m mxfp4 cell --profile paper --model qwen2.5-3b" in out

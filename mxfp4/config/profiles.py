@@ -60,6 +60,15 @@ class ModelSpec(_Strict):
             raise ValueError(f"launch {self.launch!r}: no experiments/accelerate/{self.launch}; known: {', '.join(known)}")
         return self
 
+    @property
+    def sharded(self) -> bool:
+        """True when the launch config shards parameters (FSDP, DeepSpeed ZeRO): no rank holds the
+        model whole."""
+        if self.launch is None:
+            return False
+        kind = yaml.safe_load((EXPERIMENTS / "accelerate" / self.launch).read_text()).get("distributed_type")
+        return kind in ("FSDP", "DEEPSPEED")
+
 
 class PretrainSettings(_Strict):
     """SFT warm-start of the tiny stand-ins (TRL SFTTrainer)."""

@@ -72,11 +72,11 @@ class ComponentQuantizer(Quantizer):
         return False
 
     @property
-    @property
     def exact_in_bf16(self) -> bool:
         """x + e_c is not a grid value in general: GEMMs on it run in float32."""
         return False
 
+    @property
     def row(self) -> str:
         return f"+{self.inject}" if self.inject else f"-{self.remove}"
 

@@ -60,7 +60,10 @@ def rollout_settings(grpo, recipe) -> dict:
         raise ValueError("the profile asks for vLLM rollouts (grpo.rollout: vllm), which need a CUDA device; "
                          "set grpo.rollout: hf to roll out on this machine")
     cap = recipe.truncated_is_cap
-    return {"use_vllm": True, "vllm_mode": "colocate", "vllm_importance_sampling_correction": cap is not None,
+    # Colocated with training on the same GPUs: a quarter of the memory (bf16 weights and KV cache,
+    # docs/scaling.md) and asleep (offloaded) while the policy trains.
+    return {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.25,
+            "vllm_enable_sleep_mode": True, "vllm_importance_sampling_correction": cap is not None,
             "vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": cap or 3.0}
 
 
@@ -236,7 +239,7 @@ def execute(plan: CellPlan) -> dict:
                              f"run ({reference} missing); run that cell first")
         for c in corrections:
             c.bind_reference(json.loads(reference.read_text()))
-    patch_model(model, recipe.quantizer(corrections))
+    patch_model(model, recipe.quantizer(corrections), cache_weights=not spec.sharded)
 
     train, eval_folder = cell_data(profile, plan.results)
     dataset = Dataset.from_list([{"prompt": gsm.PROMPT.format(question=r["question"]), "answer": r["answer"]} for r in train])

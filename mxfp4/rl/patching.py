@@ -48,6 +48,7 @@ class GemmContext:
     quantizer: Quantizer
     name: str = ""
     probe: object = None  # called as probe(layer_name, kind, tensor, axis) when set
+    cache: bool = True  # False under FSDP / ZeRO-3: a cache would hold every layer's gathered weights
     _cache: dict = field(default_factory=dict)
 
     @property
@@ -58,6 +59,9 @@ class GemmContext:
         """The weight as a GEMM sees it: fake-quantized along ``axis`` (cached per version) or raw."""
         if not enabled:
             return param.detach()
+        if not self.cache:
+            with torch.no_grad():
+                return self.quantizer(param.detach(), axis)
         slot = (param.data_ptr(), axis)
         hit = self._cache.get(slot)
         if hit is None or hit[0] != param._version:
@@ -283,9 +287,13 @@ def _extra_repr(self) -> str:
     return f"{base}, {tag}" if base else tag
 
 
-def patch_model(model, quantizer: Quantizer | None, probe=None) -> list[str]:
+def patch_model(model, quantizer: Quantizer | None, probe=None, cache_weights: bool = True) -> list[str]:
     """Patch ``model`` in place so that the modules of ``quantizer.modules`` compute their GEMMs
     through ``quantizer`` (``Recipe.quantizer()``); returns the patched module names.
+
+    ``cache_weights=False`` quantizes a weight at every use instead of once per version: for sharded
+    training (FSDP2, ZeRO-3), where a per-layer cache of gathered weights would hold the whole model
+    unsharded on every rank.
 
     ``None`` (a full-precision recipe) patches nothing but records the state. A tied lm_head is
     refused: quantizing it would also quantize the input embeddings.
@@ -298,7 +306,7 @@ def patch_model(model, quantizer: Quantizer | None, probe=None) -> list[str]:
     for name, module, kind in (targets(model, quantizer.modules) if quantizer is not None else []):
         if kind == "lm_head" and getattr(model.config, "tie_word_embeddings", False):
             raise ValueError("lm_head is tied to the input embeddings; quantizing it would quantize both")
-        setattr(module, _GEMM_ATTR, GemmContext(quantizer, name=name, probe=probe))
+        setattr(module, _GEMM_ATTR, GemmContext(quantizer, name=name, probe=probe, cache=cache_weights))
         module.forward = types.MethodType(grouped_experts_forward if kind == "experts" else _linear_forward, module)
         module.extra_repr = types.MethodType(_extra_repr, module)
         patched.append(name)
