@@ -78,9 +78,10 @@ def test_smoke_profile_runs_to_figures_and_reruns_exactly(workdir):
 
 
 def test_a_hard_killed_run_of_the_local_profile_resumes_with_the_same_command(workdir):
-    """SIGKILL to Snakemake and its cell mid-run leaves an incomplete output and a stale lock; the
-    same command again (local profile: rerun-incomplete, nolock) resumes the cell from its
-    checkpoint, with no --unlock. Runs after the smoke workflow above (its warm-started models)."""
+    """SIGKILL to Snakemake and its cell mid-run leaves outputs marked incomplete (and, without
+    nolock, a stale lock); the same command again (local profile: rerun-incomplete, nolock) resumes
+    the cell from its checkpoint, with no --unlock. Runs after the smoke workflow above (its
+    warm-started models)."""
     import os
     import signal
     import time
@@ -100,7 +101,7 @@ def test_a_hard_killed_run_of_the_local_profile_resumes_with_the_same_command(wo
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert list((workdir / ".snakemake" / "locks").glob("*")), "a hard kill leaves Snakemake's lock behind"
+    assert list((workdir / ".snakemake" / "incomplete").rglob("*")), "the killed job's outputs are marked incomplete"
     done = subprocess.run(command, cwd=workdir, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert (cell / "metrics.json").exists()
