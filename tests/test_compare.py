@@ -1,6 +1,8 @@
 """Aggregation statistics, comparisons against baselines and the claims table."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mxfp4.report.stats import mean_ci, verdict, welch_diff
 from mxfp4.report.claims import build_claims
@@ -108,3 +110,16 @@ def test_per_problem_comparison_is_mcnemar_on_the_discordant_pairs():
     assert better["diff"] == 0.25 and better["p"] < 1e-5 and "20 gained, 0 lost" in better["method"]
     other_problems = [dict(r, doc_hash="x" + r["doc_hash"]) for r in items("a", [1] * 40)]
     assert item_difference(other_problems, base) is None  # a different test set pairs nothing
+
+
+@given(st.floats(0.01, 10), st.floats(0.05, 5), st.booleans())
+def test_n_needed_is_the_smallest_n_whose_design_power_detects_the_effect(sd, effect, one_sided):
+    """The bisection against a direct scan (design power falls with n)."""
+    from mxfp4.report.claims import design_power, n_needed
+
+    n = n_needed(effect, sd, one_sided)
+    scan = next((k for k in range(2, 20_000) if design_power(sd, k, one_sided) <= effect), None)
+    if scan is not None:
+        assert n == scan
+    else:
+        assert n is None or n >= 20_000

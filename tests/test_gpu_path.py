@@ -22,13 +22,13 @@ def _reward(completions, **kw):
     return [float(len(c) % 2) for c in completions]  # not all equal: advantages are non-zero
 
 
-def _one_step(model, tok, compute, lr=1e-6):
-    args = GRPOConfig(max_steps=1, learning_rate=lr, per_device_train_batch_size=8, num_generations=4,
+def _one_step(model, tok, compute, lr=1e-6, steps=1, probe_every=0):
+    args = GRPOConfig(max_steps=steps, learning_rate=lr, per_device_train_batch_size=8, num_generations=4,
                       max_completion_length=8, top_k=0, beta=0.0, logging_steps=1, lr_scheduler_type="constant",
                       **common_args(0, compute=compute))
     data = Dataset.from_list([{"prompt": f"Question: {i}+1\nAnswer:"} for i in range(8)])
     trainer = MXGRPOTrainer(model=model, reward_funcs=[_reward], args=args, train_dataset=data, processing_class=tok)
-    trainer.setup_mx([], probe_every=0)
+    trainer.setup_mx([], probe_every=probe_every)
     trainer.train()
     return trainer
 
@@ -87,6 +87,25 @@ def test_micro_batches_split_the_step_over_ranks_and_accumulation():
     assert grpo.accumulation(1) == (8, 32) and grpo.accumulation(8) == (8, 4)
     with pytest.raises(ValueError, match="do not split over 3 processes"):
         grpo.accumulation(3)
+
+
+def test_probes_observe_without_changing_the_run():
+    """The probe's extra passes run on a forked random stream: a probed run trains exactly as an
+    unprobed one (the same rollouts, the same weights), even when its forward passes draw random
+    numbers (attention dropout here)."""
+    final = []
+    for probe_every in (0, 1):
+        model, tok = build_tiny("tiny-dense", seed=0)
+        for module in model.modules():
+            if hasattr(module, "attention_dropout"):
+                module.attention_dropout = 0.1
+        patch_model(model, Recipe.named("mxfp4").quantizer())
+        trainer = _one_step(model, tok, compute="float32", lr=1e-4, steps=2, probe_every=probe_every)
+        final.append({n: p.detach().clone() for n, p in model.named_parameters()})
+        if probe_every:
+            assert trainer.mx_probe_seconds > 0  # the last step was probed
+    for n in final[0]:
+        assert torch.equal(final[0][n], final[1][n]), n
 
 
 # --- rollout backend and the mismatch ledger ---------------------------------------------------------

@@ -55,10 +55,16 @@ def n_needed(effect: float | None, sd: float | None, one_sided: bool = False) ->
     or no effect to detect)."""
     if effect is None or sd is None or sd == 0 or effect == 0:
         return None
-    for n in range(2, 1_000_001):
-        if design_power(sd, n, one_sided) <= abs(effect):
-            return n
-    return None
+    lo, hi = 2, 1_000_000  # design_power falls strictly with n: bisect for the smallest n that detects it
+    if design_power(sd, hi, one_sided) > abs(effect):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if design_power(sd, mid, one_sided) <= abs(effect):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 def _one_sided_p(d: dict, shift: float = 0.0) -> float | None:

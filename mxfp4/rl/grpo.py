@@ -7,7 +7,8 @@
   norm error against a full-precision shadow backward pass on the same batch (per layer and total),
   and the decomposition statistics of the weights, activations and gradients of the probed layers:
   the fused float32 stats kernel where it applies, else float64 on at most ``probe_rows`` rows and
-  128 blocks per tensor (evenly spaced), so a probe's memory does not grow with the activations;
+  128 quantization groups per tensor (evenly spaced), so a probe's memory does not grow with the
+  activations;
   the probe's time is logged as ``probe_time`` and left out of ``step_time``;
 - every step, the rollout/train mismatch ledger (``mismatch_ledger``): the token log-ratio of the
   training policy to the policy that sampled the rollouts, its KL and the importance-ratio quantiles;
@@ -43,8 +44,6 @@ from ..numerics.decompose import SUMMARY_KEYS, pool_stats
 from .grad_accuracy import compare
 from .vllm_weights import vllm_named_weights
 from .patching import bypassed, clear_weight_caches, gemm_weights, patch_state, patched_modules, quantized_weights, set_probe
-
-
 
 PROBE_BLOCKS = 128  # quantization groups along the blocked axis a float64 probe keeps per row
 
@@ -130,7 +129,7 @@ def mismatch_ledger(train: torch.Tensor | None, rollout: torch.Tensor | None, ma
     rollout perturbation), the ledger is exactly zero and ``mismatch/measured`` is 0."""
     if train is None:
         return {"mismatch/measured": 0.0, "mismatch/log_ratio_mean": 0.0, "mismatch/kl": 0.0,
-                **{f"mismatch/is_ratio_{q}": 1.0 for q in ("p01", "p50", "p99", "max")}}
+                **{f"mismatch/is_ratio_{q}": 1.0 for q in ("p01", "p50", "p99", "max")}, "mismatch/tokens": 0.0}
     keep = mask.bool() & torch.isfinite(rollout) & torch.isfinite(train)
     log_r = (train - rollout)[keep].double()
     if log_r.numel() == 0:
@@ -204,10 +203,12 @@ class MXGRPOTrainer(GRPOTrainer):
         return output
 
     def _completion_logps(self, output) -> torch.Tensor:
-        """Per-token log-probs of the completions under the model as it is now (no grad)."""
+        """Per-token log-probs of the completions under the model as it is now (no grad; the run's
+        random stream untouched)."""
         ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-        with torch.no_grad():
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
             logps, _, _ = self._get_per_token_logps_and_entropies(
                 self.model, ids, mask, output["completion_ids"].size(1), batch_size=self.args.per_device_train_batch_size)
         return logps.float()
@@ -255,7 +256,9 @@ class MXGRPOTrainer(GRPOTrainer):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         self._mx_probed_step = step
         t0 = self._timed_sync()
-        self._probe(model, inputs, num_items_in_batch)
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=devices):  # an observer: the run's random stream is untouched
+            self._probe(model, inputs, num_items_in_batch)
         self.mx_probe_seconds += self._timed_sync() - t0  # the probe's time is not the step's
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 

@@ -15,8 +15,8 @@ forward methods are swapped on the instances), so TRL's and vLLM's weight sync k
 is quantized once per optimizer step, not on every call. The version counter alone cannot be
 trusted under FSDP2 / ZeRO-3, which write gathered weights into reused storage through ``.data`` or
 collectives (no version bump), so the GRPO trainer also clears every cache at each optimizer step
-(``clear_weight_caches``). Where the quantizer's values are all bf16 numbers
-(``Quantizer.exact_in_bf16``) the cache holds them in bf16: half the memory, the same values.
+(``clear_weight_caches``). Under bf16 autocast, where the quantizer's values are all bf16 numbers
+(``Quantizer.exact_in_bf16``), the cache holds them in bf16: half the memory, the same values.
 
 A weight-only recipe (``activations: false``) leaves activations and gradients unquantized; where the
 dispatch runs Triton (CUDA) and no gradient is recorded (rollout generation), its Linear layers
@@ -67,8 +67,8 @@ class GemmContext:
         if hit is None or hit[0] != param._version:
             with torch.no_grad():
                 q = self.quantizer(param.detach(), axis)
-                if self.quantizer.exact_in_bf16 and q.dtype == torch.float32:
-                    q = q.to(torch.bfloat16)  # lossless: every value is a bf16 number
+                if self.quantizer.exact_in_bf16 and _autocast_dtype(param) == torch.bfloat16:
+                    q = q.to(torch.bfloat16)  # what the bf16 GEMM takes; lossless: every value is a bf16 number
             hit = (param._version, q)
             self._cache[slot] = hit
         return hit[1]
