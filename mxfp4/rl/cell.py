@@ -200,7 +200,7 @@ def grpo_config(plan: CellPlan, output_dir: Path | None = None, processes: int =
     )
 
 
-def execute(plan: CellPlan) -> dict:
+def execute(plan: CellPlan) -> dict | None:
     from accelerate import PartialState
     from datasets import Dataset
     from transformers import set_seed
