@@ -15,7 +15,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from . import EXPERIMENTS
+from . import EXPERIMENTS, shipped
 from .validation import parse
 
 PROFILES_DIR = EXPERIMENTS / "profiles"
@@ -50,24 +50,29 @@ class ModelSpec(_Strict):
             raise ValueError("give exactly one of arch (a tiny stand-in), hub (a checkpoint) or config (random init "
                              "from experiments/models/<config>.json)")
         if self.config is not None and not (EXPERIMENTS / "models" / f"{self.config}.json").exists():
-            known = sorted(p.stem for p in (EXPERIMENTS / "models").glob("*.json"))
-            raise ValueError(f"config {self.config!r}: no experiments/models/{self.config}.json; known: {', '.join(known)}")
+            raise ValueError(f"config {self.config!r}: no experiments/models/{self.config}.json; known: {shipped('models', '.json', named_with_suffix=False)}")
         if self.processes > 1 and self.launch is None:
             raise ValueError(f"processes: {self.processes} needs launch: an accelerate config under experiments/accelerate/ "
-                             f"(known: {', '.join(sorted(p.name for p in (EXPERIMENTS / 'accelerate').glob('*.yaml')))})")
-        if self.launch is not None and not (EXPERIMENTS / "accelerate" / self.launch).exists():
-            known = sorted(p.name for p in (EXPERIMENTS / "accelerate").glob("*.yaml"))
-            raise ValueError(f"launch {self.launch!r}: no experiments/accelerate/{self.launch}; known: {', '.join(known)}")
+                             f"(known: {shipped('accelerate', '.yaml')})")
+        if self.launch is not None and not self.launch_config.exists():
+            raise ValueError(f"launch {self.launch!r}: no experiments/accelerate/{self.launch}; known: {shipped('accelerate', '.yaml')}")
         return self
+
+    @property
+    def launch_config(self) -> Path | None:
+        """The accelerate config file of ``launch`` (None for one process without one)."""
+        return None if self.launch is None else EXPERIMENTS / "accelerate" / self.launch
+
+    @property
+    def distributed_type(self) -> str | None:
+        """accelerate's ``distributed_type`` of the launch config (MULTI_GPU, FSDP, DEEPSPEED, MULTI_CPU)."""
+        return None if self.launch is None else yaml.safe_load(self.launch_config.read_text()).get("distributed_type")
 
     @property
     def sharded(self) -> bool:
         """True when the launch config shards parameters (FSDP, DeepSpeed ZeRO): no rank holds the
         model whole."""
-        if self.launch is None:
-            return False
-        kind = yaml.safe_load((EXPERIMENTS / "accelerate" / self.launch).read_text()).get("distributed_type")
-        return kind in ("FSDP", "DEEPSPEED")
+        return self.distributed_type in ("FSDP", "DEEPSPEED")
 
 
 class PretrainSettings(_Strict):
@@ -202,10 +207,9 @@ def launch_prefix(spec: ModelSpec, python: str) -> str:
     accelerate then sets up gloo from torchrun's environment)."""
     if spec.processes == 1:
         return f"{python} -m mxfp4"
-    path = EXPERIMENTS / "accelerate" / spec.launch
-    if yaml.safe_load(path.read_text()).get("distributed_type") == "MULTI_CPU":
+    if spec.distributed_type == "MULTI_CPU":
         return f"{python} -m torch.distributed.run --standalone --nproc_per_node {spec.processes} -m mxfp4"
-    return f"{python} -m accelerate.commands.launch --config_file {path} --num_processes {spec.processes} -m mxfp4"
+    return f"{python} -m accelerate.commands.launch --config_file {spec.launch_config} --num_processes {spec.processes} -m mxfp4"
 
 
 def available() -> list[str]:

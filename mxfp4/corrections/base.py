@@ -3,6 +3,8 @@
 Numerics hooks (composed by ``mxfp4.numerics.quantizer.Quantizer`` on every quantized operand):
 
 - ``block_quantizer(fmt, rule)``: replaces how each block is scaled and rounded (macro-block scaling);
+  with ``fake_quantize(x, axis, fmt, rule)`` it may give the same values through the dispatch (the
+  Triton kernels on CUDA);
 - ``split(x, axis)``: marks elements kept in high precision; the rest is quantized (outlier fallback).
 
 Lifecycle hooks (called by the GRPO cell, which never names a correction):
@@ -36,6 +38,11 @@ class Correction:
     # numerics hooks -----------------------------------------------------------------------
     def block_quantizer(self, fmt, rule):
         """``blocks -> (grid values, effective scale per block)``, or None to keep the format's."""
+        return None
+
+    def fake_quantize(self, x: torch.Tensor, axis: int, fmt, rule) -> torch.Tensor | None:
+        """The values of ``block_quantizer`` for all of x, computed through the dispatch's
+        fake-quantizations (used where the dispatch runs Triton); None: use the block path."""
         return None
 
     def split(self, x: torch.Tensor, axis: int):

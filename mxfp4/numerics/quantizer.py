@@ -59,10 +59,10 @@ class Quantizer:
             raise ValueError(f"unknown module kind(s) {bad}; accepted: {', '.join(MODULE_KINDS)}")
         self.modules = tuple(modules)
         self.name = name
-        custom = [q for c in self.corrections if (q := c.block_quantizer(self.fmt, self.scale_rule)) is not None]
+        custom = [(c, q) for c in self.corrections if (q := c.block_quantizer(self.fmt, self.scale_rule)) is not None]
         if len(custom) > 1:
             raise ValueError("at most one correction may replace the block quantizer (e.g. one macro_block)")
-        self.block_quantizer = custom[0] if custom else None
+        self._block_owner, self.block_quantizer = custom[0] if custom else (None, None)
         self._split_takes_valid = [("valid" in inspect.signature(c.split).parameters) for c in self.corrections]
 
     @property
@@ -104,29 +104,25 @@ class Quantizer:
         """``valid`` (broadcastable to x): the real elements when x holds padding (grouped experts);
         padding must be zeros and only changes what corrections count."""
         mask, rest = self._split(x, axis, valid)
-        fast = self._dispatched_block_quantizer(rest, axis)
         if self.block_quantizer is None:
             q = dispatch.fake_quantize(rest, self.fmt, axis, self.scale_rule)
-        elif fast is not None:
-            q = fast
         else:
-            ax = axis % x.dim()
-            grid, scale = self.block_quantizer(to_blocks(rest, ax, self.fmt.block_size))
-            q = from_blocks(grid * scale.unsqueeze(-1), x.shape, ax).to(x.dtype)
+            q = self._block_quantize(rest, axis)
         if mask is None:
             return q
         return torch.where(mask, x.to(torch.bfloat16).to(x.dtype), q)
 
-    def _dispatched_block_quantizer(self, x: torch.Tensor, axis: int) -> torch.Tensor | None:
-        """Where the dispatch runs Triton, a block-replacing correction that can express itself as
-        fake-quantizations of rescaled tensors (macro-block's ``fake_quantize``) goes through the
-        kernels; None otherwise (the reference block path, identical values)."""
-        if self.block_quantizer is None or dispatch.backend_for(x, self.fmt) != "triton":
-            return None
-        for c in self.corrections:
-            if hasattr(c, "fake_quantize"):
-                return c.fake_quantize(x, axis, self.fmt, self.scale_rule)
-        return None
+    def _block_quantize(self, x: torch.Tensor, axis: int) -> torch.Tensor:
+        """x through the block-replacing correction: where the dispatch runs Triton and the
+        correction can express itself as fake-quantizations of rescaled tensors (macro-block's
+        ``fake_quantize``), through the kernels; else the reference block path (identical values)."""
+        if dispatch.backend_for(x, self.fmt) == "triton":
+            q = self._block_owner.fake_quantize(x, axis, self.fmt, self.scale_rule)
+            if q is not None:
+                return q
+        ax = axis % x.dim()
+        grid, scale = self.block_quantizer(to_blocks(x, ax, self.fmt.block_size))
+        return from_blocks(grid * scale.unsqueeze(-1), x.shape, ax).to(x.dtype)
 
     def decompose(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None) -> Decomposition:
         """The decomposition of what this quantizer quantizes (high-precision elements and, with

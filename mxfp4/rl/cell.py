@@ -171,10 +171,10 @@ def run_cell(profile_name: str, model_name: str, recipe_name: str, seed: int, re
     return execute(plan)
 
 
-def grpo_config(plan: CellPlan, output_dir: Path | None = None, processes: int = 1):
+def grpo_config(plan: CellPlan, checkpoints: Path, processes: int = 1):
     """TRL's GRPOConfig of a cell: the profile's GRPO settings, its precision (fp32 masters, bf16
     autocast when the model computes in bf16), micro-batches with gradient accumulation, gradient
-    checkpointing, checkpoints every ``save_steps`` under ``output_dir``, the rollout backend."""
+    checkpointing, checkpoints every ``save_steps`` (if set) under ``checkpoints``, the rollout backend."""
     from trl import GRPOConfig
 
     grpo, spec = plan.profile.grpo, plan.profile.model(plan.model)
@@ -193,9 +193,8 @@ def grpo_config(plan: CellPlan, output_dir: Path | None = None, processes: int =
         loss_type=grpo.loss_type,
         router_aux_loss_coef=grpo.router_aux_loss_coef,
         logging_steps=1,
-        **common_args(plan.seed, compute=spec.compute, output_dir=output_dir,
-                      save_steps=grpo.save_steps if output_dir is not None else None,
-                      gradient_checkpointing=grpo.gradient_checkpointing),
+        **common_args(plan.seed, compute=spec.compute, output_dir=checkpoints if grpo.save_steps else None,
+                      save_steps=grpo.save_steps, gradient_checkpointing=grpo.gradient_checkpointing),
         **rollout_settings(grpo, plan.recipe),
     )
 
@@ -243,7 +242,7 @@ def execute(plan: CellPlan) -> dict | None:
 
     train, eval_folder = cell_data(profile, plan.results)
     dataset = Dataset.from_list([{"prompt": gsm.PROMPT.format(question=r["question"]), "answer": r["answer"]} for r in train])
-    config = grpo_config(plan, checkpoints if grpo.save_steps else None, dist.num_processes)
+    config = grpo_config(plan, checkpoints, dist.num_processes)
     trainer = MXGRPOTrainer(model=model, reward_funcs=[accuracy_reward], args=config, train_dataset=dataset,
                             processing_class=tokenizer)
     trainer.setup_mx(corrections, profile.probe_every, profile.probe_rows)
@@ -266,9 +265,9 @@ def execute(plan: CellPlan) -> dict | None:
     lm = hf_lm(model, tokenizer, batch_size=ev.batch_size)  # every rank evaluates its share of the problems
     scores = evaluate_gsm8k(lm, eval_folder, num_fewshot=ev.num_fewshot, limit=ev.limit, max_gen_toks=ev.max_gen_toks,
                             output_dir=out / "eval", seed=seed)
-    metrics = summarize(log_path, scores, model, patch_state(model).quantizer, corrections, profile.probe_rows) \
-        if dist.is_main_process else None
+    metrics = None  # the main process reports
     if dist.is_main_process:
+        metrics = summarize(log_path, scores, model, patch_state(model).quantizer, corrections, profile.probe_rows)
         metrics.update(
             profile=profile.name, model=plan.model, recipe=recipe.name, seed=seed,
             wall_time_seconds=time.time() - t_start, train_seconds=train_seconds,
@@ -289,13 +288,18 @@ def execute(plan: CellPlan) -> dict | None:
     return metrics
 
 
+def _is_shard(p: torch.Tensor) -> bool:
+    """A parameter that holds only this rank's shard: an FSDP2 DTensor or a DeepSpeed ZeRO-3 partition."""
+    return type(p).__name__ == "DTensor" or hasattr(p, "ds_id")
+
+
 def weight_snapshot(model) -> dict[str, torch.Tensor]:
     """CPU float32 copies of the first and last decoder layers' parameters (bounded at any model
     size): the reference of ``weight_update``."""
     last = getattr(model.config, "num_hidden_layers", 1) - 1
     keep = (".layers.0.", f".layers.{last}.")
     return {n: p.detach().float().cpu().clone() for n, p in model.named_parameters()
-            if any(k in n for k in keep) and type(p).__name__ != "DTensor"}
+            if any(k in n for k in keep) and not _is_shard(p)}
 
 
 def weight_update(model, snapshot: dict[str, torch.Tensor]) -> dict:
@@ -323,7 +327,7 @@ def weight_digests(trainer) -> list[str] | None:
     from accelerate.utils import gather_object
 
     model = trainer.accelerator.unwrap_model(trainer.model)
-    if any(type(p).__name__ == "DTensor" or hasattr(p, "ds_id") for p in model.parameters()):
+    if any(_is_shard(p) for p in model.parameters()):
         return None
     h = hashlib.sha256()
     for name, p in sorted(model.named_parameters()):

@@ -45,6 +45,19 @@ from .grad_accuracy import compare
 from .vllm_weights import vllm_named_weights
 from .patching import bypassed, clear_weight_caches, gemm_weights, patch_state, patched_modules, quantized_weights, set_probe
 
+def synced_clock() -> float:
+    """perf_counter after the device's queued work is done (a step's time on GPU is its kernels')."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def observer_rng():
+    """A forked random stream for passes that observe the run (probes, the ledger): whatever they
+    draw, the run's own stream continues as if they had not run."""
+    return torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else [])
+
+
 PROBE_BLOCKS = 128  # quantization groups along the blocked axis a float64 probe keeps per row
 
 
@@ -173,11 +186,11 @@ class MXGRPOTrainer(GRPOTrainer):
             self._push_quantized_weights_to_vllm()
 
     # ---------------------------------------------------------------- TRL INTERNALS (begin)
-    # Three places use TRL's private API (pinned in constraints.txt; tests/test_grpo_internals.py):
+    # Four places use TRL's private API (pinned in constraints.txt; tests/test_grpo_internals.py):
     # 1. ``_generate_and_score_completions``: the one method that generates a step's rollouts; it is
     #    wrapped so the corrections' rollout contexts (AQN's noise) hold during generation only.
     # 2. ``_metrics`` and ``_entropy_window_stats``: TRL's per-step metric buffers; the probe's
-    #    shadow pass calls ``compute_loss`` a second time, so they are saved and restored around it.
+    #    passes call ``compute_loss`` again, so they are saved and restored around each.
     # 3. ``vllm_generation.sync_weights``: TRL's weight push to vLLM, wrapped to ship the recipe's
     #    quantized weights (same names and shapes) instead of the master weights; and
     #    ``vllm_generation._iter_named_params``, the (name, tensor) stream it pushes, mapped to the
@@ -192,9 +205,9 @@ class MXGRPOTrainer(GRPOTrainer):
         with contextlib.ExitStack() as stack:
             for c in self.mx_corrections:
                 stack.enter_context(c.rollout_context(self.model, step))
-            t0 = self._timed_sync()
+            t0 = synced_clock()
             output = super()._generate_and_score_completions(inputs)
-            self.mx_rollout_seconds += self._timed_sync() - t0
+            self.mx_rollout_seconds += synced_clock() - t0
             rollout = output.get("sampling_per_token_logps")  # vLLM's own log-probs of what it sampled
             if rollout is None and perturbed:
                 rollout = self._completion_logps(output)  # the policy that sampled: under the rollout context
@@ -207,8 +220,7 @@ class MXGRPOTrainer(GRPOTrainer):
         random stream untouched)."""
         ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
         mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
-        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+        with torch.no_grad(), observer_rng():
             logps, _, _ = self._get_per_token_logps_and_entropies(
                 self.model, ids, mask, output["completion_ids"].size(1), batch_size=self.args.per_device_train_batch_size)
         return logps.float()
@@ -243,11 +255,6 @@ class MXGRPOTrainer(GRPOTrainer):
                                     for t in (train, rollout, mask))
         return mismatch_ledger(train, rollout, mask)
 
-    def _timed_sync(self):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         step = self.state.global_step
         probing = (self.mx_quantizer is not None and self.mx_probe_every and step % self.mx_probe_every == 0
@@ -255,11 +262,10 @@ class MXGRPOTrainer(GRPOTrainer):
         if not probing:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         self._mx_probed_step = step
-        t0 = self._timed_sync()
-        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-        with torch.random.fork_rng(devices=devices):  # an observer: the run's random stream is untouched
+        t0 = synced_clock()
+        with observer_rng():
             self._probe(model, inputs, num_items_in_batch)
-        self.mx_probe_seconds += self._timed_sync() - t0  # the probe's time is not the step's
+        self.mx_probe_seconds += synced_clock() - t0  # the probe's time is not the step's
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def _probe(self, model, inputs, num_items_in_batch):
@@ -273,21 +279,24 @@ class MXGRPOTrainer(GRPOTrainer):
                 probe(name, "weight", next(iter(gemm_weights(module).values())).detach(), -1)
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
-        def quantized():
+        @contextlib.contextmanager
+        def probed():
             set_probe(model, probe)
             try:
-                loss = super(MXGRPOTrainer, self).compute_loss(model, inputs, False, num_items_in_batch)
-                return torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+                yield
             finally:
                 set_probe(model, None)
 
-        def shadow():
-            with bypassed(model):
-                ref_loss = super(MXGRPOTrainer, self).compute_loss(model, inputs, False, num_items_in_batch)
-                return torch.autograd.grad(ref_loss, [p for _, p in params], allow_unused=True)
+        def grads(context):
+            """The loss's gradients under ``context``, TRL's logged metrics left as they were."""
+            def run():
+                with context:
+                    loss = super(MXGRPOTrainer, self).compute_loss(model, inputs, False, num_items_in_batch)
+                    return torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+            return self._without_logging(run)
 
-        g_q = self._without_logging(quantized)
-        g_r = self._without_logging(shadow)
+        g_q = grads(probed())  # the recipe's quantized passes, statistics collected on the way
+        g_r = grads(bypassed(model))  # the full-precision shadow passes
         quant = {n: g for (n, _), g in zip(params, g_q) if g is not None}
         ref = {n: g for (n, _), g in zip(params, g_r) if g is not None and n in quant}
         acc = compare(quant, ref)
@@ -328,7 +337,7 @@ class StepLogger(TrainerCallback):
         self.probe_time = self.rollout_time = 0.0
 
     def on_step_begin(self, args, state, control, **kw):
-        self.t0 = self.trainer._timed_sync()
+        self.t0 = synced_clock()
         self.trainer.mx_probe_seconds = self.trainer.mx_rollout_seconds = 0.0
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
@@ -336,7 +345,7 @@ class StepLogger(TrainerCallback):
     def on_step_end(self, args, state, control, **kw):
         self.probe_time = self.trainer.mx_probe_seconds
         self.rollout_time = self.trainer.mx_rollout_seconds
-        self.step_time = self.trainer._timed_sync() - self.t0 - self.probe_time
+        self.step_time = synced_clock() - self.t0 - self.probe_time
         self.peak_memory = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
 
     def on_log(self, args, state, control, logs=None, **kw):

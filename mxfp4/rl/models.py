@@ -95,12 +95,11 @@ def real_config(name: str):
     """The transformers config of ``experiments/models/<name>.json`` (a real model's architecture)."""
     from transformers import AutoConfig
 
-    from ..config import EXPERIMENTS
+    from ..config import EXPERIMENTS, shipped
 
     path = EXPERIMENTS / "models" / f"{name}.json"
     if not path.exists():
-        known = sorted(p.stem for p in (EXPERIMENTS / "models").glob("*.json"))
-        raise ValueError(f"no model configuration {path}; known: {', '.join(known)}")
+        raise ValueError(f"no model configuration {path}; known: {shipped('models', '.json', named_with_suffix=False)}")
     fields = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
     return AutoConfig.for_model(fields.pop("model_type"), **fields)
 
