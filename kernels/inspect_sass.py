@@ -1,0 +1,216 @@
+"""Static report of the memory-bound kernels compiled for Hopper (sm_90a) on a machine without a GPU.
+
+Every kernel is launched through its real host wrapper on CPU tensors of the benchmark's shapes with
+the launch intercepted: the wrapper's own arguments are specialised as Triton specialises them at a
+CUDA launch (16-divisible integers and pointers, integers equal to 1 as constants) and compiled with
+``triton.compile`` for ``GPUTarget("cuda", 90, 32)`` under every config of the kernel's autotune
+space. From the cubin (Triton's bundled ``cuobjdump``) it reports per config:
+
+- registers, local memory (spills) and shared memory;
+- SASS instructions per element: the static count times the threads of a program over the elements
+  of a program (the memory kernels are straight-line code, so this is also the dynamic count);
+- the widths of the global loads and stores (``LDG.E.128`` is 16 bytes a thread), the warp shuffles
+  and the shared-memory traffic that layout conversions cost;
+- ``convert_layout`` operations left in the TTGIR.
+
+It is a compiler's report, not a measurement: it says where instructions go, not how fast a kernel
+runs. The device budget it informs: at 3 TB/s an H100 must retire a bfloat16 element of a quantize
+every 0.83 ps, and its 132 SMs x 4 schedulers x 32 lanes at about 1.7 GHz issue about 29 T lane
+instructions a second, so about 24 instructions per element is the ceiling at full issue rate and
+about half that is what a kernel can afford and stay memory-bound.
+
+    python kernels/inspect_sass.py --out results/bench/sass_sm90.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile for the GPU target, never interpret
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import BaseBackend, GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+from triton.runtime.jit import native_specialize_impl  # noqa: E402
+
+import mxfp4  # noqa: E402
+from mxfp4.io import write_json_atomic  # noqa: E402
+from mxfp4.numerics import triton_kernels as tk  # noqa: E402
+
+HOPPER = GPUTarget("cuda", 90, 32)
+TOOLS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+ISSUE_BUDGET = 24.0  # lane instructions per bf16 element at full issue rate and 3 TB/s (docstring)
+
+
+def specialise(fn, args: tuple, constexprs: dict):
+    """(signature, constexprs, attrs) as a CUDA launch of ``fn`` with these arguments would build them."""
+    names = fn.arg_names
+    signature, consts, attrs = {}, {}, {}
+    for i, (name, value) in enumerate(zip(names, args)):
+        kind, attr = native_specialize_impl(BaseBackend, value, False, True, True)
+        signature[name] = kind
+        if kind == "constexpr":
+            consts[name] = attr
+        elif attr:
+            attrs[(i,)] = BaseBackend.parse_attr(attr)
+    for name, value in constexprs.items():
+        signature[name] = "constexpr"
+        consts[name] = value
+    missing = [n for n in names if n not in signature]
+    if missing:
+        raise ValueError(f"{fn.__name__}: no value for {missing}")
+    return signature, consts, attrs
+
+
+def compile_hopper(fn, args: tuple, constexprs: dict, num_warps: int, num_stages: int = 3):
+    signature, consts, attrs = specialise(fn, args, constexprs)
+    src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
+    return triton.compile(src, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def _tool(name: str, *argv: str, data: bytes) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(data)
+        f.flush()
+        return subprocess.run([str(TOOLS / name), *argv, f.name], check=True, capture_output=True, text=True).stdout
+
+
+SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+
+
+def sass_profile(cubin: bytes) -> dict:
+    """Opcode counts of the cubin's SASS and its resource usage."""
+    ops = [m.group(2) for m in SASS_LINE.finditer(_tool("cuobjdump", "-sass", data=cubin))]
+    ops = [op for op in ops if op not in ("NOP", "BRA", "EXIT")]  # padding and the tail loop
+    res = _tool("cuobjdump", "-res-usage", data=cubin)
+    usage = {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", res)}
+    base = Counter(op.split(".")[0] for op in ops)
+    return {
+        "instructions": len(ops),
+        "registers": usage.get("REG"),
+        "local_bytes": usage.get("LOCAL", 0),
+        "shared_bytes_static": usage.get("SHARED", 0),
+        "global_loads": dict(Counter(op for op in ops if op.startswith("LDG"))),
+        "global_stores": dict(Counter(op for op in ops if op.startswith("STG"))),
+        "shuffles": base["SHFL"],
+        "shared_loads": base["LDS"],
+        "shared_stores": base["STS"],
+        "barriers": base["BAR"],
+        "spill_ops": base["LDL"] + base["STL"],
+        "top_opcodes": dict(base.most_common(12)),
+    }
+
+
+@contextlib.contextmanager
+def intercepted_launches():
+    """Record (kernel, tuned, grid_of, args, constexprs) of every ``launch_tuned`` instead of launching."""
+    calls = []
+    saved = tk.launch_tuned
+
+    def record(kernel, tuned, grid_of, interp_meta, args, **constexprs):
+        calls.append((kernel, tuned, grid_of, args, constexprs))
+
+    tk.launch_tuned = record
+    try:
+        yield calls
+    finally:
+        tk.launch_tuned = saved
+
+
+def cases(shape: tuple, dtype: torch.dtype):
+    """(name, thunk) per host path, each thunk calling the real wrapper on CPU tensors."""
+    x = torch.empty(shape, dtype=dtype)
+    x2 = x if x.dim() == 2 else x[0]
+    qt = mxfp4.quantize(torch.zeros(shape, dtype=dtype), axis=-1)  # reference layout, for dequantize
+    qt0 = mxfp4.quantize(torch.zeros(shape, dtype=dtype), axis=0)
+    return [
+        ("quantize rows", lambda: tk.quantize(x, axis=-1)),
+        ("fake-quant rows", lambda: tk.fake_quantize(x, axis=-1)),
+        ("quantize axis 0", lambda: tk.quantize(x, axis=0)),
+        ("fake-quant axis 0", lambda: tk.fake_quantize(x, axis=0)),
+        ("fake-quant + stats rows", lambda: tk.fake_quantize_with_stats(x, axis=-1)),
+        ("fake-quant + stats axis 0", lambda: tk.fake_quantize_with_stats(x, axis=0)),
+        ("dequantize rows", lambda: tk.dequantize(qt)),
+        ("dequantize axis 0", lambda: tk.dequantize(qt0)),
+        ("fake-quant both axes", lambda: tk.fake_quantize_both(x2)),
+    ]
+
+
+def report_case(name: str, thunk, elements: int) -> list[dict]:
+    with intercepted_launches() as calls:
+        thunk()
+    if len(calls) != 1:
+        raise RuntimeError(f"{name}: expected one kernel launch, intercepted {len(calls)}")
+    kernel, tuned, grid_of, args, constexprs = calls[0]
+    rows = []
+    for cfg in tuned.configs:
+        meta = dict(cfg.kwargs)
+        compiled = compile_hopper(kernel, args, {**constexprs, **meta}, cfg.num_warps, cfg.num_stages)
+        prof = sass_profile(compiled.asm["cubin"])
+        programs = 1
+        for g in grid_of(meta):
+            programs *= g
+        per_program = elements / programs
+        threads = 32 * cfg.num_warps
+        rows.append({
+            "path": name,
+            "kernel": kernel.__name__,
+            "config": {**meta, "num_warps": cfg.num_warps},
+            "programs": programs,
+            "elements_per_thread": per_program / threads,
+            "instructions_per_element": prof["instructions"] * threads / per_program,
+            "convert_layouts": compiled.asm["ttgir"].count("ttg.convert_layout"),
+            **prof,
+        })
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--shape", default="16384x8192", help="e.g. 16384x8192 or 128x768x2048")
+    p.add_argument("--only", action="append", help="paths whose name contains this (repeatable)")
+    p.add_argument("--first-config", action="store_true", help="only each autotune space's first config")
+    args = p.parse_args(argv)
+    shape = tuple(int(s) for s in args.shape.split("x"))
+    elements = 1
+    for s in shape:
+        elements *= s
+    if args.first_config:
+        for t in (tk._quant_rows_tuned, tk._quant_cols_tuned, tk._fake_both_tuned, tk._dequant_rows_tuned, tk._dequant_cols_tuned):
+            t.configs = t.configs[:1]
+    rows = []
+    for name, thunk in cases(shape, torch.bfloat16):
+        if args.only and not any(o in name for o in args.only):
+            continue
+        n = elements if name != "fake-quant both axes" or len(shape) == 2 else shape[-2] * shape[-1]
+        for row in report_case(name, thunk, n):
+            rows.append(row)
+            print(f"{name:28s} {str(row['config']):60s} instr/elem {row['instructions_per_element']:6.1f} "
+                  f"regs {row['registers']:3d} local {row['local_bytes']:4d} shfl {row['shuffles']:4d} "
+                  f"ldg {row['global_loads']} stg {row['global_stores']} cvt {row['convert_layouts']}", flush=True)
+    write_json_atomic(args.out, {
+        "method": "static: triton.compile for sm_90a on CPU (no device), cuobjdump of the cubin; "
+                  "instructions per element = static SASS count x threads per program / elements per program "
+                  "(straight-line kernels); not a measurement of speed",
+        "triton": triton.__version__,
+        "torch": torch.__version__,
+        "shape": list(shape),
+        "dtype": "bfloat16",
+        "issue_budget_per_element": ISSUE_BUDGET,
+        "rows": rows,
+    })
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
