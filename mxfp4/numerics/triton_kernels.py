@@ -58,23 +58,21 @@ def _pow2(e):
 
 
 @triton.jit
-def _to_float32(x, IS_BF16: tl.constexpr):
-    """Widen to float32; bfloat16 arrives as int16 bits and is widened by a shift (exact for
+def _widen(x, IS_BF16: tl.constexpr):
+    """int32 bits of x as float32; bfloat16 arrives as int16 bits and widens by a shift (exact for
     subnormals too, where the interpreter's own bfloat16 conversion is not)."""
     if IS_BF16:
-        return (x.to(tl.int32) << 16).to(tl.float32, bitcast=True)
-    return x.to(tl.float32)
+        return x.to(tl.int32) << 16
+    return x.to(tl.float32).to(tl.int32, bitcast=True)
 
 
 @triton.jit
-def _from_float32(v, out_ptr, IS_BF16: tl.constexpr):
-    """Narrow to the output type; for bfloat16 (int16 bits) round to nearest even by hand."""
-    if IS_BF16:
-        bits = v.to(tl.int32, bitcast=True)
-        rounded = bits + 0x7FFF + ((bits >> 16) & 1)
-        rounded = tl.where(v != v, bits, rounded)
-        return (rounded >> 16).to(tl.int16)
-    return v.to(out_ptr.dtype.element_ty)
+def _narrow(bits, out_ptr, OUT_BF16: tl.constexpr):
+    """float32 bits of values exact in the output type (MXFP4 values, infinities, NaN) to it: bfloat16
+    by truncation, which equals round-to-nearest-even on such values."""
+    if OUT_BF16:
+        return (bits >> 16).to(tl.int16)
+    return bits.to(tl.float32, bitcast=True).to(out_ptr.dtype.element_ty)
 
 
 @triton.jit
@@ -97,24 +95,40 @@ def _shared_exponent(amax, RULE: tl.constexpr):
 
 
 @triton.jit
-def _e2m1_index(y):
-    """Grid index 0..7 of |y| on {0, .5, 1, 1.5, 2, 3, 4, 6}: nearest, ties to the even index."""
-    return (
-        (y > 0.25).to(tl.int32)
-        + (y >= 0.75).to(tl.int32)
-        + (y > 1.25).to(tl.int32)
-        + (y >= 1.75).to(tl.int32)
-        + (y > 2.5).to(tl.int32)
-        + (y >= 3.5).to(tl.int32)
-        + (y > 5.0).to(tl.int32)
-    )
+def _block_exponent(amax_bits, RULE: tl.constexpr):
+    """(shared exponent, non-finite flag) of blocks from the max of their elements' |x| float32 bits:
+    integer order is float order on non-negative floats, and infinities and NaN sort above every
+    finite value, so one integer max finds both the block max and a non-finite element."""
+    bad = amax_bits >= 0x7F800000
+    amax = tl.where(bad, 0, amax_bits).to(tl.float32, bitcast=True)
+    return _shared_exponent(amax, RULE), bad, amax
 
 
 @triton.jit
-def _e2m1_value(idx):
-    return tl.where(idx <= 4, 0.5 * idx.to(tl.float32), tl.where(idx == 7, 6.0, (idx - 2).to(tl.float32)))
+def _grid_round(y):
+    """(index 0..7, value) of finite y >= 0 rounded to the E2M1 grid {0, .5, 1, 1.5, 2, 3, 4, 6},
+    nearest with ties to the even index, saturating at 6. One float add of a power of two whose ulp
+    is the grid's spacing at y (0.5 below 2, 1 in [2, 4), 2 from 4) rounds y to nearest-even on
+    that spacing; every midpoint of the grid is a tie there whose even neighbour is the even index."""
+    ey = tl.maximum(y.to(tl.int32, bitcast=True) >> 23, 127)
+    magic = (ey + 22) << 23
+    r = y + magic.to(tl.float32, bitcast=True)
+    idx = tl.minimum(r.to(tl.int32, bitcast=True) - magic + 2 * (ey - 127), 7)
+    value = tl.minimum(r - magic.to(tl.float32, bitcast=True), 6.0)
+    return idx, value
 
 
+@triton.jit
+def _code(w, idx, bad):
+    """4-bit E2M1 codes from the float32 bits ``w`` (sign) and grid indices; 0 in non-finite blocks."""
+    return tl.where(bad, 0, idx | ((w >> 28) & 8))
+
+
+@triton.jit
+def _fake_bits(w, value, scale, bad):
+    """float32 bits of sign(x) * value * scale; NaN in non-finite blocks."""
+    mag = (value * scale).to(tl.int32, bitcast=True)
+    return tl.where(bad, 0x7FC00000, mag | (w & -2147483648))
 
 
 @triton.jit
@@ -124,61 +138,40 @@ def _pow4_f64(e):
 
 
 @triton.jit
-def _ideal_index(ay, amax_s, EXACT_F64: tl.constexpr):
-    """Grid index of |x| / s* (s* = amax / 6) from 6|y| against the midpoints times amax_s, in the
-    block's scaled domain (y = x / 2**e, amax_s = amax / 2**e: exact scalings); 0 where amax = 0."""
+def _ideal_value(y, amax_s, EXACT_F64: tl.constexpr):
+    """Grid value of |x| / s* (s* = amax / 6) in the block's scaled domain (y = |x| / 2**e, amax_s =
+    amax / 2**e: exact scalings): 6y against the grid's midpoints times amax_s, the highest crossed
+    (ties to the even index as the reference rounds); 0 where amax = 0."""
     if EXACT_F64:
-        a6 = ay.to(tl.float64) * 6.0
+        a6 = y.to(tl.float64) * 6.0
         m = amax_s.to(tl.float64)
     else:
-        a6 = ay * 6.0
+        a6 = y * 6.0
         m = amax_s
-    idx = (
-        (a6 > 0.25 * m).to(tl.int32)
-        + (a6 >= 0.75 * m).to(tl.int32)
-        + (a6 > 1.25 * m).to(tl.int32)
-        + (a6 >= 1.75 * m).to(tl.int32)
-        + (a6 > 2.5 * m).to(tl.int32)
-        + (a6 >= 3.5 * m).to(tl.int32)
-        + (a6 > 5.0 * m).to(tl.int32)
-    )
-    return tl.where(m > 0, idx, 0)
+    v = tl.where(a6 > 0.25 * m, 0.5, 0.0)
+    v = tl.where(a6 >= 0.75 * m, 1.0, v)
+    v = tl.where(a6 > 1.25 * m, 1.5, v)
+    v = tl.where(a6 >= 1.75 * m, 2.0, v)
+    v = tl.where(a6 > 2.5 * m, 3.0, v)
+    v = tl.where(a6 >= 3.5 * m, 4.0, v)
+    v = tl.where(a6 > 5.0 * m, 6.0, v)
+    return tl.where(m > 0, v, 0.0)
 
 
 @triton.jit
-def _encode(xf, inv_scale, bad):
-    """(grid index 0..7, sign bit, scaled magnitude y) of every element; broadcast operands."""
-    y = tl.abs(xf) * inv_scale
-    idx = tl.where(bad, 0, _e2m1_index(y))
-    sign = (xf.to(tl.int32, bitcast=True) >> 31) & 1
-    return idx, sign, y
-
-
-@triton.jit
-def _fake_value(idx, sign, scale, bad):
-    q = _e2m1_value(idx)
-    signed = (q.to(tl.int32, bitcast=True) | (sign << 31)).to(tl.float32, bitcast=True)
-    return tl.where(bad, float("nan"), signed * scale)
-
-
-@triton.jit
-def _stat_terms(xf, y, idx, sign, amax_s, valid, EXACT_F64: tl.constexpr):
+def _stat_terms(y, value, amax_s, valid, EXACT_F64: tl.constexpr):
     """Squared errors in the scaled domain (e_scale, e_dead, e_grid, total) and the dead and
-    saturated indicators, elementwise, float32."""
-    istar = _ideal_index(y, amax_s, EXACT_F64)
-    dead = valid & (istar == 0)
-    neg = sign == 1
-    ys = tl.where(neg, -y, y)
-    q = _e2m1_value(idx)
-    fs = tl.where(neg, -q, q)
-    g = _e2m1_value(istar) * amax_s / 6.0
-    gs = tl.where(neg, -g, g)
-    e_scale = tl.where(valid, fs - gs, 0.0)
-    e_dead = tl.where(dead, ys, 0.0)
-    e_grid = tl.where(valid & (istar != 0), gs - ys, 0.0)
-    e_total = tl.where(valid, fs - ys, 0.0)
-    sat = valid & (y > 6.0)
-    return e_scale * e_scale, e_dead * e_dead, e_grid * e_grid, e_total * e_total, dead.to(tl.float32), sat.to(tl.float32)
+    saturated indicators, elementwise, float32. Signs cancel in the squares: with q the rounded
+    magnitude and g the ideal one, e_scale = q - g, e_total = q - y, and g - y is e_grid where
+    the ideal rounding is nonzero and e_dead (= -y) where it is zero. Padding has y = 0: no error."""
+    g = _ideal_value(y, amax_s, EXACT_F64) * (amax_s / 6.0)
+    dead = g == 0.0
+    d_scale = value - g
+    d_total = value - y
+    d_ideal = g - y
+    sq_ideal = d_ideal * d_ideal
+    return (d_scale * d_scale, tl.where(dead, sq_ideal, 0.0), tl.where(dead, 0.0, sq_ideal), d_total * d_total,
+            (dead & valid).to(tl.float32), (y > 6.0).to(tl.float32))
 
 
 @triton.jit
@@ -209,18 +202,14 @@ def _quant_rows_kernel(
     cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     valid = (rows[:, None] < R) & (cols[None, :] < K)
     x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xr + cols[None, :], mask=valid, other=0)
-    xf = tl.reshape(_to_float32(x, IN_BF16), (BLOCK_R, NB, 32))
-    ax = tl.abs(xf)
-    finite = ax < float("inf")  # False for NaN and infinities
-    bad = tl.max((~finite).to(tl.int32), axis=2) > 0
-    amax = tl.where(bad, 0.0, tl.max(tl.where(finite, ax, 0.0), axis=2))
-    e = _shared_exponent(amax, RULE)
-    idx, sign, y = _encode(xf, _pow2(-e)[:, :, None], bad[:, :, None])
+    w = tl.reshape(_widen(x, IN_BF16), (BLOCK_R, NB, 32))
+    absbits = w & 0x7FFFFFFF
+    e, bad, amax = _block_exponent(tl.max(absbits, axis=2), RULE)
+    y = absbits.to(tl.float32, bitcast=True) * _pow2(-e)[:, :, None]
+    idx, value = _grid_round(y)
 
     if WRITE_CODES:
-        codes = idx | (sign << 3)
-        codes = tl.where(bad[:, :, None], 0, codes)
-        lo, hi = tl.split(tl.reshape(codes, (BLOCK_R, BLOCK_K // 2, 2)))
+        lo, hi = tl.split(tl.reshape(_code(w, idx, bad[:, :, None]), (BLOCK_R, BLOCK_K // 2, 2)))
         half = pid_k * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)
         row_bytes = n_blocks * 16
         tl.store(
@@ -235,13 +224,13 @@ def _quant_rows_kernel(
             mask=(rows[:, None] < R) & (blk[None, :] < n_blocks),
         )
     if WRITE_FAKE:
-        fake = _fake_value(idx, sign, _pow2(e)[:, :, None], bad[:, :, None])
-        out = _from_float32(tl.reshape(fake, (BLOCK_R, BLOCK_K)), out_ptr, OUT_BF16)
+        fake = _fake_bits(w, value, _pow2(e)[:, :, None], bad[:, :, None])
+        out = _narrow(tl.reshape(fake, (BLOCK_R, BLOCK_K)), out_ptr, OUT_BF16)
         tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_or + cols[None, :], out, mask=valid)
     if WITH_STATS:
         amax_s = (amax * _pow2(-e))[:, :, None]
         vb = tl.reshape(valid, (BLOCK_R, NB, 32))
-        t0, t1, t2, t3, t4, t5 = _stat_terms(xf, y, idx, sign, amax_s, vb, IN_FP32)
+        t0, t1, t2, t3, t4, t5 = _stat_terms(y, value, amax_s, vb, IN_FP32)
         base = stats_ptr + (pid_r * tl.num_programs(1) + pid_k) * 8
         _store_stats(base, tl.sum(t0, axis=2), tl.sum(t1, axis=2), tl.sum(t2, axis=2), tl.sum(t3, axis=2),
                      tl.sum(t4, axis=2), tl.sum(t5, axis=2), e)
@@ -272,25 +261,21 @@ def _quant_cols_kernel(
     base = x_ptr + pid_b.to(tl.int64) * stride_xb
     xe = tl.load(base + rows_e[:, None].to(tl.int64) * stride_xr + cols[None, :], mask=ok_e, other=0)
     xo = tl.load(base + rows_o[:, None].to(tl.int64) * stride_xr + cols[None, :], mask=ok_o, other=0)
-    fe = tl.reshape(_to_float32(xe, IN_BF16), (NB, 16, BLOCK_C))
-    fo = tl.reshape(_to_float32(xo, IN_BF16), (NB, 16, BLOCK_C))
-    ae = tl.abs(fe)
-    ao = tl.abs(fo)
-    fin_e = ae < float("inf")
-    fin_o = ao < float("inf")
-    bad = (tl.max((~fin_e).to(tl.int32), axis=1) + tl.max((~fin_o).to(tl.int32), axis=1)) > 0
-    amax = tl.maximum(tl.max(tl.where(fin_e, ae, 0.0), axis=1), tl.max(tl.where(fin_o, ao, 0.0), axis=1))
-    amax = tl.where(bad, 0.0, amax)
-    e = _shared_exponent(amax, RULE)  # [NB, BLOCK_C]
+    we = tl.reshape(_widen(xe, IN_BF16), (NB, 16, BLOCK_C))
+    wo = tl.reshape(_widen(xo, IN_BF16), (NB, 16, BLOCK_C))
+    ae = we & 0x7FFFFFFF
+    ao = wo & 0x7FFFFFFF
+    e, bad, amax = _block_exponent(tl.maximum(tl.max(ae, axis=1), tl.max(ao, axis=1)), RULE)  # [NB, BLOCK_C]
     inv = _pow2(-e)[:, None, :]
     bad3 = bad[:, None, :]
-    idx_e, sign_e, y_e = _encode(fe, inv, bad3)
-    idx_o, sign_o, y_o = _encode(fo, inv, bad3)
+    y_e = ae.to(tl.float32, bitcast=True) * inv
+    y_o = ao.to(tl.float32, bitcast=True) * inv
+    idx_e, value_e = _grid_round(y_e)
+    idx_o, value_o = _grid_round(y_o)
 
     if WRITE_CODES:
-        code_e = tl.where(bad3, 0, idx_e | (sign_e << 3))
-        code_o = tl.where(bad3, 0, idx_o | (sign_o << 3))
-        packed = tl.trans(tl.reshape(code_e | (code_o << 4), (HALF, BLOCK_C))).to(tl.uint8)  # [C, pairs]
+        packed = _code(we, idx_e, bad3) | (_code(wo, idx_o, bad3) << 4)
+        packed = tl.trans(tl.reshape(packed, (HALF, BLOCK_C))).to(tl.uint8)  # [C, pairs]
         row_bytes = n_blocks * 16
         lead = pid_b.to(tl.int64) * C + cols  # row of the code matrix [B * C, row_bytes]
         tl.store(
@@ -306,15 +291,15 @@ def _quant_cols_kernel(
         )
     if WRITE_FAKE:
         scale = _pow2(e)[:, None, :]
-        out_e = _from_float32(tl.reshape(_fake_value(idx_e, sign_e, scale, bad3), (HALF, BLOCK_C)), out_ptr, OUT_BF16)
-        out_o = _from_float32(tl.reshape(_fake_value(idx_o, sign_o, scale, bad3), (HALF, BLOCK_C)), out_ptr, OUT_BF16)
+        out_e = _narrow(tl.reshape(_fake_bits(we, value_e, scale, bad3), (HALF, BLOCK_C)), out_ptr, OUT_BF16)
+        out_o = _narrow(tl.reshape(_fake_bits(wo, value_o, scale, bad3), (HALF, BLOCK_C)), out_ptr, OUT_BF16)
         obase = out_ptr + pid_b.to(tl.int64) * stride_ob
         tl.store(obase + rows_e[:, None].to(tl.int64) * stride_or + cols[None, :], out_e, mask=ok_e)
         tl.store(obase + rows_o[:, None].to(tl.int64) * stride_or + cols[None, :], out_o, mask=ok_o)
     if WITH_STATS:
         amax_s = (amax * _pow2(-e))[:, None, :]
-        a0, a1, a2, a3, a4, a5 = _stat_terms(fe, y_e, idx_e, sign_e, amax_s, tl.reshape(ok_e, (NB, 16, BLOCK_C)), IN_FP32)
-        b0, b1, b2, b3, b4, b5 = _stat_terms(fo, y_o, idx_o, sign_o, amax_s, tl.reshape(ok_o, (NB, 16, BLOCK_C)), IN_FP32)
+        a0, a1, a2, a3, a4, a5 = _stat_terms(y_e, value_e, amax_s, tl.reshape(ok_e, (NB, 16, BLOCK_C)), IN_FP32)
+        b0, b1, b2, b3, b4, b5 = _stat_terms(y_o, value_o, amax_s, tl.reshape(ok_o, (NB, 16, BLOCK_C)), IN_FP32)
         pid = (pid_b * tl.num_programs(1) + pid_r) * tl.num_programs(0) + pid_c
         _store_stats(stats_ptr + pid * 8, tl.sum(a0 + b0, axis=1), tl.sum(a1 + b1, axis=1), tl.sum(a2 + b2, axis=1),
                      tl.sum(a3 + b3, axis=1), tl.sum(a4 + b4, axis=1), tl.sum(a5 + b5, axis=1), e)
@@ -332,35 +317,39 @@ def _fake_both_kernel(
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     valid = (rows[:, None] < R) & (cols[None, :] < C)
     offs = rows[:, None].to(tl.int64) * stride_xr + cols[None, :]
-    xf = _to_float32(tl.load(x_ptr + offs, mask=valid, other=0), IN_BF16)
-    ax = tl.abs(xf)
-    fin = ax < float("inf")
+    w = _widen(tl.load(x_ptr + offs, mask=valid, other=0), IN_BF16)
+    absbits = w & 0x7FFFFFFF
     # blocks along C
-    xr = tl.reshape(xf, (BLOCK_R, BLOCK_C // 32, 32))
-    fr = tl.reshape(fin, (BLOCK_R, BLOCK_C // 32, 32))
-    ar = tl.abs(xr)
-    bad = tl.max((~fr).to(tl.int32), axis=2) > 0
-    e = _shared_exponent(tl.where(bad, 0.0, tl.max(tl.where(fr, ar, 0.0), axis=2)), RULE)
-    idx, sign, _ = _encode(xr, _pow2(-e)[:, :, None], bad[:, :, None])
-    fake = tl.reshape(_fake_value(idx, sign, _pow2(e)[:, :, None], bad[:, :, None]), (BLOCK_R, BLOCK_C))
-    tl.store(out_rows_ptr + offs, _from_float32(fake, out_rows_ptr, OUT_BF16), mask=valid)
+    wr = tl.reshape(w, (BLOCK_R, BLOCK_C // 32, 32))
+    ar = tl.reshape(absbits, (BLOCK_R, BLOCK_C // 32, 32))
+    e, bad, _ = _block_exponent(tl.max(ar, axis=2), RULE)
+    _, value = _grid_round(ar.to(tl.float32, bitcast=True) * _pow2(-e)[:, :, None])
+    fake = tl.reshape(_fake_bits(wr, value, _pow2(e)[:, :, None], bad[:, :, None]), (BLOCK_R, BLOCK_C))
+    tl.store(out_rows_ptr + offs, _narrow(fake, out_rows_ptr, OUT_BF16), mask=valid)
     # blocks along R
-    xc = tl.reshape(xf, (BLOCK_R // 32, 32, BLOCK_C))
-    fc = tl.reshape(fin, (BLOCK_R // 32, 32, BLOCK_C))
-    ac = tl.abs(xc)
-    bad = tl.max((~fc).to(tl.int32), axis=1) > 0
-    e = _shared_exponent(tl.where(bad, 0.0, tl.max(tl.where(fc, ac, 0.0), axis=1)), RULE)
-    idx, sign, _ = _encode(xc, _pow2(-e)[:, None, :], bad[:, None, :])
-    fake = tl.reshape(_fake_value(idx, sign, _pow2(e)[:, None, :], bad[:, None, :]), (BLOCK_R, BLOCK_C))
-    tl.store(out_cols_ptr + offs, _from_float32(fake, out_cols_ptr, OUT_BF16), mask=valid)
+    wc = tl.reshape(w, (BLOCK_R // 32, 32, BLOCK_C))
+    ac = tl.reshape(absbits, (BLOCK_R // 32, 32, BLOCK_C))
+    e, bad, _ = _block_exponent(tl.max(ac, axis=1), RULE)
+    _, value = _grid_round(ac.to(tl.float32, bitcast=True) * _pow2(-e)[:, None, :])
+    fake = tl.reshape(_fake_bits(wc, value, _pow2(e)[:, None, :], bad[:, None, :]), (BLOCK_R, BLOCK_C))
+    tl.store(out_cols_ptr + offs, _narrow(fake, out_cols_ptr, OUT_BF16), mask=valid)
 
 
 @triton.jit
-def _decode(packed, sbytes):
-    """float32 values of the codes in ``packed`` (int32, one code each) times scales from bytes."""
+def _decode_bits(codes, sbytes):
+    """float32 bits of E2M1 codes (int32, one each) times E8M0 scales from their bytes (255: NaN).
+    Codes 2..7 are the normal floats with exponent (code >> 1) - 1 and mantissa bit code & 1, whose
+    float32 bits are (code << 22) + bits(0.5); codes 1 and 0 are 0.5 and 0."""
+    mag = codes & 7
+    q = tl.where(mag >= 2, (mag << 22) + 0x3F000000, mag * 0x3F000000).to(tl.float32, bitcast=True)
     scale = tl.where(sbytes == 255, float("nan"), _pow2(tl.minimum(sbytes, 254) - 127))
-    q = _e2m1_value(packed & 7)
-    return (q.to(tl.int32, bitcast=True) | ((packed >> 3) << 31)).to(tl.float32, bitcast=True) * scale
+    return (q * scale).to(tl.int32, bitcast=True) | ((codes & 8) << 28)
+
+
+@triton.jit
+def _decode(codes, sbytes):
+    """float32 values of E2M1 codes (int32, one each) times E8M0 scales from their bytes."""
+    return _decode_bits(codes, sbytes).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -386,8 +375,8 @@ def _dequant_rows_kernel(
         mask=(rows[:, None] < R) & (blk[None, :] < n_blocks),
         other=127,
     ).to(tl.int32)
-    values = _decode(codes, sbytes[:, :, None])
-    out = _from_float32(tl.reshape(values, (BLOCK_R, BLOCK_K)), out_ptr, OUT_BF16)
+    values = _decode_bits(codes, sbytes[:, :, None])
+    out = _narrow(tl.reshape(values, (BLOCK_R, BLOCK_K)), out_ptr, OUT_BF16)
     cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
     tl.store(out_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], out, mask=(rows[:, None] < R) & (cols[None, :] < K))
 
@@ -419,19 +408,19 @@ def _dequant_cols_kernel(
         mask=(cols[:, None] < C) & (blk[None, :] < n_blocks),
         other=127,
     ).to(tl.int32))[:, None, :]  # [NB, 1, C]
-    even = _decode(tl.reshape(packed & 0xF, (NB, 16, BLOCK_C)), sbytes)
-    odd = _decode(tl.reshape(packed >> 4, (NB, 16, BLOCK_C)), sbytes)
+    even = _decode_bits(tl.reshape(packed & 0xF, (NB, 16, BLOCK_C)), sbytes)
+    odd = _decode_bits(tl.reshape(packed >> 4, (NB, 16, BLOCK_C)), sbytes)
     rows_e = 2 * pair
     rows_o = rows_e + 1
     obase = out_ptr + pid_b.to(tl.int64) * R * C
     tl.store(
         obase + rows_e[:, None].to(tl.int64) * C + cols[None, :],
-        _from_float32(tl.reshape(even, (HALF, BLOCK_C)), out_ptr, OUT_BF16),
+        _narrow(tl.reshape(even, (HALF, BLOCK_C)), out_ptr, OUT_BF16),
         mask=(rows_e[:, None] < R) & (cols[None, :] < C),
     )
     tl.store(
         obase + rows_o[:, None].to(tl.int64) * C + cols[None, :],
-        _from_float32(tl.reshape(odd, (HALF, BLOCK_C)), out_ptr, OUT_BF16),
+        _narrow(tl.reshape(odd, (HALF, BLOCK_C)), out_ptr, OUT_BF16),
         mask=(rows_o[:, None] < R) & (cols[None, :] < C),
     )
 
