@@ -128,3 +128,31 @@ def test_probe_uses_the_fused_stats_kernel_where_triton_runs_and_agrees_with_flo
     assert "decomp/activation/shapley_share_scale" in ref and "decomp/activation/shapley_share_scale" not in fused
     for key in ("share_scale", "share_dead", "share_grid", "deadzone_fraction"):
         assert abs(fused[f"decomp/activation/{key}"] - ref[f"decomp/activation/{key}"]) < 1e-5, key
+
+
+@pytest.mark.parametrize("rule", ["floor", "ceil", "even", "rceil"])
+def test_every_bfloat16_value_rounds_and_decomposes_as_the_reference(rule):
+    """All finite bfloat16 values below the block max, in blocks whose max is 7.9375 (one scale for
+    every block; y = x / 2**e covers the whole grid, its midpoints and the saturating range) or
+    5.625 (the ideal scale 5.625 / 6 puts exact ties of the ideal rounding on bfloat16 values, and
+    6 / 5.625 is inexact in float32): the kernels' codes, scales and fake-quantized values (blocks
+    along either axis) equal the reference's, and so do the deadzone and saturation counts and,
+    to the stated float32 tolerance, the energies."""
+    from mxfp4.numerics import triton_kernels as tk
+    from mxfp4.numerics.decompose import decompose
+
+    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    for anchor in (7.9375, 5.625):
+        values = every[every.float().abs() <= anchor]
+        values = torch.cat([values, torch.zeros((-len(values)) % 31, dtype=torch.bfloat16)]).reshape(-1, 31)
+        x = torch.cat([torch.full((len(values), 1), anchor, dtype=torch.bfloat16), values], dim=1)  # [blocks, 32]
+        for axis, xx in ((-1, x), (0, x.t().contiguous())):
+            q, ref = tk.quantize(xx, axis, rule), reference.quantize(xx, "mxfp4", axis, rule)
+            assert torch.equal(q.codes, ref.codes) and torch.equal(q.scales, ref.scales)
+            assert kernel_checks.same(tk.fake_quantize(xx, axis, rule), reference.dequantize(ref))
+            _, stats = tk.fake_quantize_with_stats(xx, axis, rule)
+            dec = decompose(xx, "mxfp4", axis, rule)
+            assert int(stats["deadzone_count"]) == int(dec.dead.sum())
+            assert int(stats["saturation_count"]) == int(dec.saturated.sum())
+            for k in kernel_checks.ENERGY_KEYS:
+                assert abs(float(stats[k]) - dec.stats[k]) <= kernel_checks.ENERGY_RTOL * dec.stats["energy_total"], (anchor, axis, k)

@@ -17,6 +17,15 @@ def adversarial_rows(k: int = 96, seed: int = 0) -> dict[str, torch.Tensor]:
     ties = ties * (torch.randint(0, 2, (n, k), generator=g) * 2 - 1)
     ties[:, ::32] = 6.0
     cases["ties"] = ties * 2.0 ** torch.randint(-20, 20, (n, 1), generator=g).float()
+    # ties of the ideal scale s* = amax / 6 where it is no power of two: each block's max is 6c * 2^j,
+    # its other elements exact midpoints of the grid times c * 2^j (c random, 4 significant bits)
+    blocks = -(-k // 32)
+    c = (8 + torch.randint(0, 8, (n, blocks), generator=g)) / 8 * 2.0 ** torch.randint(-20, 20, (n, blocks), generator=g)
+    c = c.repeat_interleave(32, dim=1)[:, :k]
+    ideal = torch.tensor(E2M1_TIES)[torch.randint(0, len(E2M1_TIES), (n, k), generator=g)]
+    ideal = ideal * (torch.randint(0, 2, (n, k), generator=g) * 2 - 1) * c
+    ideal[:, ::32] = 6.0 * c[:, ::32]
+    cases["ideal_ties"] = ideal
     # saturation: the block max sits just under the next power of two (floor rule gives amax/s ~ 8)
     sat = torch.randn(n, k, generator=g)
     sat[:, ::32] = 7.99

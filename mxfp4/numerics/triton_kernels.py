@@ -140,30 +140,37 @@ def _pow4_f64(e):
 @triton.jit
 def _ideal_value(y, amax_s, EXACT_F64: tl.constexpr):
     """Grid value of |x| / s* (s* = amax / 6) in the block's scaled domain (y = |x| / 2**e, amax_s =
-    amax / 2**e: exact scalings): 6y against the grid's midpoints times amax_s, the highest crossed
-    (ties to the even index as the reference rounds); 0 where amax = 0."""
+    amax / 2**e: exact scalings), nearest with ties to the even index as the reference rounds; 0
+    where amax = 0.
+
+    bfloat16 and float16 inputs: z = 6y / amax_s is either a grid midpoint exactly or at least 2**-13
+    (relative) away from every midpoint (6y has at most 13 significant bits, a midpoint times amax_s
+    at most 14), so z computed to within 2**-21 and snapped to 17 significant bits lands on the
+    midpoint exactly in a tie and on z's own side of it otherwise: ``_grid_round`` of the snapped
+    value is exact. float32 inputs (24-bit y): 6y against each midpoint times amax_s in float64."""
     if EXACT_F64:
         a6 = y.to(tl.float64) * 6.0
         m = amax_s.to(tl.float64)
+        v = tl.where(a6 > 0.25 * m, 0.5, 0.0)
+        v = tl.where(a6 >= 0.75 * m, 1.0, v)
+        v = tl.where(a6 > 1.25 * m, 1.5, v)
+        v = tl.where(a6 >= 1.75 * m, 2.0, v)
+        v = tl.where(a6 > 2.5 * m, 3.0, v)
+        v = tl.where(a6 >= 3.5 * m, 4.0, v)
+        v = tl.where(a6 > 5.0 * m, 6.0, v)
     else:
-        a6 = y * 6.0
-        m = amax_s
-    v = tl.where(a6 > 0.25 * m, 0.5, 0.0)
-    v = tl.where(a6 >= 0.75 * m, 1.0, v)
-    v = tl.where(a6 > 1.25 * m, 1.5, v)
-    v = tl.where(a6 >= 1.75 * m, 2.0, v)
-    v = tl.where(a6 > 2.5 * m, 3.0, v)
-    v = tl.where(a6 >= 3.5 * m, 4.0, v)
-    v = tl.where(a6 > 5.0 * m, 6.0, v)
-    return tl.where(m > 0, v, 0.0)
+        z = y * tl.where(amax_s > 0, 6.0 / amax_s, 0.0)
+        snapped = ((z.to(tl.int32, bitcast=True) + 0x20) & -64).to(tl.float32, bitcast=True)
+        _, v = _grid_round(snapped)
+    return tl.where(amax_s > 0, v, 0.0)
 
 
 @triton.jit
 def _stat_terms(y, value, amax_s, valid, EXACT_F64: tl.constexpr):
-    """Squared errors in the scaled domain (e_scale, e_dead, e_grid, total) and the dead and
-    saturated indicators, elementwise, float32. Signs cancel in the squares: with q the rounded
-    magnitude and g the ideal one, e_scale = q - g, e_total = q - y, and g - y is e_grid where
-    the ideal rounding is nonzero and e_dead (= -y) where it is zero. Padding has y = 0: no error."""
+    """Squared errors in the scaled domain (e_scale, e_dead, e_grid, total), float32, and the dead
+    and saturated indicators, elementwise. Signs cancel in the squares: with q the rounded magnitude
+    and g the ideal one, e_scale = q - g, e_total = q - y, and g - y is e_grid where the ideal
+    rounding is nonzero and e_dead (= -y) where it is zero. Padding has y = 0: no error."""
     g = _ideal_value(y, amax_s, EXACT_F64) * (amax_s / 6.0)
     dead = g == 0.0
     d_scale = value - g
@@ -171,19 +178,20 @@ def _stat_terms(y, value, amax_s, valid, EXACT_F64: tl.constexpr):
     d_ideal = g - y
     sq_ideal = d_ideal * d_ideal
     return (d_scale * d_scale, tl.where(dead, sq_ideal, 0.0), tl.where(dead, 0.0, sq_ideal), d_total * d_total,
-            (dead & valid).to(tl.float32), (y > 6.0).to(tl.float32))
+            dead & valid, y > 6.0)
 
 
 @triton.jit
-def _store_stats(base, s_scale, s_dead, s_grid, s_total, n_dead, n_sat, e):
-    """Per-block float32 sums -> float64 (times 4**e) -> one sum each -> 8 float64 at ``base``."""
-    w = _pow4_f64(e)
-    tl.store(base + 0, tl.sum(s_scale.to(tl.float64) * w))
-    tl.store(base + 1, tl.sum(s_dead.to(tl.float64) * w))
-    tl.store(base + 2, tl.sum(s_grid.to(tl.float64) * w))
-    tl.store(base + 3, tl.sum(s_total.to(tl.float64) * w))
-    tl.store(base + 4, tl.sum(n_dead.to(tl.float64)))
-    tl.store(base + 5, tl.sum(n_sat.to(tl.float64)))
+def _store_stats(base, p_scale, p_dead, p_grid, p_total, w, n_dead, n_sat):
+    """One program's statistics, 8 float64 at ``base``: the energies from float32 partial sums
+    within blocks (``p_*``), scaled back by their block's ``w`` = 4**e in float64 and summed; the
+    counts summed as integers."""
+    tl.store(base + 0, tl.sum(p_scale.to(tl.float64) * w))
+    tl.store(base + 1, tl.sum(p_dead.to(tl.float64) * w))
+    tl.store(base + 2, tl.sum(p_grid.to(tl.float64) * w))
+    tl.store(base + 3, tl.sum(p_total.to(tl.float64) * w))
+    tl.store(base + 4, tl.sum(n_dead.to(tl.int32)).to(tl.float64))
+    tl.store(base + 5, tl.sum(n_sat.to(tl.int32)).to(tl.float64))
 
 
 @triton.jit
@@ -230,10 +238,12 @@ def _quant_rows_kernel(
     if WITH_STATS:
         amax_s = (amax * _pow2(-e))[:, :, None]
         vb = tl.reshape(valid, (BLOCK_R, NB, 32))
-        t0, t1, t2, t3, t4, t5 = _stat_terms(y, value, amax_s, vb, IN_FP32)
-        base = stats_ptr + (pid_r * tl.num_programs(1) + pid_k) * 8
-        _store_stats(base, tl.sum(t0, axis=2), tl.sum(t1, axis=2), tl.sum(t2, axis=2), tl.sum(t3, axis=2),
-                     tl.sum(t4, axis=2), tl.sum(t5, axis=2), e)
+        t0, t1, t2, t3, dead, sat = _stat_terms(y, value, amax_s, vb, IN_FP32)
+        # float32 partial sums over runs of 8 (a thread's 16-byte load of bfloat16), float64 beyond
+        _store_stats(stats_ptr + (pid_r * tl.num_programs(1) + pid_k) * 8,
+                     tl.sum(tl.reshape(t0, (BLOCK_R, NB, 4, 8)), axis=3), tl.sum(tl.reshape(t1, (BLOCK_R, NB, 4, 8)), axis=3),
+                     tl.sum(tl.reshape(t2, (BLOCK_R, NB, 4, 8)), axis=3), tl.sum(tl.reshape(t3, (BLOCK_R, NB, 4, 8)), axis=3),
+                     _pow4_f64(e)[:, :, None], dead, sat)
 
 
 @triton.jit
@@ -298,11 +308,12 @@ def _quant_cols_kernel(
         tl.store(obase + rows_o[:, None].to(tl.int64) * stride_or + cols[None, :], out_o, mask=ok_o)
     if WITH_STATS:
         amax_s = (amax * _pow2(-e))[:, None, :]
-        a0, a1, a2, a3, a4, a5 = _stat_terms(y_e, value_e, amax_s, tl.reshape(ok_e, (NB, 16, BLOCK_C)), IN_FP32)
-        b0, b1, b2, b3, b4, b5 = _stat_terms(y_o, value_o, amax_s, tl.reshape(ok_o, (NB, 16, BLOCK_C)), IN_FP32)
+        a0, a1, a2, a3, dead_e, sat_e = _stat_terms(y_e, value_e, amax_s, tl.reshape(ok_e, (NB, 16, BLOCK_C)), IN_FP32)
+        b0, b1, b2, b3, dead_o, sat_o = _stat_terms(y_o, value_o, amax_s, tl.reshape(ok_o, (NB, 16, BLOCK_C)), IN_FP32)
         pid = (pid_b * tl.num_programs(1) + pid_r) * tl.num_programs(0) + pid_c
         _store_stats(stats_ptr + pid * 8, tl.sum(a0 + b0, axis=1), tl.sum(a1 + b1, axis=1), tl.sum(a2 + b2, axis=1),
-                     tl.sum(a3 + b3, axis=1), tl.sum(a4 + b4, axis=1), tl.sum(a5 + b5, axis=1), e)
+                     tl.sum(a3 + b3, axis=1), _pow4_f64(e), dead_e.to(tl.int32) + dead_o.to(tl.int32),
+                     sat_e.to(tl.int32) + sat_o.to(tl.int32))
 
 
 @triton.jit
@@ -453,10 +464,12 @@ def _configs(tiles, names):
     return [triton.Config(dict(zip(names, t[:2])), num_warps=t[2]) for t in tiles]
 
 
-# Autotune spaces (tile extents, warps); kernels/tune_kernels.py measures them one by one.
+# Autotune spaces (tile extents, warps), first config = the pinned default; kernels/inspect_sass.py reports
+# each config compiled for sm_90a (column mode: 32-row tiles keep a block in one thread, so the block max
+# needs no shuffles), the autotuner measures them on CUDA.
 ROW_TILES = [(16, 512, 4), (8, 512, 4), (16, 256, 4), (32, 256, 4), (32, 256, 8), (16, 1024, 8), (32, 512, 8), (64, 256, 8)]
-COL_TILES = [(64, 128, 8), (32, 64, 4), (32, 128, 4), (64, 64, 4), (64, 128, 4), (32, 256, 8), (128, 64, 8), (64, 256, 8)]
-BOTH_TILES = [(64, 128, 8), (32, 64, 4), (32, 128, 4), (64, 64, 4), (32, 256, 8)]
+COL_TILES = [(32, 256, 4), (32, 128, 2), (32, 64, 2), (32, 128, 4), (32, 256, 8), (64, 128, 8), (64, 64, 4), (128, 64, 8)]
+BOTH_TILES = [(32, 128, 4), (32, 64, 2), (32, 256, 4), (32, 256, 8), (64, 64, 4)]
 _VARIANT = ["RULE", "WRITE_CODES", "WRITE_FAKE", "WITH_STATS", "IN_BF16", "IN_FP32", "OUT_BF16"]
 
 _quant_rows_tuned = triton.autotune(_configs(ROW_TILES, ("BLOCK_R", "BLOCK_K")), key=["K", "R_BUCKET", *_VARIANT])(_quant_rows_kernel)
