@@ -85,18 +85,23 @@ def test_a_tensor_stored_transposed_is_read_in_place_and_3d_along_a_middle_axis_
     assert g.view.data_ptr() == experts.data_ptr() and (g.b, g.r, g.c) == (4, 64, 32)
 
 
-def test_packed_weight_layout_holds_elements_j_and_32_plus_j_of_each_64_chunk():
+def test_packed_weight_layout_holds_elements_j_and_64_plus_j_of_each_128_chunk_and_scale_words():
     from mxfp4.numerics import triton_gemm as tg
 
     w = torch.randn(5, 200, generator=torch.Generator().manual_seed(1))
+    w[2] *= 2.0**40  # scale bytes above 128: the exact float32 upcast
     qt = reference.quantize(w)
     packed = tg.pack_weight(qt)
     elems = qt.element_codes().reshape(5, -1)  # independent: the reference's own unpacking
     elems = torch.nn.functional.pad(elems, (0, packed.k_pad - elems.shape[1]))
-    chunks = elems.reshape(5, -1, 64)
-    assert torch.equal(packed.codes.reshape(5, -1, 32) & 0xF, chunks[..., :32])
-    assert torch.equal(packed.codes.reshape(5, -1, 32) >> 4, chunks[..., 32:])
-    assert packed.scales.shape == (packed.k_pad // 32, 5) and packed.fast_upcast
+    chunks = elems.reshape(5, -1, 128)
+    assert torch.equal(packed.codes.reshape(5, -1, 64) & 0xF, chunks[..., :64])
+    assert torch.equal(packed.codes.reshape(5, -1, 64) >> 4, chunks[..., 64:])
+    words = packed.scales.t()  # [N, K_pad / 128] int32, little-endian bytes = blocks 4c .. 4c + 3
+    blocks = torch.stack([(words >> (8 * b)) & 0xFF for b in range(4)], dim=-1).reshape(5, -1)
+    assert torch.equal(blocks[:, : qt.scales.shape[1]], qt.scales.long())
+    assert (blocks[:, qt.scales.shape[1]:] == 127).all() and not packed.fast_upcast
+    assert tg.pack_weight(reference.quantize(torch.randn(5, 200))).fast_upcast
 
 
 def test_fused_w4a16_kernel_is_refused_above_decode_m_and_bad_input_is_named():

@@ -120,8 +120,9 @@ def check_matmul(device: str = "cpu", m: int = 48, n: int = 40, k: int = 200, se
     ):
         worst = _error_over_bound(tg.mx_matmul(lhs, qw.to(device)).cpu(), lhs_exact, wq)
         results[name] = {"passed": worst <= 1.0, "max_error_over_bound": worst, "shape": [m, n, k]}
-    extreme = w * torch.logspace(-44, 30, n, dtype=torch.float64).float()[:, None]  # scale bytes 0 .. 227
-    for wname, weight in (("w4a16", w), ("w4a16_extreme_scales", extreme)):
+    extreme = w * torch.logspace(-44, 30, n, dtype=torch.float64).float()[:, None]  # scale bytes 0 .. 227: float32 decode
+    tiny = w * torch.logspace(-38, 0, n, dtype=torch.float64).float()[:, None]  # scale bytes 0 .. 127: bfloat16 subnormals
+    for wname, weight in (("w4a16", w), ("w4a16_extreme_scales", extreme), ("w4a16_tiny_scales", tiny)):
         qt = reference.quantize(weight)
         packed = tg.pack_weight(qt.to(device))
         deq = reference.dequantize(qt, torch.bfloat16).double()  # the bf16 values the kernel upcasts to

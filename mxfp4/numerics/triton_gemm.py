@@ -33,8 +33,9 @@ from .reference import QuantizedTensor
 from .reference import dequantize as reference_dequantize
 from .triton_kernels import _decode, launch_tuned, triton_interpreting
 
-K_ALIGN = 256  # packed K is padded to this (every CHUNKS choice divides it)
-FAST_SCALES = (2, 252)  # scale bytes for which the bit-built upcast is exact
+K_ALIGN = 256  # packed K is padded to this (a multiple of the 128-element chunk)
+CHUNK = 128  # K elements per chunk of the packed layout: 64 bytes of codes and one 32-bit word of scales per row
+FAST_SCALES = (0, 128)  # scale bytes for which the bfloat16 upcast (code bits times 2**(s - 1)) is exact
 
 
 @dataclass
@@ -42,7 +43,7 @@ class PackedWeight:
     """An MXFP4 weight [N, K] in the W4A16 kernel's layout (see the module docstring)."""
 
     codes: torch.Tensor  # uint8 [N, K_pad / 2]
-    scales: torch.Tensor  # uint8 [K_pad / 32, N]
+    scales: torch.Tensor  # int32 [K_pad / 128, N]: the four scale bytes of a row's chunk, block 4c + b in byte b
     n: int
     k: int
     fast_upcast: bool
@@ -63,23 +64,35 @@ def pack_weight(qt: QuantizedTensor) -> PackedWeight:
     lo, hi = codes & 0xF, codes >> 4
     elems = torch.stack((lo, hi), dim=-1).reshape(n, -1)  # one code per element, [N, K_blocks]
     elems = torch.nn.functional.pad(elems, (0, k_pad - elems.shape[1]))
-    chunks = elems.reshape(n, k_pad // 64, 2, 32)
+    chunks = elems.reshape(n, k_pad // CHUNK, 2, CHUNK // 2)
     packed = (chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(n, k_pad // 2).contiguous()
     scales = torch.nn.functional.pad(qt.scales, (0, k_pad // 32 - qt.scales.shape[1]), value=127)
     lo_ok, hi_ok = FAST_SCALES
     fast = bool(((scales >= lo_ok) & (scales <= hi_ok)).all())
-    return PackedWeight(packed, scales.t().contiguous(), n, k, fast, qt)
+    words = scales.reshape(n, k_pad // CHUNK, 4).to(torch.int32)
+    words = words[..., 0] | (words[..., 1] << 8) | (words[..., 2] << 16) | (words[..., 3] << 24)
+    return PackedWeight(packed, words.t().contiguous(), n, k, fast, qt)
 
 
 @triton.jit
-def _upcast(codes, sbytes, FAST: tl.constexpr):
-    """bfloat16 values of 4-bit codes (int32) times 2**(sbytes - 127) (sbytes int32, broadcast)."""
+def _upcast(codes, factor, FAST: tl.constexpr, INTERPRET: tl.constexpr):
+    """bfloat16 values of 4-bit codes (int32) times 2**(s - 127), s the scale byte (int32; broadcast).
+
+    FAST (every scale byte in 0..128): the code's sign and (exponent, mantissa) bits become the
+    bfloat16 bits 15 and 8..6 with one multiply and one mask, c * 0x1040 & 0x81C0: a bfloat16 of
+    value code * 2**-126 (a subnormal for codes 0 and 0.5), and one multiply by 2**(s - 1) gives the
+    value, exactly (a 2-bit significand times a power of two, inside bfloat16's range for these s).
+    ``factor`` is then the bfloat16 bits of 2**(s - 1). Otherwise ``factor`` is the scale byte and
+    the value is decoded exactly in float32. Under the interpreter the values stay float32 (the same
+    numbers: every one is exact in bfloat16)."""
     if FAST:
-        m3 = codes & 7
-        mag = tl.where(m3 >= 2, (m3 << 22) + ((sbytes - 1) << 23), tl.where(m3 == 1, (sbytes - 1) << 23, 0))
-        bits = (mag | ((codes >> 3) << 31)) >> 16
-        return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
-    return _decode(codes, sbytes).to(tl.bfloat16)
+        q = (codes * 0x1040) & 0x81C0
+        if INTERPRET:  # float32 from the bits: the interpreter's bfloat16 conversions are wrong on subnormals
+            return (q << 16).to(tl.float32, bitcast=True) * (factor << 16).to(tl.float32, bitcast=True)
+        return q.to(tl.int16).to(tl.bfloat16, bitcast=True) * factor.to(tl.int16).to(tl.bfloat16, bitcast=True)
+    if INTERPRET:
+        return _decode(codes, factor)
+    return _decode(codes, factor).to(tl.bfloat16)
 
 
 @triton.jit
@@ -93,12 +106,24 @@ def _grouped_tile(pid, major_tiles, minor_tiles, GROUP: tl.constexpr):
 
 
 @triton.jit
+def _block_factors(s0, s1, FAST: tl.constexpr):
+    """The [BLOCK_N, 64] scale operand of two consecutive blocks from their scale bytes (int32
+    [BLOCK_N] each), broadcast over each block's 32 elements: the bfloat16 bits of 2**(s - 1)
+    (FAST) or the bytes."""
+    s = tl.join(s0, s1)
+    if FAST:
+        s = (s + 126) << 7
+    return tl.reshape(tl.broadcast_to(s[:, :, None], (s.shape[0], 2, 32)), (s.shape[0], 64))
+
+
+@triton.jit
 def _w4a16_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_pad, stride_xm, stride_ym, M_BUCKET,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr,
-    GROUP_N: tl.constexpr, FAST: tl.constexpr, OUT_BF16: tl.constexpr, DOT_F32: tl.constexpr = False,
+    GROUP_N: tl.constexpr, FAST: tl.constexpr, OUT_BF16: tl.constexpr, INTERPRET: tl.constexpr = False,
 ):
-    """y[M, N] = x[M, K] @ W[N, K]^T, computed as acc[BLOCK_N, BLOCK_M] = W x^T."""
+    """y[M, N] = x[M, K] @ W[N, K]^T, computed as acc[BLOCK_N, BLOCK_M] = W x^T, 128 K-elements a
+    chunk: one [BLOCK_N, 64] byte tile (16-byte loads) and one 32-bit scale word per row."""
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_n, pid_m = _grouped_tile(pid, tl.cdiv(N, BLOCK_N), tl.cdiv(M, BLOCK_M), GROUP_N)  # weight tiles stay hot
@@ -106,24 +131,24 @@ def _w4a16_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_ok = offs_n < N
     m_ok = offs_m < M
-    j = tl.arange(0, 32)
+    j = tl.arange(0, 64)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    n_chunks = K_pad // 64
-    for c0 in range(pid_k * CHUNKS, n_chunks, SPLIT_K * CHUNKS):
+    for c0 in range(pid_k * CHUNKS, K_pad // 128, SPLIT_K * CHUNKS):
         for u in tl.static_range(CHUNKS):
             c = c0 + u
-            wb = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * (K_pad // 2) + c * 32 + j[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
-            s_lo = tl.load(s_ptr + (2 * c) * N + offs_n, mask=n_ok, other=127).to(tl.int32)
-            s_hi = tl.load(s_ptr + (2 * c + 1) * N + offs_n, mask=n_ok, other=127).to(tl.int32)
-            w_lo = _upcast(wb & 0xF, s_lo[:, None], FAST)
-            w_hi = _upcast(wb >> 4, s_hi[:, None], FAST)
-            k_lo = c * 64 + j
-            k_hi = k_lo + 32
+            wb = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * (K_pad // 2) + c * 64 + j[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
+            words = tl.load(s_ptr + c * N + offs_n, mask=n_ok, other=0x7F7F7F7F)
+            f_lo = _block_factors(words & 0xFF, (words >> 8) & 0xFF, FAST)  # blocks 4c, 4c + 1: elements j
+            f_hi = _block_factors((words >> 16) & 0xFF, (words >> 24) & 0xFF, FAST)  # 4c + 2, 4c + 3: 64 + j
+            w_lo = _upcast(wb & 0xF, f_lo, FAST, INTERPRET)
+            w_hi = _upcast(wb >> 4, f_hi, FAST, INTERPRET)
+            k_lo = c * 128 + j
+            k_hi = k_lo + 64
             x_lo = tl.load(x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + k_lo[:, None], mask=m_ok[None, :] & (k_lo[:, None] < K), other=0.0)
             x_hi = tl.load(x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + k_hi[:, None], mask=m_ok[None, :] & (k_hi[:, None] < K), other=0.0)
-            if DOT_F32:  # the interpreter's bfloat16 tl.dot is wrong; widened operands give the same exact products
-                acc = tl.dot(w_lo.to(tl.float32), x_lo.to(tl.float32), acc, input_precision="ieee")
-                acc = tl.dot(w_hi.to(tl.float32), x_hi.to(tl.float32), acc, input_precision="ieee")
+            if INTERPRET:  # the interpreter's bfloat16 tl.dot is wrong; float32 operands give the same exact products
+                acc = tl.dot(w_lo, x_lo.to(tl.float32), acc, input_precision="ieee")
+                acc = tl.dot(w_hi, x_hi.to(tl.float32), acc, input_precision="ieee")
             else:
                 acc = tl.dot(w_lo, x_lo, acc)
                 acc = tl.dot(w_hi, x_hi, acc)
@@ -145,20 +170,23 @@ def _w4a16_configs(tiles):
     ]
 
 
-# Autotune space of the decode path: (BLOCK_N, BLOCK_M, CHUNKS of 64 along K, SPLIT_K, warps, stages).
-DECODE_TILES = [  # BLOCK_M is set from M
-    (64, 0, 2, 8, 4, 3), (64, 0, 1, 1, 4, 4), (64, 0, 2, 2, 4, 4), (128, 0, 1, 2, 4, 4), (64, 0, 1, 4, 4, 4),
-    (128, 0, 2, 4, 4, 3), (128, 0, 1, 8, 4, 4), (32, 0, 2, 4, 4, 4), (32, 0, 2, 16, 4, 3), (64, 0, 4, 8, 4, 3),
-]
+# Autotune spaces of the decode path: (BLOCK_N, CHUNKS of 128 along K, SPLIT_K, warps, stages); BLOCK_M
+# is set from M. Enough weight tiles fill the device without splitting K: each program streams whole
+# rows and stores its tile in the output dtype (no zeroed buffer, no atomics, no conversion after).
+# Fewer tiles split K over programs that add float32 partials into a zeroed output.
+DIRECT_TILES = [(64, 1, 1, 4, 4), (32, 1, 1, 4, 4), (64, 2, 1, 4, 3), (128, 1, 1, 8, 3), (16, 2, 1, 4, 4), (32, 2, 1, 4, 3)]
+SPLIT_TILES = [(64, 1, 4, 4, 4), (64, 1, 2, 4, 4), (32, 1, 4, 4, 4), (64, 1, 8, 4, 3), (128, 1, 4, 8, 3), (32, 2, 8, 4, 3)]
+DIRECT_MIN_TILES = 96  # BLOCK_N = 64 tiles at which the direct space is used (about 3/4 of an H100's 132 SMs)
 DECODE_MAX_M = 64
 
-_w4a16_decode = {
-    bm: triton.autotune(
-        _w4a16_configs([(bn, bm, ch, sk, w, s) for bn, _, ch, sk, w, s in DECODE_TILES]),
-        key=["N", "K", "M_BUCKET", "FAST"], reset_to_zero=["y_ptr"],
-    )(_w4a16_kernel)
-    for bm in (16, 32, 64)
-}
+
+def _decode_space(tiles, bm):
+    return triton.autotune(_w4a16_configs([(bn, bm, ch, sk, w, s) for bn, ch, sk, w, s in tiles]),
+                           key=["N", "K", "M_BUCKET", "FAST", "OUT_BF16"], reset_to_zero=["y_ptr"])(_w4a16_kernel)
+
+
+_w4a16_direct = {bm: _decode_space(DIRECT_TILES, bm) for bm in (16, 32, 64)}
+_w4a16_split = {bm: _decode_space(SPLIT_TILES, bm) for bm in (16, 32, 64)}
 
 
 def dequantize_packed(w: PackedWeight, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -196,15 +224,20 @@ def w4a16_matmul(x: torch.Tensor, w: PackedWeight, out_dtype: torch.dtype | None
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     bm = max(16, triton.next_power_of_2(m))
-    y = torch.zeros((m, w.n), dtype=torch.float32, device=x.device)  # split K adds into it
+    direct = triton.cdiv(w.n, 64) * triton.cdiv(m, bm) >= DIRECT_MIN_TILES and not triton_interpreting()
+    if direct:
+        y = torch.empty((m, w.n), dtype=out_dtype if out_dtype == torch.bfloat16 else torch.float32, device=x.device)
+    else:
+        y = torch.zeros((m, w.n), dtype=torch.float32, device=x.device)  # split K adds into it
     args = (x2, w.codes, w.scales, y, m, w.n, w.k, w.k_pad, x2.stride(0), y.stride(0), triton.next_power_of_2(m))
-    flags = dict(FAST=w.fast_upcast, OUT_BF16=False)
+    flags = dict(FAST=w.fast_upcast, OUT_BF16=y.dtype == torch.bfloat16)
 
     def grid(meta):
         return (triton.cdiv(w.n, meta["BLOCK_N"]) * triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"])
 
     interp = dict(BLOCK_N=min(64, max(16, triton.next_power_of_2(w.n))), BLOCK_M=bm, CHUNKS=1, SPLIT_K=2, GROUP_N=8)
-    launch_tuned(_w4a16_kernel, _w4a16_decode[bm], grid, interp, args, **flags, DOT_F32=triton_interpreting())
+    space = (_w4a16_direct if direct else _w4a16_split)[bm]
+    launch_tuned(_w4a16_kernel, space, grid, interp, args, **flags, INTERPRET=triton_interpreting())
     return y.to(out_dtype).reshape(*lead, w.n)
 
 
