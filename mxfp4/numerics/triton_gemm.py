@@ -75,24 +75,44 @@ def pack_weight(qt: QuantizedTensor) -> PackedWeight:
 
 
 @triton.jit
-def _upcast(codes, factor, FAST: tl.constexpr, INTERPRET: tl.constexpr):
-    """bfloat16 values of 4-bit codes (int32) times 2**(s - 127), s the scale byte (int32; broadcast).
+def _bytes_of(words, lane0, lane1):
+    """The two chosen bytes of each 32-bit word, each in its own 16-bit lane (int32)."""
+    return ((words >> (8 * lane0)) & 0xFF) | (((words >> (8 * lane1)) & 0xFF) << 16)
 
-    FAST (every scale byte in 0..128): the code's sign and (exponent, mantissa) bits become the
-    bfloat16 bits 15 and 8..6 with one multiply and one mask, c * 0x1040 & 0x81C0: a bfloat16 of
-    value code * 2**-126 (a subnormal for codes 0 and 0.5), and one multiply by 2**(s - 1) gives the
-    value, exactly (a 2-bit significand times a power of two, inside bfloat16's range for these s).
-    ``factor`` is then the bfloat16 bits of 2**(s - 1). Otherwise ``factor`` is the scale byte and
-    the value is decoded exactly in float32. Under the interpreter the values stay float32 (the same
-    numbers: every one is exact in bfloat16)."""
-    if FAST:
-        q = (codes * 0x1040) & 0x81C0
-        if INTERPRET:  # float32 from the bits: the interpreter's bfloat16 conversions are wrong on subnormals
-            return (q << 16).to(tl.float32, bitcast=True) * (factor << 16).to(tl.float32, bitcast=True)
-        return q.to(tl.int16).to(tl.bfloat16, bitcast=True) * factor.to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+@triton.jit
+def _lanes(pairs, INTERPRET: tl.constexpr):
+    """The two 16-bit lanes of int32 words as bfloat16 (float32 under the interpreter, whose bfloat16
+    conversions are wrong on subnormals): (low lanes, high lanes)."""
     if INTERPRET:
-        return _decode(codes, factor)
-    return _decode(codes, factor).to(tl.bfloat16)
+        return (pairs << 16).to(tl.float32, bitcast=True), (pairs & -65536).to(tl.float32, bitcast=True)
+    lo = (pairs & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    hi = (pairs >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    return lo, hi
+
+
+@triton.jit
+def _upcast(codes4, factor, FAST: tl.constexpr, INTERPRET: tl.constexpr):
+    """bfloat16 [BLOCK_N, 64] values of the 4-bit codes held one a byte, four a word, in ``codes4``
+    (int32 [BLOCK_N, 16]: element 4i + b in byte b of word i) times 2**(s - 127), s the block's scale.
+
+    FAST (every scale byte in 0..128): two codes at a time, one in each 16-bit lane of a word, become
+    bfloat16 bits with one multiply and one mask, c * 0x1040 & 0x81C0 (the sign to bit 15, exponent
+    and mantissa bits to bits 8..6; the lanes cannot carry into each other): bfloat16 numbers of value
+    code * 2**-126 (subnormal for the codes 0 and 0.5), and one multiply by 2**(s - 1) gives the value
+    exactly (a 2-bit significand times a power of two, inside bfloat16's range for these s).
+    ``factor`` [BLOCK_N, 64] is then the bfloat16 bits of 2**(s - 1). Otherwise ``factor`` is the
+    scale byte and each value is decoded exactly in float32. Under the interpreter the values stay
+    float32 (the same numbers: every one is exact in bfloat16)."""
+    if FAST:
+        e0, e1 = _lanes((_bytes_of(codes4, 0, 1) * 0x1040) & -2118090304, INTERPRET)  # 0x81C081C0
+        e2, e3 = _lanes((_bytes_of(codes4, 2, 3) * 0x1040) & -2118090304, INTERPRET)
+        q = tl.reshape(tl.join(tl.join(e0, e2), tl.join(e1, e3)), (codes4.shape[0], 64))  # joins nest: e0 e1 e2 e3
+        f, _ = _lanes(factor, INTERPRET)
+        return q * f
+    codes = tl.join(tl.join(codes4 & 0xFF, (codes4 >> 16) & 0xFF), tl.join((codes4 >> 8) & 0xFF, (codes4 >> 24) & 0xFF))
+    values = _decode(tl.reshape(codes, (codes4.shape[0], 64)), factor)
+    return values if INTERPRET else values.to(tl.bfloat16)
 
 
 @triton.jit
@@ -123,7 +143,8 @@ def _w4a16_kernel(
     GROUP_N: tl.constexpr, FAST: tl.constexpr, OUT_BF16: tl.constexpr, INTERPRET: tl.constexpr = False,
 ):
     """y[M, N] = x[M, K] @ W[N, K]^T, computed as acc[BLOCK_N, BLOCK_M] = W x^T, 128 K-elements a
-    chunk: one [BLOCK_N, 64] byte tile (16-byte loads) and one 32-bit scale word per row."""
+    chunk: 64 code bytes read as 16 words (``w_ptr`` is the codes viewed as int32) and one 32-bit
+    scale word per row."""
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_n, pid_m = _grouped_tile(pid, tl.cdiv(N, BLOCK_N), tl.cdiv(M, BLOCK_M), GROUP_N)  # weight tiles stay hot
@@ -132,16 +153,17 @@ def _w4a16_kernel(
     n_ok = offs_n < N
     m_ok = offs_m < M
     j = tl.arange(0, 64)
+    q = tl.arange(0, 16)
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for c0 in range(pid_k * CHUNKS, K_pad // 128, SPLIT_K * CHUNKS):
         for u in tl.static_range(CHUNKS):
             c = c0 + u
-            wb = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * (K_pad // 2) + c * 64 + j[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
+            codes4 = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * (K_pad // 8) + c * 16 + q[None, :], mask=n_ok[:, None], other=0)
             words = tl.load(s_ptr + c * N + offs_n, mask=n_ok, other=0x7F7F7F7F)
             f_lo = _block_factors(words & 0xFF, (words >> 8) & 0xFF, FAST)  # blocks 4c, 4c + 1: elements j
             f_hi = _block_factors((words >> 16) & 0xFF, (words >> 24) & 0xFF, FAST)  # 4c + 2, 4c + 3: 64 + j
-            w_lo = _upcast(wb & 0xF, f_lo, FAST, INTERPRET)
-            w_hi = _upcast(wb >> 4, f_hi, FAST, INTERPRET)
+            w_lo = _upcast(codes4 & 0x0F0F0F0F, f_lo, FAST, INTERPRET)
+            w_hi = _upcast((codes4 >> 4) & 0x0F0F0F0F, f_hi, FAST, INTERPRET)
             k_lo = c * 128 + j
             k_hi = k_lo + 64
             x_lo = tl.load(x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + k_lo[:, None], mask=m_ok[None, :] & (k_lo[:, None] < K), other=0.0)
@@ -229,7 +251,7 @@ def w4a16_matmul(x: torch.Tensor, w: PackedWeight, out_dtype: torch.dtype | None
         y = torch.empty((m, w.n), dtype=out_dtype if out_dtype == torch.bfloat16 else torch.float32, device=x.device)
     else:
         y = torch.zeros((m, w.n), dtype=torch.float32, device=x.device)  # split K adds into it
-    args = (x2, w.codes, w.scales, y, m, w.n, w.k, w.k_pad, x2.stride(0), y.stride(0), triton.next_power_of_2(m))
+    args = (x2, w.codes.view(torch.int32), w.scales, y, m, w.n, w.k, w.k_pad, x2.stride(0), y.stride(0), triton.next_power_of_2(m))
     flags = dict(FAST=w.fast_upcast, OUT_BF16=y.dtype == torch.bfloat16)
 
     def grid(meta):
