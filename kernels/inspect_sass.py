@@ -13,6 +13,11 @@ space. From the cubin (Triton's bundled ``cuobjdump``) it reports per config:
   and the shared-memory traffic that layout conversions cost;
 - ``convert_layout`` operations left in the TTGIR.
 
+and for the W4A16 decode GEMM (``--gemm``), per config of its autotune space at the Qwen2.5-3B and
+Qwen3-30B-A3B decode shapes: the instructions of the main loop's body per weight element, the MMA
+instructions (``HGMMA``: wgmma; ``HMMA``: mma.sync), the bfloat16 pair multiplies (``HMUL2``) and which
+global loads are asynchronous copies (``LDGSTS``, pipelined) and which are plain loads in the loop.
+
 It is a compiler's report, not a measurement: it says where instructions go, not how fast a kernel
 runs. The device budget it informs: at 3 TB/s an H100 must retire a bfloat16 element of a quantize
 every 0.83 ps, and its 132 SMs x 4 schedulers x 32 lanes at about 1.7 GHz issue about 29 T lane
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import re
 import subprocess
@@ -85,6 +91,21 @@ def _tool(name: str, *argv: str, data: bytes) -> str:
 
 
 SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)")
+SASS_ADDRESSED = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+
+
+def loop_body(sass: str) -> Counter:
+    """Opcode counts of the largest loop (from a backward branch's target to the branch)."""
+    lines = [(int(m.group(1), 16), m.group(2).strip()) for m in SASS_ADDRESSED.finditer(sass)]
+    best: Counter = Counter()
+    for addr, ins in lines:
+        target = re.search(r"BRA\s.*0x([0-9a-f]+)", ins)
+        if target and int(target.group(1), 16) < addr:
+            body = [i for a, i in lines if int(target.group(1), 16) <= a <= addr]
+            ops = Counter((i.split()[1] if i.startswith("@") else i.split()[0]).split(".")[0] for i in body)
+            if sum(ops.values()) > sum(best.values()):
+                best = ops
+    return best
 
 
 def sass_profile(cubin: bytes) -> dict:
@@ -97,7 +118,6 @@ def sass_profile(cubin: bytes) -> dict:
     return {
         "instructions": len(ops),
         "registers": usage.get("REG"),
-        "local_bytes": usage.get("LOCAL", 0),
         "shared_bytes_static": usage.get("SHARED", 0),
         "global_loads": dict(Counter(op for op in ops if op.startswith("LDG"))),
         "global_stores": dict(Counter(op for op in ops if op.startswith("STG"))),
@@ -174,19 +194,69 @@ def report_case(name: str, thunk, elements: int) -> list[dict]:
     return rows
 
 
+DECODE_SHAPES = {  # name: (N, K, M)
+    "Qwen2.5-3B gate_proj, M = 16": (11008, 2048, 16),
+    "Qwen2.5-3B q_proj, M = 16": (2048, 2048, 16),
+    "Qwen2.5-3B down_proj, M = 64": (2048, 11008, 64),
+    "Qwen3-30B-A3B expert gate_proj, M = 16": (768, 2048, 16),
+}
+
+
+def report_gemm(name: str, n: int, k: int, m: int) -> list[dict]:
+    """The W4A16 decode kernel's configs at one shape, launched through ``w4a16_matmul`` on CPU
+    tensors with the launch intercepted (as on CUDA: the interpreter flag off)."""
+    from mxfp4.numerics import reference
+    from mxfp4.numerics import triton_gemm as tg
+
+    w = tg.pack_weight(reference.quantize(torch.randn(n, k)))
+    calls = []
+    saved = tg.launch_tuned, tg.triton_interpreting
+    tg.launch_tuned = lambda kernel, tuned, grid_of, interp, args, **c: calls.append((kernel, tuned, grid_of, args, c))
+    tg.triton_interpreting = lambda: False
+    try:
+        tg.w4a16_matmul(torch.randn(m, k).bfloat16(), w)
+    finally:
+        tg.launch_tuned, tg.triton_interpreting = saved
+    kernel, tuned, grid_of, args, constexprs = calls[0]
+    space = "direct" if any(tuned is t for t in tg._w4a16_direct.values()) else "split-K"
+    rows = []
+    for cfg in tuned.configs:
+        compiled = compile_hopper(kernel, args, {**constexprs, **cfg.kwargs}, cfg.num_warps, cfg.num_stages)
+        prof = sass_profile(compiled.asm["cubin"])
+        body = loop_body(_tool("cuobjdump", "-sass", data=compiled.asm["cubin"]))
+        per_thread = cfg.kwargs["BLOCK_N"] * 128 * cfg.kwargs["CHUNKS"] / (32 * cfg.num_warps)
+        rows.append({
+            "path": f"w4a16 decode: {name}", "kernel": kernel.__name__, "space": space,
+            "config": {k: cfg.kwargs[k] for k in ("BLOCK_N", "CHUNKS", "SPLIT_K")} | {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+            "programs": grid_of(cfg.kwargs)[0] * grid_of(cfg.kwargs)[1],
+            "loop_instructions_per_weight_element": sum(body.values()) / per_thread,
+            "loop_mma": {"HGMMA": body["HGMMA"], "HMMA": body["HMMA"]},
+            "loop_bf16x2_multiplies": body["HMUL2"],
+            "loop_plain_global_loads": body["LDG"],
+            "async_copies": prof["global_loads"].get("LDGSTS.E", 0) + sum(v for op, v in prof["global_loads"].items() if op.startswith("LDGSTS")),
+            "registers": prof["registers"], "spill_ops": prof["spill_ops"],
+            "convert_layouts": compiled.asm["ttgir"].count("ttg.convert_layout"),
+        })
+        print(f"{rows[-1]['path']:50s} {space:8s} {str(rows[-1]['config']):90s} loop instr/weight "
+              f"{rows[-1]['loop_instructions_per_weight_element']:5.2f} plain LDG {body['LDG']}", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
-    p.add_argument("--shape", default="16384x8192", help="e.g. 16384x8192 or 128x768x2048")
+    p.add_argument("--shape", default="16384x8192", help="memory kernels' shape, e.g. 16384x8192 or 128x768x2048")
     p.add_argument("--only", action="append", help="paths whose name contains this (repeatable)")
     p.add_argument("--first-config", action="store_true", help="only each autotune space's first config")
+    p.add_argument("--no-gemm", action="store_true", help="skip the W4A16 decode kernel")
     args = p.parse_args(argv)
     shape = tuple(int(s) for s in args.shape.split("x"))
-    elements = 1
-    for s in shape:
-        elements *= s
+    elements = math.prod(shape)
     if args.first_config:
-        for t in (tk._quant_rows_tuned, tk._quant_cols_tuned, tk._fake_both_tuned, tk._dequant_rows_tuned, tk._dequant_cols_tuned):
+        from mxfp4.numerics import triton_gemm as tg
+
+        spaces = [*tg._w4a16_direct.values(), *tg._w4a16_split.values()]
+        for t in (tk._quant_rows_tuned, tk._quant_cols_tuned, tk._fake_both_tuned, tk._dequant_rows_tuned, tk._dequant_cols_tuned, *spaces):
             t.configs = t.configs[:1]
     rows = []
     for name, thunk in cases(shape, torch.bfloat16):
@@ -196,18 +266,21 @@ def main(argv=None) -> int:
         for row in report_case(name, thunk, n):
             rows.append(row)
             print(f"{name:28s} {str(row['config']):60s} instr/elem {row['instructions_per_element']:6.1f} "
-                  f"regs {row['registers']:3d} local {row['local_bytes']:4d} shfl {row['shuffles']:4d} "
+                  f"regs {row['registers']:3d} spills {row['spill_ops']:3d} shfl {row['shuffles']:4d} "
                   f"ldg {row['global_loads']} stg {row['global_stores']} cvt {row['convert_layouts']}", flush=True)
+    gemm = [] if args.no_gemm else [r for name, (n, k, m) in DECODE_SHAPES.items() for r in report_gemm(name, n, k, m)]
     write_json_atomic(args.out, {
-        "method": "static: triton.compile for sm_90a on CPU (no device), cuobjdump of the cubin; "
+        "method": "static: triton.compile for sm_90a on CPU (no device), cuobjdump of the cubin; memory kernels: "
                   "instructions per element = static SASS count x threads per program / elements per program "
-                  "(straight-line kernels); not a measurement of speed",
+                  "(straight-line kernels); W4A16: the largest loop's SASS count over the weight elements a thread "
+                  "upcasts per iteration. Not a measurement of speed.",
         "triton": triton.__version__,
         "torch": torch.__version__,
         "shape": list(shape),
         "dtype": "bfloat16",
         "issue_budget_per_element": ISSUE_BUDGET,
         "rows": rows,
+        "w4a16_decode": gemm,
     })
     return 0
 

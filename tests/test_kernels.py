@@ -161,3 +161,28 @@ def test_every_bfloat16_value_rounds_and_decomposes_as_the_reference(rule):
             assert int(stats["saturation_count"]) == int(dec.saturated.sum())
             for k in kernel_checks.ENERGY_KEYS:
                 assert abs(float(stats[k]) - dec.stats[k]) <= kernel_checks.ENERGY_RTOL * dec.stats["energy_total"], (anchor, axis, k)
+
+
+def test_hopper_compile_report_keeps_the_quantize_under_the_issue_budget_and_w4a16_loads_pipelined(tmp_path):
+    """kernels/inspect_sass.py compiles for sm_90a without a GPU (a subprocess: it must not see the
+    interpreter flag). The row quantize must stay under the issue budget (24.8 SASS instructions a
+    bf16 element at 3 TB/s; version 2 took 40), and the W4A16 decode loop must load nothing outside
+    its cp.async pipeline (version 2 loaded scale bytes there) and run on tensor cores."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "sass.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).parents[1] / "kernels" / "inspect_sass.py"
+    subprocess.run([sys.executable, str(script), "--out", str(out), "--shape", "256x1024", "--first-config",
+                    "--only", "quantize rows"], check=True, env=env, capture_output=True)
+    report = json.loads(out.read_text())
+    quantize = next(r for r in report["rows"] if r["path"] == "quantize rows")
+    assert quantize["instructions_per_element"] < report["issue_budget_per_element"] and quantize["spill_ops"] == 0
+    assert len(report["w4a16_decode"]) == 4
+    for row in report["w4a16_decode"]:
+        assert row["loop_plain_global_loads"] == 0 and row["loop_mma"]["HGMMA"] + row["loop_mma"]["HMMA"] > 0, row
+        assert row["loop_instructions_per_weight_element"] < 10, row

@@ -195,9 +195,11 @@ def _w4a16_configs(tiles):
 # Autotune spaces of the decode path: (BLOCK_N, CHUNKS of 128 along K, SPLIT_K, warps, stages); BLOCK_M
 # is set from M. Enough weight tiles fill the device without splitting K: each program streams whole
 # rows and stores its tile in the output dtype (no zeroed buffer, no atomics, no conversion after).
-# Fewer tiles split K over programs that add float32 partials into a zeroed output.
-DIRECT_TILES = [(64, 1, 1, 4, 4), (32, 1, 1, 4, 4), (64, 2, 1, 4, 3), (128, 1, 1, 8, 3), (16, 2, 1, 4, 4), (32, 2, 1, 4, 3)]
-SPLIT_TILES = [(64, 1, 4, 4, 4), (64, 1, 2, 4, 4), (32, 1, 4, 4, 4), (64, 1, 8, 4, 3), (128, 1, 4, 8, 3), (32, 2, 8, 4, 3)]
+# Fewer tiles split K over programs that add float32 partials into a zeroed output. BLOCK_N = 64 and 128
+# tiles take wgmma; 32 takes mma.sync at about twice the loop instructions per weight element
+# (kernels/inspect_sass.py), kept for the smallest N only.
+DIRECT_TILES = [(64, 1, 1, 4, 4), (64, 2, 1, 4, 3), (128, 1, 1, 8, 3), (128, 2, 1, 8, 3), (32, 1, 1, 4, 4)]
+SPLIT_TILES = [(64, 1, 4, 4, 4), (64, 1, 2, 4, 4), (64, 1, 8, 4, 3), (128, 1, 4, 8, 3), (64, 2, 4, 4, 3), (32, 1, 8, 4, 4)]
 DIRECT_MIN_TILES = 96  # BLOCK_N = 64 tiles at which the direct space is used (about 3/4 of an H100's 132 SMs)
 DECODE_MAX_M = 64
 
