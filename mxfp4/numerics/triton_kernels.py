@@ -17,19 +17,21 @@ Kernels:
   tensor along both axes from one read (dY for the input- and weight-gradient GEMMs).
 - ``fake_quantize_with_stats``: also the decomposition statistics (energies of e_scale, e_dead,
   e_grid and of the total error; deadzone and saturation counts), in float32 in each block's
-  scaled domain x / 2**e, summed per block, scaled back by 4**e and summed in float64 per
-  program; returned as device tensors (no host sync). The deadzone and grid decisions compare
-  6|x| with the grid's midpoints times amax: exact in float32 for bfloat16 and float16 inputs
-  (at most 11 + 3 significant bits), done in float64 for float32 inputs, so the counts equal the
-  reference's exactly for every dtype; the energies carry float32 round-off (checked against the
-  float64 reference to a relative 1e-5).
+  scaled domain x / 2**e, summed over each thread's run of a block, scaled back by 4**e and
+  summed in float64 per program; returned as device tensors (no host sync). The ideal-scale
+  rounding that decides the deadzone and the grid error is exact for bfloat16 and float16 inputs
+  (``_ideal_value``: ties land on the midpoint exactly) and done in float64 for float32 inputs,
+  so the counts equal the reference's exactly for every dtype; the energies carry float32
+  round-off (checked against the float64 reference to a relative 1e-5 of the total).
 
 On CUDA the tiles and warps are autotuned (key: the blocked length, a power-of-two bucket of the
 other extent, and the variant); under ``TRITON_INTERPRET=1`` on CPU (how CI checks bit-exactness)
 large fixed tiles keep the number of programs small. The arithmetic restates the reference
-exactly: shared exponents from the float32 bits of the block max, element rounding by comparison
-with the grid's midpoints (ties to the even code), powers of two built from bits (2**-127 as a
-float32 subnormal). The GEMMs are in ``triton_gemm``.
+exactly with few instructions an element (``kernels/inspect_sass.py`` counts them for Hopper): the
+block max and a non-finite element from one integer max of the |x| bits, shared exponents from the
+float32 bits of the block max, element rounding by one float add of a power of two whose ulp is
+the grid's spacing (``_grid_round``), powers of two built from bits (2**-127 as a float32
+subnormal), bfloat16 outputs by truncation (exact for MXFP4 values). The GEMMs are in ``triton_gemm``.
 """
 
 from __future__ import annotations
@@ -109,7 +111,9 @@ def _grid_round(y):
     """(index 0..7, value) of finite y >= 0 rounded to the E2M1 grid {0, .5, 1, 1.5, 2, 3, 4, 6},
     nearest with ties to the even index, saturating at 6. One float add of a power of two whose ulp
     is the grid's spacing at y (0.5 below 2, 1 in [2, 4), 2 from 4) rounds y to nearest-even on
-    that spacing; every midpoint of the grid is a tie there whose even neighbour is the even index."""
+    that spacing; every midpoint of the grid is a tie there whose even neighbour is the even index.
+    With FP fusion the compiler folds the scaling y = |x| * 2**-e into this add (one FFMA): that
+    product is exact (or below the grid's first midpoint when it underflows), so both forms round alike."""
     ey = tl.maximum(y.to(tl.int32, bitcast=True) >> 23, 127)
     magic = (ey + 22) << 23
     r = y + magic.to(tl.float32, bitcast=True)
