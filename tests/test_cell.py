@@ -96,3 +96,15 @@ def test_the_readme_plugin_correction_gets_the_step_count_in_a_real_cell(results
     rows = [json.loads(line) for line in (results / "smoke/cells/tiny-dense/mxfp4+clip/seed0/train_log.jsonl").read_text().splitlines()]
     assert [r["clip/active"] for r in rows] == [0.0, 0.0, 1.0]  # 3 steps, start 0.5: on from step 1.5
     assert m["correction_costs"] == {"clip_outliers": {"extra_bits_per_element": 0.0, "bf16_fraction": 0.0}}
+
+
+def test_rl_processes_do_not_import_torchao_through_transformers():
+    """torchao (the kernel benchmark's peer) costs 4.6 s to import; transformers imports it with its
+    model classes whenever it is installed. A process of the RL harness must not pay that."""
+    import subprocess
+    import sys
+
+    code = ("import sys, mxfp4.rl.cell; from transformers import AutoModelForCausalLM; "
+            "from trl import GRPOTrainer; import lm_eval.models.huggingface; print('torchao' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip().splitlines()[-1] == "False"
