@@ -26,11 +26,17 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--kernel", action="append", choices=kernel_checks.KERNELS, help="only these kernels (repeatable)")
     p.add_argument("--no-matmul", action="store_true", help="skip the GEMM checks")
+    p.add_argument("--interpreter-dtype", action="append", choices=[str(d).removeprefix("torch.") for d in kernel_checks.DTYPES],
+                   help="under the interpreter (no CUDA), only these input dtypes (repeatable; the test suite checks all); "
+                        "on CUDA every dtype is checked")
     args = p.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtypes = kernel_checks.DTYPES
+    if device == "cpu" and args.interpreter_dtype:
+        dtypes = tuple(getattr(torch, d) for d in args.interpreter_dtype)
     results = []
     with tqdm(desc="bit-exact kernel checks", unit="check", file=sys.stderr) as bar:
-        for r in kernel_checks.check_cases(device, kernels=tuple(args.kernel or kernel_checks.KERNELS)):
+        for r in kernel_checks.check_cases(device, kernels=tuple(args.kernel or kernel_checks.KERNELS), dtypes=dtypes):
             results.append(r)
             if not r["passed"]:
                 tqdm.write(f"FAIL {r}", file=sys.stderr)

@@ -79,13 +79,13 @@ def check_one(kernel: str, x: torch.Tensor, axis: int, rule: str) -> tuple[bool,
 AXES = {2: (-1, 0), 3: (-1, 1, 0)}
 
 
-def check_cases(device: str = "cpu", k: int = 96, kernels=KERNELS):
+def check_cases(device: str = "cpu", k: int = 96, kernels=KERNELS, dtypes=DTYPES):
     """Yield one result dict per (kernel, case, dtype, rule, axis)."""
     cases = adversarial_rows(k)
     cases["ragged_3d"] = torch.randn(3, 5, 45, generator=torch.Generator().manual_seed(5))
     cases["experts_3d"] = torch.randn(40, 3, 64, generator=torch.Generator().manual_seed(6))  # blocked along 0 too
     cases["transposed"] = torch.randn(64, 72, generator=torch.Generator().manual_seed(7)).t()  # read without a copy
-    for (name, x), dtype, rule, kernel in itertools.product(cases.items(), DTYPES, SCALE_RULES_E8M0, kernels):
+    for (name, x), dtype, rule, kernel in itertools.product(cases.items(), dtypes, SCALE_RULES_E8M0, kernels):
         x_dev = x.to(device=device, dtype=dtype)
         if name == "transposed":
             x_dev = x_dev.t().contiguous().t()
