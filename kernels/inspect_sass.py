@@ -109,9 +109,11 @@ def loop_body(sass: str) -> Counter:
     return best
 
 
-def sass_profile(cubin: bytes) -> dict:
-    """Opcode counts of the cubin's SASS and its resource usage."""
-    ops = [m.group(2) for m in SASS_LINE.finditer(_tool("cuobjdump", "-sass", data=cubin))]
+def sass_profile(cubin: bytes, sass: str | None = None) -> dict:
+    """Opcode counts of the cubin's SASS (``sass``: its disassembly, when already made) and its
+    resource usage."""
+    sass = _tool("cuobjdump", "-sass", data=cubin) if sass is None else sass
+    ops = [m.group(2) for m in SASS_LINE.finditer(sass)]
     ops = [op for op in ops if op not in ("NOP", "BRA", "EXIT")]  # padding and the tail loop
     res = _tool("cuobjdump", "-res-usage", data=cubin)
     usage = {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", res)}
@@ -132,19 +134,20 @@ def sass_profile(cubin: bytes) -> dict:
 
 
 @contextlib.contextmanager
-def intercepted_launches():
-    """Record (kernel, tuned, grid_of, args, constexprs) of every ``launch_tuned`` instead of launching."""
+def intercepted_launches(module=tk):
+    """Record (kernel, tuned, grid_of, args, constexprs) of every ``launch_tuned`` that ``module``'s
+    host wrappers make, instead of launching."""
     calls = []
-    saved = tk.launch_tuned
+    saved = module.launch_tuned
 
     def record(kernel, tuned, grid_of, interp_meta, args, **constexprs):
         calls.append((kernel, tuned, grid_of, args, constexprs))
 
-    tk.launch_tuned = record
+    module.launch_tuned = record
     try:
         yield calls
     finally:
-        tk.launch_tuned = saved
+        module.launch_tuned = saved
 
 
 def cases(shape: tuple, dtype: torch.dtype):
@@ -177,9 +180,7 @@ def report_case(name: str, thunk, elements: int) -> list[dict]:
         meta = dict(cfg.kwargs)
         compiled = compile_hopper(kernel, args, {**constexprs, **meta}, cfg.num_warps, cfg.num_stages)
         prof = sass_profile(compiled.asm["cubin"])
-        programs = 1
-        for g in grid_of(meta):
-            programs *= g
+        programs = math.prod(grid_of(meta))
         per_program = elements / programs
         threads = 32 * cfg.num_warps
         rows.append({
@@ -205,36 +206,30 @@ DECODE_SHAPES = {  # name: (N, K, M)
 
 def report_gemm(name: str, n: int, k: int, m: int) -> list[dict]:
     """The W4A16 decode kernel's configs at one shape, launched through ``w4a16_matmul`` on CPU
-    tensors with the launch intercepted (as on CUDA: the interpreter flag off)."""
+    tensors with the launch intercepted (as on CUDA: this script runs with the interpreter off)."""
     from mxfp4.numerics import reference
     from mxfp4.numerics import triton_gemm as tg
 
     w = tg.pack_weight(reference.quantize(torch.randn(n, k)))
-    calls = []
-    saved = tg.launch_tuned, tg.triton_interpreting
-    tg.launch_tuned = lambda kernel, tuned, grid_of, interp, args, **c: calls.append((kernel, tuned, grid_of, args, c))
-    tg.triton_interpreting = lambda: False
-    try:
+    with intercepted_launches(tg) as calls:
         tg.w4a16_matmul(torch.randn(m, k).bfloat16(), w)
-    finally:
-        tg.launch_tuned, tg.triton_interpreting = saved
     kernel, tuned, grid_of, args, constexprs = calls[0]
     space = "direct" if any(tuned is t for t in tg._w4a16_direct.values()) else "split-K"
     rows = []
     for cfg in tuned.configs:
         compiled = compile_hopper(kernel, args, {**constexprs, **cfg.kwargs}, cfg.num_warps, cfg.num_stages)
-        prof = sass_profile(compiled.asm["cubin"])
-        body = loop_body(_tool("cuobjdump", "-sass", data=compiled.asm["cubin"]))
+        sass = _tool("cuobjdump", "-sass", data=compiled.asm["cubin"])
+        prof, body = sass_profile(compiled.asm["cubin"], sass), loop_body(sass)
         per_thread = cfg.kwargs["BLOCK_N"] * 128 * cfg.kwargs["CHUNKS"] / (32 * cfg.num_warps)
         rows.append({
             "path": f"w4a16 decode: {name}", "kernel": kernel.__name__, "space": space,
             "config": {k: cfg.kwargs[k] for k in ("BLOCK_N", "CHUNKS", "SPLIT_K")} | {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
-            "programs": grid_of(cfg.kwargs)[0] * grid_of(cfg.kwargs)[1],
+            "programs": math.prod(grid_of(cfg.kwargs)),
             "loop_instructions_per_weight_element": sum(body.values()) / per_thread,
             "loop_mma": {"HGMMA": body["HGMMA"], "HMMA": body["HMMA"]},
             "loop_bf16x2_multiplies": body["HMUL2"],
             "loop_plain_global_loads": body["LDG"],
-            "async_copies": prof["global_loads"].get("LDGSTS.E", 0) + sum(v for op, v in prof["global_loads"].items() if op.startswith("LDGSTS")),
+            "async_copies": sum(v for op, v in prof["global_loads"].items() if op.startswith("LDGSTS")),
             "registers": prof["registers"], "spill_ops": prof["spill_ops"],
             "convert_layouts": compiled.asm["ttgir"].count("ttg.convert_layout"),
         })

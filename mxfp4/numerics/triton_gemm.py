@@ -94,6 +94,13 @@ def _lanes(pairs, INTERPRET: tl.constexpr):
 
 
 @triton.jit
+def _in_element_order(b0, b1, b2, b3):
+    """[rows, 64] from four [rows, 16] tensors, ``bj`` holding element 4i + j of word i (joins stack
+    on a new last axis, so the inner join pairs b0 with b2: the flattening reads b0 b1 b2 b3)."""
+    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), (b0.shape[0], 64))
+
+
+@triton.jit
 def _upcast(codes4, factor, FAST: tl.constexpr, INTERPRET: tl.constexpr):
     """bfloat16 [BLOCK_N, 64] values of the 4-bit codes held one a byte, four a word, in ``codes4``
     (int32 [BLOCK_N, 16]: element 4i + b in byte b of word i) times 2**(s - 127), s the block's scale.
@@ -109,11 +116,10 @@ def _upcast(codes4, factor, FAST: tl.constexpr, INTERPRET: tl.constexpr):
     if FAST:
         e0, e1 = _lanes((_bytes_of(codes4, 0, 1) * 0x1040) & -2118090304, INTERPRET)  # 0x81C081C0
         e2, e3 = _lanes((_bytes_of(codes4, 2, 3) * 0x1040) & -2118090304, INTERPRET)
-        q = tl.reshape(tl.join(tl.join(e0, e2), tl.join(e1, e3)), (codes4.shape[0], 64))  # joins nest: e0 e1 e2 e3
         f, _ = _lanes(factor, INTERPRET)
-        return q * f
-    codes = tl.join(tl.join(codes4 & 0xFF, (codes4 >> 16) & 0xFF), tl.join((codes4 >> 8) & 0xFF, (codes4 >> 24) & 0xFF))
-    values = _decode(tl.reshape(codes, (codes4.shape[0], 64)), factor)
+        return _in_element_order(e0, e1, e2, e3) * f
+    codes = _in_element_order(codes4 & 0xFF, (codes4 >> 8) & 0xFF, (codes4 >> 16) & 0xFF, (codes4 >> 24) & 0xFF)
+    values = _decode(codes, factor)
     return values if INTERPRET else values.to(tl.bfloat16)
 
 
