@@ -116,6 +116,43 @@ def test_fused_w4a16_kernel_is_refused_above_decode_m_and_bad_input_is_named():
         tg.pack_weight(reference.quantize(torch.randn(8, 64), axis=0))
 
 
+def test_w4a16_direct_path_stores_the_output_dtype_exactly_as_split_k_adds_float32(monkeypatch):
+    """The whole-K path (taken on a device with enough weight tiles) forced at a small shape: no
+    zeroed buffer, one float32 accumulation per output stored as float32 or rounded once to bfloat16."""
+    from mxfp4.numerics import triton_gemm as tg
+    from mxfp4.numerics.kernel_checks import _error_over_bound
+
+    g = torch.Generator().manual_seed(3)
+    qt = reference.quantize(torch.randn(40, 200, generator=g))
+    packed = tg.pack_weight(qt)
+    x = torch.randn(5, 200, generator=g).bfloat16()
+    deq = reference.dequantize(qt, torch.bfloat16).double()
+    launches = []
+    real_launch = tg.launch_tuned
+
+    def spy(kernel, tuned, grid_of, interp_meta, args, **constexprs):
+        launches.append((interp_meta["SPLIT_K"], args[3].dtype))  # args[3]: the output the kernel writes
+        return real_launch(kernel, tuned, grid_of, interp_meta, args, **constexprs)
+
+    monkeypatch.setattr(tg, "launch_tuned", spy)
+    split = tg.w4a16_matmul(x, packed, torch.float32)
+    monkeypatch.setattr(tg, "DIRECT_MIN_TILES", 1)
+    direct = tg.w4a16_matmul(x, packed, torch.float32)
+    direct_bf16 = tg.w4a16_matmul(x, packed)
+    assert launches == [(2, torch.float32), (1, torch.float32), (1, torch.int16)]  # bfloat16 stored as its bits
+    assert direct_bf16.dtype == torch.bfloat16 and direct_bf16.shape == (5, 40)
+    assert torch.equal(direct_bf16, direct.bfloat16())  # the same float32 sums, rounded once
+    assert _error_over_bound(direct, x.double(), deq) <= 1.0
+    assert _error_over_bound(split, x.double(), deq) <= 1.0
+    # exact products on bfloat16 midpoints: 1.5 * (1 + 2**-7) rounds up to the even 1.515625, 1.5 *
+    # (1 + 3 * 2**-7) down to the even 1.53125 (truncation gives 1.5078125; half-up 1.5390625); NaN stays NaN
+    ties = torch.zeros(3, 32)
+    ties[:, 0] = torch.tensor([1 + 2**-7, 1 + 3 * 2**-7, float("nan")])
+    one_and_half = tg.pack_weight(reference.quantize(torch.nn.functional.pad(torch.tensor([[1.5]]), (0, 31))))
+    got = tg.w4a16_matmul(ties.bfloat16(), one_and_half)[:, 0].float()
+    assert got[:2].tolist() == [1.515625, 1.53125] and got[2].isnan()
+
+
 def test_probe_uses_the_fused_stats_kernel_where_triton_runs_and_agrees_with_float64():
     from mxfp4.config.recipes import Recipe
     from mxfp4.rl.grpo import DecompositionProbe

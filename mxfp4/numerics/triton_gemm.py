@@ -145,6 +145,16 @@ def _block_factors(s0, s1, FAST: tl.constexpr):
 
 
 @triton.jit
+def _bf16_bits_rne(x):
+    """int16 bits of float32 x rounded to bfloat16, nearest with ties to even, by integer arithmetic
+    (the device's conversion rounds so, the interpreter's truncates: CI checks this one); NaN stays
+    NaN (the device's 0x7FFFFFFF would carry into the sign bit)."""
+    bits = x.to(tl.int32, bitcast=True)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).to(tl.int16)
+    return tl.where(x != x, 0x7FC0, rounded).to(tl.int16)
+
+
+@triton.jit
 def _w4a16_kernel(
     x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_pad, stride_xm, stride_ym, M_BUCKET,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -185,8 +195,8 @@ def _w4a16_kernel(
     y_offs = y_ptr + offs_m[None, :].to(tl.int64) * stride_ym + offs_n[:, None]
     mask = n_ok[:, None] & m_ok[None, :]
     if SPLIT_K == 1:
-        if OUT_BF16:
-            tl.store(y_offs, acc.to(tl.bfloat16), mask=mask)
+        if OUT_BF16:  # y_ptr: the bfloat16 output viewed as int16
+            tl.store(y_offs, _bf16_bits_rne(acc), mask=mask)
         else:
             tl.store(y_offs, acc, mask=mask)
     else:
@@ -256,18 +266,19 @@ def w4a16_matmul(x: torch.Tensor, w: PackedWeight, out_dtype: torch.dtype | None
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     bm = max(16, triton.next_power_of_2(m))
-    direct = triton.cdiv(w.n, 64) * triton.cdiv(m, bm) >= DIRECT_MIN_TILES and not triton_interpreting()
+    direct = triton.cdiv(w.n, 64) * triton.cdiv(m, bm) >= DIRECT_MIN_TILES
     if direct:
         y = torch.empty((m, w.n), dtype=out_dtype if out_dtype == torch.bfloat16 else torch.float32, device=x.device)
     else:
         y = torch.zeros((m, w.n), dtype=torch.float32, device=x.device)  # split K adds into it
-    args = (x2, w.codes.view(torch.int32), w.scales, y, m, w.n, w.k, w.k_pad, x2.stride(0), y.stride(0), triton.next_power_of_2(m))
+    y_arg = y.view(torch.int16) if y.dtype == torch.bfloat16 else y
+    args = (x2, w.codes.view(torch.int32), w.scales, y_arg, m, w.n, w.k, w.k_pad, x2.stride(0), y.stride(0), triton.next_power_of_2(m))
     flags = dict(FAST=w.fast_upcast, OUT_BF16=y.dtype == torch.bfloat16)
 
     def grid(meta):
         return (triton.cdiv(w.n, meta["BLOCK_N"]) * triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"])
 
-    interp = dict(BLOCK_N=min(64, max(16, triton.next_power_of_2(w.n))), BLOCK_M=bm, CHUNKS=1, SPLIT_K=2, GROUP_N=8)
+    interp = dict(BLOCK_N=min(64, max(16, triton.next_power_of_2(w.n))), BLOCK_M=bm, CHUNKS=1, SPLIT_K=1 if direct else 2, GROUP_N=8)
     space = (_w4a16_direct if direct else _w4a16_split)[bm]
     launch_tuned(_w4a16_kernel, space, grid, interp, args, **flags, INTERPRET=triton_interpreting())
     return y.to(out_dtype).reshape(*lead, w.n)
