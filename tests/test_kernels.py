@@ -153,6 +153,16 @@ def test_w4a16_direct_path_stores_the_output_dtype_exactly_as_split_k_adds_float
     assert got[:2].tolist() == [1.515625, 1.53125] and got[2].isnan()
 
 
+def test_device_check_of_the_w4a16_direct_path_runs_and_passes_under_the_interpreter():
+    """check_matmul adds it on CUDA only (6144 weight rows); here it runs once so that the device's
+    check is itself checked (it fails a truncating bfloat16 store: max error over bound 1.9)."""
+    from mxfp4.numerics.kernel_checks import _check_w4a16_direct
+
+    results = _check_w4a16_direct("cpu", 200, torch.Generator().manual_seed(1))
+    assert sorted(results) == ["w4a16_direct_bfloat16", "w4a16_direct_float32"]
+    assert all(r["passed"] for r in results.values()), results
+
+
 def test_probe_uses_the_fused_stats_kernel_where_triton_runs_and_agrees_with_float64():
     from mxfp4.config.recipes import Recipe
     from mxfp4.rl.grpo import DecompositionProbe

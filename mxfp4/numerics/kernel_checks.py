@@ -133,4 +133,28 @@ def check_matmul(device: str = "cpu", m: int = 48, n: int = 40, k: int = 200, se
             results[f"{wname}_m{rows}"] = {
                 "passed": worst <= 1.0, "max_error_over_bound": worst, "shape": [rows, n, k], "fast_upcast": packed.fast_upcast,
             }
+    if device != "cpu":  # the whole-K path needs DIRECT_MIN_TILES weight tiles (tests/test_kernels.py forces it on CPU)
+        results.update(_check_w4a16_direct(device, k, g))
+    return results
+
+
+def _check_w4a16_direct(device: str, k: int, g: torch.Generator) -> dict:
+    """``w4a16_matmul`` on the whole-K path at the smallest N that takes it, float32 output against
+    the bound and bfloat16 output against it plus half a bfloat16 ulp (at most 2**-8 relative)."""
+    from . import triton_gemm as tg
+
+    n = tg.DIRECT_MIN_TILES * 64
+    qt = reference.quantize(torch.randn(n, k, generator=g))
+    packed = tg.pack_weight(qt.to(device))
+    deq = reference.dequantize(qt, torch.bfloat16).double()
+    x = torch.randn(16, k, generator=g).bfloat16()
+    exact = x.double() @ deq.T
+    bound = (x.double().abs() @ deq.abs().T) * k * torch.finfo(torch.float32).eps
+    results = {}
+    for out_dtype, half_ulp in ((torch.float32, 0.0), (torch.bfloat16, 2.0**-8)):
+        c = tg.w4a16_matmul(x.to(device), packed, out_dtype).cpu()
+        worst = float(((c.double() - exact).abs() / (bound * (1 + half_ulp) + half_ulp * exact.abs()).clamp(min=1e-30)).max())
+        results[f"w4a16_direct_{str(out_dtype).removeprefix('torch.')}"] = {
+            "passed": c.dtype == out_dtype and worst <= 1.0, "max_error_over_bound": worst, "shape": [16, n, k],
+        }
     return results
