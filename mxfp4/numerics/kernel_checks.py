@@ -94,11 +94,14 @@ def check_cases(device: str = "cpu", k: int = 96, kernels=KERNELS, dtypes=DTYPES
             yield {"kernel": kernel, "case": name, "dtype": str(dtype).removeprefix("torch."), "scale_rule": rule, "axis": axis, "passed": ok, "detail": detail}
 
 
-def _error_over_bound(c: torch.Tensor, lhs: torch.Tensor, rhs: torch.Tensor) -> float:
+def _error_over_bound(c: torch.Tensor, lhs: torch.Tensor, rhs: torch.Tensor, half_ulp: float = 0.0) -> float:
     """max |c - exact| / (K eps_fp32 sum|a||b|): <= 1 for any order of float32 accumulation of
-    exact products (a bfloat16 or MXFP4 value times an MXFP4 value is exact in float32)."""
+    exact products (a bfloat16 or MXFP4 value times an MXFP4 value is exact in float32). ``half_ulp``:
+    the relative half ulp of an output rounded once more after the float32 sum (2**-8 for bfloat16),
+    added to the bound."""
     exact = lhs @ rhs.T
     bound = (lhs.abs() @ rhs.abs().T) * lhs.shape[1] * torch.finfo(torch.float32).eps
+    bound = bound * (1 + half_ulp) + half_ulp * exact.abs()
     return float(((c.double() - exact).abs() / bound.clamp(min=1e-30)).max())
 
 
@@ -148,12 +151,10 @@ def _check_w4a16_direct(device: str, k: int, g: torch.Generator) -> dict:
     packed = tg.pack_weight(qt.to(device))
     deq = reference.dequantize(qt, torch.bfloat16).double()
     x = torch.randn(16, k, generator=g).bfloat16()
-    exact = x.double() @ deq.T
-    bound = (x.double().abs() @ deq.abs().T) * k * torch.finfo(torch.float32).eps
     results = {}
     for out_dtype, half_ulp in ((torch.float32, 0.0), (torch.bfloat16, 2.0**-8)):
         c = tg.w4a16_matmul(x.to(device), packed, out_dtype).cpu()
-        worst = float(((c.double() - exact).abs() / (bound * (1 + half_ulp) + half_ulp * exact.abs()).clamp(min=1e-30)).max())
+        worst = _error_over_bound(c, x.double(), deq, half_ulp)
         results[f"w4a16_direct_{str(out_dtype).removeprefix('torch.')}"] = {
             "passed": c.dtype == out_dtype and worst <= 1.0, "max_error_over_bound": worst, "shape": [16, n, k],
         }

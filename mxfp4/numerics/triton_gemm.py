@@ -33,7 +33,7 @@ import triton.language as tl
 
 from .reference import QuantizedTensor
 from .reference import dequantize as reference_dequantize
-from .triton_kernels import _decode, launch_tuned, triton_interpreting
+from .triton_kernels import _bf16_bits_rne, _decode, launch_tuned, triton_interpreting
 
 K_ALIGN = 256  # packed K is padded to this (a multiple of the 128-element chunk)
 CHUNK = 128  # K elements per chunk of the packed layout: 64 bytes of codes and one 32-bit word of scales per row
@@ -142,16 +142,6 @@ def _block_factors(s0, s1, FAST: tl.constexpr):
     if FAST:
         s = (s + 126) << 7
     return tl.reshape(tl.broadcast_to(s[:, :, None], (s.shape[0], 2, 32)), (s.shape[0], 64))
-
-
-@triton.jit
-def _bf16_bits_rne(x):
-    """int16 bits of float32 x rounded to bfloat16, nearest with ties to even, by integer arithmetic
-    (the device's conversion rounds so, the interpreter's truncates: CI checks this one); NaN stays
-    NaN (the device's 0x7FFFFFFF would carry into the sign bit)."""
-    bits = x.to(tl.int32, bitcast=True)
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).to(tl.int16)
-    return tl.where(x != x, 0x7FC0, rounded).to(tl.int16)
 
 
 @triton.jit

@@ -78,6 +78,17 @@ def _narrow(bits, out_ptr, OUT_BF16: tl.constexpr):
 
 
 @triton.jit
+def _bf16_bits_rne(x):
+    """int16 bits of float32 x rounded to bfloat16, nearest with ties to even, by integer arithmetic,
+    for values that are not exact in bfloat16 (``_narrow`` is for those that are): the device's
+    conversion rounds so, the interpreter's truncates, so CI checks this one. NaN stays NaN (the
+    device's 0x7FFFFFFF would carry into the sign bit)."""
+    bits = x.to(tl.int32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return tl.where(x != x, 0x7FC0, rounded).to(tl.int16)
+
+
+@triton.jit
 def _shared_exponent(amax, RULE: tl.constexpr):
     """Unbiased E8M0 exponent of each block (E2M1: emax = 2, one mantissa bit)."""
     bits = amax.to(tl.int32, bitcast=True)

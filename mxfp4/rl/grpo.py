@@ -45,6 +45,7 @@ from .grad_accuracy import compare
 from .vllm_weights import vllm_named_weights
 from .patching import bypassed, clear_weight_caches, gemm_weights, patch_state, patched_modules, quantized_weights, set_probe
 
+
 def synced_clock() -> float:
     """perf_counter after the device's queued work is done (a step's time on GPU is its kernels')."""
     if torch.cuda.is_available():
