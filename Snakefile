@@ -12,9 +12,14 @@ import sys
 from snakemake.utils import validate
 
 from mxfp4.config.profiles import load_profile
+from mxfp4.layout import REFERENCE_RECIPE, TRAIN_LOG, Layout
 
 configfile: "experiments/config.yaml"
 validate(config, "workflow/schemas/config.schema.yaml")
+
+# `snakemake --report report.html` after a run: every figure with its caption, the claims table and
+# the cell metrics (workflow/report/).
+report: "workflow/report/workflow.rst"
 
 # Rules call the package through the interpreter that runs Snakemake, so an unactivated
 # `.venv/bin/snakemake` finds the same environment.
@@ -22,9 +27,12 @@ MXFP4 = f"{sys.executable} -m mxfp4"
 PYTHON = sys.executable
 PROFILE = config.get("profile", "embedded")
 P = load_profile(PROFILE)
-RESULTS = f"results/{PROFILE}"
-FIGURES = f"figures/{PROFILE}"
-BASELINES = f"results/baselines/{PROFILE}"
+L = Layout("results", PROFILE)  # every path of the run (mxfp4/layout.py)
+LOGS = str(L.logs)
+AGGREGATE = str(L.aggregate)
+KERNELS = str(L.kernels)
+FIGURES = str(L.figures)
+BASELINES = str(L.baselines)
 MODELS = list(P.models)
 TINY_MODELS = P.tiny_models()
 RECIPES = list(P.recipes)
@@ -33,7 +41,11 @@ COMPARE_RECIPE = config.get("compare_recipe", "mxfp4+all")
 
 
 def cell_path(model, recipe, seed, leaf="metrics.json"):
-    return f"{RESULTS}/cells/{model}/{recipe}/seed{seed}/{leaf}"
+    return str(L.cell(model, recipe, seed) / leaf)
+
+
+def model_path(model):
+    return str(L.model(model))
 
 
 ALL_CELLS = [cell_path(m, r, s) for m in MODELS for r in RECIPES for s in SEEDS]
@@ -54,7 +66,7 @@ rule all:
     input:
         rules.figures.input,
         rules.kernel_checks.output,
-        f"{RESULTS}/claims.md",
+        str(L.claims),
 
 
 rule kernels:
@@ -65,17 +77,17 @@ rule kernels:
 
 rule proofs:
     input:
-        f"{RESULTS}/proofs/proofs.json",
+        str(L.proofs),
 
 
 rule pretrain:
     input:
-        [f"{RESULTS}/models/{m}" for m in TINY_MODELS],
+        [model_path(m) for m in TINY_MODELS],
 
 
 rule pathways:
     input:
-        f"{RESULTS}/pathways/pathways.csv",
+        str(L.pathways()),
 
 
 rule ablations:

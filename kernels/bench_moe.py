@@ -28,7 +28,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts  # 
 
 from mxfp4.config.recipes import Recipe  # noqa: E402
 from mxfp4.io import write_json_atomic  # noqa: E402
-from mxfp4.rl.patching import patch_model, unpatch_model  # noqa: E402
+from mxfp4.nn import patch_model, unpatch_model  # noqa: E402
 
 CASES = {  # name: (experts, top_k, hidden, moe_intermediate, layers, tokens)
     "tiny-moe (8 experts, top-2, H128, I96)": (8, 2, 128, 96, 2, 512),

@@ -6,8 +6,10 @@ Layout (one home per concept):
   ``Quantizer``, the Triton kernels and their one dispatch (no RL dependency);
 - ``mxfp4.corrections``: the correction protocol, the registry, one module per correction;
 - ``mxfp4.config``: typed, validated profiles and recipes;
-- ``mxfp4.rl``: models, patching, data, the GRPO trainer, the cell, lm-eval evaluation, pretraining;
-- ``mxfp4.report``: aggregation, statistics, claims, comparison, figures;
+- ``mxfp4.nn``: the quantized layers (linear, grouped MoE experts) and the model patcher;
+- ``mxfp4.rl``: models, data, the GRPO trainer, the cell, lm-eval evaluation, pretraining;
+- ``mxfp4.stats``: the statistics (intervals, paired tests, verdicts) that rl and report share;
+- ``mxfp4.report``: aggregation, claims, comparison, figures;
 - ``mxfp4.cli``: the ``mxfp4`` command.
 
 ``quantize``, ``dequantize``, ``fake_quantize`` and ``fake_quantize_with_stats`` dispatch (see

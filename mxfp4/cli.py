@@ -9,6 +9,24 @@ import sys
 from pathlib import Path
 
 from .io import write_json_atomic, write_text_atomic
+from .layout import Layout
+
+# Commands that load transformers models (the RL processes).
+MODEL_COMMANDS = ("pretrain", "cell", "pathways", "corrections-table")
+
+
+def hide_torchao_from_transformers() -> None:
+    """transformers imports torchao when it is installed (for its TorchAO quantizer) as soon as any
+    model class loads: 4.6 s in every cell, pretraining and pathway process. torchao is installed
+    here only as the kernel benchmark's peer and no model of the harness is torchao-quantized, so
+    the model commands tell transformers it is absent before its quantizers are imported."""
+    import transformers.utils as utils
+    from transformers.utils import import_utils
+
+    def unavailable(*args, **kwargs) -> bool:
+        return False
+
+    utils.is_torchao_available = import_utils.is_torchao_available = unavailable
 
 
 def _cmd_formats(args) -> int:
@@ -116,7 +134,7 @@ def _cmd_plot(args) -> int:
 def _cmd_aggregate(args) -> int:
     from .report.aggregate import aggregate
 
-    counts = aggregate(args.results, args.profile, args.out or Path(args.results) / args.profile / "aggregate")
+    counts = aggregate(args.results, args.profile, args.out or Layout(args.results, args.profile).aggregate)
     print(f"aggregated {counts['cells']} cells, {counts['steps']} steps")
     return 0
 
@@ -124,16 +142,16 @@ def _cmd_aggregate(args) -> int:
 def _cmd_claims(args) -> int:
     from .report.claims import run_claims
 
-    root = Path(args.results) / args.profile
-    inputs = {"cells": args.cells or root / "aggregate" / "cells.csv", "proofs": args.proofs or root / "proofs" / "proofs.json",
-              "corrections": args.corrections or root / "corrections.json"}
+    layout = Layout(args.results, args.profile)
+    inputs = {"cells": args.cells or layout.aggregate / "cells.csv", "proofs": args.proofs or layout.proofs,
+              "corrections": args.corrections or layout.corrections}
     for name, path in inputs.items():
         if not Path(path).is_file():
             raise ValueError(f"claims needs --{name} {path}, which does not exist (snakemake --cores all claims makes it)")
-    pathways = args.pathways or root / "pathways" / "pathways.csv"
+    pathways = args.pathways or layout.pathways()
     if args.pathways and not Path(pathways).is_file():
         raise ValueError(f"claims: --pathways {pathways} does not exist (snakemake --cores all pathways makes it)")
-    rows = run_claims(inputs["cells"], inputs["proofs"], inputs["corrections"], args.out or root / "claims.md", args.profile,
+    rows = run_claims(inputs["cells"], inputs["proofs"], inputs["corrections"], args.out or layout.claims, args.profile,
                       pathways_csv=pathways)
     for r in rows:
         print(f"{r['verdict']:<40} {r['model']:<28} {r['claim']}")
@@ -143,7 +161,7 @@ def _cmd_claims(args) -> int:
 def _cmd_compare(args) -> int:
     from .report.compare import run_compare
 
-    baselines = args.baselines or Path(args.results) / "baselines" / args.profile / "cells.csv"
+    baselines = args.baselines or Layout(args.results, args.profile).baselines / "cells.csv"
     rows = run_compare(args.results, args.profile, args.recipe, baselines, args.out, args.figure)
     for r in rows:
         if r["metric"] == "gsm8k_strict_accuracy":
@@ -169,14 +187,14 @@ def _cmd_corrections_table(args) -> int:
 
 
 def _cmd_pretrain(args) -> int:
-    from .config.profiles import load_profile, model_dir
+    from .config.profiles import load_profile
     from .rl.pretrain import pretrain
 
     profile = load_profile(args.profile)
     spec = profile.model(args.model)
     if not spec.arch:
         raise ValueError(f"{args.model!r} is a hub model, not a tiny stand-in; accepted: {', '.join(profile.tiny_models())}")
-    out = Path(args.out) if args.out else model_dir(args.results, args.profile, args.model)
+    out = Path(args.out) if args.out else Layout(args.results, args.profile).model(args.model)
     meta = pretrain(spec.arch, out, max_steps_per_problem=profile.data.max_problem_steps, **profile.pretrain.model_dump())
     print(json.dumps(meta, indent=2))
     return 0
@@ -205,7 +223,7 @@ def _cmd_gpu_smoke_report(args) -> int:
 def _cmd_pathways(args) -> int:
     from .rl.pathways import run_pathways
 
-    out = args.out or f"{args.results}/{args.profile}/pathways/{args.model}/pathways.csv"
+    out = args.out or Layout(args.results, args.profile).pathways(args.model)
     rows = run_pathways(args.profile, args.model, results=args.results, out_csv=out,
                         progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(f"wrote {out} ({len(rows)} rows)")
@@ -324,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mxfp4: error: MXFP4_THREADS={threads!r}; accepted: a positive integer", file=sys.stderr)
             return 2
         torch.set_num_threads(int(threads))
+    if args.command in MODEL_COMMANDS:
+        hide_torchao_from_transformers()
     try:
         return args.func(args)
     except ValueError as err:  # bad input: say what was wrong, no traceback

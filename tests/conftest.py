@@ -19,6 +19,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
+# What the CLI's model commands do (mxfp4.cli): transformers need not import torchao with every model class.
+from mxfp4.cli import hide_torchao_from_transformers  # noqa: E402
+
+hide_torchao_from_transformers()
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
@@ -33,11 +38,12 @@ def pytest_collection_modifyitems(config, items):
 def smoke_results(tmp_path_factory):
     """A results folder with the smoke profile's tiny models warm-started (shared by the cell and
     pathway tests)."""
-    from mxfp4.config.profiles import load_profile, model_dir
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.layout import Layout
     from mxfp4.rl.pretrain import pretrain
 
     root = tmp_path_factory.mktemp("results")
     profile = load_profile("smoke")
     for model, spec in profile.models.items():
-        pretrain(spec.arch, model_dir(root, "smoke", model), max_steps_per_problem=1, **profile.pretrain.model_dump())
+        pretrain(spec.arch, Layout(root, "smoke").model(model), max_steps_per_problem=1, **profile.pretrain.model_dump())
     return root

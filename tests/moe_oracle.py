@@ -1,10 +1,10 @@
 """The per-expert loop path of the quantized Qwen3-MoE experts (transformers' own loop with each
-expert GEMM quantized), kept as the oracle that the grouped path (mxfp4.rl.experts) must equal."""
+expert GEMM quantized), kept as the oracle that the grouped path (mxfp4.nn.experts) must equal."""
 
 import torch
 import torch.nn.functional as F
 
-from mxfp4.rl.patching import gemm_context, quant_linear
+from mxfp4.nn import gemm_context, quant_linear
 
 
 def per_expert_forward(self, hidden_states, top_k_index, top_k_weights):

@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerFast
 
 from mxfp4.rl.cell import run_cell
 from mxfp4.rl.models import load
-from mxfp4.config.profiles import model_dir
+from mxfp4.layout import Layout
 
 PROMISED_METRICS = [
     "gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_entropy", "mean_grad_cosine", "decomposition_weights",
@@ -29,10 +29,10 @@ def results(smoke_results):
 
 @pytest.mark.parametrize("model", ["tiny-dense", "tiny-moe"])
 def test_saved_tiny_model_loads_like_a_checkpoint(results, model):
-    m, tok = load(str(model_dir(results, "smoke", model)))
+    m, tok = load(str(Layout(results, "smoke").model(model)))
     assert isinstance(tok, PreTrainedTokenizerFast)
     assert tok.decode(tok("Question: 3+4").input_ids) == "Question: 3+4"
-    meta = json.loads((model_dir(results, "smoke", model) / "mxfp4_meta.json").read_text())
+    meta = json.loads((Layout(results, "smoke").model(model) / "mxfp4_meta.json").read_text())
     assert 0 <= meta["embedded_test_greedy_accuracy"] <= 1
 
 
@@ -100,11 +100,11 @@ def test_the_readme_plugin_correction_gets_the_step_count_in_a_real_cell(results
 
 def test_rl_processes_do_not_import_torchao_through_transformers():
     """torchao (the kernel benchmark's peer) costs 4.6 s to import; transformers imports it with its
-    model classes whenever it is installed. A process of the RL harness must not pay that."""
+    model classes whenever it is installed. A model command of the CLI must not pay that."""
     import subprocess
     import sys
 
-    code = ("import sys, mxfp4.rl.cell; from transformers import AutoModelForCausalLM; "
+    code = ("import sys, mxfp4.cli; mxfp4.cli.hide_torchao_from_transformers(); from transformers import AutoModelForCausalLM; "
             "from trl import GRPOTrainer; import lm_eval.models.huggingface; print('torchao' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert out.strip().splitlines()[-1] == "False"

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mxfp4.report.stats import mean_ci, verdict, welch_diff
+from mxfp4.stats import mean_ci, verdict, welch_diff
 from mxfp4.report.claims import build_claims
 from mxfp4.report.compare import compare_rows
 

@@ -120,7 +120,7 @@ def test_a_correction_registered_from_outside_plugs_into_a_recipe():
         def __init__(self, k=1):
             self.k = k
 
-        def split(self, x, axis):
+        def split(self, x, axis, valid=None):
             mask = x.abs() > 3
             return mask, torch.where(mask, 0.0, x)
 
@@ -142,7 +142,7 @@ def test_outside_correction_and_recipe_files_plug_in_through_the_environment(tmp
         "class Clip(Correction):\n"
         "    def __init__(self, limit=3.0):\n"
         "        self.limit = limit\n"
-        "    def split(self, x, axis):\n"
+        "    def split(self, x, axis, valid=None):\n"
         "        mask = x.abs() > self.limit\n"
         "        return mask, torch.where(mask, 0.0, x)\n"
     )

@@ -88,7 +88,7 @@ def test_deadzone_is_below_amax_over_24_for_e2m1_with_ties_to_zero():
 
 
 def test_scale_bias_energy_exceeds_total_on_gaussian_so_cross_term_is_negative():
-    """DESIGN.md's warning: energies do not add up; the cross term must be reported."""
+    """docs/decomposition.md's warning: energies do not add up; the cross term must be reported."""
     s = decompose(torch.randn(256, 1024, generator=torch.Generator().manual_seed(0))).stats
     assert s["energy_scale"] > s["energy_total"]
     assert s["cross_term"] < 0

@@ -1,4 +1,4 @@
-"""Device safety of quantizers and corrections (DESIGN.md: every tensor made on its input's device).
+"""Device safety of quantizers and corrections (docs/design.md: every tensor made on its input's device).
 
 On CPU, ``audit_devices`` runs each on inputs posing as tensors of another device and fails on any
 op that mixes them with a tensor made on the CPU; the ``gpu``-marked tests run the same on CUDA and
@@ -176,7 +176,7 @@ def test_every_correction_on_cuda_equals_the_cpu(name, axis):
 @pytest.mark.parametrize("recipe", ["mxfp4", "mxfp4+macro", "mxfp4+fallback", "mxfp4+all"])
 def test_a_patched_model_trains_a_step_on_cuda_under_bf16_autocast(recipe):
     from mxfp4.rl.models import build_tiny
-    from mxfp4.rl.patching import patch_model
+    from mxfp4.nn import patch_model
 
     model, _ = build_tiny("tiny-dense", seed=0)
     model.cuda()

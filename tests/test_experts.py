@@ -11,9 +11,9 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
 from mxfp4.config.recipes import Recipe
 from mxfp4.numerics.quantizer import Quantizer
-from mxfp4.rl.experts import DispatchPlan
+from mxfp4.nn import DispatchPlan
 from mxfp4.rl.models import build_tiny
-from mxfp4.rl.patching import patch_model, patched_modules, unpatch_model
+from mxfp4.nn import patch_model, patched_modules, unpatch_model
 
 
 def slice_experts(num_experts=128, top_k=8, hidden=64, inter=32, tokens=72, seed=0):

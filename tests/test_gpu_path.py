@@ -13,7 +13,7 @@ from mxfp4.config.recipes import Recipe
 from mxfp4.rl.cell import plan_cell, rollout_record, rollout_settings, weight_snapshot, weight_update
 from mxfp4.rl.grpo import MXGRPOTrainer, mismatch_ledger, sample_blocks
 from mxfp4.rl.models import build_random, build_tiny
-from mxfp4.rl.patching import clear_weight_caches, gemm_context, patch_model
+from mxfp4.nn import clear_weight_caches, gemm_context, patch_model
 from mxfp4.rl.training import common_args
 from mxfp4.rl.vllm_weights import vllm_named_weights
 
@@ -27,8 +27,8 @@ def _one_step(model, tok, compute, lr=1e-6, steps=1, probe_every=0):
                       max_completion_length=8, top_k=0, beta=0.0, logging_steps=1, lr_scheduler_type="constant",
                       **common_args(0, compute=compute))
     data = Dataset.from_list([{"prompt": f"Question: {i}+1\nAnswer:"} for i in range(8)])
-    trainer = MXGRPOTrainer(model=model, reward_funcs=[_reward], args=args, train_dataset=data, processing_class=tok)
-    trainer.setup_mx([], probe_every=probe_every)
+    trainer = MXGRPOTrainer(model=model, reward_funcs=[_reward], args=args, train_dataset=data, processing_class=tok,
+                            probe_every=probe_every)
     trainer.train()
     return trainer
 

@@ -13,7 +13,7 @@ from trl import GRPOConfig, GRPOTrainer
 from mxfp4.corrections import Correction
 from mxfp4.rl.grpo import MXGRPOTrainer, StepLogger
 from mxfp4.rl.models import build_tiny
-from mxfp4.rl.patching import patch_model
+from mxfp4.nn import patch_model
 from mxfp4.rl.training import common_args
 from mxfp4.config.recipes import Recipe
 
@@ -77,8 +77,8 @@ def trained(tmp_path_factory):
     args = GRPOConfig(max_steps=2, learning_rate=1e-4, per_device_train_batch_size=4, num_generations=4,
                       max_completion_length=8, top_k=0, beta=0.0, logging_steps=1, **common_args(0))
     data = Dataset.from_list([{"prompt": f"Question: {i}+1\nAnswer:"} for i in range(8)])
-    trainer = MXGRPOTrainer(model=model, reward_funcs=[_reward], args=args, train_dataset=data, processing_class=tok)
-    trainer.setup_mx([rec], probe_every=1)
+    trainer = MXGRPOTrainer(model=model, reward_funcs=[_reward], args=args, train_dataset=data, processing_class=tok,
+                            corrections=[rec], probe_every=1)
     trainer.add_callback(StepLogger(trainer, tmp / "log.jsonl"))
     trainer.train()
     return trainer, rec, tmp / "log.jsonl"

@@ -12,7 +12,7 @@ from oracle import oracle_decode, oracle_quantize
 from mxfp4.config.recipes import Recipe
 from mxfp4.numerics.injection import ROWS, SITES, ComponentQuantizer, row_spec
 from mxfp4.rl.models import build_tiny
-from mxfp4.rl.patching import patch_model, unpatch_model
+from mxfp4.nn import patch_model, unpatch_model
 
 
 def oracle_mx(x: torch.Tensor, rule="floor") -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from mxfp4.numerics import reference
 from mxfp4.rl.grad_accuracy import gradient_accuracy
 from mxfp4.rl.models import build_tiny
-from mxfp4.rl.patching import patch_model, targets, unpatch_model
+from mxfp4.nn import patch_model, targets, unpatch_model
 from mxfp4.config.recipes import Recipe
 
 ARCHS = ["tiny-dense", "tiny-moe"]
@@ -119,7 +119,7 @@ def test_recipe_targets_keep_lm_head_and_router_high_precision_by_default():
 
 
 def test_quantized_weights_context_ships_the_quantized_values_and_restores_the_masters():
-    from mxfp4.rl.patching import quantized_weights
+    from mxfp4.nn import quantized_weights
 
     model, _ = build_tiny("tiny-moe", seed=2)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -137,7 +137,7 @@ def test_quantized_weights_context_ships_the_quantized_values_and_restores_the_m
 
 
 def test_patched_modules_show_their_recipe_and_state_is_public(tiny):
-    from mxfp4.rl.patching import gemm_context, patch_state
+    from mxfp4.nn import gemm_context, patch_state
 
     _, model, _ = tiny
     assert patch_state(model) is None
@@ -162,7 +162,7 @@ def test_patched_modules_show_their_recipe_and_state_is_public(tiny):
 
 def test_weight_only_recipe_generates_through_the_packed_w4a16_kernel_and_matches_fake_quant_weights():
     import mxfp4
-    from mxfp4.rl.patching import gemm_context, patched_modules
+    from mxfp4.nn import gemm_context, patched_modules
 
     model, tok = build_tiny("tiny-dense", seed=0)
     model = model.to(torch.bfloat16)
@@ -189,14 +189,14 @@ def test_weight_only_recipe_generates_through_the_packed_w4a16_kernel_and_matche
 
 def test_backward_quantizes_dy_along_both_axes_in_one_read_bit_identically(monkeypatch):
     import mxfp4
-    from mxfp4.rl import patching
+    from mxfp4.nn.linear import GemmContext
 
     layer = torch.nn.Linear(64, 96)
     patch_model(torch.nn.Sequential(layer), Recipe.named("mxfp4").quantizer())
     x = torch.randn(40, 64, generator=torch.Generator().manual_seed(0), requires_grad=True)
     dy = torch.randn(40, 96, generator=torch.Generator().manual_seed(1))
     calls = []
-    fused = patching.GemmContext.grad_both
+    fused = GemmContext.grad_both
 
     def counting(self, dy2):
         out = fused(self, dy2)
@@ -209,9 +209,9 @@ def test_backward_quantizes_dy_along_both_axes_in_one_read_bit_identically(monke
         return x.grad.clone(), layer.weight.grad.clone()
 
     with mxfp4.use_backend("triton"):
-        monkeypatch.setattr(patching.GemmContext, "grad_both", counting)
+        monkeypatch.setattr(GemmContext, "grad_both", counting)
         one_read = grads()
-        monkeypatch.setattr(patching.GemmContext, "grad_both", lambda self, dy2: None)
+        monkeypatch.setattr(GemmContext, "grad_both", lambda self, dy2: None)
         two_reads = grads()
     assert calls == [True]
     assert all(torch.equal(a, b) for a, b in zip(one_read, two_reads))

@@ -9,14 +9,15 @@ import torch
 from mxfp4.config.profiles import load_profile
 from mxfp4.numerics.injection import ROWS
 from mxfp4.rl.models import build_tiny
-from mxfp4.rl.pathways import FIELDS, Arm, _trainer, batch_gradient, policy_dir, row_quantizer, run_pathways
+from mxfp4.layout import Layout
+from mxfp4.rl.pathways import FIELDS, Arm, _trainer, batch_gradient, row_quantizer, run_pathways
 from mxfp4.rl.cell import run_cell
 from mxfp4.rl.grad_accuracy import compare
 
 
 @pytest.fixture(scope="module")
 def pathway_rows(smoke_results):
-    if not (policy_dir(smoke_results, "smoke", "tiny-dense", 0) / "config.json").exists():
+    if not (Layout(smoke_results, "smoke").policy("tiny-dense", 0) / "config.json").exists():
         run_cell("smoke", "tiny-dense", "bf16", 0, results=smoke_results)
     out = smoke_results / "smoke" / "pathways" / "tiny-dense" / "pathways.csv"
     rows = run_pathways("smoke", "tiny-dense", results=smoke_results, out_csv=out, progress=lambda m: None)
@@ -70,8 +71,7 @@ def test_gradient_arms_differ_from_the_unquantized_gradient_only_by_the_injectio
     trainer.reward_funcs = [_varied_reward]
     torch.manual_seed(0)
     inputs = [{"prompt": f"Question: {i}+1\nAnswer:", "answer": "0"} for i in range(2) for _ in range(profile.grpo.num_generations)]
-    with torch.no_grad():
-        batch = trainer._generate_and_score_completions(inputs)
+    batch = trainer.scored_batch(inputs)
     assert batch["advantages"].abs().max() > 0
     ref = batch_gradient(trainer, batch)
     again = batch_gradient(trainer, batch)

@@ -246,8 +246,3 @@ def config_hash(profile: Profile, model: str, recipe, seed: int) -> str:
     """Hash of exactly what determines a cell's result: the profile's setting for the model, the
     recipe, the seed and the code version; nothing about where results are written."""
     return _digest({"setting": profile.setting(model), "recipe": recipe.to_dict(), "seed": seed})
-
-
-def model_dir(results: Path | str, profile: str, model: str) -> Path:
-    """Where the profile's warm-started tiny model is saved."""
-    return Path(results) / profile / "models" / model

@@ -83,6 +83,12 @@ class Recipe(BaseModel):
         """Fresh correction objects (they carry run state such as AQN's sigma and fallback counts)."""
         return [corr.build(c) for c in self.corrections]
 
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a correction of this recipe steers toward the reference (bf16) cell of the same
+        model and seed, which must then run first (``Correction.needs_reference``)."""
+        return any(c.needs_reference for c in self.build_corrections())
+
     def quantizer(self, corrections: list | None = None) -> Quantizer | None:
         """The recipe's quantizer (None for a full-precision recipe); corrections built fresh unless given."""
         if not self.quantize:

@@ -5,13 +5,17 @@ Numerics hooks (composed by ``mxfp4.numerics.quantizer.Quantizer`` on every quan
 - ``block_quantizer(fmt, rule)``: replaces how each block is scaled and rounded (macro-block scaling);
   with ``fake_quantize(x, axis, fmt, rule)`` it may give the same values through the dispatch (the
   Triton kernels on CUDA);
-- ``split(x, axis)``: marks elements kept in high precision; the rest is quantized (outlier fallback).
+- ``split(x, axis, valid=None)``: marks elements kept in high precision; the rest is quantized
+  (outlier fallback);
+- ``blocks_per_group()`` / ``rows_per_group()``: how many blocks along the blocked axis, and rows
+  across it, the correction treats together (padding and probe samples keep such groups whole).
 
 Lifecycle hooks (called by the GRPO cell, which never names a correction):
 
 - ``bind(total_steps, seed)``: once, before training: the run's length and seed;
 - ``needs_reference`` / ``bind_reference(metrics)``: a correction that steers toward the BF16 run
-  (AQN's adaptive mode) gets the metrics of the bf16 cell of the same model and seed;
+  (AQN's adaptive mode) gets the metrics of the reference (bf16) cell of the same model and seed;
+  ``Recipe.needs_reference`` says so for a whole recipe;
 - ``rollout_context(model, step)``: a context manager around each rollout generation (AQN);
 - ``observe(metrics)``: after each logged step, with that step's metrics (reward, entropy, ...);
 - ``metrics()``: what the correction wants logged for the step (AQN's sigma), merged into the log;
@@ -45,14 +49,18 @@ class Correction:
         fake-quantizations (used where the dispatch runs Triton); None: use the block path."""
         return None
 
-    def split(self, x: torch.Tensor, axis: int):
+    def split(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None):
         """(mask of elements kept in high precision, x with them zeroed), or None for none.
-        A ``split`` that also takes ``valid=`` is told which elements are real when x holds zero
-        padding (grouped MoE experts), so that it counts only those."""
+        ``valid`` (broadcastable to x) marks the real elements when x holds zero padding (grouped
+        MoE experts), so that what a correction counts covers only those."""
         return None
 
     def blocks_per_group(self) -> int:
         """How many consecutive blocks along the blocked axis the correction treats together."""
+        return 1
+
+    def rows_per_group(self) -> int:
+        """How many rows across the blocked axis the correction treats together (2D tiles)."""
         return 1
 
     # lifecycle hooks ----------------------------------------------------------------------

@@ -68,6 +68,9 @@ class MacroBlockScaling(Correction):
     def blocks_per_group(self) -> int:
         return self.blocks
 
+    def rows_per_group(self) -> int:
+        return self.rows
+
     def block_quantizer(self, fmt, rule):
         fmt = get_format(fmt)
         elem = fmt.element

@@ -203,7 +203,7 @@ def decompose(
 
 
 def component_stats(d: Decomposition, shap: dict[str, float], counted: torch.Tensor | None = None) -> dict:
-    """Per-tensor statistics of a decomposition (see DESIGN.md, 'Statistics per tensor');
+    """Per-tensor statistics of a decomposition (see docs/decomposition.md, 'Statistics per tensor');
     fractions and means over the ``counted`` elements (all by default)."""
     error = d.error
     total = float(error.pow(2).sum())

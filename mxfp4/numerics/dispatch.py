@@ -5,6 +5,10 @@
   ``MXFP4_BACKEND=triton`` (or ``use_backend("triton")``), which on CPU needs ``TRITON_INTERPRET=1``
   set before the first import of the kernels; ``compiled`` asks for ``torch.compile`` of the reference.
 - Formats other than MXFP4 always use the reference (it runs on any device).
+
+``fast_path(x, fmt)`` is the one test of "do the Triton kernels run here"; the fused operations that
+exist only as kernels (the W4A16 GEMM, the device-side decomposition statistics) are offered here too,
+so no caller outside the kernel checks and benchmarks imports a Triton wrapper.
 """
 
 from __future__ import annotations
@@ -61,6 +65,11 @@ def backend_for(x: torch.Tensor, fmt: str | BlockFormat = "mxfp4") -> str:
     return wanted
 
 
+def fast_path(x: torch.Tensor, fmt: str | BlockFormat = "mxfp4") -> bool:
+    """Whether ``x`` in ``fmt`` goes to the Triton kernels (the fused paths below apply only then)."""
+    return backend_for(x, fmt) == "triton"
+
+
 def _kernels():
     from . import triton_kernels
 
@@ -114,3 +123,38 @@ def fake_quantize_with_stats(x, fmt="mxfp4", axis=-1, scale_rule=None) -> tuple[
     stats["deadzone_count"] = int(d.dead.sum())
     stats["saturation_count"] = int(d.saturated.sum())
     return d.quantized.to(x.dtype), stats
+
+
+def fake_quantize_both(x: torch.Tensor, fmt="mxfp4", scale_rule=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x fake-quantized along its rows, along its columns) of a 2D tensor: one read of x by the fused
+    kernel on the fast path, two fake-quantizations elsewhere (the same values, bit for bit)."""
+    if x.dim() != 2:
+        raise ValueError(f"fake_quantize_both takes a 2D tensor, got shape {tuple(x.shape)}")
+    if fast_path(x, fmt):
+        return _kernels().fake_quantize_both(x, scale_rule)
+    return fake_quantize(x, fmt, -1, scale_rule), fake_quantize(x, fmt, 0, scale_rule)
+
+
+def fused_stats(x: torch.Tensor, fmt="mxfp4", axis=-1, scale_rule=None) -> dict | None:
+    """The decomposition energies and counts of ``x`` as 0-dim device tensors (float32 arithmetic, no
+    host sync) from the fused kernel on the fast path; None elsewhere (use ``decompose``)."""
+    if not fast_path(x, fmt):
+        return None
+    return _kernels().fake_quantize_with_stats(x, axis, scale_rule)[1]
+
+
+def pack_weight(w: torch.Tensor, scale_rule=None):
+    """``w`` [N, K] quantized along K and packed for ``w4a16_matmul`` (fast path only)."""
+    if not fast_path(w, "mxfp4"):
+        raise ValueError("pack_weight runs the W4A16 kernels, which need a CUDA tensor (or MXFP4_BACKEND=triton "
+                         "with TRITON_INTERPRET=1); check dispatch.fast_path(w) first")
+    from . import triton_gemm
+
+    return triton_gemm.pack_weight(_kernels().quantize(w, -1, scale_rule))
+
+
+def w4a16_matmul(x: torch.Tensor, packed) -> torch.Tensor:
+    """``x @ dequantize(packed)^T`` by the W4A16 kernel (a weight from ``pack_weight``)."""
+    from . import triton_gemm
+
+    return triton_gemm.w4a16_matmul(x, packed)

@@ -1,7 +1,7 @@
 """Component injection: one error component of MXFP4 alone, or MXFP4 without it, as a quantizer.
 
 Because the split is exact as vectors (``MX(x) - x = e_scale + e_dead + e_grid``), each component
-can be applied to a GEMM operand by itself (DESIGN.md, "The pathway matrix"):
+can be applied to a GEMM operand by itself (docs/design.md, "The pathway matrix"):
 
     inject c   x + e_c           sufficiency: what that component alone does
     remove c   MX(x) - e_c       necessity: MXFP4 with a perfect correction of c

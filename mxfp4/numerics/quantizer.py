@@ -4,14 +4,13 @@
 the corrections' numerics hooks composed (high-precision elements split off first, the rest
 quantized by a correction's block quantizer or the format's own, through the one dispatch), and
 says which GEMMs of a linear layer it applies to. ``Recipe.quantizer()`` builds it; the model
-patcher (``mxfp4.rl.patching.patch_model``) takes it; ``decompose`` splits the error of exactly
-what it quantizes. The corrections are duck-typed here (see ``mxfp4.corrections.base``): the
-numerics layer does not import them.
+patcher (``mxfp4.nn.patch_model``) takes it; ``decompose`` splits the error of exactly what it
+quantizes. It calls only the hooks that ``mxfp4.corrections.base.Correction`` declares (the numerics
+layer does not import the corrections).
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 
 import torch
@@ -63,7 +62,6 @@ class Quantizer:
         if len(custom) > 1:
             raise ValueError("at most one correction may replace the block quantizer (e.g. one macro_block)")
         self._block_owner, self.block_quantizer = custom[0] if custom else (None, None)
-        self._split_takes_valid = [("valid" in inspect.signature(c.split).parameters) for c in self.corrections]
 
     @property
     def plain(self) -> bool:
@@ -80,8 +78,11 @@ class Quantizer:
     def token_alignment(self) -> int:
         """Rows along a blocked axis that one quantization group spans (the block size, times the
         blocks a correction groups): segments aligned to it never share a block or a group."""
-        groups = [c.blocks_per_group() for c in self.corrections if hasattr(c, "blocks_per_group")]
-        return self.fmt.block_size * math.lcm(1, *groups)
+        return self.fmt.block_size * math.lcm(1, *[c.blocks_per_group() for c in self.corrections])
+
+    def row_alignment(self) -> int:
+        """Rows across the blocked axis that one quantization group spans (a 2D macro-block tile's rows)."""
+        return math.lcm(1, *[c.rows_per_group() for c in self.corrections])
 
     def __repr__(self) -> str:
         corr = ", ".join(c.name for c in self.corrections) or "none"
@@ -92,8 +93,8 @@ class Quantizer:
 
     def _split(self, x, axis, valid=None):
         mask = None
-        for c, takes_valid in zip(self.corrections, self._split_takes_valid):
-            part = c.split(x, axis, valid=valid) if (takes_valid and valid is not None) else c.split(x, axis)
+        for c in self.corrections:
+            part = c.split(x, axis, valid=valid)
             if part is not None:
                 mask = part[0] if mask is None else mask | part[0]
         if mask is None:
@@ -116,7 +117,7 @@ class Quantizer:
         """x through the block-replacing correction: where the dispatch runs Triton and the
         correction can express itself as fake-quantizations of rescaled tensors (macro-block's
         ``fake_quantize``), through the kernels; else the reference block path (identical values)."""
-        if dispatch.backend_for(x, self.fmt) == "triton":
+        if dispatch.fast_path(x, self.fmt):
             q = self._block_owner.fake_quantize(x, axis, self.fmt, self.scale_rule)
             if q is not None:
                 return q
@@ -138,11 +139,9 @@ class Quantizer:
         """The decomposition energies and counts of ``x`` from the fused Triton kernel (float32
         arithmetic, 0-dim device tensors, no host sync) where it applies: a tensor the dispatch
         sends to Triton (CUDA), MXFP4, no correction. None otherwise (use ``decompose``)."""
-        if not self.plain or dispatch.backend_for(x, self.fmt) != "triton":
+        if not self.plain:
             return None
-        from . import triton_kernels
-
-        return triton_kernels.fake_quantize_with_stats(x, axis, self.scale_rule)[1]
+        return dispatch.fused_stats(x, self.fmt, axis, self.scale_rule)
 
     def cost(self) -> dict:
         total = {"extra_bits_per_element": 0.0, "bf16_fraction": 0.0}

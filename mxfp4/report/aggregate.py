@@ -1,5 +1,5 @@
 """Aggregate cells into tidy CSVs: one row per cell, one per cell-step, and per (model, recipe) means
-with 95% t intervals over seeds (``mxfp4.report.stats``)."""
+with 95% t intervals over seeds (``mxfp4.stats``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..io import atomic_path
-from .stats import mean_ci
+from ..layout import TRAIN_LOG, Layout
+from ..stats import mean_ci
 
 CELL_METRICS = [
     "gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_reward", "mean_rollout_accuracy", "mean_entropy",
@@ -27,7 +28,7 @@ STEP_KEYS = {
 def read_cells(results: Path | str, profile: str) -> tuple[list[dict], list[dict]]:
     """(one row per cell, one row per cell-step) from every metrics.json and train_log.jsonl."""
     cells, steps = [], []
-    root = Path(results) / profile / "cells"
+    root = Layout(results, profile).cells
     for metrics in sorted(root.glob("*/*/seed*/metrics.json")):
         m = json.loads(metrics.read_text())
         row = {"profile": profile, "model": m["model"], "recipe": m["recipe"], "seed": m["seed"]}
@@ -40,7 +41,7 @@ def read_cells(results: Path | str, profile: str) -> tuple[list[dict], list[dict
         row["config_hash"] = m.get("config_hash")
         row["setting_hash"] = m.get("setting_hash")
         cells.append(row)
-        for line in (metrics.parent / "train_log.jsonl").read_text().splitlines():
+        for line in (metrics.parent / TRAIN_LOG).read_text().splitlines():
             s = json.loads(line)
             steps.append({"model": m["model"], "recipe": m["recipe"], "seed": m["seed"], "step": s["step"],
                           **{k: s.get(src) for k, src in STEP_KEYS.items()}})
@@ -51,7 +52,7 @@ def read_items(results: Path | str, profile: str) -> list[dict]:
     """One row per (cell, GSM8K problem) from lm-eval's per-sample output: strict and flexible
     correctness, with lm-eval's ``doc_id`` and ``doc_hash`` (two runs pair a problem on both)."""
     items = []
-    root = Path(results) / profile / "cells"
+    root = Layout(results, profile).cells
     for metrics in sorted(root.glob("*/*/seed*/metrics.json")):
         m = json.loads(metrics.read_text())
         by_doc: dict[int, dict] = {}

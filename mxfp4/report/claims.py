@@ -23,7 +23,8 @@ from statsmodels.stats.multitest import multipletests
 
 from ..io import write_text_atomic
 from .aggregate import read_csv
-from .stats import paired_diff
+from ..layout import REFERENCE_RECIPE
+from ..stats import paired_diff
 
 ALPHA = 0.05
 POWER = 0.80
@@ -135,7 +136,7 @@ def indirect_rows(cells: list[dict], model: str) -> list[dict]:
          "grad cosine: mxfp4+macro minus mxfp4 (macro-block scaling cuts scale bias)"),
         ("mxfp4+fallback", "mxfp4", "mean_rollout_accuracy", +1, MECHANISMS["rollout"][1],
          "rollout accuracy: mxfp4+fallback minus mxfp4 (outlier fallback restores deadzone entries)"),
-        ("mxfp4", "bf16", "mean_entropy", +1, "MXFP4 raises policy entropy (grid noise and the rest together)",
+        ("mxfp4", REFERENCE_RECIPE, "mean_entropy", +1, "MXFP4 raises policy entropy (grid noise and the rest together)",
          "policy entropy: mxfp4 minus bf16"),
     ]
     for a, b, metric, direction, claim, measure in specs:
@@ -144,7 +145,7 @@ def indirect_rows(cells: list[dict], model: str) -> list[dict]:
             continue
         out.append(_row(claim, model, "indirect (correction, cells)", measure, d, _signed_p(d, direction),
                         f"paired t over seeds (n={d['n']}), one-sided", effect_for_n=d["diff"] * direction))
-    target = _by_seed(cells, model, "bf16", "mean_entropy")
+    target = _by_seed(cells, model, REFERENCE_RECIPE, "mean_entropy")
     for recipe in ("mxfp4+aqn", "mxfp4+aqn-adaptive"):
         def gap(vals, seeds):
             return [abs(v - target[s]) for v, s in zip(vals, seeds)]
@@ -159,7 +160,7 @@ def indirect_rows(cells: list[dict], model: str) -> list[dict]:
 
 
 def recovery_row(cells: list[dict], model: str) -> dict | None:
-    d = _paired_cells(cells, model, "mxfp4+all", "bf16", "gsm8k_strict_accuracy")
+    d = _paired_cells(cells, model, "mxfp4+all", REFERENCE_RECIPE, "gsm8k_strict_accuracy")
     if d["n"] == 0:
         return None
     if is_moe(model):

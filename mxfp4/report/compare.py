@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ..io import write_text_atomic
 from .aggregate import read_cells, read_csv, read_items
-from .stats import HIGHER_IS_BETTER, paired_diff, verdict, welch_diff
+from ..layout import REFERENCE_RECIPE
+from ..stats import HIGHER_IS_BETTER, paired_diff, verdict, welch_diff
 
 COMPARED = ["gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_rollout_accuracy", "mean_entropy",
             "mean_grad_cosine", "mean_grad_rel_norm_error", "step_time_vs_bf16", "mean_step_time"]
@@ -22,7 +23,7 @@ HIGHER_IS_BETTER = {**HIGHER_IS_BETTER, "step_time_vs_bf16": False}
 def with_time_ratio(cells: list[dict]) -> list[dict]:
     """Each cell with ``step_time_vs_bf16``: its mean step time over the bf16 cell's of the same run,
     model and seed (None where that run has no such bf16 cell)."""
-    bf16 = {(c["model"], c["seed"]): c.get("mean_step_time") for c in cells if c["recipe"] == "bf16"}
+    bf16 = {(c["model"], c["seed"]): c.get("mean_step_time") for c in cells if c["recipe"] == REFERENCE_RECIPE}
     out = []
     for c in cells:
         ref, t = bf16.get((c["model"], c["seed"])), c.get("mean_step_time")

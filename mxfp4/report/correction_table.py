@@ -9,7 +9,7 @@ from ..numerics.decompose import pool_stats
 from ..numerics.distributions import sample
 from ..numerics.quantizer import Quantizer
 from ..rl.models import TINY_ARCHS
-from ..rl.patching import gemm_weights, targets
+from ..nn import gemm_weights, targets
 
 TABLE_CORRECTIONS = [
     {"name": "macro_block", "blocks": 4},

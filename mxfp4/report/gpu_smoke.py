@@ -14,6 +14,8 @@ import json
 import statistics
 from pathlib import Path
 
+from ..layout import REFERENCE_RECIPE, TRAIN_LOG, Layout
+
 TARGETS = {"mxfp4": 1.3, "mxfp4+fallback": 1.6, "mxfp4+macro": 1.4}
 
 
@@ -29,7 +31,7 @@ def recipe_record(cell: Path, log: Path | None) -> dict:
         tail = log.read_text()[-2000:] if log is not None and log.exists() else "no log"
         return {"status": "failed", "log_tail": tail}
     m = json.loads(metrics.read_text())
-    rows = [json.loads(line) for line in (cell / "train_log.jsonl").read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in (cell / TRAIN_LOG).read_text().splitlines() if line.strip()]
     step, n = _median_after_first(rows, "step_time")
     gen, _ = _median_after_first(rows, "rollout_time")
     probe = [r["probe_time"] for r in rows if r.get("probe_time")]
@@ -41,10 +43,9 @@ def recipe_record(cell: Path, log: Path | None) -> dict:
 
 
 def report(results: Path | str, profile: str, model: str, recipes: list[str], seed: int = 0) -> dict:
-    root = Path(results) / profile
-    per = {r: recipe_record(root / "cells" / model / r / f"seed{seed}", root / "logs" / f"cell_{model}_{r}_seed{seed}.log")
-           for r in recipes}
-    base = per.get("bf16", {})
+    layout = Layout(results, profile)
+    per = {r: recipe_record(layout.cell(model, r, seed), layout.cell_log(model, r, seed)) for r in recipes}
+    base = per.get(REFERENCE_RECIPE, {})
     for name, rec in per.items():
         if rec["status"] != "ok" or base.get("status") != "ok":
             continue
@@ -54,7 +55,7 @@ def report(results: Path | str, profile: str, model: str, recipes: list[str], se
         if name in TARGETS and "step_time_vs_bf16" in rec:
             rec["target_step_time_vs_bf16"] = TARGETS[name]
             rec["meets_target"] = rec["step_time_vs_bf16"] <= TARGETS[name]
-    some = next((json.loads((root / "cells" / model / r / f"seed{seed}" / "metrics.json").read_text())
+    some = next((json.loads((layout.cell(model, r, seed) / "metrics.json").read_text())
                  for r in recipes if per[r]["status"] == "ok"), {})
     return {"profile": profile, "model": model, "seed": seed, "device": some.get("device"),
             "versions": some.get("versions"), "git_commit": some.get("git_commit"),

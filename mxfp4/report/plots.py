@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ..layout import REFERENCE_RECIPE  # noqa: E402
+
 COLORS = {"scale": "#d62728", "dead": "#1f77b4", "grid": "#2ca02c", "cross": "#7f7f7f"}
 
 
@@ -60,7 +62,7 @@ def decomposition_shares(proofs_json: Path | str, out_stem: Path | str) -> list[
     return save(fig, out_stem)
 
 
-RECIPE_COLORS = {"bf16": "#000000", "mxfp4": "#d62728", "mxfp4+macro": "#ff7f0e", "mxfp4+fallback": "#1f77b4",
+RECIPE_COLORS = {REFERENCE_RECIPE: "#000000", "mxfp4": "#d62728", "mxfp4+macro": "#ff7f0e", "mxfp4+fallback": "#1f77b4",
                  "mxfp4+aqn": "#9467bd", "mxfp4+all": "#2ca02c"}
 
 
@@ -131,7 +133,7 @@ def training_curves(steps_csv: Path | str, out_stem: Path | str) -> list[Path]:
 def accuracy_bars(cells_csv: Path | str, out_stem: Path | str) -> list[Path]:
     """GSM8K strict accuracy per recipe with 95% t intervals over seeds, BF16 as a reference line."""
     from .aggregate import read_csv
-    from .stats import mean_ci
+    from ..stats import mean_ci
 
     rows = read_csv(cells_csv)
     models = sorted({r["model"] for r in rows})
@@ -144,7 +146,7 @@ def accuracy_bars(cells_csv: Path | str, out_stem: Path | str) -> list[Path]:
                 continue
             err = [[s["mean"] - s["ci_low"]], [s["ci_high"] - s["mean"]]] if s["ci_low"] is not None else None
             ax.bar(i, s["mean"], yerr=err, color=_color(recipe, i), capsize=4)
-            if recipe == "bf16":
+            if recipe == REFERENCE_RECIPE:
                 ax.axhline(s["mean"], color="k", ls="--", lw=0.8, label="bf16 mean")
         ax.set_xticks(range(len(recipes)), recipes, rotation=25, ha="right", fontsize=8)
         ax.set_ylabel("GSM8K strict-match accuracy")

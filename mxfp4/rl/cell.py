@@ -29,14 +29,15 @@ from pathlib import Path
 import torch
 
 from ..config import REPO_ROOT
-from ..config.profiles import Profile, config_hash, load_profile, model_dir, setting_hash
+from ..config.profiles import Profile, config_hash, load_profile, setting_hash
 from ..config.recipes import Recipe
 from ..io import write_json_atomic
+from ..layout import REFERENCE_RECIPE, TRAIN_LOG, Layout
 from ..numerics.decompose import COMPONENTS, SUMMARY_KEYS, pool_stats
 from . import data as gsm
 from .models import RANDOM_PREFIX
-from .patching import gemm_weights, patch_model, patch_state, patched_modules
-from .training import common_args
+from ..nn import gemm_weights, patch_model, patch_state, patched_modules
+from .training import grpo_config
 
 
 def accuracy_reward(completions, answer, **kwargs) -> list[float]:
@@ -69,14 +70,14 @@ def rollout_settings(grpo, recipe) -> dict:
 
 def rollout_record(trainer, recipe) -> dict:
     """What actually generated the rollouts (read back from the trainer, not from the request)."""
-    vllm = bool(getattr(trainer, "use_vllm", False))
+    vllm = trainer.uses_vllm
     if not recipe.quantize:
         precision = "full precision"
     elif vllm or not recipe.activations:
         precision = "W4A16 (the recipe's quantized weights)"
     else:
         precision = "W4A4 (the training forward)"
-    applied = vllm and bool(getattr(trainer, "vllm_importance_sampling_correction", False))
+    applied = trainer.truncated_is_applied
     return {"backend": "vllm" if vllm else "hf", "precision": precision,
             "truncated_is_cap": recipe.truncated_is_cap if applied else None,
             "truncated_is_requested": recipe.truncated_is_cap}
@@ -100,13 +101,9 @@ def git_commit() -> str | None:
         return None
 
 
-def cell_dir(results: Path | str, profile: str, model: str, recipe: str, seed: int) -> Path:
-    return Path(results) / profile / "cells" / model / recipe / f"seed{seed}"
-
-
 @dataclass
 class CellPlan:
-    """A cell's inputs, every one checked: what ``run_cell`` needs before it writes anything."""
+    """A cell's inputs, every one checked: what ``execute`` needs before it writes anything."""
 
     profile: Profile
     model: str
@@ -114,7 +111,14 @@ class CellPlan:
     seed: int
     results: Path
     model_ref: str
-    out: Path
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.results, self.profile.name)
+
+    @property
+    def out(self) -> Path:
+        return self.layout.cell(self.model, self.recipe.name, self.seed)
 
 
 def plan_cell(profile_name: str, model_name: str, recipe_name: str, seed: int, results: Path | str = "results",
@@ -126,7 +130,7 @@ def plan_cell(profile_name: str, model_name: str, recipe_name: str, seed: int, r
     spec = profile.model(model_name)
     recipe = Recipe.named(recipe_name, recipes_file)
     if spec.arch:
-        folder = model_dir(results, profile_name, model_name)
+        folder = Layout(results, profile_name).model(model_name)
         if not (folder / "config.json").exists():
             raise ValueError(f"the tiny model {model_name!r} of profile {profile_name!r} has not been warm-started "
                              f"({folder} has no config.json); make it with: mxfp4 pretrain --profile {profile_name} "
@@ -138,8 +142,7 @@ def plan_cell(profile_name: str, model_name: str, recipe_name: str, seed: int, r
         model_ref = spec.hub
     if profile.data.source == "gsm8k":
         gsm.validate_gsm8k_dir(gsm8k_folder(profile))
-    return CellPlan(profile, model_name, recipe, seed, Path(results), model_ref,
-                    cell_dir(results, profile_name, model_name, recipe_name, seed))
+    return CellPlan(profile, model_name, recipe, seed, Path(results), model_ref)
 
 
 def gsm8k_folder(profile: Profile) -> Path:
@@ -155,7 +158,7 @@ def cell_data(profile: Profile, results: Path | str) -> tuple[list[dict], Path]:
     d = profile.data
     if d.source == "embedded":
         train = gsm.embedded_split("train", d.n_train, seed=0, max_steps=d.max_problem_steps)
-        folder = Path(results) / profile.name / "data"
+        folder = Layout(results, profile.name).data
         if not (folder / "test.jsonl").exists():
             gsm.write_jsonl(gsm.embedded_split("train", 64, seed=1, max_steps=d.max_problem_steps), folder / "train.jsonl")
             gsm.write_jsonl(gsm.embedded_split("test", d.n_eval, seed=0, max_steps=d.max_problem_steps), folder / "test.jsonl")
@@ -171,44 +174,55 @@ def run_cell(profile_name: str, model_name: str, recipe_name: str, seed: int, re
     return execute(plan)
 
 
-def grpo_config(plan: CellPlan, checkpoints: Path, processes: int = 1):
+def grpo_args(plan: CellPlan, checkpoints: Path, processes: int = 1):
     """TRL's GRPOConfig of a cell: the profile's GRPO settings, its precision (fp32 masters, bf16
     autocast when the model computes in bf16), micro-batches with gradient accumulation, gradient
     checkpointing, checkpoints every ``save_steps`` (if set) under ``checkpoints``, the rollout backend."""
-    from trl import GRPOConfig
-
     grpo, spec = plan.profile.grpo, plan.profile.model(plan.model)
     micro, accumulation = grpo.accumulation(processes)
-    return GRPOConfig(
-        max_steps=grpo.max_steps,
-        learning_rate=grpo.learning_rate,
-        lr_scheduler_type="constant",
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=accumulation,
-        num_generations=grpo.num_generations,
-        max_completion_length=grpo.max_completion_length,
-        temperature=grpo.temperature,
-        top_k=0,
-        beta=grpo.beta,
-        loss_type=grpo.loss_type,
-        router_aux_loss_coef=grpo.router_aux_loss_coef,
-        logging_steps=1,
-        **common_args(plan.seed, compute=spec.compute, output_dir=checkpoints if grpo.save_steps else None,
-                      save_steps=grpo.save_steps, gradient_checkpointing=grpo.gradient_checkpointing),
-        **rollout_settings(grpo, plan.recipe),
-    )
+    return grpo_config(grpo, plan.seed, micro_batch=micro, accumulation=accumulation, compute=spec.compute,
+                       output_dir=checkpoints if grpo.save_steps else None, save_steps=grpo.save_steps,
+                       gradient_checkpointing=grpo.gradient_checkpointing, rollout=rollout_settings(grpo, plan.recipe))
+
+
+@dataclass
+class CellRun:
+    """A cell under way: what ``prepare`` set up for ``train``, ``evaluate`` and ``record``."""
+
+    plan: CellPlan
+    dist: object  # accelerate's PartialState
+    started: float
+    config_hash: str
+    log_path: Path
+    checkpoints: Path
+    resume: Path | None
+    model: torch.nn.Module
+    tokenizer: object
+    corrections: list
+    trainer: object = None
+    eval_folder: Path | None = None
+    resumed_from: int | None = None
 
 
 def execute(plan: CellPlan) -> dict | None:
+    """Run a planned cell: prepare, train, evaluate, record (the main process returns the metrics)."""
+    run = prepare(plan)
+    trained = train(run)
+    scores = evaluate(run)
+    return record(run, trained, scores)
+
+
+def prepare(plan: CellPlan) -> CellRun:
+    """The process group, the resume point, the seeded model patched with the recipe, its
+    corrections bound, the data, and TRL's trainer."""
     from accelerate import PartialState
     from datasets import Dataset
     from transformers import set_seed
 
-    from .evaluate import evaluate_gsm8k, hf_lm
     from .grpo import MXGRPOTrainer, StepLogger, last_checkpoint, resume_state
     from .models import load
 
-    t_start = time.time()
+    started = time.time()
     dist = PartialState(cpu=not torch.cuda.is_available())  # one process, or the ranks the launcher started
     profile, recipe, seed, out = plan.profile, plan.recipe, plan.seed, plan.out
     spec, grpo = profile.model(plan.model), profile.grpo
@@ -218,7 +232,7 @@ def execute(plan: CellPlan) -> dict | None:
                          f"(accelerate launch --config_file experiments/accelerate/{spec.launch} ...) or fix processes")
     c_hash = config_hash(profile, plan.model, recipe, seed)
     out.mkdir(parents=True, exist_ok=True)
-    log_path, checkpoints = out / "train_log.jsonl", out / "checkpoints"
+    log_path, checkpoints = out / TRAIN_LOG, out / "checkpoints"
     resume = last_checkpoint(checkpoints, c_hash) if grpo.save_steps else None
     dist.wait_for_everyone()
     if dist.is_main_process:
@@ -231,59 +245,78 @@ def execute(plan: CellPlan) -> dict | None:
     corrections = recipe.build_corrections()
     for c in corrections:
         c.bind(total_steps=grpo.max_steps, seed=seed)
-    if any(c.needs_reference for c in corrections):
-        reference = cell_dir(plan.results, profile.name, plan.model, "bf16", seed) / "metrics.json"
+    if recipe.needs_reference:
+        reference = plan.layout.cell(plan.model, REFERENCE_RECIPE, seed) / "metrics.json"
         if not reference.exists():
-            raise ValueError(f"recipe {recipe.name!r} steers toward the bf16 cell of the same model and seed, which has not "
-                             f"run ({reference} missing); run that cell first")
+            raise ValueError(f"recipe {recipe.name!r} steers toward the {REFERENCE_RECIPE} cell of the same model and "
+                             f"seed, which has not run ({reference} missing); run that cell first")
         for c in corrections:
             c.bind_reference(json.loads(reference.read_text()))
     patch_model(model, recipe.quantizer(corrections), cache_weights=not spec.sharded)
+    run = CellRun(plan, dist, started, c_hash, log_path, checkpoints, resume, model, tokenizer, corrections)
 
-    train, eval_folder = cell_data(profile, plan.results)
-    dataset = Dataset.from_list([{"prompt": gsm.PROMPT.format(question=r["question"]), "answer": r["answer"]} for r in train])
-    config = grpo_config(plan, checkpoints, dist.num_processes)
-    trainer = MXGRPOTrainer(model=model, reward_funcs=[accuracy_reward], args=config, train_dataset=dataset,
-                            processing_class=tokenizer)
-    trainer.setup_mx(corrections, profile.probe_every, profile.probe_rows)
-    trainer.add_callback(StepLogger(trainer, log_path, config_hash=c_hash))
-    resumed_from = None
+    train_rows, run.eval_folder = cell_data(profile, plan.results)
+    dataset = Dataset.from_list([{"prompt": gsm.PROMPT.format(question=r["question"]), "answer": r["answer"]}
+                                 for r in train_rows])
+    run.trainer = MXGRPOTrainer(model=model, reward_funcs=[accuracy_reward], args=grpo_args(plan, checkpoints, dist.num_processes),
+                                train_dataset=dataset, processing_class=tokenizer, corrections=corrections,
+                                probe_every=profile.probe_every, probe_rows=profile.probe_rows)
+    run.trainer.add_callback(StepLogger(run.trainer, log_path, config_hash=c_hash))
     if resume is not None:
-        resumed_from = resume_state(resume, log_path if dist.is_main_process else None, corrections)
-        print(f"resuming {out} from {resume} (step {resumed_from} of {grpo.max_steps})", flush=True)
-    t_train = time.time()
-    snapshot = weight_snapshot(model)  # the initial weights (a resumed run loads its checkpoint inside train)
-    trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
-    train_seconds = time.time() - t_train
-    update = weight_update(model, snapshot)
-    digests = weight_digests(trainer)
-    if not recipe.quantize:
-        save_policy(trainer, tokenizer, out / "policy")
+        run.resumed_from = resume_state(resume, log_path if dist.is_main_process else None, corrections)
+        print(f"resuming {out} from {resume} (step {run.resumed_from} of {grpo.max_steps})", flush=True)
+    return run
 
-    ev = profile.eval
-    model.eval()
-    lm = hf_lm(model, tokenizer, batch_size=ev.batch_size)  # every rank evaluates its share of the problems
-    scores = evaluate_gsm8k(lm, eval_folder, num_fewshot=ev.num_fewshot, limit=ev.limit, max_gen_toks=ev.max_gen_toks,
-                            output_dir=out / "eval", seed=seed)
-    metrics = None  # the main process reports
+
+def train(run: CellRun) -> dict:
+    """GRPO (from the resume point, if any); how far the weights moved, their digests, the training
+    time; the reference recipe's policy saved for the pathway matrix."""
+    t_train = time.time()
+    snapshot = weight_snapshot(run.model)  # the initial weights (a resumed run loads its checkpoint inside train)
+    run.trainer.train(resume_from_checkpoint=str(run.resume) if run.resume is not None else None)
+    trained = {"train_seconds": time.time() - t_train, "weight_update": weight_update(run.model, snapshot),
+               "weight_digests": weight_digests(run.trainer)}
+    if not run.plan.recipe.quantize:
+        save_policy(run.trainer, run.tokenizer, run.plan.out / "policy")
+    return trained
+
+
+def evaluate(run: CellRun) -> dict:
+    """GSM8K through lm-eval on the in-memory (quantized) policy; every rank evaluates its share."""
+    from .evaluate import evaluate_gsm8k, hf_lm
+
+    ev = run.plan.profile.eval
+    run.model.eval()
+    lm = hf_lm(run.model, run.tokenizer, batch_size=ev.batch_size)
+    return evaluate_gsm8k(lm, run.eval_folder, num_fewshot=ev.num_fewshot, limit=ev.limit, max_gen_toks=ev.max_gen_toks,
+                          output_dir=run.plan.out / "eval", seed=run.plan.seed)
+
+
+def record(run: CellRun, trained: dict, scores: dict) -> dict | None:
+    """metrics.json (main process, written atomically), then the checkpoints removed: the cell is
+    complete. The main process returns the metrics, the others None."""
+    plan, dist = run.plan, run.dist
+    profile, recipe, spec = plan.profile, plan.recipe, plan.profile.model(plan.model)
+    metrics = None
     if dist.is_main_process:
-        metrics = summarize(log_path, scores, model, patch_state(model).quantizer, corrections, profile.probe_rows)
+        metrics = summarize(run.log_path, scores, run.model, patch_state(run.model).quantizer, run.corrections,
+                            profile.probe_rows)
         metrics.update(
-            profile=profile.name, model=plan.model, recipe=recipe.name, seed=seed,
-            wall_time_seconds=time.time() - t_start, train_seconds=train_seconds,
-            rollout=rollout_record(trainer, recipe),
+            profile=profile.name, model=plan.model, recipe=recipe.name, seed=plan.seed,
+            wall_time_seconds=time.time() - run.started, train_seconds=trained["train_seconds"],
+            rollout=rollout_record(run.trainer, recipe),
             precision={"master_weights": "float32", "compute": spec.compute},
-            world_size=dist.num_processes, weight_digests=digests, resumed_from_step=resumed_from,
-            weight_update=update,
-            config={"recipe": recipe.to_dict(), "grpo": grpo.model_dump(), "data": profile.data.model_dump(),
-                    "eval": ev.model_dump(), "model": spec.model_dump()},
-            config_hash=c_hash,
+            world_size=dist.num_processes, weight_digests=trained["weight_digests"], resumed_from_step=run.resumed_from,
+            weight_update=trained["weight_update"],
+            config={"recipe": recipe.to_dict(), "grpo": profile.grpo.model_dump(), "data": profile.data.model_dump(),
+                    "eval": profile.eval.model_dump(), "model": spec.model_dump()},
+            config_hash=run.config_hash,
             setting_hash=setting_hash(profile, plan.model),
             versions=versions(), git_commit=git_commit(),
             device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         )
-        write_json_atomic(out / "metrics.json", metrics)
-        shutil.rmtree(checkpoints, ignore_errors=True)  # the cell is complete: nothing to resume
+        write_json_atomic(plan.out / "metrics.json", metrics)
+        shutil.rmtree(run.checkpoints, ignore_errors=True)  # the cell is complete: nothing to resume
     dist.wait_for_everyone()
     return metrics
 

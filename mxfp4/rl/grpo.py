@@ -22,7 +22,7 @@ without it is incomplete), from which ``resume_state`` restores a killed cell.
 
 Every touch of TRL's private API is in the block marked "TRL INTERNALS" below, and
 ``tests/test_grpo_internals.py`` exercises each of them against the TRL version pinned in
-``constraints.txt``.
+``constraints.txt`` and checks that no other module of the package names them.
 """
 
 from __future__ import annotations
@@ -40,10 +40,11 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
+from ..layout import TRAIN_LOG
 from ..numerics.decompose import SUMMARY_KEYS, pool_stats
 from .grad_accuracy import compare
 from .vllm_weights import vllm_named_weights
-from .patching import bypassed, clear_weight_caches, gemm_weights, patch_state, patched_modules, quantized_weights, set_probe
+from ..nn import bypassed, clear_weight_caches, gemm_weights, patch_state, patched_modules, quantized_weights, set_probe
 
 
 def synced_clock() -> float:
@@ -81,7 +82,7 @@ def sample_blocks(t: torch.Tensor, axis: int, rows: int, quantizer=None, groups:
     unit, row_unit = 32, 1
     if quantizer is not None:
         unit = quantizer.token_alignment()
-        row_unit = math.lcm(1, *[getattr(c, "rows", 1) for c in quantizer.corrections])
+        row_unit = quantizer.row_alignment()
     axis = axis % t.dim()
     t2 = t.movedim(axis, -1).reshape(-1, t.shape[axis])
     v2 = None if valid is None else valid.expand_as(t).movedim(axis, -1).reshape(-1, t.shape[axis])
@@ -167,11 +168,14 @@ def probe_layers(model) -> set[str]:
 class MXGRPOTrainer(GRPOTrainer):
     """GRPOTrainer with the recipe's corrections' lifecycle hooks and the gradient/decomposition probes.
 
-    Build it as TRL's trainer, then call ``setup_mx(corrections, probe_every)`` once. The quantizer
-    is read from the patched model (``patch_state``).
+    Built as TRL's trainer, with three options of its own: ``corrections`` (the recipe's correction
+    objects, whose lifecycle hooks it calls), ``probe_every`` (steps between probes; 0: never) and
+    ``probe_rows``. The quantizer is read from the patched model (``patch_state``). Outside a
+    training run, ``scored_batch`` and ``batch_loss`` give the pathway matrix TRL's own batches and loss.
     """
 
-    def setup_mx(self, corrections, probe_every: int, probe_rows: int = 4096):
+    def __init__(self, *args, corrections=(), probe_every: int = 0, probe_rows: int = 4096, **kwargs):
+        super().__init__(*args, **kwargs)
         state = patch_state(self.model)
         self.mx_corrections = list(corrections)
         self.mx_quantizer = state.quantizer if state is not None else None
@@ -183,15 +187,27 @@ class MXGRPOTrainer(GRPOTrainer):
         self.mx_rollout_seconds = 0.0
         self._mx_probed_step = None
         self.add_callback(WeightCacheReset(self))
-        if getattr(self, "use_vllm", False) and self.mx_quantizer is not None:
+        if self.uses_vllm and self.mx_quantizer is not None:
             self._push_quantized_weights_to_vllm()
 
+    def begin_step(self) -> None:
+        """Start a step's accounting: probe and rollout seconds from zero."""
+        self.mx_probe_seconds = self.mx_rollout_seconds = 0.0
+
+    def take_step_metrics(self) -> dict:
+        """The metrics the probes and the ledger gathered since the last call (then forgotten)."""
+        metrics, self.mx_step_metrics = self.mx_step_metrics, {}
+        return metrics
+
     # ---------------------------------------------------------------- TRL INTERNALS (begin)
-    # Four places use TRL's private API (pinned in constraints.txt; tests/test_grpo_internals.py):
+    # Every use of TRL's private API is in this block (pinned in constraints.txt; checked by
+    # tests/test_grpo_internals.py, which also checks that no other module names them):
     # 1. ``_generate_and_score_completions``: the one method that generates a step's rollouts; it is
-    #    wrapped so the corrections' rollout contexts (AQN's noise) hold during generation only.
+    #    wrapped so the corrections' rollout contexts (AQN's noise) hold during generation only, and
+    #    called by ``scored_batch``.
     # 2. ``_metrics`` and ``_entropy_window_stats``: TRL's per-step metric buffers; the probe's
-    #    passes call ``compute_loss`` again, so they are saved and restored around each.
+    #    passes and ``batch_loss`` call ``compute_loss`` again, so they are saved and restored around each.
+    #    ``current_gradient_accumulation_steps``, which TRL's training loop sets and the loss reads.
     # 3. ``vllm_generation.sync_weights``: TRL's weight push to vLLM, wrapped to ship the recipe's
     #    quantized weights (same names and shapes) instead of the master weights; and
     #    ``vllm_generation._iter_named_params``, the (name, tensor) stream it pushes, mapped to the
@@ -199,6 +215,30 @@ class MXGRPOTrainer(GRPOTrainer):
     # 4. ``_get_per_token_logps_and_entropies`` and the keys of the dict that
     #    ``_generate_and_score_completions`` returns (prompt/completion ids and masks, vLLM's
     #    ``sampling_per_token_logps``): the mismatch ledger scores the rollouts under both policies.
+    # 5. ``use_vllm`` and ``vllm_importance_sampling_correction``: what the trainer actually runs.
+
+    @property
+    def uses_vllm(self) -> bool:
+        """Whether this trainer generates its rollouts with vLLM."""
+        return bool(getattr(self, "use_vllm", False))
+
+    @property
+    def truncated_is_applied(self) -> bool:
+        """Whether TRL applies its importance-sampling correction to vLLM rollouts."""
+        return self.uses_vllm and bool(getattr(self, "vllm_importance_sampling_correction", False))
+
+    def scored_batch(self, inputs: list[dict]) -> dict:
+        """A GRPO batch of ``inputs`` (prompt and reward columns, each prompt repeated
+        ``num_generations`` times): rollouts generated by the model as it is, scored, with advantages."""
+        with torch.no_grad():
+            return self._generate_and_score_completions(inputs)
+
+    def batch_loss(self, batch: dict) -> torch.Tensor:
+        """TRL's GRPO loss of ``batch`` (from ``scored_batch``) on the model, TRL's logged metrics left
+        as they were (outside a training run: one micro-batch makes the step)."""
+        if not hasattr(self, "current_gradient_accumulation_steps"):
+            self.current_gradient_accumulation_steps = 1
+        return self._without_logging(lambda: self.compute_loss(self.model, batch))
 
     def _generate_and_score_completions(self, inputs):
         step = self.state.global_step
@@ -229,7 +269,7 @@ class MXGRPOTrainer(GRPOTrainer):
     def _without_logging(self, fn):
         """Run ``fn()`` leaving TRL's logged metrics as they were."""
         logged = copy.deepcopy(self._metrics)
-        window = copy.deepcopy(getattr(self, "_entropy_window_stats", None))
+        window = copy.deepcopy(getattr(self, "_entropy_window_stats", None))  # absent in some TRL versions
         try:
             return fn()
         finally:
@@ -321,7 +361,6 @@ class WeightCacheReset(TrainerCallback):
 
 
 STATE_FILE = "mxfp4_state.json"
-LOG_FILE = "train_log.jsonl"
 
 
 class StepLogger(TrainerCallback):
@@ -339,7 +378,7 @@ class StepLogger(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kw):
         self.t0 = synced_clock()
-        self.trainer.mx_probe_seconds = self.trainer.mx_rollout_seconds = 0.0
+        self.trainer.begin_step()
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
 
@@ -353,10 +392,10 @@ class StepLogger(TrainerCallback):
         if logs is None or "train_runtime" in logs:
             return
         row = {"step": state.global_step, "step_time": self.step_time, "probe_time": self.probe_time,
-               "rollout_time": self.rollout_time, "peak_memory_gib": self.peak_memory, **logs, **self.trainer.mx_step_metrics}
+               "rollout_time": self.rollout_time, "peak_memory_gib": self.peak_memory, **logs,
+               **self.trainer.take_step_metrics()}
         for c in self.trainer.mx_corrections:
             row.update(c.metrics())
-        self.trainer.mx_step_metrics = {}
         for c in self.trainer.mx_corrections:
             c.observe(row)
         if state.is_world_process_zero:
@@ -371,7 +410,7 @@ class StepLogger(TrainerCallback):
         if not state.is_world_process_zero:
             return
         folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
-        shutil.copyfile(self.path, folder / LOG_FILE)
+        shutil.copyfile(self.path, folder / TRAIN_LOG)
         payload = {"step": state.global_step, "config_hash": self.config_hash,
                    "corrections": [c.state_dict() for c in self.trainer.mx_corrections]}
         tmp = folder / (STATE_FILE + ".tmp")
@@ -403,5 +442,5 @@ def resume_state(checkpoint: Path, log_path: Path | None, corrections) -> int:
     for c, st in zip(corrections, payload["corrections"]):
         c.load_state_dict(st)
     if log_path is not None:
-        shutil.copyfile(checkpoint / LOG_FILE, log_path)
+        shutil.copyfile(checkpoint / TRAIN_LOG, log_path)
     return int(payload["step"])

@@ -1,12 +1,12 @@
 """The pathway matrix: each MXFP4 error component injected alone (or removed), measured on the three
-RL pathways the paper maps it to (DESIGN.md, "The pathway matrix").
+RL pathways the paper maps it to (docs/design.md, "The pathway matrix").
 
 On fixed checkpoints (the warm-started policy and the policy after the bf16 cell's GRPO steps), every
 arm sees the same data, so the only difference between arms is the injected error:
 
-- gradient accuracy: GRPO batches generated once by the unquantized policy (TRL's own
-  ``_generate_and_score_completions``: rollouts, rewards, advantages), then TRL's ``compute_loss``
-  backward under each arm; cosine and relative norm error against the unquantized gradient of the
+- gradient accuracy: GRPO batches generated once by the unquantized policy (TRL's own batch
+  generation through ``MXGRPOTrainer.scored_batch``: rollouts, rewards, advantages), then TRL's loss
+  (``MXGRPOTrainer.batch_loss``) backward under each arm; cosine and relative norm error against the unquantized gradient of the
   same batch, total and per layer. Batches whose advantages are all zero carry no policy gradient:
   they are skipped and counted (``skipped_zero_advantage_batches``).
 - rollout quality and policy entropy: the same prompts sampled under each arm (forward GEMMs) from
@@ -27,15 +27,16 @@ from pathlib import Path
 
 import torch
 
-from ..config.profiles import Profile, load_profile, model_dir
+from ..config.profiles import Profile, load_profile
 from ..config.recipes import Recipe
 from ..io import write_text_atomic
+from ..layout import Layout
 from ..numerics.injection import ROWS, SITES, row_spec
-from ..report.stats import mean_ci, paired_diff
+from ..stats import mean_ci, paired_diff
 from . import data as gsm
 from .cell import accuracy_reward, cell_data, weight_decomposition
 from .grad_accuracy import compare
-from .patching import patch_model, unpatch_model
+from ..nn import patch_model, unpatch_model
 
 FIELDS = ["model", "checkpoint", "injection", "site", "layer", "metric", "mean", "ci_low", "ci_high", "n", "p", "method"]
 # The paper's mapping: which component dominates which pathway, and the harm measure of that pathway
@@ -46,11 +47,6 @@ CONTRAST_METHOD = ("paired over {units}: harm(+{a}) - harm(+{b}), harm = {harm};
 SCALE_RULES = ("floor", "ceil", "even", "rceil")
 GRAD_METHOD = "mean over batches, 95% t interval"
 PAIRED_METHOD = "paired difference from the unquantized arm, mean over prompts, 95% t interval (same prompts and sampling seed)"
-
-
-def policy_dir(results, profile: str, model: str, seed: int) -> Path:
-    """Where the bf16 cell of ``seed`` saves its policy after GRPO (the pathway matrix's second checkpoint)."""
-    return Path(results) / profile / "cells" / model / "bf16" / f"seed{seed}" / "policy"
 
 
 def row_quantizer(row: str, site: str = "both", scale_rule: str = "floor"):
@@ -79,24 +75,18 @@ class Arm:
 
 
 def _trainer(model, tokenizer, profile: Profile, seed: int):
-    """TRL's GRPO trainer on this model, used for its batch generation and its loss (never trained)."""
+    """TRL's GRPO trainer on this model, used for its batch generation and its loss (never trained;
+    no KL term: the arms are compared on the policy gradient alone)."""
     from datasets import Dataset
-    from trl import GRPOConfig
 
     from .grpo import MXGRPOTrainer
-    from .training import common_args
+    from .training import grpo_config
 
     g = profile.grpo
-    args = GRPOConfig(max_steps=1, learning_rate=g.learning_rate, per_device_train_batch_size=g.num_generations * batch_prompts(profile),
-                      num_generations=g.num_generations, max_completion_length=g.max_completion_length,
-                      temperature=g.temperature, top_k=0, beta=0.0, loss_type=g.loss_type, logging_steps=1,
-                      router_aux_loss_coef=g.router_aux_loss_coef, **common_args(seed))
+    args = grpo_config(g, seed, micro_batch=g.num_generations * batch_prompts(profile), max_steps=1, beta=0.0)
     dummy = Dataset.from_list([{"prompt": "x", "answer": "0"}])
-    trainer = MXGRPOTrainer(model=model, reward_funcs=[accuracy_reward], args=args, train_dataset=dummy,
-                            processing_class=tokenizer)
-    trainer.setup_mx([], 0)
-    trainer.current_gradient_accumulation_steps = 1  # set by TRL's training loop; the loss reads it
-    return trainer
+    return MXGRPOTrainer(model=model, reward_funcs=[accuracy_reward], args=args, train_dataset=dummy,
+                         processing_class=tokenizer)
 
 
 def batch_prompts(profile: Profile) -> int:
@@ -118,8 +108,7 @@ def gradient_batches(trainer, problems: list[dict], profile: Profile, n_batches:
             break
         inputs = [{"prompt": gsm.PROMPT.format(question=r["question"]), "answer": r["answer"]}
                   for r in chunk for _ in range(g.num_generations)]
-        with torch.no_grad():
-            batch = trainer._generate_and_score_completions(inputs)
+        batch = trainer.scored_batch(inputs)
         if batch["advantages"].abs().max() == 0:
             skipped += 1
             continue
@@ -131,7 +120,7 @@ def batch_gradient(trainer, batch) -> dict[str, torch.Tensor]:
     """The GRPO loss gradient of one batch, by parameter name (TRL's ``compute_loss``)."""
     model = trainer.model
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    loss = trainer._without_logging(lambda: trainer.compute_loss(model, batch))
+    loss = trainer.batch_loss(batch)
     grads = torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
     return {n: g.detach() for (n, _), g in zip(params, grads) if g is not None}
 
@@ -216,7 +205,7 @@ def additivity(model, trainer, batch, steps: list[int], lr: float) -> dict[int, 
         with Arm(model, row_quantizer(row)):
             for k in range(1, max(steps) + 1):
                 opt.zero_grad(set_to_none=True)
-                trainer._without_logging(lambda: trainer.compute_loss(model, batch)).backward()
+                trainer.batch_loss(batch).backward()
                 opt.step()
                 if k in steps:
                     finals[row][k] = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
@@ -269,9 +258,10 @@ def checkpoints(profile: Profile, model_name: str, results) -> dict[str, Path]:
     if spec.config:
         raise ValueError(f"model {model_name!r} is a random initialisation (config: {spec.config}); the pathway matrix "
                          "needs a warm-started tiny model or a hub checkpoint")
-    warm = model_dir(results, profile.name, model_name) if spec.arch else Path(spec.hub)
+    layout = Layout(results, profile.name)
+    warm = layout.model(model_name) if spec.arch else Path(spec.hub)
     out = {"warm": warm}
-    after = policy_dir(results, profile.name, model_name, seed)
+    after = layout.policy(model_name, seed)
     if (after / "config.json").exists():
         out["grpo"] = after
     return out

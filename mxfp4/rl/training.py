@@ -41,3 +41,31 @@ def common_args(seed: int, *, compute: str = "float32", output_dir: Path | str |
         dataloader_num_workers=0,
         disable_tqdm=False,
     )
+
+
+def grpo_config(grpo, seed: int, *, micro_batch: int, accumulation: int = 1, max_steps: int | None = None,
+                beta: float | None = None, rollout: dict | None = None, **common):
+    """TRL's ``GRPOConfig`` from a profile's GRPO settings (``GRPOSettings``): the one place a GRPO
+    run of this harness is configured. ``micro_batch`` sequences per device per forward/backward,
+    ``accumulation`` micro-batches per step; ``max_steps`` and ``beta`` override the profile's;
+    ``rollout``: the rollout backend's arguments (default: generate through the model itself);
+    ``common``: what ``common_args`` takes (compute, output_dir, save_steps, gradient_checkpointing)."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        max_steps=grpo.max_steps if max_steps is None else max_steps,
+        learning_rate=grpo.learning_rate,
+        lr_scheduler_type="constant",
+        per_device_train_batch_size=micro_batch,
+        gradient_accumulation_steps=accumulation,
+        num_generations=grpo.num_generations,
+        max_completion_length=grpo.max_completion_length,
+        temperature=grpo.temperature,
+        top_k=0,
+        beta=grpo.beta if beta is None else beta,
+        loss_type=grpo.loss_type,
+        router_aux_loss_coef=grpo.router_aux_loss_coef,
+        logging_steps=1,
+        **common_args(seed, **common),
+        **(rollout or {"use_vllm": False}),
+    )

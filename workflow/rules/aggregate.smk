@@ -4,25 +4,25 @@ rule aggregate:
     input:
         ALL_CELLS,
     output:
-        cells=f"{RESULTS}/aggregate/cells.csv",
-        steps=f"{RESULTS}/aggregate/steps.csv",
-        summary=f"{RESULTS}/aggregate/summary.csv",
-        problems=f"{RESULTS}/aggregate/items.csv",
+        cells=report(f"{AGGREGATE}/cells.csv", caption="../report/cells.rst", category="Cells"),
+        steps=f"{AGGREGATE}/steps.csv",
+        summary=report(f"{AGGREGATE}/summary.csv", caption="../report/summary.rst", category="Cells"),
+        problems=f"{AGGREGATE}/items.csv",
     log:
-        f"{RESULTS}/logs/aggregate.log",
+        f"{LOGS}/aggregate.log",
     shell:
-        "{MXFP4} aggregate --profile {PROFILE} --out {RESULTS}/aggregate > {log} 2>&1"
+        "{MXFP4} aggregate --profile {PROFILE} --out {AGGREGATE} > {log} 2>&1"
 
 
 rule corrections_table:
     """Each correction's effect on each component, on the standard distributions and the tiny models."""
     input:
-        [f"{RESULTS}/models/{m}" for m in TINY_MODELS],
+        [model_path(m) for m in TINY_MODELS],
     output:
-        md=f"{RESULTS}/corrections.md",
-        json=f"{RESULTS}/corrections.json",
+        md=str(L.corrections.with_suffix(".md")),
+        json=str(L.corrections),
     log:
-        f"{RESULTS}/logs/corrections_table.log",
+        f"{LOGS}/corrections_table.log",
     params:
         models=lambda wc, input: " ".join(f"--model {m}={p}" for m, p in zip(TINY_MODELS, input)),
     shell:
@@ -32,14 +32,14 @@ rule corrections_table:
 rule claims:
     """The paper's claims against what this profile measured, with seeds and intervals."""
     input:
-        cells=f"{RESULTS}/aggregate/cells.csv",
-        proofs=f"{RESULTS}/proofs/proofs.json",
-        corrections=f"{RESULTS}/corrections.json",
-        pathways=f"{RESULTS}/pathways/pathways.csv",
+        cells=f"{AGGREGATE}/cells.csv",
+        proofs=str(L.proofs),
+        corrections=str(L.corrections),
+        pathways=str(L.pathways()),
     output:
-        f"{RESULTS}/claims.md",
+        report(str(L.claims), caption="../report/claims.rst", category="Claims"),
     log:
-        f"{RESULTS}/logs/claims.log",
+        f"{LOGS}/claims.log",
     shell:
         "{MXFP4} claims --profile {PROFILE} --cells {input.cells} --proofs {input.proofs} "
         "--corrections {input.corrections} --pathways {input.pathways} --out {output} > {log} 2>&1"

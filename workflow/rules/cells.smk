@@ -1,23 +1,21 @@
 def model_input(wc):
     """A tiny model must be warm-started first; hub models are fetched by the cell itself."""
-    return [f"{RESULTS}/models/{wc.model}"] if wc.model in TINY_MODELS else []
+    return [model_path(wc.model)] if wc.model in TINY_MODELS else []
 
 
 def reference_input(wc):
-    """A recipe that steers toward the BF16 run (AQN adaptive) needs the bf16 cell of the same seed first."""
+    """A recipe that steers toward the reference run (AQN adaptive) needs that cell of the same seed first."""
     from mxfp4.config.recipes import Recipe
 
-    if any(c.needs_reference for c in Recipe.named(wc.recipe).build_corrections()):
-        return [cell_path(wc.model, "bf16", wc.seed)]
-    return []
+    return [cell_path(wc.model, REFERENCE_RECIPE, wc.seed)] if Recipe.named(wc.recipe).needs_reference else []
 
 
 rule pretrain_model:
     """Warm-start a tiny stand-in with SFT on the embedded problems (TRL SFTTrainer)."""
     output:
-        directory(f"{RESULTS}/models/{{model}}"),
+        directory(model_path("{model}")),
     log:
-        f"{RESULTS}/logs/pretrain_{{model}}.log",
+        f"{LOGS}/pretrain_{{model}}.log",
     threads: 1
     shell:
         "MXFP4_THREADS={threads} {MXFP4} pretrain --profile {PROFILE} --model {wildcards.model} > {log} 2>&1"
@@ -39,11 +37,11 @@ rule cell:
         model_input,
         reference_input,
     output:
-        metrics=f"{RESULTS}/cells/{{model}}/{{recipe}}/seed{{seed}}/metrics.json",
-        log=f"{RESULTS}/cells/{{model}}/{{recipe}}/seed{{seed}}/train_log.jsonl",
-        eval=f"{RESULTS}/cells/{{model}}/{{recipe}}/seed{{seed}}/eval/results.json",
+        metrics=cell_path("{model}", "{recipe}", "{seed}"),
+        log=cell_path("{model}", "{recipe}", "{seed}", TRAIN_LOG),
+        eval=cell_path("{model}", "{recipe}", "{seed}", "eval/results.json"),
     log:
-        f"{RESULTS}/logs/cell_{{model}}_{{recipe}}_seed{{seed}}.log",
+        str(L.cell_log("{model}", "{recipe}", "{seed}")),
     wildcard_constraints:
         seed=r"\d+",
     threads: lambda wc: P.model(wc.model).processes

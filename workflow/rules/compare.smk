@@ -7,12 +7,12 @@ rule store_baselines:
     that `compare` measures new recipes against (results/baselines/ is committed; the figures there
     are the reference figures, while figures/ holds only what the current run drew)."""
     input:
-        f"{RESULTS}/aggregate/cells.csv",
-        f"{RESULTS}/aggregate/summary.csv",
-        f"{RESULTS}/aggregate/items.csv",
-        f"{RESULTS}/claims.md",
-        f"{RESULTS}/pathways/pathways.csv",
-        f"{RESULTS}/pathways/pathways.md",
+        f"{AGGREGATE}/cells.csv",
+        f"{AGGREGATE}/summary.csv",
+        f"{AGGREGATE}/items.csv",
+        str(L.claims),
+        str(L.pathways()),
+        str(L.pathways().with_suffix(".md")),
         [f"{FIGURES}/{name}{ext}" for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
     output:
         f"{BASELINES}/cells.csv",
@@ -35,10 +35,10 @@ rule compare:
         cells=[cell_path(m, COMPARE_RECIPE, s) for m in MODELS for s in SEEDS],
         baselines=f"{BASELINES}/cells.csv",
     output:
-        md=f"{RESULTS}/compare/{COMPARE_RECIPE}.md",
+        md=str(L.compare(COMPARE_RECIPE)),
         fig=multiext(f"{FIGURES}/compare_{COMPARE_RECIPE}", ".png", ".pdf"),
     log:
-        f"{RESULTS}/logs/compare_{COMPARE_RECIPE}.log",
+        f"{LOGS}/compare_{COMPARE_RECIPE}.log",
     shell:
         "{MXFP4} compare --profile {PROFILE} --recipe '{COMPARE_RECIPE}' --baselines {input.baselines} "
         "--out {output.md} --figure {FIGURES}/compare_{COMPARE_RECIPE} > {log} 2>&1"

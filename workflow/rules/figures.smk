@@ -1,65 +1,77 @@
 rule figure_decomposition:
     input:
-        f"{RESULTS}/proofs/proofs.json",
+        str(L.proofs),
     output:
-        multiext(f"{FIGURES}/decomposition_shares", ".png", ".pdf"),
+        png=report(f"{FIGURES}/decomposition_shares.png", caption="../report/decomposition_shares.rst", category="Decomposition"),
+        pdf=f"{FIGURES}/decomposition_shares.pdf",
     log:
-        f"{RESULTS}/logs/figure_decomposition.log",
+        f"{LOGS}/figure_decomposition.log",
     shell:
         "{MXFP4} plot decomposition {input} --out {FIGURES}/decomposition_shares > {log} 2>&1"
 
 
 rule figure_corrections:
     input:
-        f"{RESULTS}/corrections.json",
+        str(L.corrections),
     output:
-        multiext(f"{FIGURES}/correction_effects", ".png", ".pdf"),
+        png=report(f"{FIGURES}/correction_effects.png", caption="../report/correction_effects.rst", category="Corrections"),
+        pdf=f"{FIGURES}/correction_effects.pdf",
     log:
-        f"{RESULTS}/logs/figure_corrections.log",
+        f"{LOGS}/figure_corrections.log",
     shell:
         "{MXFP4} plot corrections {input} --out {FIGURES}/correction_effects > {log} 2>&1"
 
 
 rule figure_training:
     input:
-        f"{RESULTS}/aggregate/steps.csv",
+        f"{AGGREGATE}/steps.csv",
     output:
-        multiext(f"{FIGURES}/training_curves", ".png", ".pdf"),
+        png=report(f"{FIGURES}/training_curves.png", caption="../report/training_curves.rst", category="Cells"),
+        pdf=f"{FIGURES}/training_curves.pdf",
+    params:
+        seeds=len(SEEDS),
+        models=", ".join(MODELS),
     log:
-        f"{RESULTS}/logs/figure_training.log",
+        f"{LOGS}/figure_training.log",
     shell:
         "{MXFP4} plot training {input} --out {FIGURES}/training_curves > {log} 2>&1"
 
 
 rule figure_accuracy:
     input:
-        f"{RESULTS}/aggregate/cells.csv",
+        f"{AGGREGATE}/cells.csv",
     output:
-        multiext(f"{FIGURES}/gsm8k_accuracy", ".png", ".pdf"),
+        png=report(f"{FIGURES}/gsm8k_accuracy.png", caption="../report/gsm8k_accuracy.rst", category="Cells"),
+        pdf=f"{FIGURES}/gsm8k_accuracy.pdf",
+    params:
+        seeds=len(SEEDS),
+        models=", ".join(MODELS),
     log:
-        f"{RESULTS}/logs/figure_accuracy.log",
+        f"{LOGS}/figure_accuracy.log",
     shell:
         "{MXFP4} plot accuracy {input} --out {FIGURES}/gsm8k_accuracy > {log} 2>&1"
 
 
 rule figure_kernels:
     input:
-        f"{RESULTS}/kernels/bench.json",
+        f"{KERNELS}/bench.json",
     output:
-        multiext(f"{FIGURES}/kernel_throughput", ".png", ".pdf"),
+        png=report(f"{FIGURES}/kernel_throughput.png", caption="../report/kernel_throughput.rst", category="Kernels"),
+        pdf=f"{FIGURES}/kernel_throughput.pdf",
     log:
-        f"{RESULTS}/logs/figure_kernels.log",
+        f"{LOGS}/figure_kernels.log",
     shell:
         "{MXFP4} plot kernels {input} --out {FIGURES}/kernel_throughput > {log} 2>&1"
 
 
 rule figure_pathways:
     input:
-        f"{RESULTS}/pathways/pathways.csv",
+        str(L.pathways()),
     output:
-        multiext(f"{FIGURES}/pathway_matrix", ".png", ".pdf"),
+        png=report(f"{FIGURES}/pathway_matrix.png", caption="../report/pathway_matrix.rst", category="Pathway matrix"),
+        pdf=f"{FIGURES}/pathway_matrix.pdf",
     log:
-        f"{RESULTS}/logs/figure_pathways.log",
+        f"{LOGS}/figure_pathways.log",
     shell:
         "{MXFP4} plot pathways {input} --out {FIGURES}/pathway_matrix > {log} 2>&1"
 
@@ -72,7 +84,7 @@ rule figures:
     deleted cell is rerun (alone, then the aggregates) only when a target asks for it directly."""
     input:
         ALL_CELLS,
-        f"{RESULTS}/claims.md",
+        str(L.claims),
         rules.figure_decomposition.output,
         rules.figure_corrections.output,
         rules.figure_training.output,

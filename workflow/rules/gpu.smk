@@ -7,6 +7,6 @@ rule gpu_smoke:
     output:
         "results/gpu/gpu_smoke_dense.json",
     log:
-        f"{RESULTS}/logs/gpu_smoke.log",
+        f"{LOGS}/gpu_smoke.log",
     shell:
         "{MXFP4} gpu-smoke-report --profile {PROFILE} --out {output} > {log} 2>&1"

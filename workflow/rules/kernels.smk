@@ -3,9 +3,9 @@ rule kernel_checks:
     under the interpreter on CPU the bfloat16 inputs the harness trains with (a third of the time; the
     test suite checks every dtype)."""
     output:
-        f"{RESULTS}/kernels/checks.json",
+        f"{KERNELS}/checks.json",
     log:
-        f"{RESULTS}/logs/kernel_checks.log",
+        f"{LOGS}/kernel_checks.log",
     threads: 1
     shell:
         "OMP_NUM_THREADS={threads} {PYTHON} kernels/check_kernels.py --interpreter-dtype bfloat16 --out {output} > {log} 2>&1"
@@ -14,9 +14,9 @@ rule kernel_checks:
 rule kernel_bench:
     """Throughput of each path against the copy bandwidth and torchao, same run."""
     output:
-        f"{RESULTS}/kernels/bench.json",
+        f"{KERNELS}/bench.json",
     log:
-        f"{RESULTS}/logs/kernel_bench.log",
+        f"{LOGS}/kernel_bench.log",
     params:
         shapes=P.bench_shapes,
     threads: workflow.cores

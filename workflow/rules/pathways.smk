@@ -3,11 +3,11 @@ rule pathways_model:
     warm-started policy and on the bf16 cell's policy after GRPO (first seed), paired on the same data."""
     input:
         model_input,
-        bf16_policy=lambda wc: cell_path(wc.model, "bf16", SEEDS[0]),
+        bf16_policy=lambda wc: cell_path(wc.model, REFERENCE_RECIPE, SEEDS[0]),
     output:
-        f"{RESULTS}/pathways/{{model}}/pathways.csv",
+        str(L.pathways("{model}")),
     log:
-        f"{RESULTS}/logs/pathways_{{model}}.log",
+        f"{LOGS}/pathways_{{model}}.log",
     threads: 1
     shell:
         "MXFP4_THREADS={threads} {MXFP4} pathways --profile {PROFILE} --model {wildcards.model} --out {output} > {log} 2>&1"
@@ -16,10 +16,10 @@ rule pathways_model:
 rule pathways_table:
     """Every model's pathway rows in one tidy CSV, and the matrix as a markdown table."""
     input:
-        [f"{RESULTS}/pathways/{m}/pathways.csv" for m in MODELS],
+        [str(L.pathways(m)) for m in MODELS],
     output:
-        csv=f"{RESULTS}/pathways/pathways.csv",
-        md=f"{RESULTS}/pathways/pathways.md",
+        csv=str(L.pathways()),
+        md=report(str(L.pathways().with_suffix(".md")), caption="../report/pathways_table.rst", category="Pathway matrix"),
     run:
         from mxfp4.io import write_text_atomic
         from mxfp4.report.pathway_table import run as table

@@ -1,9 +1,9 @@
 rule prove_decomposition:
     """Numerical check of the exact decomposition identity over the standard distributions and formats."""
     output:
-        f"{RESULTS}/proofs/proofs.json",
+        str(L.proofs),
     log:
-        f"{RESULTS}/logs/proofs.log",
+        f"{LOGS}/proofs.log",
     threads: 1
     shell:
         "{MXFP4} prove --out {output} 2> {log}"

@@ -25,6 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .linear import gemm_context
+
 
 class DispatchPlan:
     """Where each (token, slot) row goes: sorted order, expert offsets, padded positions. Every
@@ -111,8 +113,6 @@ class GroupedQuantLinear(torch.autograd.Function):
 
 def grouped_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """Drop-in forward of a patched Qwen3-MoE experts module (see the module docstring)."""
-    from .patching import gemm_context
-
     gemm = gemm_context(self)
     on_fwd, on_ig = gemm.gemms["forward"], gemm.gemms["input_grad"]
     up_f = gemm.weight(self.gate_up_proj, 2, on_fwd)

@@ -1,0 +1,98 @@
+"""The results layout: every path the harness reads or writes, in one place (the Snakefile imports it).
+
+A ``Layout(results, profile)`` names the files of one profile under ``results/<profile>/``; its
+methods take the same arguments as the cells they describe, so the Snakefile can pass wildcard
+patterns (``layout.cell("{model}", "{recipe}", "{seed}")``). ``REFERENCE_RECIPE`` is the
+full-precision recipe that other recipes are measured against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+REFERENCE_RECIPE = "bf16"
+TRAIN_LOG = "train_log.jsonl"  # in each cell's folder, and in each of its checkpoints
+GPU_RESULTS = Path("results/gpu")
+BENCH_RESULTS = Path("results/bench")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The files of one profile's run: ``results`` is the results root, ``profile`` the profile name."""
+
+    results: Path | str
+    profile: str
+
+    @property
+    def root(self) -> Path:
+        return Path(self.results) / self.profile
+
+    # inputs the run makes for itself
+    def model(self, model: str) -> Path:
+        """The warm-started tiny model."""
+        return self.root / "models" / model
+
+    @property
+    def data(self) -> Path:
+        """The embedded GSM8K-format problems (train.jsonl, test.jsonl) the profile's cells use."""
+        return self.root / "data"
+
+    # cells
+    def cell(self, model: str, recipe: str, seed: int | str) -> Path:
+        return self.cells / model / recipe / f"seed{seed}"
+
+    @property
+    def cells(self) -> Path:
+        return self.root / "cells"
+
+    def policy(self, model: str, seed: int | str) -> Path:
+        """The reference cell's policy after GRPO (the pathway matrix's second checkpoint)."""
+        return self.cell(model, REFERENCE_RECIPE, seed) / "policy"
+
+    def cell_log(self, model: str, recipe: str, seed: int | str) -> Path:
+        return self.logs / f"cell_{model}_{recipe}_seed{seed}.log"
+
+    # what the later rules write
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def aggregate(self) -> Path:
+        return self.root / "aggregate"
+
+    @property
+    def proofs(self) -> Path:
+        return self.root / "proofs" / "proofs.json"
+
+    @property
+    def corrections(self) -> Path:
+        """The correction table (``.json``; the markdown beside it is ``corrections.md``)."""
+        return self.root / "corrections.json"
+
+    @property
+    def kernels(self) -> Path:
+        return self.root / "kernels"
+
+    def pathways(self, model: str | None = None) -> Path:
+        """One model's pathway rows, or (no model) every model's in one CSV."""
+        return self.root / "pathways" / (f"{model}/pathways.csv" if model else "pathways.csv")
+
+    @property
+    def claims(self) -> Path:
+        return self.root / "claims.md"
+
+    def compare(self, recipe: str) -> Path:
+        return self.root / "compare" / f"{recipe}.md"
+
+    # committed and drawn elsewhere
+    @property
+    def baselines(self) -> Path:
+        """The stored baselines of this profile (committed)."""
+        return Path(self.results) / "baselines" / self.profile
+
+    @property
+    def figures(self) -> Path:
+        """The figures this run draws (``figures/<profile>/``, beside ``results/``)."""
+        return Path(self.results).parent / "figures" / self.profile

@@ -1,0 +1,39 @@
+"""Quantized layers: GEMMs through the recipe's quantizer (``linear``), grouped MoE experts
+(``experts``), and swapping them into a transformers model (``patch``)."""
+
+from .experts import DispatchPlan, grouped_experts_forward
+from .linear import GemmContext, QuantLinearFunction, gemm_context, linear_forward, quant_linear
+from .patch import (
+    PatchState,
+    bypassed,
+    clear_weight_caches,
+    gemm_weights,
+    patch_model,
+    patch_state,
+    patched_modules,
+    quantized_weights,
+    set_probe,
+    targets,
+    unpatch_model,
+)
+
+__all__ = [
+    "DispatchPlan",
+    "GemmContext",
+    "PatchState",
+    "QuantLinearFunction",
+    "bypassed",
+    "clear_weight_caches",
+    "gemm_context",
+    "gemm_weights",
+    "grouped_experts_forward",
+    "linear_forward",
+    "patch_model",
+    "patch_state",
+    "patched_modules",
+    "quant_linear",
+    "quantized_weights",
+    "set_probe",
+    "targets",
+    "unpatch_model",
+]

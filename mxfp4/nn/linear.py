@@ -1,0 +1,192 @@
+"""Quantized GEMMs of a linear layer: the GEMM context, the autograd function, the patched forward.
+
+``QuantLinearFunction`` fake-quantizes each operand of each GEMM along that GEMM's reduction axis, as
+the MX spec's reference linear layer does (forward ``Q(X, in) . Q(W, in)^T``; input grad
+``Q(dY, out) . Q(W, out)``; weight grad ``Q(dY, tok)^T . Q(X, tok)``); gradients reach the master
+weights straight through. ``GemmContext`` holds a layer's quantizer, its per-version weight cache and
+its probe. The design (caching under FSDP/ZeRO, bf16 autocast, W4A16 rollouts) is in docs/design.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ..numerics import dispatch
+from ..numerics.quantizer import Quantizer
+
+
+@dataclass
+class GemmContext:
+    """What one patched layer needs: the quantizer, which GEMMs to quantize, a weight cache, and a
+    probe that sees the activations and gradients it quantizes (weights are probed by the caller)."""
+
+    quantizer: Quantizer
+    name: str = ""
+    probe: object = None  # called as probe(layer_name, kind, tensor, axis) when set
+    cache: bool = True  # False under FSDP / ZeRO-3: a cache would hold every layer's gathered weights
+    _cache: dict = field(default_factory=dict)
+
+    @property
+    def gemms(self) -> dict:
+        return self.quantizer.gemms
+
+    def weight(self, param: torch.Tensor, axis: int, enabled: bool) -> torch.Tensor:
+        """The weight as a GEMM sees it: fake-quantized along ``axis`` (cached per version) or raw."""
+        if not enabled:
+            return param.detach()
+        if not self.cache:
+            with torch.no_grad():
+                return self.quantizer(param.detach(), axis)
+        slot = (param.data_ptr(), axis)
+        hit = self._cache.get(slot)
+        if hit is None or hit[0] != param._version:
+            with torch.no_grad():
+                q = self.quantizer(param.detach(), axis)
+                if self.quantizer.exact_in_bf16 and _autocast_dtype(param) == torch.bfloat16:
+                    q = q.to(torch.bfloat16)  # what the bf16 GEMM takes; lossless: every value is a bf16 number
+            hit = (param._version, q)
+            self._cache[slot] = hit
+        return hit[1]
+
+    def clear(self) -> None:
+        """Drop every cached quantized weight (after an optimizer step)."""
+        self._cache.clear()
+
+    def packed(self, param: torch.Tensor):
+        """The weight packed for the W4A16 kernel (cached per version)."""
+        slot = (param.data_ptr(), "w4a16")
+        hit = self._cache.get(slot)
+        if hit is None or hit[0] != param._version:
+            hit = (param._version, dispatch.pack_weight(param.detach(), self.quantizer.scale_rule))
+            self._cache[slot] = hit
+        return hit[1]
+
+    def w4a16_applies(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
+        """Weight-only MXFP4 without corrections, a bf16 input, Triton dispatch, no autograd."""
+        q = self.quantizer
+        return (not q.activations and q.plain and self.gemms["forward"]
+                and x.dtype == torch.bfloat16 and weight.dim() == 2 and not torch.is_grad_enabled()
+                and dispatch.fast_path(weight, q.fmt))
+
+    def grad_both(self, dy2: torch.Tensor):
+        """(dY along its rows, dY along its columns) through ``dispatch.fake_quantize_both`` (one read
+        of dY on the fast path), when both backward GEMMs quantize dY with the plain MXFP4 quantizer
+        and nothing probes it; None otherwise (each GEMM then quantizes dY itself). Bit-identical to
+        the two separate quantizations."""
+        q = self.quantizer
+        if (q.activations and q.plain and self.probe is None
+                and self.gemms["input_grad"] and self.gemms["weight_grad"] and dy2.dim() == 2):
+            return dispatch.fake_quantize_both(dy2, q.fmt, q.scale_rule)
+        return None
+
+    def act(self, x: torch.Tensor, axis: int, kind: str, enabled: bool, valid=None) -> torch.Tensor:
+        """x fake-quantized along ``axis`` (``valid``: the real rows of a zero-padded x); x itself
+        for a weight-only recipe."""
+        if not enabled or not self.quantizer.activations:
+            return x
+        if self.probe is not None:
+            self.probe(self.name, kind, x.detach(), axis, valid)
+        return self.quantizer(x, axis, valid)
+
+
+def _autocast_dtype(x: torch.Tensor):
+    """The autocast dtype in force for x's device type, or None."""
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+
+
+def _gemm_precision(ctx, fn):
+    """Run ``fn`` under the autocast state the forward saw (autograd runs backward outside autocast),
+    or with autocast off and float32 operands when the quantized values are not all bf16 numbers:
+    a bf16 GEMM would round them (docs/design.md, "On GPUs": bf16 compute, exact quantized operands)."""
+    if ctx.autocast is None:
+        return fn(None)
+    if ctx.exact:
+        with torch.autocast(ctx.device_type, dtype=ctx.autocast):
+            return fn(None)
+    with torch.autocast(ctx.device_type, enabled=False):
+        return fn(torch.float32)
+
+
+class QuantLinearFunction(torch.autograd.Function):
+    """y = Q(x) Q(w)^T + b with quantized backward GEMMs; w_fwd / w_bwd are the cached quantized weights.
+
+    Under autocast (bf16 compute over fp32 master weights) the GEMMs take bf16 operands, which is
+    exact for the quantized values of plain MX formats and outlier fallback; macro-block, NVFP4 and
+    component injection make values that are not bf16 numbers, so their GEMMs run in float32 and the
+    output is returned in the autocast dtype."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, w_fwd, w_bwd, gemm: GemmContext):
+        ctx.autocast, ctx.device_type = _autocast_dtype(x), x.device.type
+        ctx.exact = gemm.quantizer.exact_in_bf16
+
+        def run(cast):
+            a = gemm.act(x, -1, "activation", gemm.gemms["forward"])
+            if cast is None:
+                return F.linear(a, w_fwd, bias)
+            b = None if bias is None else bias.to(cast)
+            return F.linear(a.to(cast), w_fwd.to(cast), b).to(ctx.autocast)
+
+        y = _gemm_precision(ctx, run)
+        ctx.save_for_backward(x, w_bwd)
+        ctx.gemm = gemm
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        return _gemm_precision(ctx, lambda cast: QuantLinearFunction._backward(ctx, dy, cast))
+
+    @staticmethod
+    def _backward(ctx, dy, cast):
+        x, w_bwd = ctx.saved_tensors
+        if cast is not None:
+            dy, x, w_bwd = dy.to(cast), x.to(cast), w_bwd.to(cast)
+        gemm = ctx.gemm
+        dy2 = dy.reshape(-1, dy.shape[-1])
+        x2 = x.reshape(-1, x.shape[-1])
+        dx = dw = db = None
+        both = gemm.grad_both(dy2) if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] else None
+        if ctx.needs_input_grad[0]:
+            g = both[0] if both is not None else gemm.act(dy2, -1, "grad", gemm.gemms["input_grad"])
+            dx = (g @ w_bwd).reshape(x.shape)
+        if ctx.needs_input_grad[1]:
+            on = gemm.gemms["weight_grad"]
+            g = both[1] if both is not None else gemm.act(dy2, 0, "grad_t", on)
+            dw = g.T @ gemm.act(x2, 0, "activation_t", on)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = dy2.sum(0)
+        return dx, dw, db, None, None, None
+
+
+def quant_linear(x, weight, bias, gemm: GemmContext, w_fwd=None, w_bwd=None):
+    """F.linear through the recipe's quantizer (weights taken from the cache unless given)."""
+    if w_fwd is None:
+        w_fwd = gemm.weight(weight, 1, gemm.gemms["forward"])
+    if w_bwd is None:
+        w_bwd = gemm.weight(weight, 0, gemm.gemms["input_grad"])
+    if _autocast_dtype(x) is None or not gemm.quantizer.exact_in_bf16:
+        w_fwd, w_bwd = w_fwd.to(x.dtype), w_bwd.to(x.dtype)  # (under autocast the GEMM casts them itself)
+    return QuantLinearFunction.apply(x, weight, bias, w_fwd, w_bwd, gemm)
+
+
+def linear_forward(self, x: torch.Tensor) -> torch.Tensor:
+    """Drop-in forward of a patched ``nn.Linear``: the packed W4A16 kernel where it applies, else
+    ``quant_linear``."""
+    gemm = gemm_context(self)
+    if gemm.w4a16_applies(x, self.weight):
+        y = dispatch.w4a16_matmul(x, gemm.packed(self.weight))
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+    return quant_linear(x, self.weight, self.bias, gemm)
+
+
+GEMM_ATTR = "_mxfp4_gemm"
+
+
+def gemm_context(module: torch.nn.Module) -> GemmContext | None:
+    """A patched module's GEMM context (quantizer, weight cache, probe), or None."""
+    return module.__dict__.get(GEMM_ATTR)

@@ -1,0 +1,179 @@
+"""Swap the quantized layers into a Hugging Face model, and undo it.
+
+``patch_model(model, quantizer)`` makes every module of the quantizer's kinds (``nn.Linear`` but
+``lm_head`` by default; Qwen3-MoE's fused experts) compute through ``mxfp4.nn.linear`` /
+``mxfp4.nn.experts``. Parameter names do not change (the forwards are swapped on the instances), so
+TRL's and vLLM's weight sync keep working; ``unpatch_model`` restores the model exactly. A patched
+module shows its recipe in ``print(model)``; ``patch_state(model)`` gives the quantizer and the
+patched module names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from dataclasses import dataclass
+
+import torch
+
+from ..numerics.quantizer import Quantizer
+from .experts import grouped_experts_forward
+from .linear import GEMM_ATTR, GemmContext, gemm_context, linear_forward
+
+
+def _is_experts(module) -> bool:
+    return hasattr(module, "gate_up_proj") and hasattr(module, "down_proj") and isinstance(module.gate_up_proj, torch.nn.Parameter)
+
+
+def gemm_weights(module) -> dict[str, torch.nn.Parameter]:
+    """The GEMM weights of a patchable module by attribute name; each reduces along its last axis
+    (in_features of a Linear weight, H of gate_up_proj, I of down_proj)."""
+    if _is_experts(module):
+        return {"gate_up_proj": module.gate_up_proj, "down_proj": module.down_proj}
+    return {"weight": module.weight}
+
+
+def _is_router(name: str, module) -> bool:
+    return type(module).__name__.endswith("Router") or name.endswith("mlp.gate")
+
+
+def targets(model, modules=("linear", "experts")) -> list[tuple[str, torch.nn.Module, str]]:
+    """(name, module, kind) of every module of the given kinds (a Quantizer's ``modules``)."""
+    out = []
+    kinds = set(modules)
+    for name, module in model.named_modules():
+        if _is_experts(module):
+            if "experts" in kinds:
+                out.append((name, module, "experts"))
+        elif isinstance(module, torch.nn.Linear):
+            if name.endswith("lm_head"):
+                kind = "lm_head"
+            elif _is_router(name, module):
+                kind = "router"
+            else:
+                kind = "linear"
+            if kind in kinds:
+                out.append((name, module, kind))
+        elif _is_router(name, module) and "router" in kinds and hasattr(module, "weight"):
+            raise ValueError(f"quantizing the router {name} ({type(module).__name__}) is not supported; drop 'router' from modules")
+    return out
+
+
+@dataclass
+class PatchState:
+    """What ``patch_model`` did to a model: the quantizer (None for a full-precision recipe) and the
+    patched module names."""
+
+    quantizer: Quantizer | None
+    modules: list[str]
+
+
+_STATE_ATTR = "_mxfp4_patch"
+
+
+def patch_state(model) -> PatchState | None:
+    """The model's patch state, or None when ``patch_model`` never touched it."""
+    return getattr(model, _STATE_ATTR, None)
+
+
+def patched_modules(model):
+    """(name, module, GemmContext) of every patched module."""
+    for name, module in model.named_modules():
+        gemm = gemm_context(module)
+        if gemm is not None:
+            yield name, module, gemm
+
+
+def _extra_repr(self) -> str:
+    base = type(self).extra_repr(self)
+    tag = f"mxfp4={gemm_context(self).quantizer!r}"
+    return f"{base}, {tag}" if base else tag
+
+
+def patch_model(model, quantizer: Quantizer | None, probe=None, cache_weights: bool = True) -> list[str]:
+    """Patch ``model`` in place so that the modules of ``quantizer.modules`` compute their GEMMs
+    through ``quantizer`` (``Recipe.quantizer()``); returns the patched module names.
+
+    ``cache_weights=False`` quantizes a weight at every use instead of once per version: for sharded
+    training (FSDP2, ZeRO-3), where a per-layer cache of gathered weights would hold the whole model
+    unsharded on every rank.
+
+    ``None`` (a full-precision recipe) patches nothing but records the state. A tied lm_head is
+    refused: quantizing it would also quantize the input embeddings.
+    """
+    if patch_state(model) is not None:
+        raise ValueError("model is already patched; unpatch it first")
+    if quantizer is not None and not isinstance(quantizer, Quantizer):
+        raise ValueError(f"patch_model takes a Quantizer (Recipe.quantizer()) or None, got {type(quantizer).__name__}")
+    patched = []
+    for name, module, kind in (targets(model, quantizer.modules) if quantizer is not None else []):
+        if kind == "lm_head" and getattr(model.config, "tie_word_embeddings", False):
+            raise ValueError("lm_head is tied to the input embeddings; quantizing it would quantize both")
+        setattr(module, GEMM_ATTR, GemmContext(quantizer, name=name, probe=probe, cache=cache_weights))
+        module.forward = types.MethodType(grouped_experts_forward if kind == "experts" else linear_forward, module)
+        module.extra_repr = types.MethodType(_extra_repr, module)
+        patched.append(name)
+    setattr(model, _STATE_ATTR, PatchState(quantizer, patched))
+    return patched
+
+
+def unpatch_model(model) -> None:
+    """Undo ``patch_model``: instance forwards removed, the class forwards back in force."""
+    for _, module, _ in list(patched_modules(model)):
+        for attr in ("forward", "extra_repr", GEMM_ATTR):
+            module.__dict__.pop(attr, None)
+    model.__dict__.pop(_STATE_ATTR, None)
+
+
+def clear_weight_caches(model) -> None:
+    """Forget every patched layer's quantized weights: the next GEMM quantizes the current values."""
+    for _, _, gemm in patched_modules(model):
+        gemm.clear()
+
+
+def set_probe(model, probe) -> None:
+    """Attach (or with None, detach) a statistics probe on every patched module."""
+    for _, _, gemm in patched_modules(model):
+        gemm.probe = probe
+
+
+class bypassed:
+    """Context manager: the patched model computes in full precision inside, patched again after
+    (the BF16 shadow pass of the gradient-accuracy metric)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.saved = []
+
+    def __enter__(self):
+        for _, module, _ in patched_modules(self.model):
+            if "forward" in module.__dict__:
+                self.saved.append((module, module.__dict__.pop("forward")))
+        return self.model
+
+    def __exit__(self, *exc):
+        for module, fwd in self.saved:
+            module.forward = fwd
+        self.saved = []
+        return False
+
+
+def quantized_weights(model):
+    """Context manager: inside it the patched weights hold their forward-quantized values (same names,
+    shapes and dtypes), so a weight sync (TRL's push to vLLM) ships the recipe's quantized weights."""
+    @contextlib.contextmanager
+    def swap():
+        saved = []
+        with torch.no_grad():
+            for _, module, gemm in patched_modules(model):
+                for p in gemm_weights(module).values():
+                    quantized = gemm.weight(p, p.dim() - 1, True).to(p.dtype)
+                    saved.append((p, p.data))
+                    p.data = quantized
+        try:
+            yield model
+        finally:
+            for p, data in saved:
+                p.data = data
+
+    return swap()
