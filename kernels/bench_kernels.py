@@ -171,11 +171,23 @@ def memory_rows(device: str, shapes, sink=lambda rows: None) -> list[dict]:
         if ao is not None:
             paths[("torch.compile(torchao to_mx)", -1)] = (ao[0], one, full + packed)
             paths[("torch.compile(torchao to_mx + dequantize)", -1)] = (ao[1], one, 2 * full)
-        for (name, axis), (op, inputs, moved) in tqdm(paths.items(), desc=f"memory {tuple(shape)}", unit="path", file=sys.stderr):
+        bar = tqdm(paths.items(), desc=f"memory {tuple(shape)}", unit="path", file=sys.stderr)
+        for (name, axis), (op, inputs, moved) in bar:
             s = rotated(device, op, inputs)
-            rows.append(_row("memory", name, shape, s, axis=axis, bytes_moved=moved, GBps=moved / s / 1e9,
-                             copy_GBps=copy_gbps * moved / (2 * full), fraction=moved / s / 1e9 / copy_gbps,
-                             fraction_of="copy bandwidth (same run, same shape)"))
+            rows.append(
+                _row(
+                    "memory",
+                    name,
+                    shape,
+                    s,
+                    axis=axis,
+                    bytes_moved=moved,
+                    GBps=moved / s / 1e9,
+                    copy_GBps=copy_gbps * moved / (2 * full),
+                    fraction=moved / s / 1e9 / copy_gbps,
+                    fraction_of="copy bandwidth (same run, same shape)",
+                )
+            )
         sink(rows)
     return rows
 
@@ -194,27 +206,41 @@ def gemm_rows(device: str, problems, sink=lambda rows: None) -> list[dict]:
             sets.append((x, qw, tg.pack_weight(qw), tk.dequantize(qw)))
         x, qw, packed, w_deq = sets[0]
         ref = x.double() @ w_deq.double().T
-        for fused in ((True, False) if m <= tg.DECODE_MAX_M else (False,)):
+        for fused in (True, False) if m <= tg.DECODE_MAX_M else (False,):
             got = tg.w4a16_matmul(x, packed, torch.float32, fused=fused).double()
             err = float((got - ref).norm() / ref.norm())
             if not err < 1e-5:
-                raise AssertionError(f"w4a16 (fused={fused}) at {m}x{n}x{k}: relative error {err:.2e} against dequantize + matmul")
+                raise AssertionError(
+                    f"w4a16 (fused={fused}) at {m}x{n}x{k}: relative error {err:.2e} against dequantize + matmul"
+                )
         flops = 2 * m * n * k
         paths = {
             "cuBLAS bf16": (lambda x, qw, p, wd: x @ wd.T),
-            "w4a16_matmul (auto: fused at M<=64, else dequantize + cuBLAS)": (lambda x, qw, p, wd: tg.w4a16_matmul(x, p)),
+            "w4a16_matmul (auto: fused at M<=64, else dequantize + cuBLAS)": (
+                lambda x, qw, p, wd: tg.w4a16_matmul(x, p)
+            ),
             "dequantize + cuBLAS bf16": (lambda x, qw, p, wd: x @ tk.dequantize(qw).T),
         }
         if m <= tg.DECODE_MAX_M:
-            paths["triton w4a16 fused kernel"] = (lambda x, qw, p, wd: tg.w4a16_matmul(x, p, fused=True))
+            paths["triton w4a16 fused kernel"] = lambda x, qw, p, wd: tg.w4a16_matmul(x, p, fused=True)
         if m >= 16:
-            paths["triton tl.dot_scaled (BF16 x MXFP4)"] = (lambda x, qw, p, wd: tg.mx_matmul(x, qw))
+            paths["triton tl.dot_scaled (BF16 x MXFP4)"] = lambda x, qw, p, wd: tg.mx_matmul(x, qw)
         times = {name: rotated(device, op, sets) for name, op in paths.items()}
         cublas = times["cuBLAS bf16"]
         for name, s in times.items():
-            rows.append(_row("gemm", name, (m, n, k), s, model_shape=label, TFLOPs=flops / s / 1e12,
-                             fraction=cublas / s, fraction_of="cuBLAS bf16 TFLOP/s (same shape, same run)",
-                             speedup_vs_cublas_bf16=cublas / s))
+            rows.append(
+                _row(
+                    "gemm",
+                    name,
+                    (m, n, k),
+                    s,
+                    model_shape=label,
+                    TFLOPs=flops / s / 1e12,
+                    fraction=cublas / s,
+                    fraction_of="cuBLAS bf16 TFLOP/s (same shape, same run)",
+                    speedup_vs_cublas_bf16=cublas / s,
+                )
+            )
         sink(rows)
     return rows
 
@@ -240,28 +266,49 @@ def cpu_rows(shapes, reps: int, runs: int) -> tuple[list[dict], dict]:
         n = x.numel()
         full, packed = 2 * n, n // 2 + n // 32
         dst = torch.empty_like(x)
-        copy = 2 * full / cpu_timer(lambda: dst.copy_(x), reps) / 1e9
+        copy = 2 * full / cpu_timer(lambda dst=dst, x=x: dst.copy_(x), reps) / 1e9
         paths = {
-            "reference quantize": (lambda: reference.quantize(x), full + packed),
-            "reference fake_quantize": (lambda: reference.fake_quantize(x), 2 * full),
-            "torch.compile(reference) fake_quantize": (lambda: compiled(x), 2 * full),
+            "reference quantize": (lambda x=x: reference.quantize(x), full + packed),
+            "reference fake_quantize": (lambda x=x: reference.fake_quantize(x), 2 * full),
+            "torch.compile(reference) fake_quantize": (lambda x=x: compiled(x), 2 * full),
         }
         if ao is not None:
-            paths["torchao to_mx"] = (lambda: ao[0](x), full + packed)
-            paths["torchao to_mx + dequantize"] = (lambda: ao[1](x), 2 * full)
+            paths["torchao to_mx"] = (lambda x=x: ao[0](x), full + packed)
+            paths["torchao to_mx + dequantize"] = (lambda x=x: ao[1](x), 2 * full)
         per_run = {name: [] for name in paths}
         for _ in tqdm(range(runs), desc=f"cpu {tuple(shape)}", unit="run", file=sys.stderr):
             for name, (fn, _) in paths.items():
                 per_run[name].append(cpu_timer(fn, reps))
-        for name, (fn, moved) in paths.items():
+        for name, (_, moved) in paths.items():
             s = min(per_run[name])
-            rows.append(_row("memory", name, shape, s, axis=-1, per_run_seconds=per_run[name], bytes_moved=moved,
-                             GBps=moved / s / 1e9, copy_GBps=copy, fraction=moved / s / 1e9 / copy,
-                             fraction_of="CPU copy bandwidth (same run)"))
+            rows.append(
+                _row(
+                    "memory",
+                    name,
+                    shape,
+                    s,
+                    axis=-1,
+                    per_run_seconds=per_run[name],
+                    bytes_moved=moved,
+                    GBps=moved / s / 1e9,
+                    copy_GBps=copy,
+                    fraction=moved / s / 1e9 / copy,
+                    fraction_of="CPU copy bandwidth (same run)",
+                )
+            )
         if ao is not None:
             key = "x".join(map(str, shape))
-            r = [p / c for p, c in zip(per_run["torchao to_mx + dequantize"], per_run["torch.compile(reference) fake_quantize"])]
-            ratios[f"compiled_fake_vs_torchao_roundtrip@{key}"] = {"per_run": r, "min": min(r), "median": statistics.median(r)}
+            r = [
+                p / c
+                for p, c in zip(
+                    per_run["torchao to_mx + dequantize"], per_run["torch.compile(reference) fake_quantize"]
+                )
+            ]
+            ratios[f"compiled_fake_vs_torchao_roundtrip@{key}"] = {
+                "per_run": r,
+                "min": min(r),
+                "median": statistics.median(r),
+            }
     return rows, ratios
 
 
@@ -272,9 +319,17 @@ def gpu_ratios(rows) -> dict:
     for (path, shape, axis), s in by.items():
         key = "x".join(map(str, shape))
         if path == "triton quantize" and axis == -1 and ("torch.compile(torchao to_mx)", shape, -1) in by:
-            out[f"triton_quantize_vs_compiled_torchao_to_mx@{key}"] = by[("torch.compile(torchao to_mx)", shape, -1)] / s
-        if path == "triton fake_quantize" and axis == -1 and ("torch.compile(torchao to_mx + dequantize)", shape, -1) in by:
-            out[f"triton_fake_vs_compiled_torchao_roundtrip@{key}"] = by[("torch.compile(torchao to_mx + dequantize)", shape, -1)] / s
+            out[f"triton_quantize_vs_compiled_torchao_to_mx@{key}"] = (
+                by[("torch.compile(torchao to_mx)", shape, -1)] / s
+            )
+        if (
+            path == "triton fake_quantize"
+            and axis == -1
+            and ("torch.compile(torchao to_mx + dequantize)", shape, -1) in by
+        ):
+            out[f"triton_fake_vs_compiled_torchao_roundtrip@{key}"] = (
+                by[("torch.compile(torchao to_mx + dequantize)", shape, -1)] / s
+            )
     return out
 
 
@@ -282,7 +337,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--shapes", default=None, help="memory-bound shapes, e.g. 4096x4096,128x768x2048 (defaults by device)")
+    p.add_argument(
+        "--shapes", default=None, help="memory-bound shapes, e.g. 4096x4096,128x768x2048 (defaults by device)"
+    )
     p.add_argument("--reps", type=int, default=5, help="CPU: calls per timing (the best is kept)")
     p.add_argument("--runs", type=int, default=5, help="CPU: independent repetitions of every path")
     p.add_argument("--only", choices=("memory", "gemm"), help="CUDA: only the memory-bound rows, or only the GEMM rows")
@@ -300,7 +357,7 @@ def main(argv=None) -> int:
         "versions": {"torch": torch.__version__, "mxfp4": mxfp4.__version__},
         "command": " ".join(["python", "kernels/bench_kernels.py", *(argv if argv is not None else sys.argv[1:])]),
         "method": "CUDA: median of triton.testing.do_bench (CUDA events, L2 flushed, 100 ms of repeats); "
-                  "CPU: best of --reps calls, per run, --runs runs in one process",
+        "CPU: best of --reps calls, per run, --runs runs in one process",
     }
     for mod in ("triton", "torchao"):
         try:
@@ -308,6 +365,7 @@ def main(argv=None) -> int:
         except ImportError:
             report["versions"][mod] = None
     if args.device == "cuda":
+
         def sink(partial):  # a run cut short keeps what it measured
             write_json_atomic(args.out, {**report, "partial": True, "rows": done + partial})
 
@@ -324,9 +382,15 @@ def main(argv=None) -> int:
     write_json_atomic(args.out, report)
     for r in report["rows"]:
         shape = "x".join(map(str, r["shape"]))
-        print(f"{r['path']:<45} {shape:>16} axis={r.get('axis', '')!s:>4} {r['seconds'] * 1e6:10.1f} us  {r['fraction']:6.1%} of {r['fraction_of'].split(' (')[0]}")
+        print(
+            f"{r['path']:<45} {shape:>16} axis={r.get('axis', '')!s:>4} {r['seconds'] * 1e6:10.1f} us  "
+            f"{r['fraction']:6.1%} of {r['fraction_of'].split(' (')[0]}"
+        )
     for k, v in report["ratios"].items():
-        print(f"{k}: {v if isinstance(v, float) else v['min']:.1f}x" + ("" if isinstance(v, float) else " (min over runs)"))
+        print(
+            f"{k}: {v if isinstance(v, float) else v['min']:.1f}x"
+            + ("" if isinstance(v, float) else " (min over runs)")
+        )
     return 0
 
 

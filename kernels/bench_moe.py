@@ -22,10 +22,10 @@ import torch
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from moe_oracle import per_expert_forward  # noqa: E402
 from transformers import Qwen3MoeConfig  # noqa: E402
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts  # noqa: E402
 
+from moe_oracle import per_expert_forward  # noqa: E402
 from mxfp4.config.recipes import Recipe  # noqa: E402
 from mxfp4.io import write_json_atomic  # noqa: E402
 from mxfp4.nn import patch_model, unpatch_model  # noqa: E402
@@ -63,7 +63,10 @@ def one_case(experts_n, k, h, inter, layers, tokens, reps, recipe):
 
     out = {}
     try:
-        for name, fwd in (("grouped", lambda b: b.forward), ("per-expert loop", lambda b: (lambda *a: per_expert_forward(b, *a)))):
+        for name, fwd in (
+            ("grouped", lambda b: b.forward),
+            ("per-expert loop", lambda b: lambda *a: per_expert_forward(b, *a)),
+        ):
             step(fwd)  # warm-up (and the weight cache)
             best = float("inf")
             for _ in range(reps):
@@ -87,17 +90,35 @@ def main(argv=None) -> int:
     rows = []
     for name, shape in tqdm(CASES.items(), desc="moe bench", unit="case", file=sys.stderr):
         t = one_case(*shape, args.reps, args.recipe)
-        rows.append({"case": name, "experts": shape[0], "top_k": shape[1], "hidden": shape[2], "moe_intermediate": shape[3],
-                     "layers": shape[4], "tokens": shape[5], "seconds_fwd_bwd": t,
-                     "speedup_grouped_over_loop": t["per-expert loop"] / t["grouped"]})
-    report = {"device": "cuda: " + torch.cuda.get_device_name() if torch.cuda.is_available() else
-              f"cpu: {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)",
-              "method": f"best of {args.reps} runs of one forward+backward through every layer's experts, recipe {args.recipe}",
-              "torch": torch.__version__, "rows": rows}
+        rows.append(
+            {
+                "case": name,
+                "experts": shape[0],
+                "top_k": shape[1],
+                "hidden": shape[2],
+                "moe_intermediate": shape[3],
+                "layers": shape[4],
+                "tokens": shape[5],
+                "seconds_fwd_bwd": t,
+                "speedup_grouped_over_loop": t["per-expert loop"] / t["grouped"],
+            }
+        )
+    report = {
+        "device": "cuda: " + torch.cuda.get_device_name()
+        if torch.cuda.is_available()
+        else f"cpu: {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)",
+        "method": f"best of {args.reps} runs of one forward+backward through every layer's experts, "
+        f"recipe {args.recipe}",
+        "torch": torch.__version__,
+        "rows": rows,
+    }
     write_json_atomic(args.out, report)
     for r in rows:
-        print(f"{r['case']}: grouped {r['seconds_fwd_bwd']['grouped']:.3f} s, loop {r['seconds_fwd_bwd']['per-expert loop']:.3f} s, "
-              f"{r['speedup_grouped_over_loop']:.2f}x")
+        print(
+            f"{r['case']}: grouped {r['seconds_fwd_bwd']['grouped']:.3f} s, "
+            f"loop {r['seconds_fwd_bwd']['per-expert loop']:.3f} s, "
+            f"{r['speedup_grouped_over_loop']:.2f}x"
+        )
     return 0
 
 

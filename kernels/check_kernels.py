@@ -17,8 +17,8 @@ from tqdm import tqdm
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from mxfp4.numerics import kernel_checks  # noqa: E402
 from mxfp4.io import write_json_atomic  # noqa: E402
+from mxfp4.numerics import kernel_checks  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -26,9 +26,13 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--kernel", action="append", choices=kernel_checks.KERNELS, help="only these kernels (repeatable)")
     p.add_argument("--no-matmul", action="store_true", help="skip the GEMM checks")
-    p.add_argument("--interpreter-dtype", action="append", choices=[str(d).removeprefix("torch.") for d in kernel_checks.DTYPES],
-                   help="under the interpreter (no CUDA), only these input dtypes (repeatable; the test suite checks all); "
-                        "on CUDA every dtype is checked")
+    p.add_argument(
+        "--interpreter-dtype",
+        action="append",
+        choices=[str(d).removeprefix("torch.") for d in kernel_checks.DTYPES],
+        help="under the interpreter (no CUDA), only these input dtypes (repeatable; the test suite checks all); "
+        "on CUDA every dtype is checked",
+    )
     args = p.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtypes = kernel_checks.DTYPES
@@ -53,8 +57,10 @@ def main(argv=None) -> int:
         "checks": results,
     }
     write_json_atomic(args.out, report)
-    print(f"{report['n_checks']} bit-exact checks, {report['n_failed']} failed; matmul "
-          f"{'ok' if all(m['passed'] for m in matmul.values()) else 'FAILED'} -> {args.out}")
+    print(
+        f"{report['n_checks']} bit-exact checks, {report['n_failed']} failed; matmul "
+        f"{'ok' if all(m['passed'] for m in matmul.values()) else 'FAILED'} -> {args.out}"
+    )
     return 0 if passed else 1
 
 

@@ -221,20 +221,29 @@ def report_gemm(name: str, n: int, k: int, m: int) -> list[dict]:
         sass = _tool("cuobjdump", "-sass", data=compiled.asm["cubin"])
         prof, body = sass_profile(compiled.asm["cubin"], sass), loop_body(sass)
         per_thread = cfg.kwargs["BLOCK_N"] * 128 * cfg.kwargs["CHUNKS"] / (32 * cfg.num_warps)
-        rows.append({
-            "path": f"w4a16 decode: {name}", "kernel": kernel.__name__, "space": space,
-            "config": {k: cfg.kwargs[k] for k in ("BLOCK_N", "CHUNKS", "SPLIT_K")} | {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
-            "programs": math.prod(grid_of(cfg.kwargs)),
-            "loop_instructions_per_weight_element": sum(body.values()) / per_thread,
-            "loop_mma": {"HGMMA": body["HGMMA"], "HMMA": body["HMMA"]},
-            "loop_bf16x2_multiplies": body["HMUL2"],
-            "loop_plain_global_loads": body["LDG"],
-            "async_copies": sum(v for op, v in prof["global_loads"].items() if op.startswith("LDGSTS")),
-            "registers": prof["registers"], "spill_ops": prof["spill_ops"],
-            "convert_layouts": compiled.asm["ttgir"].count("ttg.convert_layout"),
-        })
-        print(f"{rows[-1]['path']:50s} {space:8s} {str(rows[-1]['config']):90s} loop instr/weight "
-              f"{rows[-1]['loop_instructions_per_weight_element']:5.2f} plain LDG {body['LDG']}", flush=True)
+        rows.append(
+            {
+                "path": f"w4a16 decode: {name}",
+                "kernel": kernel.__name__,
+                "space": space,
+                "config": {k: cfg.kwargs[k] for k in ("BLOCK_N", "CHUNKS", "SPLIT_K")}
+                | {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+                "programs": math.prod(grid_of(cfg.kwargs)),
+                "loop_instructions_per_weight_element": sum(body.values()) / per_thread,
+                "loop_mma": {"HGMMA": body["HGMMA"], "HMMA": body["HMMA"]},
+                "loop_bf16x2_multiplies": body["HMUL2"],
+                "loop_plain_global_loads": body["LDG"],
+                "async_copies": sum(v for op, v in prof["global_loads"].items() if op.startswith("LDGSTS")),
+                "registers": prof["registers"],
+                "spill_ops": prof["spill_ops"],
+                "convert_layouts": compiled.asm["ttgir"].count("ttg.convert_layout"),
+            }
+        )
+        print(
+            f"{rows[-1]['path']:50s} {space:8s} {str(rows[-1]['config']):90s} loop instr/weight "
+            f"{rows[-1]['loop_instructions_per_weight_element']:5.2f} plain LDG {body['LDG']}",
+            flush=True,
+        )
     return rows
 
 
@@ -252,7 +261,14 @@ def main(argv=None) -> int:
         from mxfp4.numerics import triton_gemm as tg
 
         spaces = [*tg._w4a16_direct.values(), *tg._w4a16_split.values()]
-        for t in (tk._quant_rows_tuned, tk._quant_cols_tuned, tk._fake_both_tuned, tk._dequant_rows_tuned, tk._dequant_cols_tuned, *spaces):
+        for t in (
+            tk._quant_rows_tuned,
+            tk._quant_cols_tuned,
+            tk._fake_both_tuned,
+            tk._dequant_rows_tuned,
+            tk._dequant_cols_tuned,
+            *spaces,
+        ):
             t.configs = t.configs[:1]
     rows = []
     for name, thunk in cases(shape, torch.bfloat16):
@@ -261,23 +277,29 @@ def main(argv=None) -> int:
         n = elements if name != "fake-quant both axes" or len(shape) == 2 else shape[-2] * shape[-1]
         for row in report_case(name, thunk, n):
             rows.append(row)
-            print(f"{name:28s} {str(row['config']):60s} instr/elem {row['instructions_per_element']:6.1f} "
-                  f"regs {row['registers']:3d} spills {row['spill_ops']:3d} shfl {row['shuffles']:4d} "
-                  f"ldg {row['global_loads']} stg {row['global_stores']} cvt {row['convert_layouts']}", flush=True)
+            print(
+                f"{name:28s} {str(row['config']):60s} instr/elem {row['instructions_per_element']:6.1f} "
+                f"regs {row['registers']:3d} spills {row['spill_ops']:3d} shfl {row['shuffles']:4d} "
+                f"ldg {row['global_loads']} stg {row['global_stores']} cvt {row['convert_layouts']}",
+                flush=True,
+            )
     gemm = [] if args.no_gemm else [r for name, (n, k, m) in DECODE_SHAPES.items() for r in report_gemm(name, n, k, m)]
-    write_json_atomic(args.out, {
-        "method": "static: triton.compile for sm_90a on CPU (no device), cuobjdump of the cubin; memory kernels: "
-                  "instructions per element = static SASS count x threads per program / elements per program "
-                  "(straight-line kernels); W4A16: the largest loop's SASS count over the weight elements a thread "
-                  "upcasts per iteration. Not a measurement of speed.",
-        "triton": triton.__version__,
-        "torch": torch.__version__,
-        "shape": list(shape),
-        "dtype": "bfloat16",
-        "issue_budget_per_element": ISSUE_BUDGET,
-        "rows": rows,
-        "w4a16_decode": gemm,
-    })
+    write_json_atomic(
+        args.out,
+        {
+            "method": "static: triton.compile for sm_90a on CPU (no device), cuobjdump of the cubin; memory kernels: "
+            "instructions per element = static SASS count x threads per program / elements per program "
+            "(straight-line kernels); W4A16: the largest loop's SASS count over the weight elements a thread "
+            "upcasts per iteration. Not a measurement of speed.",
+            "triton": triton.__version__,
+            "torch": torch.__version__,
+            "shape": list(shape),
+            "dtype": "bfloat16",
+            "issue_budget_per_element": ISSUE_BUDGET,
+            "rows": rows,
+            "w4a16_decode": gemm,
+        },
+    )
     return 0
 
 

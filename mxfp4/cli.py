@@ -49,10 +49,14 @@ def _load_tensor(args):
         try:
             obj = torch.load(args.tensor, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - any unreadable file is bad input
-            raise ValueError(f"--tensor {args.tensor}: not a torch.save file of tensors ({type(err).__name__}: {err})") from None
+            raise ValueError(
+                f"--tensor {args.tensor}: not a torch.save file of tensors ({type(err).__name__}: {err})"
+            ) from None
         if isinstance(obj, dict):
             if args.key is None:
-                raise ValueError(f"{args.tensor} holds several tensors; pick one with --key from: {', '.join(map(str, obj))}")
+                raise ValueError(
+                    f"{args.tensor} holds several tensors; pick one with --key from: {', '.join(map(str, obj))}"
+                )
             if args.key not in obj:
                 raise ValueError(f"--key {args.key!r} is not in {args.tensor}; accepted: {', '.join(map(str, obj))}")
             obj = obj[args.key]
@@ -99,15 +103,19 @@ def _cmd_prove(args) -> int:
 
     def progress(i, n, entry):
         bar.total = n
-        bar.set_postfix_str(f"{entry['distribution']} {entry['format']} {entry['scale_rule']} "
-                            f"residual {entry['identity_residual_rel']:.1e}" + ("" if entry["passed"] else " FAIL"))
+        bar.set_postfix_str(
+            f"{entry['distribution']} {entry['format']} {entry['scale_rule']} "
+            f"residual {entry['identity_residual_rel']:.1e}" + ("" if entry["passed"] else " FAIL")
+        )
         bar.update(1)
 
     report = run_proofs(rows=args.rows, cols=args.cols, seed=args.seed, progress=progress)
     bar.close()
     write_json_atomic(Path(args.out), report)
-    print(f"{len(report['cases'])} cases, max relative identity residual {report['max_identity_residual_rel']:.3g}: "
-          f"{'passed' if report['passed'] else 'FAILED'} -> {args.out}")
+    print(
+        f"{len(report['cases'])} cases, max relative identity residual {report['max_identity_residual_rel']:.3g}: "
+        f"{'passed' if report['passed'] else 'FAILED'} -> {args.out}"
+    )
     return 0 if report["passed"] else 1
 
 
@@ -125,7 +133,9 @@ def _cmd_plot(args) -> int:
     from .report import plots
 
     if not Path(args.input).is_file():
-        raise ValueError(f"plot {args.figure}: input {args.input} does not exist (expected the {PLOTS[args.figure][1]})")
+        raise ValueError(
+            f"plot {args.figure}: input {args.input} does not exist (expected the {PLOTS[args.figure][1]})"
+        )
     paths = getattr(plots, PLOTS[args.figure][0])(args.input, args.out)
     print("wrote " + ", ".join(map(str, paths)))
     return 0
@@ -143,16 +153,27 @@ def _cmd_claims(args) -> int:
     from .report.claims import run_claims
 
     layout = Layout(args.results, args.profile)
-    inputs = {"cells": args.cells or layout.aggregate / "cells.csv", "proofs": args.proofs or layout.proofs,
-              "corrections": args.corrections or layout.corrections}
+    inputs = {
+        "cells": args.cells or layout.aggregate / "cells.csv",
+        "proofs": args.proofs or layout.proofs,
+        "corrections": args.corrections or layout.corrections,
+    }
     for name, path in inputs.items():
         if not Path(path).is_file():
-            raise ValueError(f"claims needs --{name} {path}, which does not exist (snakemake --cores all claims makes it)")
+            raise ValueError(
+                f"claims needs --{name} {path}, which does not exist (snakemake --cores all claims makes it)"
+            )
     pathways = args.pathways or layout.pathways()
     if args.pathways and not Path(pathways).is_file():
         raise ValueError(f"claims: --pathways {pathways} does not exist (snakemake --cores all pathways makes it)")
-    rows = run_claims(inputs["cells"], inputs["proofs"], inputs["corrections"], args.out or layout.claims, args.profile,
-                      pathways_csv=pathways)
+    rows = run_claims(
+        inputs["cells"],
+        inputs["proofs"],
+        inputs["corrections"],
+        args.out or layout.claims,
+        args.profile,
+        pathways_csv=pathways,
+    )
     for r in rows:
         print(f"{r['verdict']:<40} {r['model']:<28} {r['claim']}")
     return 0
@@ -176,7 +197,10 @@ def _cmd_corrections_table(args) -> int:
     for item in args.model or []:
         label, sep, source = item.partition("=")
         if not sep or not label or not source:
-            raise ValueError(f"--model {item!r}: expected NAME=PATH (a checkpoint folder, hub id, or tiny-dense/tiny-moe for random init)")
+            raise ValueError(
+                f"--model {item!r}: expected NAME=PATH (a checkpoint folder, hub id, "
+                "or tiny-dense/tiny-moe for random init)"
+            )
         models[label] = source
     table = ct.rows(ct.build_sources(models or None))
     write_text_atomic(args.out, ct.markdown(table))
@@ -193,9 +217,13 @@ def _cmd_pretrain(args) -> int:
     profile = load_profile(args.profile)
     spec = profile.model(args.model)
     if not spec.arch:
-        raise ValueError(f"{args.model!r} is a hub model, not a tiny stand-in; accepted: {', '.join(profile.tiny_models())}")
+        raise ValueError(
+            f"{args.model!r} is a hub model, not a tiny stand-in; accepted: {', '.join(profile.tiny_models())}"
+        )
     out = Path(args.out) if args.out else Layout(args.results, args.profile).model(args.model)
-    meta = pretrain(spec.arch, out, max_steps_per_problem=profile.data.max_problem_steps, **profile.pretrain.model_dump())
+    meta = pretrain(
+        spec.arch, out, max_steps_per_problem=profile.data.max_problem_steps, **profile.pretrain.model_dump()
+    )
     print(json.dumps(meta, indent=2))
     return 0
 
@@ -206,8 +234,22 @@ def _cmd_cell(args) -> int:
     m = run_cell(args.profile, args.model, args.recipe, args.seed, results=args.results, recipes_file=args.recipes)
     if m is None:  # a rank other than the main process of a multi-process cell: the main one reports
         return 0
-    print(json.dumps({k: m[k] for k in ("gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_entropy",
-                                        "mean_grad_cosine", "mean_step_time", "wall_time_seconds")}, indent=2))
+    print(
+        json.dumps(
+            {
+                k: m[k]
+                for k in (
+                    "gsm8k_strict_accuracy",
+                    "gsm8k_flexible_accuracy",
+                    "mean_entropy",
+                    "mean_grad_cosine",
+                    "mean_step_time",
+                    "wall_time_seconds",
+                )
+            },
+            indent=2,
+        )
+    )
     return 0
 
 
@@ -215,8 +257,15 @@ def _cmd_gpu_smoke_report(args) -> int:
     from .report.gpu_smoke import run
 
     rec = run(args.results, args.profile, args.out)
-    print(json.dumps({r: {k: v.get(k) for k in ("status", "step_time_vs_bf16", "rollout_time_vs_bf16", "peak_memory_gib")}
-                      for r, v in rec["recipes"].items()}, indent=2))
+    print(
+        json.dumps(
+            {
+                r: {k: v.get(k) for k in ("status", "step_time_vs_bf16", "rollout_time_vs_bf16", "peak_memory_gib")}
+                for r, v in rec["recipes"].items()
+            },
+            indent=2,
+        )
+    )
     return 0
 
 
@@ -224,8 +273,13 @@ def _cmd_pathways(args) -> int:
     from .rl.pathways import run_pathways
 
     out = args.out or Layout(args.results, args.profile).pathways(args.model)
-    rows = run_pathways(args.profile, args.model, results=args.results, out_csv=out,
-                        progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    rows = run_pathways(
+        args.profile,
+        args.model,
+        results=args.results,
+        out_csv=out,
+        progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+    )
     print(f"wrote {out} ({len(rows)} rows)")
     return 0
 
@@ -271,9 +325,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("corrections-table", help="each correction's effect on each error component (markdown)")
     p.add_argument("--out", default="docs/corrections.md")
     p.add_argument("--json", default=None, help="also write the rows as JSON")
-    p.add_argument("--model", action="append", metavar="NAME=PATH",
-                   help="a model's weights as a source (checkpoint folder or hub id; tiny-dense / tiny-moe for random "
-                        "init); repeatable; default: both tiny stand-ins at random init")
+    p.add_argument(
+        "--model",
+        action="append",
+        metavar="NAME=PATH",
+        help="a model's weights as a source (checkpoint folder or hub id; tiny-dense / tiny-moe for random "
+        "init); repeatable; default: both tiny stand-ins at random init",
+    )
     p.set_defaults(func=_cmd_corrections_table)
 
     p = sub.add_parser("pretrain", help="warm-start a profile's tiny model with SFT and save it")
@@ -288,7 +346,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipes", default=None, help="a recipes YAML (default experiments/recipes.yaml)")
     p.set_defaults(func=_cmd_cell)
 
-    p = sub.add_parser("pathways", help="the pathway matrix: each error component injected alone, on gradients, rollouts, entropy")
+    p = sub.add_parser(
+        "pathways", help="the pathway matrix: each error component injected alone, on gradients, rollouts, entropy"
+    )
     _model_args(p)
     p.add_argument("--out", default=None, help="default results/<profile>/pathways/<model>/pathways.csv")
     p.set_defaults(func=_cmd_pathways)
@@ -318,7 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--figure", default=None, help="output stem for the figure (.png and .pdf)")
     p.set_defaults(func=_cmd_compare)
 
-    p = sub.add_parser("gpu-smoke-report", help="per recipe: step and generation time vs BF16, peak memory, weight update")
+    p = sub.add_parser(
+        "gpu-smoke-report", help="per recipe: step and generation time vs BF16, peak memory, weight update"
+    )
     p.add_argument("--profile", default="gpu-smoke")
     p.add_argument("--results", default="results")
     p.add_argument("--out", default="results/gpu/gpu_smoke_dense.json")

@@ -45,5 +45,7 @@ def smoke_results(tmp_path_factory):
     root = tmp_path_factory.mktemp("results")
     profile = load_profile("smoke")
     for model, spec in profile.models.items():
-        pretrain(spec.arch, Layout(root, "smoke").model(model), max_steps_per_problem=1, **profile.pretrain.model_dump())
+        pretrain(
+            spec.arch, Layout(root, "smoke").model(model), max_steps_per_problem=1, **profile.pretrain.model_dump()
+        )
     return root

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerFast
 
+from mxfp4.layout import Layout
 from mxfp4.rl.cell import run_cell
 from mxfp4.rl.models import load
-from mxfp4.layout import Layout
 
 PROMISED_METRICS = [
     "gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_entropy", "mean_grad_cosine", "decomposition_weights",
@@ -17,8 +17,19 @@ PROMISED_METRICS = [
     "mean_step_time", "mean_kl", "mean_probe_time", "mean_mismatch_kl", "rollout", "precision", "weight_update",
     "world_size", "weight_digests",
 ]
-PROMISED_LOG = ["step", "step_time", "probe_time", "rollout_time", "reward", "reward_std", "rewards/accuracy_reward/mean",
-               "entropy", "kl", "mismatch/kl", "mismatch/is_ratio_p99"]
+PROMISED_LOG = [
+    "step",
+    "step_time",
+    "probe_time",
+    "rollout_time",
+    "reward",
+    "reward_std",
+    "rewards/accuracy_reward/mean",
+    "entropy",
+    "kl",
+    "mismatch/kl",
+    "mismatch/is_ratio_p99",
+]
 TIMING = {"wall_time_seconds", "train_seconds", "mean_step_time", "mean_probe_time"}
 
 
@@ -75,7 +86,7 @@ def test_same_seed_gives_identical_metrics(results):
 def _readme_block(header: str) -> str:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     start = readme.index(header)
-    return readme[start:readme.index("```", start)]
+    return readme[start : readme.index("```", start)]
 
 
 def test_the_readme_plugin_correction_gets_the_step_count_in_a_real_cell(results, tmp_path, monkeypatch):
@@ -93,7 +104,10 @@ def test_the_readme_plugin_correction_gets_the_step_count_in_a_real_cell(results
     finally:
         corr._REGISTRY.pop("clip_outliers", None)
         sys.modules.pop("my_corrections", None)  # other tests import their own my_corrections
-    rows = [json.loads(line) for line in (results / "smoke/cells/tiny-dense/mxfp4+clip/seed0/train_log.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line)
+        for line in (results / "smoke/cells/tiny-dense/mxfp4+clip/seed0/train_log.jsonl").read_text().splitlines()
+    ]
     assert [r["clip/active"] for r in rows] == [0.0, 0.0, 1.0]  # 3 steps, start 0.5: on from step 1.5
     assert m["correction_costs"] == {"clip_outliers": {"extra_bits_per_element": 0.0, "bf16_fraction": 0.0}}
 
@@ -104,7 +118,10 @@ def test_rl_processes_do_not_import_torchao_through_transformers():
     import subprocess
     import sys
 
-    code = ("import sys, mxfp4.cli; mxfp4.cli.hide_torchao_from_transformers(); from transformers import AutoModelForCausalLM; "
-            "from trl import GRPOTrainer; import lm_eval.models.huggingface; print('torchao' in sys.modules)")
+    code = (
+        "import sys, mxfp4.cli; mxfp4.cli.hide_torchao_from_transformers(); "
+        "from transformers import AutoModelForCausalLM; "
+        "from trl import GRPOTrainer; import lm_eval.models.huggingface; print('torchao' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert out.strip().splitlines()[-1] == "False"

@@ -4,9 +4,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mxfp4.stats import mean_ci, verdict, welch_diff
 from mxfp4.report.claims import build_claims
 from mxfp4.report.compare import compare_rows
+from mxfp4.stats import mean_ci, verdict, welch_diff
 
 
 def _cells(recipe, accs, cos=(0.9, 0.91, 0.92), model="tiny-dense", step=0.5, entropy=None):
@@ -73,23 +73,60 @@ def test_claims_are_paired_by_seed_holm_corrected_and_label_what_is_by_construct
                     "energy_scale_before": 2.0, "energy_scale_after": 1.0}]
     rows = build_claims(cells, proofs, corrections, [])
     by = {(r["claim"].split(" (")[0], r["test"]): r for r in rows}
-    assert by[("The three-way split is exact: MX(x) - x = e_scale + e_dead + e_grid", "numerical check")]["verdict"].startswith("held")
-    assert by[("macro_block reduces the scale-bias energy it targets", "by construction")]["verdict"] == "by construction"
+    assert by[("The three-way split is exact: MX(x) - x = e_scale + e_dead + e_grid", "numerical check")][
+        "verdict"
+    ].startswith("held")
+    assert (
+        by[("macro_block reduces the scale-bias energy it targets", "by construction")]["verdict"] == "by construction"
+    )
     macro = by[("Scale bias dominates gradient accuracy", "indirect (correction, cells)")]
     assert macro["verdict"] == "held" and macro["p_holm"] >= macro["p"]  # paired: the seed shift cancels
-    assert welch_diff([c["mean_grad_cosine"] for c in cells if c["recipe"] == "mxfp4+macro"],
-                      [c["mean_grad_cosine"] for c in cells if c["recipe"] == "mxfp4"])["ci_low"] < 0  # unpaired would not
+    assert (
+        welch_diff(
+            [c["mean_grad_cosine"] for c in cells if c["recipe"] == "mxfp4+macro"],
+            [c["mean_grad_cosine"] for c in cells if c["recipe"] == "mxfp4"],
+        )["ci_low"]
+        < 0
+    )  # unpaired would not
     recovery = by[("Combined corrections recover BF16 GSM8K accuracy", "recovery: non-inferiority")]
     assert recovery["verdict"].startswith("contradicted")
-    assert by[("Deadzone truncation dominates rollout quality", "indirect (correction, cells)")]["verdict"] == "not shown"
+    assert (
+        by[("Deadzone truncation dominates rollout quality", "indirect (correction, cells)")]["verdict"] == "not shown"
+    )
     assert all(r["mde80"] is not None for r in rows if r["test"].startswith(("indirect", "recovery")))
 
 
 def test_direct_claims_come_from_the_pathway_contrasts():
-    pathways = [{"model": "tiny-dense", "checkpoint": "warm", "injection": "+scale vs +dead", "site": "both", "layer": "total",
-                 "metric": "gradient_harm_contrast", "mean": "0.2", "ci_low": "0.1", "ci_high": "0.3", "n": "12", "p": "", "method": ""},
-                {"model": "tiny-dense", "checkpoint": "warm", "injection": "+dead vs +grid", "site": "forward", "layer": "total",
-                 "metric": "rollout_harm_contrast", "mean": "-0.01", "ci_low": "-0.05", "ci_high": "0.03", "n": "24", "p": "", "method": ""}]
+    pathways = [
+        {
+            "model": "tiny-dense",
+            "checkpoint": "warm",
+            "injection": "+scale vs +dead",
+            "site": "both",
+            "layer": "total",
+            "metric": "gradient_harm_contrast",
+            "mean": "0.2",
+            "ci_low": "0.1",
+            "ci_high": "0.3",
+            "n": "12",
+            "p": "",
+            "method": "",
+        },
+        {
+            "model": "tiny-dense",
+            "checkpoint": "warm",
+            "injection": "+dead vs +grid",
+            "site": "forward",
+            "layer": "total",
+            "metric": "rollout_harm_contrast",
+            "mean": "-0.01",
+            "ci_low": "-0.05",
+            "ci_high": "0.03",
+            "n": "24",
+            "p": "",
+            "method": "",
+        },
+    ]
     proofs = {"max_identity_residual_rel": 0.0, "passed": True, "cases": [1]}
     rows = [r for r in build_claims([], proofs, [], pathways) if r["test"].startswith("direct")]
     assert [r["verdict"] for r in rows] == ["held", "not shown"]
@@ -100,8 +137,11 @@ def test_per_problem_comparison_is_mcnemar_on_the_discordant_pairs():
     from mxfp4.report.compare import item_difference
 
     def items(recipe, correct):
-        return [{"model": "m", "recipe": recipe, "seed": s, "doc_id": i, "doc_hash": f"h{i}", "strict": float(c)}
-                for s in (0, 1) for i, c in enumerate(correct)]
+        return [
+            {"model": "m", "recipe": recipe, "seed": s, "doc_id": i, "doc_hash": f"h{i}", "strict": float(c)}
+            for s in (0, 1)
+            for i, c in enumerate(correct)
+        ]
 
     base = items("b", [1] * 20 + [0] * 20)
     same = item_difference(items("a", [1] * 20 + [0] * 20), base)

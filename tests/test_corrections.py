@@ -6,17 +6,19 @@ import pytest
 import torch
 
 from mxfp4 import corrections as corr
+from mxfp4.config.recipes import Recipe, load_recipe_table
 from mxfp4.corrections import AdaptiveQuantizationNoise
-from mxfp4.numerics.quantizer import Quantizer
 from mxfp4.numerics.distributions import sample
 from mxfp4.numerics.prove import IDENTITY_TOL_REL
-from mxfp4.config.recipes import Recipe, load_recipe_table
+from mxfp4.numerics.quantizer import Quantizer
 
 DISTS = ["gaussian", "laplace", "student_t3", "llm_rows"]
 
 
 @pytest.mark.parametrize("dist", DISTS)
-@pytest.mark.parametrize("params", [{"blocks": 1}, {"blocks": 4}, {"blocks": 4, "rows": 4}, {"blocks": 4, "candidates": "all"}])
+@pytest.mark.parametrize(
+    "params", [{"blocks": 1}, {"blocks": 4}, {"blocks": 4, "rows": 4}, {"blocks": 4, "candidates": "all"}]
+)
 def test_macro_block_scaling_reduces_scale_bias_energy(dist, params):
     x = sample(dist, 64, 512, seed=1)
     base = Quantizer().decompose(x, -1).stats
@@ -29,7 +31,9 @@ def test_macro_block_scaling_reduces_scale_bias_energy(dist, params):
 
 
 @pytest.mark.parametrize("dist", DISTS)
-@pytest.mark.parametrize("params", [{"mode": "element", "k": 1}, {"mode": "element", "k": 2}, {"mode": "block", "fraction": 0.1}])
+@pytest.mark.parametrize(
+    "params", [{"mode": "element", "k": 1}, {"mode": "element", "k": 2}, {"mode": "block", "fraction": 0.1}]
+)
 def test_outlier_fallback_reduces_deadzone_fraction_and_reports_its_cost(dist, params):
     x = sample(dist, 64, 512, seed=2)
     base = Quantizer().decompose(x, -1).stats
@@ -146,7 +150,9 @@ def test_outside_correction_and_recipe_files_plug_in_through_the_environment(tmp
         "        mask = x.abs() > self.limit\n"
         "        return mask, torch.where(mask, 0.0, x)\n"
     )
-    (tmp_path / "my_recipes.yaml").write_text("mxfp4+clip:\n  base: mxfp4\n  corrections: [{name: test_clip, limit: 2.5}]\n")
+    (tmp_path / "my_recipes.yaml").write_text(
+        "mxfp4+clip:\n  base: mxfp4\n  corrections: [{name: test_clip, limit: 2.5}]\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("MXFP4_PLUGINS", "my_corrections")
     monkeypatch.setenv("MXFP4_RECIPES", str(tmp_path / "my_recipes.yaml"))

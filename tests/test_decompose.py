@@ -7,8 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mxfp4.numerics import reference
 from mxfp4.cli import main
+from mxfp4.numerics import reference
 from mxfp4.numerics.decompose import decompose
 from mxfp4.numerics.formats import FORMATS
 from mxfp4.numerics.prove import IDENTITY_TOL_REL
@@ -69,7 +69,11 @@ def test_shapley_values_sum_to_the_total_error_energy(case):
     )
 
 
-@given(st.integers(-30, 30), st.integers(0, 2**31 - 1), st.sampled_from(["mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3"]))
+@given(
+    st.integers(-30, 30),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from(["mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3"]),
+)
 def test_scale_bias_vanishes_when_amax_is_max_value_times_a_power_of_two(k, seed, fmt):
     f = FORMATS[fmt]
     g = torch.Generator().manual_seed(seed)

@@ -40,11 +40,14 @@ def _x(shape=(64, 256), seed=0):
 def test_the_audit_catches_a_cpu_scalar_operand_of_nextafter():
     """The old _bf16_round_up: torch.nextafter(x, torch.tensor(inf)), fine on CPU, a crash on CUDA."""
     with pytest.raises(DeviceLeak, match="nextafter"):
-        audit_devices(lambda x: torch.nextafter(x.to(torch.bfloat16), torch.tensor(math.inf, dtype=torch.bfloat16)), _x())
+        audit_devices(
+            lambda x: torch.nextafter(x.to(torch.bfloat16), torch.tensor(math.inf, dtype=torch.bfloat16)), _x()
+        )
 
 
 def test_the_audit_catches_a_cpu_mask_indexed_with_device_indices():
     """The old block mode of outlier fallback: a CPU mask indexed with the input's topk indices."""
+
     def block_mask(x):
         keep = torch.zeros(x.shape[0], dtype=torch.bool)
         keep[x.abs().amax(-1).topk(4).indices] = True
@@ -67,6 +70,7 @@ def test_the_audit_lets_explicit_copies_through():
 
 
 # --- every format, scale rule and correction is device-clean ----------------------------------------
+
 
 @pytest.mark.parametrize("fmt,rule", FORMAT_RULES)
 def test_every_format_and_scale_rule_makes_its_tensors_on_the_input_device(fmt, rule):
@@ -116,8 +120,13 @@ def test_aqn_noise_lands_on_the_weights_device():
 
 # --- macro-block through the Triton path --------------------------------------------------------
 
-@given(st.integers(0, 2**16), st.sampled_from([((64, 256), -1, 1), ((256, 64), 0, 1), ((64, 256), -1, 2),
-                                               ((2, 64, 128), 1, 1), ((32, 96), -1, 4)]))
+
+@given(
+    st.integers(0, 2**16),
+    st.sampled_from(
+        [((64, 256), -1, 1), ((256, 64), 0, 1), ((64, 256), -1, 2), ((2, 64, 128), 1, 1), ((32, 96), -1, 4)]
+    ),
+)
 def test_macro_block_through_the_kernels_equals_the_reference_block_path(seed, case):
     """On CUDA macro-block runs as two fake-quantizations by the Triton kernels (interpreter here);
     the values must be those of the reference block path, bit for bit."""
@@ -132,6 +141,7 @@ def test_macro_block_through_the_kernels_equals_the_reference_block_path(seed, c
 
 
 # --- which quantized values a bf16 GEMM takes exactly --------------------------------------------------
+
 
 @given(st.integers(0, 2**16), st.sampled_from(["mxfp4", "mxfp6_e2m3", "mxfp6_e3m2", "mxfp8_e4m3", "fallback"]))
 def test_quantizers_that_claim_bf16_exactness_return_bf16_numbers(seed, name):
@@ -153,6 +163,7 @@ def test_macro_block_and_nvfp4_values_are_not_all_bf16_numbers():
 
 # --- the same on CUDA, bit for bit against the CPU ----------------------------------------------
 
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,rule", FORMAT_RULES)
 def test_every_format_and_scale_rule_on_cuda_equals_the_cpu(fmt, rule):
@@ -160,7 +171,10 @@ def test_every_format_and_scale_rule_on_cuda_equals_the_cpu(fmt, rule):
     q = Quantizer(fmt=fmt, scale_rule=rule)
     assert torch.equal(q(x.cuda(), -1).cpu(), q(x, -1))
     qt = dispatch.quantize(x.cuda(), fmt, 0, rule)
-    assert torch.equal(reference.dequantize(qt, torch.float32).cpu(), reference.dequantize(reference.quantize(x, fmt, 0, rule), torch.float32))
+    assert torch.equal(
+        reference.dequantize(qt, torch.float32).cpu(),
+        reference.dequantize(reference.quantize(x, fmt, 0, rule), torch.float32),
+    )
 
 
 @pytest.mark.gpu
@@ -168,15 +182,17 @@ def test_every_format_and_scale_rule_on_cuda_equals_the_cpu(fmt, rule):
 @pytest.mark.parametrize("axis", [-1, 0])
 def test_every_correction_on_cuda_equals_the_cpu(name, axis):
     x = _x()
-    assert torch.equal(Quantizer(corrections=CORRECTIONS[name]())(x.cuda(), axis).cpu(),
-                       Quantizer(corrections=CORRECTIONS[name]())(x, axis))
+    assert torch.equal(
+        Quantizer(corrections=CORRECTIONS[name]())(x.cuda(), axis).cpu(),
+        Quantizer(corrections=CORRECTIONS[name]())(x, axis),
+    )
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("recipe", ["mxfp4", "mxfp4+macro", "mxfp4+fallback", "mxfp4+all"])
 def test_a_patched_model_trains_a_step_on_cuda_under_bf16_autocast(recipe):
-    from mxfp4.rl.models import build_tiny
     from mxfp4.nn import patch_model
+    from mxfp4.rl.models import build_tiny
 
     model, _ = build_tiny("tiny-dense", seed=0)
     model.cuda()

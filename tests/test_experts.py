@@ -5,15 +5,14 @@ import types
 
 import pytest
 import torch
-from moe_oracle import per_expert_forward
 from transformers import Qwen3MoeConfig
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
+from moe_oracle import per_expert_forward
 from mxfp4.config.recipes import Recipe
+from mxfp4.nn import DispatchPlan, patch_model, patched_modules, unpatch_model
 from mxfp4.numerics.quantizer import Quantizer
-from mxfp4.nn import DispatchPlan
 from mxfp4.rl.models import build_tiny
-from mxfp4.nn import patch_model, patched_modules, unpatch_model
 
 
 def slice_experts(num_experts=128, top_k=8, hidden=64, inter=32, tokens=72, seed=0):
@@ -62,8 +61,8 @@ def test_grouped_equals_the_per_expert_loop_on_a_128_expert_top8_slice(recipe):
     counts = torch.bincount(idx.flatten(), minlength=128)
     assert (counts == 0).any() and (counts % 32 != 0).any() and (counts > 32).any()
     grouped, loop = grouped_vs_loop(experts, x, idx, w, Recipe.named(recipe).quantizer())
-    for name, g, l in zip(("output", "input grad", "gate_up grad", "down grad"), grouped, loop):
-        assert torch.equal(g, l), (recipe, name, (g - l).abs().max())
+    for name, g, ref in zip(("output", "input grad", "gate_up grad", "down grad"), grouped, loop):
+        assert torch.equal(g, ref), (recipe, name, (g - ref).abs().max())
 
 
 def _fallback_counts(experts, x, idx, w, forward_of):
@@ -98,14 +97,14 @@ def test_grouped_equals_the_loop_on_the_tiny_moe_and_never_counts_padding():
     x = torch.randn(t, h)
     w, idx = torch.softmax(torch.randn(t, experts.num_experts), -1).topk(k, dim=-1)
     grouped, g = _fallback_counts(experts, x, idx, w, lambda m: m.forward)
-    loop, l = _fallback_counts(experts, x, idx, w, lambda m: (lambda *a: per_expert_forward(m, *a)))
+    loop, lc = _fallback_counts(experts, x, idx, w, lambda m: (lambda *a: per_expert_forward(m, *a)))
     assert all(torch.equal(a, b) for a, b in zip(grouped, loop))
     # along tokens (zero-padded, aligned segments): exactly the loop's counts, padding never counted
-    assert {key: v for key, v in g.items() if key[0] == 0} == {key: v for key, v in l.items() if key[0] == 0}
+    assert {key: v for key, v in g.items() if key[0] == 0} == {key: v for key, v in lc.items() if key[0] == 0}
     # along H the grouped path quantizes each token once, the loop once per routed (token, expert)
     # row: the same rows k times, so its counts are the loop's minus (k - 1) copies of the tokens'
     # (width H also holds the down projection's input grad dY: k * t rows in both paths)
-    assert g[(-1, h)][1] == t * h + k * t * h and l[(-1, h)][1] == k * t * h + k * t * h
+    assert g[(-1, h)][1] == t * h + k * t * h and lc[(-1, h)][1] == k * t * h + k * t * h
 
 
 def test_unquantized_grouped_path_equals_transformers_own_experts_forward():

@@ -10,10 +10,10 @@ from trl import GRPOConfig
 
 from mxfp4.config.profiles import load_profile
 from mxfp4.config.recipes import Recipe
+from mxfp4.nn import clear_weight_caches, gemm_context, patch_model
 from mxfp4.rl.cell import plan_cell, rollout_record, rollout_settings, weight_snapshot, weight_update
 from mxfp4.rl.grpo import MXGRPOTrainer, mismatch_ledger, sample_blocks
 from mxfp4.rl.models import build_random, build_tiny
-from mxfp4.nn import clear_weight_caches, gemm_context, patch_model
 from mxfp4.rl.training import common_args
 from mxfp4.rl.vllm_weights import vllm_named_weights
 
@@ -118,17 +118,22 @@ def test_a_requested_vllm_backend_that_cannot_run_is_an_error():
 
 
 def test_the_rollout_record_reads_the_backend_the_trainer_used():
-    class T:
-        use_vllm, vllm_importance_sampling_correction = True, True
-
-    class H:
-        use_vllm = False
+    def trainer(**attributes):  # what TRL's __init__ sets, on an otherwise unbuilt MXGRPOTrainer
+        t = MXGRPOTrainer.__new__(MXGRPOTrainer)
+        t.__dict__.update(attributes)
+        return t
 
     tis = Recipe.named("mxfp4+tis")
-    assert rollout_record(T(), tis) == {"backend": "vllm", "precision": "W4A16 (the recipe's quantized weights)",
-                                        "truncated_is_cap": 2.0, "truncated_is_requested": 2.0}
-    rec = rollout_record(H(), tis)
-    assert rec["backend"] == "hf" and rec["precision"] == "W4A4 (the training forward)" and rec["truncated_is_cap"] is None
+    vllm = trainer(use_vllm=True, vllm_importance_sampling_correction=True)
+    assert rollout_record(vllm, tis) == {
+        "backend": "vllm",
+        "precision": "W4A16 (the recipe's quantized weights)",
+        "truncated_is_cap": 2.0,
+        "truncated_is_requested": 2.0,
+    }
+    rec = rollout_record(trainer(use_vllm=False), tis)
+    assert rec["backend"] == "hf" and rec["precision"] == "W4A4 (the training forward)"
+    assert rec["truncated_is_cap"] is None
 
 
 def test_the_ledger_on_known_log_ratios():
@@ -146,6 +151,7 @@ def test_the_ledger_on_known_log_ratios():
 
 
 # --- bounded probes -----------------------------------------------------------------------------------
+
 
 def test_probe_samples_are_bounded_and_keep_whole_quantization_groups():
     x = torch.randn(2000, 160 * 128)  # 160 macro-groups of 4 x 32 elements per row
@@ -166,6 +172,7 @@ def test_probe_samples_are_bounded_and_keep_whole_quantization_groups():
 
 
 # --- the weight cache under FSDP / ZeRO writes -------------------------------------------------------
+
 
 def test_an_update_written_through_data_is_seen_after_the_step_clears_the_caches():
     """FSDP2 and ZeRO-3 write gathered weights into reused storage without a version bump: the
@@ -191,11 +198,14 @@ def test_the_trainer_clears_the_caches_at_every_optimizer_step():
     trainer = _one_step(model, tok, compute="float32", lr=1e-4)
     assert any(isinstance(cb, WeightCacheReset) for cb in trainer.callback_handler.callbacks)
     layer = model.model.layers[0].self_attn.q_proj
-    assert torch.equal(gemm_context(layer).weight(layer.weight, 1, True).float(),
-                       Recipe.named("mxfp4").quantizer()(layer.weight.detach(), -1))
+    assert torch.equal(
+        gemm_context(layer).weight(layer.weight, 1, True).float(),
+        Recipe.named("mxfp4").quantizer()(layer.weight.detach(), -1),
+    )
 
 
 # --- the paper's configurations, randomly initialised -------------------------------------------------
+
 
 def test_the_gpu_smoke_model_is_the_real_qwen25_3b_configuration():
     model, tok = build_random("qwen2.5-3b", device="meta")
@@ -212,17 +222,28 @@ def test_the_gpu_smoke_model_is_the_real_qwen25_3b_configuration():
 # vLLM's Qwen2ForCausalLM.load_weights (vllm/model_executor/models/qwen2.py): AutoWeightsLoader skips
 # "lm_head." when the embeddings are tied, then Qwen2Model.load_weights renames through
 # stacked_params_mapping and skips rotary_emb.inv_freq; every other name must be a parameter.
-VLLM_STACKED = [("qkv_proj", "q_proj", "q"), ("qkv_proj", "k_proj", "k"), ("qkv_proj", "v_proj", "v"),
-                ("gate_up_proj", "gate_proj", 0), ("gate_up_proj", "up_proj", 1)]
+VLLM_STACKED = [
+    ("qkv_proj", "q_proj", "q"),
+    ("qkv_proj", "k_proj", "k"),
+    ("qkv_proj", "v_proj", "v"),
+    ("gate_up_proj", "gate_proj", 0),
+    ("gate_up_proj", "up_proj", 1),
+]
 
 
 def _vllm_qwen2_params(config) -> set[str]:
     names = {"model.embed_tokens.weight", "model.norm.weight"}
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
-        names |= {p + "self_attn.qkv_proj.weight", p + "self_attn.qkv_proj.bias", p + "self_attn.o_proj.weight",
-                  p + "mlp.gate_up_proj.weight", p + "mlp.down_proj.weight", p + "input_layernorm.weight",
-                  p + "post_attention_layernorm.weight"}
+        names |= {
+            p + "self_attn.qkv_proj.weight",
+            p + "self_attn.qkv_proj.bias",
+            p + "self_attn.o_proj.weight",
+            p + "mlp.gate_up_proj.weight",
+            p + "mlp.down_proj.weight",
+            p + "input_layernorm.weight",
+            p + "post_attention_layernorm.weight",
+        }
     if not config.tie_word_embeddings:
         names.add("lm_head.weight")
     return names
@@ -234,7 +255,7 @@ def _vllm_qwen2_load(names, config) -> dict[str, set]:
     for name in names:
         if "rotary_emb.inv_freq" in name or (config.tie_word_embeddings and name.startswith("lm_head.")):
             continue
-        for param, shard, shard_id in VLLM_STACKED:
+        for param, shard, shard_id in VLLM_STACKED:  # noqa: B007 - shard_id is read after the break
             if shard in name:
                 target = name.replace(shard, param)
                 break

@@ -5,17 +5,16 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 import trl
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
+from mxfp4.config.recipes import Recipe
 from mxfp4.corrections import Correction
+from mxfp4.nn import patch_model
 from mxfp4.rl.grpo import MXGRPOTrainer, StepLogger
 from mxfp4.rl.models import build_tiny
-from mxfp4.nn import patch_model
 from mxfp4.rl.training import common_args
-from mxfp4.config.recipes import Recipe
 
 CONSTRAINTS = Path(__file__).resolve().parent.parent / "constraints.txt"
 
@@ -106,3 +105,22 @@ def test_shadow_pass_leaves_trl_metric_buffers_as_they_were(trained):
     trainer._without_logging(mutate)
     assert {k: list(v) for k, v in trainer._metrics["train"].items()} == snapshot
     assert trainer._entropy_window_stats == window
+
+
+# TRL's private names (GRPOConfig's public fields, such as use_vllm, are not among them).
+PRIVATE_TRL = ("_generate_and_score_completions", "_get_per_token_logps_and_entropies", "_entropy_window_stats",
+               "_metrics", "_iter_named_params", "vllm_generation", "current_gradient_accumulation_steps")
+
+
+def test_private_trl_names_appear_only_inside_the_fenced_block():
+    package = Path(__file__).resolve().parent.parent / "mxfp4"
+    grpo = package / "rl" / "grpo.py"
+    text = grpo.read_text()
+    begin, end = text.index("TRL INTERNALS (begin)"), text.index("TRL INTERNALS (end)")
+    outside = text[:begin] + text[end:]
+    for name in PRIVATE_TRL:
+        assert not re.search(rf"\b{name}\b", outside), f"{name} outside the fenced block of grpo.py"
+    for path in package.rglob("*.py"):
+        if path != grpo:
+            found = [n for n in PRIVATE_TRL if re.search(rf"\b{n}\b", path.read_text())]
+            assert not found, (path, found)

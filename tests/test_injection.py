@@ -7,12 +7,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracle import oracle_decode, oracle_quantize
 
 from mxfp4.config.recipes import Recipe
+from mxfp4.nn import patch_model, unpatch_model
 from mxfp4.numerics.injection import ROWS, SITES, ComponentQuantizer, row_spec
 from mxfp4.rl.models import build_tiny
-from mxfp4.nn import patch_model, unpatch_model
+from oracle import oracle_decode, oracle_quantize
 
 
 def oracle_mx(x: torch.Tensor, rule="floor") -> torch.Tensor:
@@ -30,7 +30,10 @@ def test_the_three_injections_add_up_to_mxfp4(rows, cols, scale, seed, rule):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, cols, generator=g) * scale
     x[0, 0] = 0.0
-    total = sum(ComponentQuantizer(scale_rule=rule, inject=c)(x, -1).double() for c in ("scale", "dead", "grid")) - 2 * x.double()
+    total = (
+        sum(ComponentQuantizer(scale_rule=rule, inject=c)(x, -1).double() for c in ("scale", "dead", "grid"))
+        - 2 * x.double()
+    )
     expected = oracle_mx(x, rule).double()
     tol = 4 * torch.finfo(torch.float32).eps * (x.abs().double() + expected.abs()) + 1e-30
     assert ((total - expected).abs() <= tol).all()
@@ -58,7 +61,7 @@ def test_inject_dead_zeroes_exactly_the_deadzone_and_keeps_the_rest():
 def test_inject_scale_vanishes_where_the_ideal_scale_is_a_power_of_two():
     x = torch.randn(4, 32, generator=torch.Generator().manual_seed(3))
     x[:, 0] = 6.0 * 2.0 ** torch.tensor([-3.0, 0.0, 1.0, 4.0])  # amax = 6 * 2^k: s* = s
-    x[:, 1:] = x[:, 1:].clamp(-5.9 * 2.0 ** -3, 5.9 * 2.0 ** -3)
+    x[:, 1:] = x[:, 1:].clamp(-5.9 * 2.0**-3, 5.9 * 2.0**-3)
     assert torch.equal(ComponentQuantizer(inject="scale")(x, -1), x)
 
 

@@ -4,8 +4,7 @@ import pytest
 import torch
 
 import mxfp4
-from mxfp4.numerics import kernel_checks
-from mxfp4.numerics import reference
+from mxfp4.numerics import kernel_checks, reference
 from mxfp4.numerics.adversarial import adversarial_rows
 
 RESULTS = list(kernel_checks.check_cases("cuda" if torch.cuda.is_available() else "cpu"))
@@ -207,7 +206,8 @@ def test_every_bfloat16_value_rounds_and_decomposes_as_the_reference(rule):
             assert int(stats["deadzone_count"]) == int(dec.dead.sum())
             assert int(stats["saturation_count"]) == int(dec.saturated.sum())
             for k in kernel_checks.ENERGY_KEYS:
-                assert abs(float(stats[k]) - dec.stats[k]) <= kernel_checks.ENERGY_RTOL * dec.stats["energy_total"], (anchor, axis, k)
+                bound = kernel_checks.ENERGY_RTOL * dec.stats["energy_total"]
+                assert abs(float(stats[k]) - dec.stats[k]) <= bound, (anchor, axis, k)
 
 
 def test_hopper_compile_report_keeps_the_quantize_under_the_issue_budget_and_w4a16_loads_pipelined(tmp_path):
@@ -224,8 +224,22 @@ def test_hopper_compile_report_keeps_the_quantize_under_the_issue_budget_and_w4a
     out = tmp_path / "sass.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = Path(__file__).parents[1] / "kernels" / "inspect_sass.py"
-    subprocess.run([sys.executable, str(script), "--out", str(out), "--shape", "256x1024", "--first-config",
-                    "--only", "quantize rows"], check=True, env=env, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--out",
+            str(out),
+            "--shape",
+            "256x1024",
+            "--first-config",
+            "--only",
+            "quantize rows",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
     report = json.loads(out.read_text())
     quantize = next(r for r in report["rows"] if r["path"] == "quantize rows")
     assert quantize["instructions_per_element"] < report["issue_budget_per_element"] and quantize["spill_ops"] == 0

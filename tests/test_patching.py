@@ -4,11 +4,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mxfp4.config.recipes import Recipe
+from mxfp4.nn import patch_model, targets, unpatch_model
 from mxfp4.numerics import reference
 from mxfp4.rl.grad_accuracy import gradient_accuracy
 from mxfp4.rl.models import build_tiny
-from mxfp4.nn import patch_model, targets, unpatch_model
-from mxfp4.config.recipes import Recipe
 
 ARCHS = ["tiny-dense", "tiny-moe"]
 
@@ -43,7 +43,11 @@ def test_mxfp4_forward_and_backward_run_and_unpatch_restores_exactly(tiny):
     out = model(**batch, labels=batch["input_ids"])
     assert not torch.equal(out.logits, ref)
     out.loss.backward()
-    assert all(p.grad is not None and torch.isfinite(p.grad).all() for n, p in model.named_parameters() if "layers.0" in n and "norm" not in n)
+    assert all(
+        p.grad is not None and torch.isfinite(p.grad).all()
+        for n, p in model.named_parameters()
+        if "layers.0" in n and "norm" not in n
+    )
     model.zero_grad(set_to_none=True)
     unpatch_model(model)
     assert torch.equal(model(**batch).logits, ref)
@@ -60,7 +64,9 @@ def test_patched_linear_equals_a_hand_composed_fake_quant_layer(tiny):
     hook.remove()
     unpatch_model(model)
     x = seen["x"]
-    expected = F.linear(reference.fake_quantize(x, axis=-1), reference.fake_quantize(layer.weight.detach(), axis=1), layer.bias)
+    expected = F.linear(
+        reference.fake_quantize(x, axis=-1), reference.fake_quantize(layer.weight.detach(), axis=1), layer.bias
+    )
     assert torch.equal(seen["y"], expected)
 
 
@@ -129,7 +135,9 @@ def test_quantized_weights_context_ships_the_quantized_values_and_restores_the_m
         names = [n for n, _ in model.named_parameters()]
         q = model.model.layers[0].self_attn.q_proj.weight
         assert torch.equal(q, reference.fake_quantize(before["model.layers.0.self_attn.q_proj.weight"], axis=1))
-        assert torch.equal(experts.down_proj, reference.fake_quantize(before["model.layers.0.mlp.experts.down_proj"], axis=2))
+        assert torch.equal(
+            experts.down_proj, reference.fake_quantize(before["model.layers.0.mlp.experts.down_proj"], axis=2)
+        )
         assert torch.equal(model.lm_head.weight, before["lm_head.weight"]), "lm_head stays high precision"
     assert names == list(before)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())

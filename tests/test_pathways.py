@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from mxfp4.config.profiles import load_profile
-from mxfp4.numerics.injection import ROWS
-from mxfp4.rl.models import build_tiny
 from mxfp4.layout import Layout
-from mxfp4.rl.pathways import FIELDS, Arm, _trainer, batch_gradient, row_quantizer, run_pathways
+from mxfp4.numerics.injection import ROWS
 from mxfp4.rl.cell import run_cell
 from mxfp4.rl.grad_accuracy import compare
+from mxfp4.rl.models import build_tiny
+from mxfp4.rl.pathways import FIELDS, Arm, _trainer, batch_gradient, row_quantizer, run_pathways
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,11 @@ def test_gradient_arms_differ_from_the_unquantized_gradient_only_by_the_injectio
     trainer = _trainer(model, tok, profile, seed=0)
     trainer.reward_funcs = [_varied_reward]
     torch.manual_seed(0)
-    inputs = [{"prompt": f"Question: {i}+1\nAnswer:", "answer": "0"} for i in range(2) for _ in range(profile.grpo.num_generations)]
+    inputs = [
+        {"prompt": f"Question: {i}+1\nAnswer:", "answer": "0"}
+        for i in range(2)
+        for _ in range(profile.grpo.num_generations)
+    ]
     batch = trainer.scored_batch(inputs)
     assert batch["advantages"].abs().max() > 0
     ref = batch_gradient(trainer, batch)
@@ -94,5 +98,7 @@ def test_the_markdown_matrix_has_a_line_per_arm_and_checkpoint(pathway_rows):
     for ckpt in ("warm", "grpo"):
         for arm in ("+scale", "+dead", "+grid", "all", "-scale", "-dead", "-grid"):
             assert f"| tiny-dense | {ckpt} | {arm} |" in text
-    entropy = next(r for r in rows if r["checkpoint"] == "warm" and r["injection"] == "+grid" and r["metric"] == "entropy_diff")
+    entropy = next(
+        r for r in rows if r["checkpoint"] == "warm" and r["injection"] == "+grid" and r["metric"] == "entropy_diff"
+    )
     assert f"{entropy['mean']:+.3f}" in text.split("| tiny-dense | warm | +grid |")[1].splitlines()[0]

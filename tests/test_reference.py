@@ -3,12 +3,12 @@
 import numpy as np
 import pytest
 import torch
-from mxfp4.numerics.adversarial import adversarial_rows
-from oracle import oracle_decode, oracle_quantize
 
 from mxfp4.numerics import reference
+from mxfp4.numerics.adversarial import adversarial_rows
 from mxfp4.numerics.formats import FORMATS
 from mxfp4.numerics.reference import pack_fp4, unpack_fp4
+from oracle import oracle_decode, oracle_quantize
 
 FORMAT_RULES = [(f, r) for f in FORMATS for r in FORMATS[f].scale_rules]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -114,11 +114,17 @@ def test_any_axis_equals_moving_it_last(axis):
 @pytest.mark.parametrize(
     "call,match",
     [
-        (lambda: reference.quantize(torch.ones(4, 32, dtype=torch.float64)), "unsupported dtype.*accepted: float32, bfloat16, float16"),
+        (
+            lambda: reference.quantize(torch.ones(4, 32, dtype=torch.float64)),
+            "unsupported dtype.*accepted: float32, bfloat16, float16",
+        ),
         (lambda: reference.quantize(torch.ones(4, 32, dtype=torch.int32)), "unsupported dtype.*accepted"),
         (lambda: reference.quantize(torch.ones(4, 32), axis=2), "axis 2 is out of range.*accepted: -2 .. 1"),
         (lambda: reference.quantize(torch.ones(4, 32), "mxfp5"), "unknown format 'mxfp5'; accepted: mxfp4, "),
-        (lambda: reference.quantize(torch.ones(4, 32), scale_rule="round"), "unknown scale rule 'round'.*accepted: floor, ceil, even, rceil"),
+        (
+            lambda: reference.quantize(torch.ones(4, 32), scale_rule="round"),
+            "unknown scale rule 'round'.*accepted: floor, ceil, even, rceil",
+        ),
         (lambda: reference.quantize(torch.ones(4, 32), "nvfp4", scale_rule="floor"), "accepted: nearest"),
         (lambda: reference.fake_quantize(torch.tensor(1.0)), "at least one dimension"),
         (lambda: reference.fake_quantize(torch.ones(0, 32)), "non-empty"),

@@ -60,7 +60,9 @@ def test_a_killed_cell_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_
     cell = tmp_path / "smoke" / "cells" / "tiny-dense" / "mxfp4+all" / "seed0"
     _kill_after_first_checkpoint(tmp_path, cell)
     assert not (cell / "metrics.json").exists()
-    saved = sorted(int(p.parent.name.split("-")[1]) for p in (cell / "checkpoints").glob("checkpoint-*/mxfp4_state.json"))
+    saved = sorted(
+        int(p.parent.name.split("-")[1]) for p in (cell / "checkpoints").glob("checkpoint-*/mxfp4_state.json")
+    )
     (cell / "train_log.jsonl").unlink(missing_ok=True)  # as snakemake --rerun-incomplete deletes the outputs
 
     resumed = run_cell(*CELL, results=tmp_path)

@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 from mxfp4.config.recipes import Recipe
+from mxfp4.nn import gemm_context, patch_model, unpatch_model
 from mxfp4.rl.grpo import MXGRPOTrainer
 from mxfp4.rl.models import build_tiny
-from mxfp4.nn import gemm_context, patch_model, unpatch_model
 from mxfp4.rl.vllm_weights import vllm_named_weights
 
 

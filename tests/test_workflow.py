@@ -66,6 +66,12 @@ def test_smoke_profile_runs_to_figures_and_reruns_exactly(workdir):
         assert (figures / f"{stem}.png").stat().st_size > 10_000
         assert (figures / f"{stem}.pdf").exists()
     assert "| claim |" in (workdir / "results" / "smoke" / "claims.md").read_text()
+    # the HTML report: every figure with its caption, the claims table and the cell metrics
+    snakemake(workdir, "--report", "report.html", "--config", "profile=smoke")
+    html = (workdir / "report.html").read_text()
+    for name in ("training_curves.png", "pathway_matrix.png", "claims.md", "cells.csv", "summary.csv",
+                 "The line is the mean over 1 seed(s)", "Each correction's effect on each error component"):
+        assert name in html, name
     # a finished target does nothing
     assert "Nothing to be done" in snakemake(workdir, "-n", "all", "--config", "profile=smoke")
     # deleting one cell's output reruns that cell alone (and what depends on it)
@@ -90,9 +96,19 @@ def test_a_hard_killed_run_of_the_local_profile_resumes_with_the_same_command(wo
     if not (workdir / "results/smoke/models/tiny-dense").exists():
         snakemake(workdir, "pretrain", "--config", "profile=smoke")
     (cell / "metrics.json").unlink(missing_ok=True)
-    command = [*SNAKEMAKE, "--profile", "workflow/profiles/local", "--cores", "2", str(cell.relative_to(workdir) / "metrics.json"),
-               "--config", "profile=smoke"]
-    proc = subprocess.Popen(command, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    command = [
+        *SNAKEMAKE,
+        "--profile",
+        "workflow/profiles/local",
+        "--cores",
+        "2",
+        str(cell.relative_to(workdir) / "metrics.json"),
+        "--config",
+        "profile=smoke",
+    ]
+    proc = subprocess.Popen(
+        command, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.time() + 600
     try:
         while not list((cell / "checkpoints").glob("checkpoint-*/mxfp4_state.json")):

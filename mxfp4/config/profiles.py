@@ -39,7 +39,9 @@ class ModelSpec(_Strict):
     arch: Literal["tiny-dense", "tiny-moe"] | None = Field(None, description="tiny stand-in architecture")
     hub: str | None = Field(None, description="Hugging Face hub id (or a local folder)")
     config: str | None = Field(None, description="random init from experiments/models/<config>.json")
-    compute: Literal["float32", "bfloat16"] = Field("float32", description="compute dtype (bfloat16: autocast over fp32 masters)")
+    compute: Literal["float32", "bfloat16"] = Field(
+        "float32", description="compute dtype (bfloat16: autocast over fp32 masters)"
+    )
     processes: int = Field(1, ge=1, description="training processes of a cell (> 1: accelerate launch with `launch`)")
     launch: str | None = Field(None, description="accelerate config under experiments/accelerate/ (processes > 1)")
     gpus: int = Field(0, ge=0, description="GPUs a cell of this model reserves (the Snakemake `gpu` resource)")
@@ -47,15 +49,25 @@ class ModelSpec(_Strict):
     @model_validator(mode="after")
     def _one_source(self):
         if sum(x is not None for x in (self.arch, self.hub, self.config)) != 1:
-            raise ValueError("give exactly one of arch (a tiny stand-in), hub (a checkpoint) or config (random init "
-                             "from experiments/models/<config>.json)")
+            raise ValueError(
+                "give exactly one of arch (a tiny stand-in), hub (a checkpoint) or config (random init "
+                "from experiments/models/<config>.json)"
+            )
         if self.config is not None and not (EXPERIMENTS / "models" / f"{self.config}.json").exists():
-            raise ValueError(f"config {self.config!r}: no experiments/models/{self.config}.json; known: {shipped('models', '.json', named_with_suffix=False)}")
+            raise ValueError(
+                f"config {self.config!r}: no experiments/models/{self.config}.json; "
+                f"known: {shipped('models', '.json', named_with_suffix=False)}"
+            )
         if self.processes > 1 and self.launch is None:
-            raise ValueError(f"processes: {self.processes} needs launch: an accelerate config under experiments/accelerate/ "
-                             f"(known: {shipped('accelerate', '.yaml')})")
+            raise ValueError(
+                f"processes: {self.processes} needs launch: an accelerate config under experiments/accelerate/ "
+                f"(known: {shipped('accelerate', '.yaml')})"
+            )
         if self.launch is not None and not self.launch_config.exists():
-            raise ValueError(f"launch {self.launch!r}: no experiments/accelerate/{self.launch}; known: {shipped('accelerate', '.yaml')}")
+            raise ValueError(
+                f"launch {self.launch!r}: no experiments/accelerate/{self.launch}; "
+                f"known: {shipped('accelerate', '.yaml')}"
+            )
         return self
 
     @property
@@ -89,7 +101,9 @@ class DataSettings(_Strict):
     n_train: int | None = Field(None, ge=1, description="embedded: training problems")
     n_eval: int | None = Field(None, ge=1, description="embedded: evaluation problems")
     max_problem_steps: int | None = Field(None, ge=1, description="embedded: arithmetic steps per problem")
-    dir: str | None = Field(None, description="gsm8k: folder with train.jsonl and test.jsonl (default: $MXFP4_GSM8K_DIR or ../shared)")
+    dir: str | None = Field(
+        None, description="gsm8k: folder with train.jsonl and test.jsonl (default: $MXFP4_GSM8K_DIR or ../shared)"
+    )
 
     @model_validator(mode="after")
     def _embedded_sizes(self):
@@ -111,11 +125,18 @@ class GRPOSettings(_Strict):
     temperature: float = Field(gt=0)
     beta: float = Field(ge=0, description="KL coefficient (0: no reference model)")
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
-    rollout: Literal["hf", "vllm"] = Field("hf", description="rollout backend: hf (generate through the patched "
-                                           "model, W4A4, exact to training) or vllm (quantized weights, W4A16)")
+    rollout: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="rollout backend: hf (generate through the patched "
+        "model, W4A4, exact to training) or vllm (quantized weights, W4A16)",
+    )
     router_aux_loss_coef: float | None = Field(None, ge=0, description="MoE load-balancing loss weight")
-    micro_batch_size: int | None = Field(None, ge=1, description="sequences per device per forward/backward "
-                                         "(gradient accumulation makes up the step; None: the whole step at once)")
+    micro_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="sequences per device per forward/backward "
+        "(gradient accumulation makes up the step; None: the whole step at once)",
+    )
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass")
     save_steps: int | None = Field(None, ge=1, description="checkpoint every save_steps; a rerun resumes from the last")
 
@@ -123,19 +144,25 @@ class GRPOSettings(_Strict):
     def _micro_batches(self):
         total = self.num_generations * self.prompts_per_step
         if self.micro_batch_size is not None and total % self.micro_batch_size:
-            raise ValueError(f"micro_batch_size {self.micro_batch_size} must divide the step's "
-                             f"num_generations x prompts_per_step = {total} sequences")
+            raise ValueError(
+                f"micro_batch_size {self.micro_batch_size} must divide the step's "
+                f"num_generations x prompts_per_step = {total} sequences"
+            )
         return self
 
     def accumulation(self, processes: int = 1) -> tuple[int, int]:
         """(sequences per device per micro-batch, gradient accumulation steps) for ``processes`` ranks."""
         total = self.num_generations * self.prompts_per_step
         if total % processes:
-            raise ValueError(f"num_generations x prompts_per_step = {total} sequences do not split over {processes} processes")
+            raise ValueError(
+                f"num_generations x prompts_per_step = {total} sequences do not split over {processes} processes"
+            )
         per_rank = total // processes
         micro = min(self.micro_batch_size or per_rank, per_rank)
         if per_rank % micro:
-            raise ValueError(f"micro_batch_size {micro} must divide the {per_rank} sequences of each of {processes} processes")
+            raise ValueError(
+                f"micro_batch_size {micro} must divide the {per_rank} sequences of each of {processes} processes"
+            )
         return micro, per_rank // micro
 
 
@@ -152,14 +179,20 @@ class PathwaySettings(_Strict):
     """The pathway matrix (``mxfp4 pathways``): how much data each arm is measured on."""
 
     batches: int = Field(ge=2, description="GRPO batches with non-zero advantages per checkpoint (gradient pathway)")
-    prompts_per_batch: int | None = Field(None, ge=1, description="prompts of a gradient batch (default grpo.prompts_per_step)")
+    prompts_per_batch: int | None = Field(
+        None, ge=1, description="prompts of a gradient batch (default grpo.prompts_per_step)"
+    )
     prompts: int = Field(ge=2, description="prompts per checkpoint (rollout and entropy pathways)")
     samples_per_prompt: int = Field(ge=1, description="sampled completions per prompt")
-    sites: list[Literal["forward", "backward", "both"]] = Field(default_factory=lambda: ["both"], min_length=1,
-                                                              description="GEMM sites of the gradient rows")
+    sites: list[Literal["forward", "backward", "both"]] = Field(
+        default_factory=lambda: ["both"], min_length=1, description="GEMM sites of the gradient rows"
+    )
     scale_rules: list[Literal["floor", "ceil", "even", "rceil"]] = Field(
-        default_factory=lambda: ["floor", "ceil", "even", "rceil"], description="scale rules of the rule row group")
-    additivity_steps: list[int] = Field(default_factory=lambda: [1, 5], description="k of the additivity test (empty: skip)")
+        default_factory=lambda: ["floor", "ceil", "even", "rceil"], description="scale rules of the rule row group"
+    )
+    additivity_steps: list[int] = Field(
+        default_factory=lambda: [1, 5], description="k of the additivity test (empty: skip)"
+    )
 
 
 class Profile(_Strict):
@@ -171,8 +204,12 @@ class Profile(_Strict):
     data: DataSettings
     grpo: GRPOSettings
     probe_every: int = Field(0, ge=0, description="steps between gradient/decomposition probes (0: never)")
-    probe_rows: int = Field(4096, ge=32, description="rows (tokens, or weight rows) a decomposition probe samples "
-                            "per tensor: its memory does not grow with the model's activations")
+    probe_rows: int = Field(
+        4096,
+        ge=32,
+        description="rows (tokens, or weight rows) a decomposition probe samples "
+        "per tensor: its memory does not grow with the model's activations",
+    )
     eval: EvalSettings
     pathways: PathwaySettings | None = Field(None, description="the pathway matrix (mxfp4 pathways)")
     bench_shapes: str = Field("", pattern=r"^(\d+x\d+(,\d+x\d+)*)?$", description="kernel benchmark shapes, RxC,...")
@@ -196,8 +233,11 @@ class Profile(_Strict):
 
     def setting(self, model: str) -> dict:
         """Everything of this profile that determines a cell of ``model`` besides recipe and seed."""
-        return {"model": self.model(model).model_dump(), "code_version": CODE_VERSION,
-                **self.model_dump(include={"pretrain", "data", "grpo", "probe_every", "probe_rows", "eval"})}
+        return {
+            "model": self.model(model).model_dump(),
+            "code_version": CODE_VERSION,
+            **self.model_dump(include={"pretrain", "data", "grpo", "probe_every", "probe_rows", "eval"}),
+        }
 
 
 def launch_prefix(spec: ModelSpec, python: str) -> str:
@@ -209,7 +249,8 @@ def launch_prefix(spec: ModelSpec, python: str) -> str:
         return f"{python} -m mxfp4"
     if spec.distributed_type == "MULTI_CPU":
         return f"{python} -m torch.distributed.run --standalone --nproc_per_node {spec.processes} -m mxfp4"
-    return f"{python} -m accelerate.commands.launch --config_file {spec.launch_config} --num_processes {spec.processes} -m mxfp4"
+    return (f"{python} -m accelerate.commands.launch --config_file {spec.launch_config} "
+            f"--num_processes {spec.processes} -m mxfp4")
 
 
 def available() -> list[str]:

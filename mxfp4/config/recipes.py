@@ -33,19 +33,26 @@ class Recipe(BaseModel):
     quantize: bool = Field(True, description="false: full precision (the bf16 reference)")
     format: str = Field("mxfp4", description="block format: mxfp4, nvfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3")
     scale_rule: str | None = Field(None, description="E8M0 scale rule: floor (default), ceil, even, rceil")
-    gemms: dict[str, bool] = Field(default_factory=lambda: {g: True for g in GEMMS},
+    gemms: dict[str, bool] = Field(default_factory=lambda: dict.fromkeys(GEMMS, True),
                                    description="quantized GEMMs: forward, input_grad, weight_grad")
     modules: list[Literal["linear", "experts", "lm_head", "router"]] = Field(
         default_factory=lambda: list(DEFAULT_MODULES), description="module kinds quantized")
     corrections: list[dict | str] = Field(default_factory=list, description="registered corrections with parameters")
-    activations: bool = Field(True, description="false: weight-only (W4A16); activations and gradients stay unquantized")
+    activations: bool = Field(
+        True, description="false: weight-only (W4A16); activations and gradients stay unquantized"
+    )
     inject: Literal["scale", "dead", "grid"] | None = Field(
-        None, description="only this MXFP4 error component is added to each operand (x + e_c; the pathway matrix)")
+        None, description="only this MXFP4 error component is added to each operand (x + e_c; the pathway matrix)"
+    )
     remove: Literal["scale", "dead", "grid"] | None = Field(
-        None, description="MXFP4 minus this error component (MX(x) - e_c: a perfect correction of it)")
+        None, description="MXFP4 minus this error component (MX(x) - e_c: a perfect correction of it)"
+    )
     truncated_is_cap: float | None = Field(
-        None, gt=1, description="truncated importance sampling of vLLM rollouts: TRL's IS correction, per-token ratios "
-        "pi_train / pi_vllm clipped at this cap C (None: no correction; HF rollouts are on-policy and ignore it)")
+        None,
+        gt=1,
+        description="truncated importance sampling of vLLM rollouts: TRL's IS correction, per-token ratios "
+        "pi_train / pi_vllm clipped at this cap C (None: no correction; HF rollouts are on-policy and ignore it)",
+    )
 
     @field_validator("gemms")
     @classmethod
@@ -75,8 +82,10 @@ class Recipe(BaseModel):
         if self.inject is not None and self.remove is not None:
             raise ValueError(f"recipe {self.name!r}: set one of inject or remove, not both")
         if not self.quantize or self.corrections or not self.activations:
-            raise ValueError(f"recipe {self.name!r}: inject/remove act on plain MXFP4 operands; they need quantize: true, "
-                             "activations: true and no corrections")
+            raise ValueError(
+                f"recipe {self.name!r}: inject/remove act on plain MXFP4 operands; they need quantize: true, "
+                "activations: true and no corrections"
+            )
         return self
 
     def build_corrections(self) -> list[corr.Correction]:
@@ -97,10 +106,25 @@ class Recipe(BaseModel):
         if self.inject or self.remove:
             from ..numerics.injection import ComponentQuantizer
 
-            return ComponentQuantizer(self.format, self.scale_rule, corrections, inject=self.inject, remove=self.remove,
-                                      gemms=self.gemms, modules=self.modules, name=self.name)
-        return Quantizer(self.format, self.scale_rule, corrections, gemms=self.gemms, modules=self.modules, name=self.name,
-                         activations=self.activations)
+            return ComponentQuantizer(
+                self.format,
+                self.scale_rule,
+                corrections,
+                inject=self.inject,
+                remove=self.remove,
+                gemms=self.gemms,
+                modules=self.modules,
+                name=self.name,
+            )
+        return Quantizer(
+            self.format,
+            self.scale_rule,
+            corrections,
+            gemms=self.gemms,
+            modules=self.modules,
+            name=self.name,
+            activations=self.activations,
+        )
 
     def to_dict(self) -> dict:
         return self.model_dump()

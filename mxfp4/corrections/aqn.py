@@ -111,7 +111,11 @@ class AdaptiveQuantizationNoise(Correction):
 
     @staticmethod
     def norm_weights(model) -> list[torch.nn.Parameter]:
-        return [m.weight for m in model.modules() if type(m).__name__.endswith("RMSNorm") and getattr(m, "weight", None) is not None]
+        return [
+            m.weight
+            for m in model.modules()
+            if type(m).__name__.endswith("RMSNorm") and getattr(m, "weight", None) is not None
+        ]
 
     @contextlib.contextmanager
     def rollout_context(self, model, step: int):

@@ -1,30 +1,12 @@
-"""The correction protocol: every hook a correction may implement, each a no-op by default.
+"""The correction protocol: every hook the code calls on a correction, each declared on ``Correction``
+with a default that changes nothing.
 
-Numerics hooks (composed by ``mxfp4.numerics.quantizer.Quantizer`` on every quantized operand):
-
-- ``block_quantizer(fmt, rule)``: replaces how each block is scaled and rounded (macro-block scaling);
-  with ``fake_quantize(x, axis, fmt, rule)`` it may give the same values through the dispatch (the
-  Triton kernels on CUDA);
-- ``split(x, axis, valid=None)``: marks elements kept in high precision; the rest is quantized
-  (outlier fallback);
-- ``blocks_per_group()`` / ``rows_per_group()``: how many blocks along the blocked axis, and rows
-  across it, the correction treats together (padding and probe samples keep such groups whole).
-
-Lifecycle hooks (called by the GRPO cell, which never names a correction):
-
-- ``bind(total_steps, seed)``: once, before training: the run's length and seed;
-- ``needs_reference`` / ``bind_reference(metrics)``: a correction that steers toward the BF16 run
-  (AQN's adaptive mode) gets the metrics of the reference (bf16) cell of the same model and seed;
-  ``Recipe.needs_reference`` says so for a whole recipe;
-- ``rollout_context(model, step)``: a context manager around each rollout generation (AQN);
-- ``observe(metrics)``: after each logged step, with that step's metrics (reward, entropy, ...);
-- ``metrics()``: what the correction wants logged for the step (AQN's sigma), merged into the log;
-- ``perturbs_rollout(step)``: whether ``rollout_context`` makes the rollout policy differ from the
-  training policy at that step (then the mismatch ledger measures it);
-- ``state_dict()`` / ``load_state_dict(state)``: run state saved with every checkpoint (a resumed
-  cell continues exactly where the killed one stopped).
-
-And ``cost()``: extra bits per element and the fraction kept in BF16, always reported.
+Numerics hooks (``block_quantizer``, ``fake_quantize``, ``split``, ``blocks_per_group``,
+``rows_per_group``) are composed by ``mxfp4.numerics.quantizer.Quantizer`` on every quantized operand;
+lifecycle hooks (``bind``, ``needs_reference`` / ``bind_reference``, ``rollout_context``,
+``perturbs_rollout``, ``observe``, ``metrics``, ``state_dict`` / ``load_state_dict``) are called by the
+GRPO cell, which never names a correction; ``cost()`` is always reported. Each method's docstring
+says when it is called.
 """
 
 from __future__ import annotations

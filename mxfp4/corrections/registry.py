@@ -31,8 +31,10 @@ def available() -> dict[str, type]:
         try:
             importlib.import_module(module.strip())
         except ImportError as err:
-            raise ValueError(f"MXFP4_PLUGINS names {module.strip()!r}, which does not import ({err}); "
-                             "accepted: importable module paths, comma-separated (PYTHONPATH=. for local files)") from None
+            raise ValueError(
+                f"MXFP4_PLUGINS names {module.strip()!r}, which does not import ({err}); "
+                "accepted: importable module paths, comma-separated (PYTHONPATH=. for local files)"
+            ) from None
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name not in _REGISTRY:
             cls = ep.load()

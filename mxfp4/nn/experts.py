@@ -12,9 +12,10 @@ One forward for all experts, with no Python loop over experts and no host sync:
 4. the weight-gradient operands are quantized along tokens within each expert's segment. The padding
    rule: every expert's segment starts at a multiple of ``align`` rows (``Quantizer.token_alignment``:
    the block size, times a macro-block's group when a correction groups blocks) in a zero-filled
-   buffer of the static size ``S + E * (align - 1)`` rounded up to a multiple of 8 rows; so no 32-block (or macro-block) straddles two
-   experts, the padding rows are zeros (exactly as the reference pads a ragged last block), and they
-   are marked invalid so corrections and probes do not count them;
+   buffer of the static size ``S + E * (align - 1)`` rounded up to a multiple of 8 rows; so no
+   32-block (or macro-block) straddles two experts, the padding rows are zeros (exactly as the
+   reference pads a ragged last block), and they are marked invalid so corrections and probes do
+   not count them;
 5. the weighted expert outputs are added back per token in expert order (``index_add_``).
 
 The weight gradient is computed straight into ``[E, N, K]`` by one grouped GEMM: nothing grows as E².

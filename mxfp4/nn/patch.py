@@ -22,7 +22,11 @@ from .linear import GEMM_ATTR, GemmContext, gemm_context, linear_forward
 
 
 def _is_experts(module) -> bool:
-    return hasattr(module, "gate_up_proj") and hasattr(module, "down_proj") and isinstance(module.gate_up_proj, torch.nn.Parameter)
+    return (
+        hasattr(module, "gate_up_proj")
+        and hasattr(module, "down_proj")
+        and isinstance(module.gate_up_proj, torch.nn.Parameter)
+    )
 
 
 def gemm_weights(module) -> dict[str, torch.nn.Parameter]:
@@ -55,7 +59,9 @@ def targets(model, modules=("linear", "experts")) -> list[tuple[str, torch.nn.Mo
             if kind in kinds:
                 out.append((name, module, kind))
         elif _is_router(name, module) and "router" in kinds and hasattr(module, "weight"):
-            raise ValueError(f"quantizing the router {name} ({type(module).__name__}) is not supported; drop 'router' from modules")
+            raise ValueError(
+                f"quantizing the router {name} ({type(module).__name__}) is not supported; drop 'router' from modules"
+            )
     return out
 
 
@@ -106,7 +112,7 @@ def patch_model(model, quantizer: Quantizer | None, probe=None, cache_weights: b
     if quantizer is not None and not isinstance(quantizer, Quantizer):
         raise ValueError(f"patch_model takes a Quantizer (Recipe.quantizer()) or None, got {type(quantizer).__name__}")
     patched = []
-    for name, module, kind in (targets(model, quantizer.modules) if quantizer is not None else []):
+    for name, module, kind in targets(model, quantizer.modules) if quantizer is not None else []:
         if kind == "lm_head" and getattr(model.config, "tie_word_embeddings", False):
             raise ValueError("lm_head is tied to the input embeddings; quantizing it would quantize both")
         setattr(module, GEMM_ATTR, GemmContext(quantizer, name=name, probe=probe, cache=cache_weights))
@@ -161,6 +167,7 @@ class bypassed:
 def quantized_weights(model):
     """Context manager: inside it the patched weights hold their forward-quantized values (same names,
     shapes and dtypes), so a weight sync (TRL's push to vLLM) ships the recipe's quantized weights."""
+
     @contextlib.contextmanager
     def swap():
         saved = []

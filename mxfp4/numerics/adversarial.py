@@ -20,7 +20,11 @@ def adversarial_rows(k: int = 96, seed: int = 0) -> dict[str, torch.Tensor]:
     # ties of the ideal scale s* = amax / 6 where it is no power of two: each block's max is 6c * 2^j,
     # its other elements exact midpoints of the grid times c * 2^j (c random, 4 significant bits)
     blocks = -(-k // 32)
-    c = (8 + torch.randint(0, 8, (n, blocks), generator=g)) / 8 * 2.0 ** torch.randint(-20, 20, (n, blocks), generator=g)
+    c = (
+        (8 + torch.randint(0, 8, (n, blocks), generator=g))
+        / 8
+        * 2.0 ** torch.randint(-20, 20, (n, blocks), generator=g)
+    )
     c = c.repeat_interleave(32, dim=1)[:, :k]
     ideal = torch.tensor(E2M1_TIES)[torch.randint(0, len(E2M1_TIES), (n, k), generator=g)]
     ideal = ideal * (torch.randint(0, 2, (n, k), generator=g) * 2 - 1) * c
@@ -43,7 +47,5 @@ def adversarial_rows(k: int = 96, seed: int = 0) -> dict[str, torch.Tensor]:
     special[2, 70] = float("-inf")
     special[3, 5] = -0.0
     cases["nan_inf"] = special
-    cases["negative_zero"] = -torch.rand(n, k, generator=g) * 0.01 + torch.where(
-        torch.arange(k) % 32 == 0, 1.0, 0.0
-    )
+    cases["negative_zero"] = -torch.rand(n, k, generator=g) * 0.01 + torch.where(torch.arange(k) % 32 == 0, 1.0, 0.0)
     return cases

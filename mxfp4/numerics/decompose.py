@@ -1,36 +1,9 @@
 r"""The exact three-way split of block-quantization error, and its order-free attribution.
 
-For a block with max magnitude ``amax``, stored scale ``s`` and element grid ``Q`` (round to
-nearest even, saturating at ``M``, the grid's max: 6 for E2M1):
-
-    s*      = amax / M                       ideal real-valued scale: amax lands on the top grid point
-    x_grid  = s* . Q(x / s*)                 ideal-scale quantization
-    dead    = [Q(x / s*) == 0]               the deadzone (|x| <= amax/24 for E2M1, ties to zero)
-    e_dead  = -x . dead                      deadzone truncation
-    e_grid  = (x_grid - x) . (1 - dead)      grid noise
-    e_scale = s . Q(x / s) - x_grid          scale bias: all that the stored scale adds
-
-Why the identity ``MX(x) - x = e_scale + e_dead + e_grid`` is exact: the sum telescopes,
-
-    e_scale + e_dead + e_grid = MX(x) - x_grid - x.dead + (x_grid - x) - (x_grid - x).dead
-                              = MX(x) - x - x_grid.dead,
-
-and ``x_grid . dead = s* . Q(x/s*) . [Q(x/s*) == 0] = 0`` identically. So the identity holds for
-every real x, every scale rule and every element grid; in floating point the only residual is the
-round-off of the few float64 operations, which ``identity_residual`` reports.
-
-The vectors add up exactly; their energies do not: ``|e|^2 = sum_c |e_c|^2 + cross``, and the
-cross term is large. The split is also path dependent (deadzone, then grid, then scale). The
-Shapley attribution removes the order: three players, scale S (sigma = s* off, s on), deadzone D
-and grid G, with corner quantizers
-
-    D off, G off:  x
-    D on,  G off:  x . [Q(x/sigma) != 0]
-    D off, G on:   sigma . Q(x/sigma) where Q(x/sigma) != 0, else x
-    D on,  G on:   sigma . Q(x/sigma)
-
-and ``v(T) = |f_T(x) - x|^2``. The three Shapley values sum to ``v({S, D, G}) = |MX(x) - x|^2``
-exactly (efficiency), up to float64 round-off.
+``decompose(x, fmt, axis, scale_rule)`` returns the quantized tensor and the three components
+(scale bias, deadzone truncation, grid noise) with ``MX(x) - x = e_scale + e_dead + e_grid``
+elementwise, the Shapley attribution of the error energy and the statistics per tensor. The
+definitions and the proof of the identity are in docs/decomposition.md.
 """
 
 from __future__ import annotations
@@ -171,7 +144,8 @@ def decompose(
         raise ValueError(f"decompose needs finite input; found {n_bad} NaN or infinite elements")
     blocks, parts = _block_components(x, fmt, axis, rule, block_quantizer)
     quantized, e_scale, e_dead, e_grid = parts["quantized"], parts["e_scale"], parts["e_dead"], parts["e_grid"]
-    dead, ideal_grid, s_star, stored_grid, s = parts["dead"], parts["ideal_grid"], parts["s_star"], parts["stored_grid"], parts["s"]
+    dead, ideal_grid, s_star = parts["dead"], parts["ideal_grid"], parts["s_star"]
+    stored_grid, s = parts["stored_grid"], parts["s"]
     saturated = (blocks / s).abs() > fmt.element.max_value
 
     shap = shapley(blocks, ideal_grid, s_star, stored_grid, s)

@@ -42,8 +42,15 @@ class Elsewhere(torch.Tensor):
 
     @staticmethod
     def __new__(cls, elem: torch.Tensor):
-        out = torch.Tensor._make_wrapper_subclass(cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(),
-                                                  dtype=elem.dtype, device=ELSEWHERE, requires_grad=elem.requires_grad)
+        out = torch.Tensor._make_wrapper_subclass(
+            cls,
+            elem.shape,
+            strides=elem.stride(),
+            storage_offset=elem.storage_offset(),
+            dtype=elem.dtype,
+            device=ELSEWHERE,
+            requires_grad=elem.requires_grad,
+        )
         out.elem = elem
         return out
 
@@ -74,8 +81,10 @@ class DeviceAudit(TorchDispatchMode):
         on_cpu = [t for t in tensors if not isinstance(t, Elsewhere)]
         if on_device and on_cpu and func not in _CROSS_DEVICE_COPIES:
             shapes = ", ".join(str(tuple(t.shape)) for t in on_cpu)
-            raise DeviceLeak(f"{func} mixes a tensor on the input's device with CPU tensor(s) of shape {shapes}: make "
-                             "them with device=<input>.device (or .to(<input>))")
+            raise DeviceLeak(
+                f"{func} mixes a tensor on the input's device with CPU tensor(s) of shape {shapes}: make "
+                "them with device=<input>.device (or .to(<input>))"
+            )
         to_device = kwargs.get("device") == ELSEWHERE
         if to_device:
             kwargs["device"] = torch.device("cpu")

@@ -111,14 +111,26 @@ def fake_quantize_with_stats(x, fmt="mxfp4", axis=-1, scale_rule=None) -> tuple[
     if backend_for(x, fmt) == "triton":
         out, on_device = _kernels().fake_quantize_with_stats(x, axis, scale_rule)  # device tensors: synced here
         stats = {k: float(v) if isinstance(v, torch.Tensor) else v for k, v in on_device.items()}
-        stats["deadzone_count"], stats["saturation_count"] = int(stats["deadzone_count"]), int(stats["saturation_count"])
+        stats["deadzone_count"], stats["saturation_count"] = (
+            int(stats["deadzone_count"]),
+            int(stats["saturation_count"]),
+        )
         if not all(math.isfinite(v) for k, v in stats.items() if k.startswith("energy")):
             raise ValueError("fake_quantize_with_stats needs finite input; found NaN or infinite elements")
         return out, stats
     from .decompose import decompose
 
     d = decompose(x, fmt, axis, scale_rule)
-    keys = ("energy_scale", "energy_dead", "energy_grid", "energy_total", "cross_term", "deadzone_fraction", "saturation_fraction", "n")
+    keys = (
+        "energy_scale",
+        "energy_dead",
+        "energy_grid",
+        "energy_total",
+        "cross_term",
+        "deadzone_fraction",
+        "saturation_fraction",
+        "n",
+    )
     stats = {k: d.stats[k] for k in keys}
     stats["deadzone_count"] = int(d.dead.sum())
     stats["saturation_count"] = int(d.saturated.sum())
@@ -146,8 +158,10 @@ def fused_stats(x: torch.Tensor, fmt="mxfp4", axis=-1, scale_rule=None) -> dict 
 def pack_weight(w: torch.Tensor, scale_rule=None):
     """``w`` [N, K] quantized along K and packed for ``w4a16_matmul`` (fast path only)."""
     if not fast_path(w, "mxfp4"):
-        raise ValueError("pack_weight runs the W4A16 kernels, which need a CUDA tensor (or MXFP4_BACKEND=triton "
-                         "with TRITON_INTERPRET=1); check dispatch.fast_path(w) first")
+        raise ValueError(
+            "pack_weight runs the W4A16 kernels, which need a CUDA tensor (or MXFP4_BACKEND=triton "
+            "with TRITON_INTERPRET=1); check dispatch.fast_path(w) first"
+        )
     from . import triton_gemm
 
     return triton_gemm.pack_weight(_kernels().quantize(w, -1, scale_rule))

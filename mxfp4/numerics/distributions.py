@@ -75,7 +75,9 @@ DISTRIBUTIONS = {
 }
 
 
-def sample(name: str, rows: int = 256, cols: int = 1024, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def sample(
+    name: str, rows: int = 256, cols: int = 1024, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """A [rows, cols] tensor of the named distribution, deterministic under ``seed``."""
     if name not in DISTRIBUTIONS:
         raise ValueError(f"unknown distribution {name!r}; accepted: {', '.join(DISTRIBUTIONS)}")

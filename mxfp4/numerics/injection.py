@@ -58,11 +58,15 @@ class ComponentQuantizer(Quantizer):
 
     def __init__(self, fmt="mxfp4", scale_rule=None, corrections=(), *, inject=None, remove=None, **kw):
         if (inject is None) == (remove is None):
-            raise ValueError(f"ComponentQuantizer takes exactly one of inject= or remove= (got inject={inject!r}, remove={remove!r})")
+            raise ValueError(
+                f"ComponentQuantizer takes exactly one of inject= or remove= (got inject={inject!r}, remove={remove!r})"
+            )
         if list(corrections):
             raise ValueError("component injection applies to the format's own quantizer: corrections are not accepted")
         if kw.get("activations") is False:
-            raise ValueError("component injection needs activations: true (it acts on every operand of the chosen GEMMs)")
+            raise ValueError(
+                "component injection needs activations: true (it acts on every operand of the chosen GEMMs)"
+            )
         super().__init__(fmt, scale_rule, (), **kw)
         self.inject = _check_component("inject", inject)
         self.remove = _check_component("remove", remove)

@@ -91,7 +91,15 @@ def check_cases(device: str = "cpu", k: int = 96, kernels=KERNELS, dtypes=DTYPES
             x_dev = x_dev.t().contiguous().t()
         for axis in AXES[x.dim()]:
             ok, detail = check_one(kernel, x_dev, axis, rule)
-            yield {"kernel": kernel, "case": name, "dtype": str(dtype).removeprefix("torch."), "scale_rule": rule, "axis": axis, "passed": ok, "detail": detail}
+            yield {
+                "kernel": kernel,
+                "case": name,
+                "dtype": str(dtype).removeprefix("torch."),
+                "scale_rule": rule,
+                "axis": axis,
+                "passed": ok,
+                "detail": detail,
+            }
 
 
 def _error_over_bound(c: torch.Tensor, lhs: torch.Tensor, rhs: torch.Tensor, half_ulp: float = 0.0) -> float:
@@ -123,8 +131,12 @@ def check_matmul(device: str = "cpu", m: int = 48, n: int = 40, k: int = 200, se
     ):
         worst = _error_over_bound(tg.mx_matmul(lhs, qw.to(device)).cpu(), lhs_exact, wq)
         results[name] = {"passed": worst <= 1.0, "max_error_over_bound": worst, "shape": [m, n, k]}
-    extreme = w * torch.logspace(-44, 30, n, dtype=torch.float64).float()[:, None]  # scale bytes 0 .. 227: float32 decode
-    tiny = w * torch.logspace(-38, 0, n, dtype=torch.float64).float()[:, None]  # scale bytes 0 .. 127: bfloat16 subnormals
+    extreme = (
+        w * torch.logspace(-44, 30, n, dtype=torch.float64).float()[:, None]
+    )  # scale bytes 0 .. 227: float32 decode
+    tiny = (
+        w * torch.logspace(-38, 0, n, dtype=torch.float64).float()[:, None]
+    )  # scale bytes 0 .. 127: bfloat16 subnormals
     for wname, weight in (("w4a16", w), ("w4a16_extreme_scales", extreme), ("w4a16_tiny_scales", tiny)):
         qt = reference.quantize(weight)
         packed = tg.pack_weight(qt.to(device))
@@ -134,7 +146,10 @@ def check_matmul(device: str = "cpu", m: int = 48, n: int = 40, k: int = 200, se
             c = tg.w4a16_matmul(x.to(device), packed, torch.float32).cpu()
             worst = _error_over_bound(c, x.double(), deq)
             results[f"{wname}_m{rows}"] = {
-                "passed": worst <= 1.0, "max_error_over_bound": worst, "shape": [rows, n, k], "fast_upcast": packed.fast_upcast,
+                "passed": worst <= 1.0,
+                "max_error_over_bound": worst,
+                "shape": [rows, n, k],
+                "fast_upcast": packed.fast_upcast,
             }
     if device != "cpu":  # the whole-K path needs DIRECT_MIN_TILES weight tiles (tests/test_kernels.py forces it on CPU)
         results.update(_check_w4a16_direct(device, k, g))
@@ -156,6 +171,8 @@ def _check_w4a16_direct(device: str, k: int, g: torch.Generator) -> dict:
         c = tg.w4a16_matmul(x.to(device), packed, out_dtype).cpu()
         worst = _error_over_bound(c, x.double(), deq, half_ulp)
         results[f"w4a16_direct_{str(out_dtype).removeprefix('torch.')}"] = {
-            "passed": c.dtype == out_dtype and worst <= 1.0, "max_error_over_bound": worst, "shape": [16, n, k],
+            "passed": c.dtype == out_dtype and worst <= 1.0,
+            "max_error_over_bound": worst,
+            "shape": [16, n, k],
         }
     return results

@@ -56,9 +56,18 @@ def run_proofs(rows: int = 128, cols: int = 1024, seed: int = 0, progress=None) 
     for i, (dist, fmt, rule, dtype) in enumerate(all_cases):
         x = sample(dist, rows, cols, seed=seed, dtype=dtype)
         stats = decompose(x, fmt, axis=-1, scale_rule=rule).stats
-        entry = {"distribution": dist, "format": fmt, "scale_rule": stats["scale_rule"], "dtype": str(dtype).removeprefix("torch.")}
+        entry = {
+            "distribution": dist,
+            "format": fmt,
+            "scale_rule": stats["scale_rule"],
+            "dtype": str(dtype).removeprefix("torch."),
+        }
         entry.update({k: stats[k] for k in REPORTED})
-        shapley_rel = stats["shapley_residual"] / stats["energy_total"] if stats["energy_total"] > 0 else stats["shapley_residual"]
+        shapley_rel = (
+            stats["shapley_residual"] / stats["energy_total"]
+            if stats["energy_total"] > 0
+            else stats["shapley_residual"]
+        )
         entry["passed"] = bool(stats["identity_residual_rel"] <= IDENTITY_TOL_REL and shapley_rel <= SHAPLEY_TOL_REL)
         results.append(entry)
         if progress:

@@ -28,7 +28,7 @@ DEFAULT_MODULES = ("linear", "experts")
 def normalize_gemms(gemms: dict | None) -> dict[str, bool]:
     """Every GEMM named, as a bool (missing ones off); all on for None. Unknown names are an error."""
     if gemms is None:
-        return {g: True for g in GEMMS}
+        return dict.fromkeys(GEMMS, True)
     unknown = set(gemms) - set(GEMMS)
     if unknown:
         raise ValueError(f"unknown GEMM(s) {sorted(unknown)}; accepted: {', '.join(GEMMS)}")
@@ -89,7 +89,8 @@ class Quantizer:
         on = ",".join(g for g, v in self.gemms.items() if v) or "none"
         label = f"recipe={self.name}, " if self.name else ""
         weights_only = "" if self.activations else ", weights only"
-        return f"Quantizer({label}format={self.fmt.name}, scale_rule={self.scale_rule}, corrections=[{corr}], gemms={on}{weights_only})"
+        return (f"Quantizer({label}format={self.fmt.name}, scale_rule={self.scale_rule}, corrections=[{corr}], "
+                f"gemms={on}{weights_only})")
 
     def _split(self, x, axis, valid=None):
         mask = None

@@ -158,7 +158,9 @@ def quantize_blocks(blocks: torch.Tensor, fmt: BlockFormat, rule: str, tensor_sc
     return q, scale_bytes, scale
 
 
-def quantize(x: torch.Tensor, fmt: str | BlockFormat = "mxfp4", axis: int = -1, scale_rule: str | None = None) -> QuantizedTensor:
+def quantize(
+    x: torch.Tensor, fmt: str | BlockFormat = "mxfp4", axis: int = -1, scale_rule: str | None = None
+) -> QuantizedTensor:
     """Quantize ``x`` to the block format, blocks running along ``axis``."""
     fmt, axis, rule = check_input(x, fmt, axis, scale_rule)
     tensor_scale = nvfp4_tensor_scale(x, fmt) if fmt.tensor_scale else None
@@ -175,7 +177,9 @@ def dequantize(qt: QuantizedTensor, dtype: torch.dtype | None = None) -> torch.T
     return from_blocks(values, qt.shape, qt.axis).to(dtype or qt.dtype)
 
 
-def fake_quantize(x: torch.Tensor, fmt: str | BlockFormat = "mxfp4", axis: int = -1, scale_rule: str | None = None) -> torch.Tensor:
+def fake_quantize(
+    x: torch.Tensor, fmt: str | BlockFormat = "mxfp4", axis: int = -1, scale_rule: str | None = None
+) -> torch.Tensor:
     """dequantize(quantize(x)) without materializing codes; same dtype and shape as ``x``."""
     fmt, axis, rule = check_input(x, fmt, axis, scale_rule)
     tensor_scale = nvfp4_tensor_scale(x, fmt) if fmt.tensor_scale else None

@@ -49,7 +49,7 @@ class PackedWeight:
     n: int
     k: int
     fast_upcast: bool
-    source: QuantizedTensor  # the reference layout (0.53 more bytes per element): the dequantize + BLAS path above decode M
+    source: QuantizedTensor
 
     @property
     def k_pad(self) -> int:
@@ -146,9 +146,25 @@ def _block_factors(s0, s1, FAST: tl.constexpr):
 
 @triton.jit
 def _w4a16_kernel(
-    x_ptr, w_ptr, s_ptr, y_ptr, M, N, K, K_pad, stride_xm, stride_ym, M_BUCKET,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr,
-    GROUP_N: tl.constexpr, FAST: tl.constexpr, OUT_BF16: tl.constexpr, INTERPRET: tl.constexpr = False,
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    K_pad,
+    stride_xm,
+    stride_ym,
+    M_BUCKET,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    GROUP_N: tl.constexpr,
+    FAST: tl.constexpr,
+    OUT_BF16: tl.constexpr,
+    INTERPRET: tl.constexpr = False,
 ):
     """y[M, N] = x[M, K] @ W[N, K]^T, computed as acc[BLOCK_N, BLOCK_M] = W x^T, 128 K-elements a
     chunk: 64 code bytes read as 16 words (``w_ptr`` is the codes viewed as int32) and one 32-bit
@@ -166,7 +182,9 @@ def _w4a16_kernel(
     for c0 in range(pid_k * CHUNKS, K_pad // 128, SPLIT_K * CHUNKS):
         for u in tl.static_range(CHUNKS):
             c = c0 + u
-            codes4 = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * (K_pad // 8) + c * 16 + q[None, :], mask=n_ok[:, None], other=0)
+            codes4 = tl.load(
+                w_ptr + offs_n[:, None].to(tl.int64) * (K_pad // 8) + c * 16 + q[None, :], mask=n_ok[:, None], other=0
+            )
             words = tl.load(s_ptr + c * N + offs_n, mask=n_ok, other=0x7F7F7F7F)
             f_lo = _block_factors(words & 0xFF, (words >> 8) & 0xFF, FAST)  # blocks 4c, 4c + 1: elements j
             f_hi = _block_factors((words >> 16) & 0xFF, (words >> 24) & 0xFF, FAST)  # 4c + 2, 4c + 3: 64 + j
@@ -174,8 +192,16 @@ def _w4a16_kernel(
             w_hi = _upcast((codes4 >> 4) & 0x0F0F0F0F, f_hi, FAST, INTERPRET)
             k_lo = c * 128 + j
             k_hi = k_lo + 64
-            x_lo = tl.load(x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + k_lo[:, None], mask=m_ok[None, :] & (k_lo[:, None] < K), other=0.0)
-            x_hi = tl.load(x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + k_hi[:, None], mask=m_ok[None, :] & (k_hi[:, None] < K), other=0.0)
+            x_lo = tl.load(
+                x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + k_lo[:, None],
+                mask=m_ok[None, :] & (k_lo[:, None] < K),
+                other=0.0,
+            )
+            x_hi = tl.load(
+                x_ptr + offs_m[None, :].to(tl.int64) * stride_xm + k_hi[:, None],
+                mask=m_ok[None, :] & (k_hi[:, None] < K),
+                other=0.0,
+            )
             if INTERPRET:  # the interpreter's bfloat16 tl.dot is wrong; float32 operands give the same exact products
                 acc = tl.dot(w_lo, x_lo.to(tl.float32), acc, input_precision="ieee")
                 acc = tl.dot(w_hi, x_hi.to(tl.float32), acc, input_precision="ieee")
@@ -195,7 +221,9 @@ def _w4a16_kernel(
 
 def _w4a16_configs(tiles):
     return [
-        triton.Config({"BLOCK_N": bn, "BLOCK_M": bm, "CHUNKS": ch, "SPLIT_K": sk, "GROUP_N": 8}, num_warps=w, num_stages=s)
+        triton.Config(
+            {"BLOCK_N": bn, "BLOCK_M": bm, "CHUNKS": ch, "SPLIT_K": sk, "GROUP_N": 8}, num_warps=w, num_stages=s
+        )
         for bn, bm, ch, sk, w, s in tiles
     ]
 
@@ -207,14 +235,24 @@ def _w4a16_configs(tiles):
 # tiles take wgmma; 32 takes mma.sync at about twice the loop instructions per weight element
 # (kernels/inspect_sass.py), kept for the smallest N only.
 DIRECT_TILES = [(64, 1, 1, 4, 4), (64, 2, 1, 4, 3), (128, 1, 1, 8, 3), (128, 2, 1, 8, 3), (32, 1, 1, 4, 4)]
-SPLIT_TILES = [(64, 1, 4, 4, 4), (64, 1, 2, 4, 4), (64, 1, 8, 4, 3), (128, 1, 4, 8, 3), (64, 2, 4, 4, 3), (32, 1, 8, 4, 4)]
+SPLIT_TILES = [
+    (64, 1, 4, 4, 4),
+    (64, 1, 2, 4, 4),
+    (64, 1, 8, 4, 3),
+    (128, 1, 4, 8, 3),
+    (64, 2, 4, 4, 3),
+    (32, 1, 8, 4, 4),
+]
 DIRECT_MIN_TILES = 96  # BLOCK_N = 64 tiles at which the direct space is used (about 3/4 of an H100's 132 SMs)
 DECODE_MAX_M = 64
 
 
 def _decode_space(tiles, bm):
-    return triton.autotune(_w4a16_configs([(bn, bm, ch, sk, w, s) for bn, ch, sk, w, s in tiles]),
-                           key=["N", "K", "M_BUCKET", "FAST", "OUT_BF16"], reset_to_zero=["y_ptr"])(_w4a16_kernel)
+    return triton.autotune(
+        _w4a16_configs([(bn, bm, ch, sk, w, s) for bn, ch, sk, w, s in tiles]),
+        key=["N", "K", "M_BUCKET", "FAST", "OUT_BF16"],
+        reset_to_zero=["y_ptr"],
+    )(_w4a16_kernel)
 
 
 _w4a16_direct = {bm: _decode_space(DIRECT_TILES, bm) for bm in (16, 32, 64)}
@@ -229,7 +267,9 @@ def dequantize_packed(w: PackedWeight, dtype: torch.dtype = torch.bfloat16) -> t
     return dequantize(w.source, dtype) if w.source.codes.is_cuda else reference_dequantize(w.source, dtype)
 
 
-def w4a16_matmul(x: torch.Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None, fused: bool | None = None) -> torch.Tensor:
+def w4a16_matmul(
+    x: torch.Tensor, w: PackedWeight, out_dtype: torch.dtype | None = None, fused: bool | None = None
+) -> torch.Tensor:
     """x[..., K] (bfloat16) @ W^T -> [..., N] in ``out_dtype`` (default x's dtype).
 
     The fused upcast kernel is the decode path (M <= DECODE_MAX_M, where reading the 4-bit weight
@@ -248,7 +288,9 @@ def w4a16_matmul(x: torch.Tensor, w: PackedWeight, out_dtype: torch.dtype | None
     if fused is None:
         fused = m <= DECODE_MAX_M
     elif fused and m > DECODE_MAX_M:
-        raise ValueError(f"the fused W4A16 kernel is the decode path: M <= {DECODE_MAX_M}, got M = {m}; pass fused=None")
+        raise ValueError(
+            f"the fused W4A16 kernel is the decode path: M <= {DECODE_MAX_M}, got M = {m}; pass fused=None"
+        )
     if not fused:
         dtype = torch.float32 if out_dtype == torch.float32 else torch.bfloat16
         return torch.nn.functional.linear(x.to(dtype), dequantize_packed(w, dtype)).to(out_dtype)
@@ -262,13 +304,31 @@ def w4a16_matmul(x: torch.Tensor, w: PackedWeight, out_dtype: torch.dtype | None
     else:
         y = torch.zeros((m, w.n), dtype=torch.float32, device=x.device)  # split K adds into it
     y_arg = y.view(torch.int16) if y.dtype == torch.bfloat16 else y
-    args = (x2, w.codes.view(torch.int32), w.scales, y_arg, m, w.n, w.k, w.k_pad, x2.stride(0), y.stride(0), triton.next_power_of_2(m))
+    args = (
+        x2,
+        w.codes.view(torch.int32),
+        w.scales,
+        y_arg,
+        m,
+        w.n,
+        w.k,
+        w.k_pad,
+        x2.stride(0),
+        y.stride(0),
+        triton.next_power_of_2(m),
+    )
     flags = dict(FAST=w.fast_upcast, OUT_BF16=y.dtype == torch.bfloat16)
 
     def grid(meta):
         return (triton.cdiv(w.n, meta["BLOCK_N"]) * triton.cdiv(m, meta["BLOCK_M"]), meta["SPLIT_K"])
 
-    interp = dict(BLOCK_N=min(64, max(16, triton.next_power_of_2(w.n))), BLOCK_M=bm, CHUNKS=1, SPLIT_K=1 if direct else 2, GROUP_N=8)
+    interp = dict(
+        BLOCK_N=min(64, max(16, triton.next_power_of_2(w.n))),
+        BLOCK_M=bm,
+        CHUNKS=1,
+        SPLIT_K=1 if direct else 2,
+        GROUP_N=8,
+    )
     space = (_w4a16_direct if direct else _w4a16_split)[bm]
     launch_tuned(_w4a16_kernel, space, grid, interp, args, **flags, INTERPRET=triton_interpreting())
     return y.to(out_dtype).reshape(*lead, w.n)
@@ -276,8 +336,21 @@ def w4a16_matmul(x: torch.Tensor, w: PackedWeight, out_dtype: torch.dtype | None
 
 @triton.jit
 def _mx_matmul_kernel(
-    a_ptr, a_scale_ptr, b_ptr, b_scale_ptr, c_ptr, M, N, K_pad, stride_am, stride_cm,
-    A_FORMAT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    a_ptr,
+    a_scale_ptr,
+    b_ptr,
+    b_scale_ptr,
+    c_ptr,
+    M,
+    N,
+    K_pad,
+    stride_am,
+    stride_cm,
+    A_FORMAT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
 ):
     """C[M, N] = A[M, K] @ B[N, K]^T; B packed E2M1 [N, K/2] + scales [N, K/32]; A likewise or bf16."""
     pid = tl.program_id(0)
@@ -289,22 +362,53 @@ def _mx_matmul_kernel(
     for k0 in range(0, K_pad, BLOCK_K):
         kh = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         ks = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        b = tl.load(b_ptr + offs_n[None, :] * (K_pad // 2) + kh[:, None], mask=(offs_n[None, :] < N) & (kh[:, None] < K_pad // 2), other=0)
-        b_scale = tl.load(b_scale_ptr + offs_n[:, None] * n_blocks + ks[None, :], mask=(offs_n[:, None] < N) & (ks[None, :] < n_blocks), other=127)
+        b = tl.load(
+            b_ptr + offs_n[None, :] * (K_pad // 2) + kh[:, None],
+            mask=(offs_n[None, :] < N) & (kh[:, None] < K_pad // 2),
+            other=0,
+        )
+        b_scale = tl.load(
+            b_scale_ptr + offs_n[:, None] * n_blocks + ks[None, :],
+            mask=(offs_n[:, None] < N) & (ks[None, :] < n_blocks),
+            other=127,
+        )
         if A_FORMAT == "e2m1":
-            a = tl.load(a_ptr + offs_m[:, None] * stride_am + kh[None, :], mask=(offs_m[:, None] < M) & (kh[None, :] < K_pad // 2), other=0)
-            a_scale = tl.load(a_scale_ptr + offs_m[:, None] * n_blocks + ks[None, :], mask=(offs_m[:, None] < M) & (ks[None, :] < n_blocks), other=127)
+            a = tl.load(
+                a_ptr + offs_m[:, None] * stride_am + kh[None, :],
+                mask=(offs_m[:, None] < M) & (kh[None, :] < K_pad // 2),
+                other=0,
+            )
+            a_scale = tl.load(
+                a_scale_ptr + offs_m[:, None] * n_blocks + ks[None, :],
+                mask=(offs_m[:, None] < M) & (ks[None, :] < n_blocks),
+                other=127,
+            )
             acc = tl.dot_scaled(a, a_scale, "e2m1", b, b_scale, "e2m1", acc)
         else:
             kf = k0 + tl.arange(0, BLOCK_K)
-            a = tl.load(a_ptr + offs_m[:, None] * stride_am + kf[None, :], mask=(offs_m[:, None] < M) & (kf[None, :] < K_pad), other=0.0)
+            a = tl.load(
+                a_ptr + offs_m[:, None] * stride_am + kf[None, :],
+                mask=(offs_m[:, None] < M) & (kf[None, :] < K_pad),
+                other=0.0,
+            )
             acc = tl.dot_scaled(a, None, "bf16", b, b_scale, "e2m1", acc)
-    tl.store(c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    tl.store(
+        c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :], acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N)
+    )
 
 
-MX_MATMUL_TILES = [(128, 128, 128, 4, 3), (128, 128, 128, 8, 3), (128, 256, 128, 8, 3), (64, 128, 128, 4, 4), (128, 64, 256, 4, 3)]
+MX_MATMUL_TILES = [
+    (128, 128, 128, 4, 3),
+    (128, 128, 128, 8, 3),
+    (128, 256, 128, 8, 3),
+    (64, 128, 128, 4, 4),
+    (128, 64, 256, 4, 3),
+]
 _mx_matmul_tuned = triton.autotune(
-    [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s) for bm, bn, bk, w, s in MX_MATMUL_TILES],
+    [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_warps=w, num_stages=s)
+        for bm, bn, bk, w, s in MX_MATMUL_TILES
+    ],
     key=["M", "N", "K_pad", "A_FORMAT"],
 )(_mx_matmul_kernel)
 
@@ -331,7 +435,11 @@ def mx_matmul(a: QuantizedTensor | torch.Tensor, b: QuantizedTensor) -> torch.Te
     def grid(meta):
         return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
-    interp = dict(BLOCK_M=max(16, min(64, triton.next_power_of_2(m))), BLOCK_N=max(16, min(64, triton.next_power_of_2(n))),
-                  BLOCK_K=128 if k_pad % 128 == 0 else 64 if k_pad % 64 == 0 else 32, GROUP_M=8)
+    interp = dict(
+        BLOCK_M=max(16, min(64, triton.next_power_of_2(m))),
+        BLOCK_N=max(16, min(64, triton.next_power_of_2(n))),
+        BLOCK_K=128 if k_pad % 128 == 0 else 64 if k_pad % 64 == 0 else 32,
+        GROUP_M=8,
+    )
     launch_tuned(_mx_matmul_kernel, _mx_matmul_tuned, grid, interp, args, A_FORMAT=a_format)
     return c

@@ -255,19 +255,42 @@ def _quant_rows_kernel(
         vb = tl.reshape(valid, (BLOCK_R, NB, 32))
         t0, t1, t2, t3, dead, sat = _stat_terms(y, value, amax_s, vb, IN_FP32)
         # float32 partial sums over runs of 8 (a thread's 16-byte load of bfloat16), float64 beyond
-        _store_stats(stats_ptr + (pid_r * tl.num_programs(1) + pid_k) * 8,
-                     tl.sum(tl.reshape(t0, (BLOCK_R, NB, 4, 8)), axis=3), tl.sum(tl.reshape(t1, (BLOCK_R, NB, 4, 8)), axis=3),
-                     tl.sum(tl.reshape(t2, (BLOCK_R, NB, 4, 8)), axis=3), tl.sum(tl.reshape(t3, (BLOCK_R, NB, 4, 8)), axis=3),
-                     _pow4_f64(e)[:, :, None], dead, sat)
+        _store_stats(
+            stats_ptr + (pid_r * tl.num_programs(1) + pid_k) * 8,
+            tl.sum(tl.reshape(t0, (BLOCK_R, NB, 4, 8)), axis=3),
+            tl.sum(tl.reshape(t1, (BLOCK_R, NB, 4, 8)), axis=3),
+            tl.sum(tl.reshape(t2, (BLOCK_R, NB, 4, 8)), axis=3),
+            tl.sum(tl.reshape(t3, (BLOCK_R, NB, 4, 8)), axis=3),
+            _pow4_f64(e)[:, :, None],
+            dead,
+            sat,
+        )
 
 
 @triton.jit
 def _quant_cols_kernel(
-    x_ptr, codes_ptr, scales_ptr, out_ptr, stats_ptr,
-    R, C, n_blocks, stride_xb, stride_xr, stride_ob, stride_or, R_BUCKET,
-    RULE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-    WRITE_CODES: tl.constexpr, WRITE_FAKE: tl.constexpr, WITH_STATS: tl.constexpr,
-    IN_BF16: tl.constexpr, IN_FP32: tl.constexpr, OUT_BF16: tl.constexpr,
+    x_ptr,
+    codes_ptr,
+    scales_ptr,
+    out_ptr,
+    stats_ptr,
+    R,
+    C,
+    n_blocks,
+    stride_xb,
+    stride_xr,
+    stride_ob,
+    stride_or,
+    R_BUCKET,
+    RULE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    WRITE_CODES: tl.constexpr,
+    WRITE_FAKE: tl.constexpr,
+    WITH_STATS: tl.constexpr,
+    IN_BF16: tl.constexpr,
+    IN_FP32: tl.constexpr,
+    OUT_BF16: tl.constexpr,
 ):
     """Blocks of 32 along R of a [B, R, C] tensor with C contiguous; tiles in the tensor's layout.
     Even and odd rows are loaded apart: the two nibbles of one code byte."""
@@ -326,16 +349,32 @@ def _quant_cols_kernel(
         a0, a1, a2, a3, dead_e, sat_e = _stat_terms(y_e, value_e, amax_s, tl.reshape(ok_e, (NB, 16, BLOCK_C)), IN_FP32)
         b0, b1, b2, b3, dead_o, sat_o = _stat_terms(y_o, value_o, amax_s, tl.reshape(ok_o, (NB, 16, BLOCK_C)), IN_FP32)
         pid = (pid_b * tl.num_programs(1) + pid_r) * tl.num_programs(0) + pid_c
-        _store_stats(stats_ptr + pid * 8, tl.sum(a0 + b0, axis=1), tl.sum(a1 + b1, axis=1), tl.sum(a2 + b2, axis=1),
-                     tl.sum(a3 + b3, axis=1), _pow4_f64(e), dead_e.to(tl.int32) + dead_o.to(tl.int32),
-                     sat_e.to(tl.int32) + sat_o.to(tl.int32))
+        _store_stats(
+            stats_ptr + pid * 8,
+            tl.sum(a0 + b0, axis=1),
+            tl.sum(a1 + b1, axis=1),
+            tl.sum(a2 + b2, axis=1),
+            tl.sum(a3 + b3, axis=1),
+            _pow4_f64(e),
+            dead_e.to(tl.int32) + dead_o.to(tl.int32),
+            sat_e.to(tl.int32) + sat_o.to(tl.int32),
+        )
 
 
 @triton.jit
 def _fake_both_kernel(
-    x_ptr, out_rows_ptr, out_cols_ptr, R, C, stride_xr, R_BUCKET,
-    RULE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-    IN_BF16: tl.constexpr, OUT_BF16: tl.constexpr,
+    x_ptr,
+    out_rows_ptr,
+    out_cols_ptr,
+    R,
+    C,
+    stride_xr,
+    R_BUCKET,
+    RULE: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    IN_BF16: tl.constexpr,
+    OUT_BF16: tl.constexpr,
 ):
     """One read of an [R, C] tile; fake-quantized with blocks along C (``out_rows``) and along R
     (``out_cols``), both in the input's layout."""
@@ -380,8 +419,16 @@ def _decode(codes, sbytes):
 
 @triton.jit
 def _dequant_rows_kernel(
-    codes_ptr, scales_ptr, out_ptr, R, K, n_blocks, R_BUCKET,
-    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, OUT_BF16: tl.constexpr,
+    codes_ptr,
+    scales_ptr,
+    out_ptr,
+    R,
+    K,
+    n_blocks,
+    R_BUCKET,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    OUT_BF16: tl.constexpr,
 ):
     NB: tl.constexpr = BLOCK_K // 32
     pid_r = tl.program_id(0)
@@ -404,13 +451,23 @@ def _dequant_rows_kernel(
     values = _decode_bits(codes, sbytes[:, :, None])
     out = _narrow(tl.reshape(values, (BLOCK_R, BLOCK_K)), out_ptr, OUT_BF16)
     cols = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
-    tl.store(out_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], out, mask=(rows[:, None] < R) & (cols[None, :] < K))
+    tl.store(
+        out_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], out, mask=(rows[:, None] < R) & (cols[None, :] < K)
+    )
 
 
 @triton.jit
 def _dequant_cols_kernel(
-    codes_ptr, scales_ptr, out_ptr, R, C, n_blocks, R_BUCKET,
-    BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, OUT_BF16: tl.constexpr,
+    codes_ptr,
+    scales_ptr,
+    out_ptr,
+    R,
+    C,
+    n_blocks,
+    R_BUCKET,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    OUT_BF16: tl.constexpr,
 ):
     """Codes [B * C, n_blocks * 16] (blocked axis last) -> values [B, R, C] in the original layout."""
     NB: tl.constexpr = BLOCK_R // 32
@@ -429,11 +486,13 @@ def _dequant_cols_kernel(
     ).to(tl.int32)
     packed = tl.trans(packed)  # [pairs, C]
     blk = pid_r * NB + tl.arange(0, NB)
-    sbytes = tl.trans(tl.load(
-        scales_ptr + lead[:, None] * n_blocks + blk[None, :],
-        mask=(cols[:, None] < C) & (blk[None, :] < n_blocks),
-        other=127,
-    ).to(tl.int32))[:, None, :]  # [NB, 1, C]
+    sbytes = tl.trans(
+        tl.load(
+            scales_ptr + lead[:, None] * n_blocks + blk[None, :],
+            mask=(cols[:, None] < C) & (blk[None, :] < n_blocks),
+            other=127,
+        ).to(tl.int32)
+    )[:, None, :]  # [NB, 1, C]
     even = _decode_bits(tl.reshape(packed & 0xF, (NB, 16, BLOCK_C)), sbytes)
     odd = _decode_bits(tl.reshape(packed >> 4, (NB, 16, BLOCK_C)), sbytes)
     rows_e = 2 * pair
@@ -452,6 +511,7 @@ def _dequant_cols_kernel(
 
 
 # ---------------------------------------------------------------------------- launch (host side)
+
 
 def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -472,7 +532,9 @@ def launch_tuned(kernel, tuned, grid_of, interp_meta: dict, args: tuple, **const
         tuned[grid_of](*args, **constexprs)
     else:
         cfg = tuned.configs[0]
-        kernel[grid_of(cfg.kwargs)](*args, **cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **constexprs)
+        kernel[grid_of(cfg.kwargs)](
+            *args, **cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **constexprs
+        )
 
 
 def _configs(tiles, names):
@@ -482,16 +544,44 @@ def _configs(tiles, names):
 # Autotune spaces (tile extents, warps), first config = the pinned default; kernels/inspect_sass.py reports
 # each config compiled for sm_90a (column mode: 32-row tiles keep a block in one thread, so the block max
 # needs no shuffles), the autotuner measures them on CUDA.
-ROW_TILES = [(16, 512, 4), (8, 512, 4), (16, 256, 4), (32, 256, 4), (32, 256, 8), (16, 1024, 8), (32, 512, 8), (64, 256, 8)]
-COL_TILES = [(32, 256, 4), (32, 128, 2), (32, 64, 2), (32, 128, 4), (32, 256, 8), (64, 128, 8), (64, 64, 4), (128, 64, 8)]
+ROW_TILES = [
+    (16, 512, 4),
+    (8, 512, 4),
+    (16, 256, 4),
+    (32, 256, 4),
+    (32, 256, 8),
+    (16, 1024, 8),
+    (32, 512, 8),
+    (64, 256, 8),
+]
+COL_TILES = [
+    (32, 256, 4),
+    (32, 128, 2),
+    (32, 64, 2),
+    (32, 128, 4),
+    (32, 256, 8),
+    (64, 128, 8),
+    (64, 64, 4),
+    (128, 64, 8),
+]
 BOTH_TILES = [(32, 128, 4), (32, 64, 2), (32, 256, 4), (32, 256, 8), (64, 64, 4)]
 _VARIANT = ["RULE", "WRITE_CODES", "WRITE_FAKE", "WITH_STATS", "IN_BF16", "IN_FP32", "OUT_BF16"]
 
-_quant_rows_tuned = triton.autotune(_configs(ROW_TILES, ("BLOCK_R", "BLOCK_K")), key=["K", "R_BUCKET", *_VARIANT])(_quant_rows_kernel)
-_quant_cols_tuned = triton.autotune(_configs(COL_TILES, ("BLOCK_R", "BLOCK_C")), key=["C", "R_BUCKET", *_VARIANT])(_quant_cols_kernel)
-_fake_both_tuned = triton.autotune(_configs(BOTH_TILES, ("BLOCK_R", "BLOCK_C")), key=["C", "R_BUCKET", "RULE", "IN_BF16", "OUT_BF16"])(_fake_both_kernel)
-_dequant_rows_tuned = triton.autotune(_configs(ROW_TILES, ("BLOCK_R", "BLOCK_K")), key=["K", "R_BUCKET", "OUT_BF16"])(_dequant_rows_kernel)
-_dequant_cols_tuned = triton.autotune(_configs(COL_TILES, ("BLOCK_R", "BLOCK_C")), key=["C", "R_BUCKET", "OUT_BF16"])(_dequant_cols_kernel)
+_quant_rows_tuned = triton.autotune(_configs(ROW_TILES, ("BLOCK_R", "BLOCK_K")), key=["K", "R_BUCKET", *_VARIANT])(
+    _quant_rows_kernel
+)
+_quant_cols_tuned = triton.autotune(_configs(COL_TILES, ("BLOCK_R", "BLOCK_C")), key=["C", "R_BUCKET", *_VARIANT])(
+    _quant_cols_kernel
+)
+_fake_both_tuned = triton.autotune(
+    _configs(BOTH_TILES, ("BLOCK_R", "BLOCK_C")), key=["C", "R_BUCKET", "RULE", "IN_BF16", "OUT_BF16"]
+)(_fake_both_kernel)
+_dequant_rows_tuned = triton.autotune(_configs(ROW_TILES, ("BLOCK_R", "BLOCK_K")), key=["K", "R_BUCKET", "OUT_BF16"])(
+    _dequant_rows_kernel
+)
+_dequant_cols_tuned = triton.autotune(_configs(COL_TILES, ("BLOCK_R", "BLOCK_C")), key=["C", "R_BUCKET", "OUT_BF16"])(
+    _dequant_cols_kernel
+)
 
 
 def _bucket(n: int) -> int:
@@ -506,18 +596,26 @@ def _bits_if_bf16(t: torch.Tensor) -> torch.Tensor:
 
 def _rows_tiling(r: int, k: int):
     """(grid, interpreter tiles) of row mode over an [r, k] view."""
+
     def grid(m):
         return (triton.cdiv(r, m["BLOCK_R"]), triton.cdiv(k, m["BLOCK_K"]))
 
-    return grid, {"BLOCK_R": min(64, triton.next_power_of_2(r)), "BLOCK_K": min(512, max(32, triton.next_power_of_2(k)))}
+    return grid, {
+        "BLOCK_R": min(64, triton.next_power_of_2(r)),
+        "BLOCK_K": min(512, max(32, triton.next_power_of_2(k))),
+    }
 
 
 def _cols_tiling(b: int, r: int, c: int, min_c: int = 16):
     """(grid, interpreter tiles) of column mode over a [b, r, c] view (blocks along r)."""
+
     def grid(m):
         return (triton.cdiv(c, m["BLOCK_C"]), triton.cdiv(r, m["BLOCK_R"]), b)
 
-    return grid, {"BLOCK_R": min(64, max(32, triton.next_power_of_2(r))), "BLOCK_C": min(256, max(min_c, triton.next_power_of_2(c)))}
+    return grid, {
+        "BLOCK_R": min(64, max(32, triton.next_power_of_2(r))),
+        "BLOCK_C": min(256, max(min_c, triton.next_power_of_2(c))),
+    }
 
 
 def _stats_buffer(grid, interp: dict, tuned, dev) -> torch.Tensor:
@@ -544,7 +642,7 @@ class _Geometry:
         else:
             self.src = src.contiguous()
         shape = self.src.shape
-        self.b, self.r, self.c = math.prod(shape[:ax]), shape[ax], math.prod(shape[ax + 1:])
+        self.b, self.r, self.c = math.prod(shape[:ax]), shape[ax], math.prod(shape[ax + 1 :])
         self.rows_mode = self.c == 1
         if self.rows_mode:  # blocked axis contiguous: rows are everything before it
             self.view = self.src if self.src.dim() == 2 and ax == 1 else self.src.reshape(-1, shape[ax])
@@ -569,8 +667,12 @@ def _quant(x, axis, rule, write_codes, write_fake, with_stats, out_dtype=None):
     out = torch.empty(g.view.shape, dtype=out_dtype or x.dtype, device=dev) if write_fake else None
     dummy = torch.empty(1, dtype=torch.uint8, device=dev)
     flags = dict(
-        RULE=RULE_IDS[rule], WRITE_CODES=write_codes, WRITE_FAKE=write_fake, WITH_STATS=with_stats,
-        IN_BF16=x.dtype == torch.bfloat16, IN_FP32=x.dtype == torch.float32,
+        RULE=RULE_IDS[rule],
+        WRITE_CODES=write_codes,
+        WRITE_FAKE=write_fake,
+        WITH_STATS=with_stats,
+        IN_BF16=x.dtype == torch.bfloat16,
+        IN_FP32=x.dtype == torch.float32,
         OUT_BF16=out is not None and out.dtype == torch.bfloat16,
     )
     v = _bits_if_bf16(g.view)
@@ -583,8 +685,14 @@ def _quant(x, axis, rule, write_codes, write_fake, with_stats, out_dtype=None):
         kernel, tuned, (grid, interp) = _quant_cols_kernel, _quant_cols_tuned, _cols_tiling(b, r, c)
         sizes = (r, c, g.n_blocks, r * c, c, r * c, c, _bucket(b * r))
     stats = _stats_buffer(grid, interp, tuned, dev) if with_stats else None
-    args = (v, codes if write_codes else dummy, scales if write_codes else dummy,
-            _bits_if_bf16(out) if write_fake else dummy, stats if with_stats else dummy, *sizes)
+    args = (
+        v,
+        codes if write_codes else dummy,
+        scales if write_codes else dummy,
+        _bits_if_bf16(out) if write_fake else dummy,
+        stats if with_stats else dummy,
+        *sizes,
+    )
     launch_tuned(kernel, tuned, grid, interp, args, **flags)
     return fmt, g, rule, codes, scales, out, stats
 
@@ -596,7 +704,9 @@ def quantize(x: torch.Tensor, axis: int = -1, scale_rule: str | None = None) -> 
     )
 
 
-def fake_quantize(x: torch.Tensor, axis: int = -1, scale_rule: str | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+def fake_quantize(
+    x: torch.Tensor, axis: int = -1, scale_rule: str | None = None, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """dequantize(quantize(x)) in one pass, in x's shape and layout."""
     _, g, _, _, _, out, _ = _quant(x, axis, scale_rule, False, True, False, dtype)
     return g.restore(out)
@@ -644,12 +754,26 @@ def dequantize(qt: QuantizedTensor, dtype: torch.dtype | None = None) -> torch.T
     n_blocks = scales.shape[1]
     out = torch.empty(shape, dtype=dtype or qt.dtype, device=codes.device)
     o = _bits_if_bf16(out)
-    b, r, c = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:])
+    b, r, c = math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :])
     flags = dict(OUT_BF16=out.dtype == torch.bfloat16)
     if c == 1:  # blocked axis last: b rows of r
         grid, interp = _rows_tiling(b, r)
-        launch_tuned(_dequant_rows_kernel, _dequant_rows_tuned, grid, interp, (codes, scales, o, b, r, n_blocks, _bucket(b)), **flags)
+        launch_tuned(
+            _dequant_rows_kernel,
+            _dequant_rows_tuned,
+            grid,
+            interp,
+            (codes, scales, o, b, r, n_blocks, _bucket(b)),
+            **flags,
+        )
     else:
         grid, interp = _cols_tiling(b, r, c)
-        launch_tuned(_dequant_cols_kernel, _dequant_cols_tuned, grid, interp, (codes, scales, o, r, c, n_blocks, _bucket(b * r)), **flags)
+        launch_tuned(
+            _dequant_cols_kernel,
+            _dequant_cols_tuned,
+            grid,
+            interp,
+            (codes, scales, o, r, c, n_blocks, _bucket(b * r)),
+            **flags,
+        )
     return out

@@ -18,10 +18,18 @@ CELL_METRICS = [
 ]
 WEIGHT_KEYS = ["share_scale", "share_dead", "share_grid", "cross_share", "deadzone_fraction"]
 STEP_KEYS = {
-    "reward": "reward", "rollout_accuracy": "rewards/accuracy_reward/mean", "entropy": "entropy", "kl": "kl",
-    "grad_cosine": "grad/cosine", "grad_rel_norm_error": "grad/rel_norm_error", "step_time": "step_time",
-    "aqn_sigma": "aqn/sigma", "act_share_dead": "decomp/activation/share_dead", "act_share_scale": "decomp/activation/share_scale",
-    "grad_share_scale": "decomp/grad/share_scale", "weight_share_scale": "decomp/weight/share_scale",
+    "reward": "reward",
+    "rollout_accuracy": "rewards/accuracy_reward/mean",
+    "entropy": "entropy",
+    "kl": "kl",
+    "grad_cosine": "grad/cosine",
+    "grad_rel_norm_error": "grad/rel_norm_error",
+    "step_time": "step_time",
+    "aqn_sigma": "aqn/sigma",
+    "act_share_dead": "decomp/activation/share_dead",
+    "act_share_scale": "decomp/activation/share_scale",
+    "grad_share_scale": "decomp/grad/share_scale",
+    "weight_share_scale": "decomp/weight/share_scale",
 }
 
 
@@ -43,8 +51,15 @@ def read_cells(results: Path | str, profile: str) -> tuple[list[dict], list[dict
         cells.append(row)
         for line in (metrics.parent / TRAIN_LOG).read_text().splitlines():
             s = json.loads(line)
-            steps.append({"model": m["model"], "recipe": m["recipe"], "seed": m["seed"], "step": s["step"],
-                          **{k: s.get(src) for k, src in STEP_KEYS.items()}})
+            steps.append(
+                {
+                    "model": m["model"],
+                    "recipe": m["recipe"],
+                    "seed": m["seed"],
+                    "step": s["step"],
+                    **{k: s.get(src) for k, src in STEP_KEYS.items()},
+                }
+            )
     return cells, steps
 
 
@@ -59,8 +74,16 @@ def read_items(results: Path | str, profile: str) -> list[dict]:
         for samples in sorted((metrics.parent / "eval").glob("samples_*.jsonl")):
             for line in samples.read_text().splitlines():
                 s = json.loads(line)
-                row = by_doc.setdefault(s["doc_id"], {"model": m["model"], "recipe": m["recipe"], "seed": m["seed"],
-                                                        "doc_hash": s["doc_hash"], "doc_id": s["doc_id"]})
+                row = by_doc.setdefault(
+                    s["doc_id"],
+                    {
+                        "model": m["model"],
+                        "recipe": m["recipe"],
+                        "seed": m["seed"],
+                        "doc_hash": s["doc_hash"],
+                        "doc_id": s["doc_id"],
+                    },
+                )
                 row["strict" if s["filter"] == "strict-match" else "flexible"] = float(s["exact_match"])
         items += by_doc.values()
     return items

@@ -22,9 +22,9 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from ..io import write_text_atomic
-from .aggregate import read_csv
 from ..layout import REFERENCE_RECIPE
 from ..stats import paired_diff
+from .aggregate import read_csv
 
 ALPHA = 0.05
 POWER = 0.80
@@ -93,7 +93,11 @@ def _row(claim, model, test, measure, d, p, method, one_sided=True, effect_for_n
 
 
 def _by_seed(cells, model, recipe, metric) -> dict[int, float]:
-    return {int(c["seed"]): c[metric] for c in cells if c["model"] == model and c["recipe"] == recipe and c.get(metric) is not None}
+    return {
+        int(c["seed"]): c[metric]
+        for c in cells
+        if c["model"] == model and c["recipe"] == recipe and c.get(metric) is not None
+    }
 
 
 def _paired_cells(cells, model, a, b, metric, transform=None) -> dict:
@@ -123,39 +127,85 @@ def direct_rows(pathways: list[dict]) -> list[dict]:
         d = {"diff": mean, "ci_low": ci_lo, "ci_high": ci_hi, "n": n, "sd": sd}
         p = _one_sided_p(d) if sd is not None else None
         units = "gradient batches" if pathway == "gradient" else "prompts"
-        out.append(_row(claim, f"{r['model']} ({r['checkpoint']})", "direct (pathway matrix)",
-                        f"harm {r['injection']} ({pathway}; > 0 as claimed)", d, p,
-                        f"paired t over {n} {units}, one-sided"))
+        out.append(
+            _row(
+                claim,
+                f"{r['model']} ({r['checkpoint']})",
+                "direct (pathway matrix)",
+                f"harm {r['injection']} ({pathway}; > 0 as claimed)",
+                d,
+                p,
+                f"paired t over {n} {units}, one-sided",
+            )
+        )
     return out
 
 
 def indirect_rows(cells: list[dict], model: str) -> list[dict]:
     out = []
     specs = [
-        ("mxfp4+macro", "mxfp4", "mean_grad_cosine", +1, MECHANISMS["gradient"][1],
-         "grad cosine: mxfp4+macro minus mxfp4 (macro-block scaling cuts scale bias)"),
-        ("mxfp4+fallback", "mxfp4", "mean_rollout_accuracy", +1, MECHANISMS["rollout"][1],
-         "rollout accuracy: mxfp4+fallback minus mxfp4 (outlier fallback restores deadzone entries)"),
-        ("mxfp4", REFERENCE_RECIPE, "mean_entropy", +1, "MXFP4 raises policy entropy (grid noise and the rest together)",
-         "policy entropy: mxfp4 minus bf16"),
+        (
+            "mxfp4+macro",
+            "mxfp4",
+            "mean_grad_cosine",
+            +1,
+            MECHANISMS["gradient"][1],
+            "grad cosine: mxfp4+macro minus mxfp4 (macro-block scaling cuts scale bias)",
+        ),
+        (
+            "mxfp4+fallback",
+            "mxfp4",
+            "mean_rollout_accuracy",
+            +1,
+            MECHANISMS["rollout"][1],
+            "rollout accuracy: mxfp4+fallback minus mxfp4 (outlier fallback restores deadzone entries)",
+        ),
+        (
+            "mxfp4",
+            REFERENCE_RECIPE,
+            "mean_entropy",
+            +1,
+            "MXFP4 raises policy entropy (grid noise and the rest together)",
+            "policy entropy: mxfp4 minus bf16",
+        ),
     ]
     for a, b, metric, direction, claim, measure in specs:
         d = _paired_cells(cells, model, a, b, metric)
         if d["n"] == 0:
             continue
-        out.append(_row(claim, model, "indirect (correction, cells)", measure, d, _signed_p(d, direction),
-                        f"paired t over seeds (n={d['n']}), one-sided", effect_for_n=d["diff"] * direction))
+        out.append(
+            _row(
+                claim,
+                model,
+                "indirect (correction, cells)",
+                measure,
+                d,
+                _signed_p(d, direction),
+                f"paired t over seeds (n={d['n']}), one-sided",
+                effect_for_n=d["diff"] * direction,
+            )
+        )
     target = _by_seed(cells, model, REFERENCE_RECIPE, "mean_entropy")
     for recipe in ("mxfp4+aqn", "mxfp4+aqn-adaptive"):
+
         def gap(vals, seeds):
             return [abs(v - target[s]) for v, s in zip(vals, seeds)]
 
         d = _paired_cells(cells, model, recipe, "mxfp4", "mean_entropy", transform=gap)
         if d["n"] == 0:
             continue
-        out.append(_row("AQN holds the policy entropy nearer the BF16 run's", model, "indirect (correction, cells)",
-                        f"abs(entropy - bf16 entropy): {recipe} minus mxfp4", d, _signed_p(d, -1),
-                        f"paired t over seeds (n={d['n']}), one-sided", effect_for_n=-d["diff"]))
+        out.append(
+            _row(
+                "AQN holds the policy entropy nearer the BF16 run's",
+                model,
+                "indirect (correction, cells)",
+                f"abs(entropy - bf16 entropy): {recipe} minus mxfp4",
+                d,
+                _signed_p(d, -1),
+                f"paired t over seeds (n={d['n']}), one-sided",
+                effect_for_n=-d["diff"],
+            )
+        )
     return out
 
 
@@ -164,32 +214,70 @@ def recovery_row(cells: list[dict], model: str) -> dict | None:
     if d["n"] == 0:
         return None
     if is_moe(model):
-        return _row(f"Combined corrections exceed BF16 GSM8K accuracy (paper: +{MOE_REPORTED_GAIN:.1%})", model,
-                    "recovery: superiority", "strict accuracy: mxfp4+all minus bf16", d, _one_sided_p(d),
-                    f"paired t over seeds (n={d['n']}), one-sided, H0: diff <= 0", effect_for_n=MOE_REPORTED_GAIN)
-    return _row(f"Combined corrections recover BF16 GSM8K accuracy (within {NONINFERIORITY_MARGIN:.1%})", model,
-                "recovery: non-inferiority", "strict accuracy: mxfp4+all minus bf16", d,
-                _one_sided_p(d, -NONINFERIORITY_MARGIN),
-                f"paired t over seeds (n={d['n']}), one-sided, H0: diff <= -{NONINFERIORITY_MARGIN:.3f}",
-                effect_for_n=(d["diff"] + NONINFERIORITY_MARGIN) if d["diff"] is not None else None)
+        return _row(
+            f"Combined corrections exceed BF16 GSM8K accuracy (paper: +{MOE_REPORTED_GAIN:.1%})",
+            model,
+            "recovery: superiority",
+            "strict accuracy: mxfp4+all minus bf16",
+            d,
+            _one_sided_p(d),
+            f"paired t over seeds (n={d['n']}), one-sided, H0: diff <= 0",
+            effect_for_n=MOE_REPORTED_GAIN,
+        )
+    return _row(
+        f"Combined corrections recover BF16 GSM8K accuracy (within {NONINFERIORITY_MARGIN:.1%})",
+        model,
+        "recovery: non-inferiority",
+        "strict accuracy: mxfp4+all minus bf16",
+        d,
+        _one_sided_p(d, -NONINFERIORITY_MARGIN),
+        f"paired t over seeds (n={d['n']}), one-sided, H0: diff <= -{NONINFERIORITY_MARGIN:.3f}",
+        effect_for_n=(d["diff"] + NONINFERIORITY_MARGIN) if d["diff"] is not None else None,
+    )
 
 
 def construction_rows(proofs: dict, corrections: list[dict]) -> list[dict]:
-    rows = [{"claim": "The three-way split is exact: MX(x) - x = e_scale + e_dead + e_grid", "model": "all formats",
-             "test": "numerical check", "measure": "max relative identity residual (float64)",
-             "diff": proofs["max_identity_residual_rel"], "ci_low": None, "ci_high": None, "n": len(proofs["cases"]),
-             "p": None, "method": f"max over {len(proofs['cases'])} cases (formats x distributions x rules)",
-             "mde80": None, "n_needed": None, "verdict": "held (numerical check)" if proofs["passed"] else "contradicted"}]
-    for target, key, label in (("macro_block", "energy_scale", "scale-bias energy"),
-                               ("outlier_fallback", "deadzone_fraction", "deadzone fraction")):
+    rows = [
+        {
+            "claim": "The three-way split is exact: MX(x) - x = e_scale + e_dead + e_grid",
+            "model": "all formats",
+            "test": "numerical check",
+            "measure": "max relative identity residual (float64)",
+            "diff": proofs["max_identity_residual_rel"],
+            "ci_low": None,
+            "ci_high": None,
+            "n": len(proofs["cases"]),
+            "p": None,
+            "method": f"max over {len(proofs['cases'])} cases (formats x distributions x rules)",
+            "mde80": None,
+            "n_needed": None,
+            "verdict": "held (numerical check)" if proofs["passed"] else "contradicted",
+        }
+    ]
+    for target, key, label in (
+        ("macro_block", "energy_scale", "scale-bias energy"),
+        ("outlier_fallback", "deadzone_fraction", "deadzone fraction"),
+    ):
         for r in corrections:
             if r["correction"].startswith(target) and "weights" in r["source"]:
                 before, after = r[f"{key}_before"], r[f"{key}_after"]
-                rows.append({"claim": f"{target} reduces the {label} it targets", "model": r["source"], "test": "by construction",
-                             "measure": f"{label}: after minus before ({r['correction']})", "diff": after - before,
-                             "ci_low": None, "ci_high": None, "n": 1, "p": None,
-                             "method": "the correction is built to lower it (never worse than MXFP4)", "mde80": None,
-                             "n_needed": None, "verdict": "by construction" if after <= before else "contradicted (a bug)"})
+                rows.append(
+                    {
+                        "claim": f"{target} reduces the {label} it targets",
+                        "model": r["source"],
+                        "test": "by construction",
+                        "measure": f"{label}: after minus before ({r['correction']})",
+                        "diff": after - before,
+                        "ci_low": None,
+                        "ci_high": None,
+                        "n": 1,
+                        "p": None,
+                        "method": "the correction is built to lower it (never worse than MXFP4)",
+                        "mde80": None,
+                        "n_needed": None,
+                        "verdict": "by construction" if after <= before else "contradicted (a bug)",
+                    }
+                )
     return rows
 
 
@@ -227,23 +315,29 @@ def _g(v, fmt="{:+.3g}"):
 
 
 def markdown(rows: list[dict], profile: str) -> str:
-    lines = [f"# Claims of arXiv 2605.20402 against the `{profile}` profile", "",
-             "Generated by `mxfp4 claims`. Mechanism claims are tested directly by the pathway matrix (the claimed",
-             "component injected alone against each other one, paired over the same batches or prompts) and indirectly",
-             "by their corrections (cells paired by seed). p values are one-sided in the claimed direction; Holm's",
-             "correction runs over every tested row. 'held' = Holm-adjusted p < 0.05. MDE80 = the smallest true",
-             "effect this design detects with 80% power; 'n needed' = units (batches, prompts or seeds) that would",
-             "resolve the observed effect at the measured paired spread (for the MoE superiority row: the paper's",
-             "+1.0%; '—' where the estimate has the wrong sign, so that no n resolves it).",
-             "Rows true by construction say so.", "",
-             "| claim | model | test | measure | value | 95% CI | n | method | p (Holm) | MDE80 | n needed | verdict |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# Claims of arXiv 2605.20402 against the `{profile}` profile",
+        "",
+        "Generated by `mxfp4 claims`. Mechanism claims are tested directly by the pathway matrix (the claimed",
+        "component injected alone against each other one, paired over the same batches or prompts) and indirectly",
+        "by their corrections (cells paired by seed). p values are one-sided in the claimed direction; Holm's",
+        "correction runs over every tested row. 'held' = Holm-adjusted p < 0.05. MDE80 = the smallest true",
+        "effect this design detects with 80% power; 'n needed' = units (batches, prompts or seeds) that would",
+        "resolve the observed effect at the measured paired spread (for the MoE superiority row: the paper's",
+        "+1.0%; '—' where the estimate has the wrong sign, so that no n resolves it).",
+        "Rows true by construction say so.",
+        "",
+        "| claim | model | test | measure | value | 95% CI | n | method | p (Holm) | MDE80 | n needed | verdict |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         ci = "—" if r["ci_low"] is None else f"[{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]"
         p = "—" if r.get("p") is None else f"{r['p']:.3g} ({r['p_holm']:.3g})"
         need = "—" if r.get("n_needed") is None or r["verdict"] == "held" else str(r["n_needed"])
-        lines.append(f"| {r['claim']} | {r['model']} | {r['test']} | {r['measure']} | {_g(r['diff'])} | {ci} | {r['n']} | "
-                     f"{r['method']} | {p} | {_g(r.get('mde80'), '{:.3g}')} | {need} | {r['verdict']} |")
+        lines.append(
+            f"| {r['claim']} | {r['model']} | {r['test']} | {r['measure']} | {_g(r['diff'])} | {ci} | {r['n']} | "
+            f"{r['method']} | {p} | {_g(r.get('mde80'), '{:.3g}')} | {need} | {r['verdict']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -252,7 +346,11 @@ def read_pathways(path) -> list[dict]:
 
 
 def run_claims(cells_csv, proofs_json, corrections_json, out_md, profile: str, pathways_csv=None) -> list[dict]:
-    rows = build_claims(read_csv(cells_csv), json.loads(Path(proofs_json).read_text()),
-                        json.loads(Path(corrections_json).read_text()), read_pathways(pathways_csv))
+    rows = build_claims(
+        read_csv(cells_csv),
+        json.loads(Path(proofs_json).read_text()),
+        json.loads(Path(corrections_json).read_text()),
+        read_pathways(pathways_csv),
+    )
     write_text_atomic(out_md, markdown(rows, profile))
     return rows

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..io import write_text_atomic
-from .aggregate import read_cells, read_csv, read_items
 from ..layout import REFERENCE_RECIPE
 from ..stats import HIGHER_IS_BETTER, paired_diff, verdict, welch_diff
+from .aggregate import read_cells, read_csv, read_items
 
 COMPARED = ["gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_rollout_accuracy", "mean_entropy",
             "mean_grad_cosine", "mean_grad_rel_norm_error", "step_time_vs_bf16", "mean_step_time"]
@@ -78,8 +78,16 @@ def compare_rows(new: list[dict], baselines: list[dict], recipe: str, new_items=
                                 [r for r in base_items if r["model"] == model and r["recipe"] == base])
             if d is not None:
                 v = "no significant difference" if d["p"] >= 0.05 else ("better" if d["diff"] > 0 else "worse")
-                out.append({"model": model, "recipe": recipe, "baseline": base, "metric": "gsm8k_strict_accuracy (per problem)",
-                            **d, "verdict": v})
+                out.append(
+                    {
+                        "model": model,
+                        "recipe": recipe,
+                        "baseline": base,
+                        "metric": "gsm8k_strict_accuracy (per problem)",
+                        **d,
+                        "verdict": v,
+                    }
+                )
     return out
 
 
@@ -93,24 +101,33 @@ def setting_check(new: list[dict], baselines: list[dict]) -> str:
     mine = {r.get("setting_hash") for r in new}
     theirs = {r.get("setting_hash") for r in baselines}
     if None in theirs or None in mine:
-        return "The baselines (or the new cells) carry no setting hash: whether they share the profile's setting cannot be checked."
+        return ("The baselines (or the new cells) carry no setting hash: whether they share the profile's setting "
+                "cannot be checked.")
     if mine == theirs:
         return f"Same profile setting and code version as the baselines (setting hash {', '.join(sorted(mine))})."
-    return (f"WARNING: the setting differs from the baselines' (new {', '.join(sorted(mine))}, baselines "
-            f"{', '.join(sorted(theirs))}): a profile value or the code version changed, so differences mix both.")
+    return (
+        f"WARNING: the setting differs from the baselines' (new {', '.join(sorted(mine))}, baselines "
+        f"{', '.join(sorted(theirs))}): a profile value or the code version changed, so differences mix both."
+    )
 
 
 def markdown(rows: list[dict], recipe: str, check: str = "") -> str:
-    lines = [f"# `{recipe}` against the stored baselines", "",
-             "Difference = mean over seeds of the new recipe minus the baseline's; 95% interval paired by seed",
-             "(Welch where the seeds differ). Step time is judged only as a ratio to the same run's bf16 cell.", "",
-             *([check, ""] if check else []),
-             "| model | baseline | metric | difference | 95% CI | method | seeds (new/base) | verdict |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# `{recipe}` against the stored baselines",
+        "",
+        "Difference = mean over seeds of the new recipe minus the baseline's; 95% interval paired by seed",
+        "(Welch where the seeds differ). Step time is judged only as a ratio to the same run's bf16 cell.",
+        "",
+        *([check, ""] if check else []),
+        "| model | baseline | metric | difference | 95% CI | method | seeds (new/base) | verdict |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         ci = "—" if r["ci_low"] is None else f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]"
-        lines.append(f"| {r['model']} | {r['baseline']} | {r['metric']} | {_fmt(r['diff'])} | {ci} | {r['method']} | "
-                     f"{r['n_a']}/{r['n_b']} | {r['verdict']} |")
+        lines.append(
+            f"| {r['model']} | {r['baseline']} | {r['metric']} | {_fmt(r['diff'])} | {ci} | {r['method']} | "
+            f"{r['n_a']}/{r['n_b']} | {r['verdict']} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -124,7 +141,9 @@ def run_compare(results, profile: str, recipe: str, baselines_csv, out_md, figur
     items_csv = Path(baselines_csv).with_name("items.csv")
     base_items = read_csv(items_csv) if items_csv.exists() else []
     rows = compare_rows(new, baselines, recipe, read_items(results, profile), base_items)
-    write_text_atomic(out_md, markdown(rows, recipe, setting_check(new, [b for b in baselines if b["model"] in models])))
+    write_text_atomic(
+        out_md, markdown(rows, recipe, setting_check(new, [b for b in baselines if b["model"] in models]))
+    )
     if figure_stem:
         from .plots import compare_figure
 

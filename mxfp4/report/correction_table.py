@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from ..corrections import build
+from ..nn import gemm_weights, targets
 from ..numerics.decompose import pool_stats
 from ..numerics.distributions import sample
 from ..numerics.quantizer import Quantizer
 from ..rl.models import TINY_ARCHS
-from ..nn import gemm_weights, targets
 
 TABLE_CORRECTIONS = [
     {"name": "macro_block", "blocks": 4},
@@ -49,8 +49,14 @@ def rows(sources: dict[str, dict[str, tuple[torch.Tensor, int]]]) -> list[dict]:
                 {
                     "source": source,
                     "correction": label,
-                    **{f"{k}_before": base[k] for k in ("energy_scale", "deadzone_fraction", "energy_grid", "energy_dead", "energy_total")},
-                    **{f"{k}_after": after[k] for k in ("energy_scale", "deadzone_fraction", "energy_grid", "energy_dead", "energy_total")},
+                    **{
+                        f"{k}_before": base[k]
+                        for k in ("energy_scale", "deadzone_fraction", "energy_grid", "energy_dead", "energy_total")
+                    },
+                    **{
+                        f"{k}_after": after[k]
+                        for k in ("energy_scale", "deadzone_fraction", "energy_grid", "energy_dead", "energy_total")
+                    },
                     **c.cost(),
                 }
             )
@@ -78,16 +84,19 @@ def markdown(table: list[dict]) -> str:
         "over all GEMM weights for the models. Scale bias is the target of macro-block scaling, the deadzone",
         "the target of outlier fallback. Costs: extra storage bits per element, fraction kept in BF16.",
         "",
-        "| source | correction | scale-bias energy | deadzone fraction | grid-noise energy | total error energy | extra bits/elem | BF16 fraction |",
+        "| source | correction | scale-bias energy | deadzone fraction | grid-noise energy | total error energy "
+        "| extra bits/elem | BF16 fraction |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in table:
         lines.append(
             f"| {r['source']} | {r['correction']} "
-            f"| {r['energy_scale_before']:.4g} → {r['energy_scale_after']:.4g} ({_pct(r['energy_scale_before'], r['energy_scale_after'])}) "
+            f"| {r['energy_scale_before']:.4g} → {r['energy_scale_after']:.4g} "
+            f"({_pct(r['energy_scale_before'], r['energy_scale_after'])}) "
             f"| {r['deadzone_fraction_before']:.4f} → {r['deadzone_fraction_after']:.4f} "
             f"| {r['energy_grid_before']:.4g} → {r['energy_grid_after']:.4g} "
-            f"| {r['energy_total_before']:.4g} → {r['energy_total_after']:.4g} ({_pct(r['energy_total_before'], r['energy_total_after'])}) "
+            f"| {r['energy_total_before']:.4g} → {r['energy_total_after']:.4g} "
+            f"({_pct(r['energy_total_before'], r['energy_total_after'])}) "
             f"| {r['extra_bits_per_element']:.3f} | {r['bf16_fraction']:.4f} |"
         )
     lines += ["", "AQN acts on the rollout policy (RMSNorm weights), not on tensors, so it has no row here."]

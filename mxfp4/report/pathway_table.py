@@ -46,16 +46,27 @@ def markdown(rows: list[dict]) -> str:
         for arm in arms:
             cells = []
             for metric, _, flip in COLUMNS:
-                hit = [r for r in mine if r["injection"] == arm and r["metric"] == metric and r["site"] in ("both", "forward", "weights")]
+                hit = [
+                    r
+                    for r in mine
+                    if r["injection"] == arm and r["metric"] == metric and r["site"] in ("both", "forward", "weights")
+                ]
                 cells.append(_cell(hit[0] if hit else None, flip))
             out.append(f"| {model} | {ckpt} | {arm} | " + " | ".join(cells) + " |")
         n = {m: next((r["n"] for r in mine if r["metric"] == m), "—") for m in ("grad_cosine", "entropy_diff")}
         skipped = next((r for r in mine if r["metric"] == "skipped_zero_advantage_batches"), None)
-        ratios = [f"k={r['metric'].rsplit('k', 1)[1]}: {float(r['mean']):.2f}" for r in mine
-                  if r["metric"].startswith("interaction_ratio") and r["mean"] not in ("", None)]
-        note = (f"| {model} | {ckpt} | n | {n['grad_cosine']} batches"
-                f"{'' if skipped is None else ' (' + str(int(float(skipped['mean']))) + ' skipped: all-zero advantages)'} | | "
-                f"{n['entropy_diff']} prompts, paired | " + (("interaction ratio " + ", ".join(ratios)) if ratios else "") + " | |")
+        ratios = [
+            f"k={r['metric'].rsplit('k', 1)[1]}: {float(r['mean']):.2f}"
+            for r in mine
+            if r["metric"].startswith("interaction_ratio") and r["mean"] not in ("", None)
+        ]
+        skipped_note = "" if skipped is None else f" ({int(float(skipped['mean']))} skipped: all-zero advantages)"
+        note = (
+            f"| {model} | {ckpt} | n | {n['grad_cosine']} batches{skipped_note} | | "
+            f"{n['entropy_diff']} prompts, paired | "
+            + (("interaction ratio " + ", ".join(ratios)) if ratios else "")
+            + " | |"
+        )
         out.append(note)
     return "\n".join(out) + "\n"
 

@@ -77,8 +77,13 @@ def correction_effects(corrections_json: Path | str, out_stem: Path | str) -> li
     corrs = list(dict.fromkeys(r["correction"] for r in rows))
     keys = [("energy_scale", "scale-bias energy"), ("deadzone_fraction", "deadzone fraction"),
             ("energy_grid", "grid-noise energy"), ("energy_total", "total error energy")]
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 0.45 * len(sources) * len(corrs) / 2 + 2.5), sharey=True,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        1,
+        len(keys),
+        figsize=(4.2 * len(keys), 0.45 * len(sources) * len(corrs) / 2 + 2.5),
+        sharey=True,
+        layout="constrained",
+    )
     height = 0.8 / len(corrs)
     for ax, (key, label) in zip(axes, keys):
         for j, corr in enumerate(corrs):
@@ -105,10 +110,14 @@ def training_curves(steps_csv: Path | str, out_stem: Path | str) -> list[Path]:
     rows = read_csv(steps_csv)
     models = sorted({r["model"] for r in rows})
     recipes = list(dict.fromkeys(r["recipe"] for r in rows))
-    metrics = [("reward", "reward (rollout accuracy)"), ("entropy", "policy entropy (nats/token)"),
-               ("grad_cosine", "gradient cosine vs BF16 shadow")]
-    fig, axes = plt.subplots(len(metrics), len(models), figsize=(6 * len(models), 3 * len(metrics)), squeeze=False,
-                             layout="constrained")
+    metrics = [
+        ("reward", "reward (rollout accuracy)"),
+        ("entropy", "policy entropy (nats/token)"),
+        ("grad_cosine", "gradient cosine vs BF16 shadow"),
+    ]
+    fig, axes = plt.subplots(
+        len(metrics), len(models), figsize=(6 * len(models), 3 * len(metrics)), squeeze=False, layout="constrained"
+    )
     for col, model in enumerate(models):
         for row, (key, label) in enumerate(metrics):
             ax = axes[row][col]
@@ -121,8 +130,12 @@ def training_curves(steps_csv: Path | str, out_stem: Path | str) -> list[Path]:
                     continue
                 xs = sorted(pts)
                 mean = [sum(pts[x]) / len(pts[x]) for x in xs]
-                ax.plot(xs, mean, color=_color(recipe, i), label=recipe, marker="o" if key == "grad_cosine" else None, ms=3)
-                ax.fill_between(xs, [min(pts[x]) for x in xs], [max(pts[x]) for x in xs], color=_color(recipe, i), alpha=0.15)
+                ax.plot(
+                    xs, mean, color=_color(recipe, i), label=recipe, marker="o" if key == "grad_cosine" else None, ms=3
+                )
+                ax.fill_between(
+                    xs, [min(pts[x]) for x in xs], [max(pts[x]) for x in xs], color=_color(recipe, i), alpha=0.15
+                )
             ax.set_title(f"{model}: {label}", fontsize=9)
             ax.set_xlabel("GRPO step")
         axes[0][col].legend(fontsize=7)
@@ -132,8 +145,8 @@ def training_curves(steps_csv: Path | str, out_stem: Path | str) -> list[Path]:
 
 def accuracy_bars(cells_csv: Path | str, out_stem: Path | str) -> list[Path]:
     """GSM8K strict accuracy per recipe with 95% t intervals over seeds, BF16 as a reference line."""
-    from .aggregate import read_csv
     from ..stats import mean_ci
+    from .aggregate import read_csv
 
     rows = read_csv(cells_csv)
     models = sorted({r["model"] for r in rows})
@@ -152,7 +165,10 @@ def accuracy_bars(cells_csv: Path | str, out_stem: Path | str) -> list[Path]:
         ax.set_ylabel("GSM8K strict-match accuracy")
         ax.set_title(f"{model} (lm-eval, error bars: 95% CI over seeds)", fontsize=9)
         ax.legend(fontsize=7)
-    fig.suptitle("Accuracy of the trained policy on the profile's GSM8K-format test set (lm-eval gsm8k task), through its recipe's quantized forward")
+    fig.suptitle(
+        "Accuracy of the trained policy on the profile's GSM8K-format test set (lm-eval gsm8k task), "
+        "through its recipe's quantized forward"
+    )
     return save(fig, out_stem)
 
 
@@ -161,7 +177,12 @@ def _bar_groups(ax, rows, label_of, group_of, title):
     labels = list(dict.fromkeys(label_of(r) for r in rows))
     width = 0.8 / len(labels)
     for j, label in enumerate(labels):
-        pts = [(i + j * width, r["fraction"]) for i, g in enumerate(groups) for r in rows if group_of(r) == g and label_of(r) == label]
+        pts = [
+            (i + j * width, r["fraction"])
+            for i, g in enumerate(groups)
+            for r in rows
+            if group_of(r) == g and label_of(r) == label
+        ]
         if pts:
             ax.bar(*zip(*pts), width=width, label=label, color=f"C{j % 10}", hatch="//" if j >= 10 else None)
     ax.axhline(1.0, color="k", linestyle="--", linewidth=0.8)
@@ -184,13 +205,23 @@ def kernel_throughput(bench_json: Path | str, out_stem: Path | str) -> list[Path
     shape = lambda r: "x".join(map(str, r["shape"]))  # noqa: E731
     if memory:
         ax = axes[0, 0]
-        _bar_groups(ax, memory, lambda r: f"{r['path']} (axis {r.get('axis', -1)})", lambda r: f"{shape(r)} bf16",
-                    "memory-bound paths / copy bandwidth of the same bytes (dashed: the ceiling)")
+        _bar_groups(
+            ax,
+            memory,
+            lambda r: f"{r['path']} (axis {r.get('axis', -1)})",
+            lambda r: f"{shape(r)} bf16",
+            "memory-bound paths / copy bandwidth of the same bytes (dashed: the ceiling)",
+        )
         ax.set_ylabel("fraction of copy bandwidth")
     if gemm:
         ax = axes[-1, 0]
-        _bar_groups(ax, gemm, lambda r: r["path"], lambda r: f"{r.get('model_shape', '')} {shape(r)}",
-                    "GEMMs y = x W^T (MxNxK) / cuBLAS bf16 on the same shape (dashed: parity)")
+        _bar_groups(
+            ax,
+            gemm,
+            lambda r: r["path"],
+            lambda r: f"{r.get('model_shape', '')} {shape(r)}",
+            "GEMMs y = x W^T (MxNxK) / cuBLAS bf16 on the same shape (dashed: parity)",
+        )
         ax.set_ylabel("fraction of cuBLAS bf16 TFLOP/s")
     fig.suptitle(f"MXFP4 kernels on {report['device']} ({report.get('method', '')[:90]}...)", fontsize=9)
     return save(fig, out_stem)
@@ -200,8 +231,9 @@ def compare_figure(rows: list[dict], recipe: str, out_stem: Path | str) -> list[
     """Difference to each baseline with its 95% interval, for accuracy and gradient cosine."""
     metrics = ["gsm8k_strict_accuracy", "mean_grad_cosine", "mean_entropy"]
     models = sorted({r["model"] for r in rows})
-    fig, axes = plt.subplots(len(models), len(metrics), figsize=(4.5 * len(metrics), 2.8 * len(models)), squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        len(models), len(metrics), figsize=(4.5 * len(metrics), 2.8 * len(models)), squeeze=False, layout="constrained"
+    )
     for i, model in enumerate(models):
         for j, metric in enumerate(metrics):
             ax = axes[i][j]
@@ -241,14 +273,31 @@ def pathway_matrix(pathways_csv: Path | str, out_stem: Path | str) -> list[Path]
         for k, (model, ckpt) in enumerate(series):
             off = (k - (len(series) - 1) / 2) * 0.8 / max(len(series), 1)
             for i, arm in enumerate(arms):
-                sel = [r for r in rows if r["model"] == model and r["checkpoint"] == ckpt and r["injection"] == arm
-                       and r["metric"] == metric and r["layer"] == "total" and r["site"] in ("both", "forward") and r["mean"]]
+                sel = [
+                    r
+                    for r in rows
+                    if r["model"] == model
+                    and r["checkpoint"] == ckpt
+                    and r["injection"] == arm
+                    and r["metric"] == metric
+                    and r["layer"] == "total"
+                    and r["site"] in ("both", "forward")
+                    and r["mean"]
+                ]
                 if not sel:
                     continue
                 m, lo, hi = estimate(sel[0], flip=harm)
                 err = None if lo is None else [[m - lo], [hi - m]]
-                ax.errorbar(m, i + off, xerr=err, fmt="osD^v<>"[k % 7], color=arm_color.get(arm, "#9467bd"), capsize=2,
-                            ms=4, label=f"{model} / {ckpt}" if i == 0 else None)
+                ax.errorbar(
+                    m,
+                    i + off,
+                    xerr=err,
+                    fmt="osD^v<>"[k % 7],
+                    color=arm_color.get(arm, "#9467bd"),
+                    capsize=2,
+                    ms=4,
+                    label=f"{model} / {ckpt}" if i == 0 else None,
+                )
         ax.set_yticks(range(len(arms)), arms)
         ax.invert_yaxis()
         ax.axvline(0, color="gray", lw=0.6)
@@ -256,17 +305,37 @@ def pathway_matrix(pathways_csv: Path | str, out_stem: Path | str) -> list[Path]
     axes[0].set_title("gradient accuracy (claimed: scale)", fontsize=9)
     axes[1].set_title("rollout quality (claimed: deadzone)", fontsize=9)
     axes[2].set_title("policy entropy (claimed: grid)", fontsize=9)
-    handles = [plt.Line2D([], [], ls="", marker="osD^v<>"[k % 7], color="gray", label=f"{m} / {c}") for k, (m, c) in enumerate(series)]
+    handles = [
+        plt.Line2D([], [], ls="", marker="osD^v<>"[k % 7], color="gray", label=f"{m} / {c}")
+        for k, (m, c) in enumerate(series)
+    ]
     axes[0].legend(handles=handles, fontsize=7, loc="lower right")
     ax = axes[3]
     for k, (model, ckpt) in enumerate(series):
         for arm in ("+scale", "+dead", "+grid", "all"):
-            sel = [r for r in rows if r["model"] == model and r["checkpoint"] == ckpt and r["injection"] == arm
-                   and r["metric"] == "grad_cosine" and r["layer"].startswith("layer") and r["site"] == "both" and r["mean"]]
+            sel = [
+                r
+                for r in rows
+                if r["model"] == model
+                and r["checkpoint"] == ckpt
+                and r["injection"] == arm
+                and r["metric"] == "grad_cosine"
+                and r["layer"].startswith("layer")
+                and r["site"] == "both"
+                and r["mean"]
+            ]
             sel.sort(key=lambda r: int(r["layer"][5:]))
             if sel:
-                ax.plot([int(r["layer"][5:]) for r in sel], [float(r["mean"]) for r in sel], marker="osD^v<>"[k % 7],
-                        color=arm_color[arm], ls=("-", ":", "--", "-.")[k % 4], lw=1, ms=3, label=f"{arm} ({model}/{ckpt})")
+                ax.plot(
+                    [int(r["layer"][5:]) for r in sel],
+                    [float(r["mean"]) for r in sel],
+                    marker="osD^v<>"[k % 7],
+                    color=arm_color[arm],
+                    ls=("-", ":", "--", "-.")[k % 4],
+                    lw=1,
+                    ms=3,
+                    label=f"{arm} ({model}/{ckpt})",
+                )
     ax.set_xlabel("layer (input side = 0)")
     ax.set_ylabel("gradient cosine (mean over batches)")
     ax.set_title("gradient cosine by depth, per injected component", fontsize=9)

@@ -1,18 +1,8 @@
-"""One ablation cell: GRPO (TRL's GRPOTrainer) under a recipe, then GSM8K evaluation through lm-eval.
+"""One ablation cell ``(profile, model, recipe, seed)``: GRPO (TRL) under a recipe, then GSM8K through lm-eval.
 
-A cell is ``(profile, model, recipe, seed)``; it writes ``results/<profile>/cells/<model>/<recipe>/seed<seed>/``:
-``train_log.jsonl`` (one line per step), ``eval/`` (lm-eval's own output) and ``metrics.json``; a
-full-precision (bf16 recipe) cell also saves its policy after GRPO in ``policy/`` (the pathway
-matrix's second checkpoint).
-
-Per step the log holds TRL's own metrics (reward mean and std, the accuracy reward = rollout
-accuracy, policy entropy, KL when beta > 0, completion lengths) plus, through ``mxfp4.rl.grpo``:
-step time, each correction's metrics (AQN's sigma), and every ``probe_every`` steps the gradient
-cosine and relative norm error against a full-precision shadow backward pass on the same batch
-(per layer and total) and decomposition statistics of the probed layers.
-
-Every input (profile, model, recipe, seed, model folder, data) is checked before any output folder
-is made or any work starts.
+``plan_cell`` checks every input before anything is written; ``execute`` runs ``prepare`` (model,
+corrections, trainer, resume point), ``train``, ``evaluate`` and ``record`` (``metrics.json``). What
+a cell writes, and where (``mxfp4.layout``), is in docs/design.md ("Outputs", "The cell").
 """
 
 from __future__ import annotations
@@ -33,10 +23,10 @@ from ..config.profiles import Profile, config_hash, load_profile, setting_hash
 from ..config.recipes import Recipe
 from ..io import write_json_atomic
 from ..layout import REFERENCE_RECIPE, TRAIN_LOG, Layout
+from ..nn import gemm_weights, patch_model, patch_state, patched_modules
 from ..numerics.decompose import COMPONENTS, SUMMARY_KEYS, pool_stats
 from . import data as gsm
 from .models import RANDOM_PREFIX
-from ..nn import gemm_weights, patch_model, patch_state, patched_modules
 from .training import grpo_config
 
 
@@ -55,17 +45,27 @@ def rollout_settings(grpo, recipe) -> dict:
     try:
         import vllm  # noqa: F401
     except ImportError:
-        raise ValueError("the profile asks for vLLM rollouts (grpo.rollout: vllm) but vLLM is not installed; "
-                         "pip install -e '.[gpu]', or set grpo.rollout: hf (generate through the patched model)") from None
+        raise ValueError(
+            "the profile asks for vLLM rollouts (grpo.rollout: vllm) but vLLM is not installed; "
+            "pip install -e '.[gpu]', or set grpo.rollout: hf (generate through the patched model)"
+        ) from None
     if not torch.cuda.is_available():
-        raise ValueError("the profile asks for vLLM rollouts (grpo.rollout: vllm), which need a CUDA device; "
-                         "set grpo.rollout: hf to roll out on this machine")
+        raise ValueError(
+            "the profile asks for vLLM rollouts (grpo.rollout: vllm), which need a CUDA device; "
+            "set grpo.rollout: hf to roll out on this machine"
+        )
     cap = recipe.truncated_is_cap
     # Colocated with training on the same GPUs: a quarter of the memory (bf16 weights and KV cache,
     # docs/scaling.md) and asleep (offloaded) while the policy trains.
-    return {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.25,
-            "vllm_enable_sleep_mode": True, "vllm_importance_sampling_correction": cap is not None,
-            "vllm_importance_sampling_mode": "token_truncate", "vllm_importance_sampling_clip_max": cap or 3.0}
+    return {
+        "use_vllm": True,
+        "vllm_mode": "colocate",
+        "vllm_gpu_memory_utilization": 0.25,
+        "vllm_enable_sleep_mode": True,
+        "vllm_importance_sampling_correction": cap is not None,
+        "vllm_importance_sampling_mode": "token_truncate",
+        "vllm_importance_sampling_clip_max": cap or 3.0,
+    }
 
 
 def rollout_record(trainer, recipe) -> dict:
@@ -78,9 +78,12 @@ def rollout_record(trainer, recipe) -> dict:
     else:
         precision = "W4A4 (the training forward)"
     applied = trainer.truncated_is_applied
-    return {"backend": "vllm" if vllm else "hf", "precision": precision,
-            "truncated_is_cap": recipe.truncated_is_cap if applied else None,
-            "truncated_is_requested": recipe.truncated_is_cap}
+    return {
+        "backend": "vllm" if vllm else "hf",
+        "precision": precision,
+        "truncated_is_cap": recipe.truncated_is_cap if applied else None,
+        "truncated_is_requested": recipe.truncated_is_cap,
+    }
 
 
 def versions() -> dict:
@@ -95,8 +98,9 @@ def versions() -> dict:
 
 def git_commit() -> str | None:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=REPO_ROOT).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=REPO_ROOT
+        ).stdout.strip()
     except Exception:  # noqa: BLE001
         return None
 
@@ -121,8 +125,14 @@ class CellPlan:
         return self.layout.cell(self.model, self.recipe.name, self.seed)
 
 
-def plan_cell(profile_name: str, model_name: str, recipe_name: str, seed: int, results: Path | str = "results",
-              recipes_file: str | None = None) -> CellPlan:
+def plan_cell(
+    profile_name: str,
+    model_name: str,
+    recipe_name: str,
+    seed: int,
+    results: Path | str = "results",
+    recipes_file: str | None = None,
+) -> CellPlan:
     """Check every input of a cell; a bad one is a ValueError saying what is wrong and what is accepted."""
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
@@ -132,9 +142,11 @@ def plan_cell(profile_name: str, model_name: str, recipe_name: str, seed: int, r
     if spec.arch:
         folder = Layout(results, profile_name).model(model_name)
         if not (folder / "config.json").exists():
-            raise ValueError(f"the tiny model {model_name!r} of profile {profile_name!r} has not been warm-started "
-                             f"({folder} has no config.json); make it with: mxfp4 pretrain --profile {profile_name} "
-                             f"--model {model_name} (or snakemake --cores all pretrain --config profile={profile_name})")
+            raise ValueError(
+                f"the tiny model {model_name!r} of profile {profile_name!r} has not been warm-started "
+                f"({folder} has no config.json); make it with: mxfp4 pretrain --profile {profile_name} "
+                f"--model {model_name} (or snakemake --cores all pretrain --config profile={profile_name})"
+            )
         model_ref = str(folder)
     elif spec.config:
         model_ref = f"{RANDOM_PREFIX}{spec.config}"
@@ -148,8 +160,10 @@ def plan_cell(profile_name: str, model_name: str, recipe_name: str, seed: int, r
 def gsm8k_folder(profile: Profile) -> Path:
     folder = gsm.default_gsm8k_dir() if profile.data.dir is None else Path(profile.data.dir)
     if folder is None:
-        raise ValueError("the gsm8k data source needs the GSM8K jsonl folder: set data.dir in the profile or "
-                         "MXFP4_GSM8K_DIR (a folder with train.jsonl and test.jsonl)")
+        raise ValueError(
+            "the gsm8k data source needs the GSM8K jsonl folder: set data.dir in the profile or "
+            "MXFP4_GSM8K_DIR (a folder with train.jsonl and test.jsonl)"
+        )
     return folder
 
 
@@ -160,15 +174,25 @@ def cell_data(profile: Profile, results: Path | str) -> tuple[list[dict], Path]:
         train = gsm.embedded_split("train", d.n_train, seed=0, max_steps=d.max_problem_steps)
         folder = Layout(results, profile.name).data
         if not (folder / "test.jsonl").exists():
-            gsm.write_jsonl(gsm.embedded_split("train", 64, seed=1, max_steps=d.max_problem_steps), folder / "train.jsonl")
-            gsm.write_jsonl(gsm.embedded_split("test", d.n_eval, seed=0, max_steps=d.max_problem_steps), folder / "test.jsonl")
+            gsm.write_jsonl(
+                gsm.embedded_split("train", 64, seed=1, max_steps=d.max_problem_steps), folder / "train.jsonl"
+            )
+            gsm.write_jsonl(
+                gsm.embedded_split("test", d.n_eval, seed=0, max_steps=d.max_problem_steps), folder / "test.jsonl"
+            )
         return train, folder
     folder = gsm8k_folder(profile)
     return gsm.load_gsm8k("train", folder), folder
 
 
-def run_cell(profile_name: str, model_name: str, recipe_name: str, seed: int, results: Path | str = "results",
-             recipes_file: str | None = None) -> dict | None:
+def run_cell(
+    profile_name: str,
+    model_name: str,
+    recipe_name: str,
+    seed: int,
+    results: Path | str = "results",
+    recipes_file: str | None = None,
+) -> dict | None:
     """Run one cell; its metrics (None on the ranks other than the main process of a multi-process cell)."""
     plan = plan_cell(profile_name, model_name, recipe_name, seed, results, recipes_file)
     return execute(plan)
@@ -180,9 +204,17 @@ def grpo_args(plan: CellPlan, checkpoints: Path, processes: int = 1):
     checkpointing, checkpoints every ``save_steps`` (if set) under ``checkpoints``, the rollout backend."""
     grpo, spec = plan.profile.grpo, plan.profile.model(plan.model)
     micro, accumulation = grpo.accumulation(processes)
-    return grpo_config(grpo, plan.seed, micro_batch=micro, accumulation=accumulation, compute=spec.compute,
-                       output_dir=checkpoints if grpo.save_steps else None, save_steps=grpo.save_steps,
-                       gradient_checkpointing=grpo.gradient_checkpointing, rollout=rollout_settings(grpo, plan.recipe))
+    return grpo_config(
+        grpo,
+        plan.seed,
+        micro_batch=micro,
+        accumulation=accumulation,
+        compute=spec.compute,
+        output_dir=checkpoints if grpo.save_steps else None,
+        save_steps=grpo.save_steps,
+        gradient_checkpointing=grpo.gradient_checkpointing,
+        rollout=rollout_settings(grpo, plan.recipe),
+    )
 
 
 @dataclass
@@ -227,9 +259,11 @@ def prepare(plan: CellPlan) -> CellRun:
     profile, recipe, seed, out = plan.profile, plan.recipe, plan.seed, plan.out
     spec, grpo = profile.model(plan.model), profile.grpo
     if dist.num_processes != spec.processes:
-        raise ValueError(f"model {plan.model!r} of profile {profile.name!r} trains on processes: {spec.processes}, but "
-                         f"{dist.num_processes} were launched; launch it as the cell rule does "
-                         f"(accelerate launch --config_file experiments/accelerate/{spec.launch} ...) or fix processes")
+        raise ValueError(
+            f"model {plan.model!r} of profile {profile.name!r} trains on processes: {spec.processes}, but "
+            f"{dist.num_processes} were launched; launch it as the cell rule does "
+            f"(accelerate launch --config_file experiments/accelerate/{spec.launch} ...) or fix processes"
+        )
     c_hash = config_hash(profile, plan.model, recipe, seed)
     out.mkdir(parents=True, exist_ok=True)
     log_path, checkpoints = out / TRAIN_LOG, out / "checkpoints"
@@ -248,19 +282,29 @@ def prepare(plan: CellPlan) -> CellRun:
     if recipe.needs_reference:
         reference = plan.layout.cell(plan.model, REFERENCE_RECIPE, seed) / "metrics.json"
         if not reference.exists():
-            raise ValueError(f"recipe {recipe.name!r} steers toward the {REFERENCE_RECIPE} cell of the same model and "
-                             f"seed, which has not run ({reference} missing); run that cell first")
+            raise ValueError(
+                f"recipe {recipe.name!r} steers toward the {REFERENCE_RECIPE} cell of the same model and "
+                f"seed, which has not run ({reference} missing); run that cell first"
+            )
         for c in corrections:
             c.bind_reference(json.loads(reference.read_text()))
     patch_model(model, recipe.quantizer(corrections), cache_weights=not spec.sharded)
     run = CellRun(plan, dist, started, c_hash, log_path, checkpoints, resume, model, tokenizer, corrections)
 
     train_rows, run.eval_folder = cell_data(profile, plan.results)
-    dataset = Dataset.from_list([{"prompt": gsm.PROMPT.format(question=r["question"]), "answer": r["answer"]}
-                                 for r in train_rows])
-    run.trainer = MXGRPOTrainer(model=model, reward_funcs=[accuracy_reward], args=grpo_args(plan, checkpoints, dist.num_processes),
-                                train_dataset=dataset, processing_class=tokenizer, corrections=corrections,
-                                probe_every=profile.probe_every, probe_rows=profile.probe_rows)
+    dataset = Dataset.from_list(
+        [{"prompt": gsm.PROMPT.format(question=r["question"]), "answer": r["answer"]} for r in train_rows]
+    )
+    run.trainer = MXGRPOTrainer(
+        model=model,
+        reward_funcs=[accuracy_reward],
+        args=grpo_args(plan, checkpoints, dist.num_processes),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        corrections=corrections,
+        probe_every=profile.probe_every,
+        probe_rows=profile.probe_rows,
+    )
     run.trainer.add_callback(StepLogger(run.trainer, log_path, config_hash=c_hash))
     if resume is not None:
         run.resumed_from = resume_state(resume, log_path if dist.is_main_process else None, corrections)
@@ -274,8 +318,11 @@ def train(run: CellRun) -> dict:
     t_train = time.time()
     snapshot = weight_snapshot(run.model)  # the initial weights (a resumed run loads its checkpoint inside train)
     run.trainer.train(resume_from_checkpoint=str(run.resume) if run.resume is not None else None)
-    trained = {"train_seconds": time.time() - t_train, "weight_update": weight_update(run.model, snapshot),
-               "weight_digests": weight_digests(run.trainer)}
+    trained = {
+        "train_seconds": time.time() - t_train,
+        "weight_update": weight_update(run.model, snapshot),
+        "weight_digests": weight_digests(run.trainer),
+    }
     if not run.plan.recipe.quantize:
         save_policy(run.trainer, run.tokenizer, run.plan.out / "policy")
     return trained
@@ -288,8 +335,15 @@ def evaluate(run: CellRun) -> dict:
     ev = run.plan.profile.eval
     run.model.eval()
     lm = hf_lm(run.model, run.tokenizer, batch_size=ev.batch_size)
-    return evaluate_gsm8k(lm, run.eval_folder, num_fewshot=ev.num_fewshot, limit=ev.limit, max_gen_toks=ev.max_gen_toks,
-                          output_dir=run.plan.out / "eval", seed=run.plan.seed)
+    return evaluate_gsm8k(
+        lm,
+        run.eval_folder,
+        num_fewshot=ev.num_fewshot,
+        limit=ev.limit,
+        max_gen_toks=ev.max_gen_toks,
+        output_dir=run.plan.out / "eval",
+        seed=run.plan.seed,
+    )
 
 
 def record(run: CellRun, trained: dict, scores: dict) -> dict | None:
@@ -299,20 +353,33 @@ def record(run: CellRun, trained: dict, scores: dict) -> dict | None:
     profile, recipe, spec = plan.profile, plan.recipe, plan.profile.model(plan.model)
     metrics = None
     if dist.is_main_process:
-        metrics = summarize(run.log_path, scores, run.model, patch_state(run.model).quantizer, run.corrections,
-                            profile.probe_rows)
+        metrics = summarize(
+            run.log_path, scores, run.model, patch_state(run.model).quantizer, run.corrections, profile.probe_rows
+        )
         metrics.update(
-            profile=profile.name, model=plan.model, recipe=recipe.name, seed=plan.seed,
-            wall_time_seconds=time.time() - run.started, train_seconds=trained["train_seconds"],
+            profile=profile.name,
+            model=plan.model,
+            recipe=recipe.name,
+            seed=plan.seed,
+            wall_time_seconds=time.time() - run.started,
+            train_seconds=trained["train_seconds"],
             rollout=rollout_record(run.trainer, recipe),
             precision={"master_weights": "float32", "compute": spec.compute},
-            world_size=dist.num_processes, weight_digests=trained["weight_digests"], resumed_from_step=run.resumed_from,
+            world_size=dist.num_processes,
+            weight_digests=trained["weight_digests"],
+            resumed_from_step=run.resumed_from,
             weight_update=trained["weight_update"],
-            config={"recipe": recipe.to_dict(), "grpo": profile.grpo.model_dump(), "data": profile.data.model_dump(),
-                    "eval": profile.eval.model_dump(), "model": spec.model_dump()},
+            config={
+                "recipe": recipe.to_dict(),
+                "grpo": profile.grpo.model_dump(),
+                "data": profile.data.model_dump(),
+                "eval": profile.eval.model_dump(),
+                "model": spec.model_dump(),
+            },
             config_hash=run.config_hash,
             setting_hash=setting_hash(profile, plan.model),
-            versions=versions(), git_commit=git_commit(),
+            versions=versions(),
+            git_commit=git_commit(),
             device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         )
         write_json_atomic(plan.out / "metrics.json", metrics)
@@ -331,8 +398,11 @@ def weight_snapshot(model) -> dict[str, torch.Tensor]:
     size): the reference of ``weight_update``."""
     last = getattr(model.config, "num_hidden_layers", 1) - 1
     keep = (".layers.0.", f".layers.{last}.")
-    return {n: p.detach().float().cpu().clone() for n, p in model.named_parameters()
-            if any(k in n for k in keep) and not _is_shard(p)}
+    return {
+        n: p.detach().float().cpu().clone()
+        for n, p in model.named_parameters()
+        if any(k in n for k in keep) and not _is_shard(p)
+    }
 
 
 def weight_update(model, snapshot: dict[str, torch.Tensor]) -> dict:
@@ -347,9 +417,13 @@ def weight_update(model, snapshot: dict[str, torch.Tensor]) -> dict:
         base2 += float(before.double().pow(2).sum())
         changed += int((d != 0).sum())
         total += d.numel()
-    return {"scope": "parameters of the first and last decoder layers", "n": int(total),
-            "norm": math.sqrt(delta2), "relative": math.sqrt(delta2 / base2) if base2 else None,
-            "changed_fraction": changed / total if total else None}
+    return {
+        "scope": "parameters of the first and last decoder layers",
+        "n": int(total),
+        "norm": math.sqrt(delta2),
+        "relative": math.sqrt(delta2 / base2) if base2 else None,
+        "changed_fraction": changed / total if total else None,
+    }
 
 
 def weight_digests(trainer) -> list[str] | None:
@@ -422,7 +496,14 @@ def weight_decomposition(model, quantizer, rows: int | None = None) -> dict:
         t = p.detach().float()
         return sample_blocks(t, -1, rows, quantizer)[0] if rows else t
 
-    stats = [quantizer.decompose(view(p), -1).stats
-             for _, module, _ in patched_modules(model) for p in gemm_weights(module).values()]
+    stats = [
+        quantizer.decompose(view(p), -1).stats
+        for _, module, _ in patched_modules(model)
+        for p in gemm_weights(module).values()
+    ]
     pooled = pool_stats(stats)
-    return {k: pooled[k] for k in SUMMARY_KEYS} | {f"energy_{c}": pooled[f"energy_{c}"] for c in COMPONENTS} | {"energy_total": pooled["energy_total"]}
+    return (
+        {k: pooled[k] for k in SUMMARY_KEYS}
+        | {f"energy_{c}": pooled[f"energy_{c}"] for c in COMPONENTS}
+        | {"energy_total": pooled["energy_total"]}
+    )

@@ -1,28 +1,11 @@
 """The GRPO trainer of a cell: TRL's ``GRPOTrainer`` with the recipe's lifecycle hooks and the probes.
 
-``MXGRPOTrainer`` adds, on top of TRL's trainer:
-
-- every correction's ``rollout_context`` around rollout generation (AQN's noise);
-- every ``probe_every`` steps (on the step's first micro-batch), the gradient cosine and relative
-  norm error against a full-precision shadow backward pass on the same batch (per layer and total),
-  and the decomposition statistics of the weights, activations and gradients of the probed layers:
-  the fused float32 stats kernel where it applies, else float64 on at most ``probe_rows`` rows and
-  128 quantization groups per tensor (evenly spaced), so a probe's memory does not grow with the
-  activations;
-  the probe's time is logged as ``probe_time`` and left out of ``step_time``;
-- every step, the rollout/train mismatch ledger (``mismatch_ledger``): the token log-ratio of the
-  training policy to the policy that sampled the rollouts, its KL and the importance-ratio quantiles;
-- the recipe's quantized weights pushed to vLLM when rollouts run there.
-
-``StepLogger`` (a ``TrainerCallback``) writes one JSON line per step: TRL's logged metrics, the
-probes' metrics, the ledger, each correction's ``metrics()`` and the step time, and hands the step's
-metrics to each correction's ``observe``. With every checkpoint it saves the log so far, the
-corrections' run state and the cell's config hash (``mxfp4_state.json``, written last: a checkpoint
-without it is incomplete), from which ``resume_state`` restores a killed cell.
-
-Every touch of TRL's private API is in the block marked "TRL INTERNALS" below, and
-``tests/test_grpo_internals.py`` exercises each of them against the TRL version pinned in
-``constraints.txt`` and checks that no other module of the package names them.
+``MXGRPOTrainer`` calls the corrections' hooks (AQN's rollout noise), runs the gradient-accuracy and
+decomposition probes every ``probe_every`` steps, keeps the rollout/train mismatch ledger and pushes
+the recipe's quantized weights to vLLM; ``StepLogger`` writes ``train_log.jsonl`` and makes every
+checkpoint resumable. What each logs is in docs/design.md ("The cell"). Every use of TRL's private
+API is in the block marked "TRL INTERNALS" (``tests/test_grpo_internals.py`` checks it against the
+pinned TRL, and that no other module names it).
 """
 
 from __future__ import annotations
@@ -41,10 +24,10 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from ..layout import TRAIN_LOG
+from ..nn import bypassed, clear_weight_caches, gemm_weights, patch_state, patched_modules, quantized_weights, set_probe
 from ..numerics.decompose import SUMMARY_KEYS, pool_stats
 from .grad_accuracy import compare
 from .vllm_weights import vllm_named_weights
-from ..nn import bypassed, clear_weight_caches, gemm_weights, patch_state, patched_modules, quantized_weights, set_probe
 
 
 def synced_clock() -> float:
@@ -124,7 +107,8 @@ class DecompositionProbe:
     def summary(self) -> dict:
         out = {}
         for kind, items in self.stats.items():
-            items = [{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in s.items()} for s in items]  # one sync
+            # one sync
+            items = [{k: float(v) if isinstance(v, torch.Tensor) else v for k, v in s.items()} for s in items]
             items = [s for s in items if all(math.isfinite(v) for v in s.values() if isinstance(v, float))]
             if not items:
                 continue
@@ -143,18 +127,29 @@ def mismatch_ledger(train: torch.Tensor | None, rollout: torch.Tensor | None, ma
     is the training policy by construction (HF generate through the same patched model with no
     rollout perturbation), the ledger is exactly zero and ``mismatch/measured`` is 0."""
     if train is None:
-        return {"mismatch/measured": 0.0, "mismatch/log_ratio_mean": 0.0, "mismatch/kl": 0.0,
-                **{f"mismatch/is_ratio_{q}": 1.0 for q in ("p01", "p50", "p99", "max")}, "mismatch/tokens": 0.0}
+        return {
+            "mismatch/measured": 0.0,
+            "mismatch/log_ratio_mean": 0.0,
+            "mismatch/kl": 0.0,
+            **{f"mismatch/is_ratio_{q}": 1.0 for q in ("p01", "p50", "p99", "max")},
+            "mismatch/tokens": 0.0,
+        }
     keep = mask.bool() & torch.isfinite(rollout) & torch.isfinite(train)
     log_r = (train - rollout)[keep].double()
     if log_r.numel() == 0:
         raise ValueError("the mismatch ledger got no completion token with finite log-probs under both policies")
     r = log_r.exp()
     qs = torch.quantile(r, torch.tensor([0.01, 0.5, 0.99], dtype=r.dtype, device=r.device)).tolist()
-    return {"mismatch/measured": 1.0, "mismatch/log_ratio_mean": log_r.mean().item(),
-            "mismatch/kl": (r - 1 - log_r).mean().item(), "mismatch/is_ratio_p01": qs[0],
-            "mismatch/is_ratio_p50": qs[1], "mismatch/is_ratio_p99": qs[2], "mismatch/is_ratio_max": r.max().item(),
-            "mismatch/tokens": float(log_r.numel())}
+    return {
+        "mismatch/measured": 1.0,
+        "mismatch/log_ratio_mean": log_r.mean().item(),
+        "mismatch/kl": (r - 1 - log_r).mean().item(),
+        "mismatch/is_ratio_p01": qs[0],
+        "mismatch/is_ratio_p50": qs[1],
+        "mismatch/is_ratio_p99": qs[2],
+        "mismatch/is_ratio_max": r.max().item(),
+        "mismatch/tokens": float(log_r.numel()),
+    }
 
 
 def probe_layers(model) -> set[str]:
@@ -263,7 +258,12 @@ class MXGRPOTrainer(GRPOTrainer):
         mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
         with torch.no_grad(), observer_rng():
             logps, _, _ = self._get_per_token_logps_and_entropies(
-                self.model, ids, mask, output["completion_ids"].size(1), batch_size=self.args.per_device_train_batch_size)
+                self.model,
+                ids,
+                mask,
+                output["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size,
+            )
         return logps.float()
 
     def _without_logging(self, fn):
@@ -292,14 +292,19 @@ class MXGRPOTrainer(GRPOTrainer):
     def _gathered_ledger(self, train, rollout, mask) -> dict:
         """The mismatch ledger over the tokens of every process (padded to one width, gathered)."""
         if train is not None and self.accelerator.num_processes > 1:
-            train, rollout, mask = (self.accelerator.gather(self.accelerator.pad_across_processes(t, dim=1))
-                                    for t in (train, rollout, mask))
+            train, rollout, mask = (
+                self.accelerator.gather(self.accelerator.pad_across_processes(t, dim=1)) for t in (train, rollout, mask)
+            )
         return mismatch_ledger(train, rollout, mask)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         step = self.state.global_step
-        probing = (self.mx_quantizer is not None and self.mx_probe_every and step % self.mx_probe_every == 0
-                   and self._mx_probed_step != step)  # the step's first micro-batch only
+        probing = (
+            self.mx_quantizer is not None
+            and self.mx_probe_every
+            and step % self.mx_probe_every == 0
+            and self._mx_probed_step != step
+        )  # the step's first micro-batch only
         if not probing:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         self._mx_probed_step = step
@@ -330,10 +335,12 @@ class MXGRPOTrainer(GRPOTrainer):
 
         def grads(context):
             """The loss's gradients under ``context``, TRL's logged metrics left as they were."""
+
             def run():
                 with context:
                     loss = super(MXGRPOTrainer, self).compute_loss(model, inputs, False, num_items_in_batch)
                     return torch.autograd.grad(loss, [p for _, p in params], allow_unused=True)
+
             return self._without_logging(run)
 
         g_q = grads(probed())  # the recipe's quantized passes, statistics collected on the way
@@ -391,9 +398,15 @@ class StepLogger(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kw):
         if logs is None or "train_runtime" in logs:
             return
-        row = {"step": state.global_step, "step_time": self.step_time, "probe_time": self.probe_time,
-               "rollout_time": self.rollout_time, "peak_memory_gib": self.peak_memory, **logs,
-               **self.trainer.take_step_metrics()}
+        row = {
+            "step": state.global_step,
+            "step_time": self.step_time,
+            "probe_time": self.probe_time,
+            "rollout_time": self.rollout_time,
+            "peak_memory_gib": self.peak_memory,
+            **logs,
+            **self.trainer.take_step_metrics(),
+        }
         for c in self.trainer.mx_corrections:
             row.update(c.metrics())
         for c in self.trainer.mx_corrections:
@@ -411,8 +424,11 @@ class StepLogger(TrainerCallback):
             return
         folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         shutil.copyfile(self.path, folder / TRAIN_LOG)
-        payload = {"step": state.global_step, "config_hash": self.config_hash,
-                   "corrections": [c.state_dict() for c in self.trainer.mx_corrections]}
+        payload = {
+            "step": state.global_step,
+            "config_hash": self.config_hash,
+            "corrections": [c.state_dict() for c in self.trainer.mx_corrections],
+        }
         tmp = folder / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(payload))
         tmp.rename(folder / STATE_FILE)
@@ -437,8 +453,10 @@ def resume_state(checkpoint: Path, log_path: Path | None, corrections) -> int:
     process) the log up to it; the checkpoint's step."""
     payload = json.loads((checkpoint / STATE_FILE).read_text())
     if len(payload["corrections"]) != len(corrections):
-        raise ValueError(f"{checkpoint} holds the state of {len(payload['corrections'])} corrections, the recipe has "
-                         f"{len(corrections)}: it is not a checkpoint of this cell")
+        raise ValueError(
+            f"{checkpoint} holds the state of {len(payload['corrections'])} corrections, the recipe has "
+            f"{len(corrections)}: it is not a checkpoint of this cell"
+        )
     for c, st in zip(corrections, payload["corrections"]):
         c.load_state_dict(st)
     if log_path is not None:

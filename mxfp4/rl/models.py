@@ -43,7 +43,12 @@ def build_char_tokenizer(vocab_size: int | None = None):
     tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", padding_side="left"
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        padding_side="left",
     )
 
 
@@ -71,7 +76,12 @@ def tiny_config(arch: str, vocab_size: int):
         from transformers import Qwen3MoeConfig
 
         return Qwen3MoeConfig(
-            intermediate_size=384, moe_intermediate_size=96, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, **common
+            intermediate_size=384,
+            moe_intermediate_size=96,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            **common,
         )
     raise ValueError(f"unknown tiny architecture {arch!r}; accepted: {', '.join(TINY_ARCHS)}")
 
@@ -104,7 +114,9 @@ def real_config(name: str):
     return AutoConfig.for_model(fields.pop("model_type"), **fields)
 
 
-def build_random(name: str, seed: int | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+def build_random(
+    name: str, seed: int | None = None, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+):
     """(model of the real configuration ``name`` with random weights, tokenizer of its vocabulary size);
     ``seed`` None draws from torch's current RNG (the cell seeds it)."""
     from transformers import AutoModelForCausalLM
@@ -112,7 +124,10 @@ def build_random(name: str, seed: int | None = None, dtype: torch.dtype = torch.
     config = real_config(name)
     tokenizer = build_char_tokenizer(config.vocab_size)
     config.pad_token_id, config.bos_token_id, config.eos_token_id = (
-        tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id)
+        tokenizer.pad_token_id,
+        tokenizer.bos_token_id,
+        tokenizer.eos_token_id,
+    )
     if seed is not None:
         torch.manual_seed(seed)
     with torch.device(device):
@@ -141,7 +156,7 @@ def load(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "c
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
     if name_or_path.startswith(RANDOM_PREFIX):
-        return build_random(name_or_path[len(RANDOM_PREFIX):], dtype=dtype, device=device)
+        return build_random(name_or_path[len(RANDOM_PREFIX) :], dtype=dtype, device=device)
     ref = PAPER_MODELS.get(name_or_path, name_or_path)
     local = Path(ref)
     if local.exists():

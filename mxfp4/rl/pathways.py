@@ -1,22 +1,9 @@
 """The pathway matrix: each MXFP4 error component injected alone (or removed), measured on the three
-RL pathways the paper maps it to (docs/design.md, "The pathway matrix").
-
-On fixed checkpoints (the warm-started policy and the policy after the bf16 cell's GRPO steps), every
-arm sees the same data, so the only difference between arms is the injected error:
-
-- gradient accuracy: GRPO batches generated once by the unquantized policy (TRL's own batch
-  generation through ``MXGRPOTrainer.scored_batch``: rollouts, rewards, advantages), then TRL's loss
-  (``MXGRPOTrainer.batch_loss``) backward under each arm; cosine and relative norm error against the unquantized gradient of the
-  same batch, total and per layer. Batches whose advantages are all zero carry no policy gradient:
-  they are skipped and counted (``skipped_zero_advantage_batches``).
-- rollout quality and policy entropy: the same prompts sampled under each arm (forward GEMMs) from
-  the same seed; accuracy and mean token entropy per prompt, paired with the unquantized arm.
-- scale rules (floor, ceil, even, rceil) as a row group: weight scale-bias energy and gradient cosine.
-- additivity after RL: from the warm checkpoint and one batch, k AdamW updates under each single
-  injection and under full MXFP4; interaction ratio ``|D_all - sum_c D_c| / |D_all|`` of the
-  parameter deviations from the unquantized update.
-
-Output: a tidy CSV (model, checkpoint, injection, site, layer, metric, mean, ci_low, ci_high, n, method).
+RL pathways the paper maps it to: gradient accuracy (TRL's own batches and loss through
+``MXGRPOTrainer.scored_batch`` / ``batch_loss``), rollout quality and policy entropy (the same prompts
+sampled under each arm from one seed), with the scale rules as a row group and the additivity test.
+The design is docs/design.md, "The pathway matrix". Output: a tidy CSV (model, checkpoint,
+injection, site, layer, metric, mean, ci_low, ci_high, n, p, method).
 """
 
 from __future__ import annotations
@@ -31,22 +18,38 @@ from ..config.profiles import Profile, load_profile
 from ..config.recipes import Recipe
 from ..io import write_text_atomic
 from ..layout import Layout
+from ..nn import patch_model, unpatch_model
 from ..numerics.injection import ROWS, SITES, row_spec
 from ..stats import mean_ci, paired_diff
 from . import data as gsm
 from .cell import accuracy_reward, cell_data, weight_decomposition
 from .grad_accuracy import compare
-from ..nn import patch_model, unpatch_model
 
-FIELDS = ["model", "checkpoint", "injection", "site", "layer", "metric", "mean", "ci_low", "ci_high", "n", "p", "method"]
+FIELDS = [
+    "model",
+    "checkpoint",
+    "injection",
+    "site",
+    "layer",
+    "metric",
+    "mean",
+    "ci_low",
+    "ci_high",
+    "n",
+    "p",
+    "method",
+]
 # The paper's mapping: which component dominates which pathway, and the harm measure of that pathway
 # (larger = worse), per unit (gradient batch or prompt).
 MAPPING = {"gradient": "scale", "rollout": "dead", "entropy": "grid"}
-CONTRAST_METHOD = ("paired over {units}: harm(+{a}) - harm(+{b}), harm = {harm}; 95% t interval, two-sided p "
-                   "(scipy.stats.ttest_rel)")
+CONTRAST_METHOD = (
+    "paired over {units}: harm(+{a}) - harm(+{b}), harm = {harm}; 95% t interval, two-sided p (scipy.stats.ttest_rel)"
+)
 SCALE_RULES = ("floor", "ceil", "even", "rceil")
 GRAD_METHOD = "mean over batches, 95% t interval"
-PAIRED_METHOD = "paired difference from the unquantized arm, mean over prompts, 95% t interval (same prompts and sampling seed)"
+PAIRED_METHOD = (
+    "paired difference from the unquantized arm, mean over prompts, 95% t interval (same prompts and sampling seed)"
+)
 
 
 def row_quantizer(row: str, site: str = "both", scale_rule: str = "floor"):
@@ -85,8 +88,9 @@ def _trainer(model, tokenizer, profile: Profile, seed: int):
     g = profile.grpo
     args = grpo_config(g, seed, micro_batch=g.num_generations * batch_prompts(profile), max_steps=1, beta=0.0)
     dummy = Dataset.from_list([{"prompt": "x", "answer": "0"}])
-    return MXGRPOTrainer(model=model, reward_funcs=[accuracy_reward], args=args, train_dataset=dummy,
-                         processing_class=tokenizer)
+    return MXGRPOTrainer(
+        model=model, reward_funcs=[accuracy_reward], args=args, train_dataset=dummy, processing_class=tokenizer
+    )
 
 
 def batch_prompts(profile: Profile) -> int:
@@ -102,12 +106,15 @@ def gradient_batches(trainer, problems: list[dict], profile: Profile, n_batches:
     batches, skipped, i = [], 0, 0
     trainer.model.train()
     while len(batches) < n_batches:
-        chunk = problems[i * size:(i + 1) * size]
+        chunk = problems[i * size : (i + 1) * size]
         i += 1
         if len(chunk) < size:  # out of problems: the rows say how many batches were usable
             break
-        inputs = [{"prompt": gsm.PROMPT.format(question=r["question"]), "answer": r["answer"]}
-                  for r in chunk for _ in range(g.num_generations)]
+        inputs = [
+            {"prompt": gsm.PROMPT.format(question=r["question"]), "answer": r["answer"]}
+            for r in chunk
+            for _ in range(g.num_generations)
+        ]
         batch = trainer.scored_batch(inputs)
         if batch["advantages"].abs().max() == 0:
             skipped += 1
@@ -125,8 +132,9 @@ def batch_gradient(trainer, batch) -> dict[str, torch.Tensor]:
     return {n: g.detach() for (n, _), g in zip(params, grads) if g is not None}
 
 
-def rollout_scores(model, tokenizer, problems: list[dict], samples: int, max_new_tokens: int, temperature: float,
-                   seed: int) -> tuple[list[float], list[float]]:
+def rollout_scores(
+    model, tokenizer, problems: list[dict], samples: int, max_new_tokens: int, temperature: float, seed: int
+) -> tuple[list[float], list[float]]:
     """Per prompt: accuracy of ``samples`` sampled completions and their mean token entropy. The
     sampling RNG is seeded, so arms that differ only in their logits are paired sample by sample."""
     repeated = [r for r in problems for _ in range(samples)]
@@ -134,10 +142,18 @@ def rollout_scores(model, tokenizer, problems: list[dict], samples: int, max_new
     torch.manual_seed(seed)
     model.eval()
     with torch.no_grad():
-        out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=True, top_k=0, top_p=1.0,
-                             temperature=temperature, output_logits=True, return_dict_in_generate=True,
-                             pad_token_id=tokenizer.pad_token_id)
-    completion = out.sequences[:, enc["input_ids"].shape[1]:]
+        out = model.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            do_sample=True,
+            top_k=0,
+            top_p=1.0,
+            temperature=temperature,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    completion = out.sequences[:, enc["input_ids"].shape[1] :]
     logits = torch.stack(out.logits, 1).float() / temperature  # [B, T, V]
     logp = torch.log_softmax(logits, -1)
     entropy = -(logp.exp() * logp).sum(-1)  # [B, T]
@@ -151,12 +167,25 @@ def rollout_scores(model, tokenizer, problems: list[dict], samples: int, max_new
 
 
 def _row(model, checkpoint, injection, site, layer, metric, est, method) -> dict:
-    return {"model": model, "checkpoint": checkpoint, "injection": injection, "site": site, "layer": layer,
-            "metric": metric, "mean": est["mean"], "ci_low": est["ci_low"], "ci_high": est["ci_high"],
-            "n": est["n"], "p": est.get("p"), "method": method}
+    return {
+        "model": model,
+        "checkpoint": checkpoint,
+        "injection": injection,
+        "site": site,
+        "layer": layer,
+        "metric": metric,
+        "mean": est["mean"],
+        "ci_low": est["ci_low"],
+        "ci_high": est["ci_high"],
+        "n": est["n"],
+        "p": est.get("p"),
+        "method": method,
+    }
 
 
-def contrast_rows(model, checkpoint, harms: dict[str, dict[str, list]], units: dict[str, str], harm_names: dict[str, str]) -> list[dict]:
+def contrast_rows(
+    model, checkpoint, harms: dict[str, dict[str, list]], units: dict[str, str], harm_names: dict[str, str]
+) -> list[dict]:
     """For each pathway, the claimed dominant component's harm minus each other component's, paired
     over the same units (metric ``<pathway>_harm_contrast``; positive = the claimed one hurts more)."""
     rows = []
@@ -166,10 +195,18 @@ def contrast_rows(model, checkpoint, harms: dict[str, dict[str, list]], units: d
             continue
         for other in (c for c in ("scale", "dead", "grid") if c != top):
             d = paired_diff(per[top], per[other])
-            rows.append(_row(model, checkpoint, f"+{top} vs +{other}", "forward" if pathway != "gradient" else "both", "total",
-                             f"{pathway}_harm_contrast", {"mean": d["diff"], "ci_low": d["ci_low"], "ci_high": d["ci_high"],
-                                                          "n": d["n"], "p": d["p"]},
-                             CONTRAST_METHOD.format(units=units[pathway], a=top, b=other, harm=harm_names[pathway])))
+            rows.append(
+                _row(
+                    model,
+                    checkpoint,
+                    f"+{top} vs +{other}",
+                    "forward" if pathway != "gradient" else "both",
+                    "total",
+                    f"{pathway}_harm_contrast",
+                    {"mean": d["diff"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"], "p": d["p"]},
+                    CONTRAST_METHOD.format(units=units[pathway], a=top, b=other, harm=harm_names[pathway]),
+                )
+            )
     return rows
 
 
@@ -213,9 +250,15 @@ def additivity(model, trainer, batch, steps: list[int], lr: float) -> dict[int, 
     out = {}
     for k in steps:
         base = finals["none"][k]
-        dev = {r: torch.cat([(finals[r][k][n] - base[n]).double().flatten() for n in base]) for r in finals if r != "none"}
+        dev = {
+            r: torch.cat([(finals[r][k][n] - base[n]).double().flatten() for n in base]) for r in finals if r != "none"
+        }
         full = dev["all"]
-        out[k] = float((full - dev["+scale"] - dev["+dead"] - dev["+grid"]).norm() / full.norm()) if full.norm() > 0 else None
+        out[k] = (
+            float((full - dev["+scale"] - dev["+dead"] - dev["+grid"]).norm() / full.norm())
+            if full.norm() > 0
+            else None
+        )
     return out
 
 
@@ -235,7 +278,9 @@ def gradient_pathway(model_name, ckpt, trainer, model, batches, settings, harms)
             per_batch = grads_under(row_quantizer(row, site))
             rows += _grad_rows(model_name, ckpt, row, site, per_batch)
             if site == "both" and row[0] == "+":
-                harms["gradient"][row[1:]] = [None if b["total"]["cosine"] is None else 1 - b["total"]["cosine"] for b in per_batch]
+                harms["gradient"][row[1:]] = [
+                    None if b["total"]["cosine"] is None else 1 - b["total"]["cosine"] for b in per_batch
+                ]
             if site == "both" and row == "all":
                 full_mxfp4 = per_batch
     for rule in settings.scale_rules:
@@ -245,9 +290,18 @@ def gradient_pathway(model_name, ckpt, trainer, model, batches, settings, harms)
         with Arm(model, q):
             pooled = weight_decomposition(model, q)
         for metric in ("energy_scale", "share_scale"):
-            rows.append(_row(model_name, ckpt, f"rule:{rule}", "weights", "total", f"weight_{metric}",
-                             {"mean": pooled[metric], "ci_low": None, "ci_high": None, "n": 1},
-                             "pooled over all quantized weights (float64)"))
+            rows.append(
+                _row(
+                    model_name,
+                    ckpt,
+                    f"rule:{rule}",
+                    "weights",
+                    "total",
+                    f"weight_{metric}",
+                    {"mean": pooled[metric], "ci_low": None, "ci_high": None, "n": 1},
+                    "pooled over all quantized weights (float64)",
+                )
+            )
     return rows
 
 
@@ -256,8 +310,10 @@ def checkpoints(profile: Profile, model_name: str, results) -> dict[str, Path]:
     spec = profile.model(model_name)
     seed = profile.seeds[0]
     if spec.config:
-        raise ValueError(f"model {model_name!r} is a random initialisation (config: {spec.config}); the pathway matrix "
-                         "needs a warm-started tiny model or a hub checkpoint")
+        raise ValueError(
+            f"model {model_name!r} is a random initialisation (config: {spec.config}); the pathway matrix "
+            "needs a warm-started tiny model or a hub checkpoint"
+        )
     layout = Layout(results, profile.name)
     warm = layout.model(model_name) if spec.arch else Path(spec.hub)
     out = {"warm": warm}
@@ -273,16 +329,20 @@ def run_pathways(profile_name: str, model_name: str, results="results", out_csv=
     profile = load_profile(profile_name)
     settings = profile.pathways
     if settings is None:
-        raise ValueError(f"profile {profile_name!r} has no pathways section; add one (see experiments/profiles/embedded.yaml)")
+        raise ValueError(
+            f"profile {profile_name!r} has no pathways section; add one (see experiments/profiles/embedded.yaml)"
+        )
     spec = profile.model(model_name)
     seed = profile.seeds[0]
     ckpts = checkpoints(profile, model_name, results)
     if spec.arch and not (ckpts["warm"] / "config.json").exists():
-        raise ValueError(f"the tiny model {model_name!r} has not been warm-started ({ckpts['warm']}); run: mxfp4 pretrain "
-                         f"--profile {profile_name} --model {model_name}")
+        raise ValueError(
+            f"the tiny model {model_name!r} has not been warm-started ({ckpts['warm']}); run: mxfp4 pretrain "
+            f"--profile {profile_name} --model {model_name}"
+        )
     train, _ = cell_data(profile, results)
     grad_problems = train[: len(train) // 2]
-    roll_problems = train[len(train) // 2:][: settings.prompts]
+    roll_problems = train[len(train) // 2 :][: settings.prompts]
     g = profile.grpo
     rows: list[dict] = []
     t0 = time.time()
@@ -290,8 +350,18 @@ def run_pathways(profile_name: str, model_name: str, results="results", out_csv=
         model, tokenizer = load(str(path), dtype=torch.float32)  # float32 compute: the arms differ only by MXFP4
         trainer = _trainer(model, tokenizer, profile, seed)
         batches, skipped = gradient_batches(trainer, grad_problems, profile, settings.batches, seed)
-        rows.append(_row(model_name, ckpt, "none", "-", "total", "skipped_zero_advantage_batches",
-                         {"mean": float(skipped), "ci_low": None, "ci_high": None, "n": skipped + len(batches)}, "count"))
+        rows.append(
+            _row(
+                model_name,
+                ckpt,
+                "none",
+                "-",
+                "total",
+                "skipped_zero_advantage_batches",
+                {"mean": float(skipped), "ci_low": None, "ci_high": None, "n": skipped + len(batches)},
+                "count",
+            )
+        )
         harms: dict[str, dict[str, list]] = {"gradient": {}}
         if len(batches) >= 2:
             rows += gradient_pathway(model_name, ckpt, trainer, model, batches, settings, harms)
@@ -302,30 +372,70 @@ def run_pathways(profile_name: str, model_name: str, results="results", out_csv=
         scores = {}
         for row in ROWS:
             with Arm(model, row_quantizer(row, "forward")):
-                scores[row] = rollout_scores(model, tokenizer, roll_problems, settings.samples_per_prompt,
-                                             g.max_completion_length, g.temperature, seed)
+                scores[row] = rollout_scores(
+                    model,
+                    tokenizer,
+                    roll_problems,
+                    settings.samples_per_prompt,
+                    g.max_completion_length,
+                    g.temperature,
+                    seed,
+                )
         for row in ROWS:
             for i, metric in enumerate(("rollout_accuracy", "entropy")):
                 level = mean_ci(scores[row][i])
-                rows.append(_row(model_name, ckpt, row, "forward", "total", metric, level, "mean over prompts, 95% t interval"))
+                rows.append(
+                    _row(model_name, ckpt, row, "forward", "total", metric, level, "mean over prompts, 95% t interval")
+                )
                 if row != "none":
                     d = paired_diff(scores[row][i], scores["none"][i])
-                    rows.append(_row(model_name, ckpt, row, "forward", "total", f"{metric}_diff",
-                                     {"mean": d["diff"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"], "p": d["p"]},
-                                     PAIRED_METHOD))
+                    rows.append(
+                        _row(
+                            model_name,
+                            ckpt,
+                            row,
+                            "forward",
+                            "total",
+                            f"{metric}_diff",
+                            {
+                                "mean": d["diff"],
+                                "ci_low": d["ci_low"],
+                                "ci_high": d["ci_high"],
+                                "n": d["n"],
+                                "p": d["p"],
+                            },
+                            PAIRED_METHOD,
+                        )
+                    )
         harms["rollout"] = {c: [-v for v in scores[f"+{c}"][0]] for c in ("scale", "dead", "grid")}
         harms["entropy"] = {c: scores[f"+{c}"][1] for c in ("scale", "dead", "grid")}
-        rows += contrast_rows(model_name, ckpt, harms,
-                              {"gradient": "gradient batches", "rollout": "prompts", "entropy": "prompts"},
-                              {"gradient": "1 - gradient cosine", "rollout": "- rollout accuracy", "entropy": "mean token entropy"})
-        progress(f"[{time.time() - t0:6.1f}s] {model_name}/{ckpt}: rollout rows ({len(roll_problems)} prompts x {settings.samples_per_prompt})")
+        rows += contrast_rows(
+            model_name,
+            ckpt,
+            harms,
+            {"gradient": "gradient batches", "rollout": "prompts", "entropy": "prompts"},
+            {"gradient": "1 - gradient cosine", "rollout": "- rollout accuracy", "entropy": "mean token entropy"},
+        )
+        progress(
+            f"[{time.time() - t0:6.1f}s] {model_name}/{ckpt}: rollout rows "
+            f"({len(roll_problems)} prompts x {settings.samples_per_prompt})"
+        )
 
         if ckpt == "warm" and settings.additivity_steps and batches:
             ratios = additivity(model, trainer, batches[0], settings.additivity_steps, g.learning_rate)
             for k, ratio in ratios.items():
-                rows.append(_row(model_name, ckpt, "interaction", "both", "total", f"interaction_ratio_k{k}",
-                                 {"mean": ratio, "ci_low": None, "ci_high": None, "n": 1},
-                                 f"one batch, {k} AdamW update(s) per arm: |D_all - (D_scale + D_dead + D_grid)| / |D_all|"))
+                rows.append(
+                    _row(
+                        model_name,
+                        ckpt,
+                        "interaction",
+                        "both",
+                        "total",
+                        f"interaction_ratio_k{k}",
+                        {"mean": ratio, "ci_low": None, "ci_high": None, "n": 1},
+                        f"one batch, {k} AdamW update(s) per arm: |D_all - (D_scale + D_dead + D_grid)| / |D_all|",
+                    )
+                )
             progress(f"[{time.time() - t0:6.1f}s] {model_name}/{ckpt}: additivity k={settings.additivity_steps}")
     if out_csv is not None:
         write_csv(rows, out_csv)

@@ -64,12 +64,22 @@ def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, bat
         # (attention mask rows != router rows), and 8 tiny experts need no balancing push.
         router_aux_loss_coef=0.0,
     )
-    trainer = SFTTrainer(model=model, args=config, train_dataset=sft_dataset(train, tokenizer.eos_token), processing_class=tokenizer)
+    trainer = SFTTrainer(
+        model=model, args=config, train_dataset=sft_dataset(train, tokenizer.eos_token), processing_class=tokenizer
+    )
     trainer.train()
     test = embedded_split("test", n_check, seed=seed, max_steps=max_steps_per_problem)
     acc = greedy_accuracy(model, tokenizer, test)
-    meta = {"arch": arch, "sft_steps": steps, "lr": lr, "batch_size": batch_size, "seed": seed,
-            "embedded_test_greedy_accuracy": acc, "n_check": n_check, "seconds": time.time() - t0,
-            "parameters": sum(p.numel() for p in model.parameters())}
+    meta = {
+        "arch": arch,
+        "sft_steps": steps,
+        "lr": lr,
+        "batch_size": batch_size,
+        "seed": seed,
+        "embedded_test_greedy_accuracy": acc,
+        "n_check": n_check,
+        "seconds": time.time() - t0,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
     save(model, tokenizer, out, meta)
     return meta
