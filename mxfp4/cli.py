@@ -11,6 +11,8 @@ from pathlib import Path
 from .io import write_json_atomic, write_text_atomic
 from .layout import Layout
 
+MAX_SAMPLE = 2**26  # elements of a decompose --dist sample
+
 # Commands that load transformers models (the RL processes).
 MODEL_COMMANDS = ("pretrain", "cell", "pathways", "corrections-table")
 
@@ -44,6 +46,10 @@ def _load_tensor(args):
     from .numerics.distributions import sample
 
     if args.tensor:
+        given = [flag for flag, v in (("--rows", args.rows), ("--cols", args.cols), ("--dtype", args.dtype),
+                                      ("--seed", args.seed)) if v is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)} describe a --dist sample and do not apply to --tensor; drop them")
         if not Path(args.tensor).is_file():
             raise ValueError(f"--tensor {args.tensor}: no such file (accepted: a file saved with torch.save)")
         try:
@@ -63,16 +69,26 @@ def _load_tensor(args):
         if not isinstance(obj, torch.Tensor):
             raise ValueError(f"{args.tensor} does not hold a tensor (got {type(obj).__name__})")
         return obj, args.tensor
-    for flag, v in (("--rows", args.rows), ("--cols", args.cols)):
+    if args.key is not None:
+        raise ValueError("--key picks a tensor of a --tensor file; it does not apply to --dist")
+    rows, cols = args.rows or 256, args.cols or 1024
+    for flag, v in (("--rows", rows), ("--cols", cols)):
         if v < 1:
             raise ValueError(f"{flag} must be >= 1, got {v}")
-    dtype = getattr(torch, args.dtype)
-    return sample(args.dist, args.rows, args.cols, seed=args.seed, dtype=dtype), args.dist
+    if rows * cols > MAX_SAMPLE:
+        raise ValueError(f"--rows x --cols = {rows * cols:,} elements; accepted: at most {MAX_SAMPLE:,} "
+                         "(the float64 split holds several copies; use --tensor for a larger saved tensor)")
+    dtype = getattr(torch, args.dtype or "float32")
+    return sample(args.dist or "gaussian", rows, cols, seed=args.seed or 0, dtype=dtype), args.dist or "gaussian"
 
 
 def _cmd_decompose(args) -> int:
     from .numerics.decompose import COMPONENTS, decompose
+    from .numerics.dispatch import requested_backend
 
+    if requested_backend() not in ("auto", "reference"):
+        raise ValueError(f"MXFP4_BACKEND={requested_backend()}: decompose runs the float64 reference split, not a "
+                         "kernel; accepted: MXFP4_BACKEND unset, auto or reference")
     x, label = _load_tensor(args)
     stats = decompose(x, args.format, axis=args.axis, scale_rule=args.scale_rule).stats
     if args.json:
@@ -94,8 +110,20 @@ def _cmd_decompose(args) -> int:
     return 0
 
 
+def writable(path: Path | str) -> Path:
+    """``path``'s folder made (if missing) and checked writable before any work: an OSError (caught by
+    ``main`` as one line) rather than a result lost at the end."""
+    folder = Path(path).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    if not os.access(folder, os.W_OK):
+        raise PermissionError(13, "permission denied", str(folder))
+    return Path(path)
+
+
 def _cmd_prove(args) -> int:
     from tqdm import tqdm
+
+    writable(args.out)
 
     from .numerics.prove import run_proofs
 
@@ -292,10 +320,12 @@ def _model_args(p) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
     from .numerics.distributions import DISTRIBUTIONS
     from .numerics.formats import FORMATS
 
     parser = argparse.ArgumentParser(prog="mxfp4", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"mxfp4 {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("formats", help="list the block formats and their scale rules").set_defaults(func=_cmd_formats)
@@ -303,12 +333,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("decompose", help="split one tensor's quantization error into its three components")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--tensor", help="a file saved with torch.save (a tensor, or a dict of them with --key)")
-    src.add_argument("--dist", default="gaussian", choices=list(DISTRIBUTIONS), help="a named distribution")
+    src.add_argument("--dist", choices=list(DISTRIBUTIONS), help="a named distribution (default gaussian)")
     p.add_argument("--key", help="the tensor's key when --tensor holds a dict")
-    p.add_argument("--rows", type=int, default=256)
-    p.add_argument("--cols", type=int, default=1024)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rows", type=int, help="--dist only (default 256)")
+    p.add_argument("--cols", type=int, help="--dist only (default 1024)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="--dist only (default float32)")
+    p.add_argument("--seed", type=int, help="--dist only (default 0)")
     p.add_argument("--format", default="mxfp4", choices=list(FORMATS))
     p.add_argument("--scale-rule", default=None, help="floor (default), ceil, even, rceil; nearest for nvfp4")
     p.add_argument("--axis", type=int, default=-1, help="the axis the blocks run along")
@@ -410,6 +440,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ValueError as err:  # bad input: say what was wrong, no traceback
         print(f"mxfp4 {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # an output that cannot be written (permissions, a file where a folder must be)
+        where = f" {err.filename}" if err.filename else ""
+        print(f"mxfp4 {args.command}: error: cannot write{where}: {err.strerror or err}", file=sys.stderr)
         return 2
 
 

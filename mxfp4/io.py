@@ -30,6 +30,27 @@ def atomic_path(path: Path | str):
         raise
 
 
+@contextlib.contextmanager
+def exclusive(folder: Path | str, what: str):
+    """Hold an exclusive lock on ``folder`` (``flock`` on ``folder/.lock``) for the block; a second
+    holder, in this process or another, gets a ValueError at once. The kernel drops the lock when its
+    process dies, so a hard kill never leaves it stale."""
+    import fcntl
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"{what} is being written by another process ({folder / '.lock'} is locked); "
+                             "wait for it to finish, or stop it: two writers would corrupt it") from None
+        try:
+            yield folder
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def write_text_atomic(path: Path | str, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text)

@@ -125,3 +125,46 @@ def test_rl_processes_do_not_import_torchao_through_transformers():
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert out.strip().splitlines()[-1] == "False"
+
+
+def test_a_partial_warm_start_is_refused_before_any_model_loads(tmp_path):
+    """A folder left by a pretraining killed while saving (config.json only) is not a warm start."""
+    from mxfp4.rl.cell import plan_cell
+
+    folder = Layout(tmp_path, "smoke").model("tiny-dense")
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="lacks model.safetensors, tokenizer.json, mxfp4_meta.json"):
+        plan_cell("smoke", "tiny-dense", "mxfp4", 0, results=tmp_path)
+
+
+def test_saving_a_model_is_all_or_nothing(tmp_path, monkeypatch):
+    from mxfp4.rl.models import build_tiny, missing_warm_start_files, save
+
+    model, tok = build_tiny("tiny-dense")
+    save(model, tok, tmp_path / "done", {"steps": 1})
+    assert missing_warm_start_files(tmp_path / "done") == []
+
+    def dies(*args, **kwargs):
+        raise RuntimeError("killed while saving")
+
+    monkeypatch.setattr(type(tok), "save_pretrained", dies)
+    with pytest.raises(RuntimeError, match="killed while saving"):
+        save(model, tok, tmp_path / "new", {"steps": 1})
+    assert not (tmp_path / "new").exists()  # no half-written folder under the final name
+    with pytest.raises(RuntimeError, match="killed while saving"):
+        save(model, tok, tmp_path / "done", {"steps": 2})
+    assert json.loads((tmp_path / "done" / "mxfp4_meta.json").read_text()) == {"steps": 1}  # the old one intact
+
+
+def test_cached_problems_are_remade_when_the_settings_that_made_them_change(tmp_path):
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.rl.cell import cell_data
+
+    profile = load_profile("smoke")
+    _, folder = cell_data(profile, tmp_path)
+    assert len((folder / "test.jsonl").read_text().splitlines()) == profile.data.n_eval == 16
+    edited = profile.model_copy(update={"data": profile.data.model_copy(update={"n_eval": 8, "max_problem_steps": 2})})
+    _, again = cell_data(edited, tmp_path)
+    assert again == folder and len((folder / "test.jsonl").read_text().splitlines()) == 8
+    assert json.loads((folder / "settings.json").read_text())["max_problem_steps"] == 2

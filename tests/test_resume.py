@@ -26,12 +26,13 @@ def _cell_command(results: Path) -> list[str]:
             "--seed", str(seed), "--results", str(results)]
 
 
-def _kill_after_first_checkpoint(results: Path, cell: Path) -> None:
+def _kill_after_first_checkpoint(results: Path, cell: Path, pattern: str = "checkpoint-*") -> None:
+    """Start the cell in a subprocess and SIGKILL it as soon as a checkpoint matching ``pattern`` is complete."""
     env = {**os.environ, "MXFP4_THREADS": str(torch.get_num_threads())}  # float64 sums: same reduction order
     proc = subprocess.Popen(_cell_command(results), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.time() + 600
     try:
-        while not list((cell / "checkpoints").glob("checkpoint-*/mxfp4_state.json")):
+        while not list((cell / "checkpoints").glob(f"{pattern}/mxfp4_state.json")):
             assert proc.poll() is None, "the cell ended before its first checkpoint"
             assert time.time() < deadline, "no checkpoint within 10 minutes"
             time.sleep(0.05)
@@ -86,3 +87,41 @@ def test_a_checkpoint_of_another_configuration_is_not_resumed(smoke_results, tmp
     assert last_checkpoint(tmp_path / "checkpoints", "old") == folder
     (tmp_path / "checkpoints" / "checkpoint-3").mkdir()  # no state file: an interrupted save
     assert last_checkpoint(tmp_path / "checkpoints", "old") == folder
+
+
+def test_a_cell_killed_after_its_last_checkpoint_evaluates_without_training_another_step(smoke_results, uninterrupted,
+                                                                                         tmp_path):
+    """Killed after the final step's checkpoint (during evaluation): the rerun resumes into evaluation
+    and reports the uninterrupted run's metrics, never a step past max_steps."""
+    expected, _ = uninterrupted
+    shutil.copytree(smoke_results / "smoke" / "models", tmp_path / "smoke" / "models")
+    cell = tmp_path / "smoke" / "cells" / "tiny-dense" / "mxfp4+all" / "seed0"
+    _kill_after_first_checkpoint(tmp_path, cell, pattern=f"checkpoint-{expected['steps']}")
+    assert not (cell / "metrics.json").exists()
+    resumed = run_cell(*CELL, results=tmp_path)
+    assert resumed["resumed_from_step"] == expected["steps"] == 3
+    assert [r["step"] for r in _rows(cell)] == [1, 2, 3]
+    strip = lambda m: {k: v for k, v in m.items() if k not in TIMING}  # noqa: E731
+    assert strip(resumed) == strip(expected)
+
+
+def test_two_writers_on_one_cell_are_refused_and_a_killed_writer_leaves_no_stale_lock(smoke_results, tmp_path):
+    """While a process writes a cell (it holds the cell's lock), a second cell process on it fails at
+    once, naming the lock; once the holder is killed with SIGKILL, the cell runs."""
+    shutil.copytree(smoke_results / "smoke" / "models", tmp_path / "smoke" / "models")
+    cell = tmp_path / "smoke" / "cells" / "tiny-dense" / "mxfp4+all" / "seed0"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from mxfp4.io import exclusive\n"
+        f"with exclusive({str(cell)!r}, 'cell'):\n    print('locked', flush=True); time.sleep(600)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        second = subprocess.run(_cell_command(tmp_path), capture_output=True, text=True, timeout=600)
+        assert second.returncode == 2 and "being written by another process" in second.stderr, second.stderr[-2000:]
+        assert not (cell / "train_log.jsonl").exists()  # refused before writing anything
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    after = subprocess.run(_cell_command(tmp_path), capture_output=True, text=True, timeout=600)
+    assert after.returncode == 0, after.stderr[-2000:]
+    assert json.loads((cell / "metrics.json").read_text())["steps"] == 3

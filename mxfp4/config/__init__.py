@@ -5,6 +5,8 @@ what is accepted."""
 
 from pathlib import Path
 
+import yaml
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = REPO_ROOT / "experiments"
 
@@ -14,3 +16,31 @@ def shipped(folder: str, suffix: str, named_with_suffix: bool = True) -> str:
     the suffix, or without it), for error messages."""
     files = (EXPERIMENTS / folder).glob(f"*{suffix}")
     return ", ".join(sorted(p.name if named_with_suffix else p.stem for p in files))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a mapping with the same key twice (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {seen[key] + 1})", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(path: Path | str):
+    """A YAML file's content; a syntax error or a duplicate key is one ValueError naming the file,
+    the line and the problem."""
+    path = Path(path)
+    try:
+        return yaml.load(path.read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        raise ValueError(f"{where}: {err.problem or err.context}") from None
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not valid YAML ({err})") from None

@@ -12,10 +12,9 @@ import json
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from . import EXPERIMENTS, shipped
+from . import EXPERIMENTS, load_yaml, shipped
 from .validation import parse
 
 PROFILES_DIR = EXPERIMENTS / "profiles"
@@ -78,7 +77,7 @@ class ModelSpec(_Strict):
     @property
     def distributed_type(self) -> str | None:
         """accelerate's ``distributed_type`` of the launch config (MULTI_GPU, FSDP, DEEPSPEED, MULTI_CPU)."""
-        return None if self.launch is None else yaml.safe_load(self.launch_config.read_text()).get("distributed_type")
+        return None if self.launch is None else load_yaml(self.launch_config).get("distributed_type")
 
     @property
     def sharded(self) -> bool:
@@ -261,7 +260,7 @@ def load_profile(name: str) -> Profile:
     path = PROFILES_DIR / f"{name}.yaml"
     if not path.exists():
         raise ValueError(f"unknown profile {name!r}; known: {', '.join(available())}")
-    profile = parse(Profile, yaml.safe_load(path.read_text()), f"profile {path.name}")
+    profile = parse(Profile, load_yaml(path), f"profile {path.name}")
     if profile.name != name:
         raise ValueError(f"profile {path.name}: name: {profile.name!r} differs from the file name; accepted: {name!r}")
     from .recipes import load_recipe_table

@@ -14,13 +14,12 @@ import os
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .. import corrections as corr
 from ..numerics.formats import get_format
 from ..numerics.quantizer import DEFAULT_MODULES, GEMMS, Quantizer, normalize_gemms
-from . import EXPERIMENTS
+from . import EXPERIMENTS, load_yaml
 from .validation import parse
 
 RECIPES_YAML = EXPERIMENTS / "recipes.yaml"
@@ -158,7 +157,7 @@ def load_recipe_table(path: Path | str | None = None) -> dict[str, dict]:
     by the recipe's own), from every recipe file."""
     raw = {}
     for f in recipe_files(path):
-        table = yaml.safe_load(f.read_text()) or {}
+        table = load_yaml(f) or {}
         if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
             raise ValueError(f"{f}: expected a mapping of recipe name -> fields")
         raw.update(table)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
 import os
+import typing
 from importlib.metadata import entry_points
+
+import pydantic
 
 from .base import Correction
 
@@ -43,14 +48,52 @@ def available() -> dict[str, type]:
     return dict(_REGISTRY)
 
 
+@functools.cache
+def _parameters_model(cls: type) -> type[pydantic.BaseModel]:
+    """A strict pydantic model of a dataclass correction's fields (types from its annotations)."""
+    hints = typing.get_type_hints(cls)
+    fields = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else ...
+        if f.default_factory is not dataclasses.MISSING:
+            default = pydantic.Field(default_factory=f.default_factory)
+        fields[f.name] = (hints[f.name], default)
+    config = pydantic.ConfigDict(strict=True, extra="forbid")
+    return pydantic.create_model(f"{cls.__name__}Parameters", __config__=config, **fields)
+
+
+def _checked_parameters(name: str, cls: type, params: dict) -> dict:
+    """``params`` checked against a dataclass correction's field types, strictly (2.5 is no int, "no"
+    is no bool); one ValueError naming each bad parameter and what is accepted."""
+    try:
+        model = _parameters_model(cls).model_validate(params)
+    except pydantic.ValidationError as err:
+        problems = []
+        for e in err.errors():
+            key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+            if e["type"] == "extra_forbidden":
+                accepted = ", ".join(f.name for f in dataclasses.fields(cls) if f.init)
+                problems.append(f"{key}: unknown parameter; accepted: {accepted}")
+            else:
+                problems.append(f"{key}: {e['msg']} (got {e.get('input')!r})")
+        raise ValueError(f"correction {name!r}: " + "; ".join(problems)) from None
+    return {k: getattr(model, k) for k in params}
+
+
 def build(spec: dict | str) -> Correction:
-    """A correction from ``{"name": ..., **params}`` (or a bare name, default parameters)."""
+    """A correction from ``{"name": ..., **params}`` (or a bare name, default parameters). A
+    dataclass correction's parameters are checked strictly against its field types first."""
     spec = {"name": spec} if isinstance(spec, str) else dict(spec)
     name = spec.pop("name", None)
     known = available()
     if name not in known:
         raise ValueError(f"unknown correction {name!r}; known: {', '.join(sorted(known))}")
+    cls = known[name]
+    if dataclasses.is_dataclass(cls):
+        spec = _checked_parameters(name, cls, spec)
     try:
-        return known[name](**spec)
+        return cls(**spec)
     except TypeError as err:
         raise ValueError(f"bad parameters for correction {name!r}: {err}") from None

@@ -95,7 +95,24 @@ def dequantize(qt: reference.QuantizedTensor, dtype=None) -> torch.Tensor:
     return reference.dequantize(qt, dtype)
 
 
+class _StraightThrough(torch.autograd.Function):
+    """The straight-through estimator: the forward's values are ``quantize(x)`` exactly, the gradient
+    passes to x unchanged (d fake_quantize(x) / dx := 1)."""
+
+    @staticmethod
+    def forward(ctx, x, quantize):
+        return quantize(x.detach())
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
 def fake_quantize(x, fmt="mxfp4", axis=-1, scale_rule=None) -> torch.Tensor:
+    """x quantized and dequantized, in x's dtype. On a tensor that requires grad (with grad mode on)
+    the gradient flows straight through (the straight-through estimator); the values are the same."""
+    if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
+        return _StraightThrough.apply(x, lambda t: fake_quantize(t, fmt, axis, scale_rule))
     backend = backend_for(x, fmt)
     if backend == "triton":
         return _kernels().fake_quantize(x, axis, scale_rule)

@@ -105,6 +105,12 @@ class BlockFormat:
     block_size: int
     tensor_scale: bool = False  # NVFP4's extra FP32 per-tensor scale
 
+    def __post_init__(self):
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ValueError(f"BlockFormat {self.name!r}: block_size must be an int >= 1, got {self.block_size!r}")
+        if self.scale not in ("e8m0", "e4m3"):
+            raise ValueError(f"BlockFormat {self.name!r}: scale must be e8m0 or e4m3, got {self.scale!r}")
+
     @property
     def scale_rules(self) -> tuple[str, ...]:
         return SCALE_RULES_E8M0 if self.scale == "e8m0" else SCALE_RULES_E4M3

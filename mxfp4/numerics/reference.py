@@ -89,6 +89,10 @@ def check_input(x: torch.Tensor, fmt: str | BlockFormat, axis: int, scale_rule: 
         raise ValueError("expected a tensor with at least one dimension, got a scalar")
     if x.numel() == 0:
         raise ValueError(f"expected a non-empty tensor, got shape {tuple(x.shape)}")
+    if x.is_meta:
+        raise ValueError("expected a tensor with data, got one on the meta device (it holds no values)")
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise ValueError(f"axis must be an int, got {axis!r} ({type(axis).__name__})")
     if not -x.dim() <= axis < x.dim():
         raise ValueError(f"axis {axis} is out of range for a {x.dim()}-d tensor; accepted: {-x.dim()} .. {x.dim() - 1}")
     return fmt, axis % x.dim(), rule

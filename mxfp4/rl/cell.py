@@ -7,8 +7,10 @@ a cell writes, and where (``mxfp4.layout``), is in docs/design.md ("Outputs", "T
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import platform
 import shutil
 import subprocess
@@ -21,12 +23,12 @@ import torch
 from ..config import REPO_ROOT
 from ..config.profiles import Profile, config_hash, load_profile, setting_hash
 from ..config.recipes import Recipe
-from ..io import write_json_atomic
+from ..io import exclusive, write_json_atomic
 from ..layout import REFERENCE_RECIPE, TRAIN_LOG, Layout
 from ..nn import gemm_weights, patch_model, patch_state, patched_modules
 from ..numerics.decompose import COMPONENTS, SUMMARY_KEYS, pool_stats
 from . import data as gsm
-from .models import RANDOM_PREFIX
+from .models import RANDOM_PREFIX, missing_warm_start_files
 from .training import grpo_config
 
 
@@ -141,10 +143,11 @@ def plan_cell(
     recipe = Recipe.named(recipe_name, recipes_file)
     if spec.arch:
         folder = Layout(results, profile_name).model(model_name)
-        if not (folder / "config.json").exists():
+        missing = missing_warm_start_files(folder)
+        if missing:
             raise ValueError(
                 f"the tiny model {model_name!r} of profile {profile_name!r} has not been warm-started "
-                f"({folder} has no config.json); make it with: mxfp4 pretrain --profile {profile_name} "
+                f"({folder} lacks {', '.join(missing)}); make it with: mxfp4 pretrain --profile {profile_name} "
                 f"--model {model_name} (or snakemake --cores all pretrain --config profile={profile_name})"
             )
         model_ref = str(folder)
@@ -154,6 +157,15 @@ def plan_cell(
         model_ref = spec.hub
     if profile.data.source == "gsm8k":
         gsm.validate_gsm8k_dir(gsm8k_folder(profile))
+    out = Layout(results, profile_name).cell(model_name, recipe_name, seed)  # every input checked: make it
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(
+            f"cannot make the cell's folder {out} ({err.strerror}); accepted: a writable results folder"
+        ) from None
+    if not os.access(out, os.W_OK):
+        raise ValueError(f"the cell's folder {out} is not writable; accepted: a writable results folder")
     return CellPlan(profile, model_name, recipe, seed, Path(results), model_ref)
 
 
@@ -173,13 +185,16 @@ def cell_data(profile: Profile, results: Path | str) -> tuple[list[dict], Path]:
     if d.source == "embedded":
         train = gsm.embedded_split("train", d.n_train, seed=0, max_steps=d.max_problem_steps)
         folder = Layout(results, profile.name).data
-        if not (folder / "test.jsonl").exists():
+        made_by = {"n_eval": d.n_eval, "max_problem_steps": d.max_problem_steps, "fewshot_pool": 64}
+        stamp = folder / "settings.json"  # written last: the settings that made the files beside it
+        if not stamp.is_file() or json.loads(stamp.read_text()) != made_by:  # missing, or made by other settings
             gsm.write_jsonl(
                 gsm.embedded_split("train", 64, seed=1, max_steps=d.max_problem_steps), folder / "train.jsonl"
             )
             gsm.write_jsonl(
                 gsm.embedded_split("test", d.n_eval, seed=0, max_steps=d.max_problem_steps), folder / "test.jsonl"
             )
+            write_json_atomic(stamp, made_by)
         return train, folder
     folder = gsm8k_folder(profile)
     return gsm.load_gsm8k("train", folder), folder
@@ -237,17 +252,22 @@ class CellRun:
 
 
 def execute(plan: CellPlan) -> dict | None:
-    """Run a planned cell: prepare, train, evaluate, record (the main process returns the metrics)."""
-    run = prepare(plan)
-    trained = train(run)
-    scores = evaluate(run)
-    return record(run, trained, scores)
-
-
-def prepare(plan: CellPlan) -> CellRun:
-    """The process group, the resume point, the seeded model patched with the recipe, its
-    corrections bound, the data, and TRL's trainer."""
+    """Run a planned cell: prepare, train, evaluate, record (the main process returns the metrics),
+    the cell's folder locked by the main process throughout: a second writer fails at once."""
     from accelerate import PartialState
+
+    dist = PartialState(cpu=not torch.cuda.is_available())  # one process, or the ranks the launcher started
+    lock = exclusive(plan.out, f"cell {plan.out}") if dist.is_main_process else contextlib.nullcontext()
+    with lock:
+        run = prepare(plan, dist)
+        trained = train(run)
+        scores = evaluate(run)
+        return record(run, trained, scores)
+
+
+def prepare(plan: CellPlan, dist) -> CellRun:
+    """The resume point, the seeded model patched with the recipe, its corrections bound, the data,
+    and TRL's trainer (``dist``: accelerate's PartialState of this process)."""
     from datasets import Dataset
     from transformers import set_seed
 
@@ -255,7 +275,6 @@ def prepare(plan: CellPlan) -> CellRun:
     from .models import load
 
     started = time.time()
-    dist = PartialState(cpu=not torch.cuda.is_available())  # one process, or the ranks the launcher started
     profile, recipe, seed, out = plan.profile, plan.recipe, plan.seed, plan.out
     spec, grpo = profile.model(plan.model), profile.grpo
     if dist.num_processes != spec.processes:
@@ -317,7 +336,10 @@ def train(run: CellRun) -> dict:
     time; the reference recipe's policy saved for the pathway matrix."""
     t_train = time.time()
     snapshot = weight_snapshot(run.model)  # the initial weights (a resumed run loads its checkpoint inside train)
-    run.trainer.train(resume_from_checkpoint=str(run.resume) if run.resume is not None else None)
+    if run.resumed_from is not None and run.resumed_from >= run.plan.profile.grpo.max_steps:
+        run.trainer.load_checkpoint_weights(run.resume)  # training had finished: evaluate, never train a step more
+    else:
+        run.trainer.train(resume_from_checkpoint=str(run.resume) if run.resume is not None else None)
     trained = {
         "train_seconds": time.time() - t_train,
         "weight_update": weight_update(run.model, snapshot),

@@ -24,12 +24,16 @@ _NUMBER = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
 
 
 def default_gsm8k_dir() -> Path | None:
-    """``$MXFP4_GSM8K_DIR`` or the shared folder beside the checkout, if it holds the files."""
+    """``$MXFP4_GSM8K_DIR`` (which must hold the files: a set variable never falls back), else the
+    shared folder beside the checkout if it holds them, else None."""
     env = os.environ.get("MXFP4_GSM8K_DIR")
-    for cand in ([Path(env)] if env else []) + [SHARED_GSM8K]:
-        if (cand / "test.jsonl").exists():
-            return cand
-    return None
+    if env:
+        missing = [f for f in ("train.jsonl", "test.jsonl") if not (Path(env) / f).is_file()]
+        if missing:
+            raise ValueError(f"MXFP4_GSM8K_DIR={env}: no {' or '.join(missing)} there; accepted: a folder holding "
+                             "GSM8K's train.jsonl and test.jsonl (or unset it)")
+        return Path(env)
+    return SHARED_GSM8K if (SHARED_GSM8K / "test.jsonl").exists() else None
 
 
 def validate_jsonl(path: Path | str) -> int:

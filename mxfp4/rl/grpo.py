@@ -211,6 +211,8 @@ class MXGRPOTrainer(GRPOTrainer):
     #    ``_generate_and_score_completions`` returns (prompt/completion ids and masks, vLLM's
     #    ``sampling_per_token_logps``): the mismatch ledger scores the rollouts under both policies.
     # 5. ``use_vllm`` and ``vllm_importance_sampling_correction``: what the trainer actually runs.
+    # 6. transformers' ``Trainer._load_from_checkpoint``: a checkpoint's weights (plain, sharded, FSDP,
+    #    DeepSpeed) for a cell whose training had finished before it was killed.
 
     @property
     def uses_vllm(self) -> bool:
@@ -221,6 +223,11 @@ class MXGRPOTrainer(GRPOTrainer):
     def truncated_is_applied(self) -> bool:
         """Whether TRL applies its importance-sampling correction to vLLM rollouts."""
         return self.uses_vllm and bool(getattr(self, "vllm_importance_sampling_correction", False))
+
+    def load_checkpoint_weights(self, checkpoint: Path) -> None:
+        """The model's weights as this trainer saved them in ``checkpoint`` (no optimizer state, no step)."""
+        self._load_from_checkpoint(str(checkpoint))
+        clear_weight_caches(self.model)
 
     def scored_batch(self, inputs: list[dict]) -> dict:
         """A GRPO batch of ``inputs`` (prompt and reward columns, each prompt repeated

@@ -14,6 +14,7 @@ cannot be downloaded on these machines.
 from __future__ import annotations
 
 import json
+import shutil
 import string
 from pathlib import Path
 
@@ -138,12 +139,27 @@ def build_random(
     return model, tokenizer
 
 
+WARM_START_META = "mxfp4_meta.json"  # written last by ``save``: a warm start without it is incomplete
+WARM_START_FILES = ("config.json", "model.safetensors", "tokenizer.json", WARM_START_META)
+
+
 def save(model, tokenizer, path: Path | str, meta: dict | None = None) -> None:
+    """Save model, tokenizer and ``meta`` whole or not at all: written into a sibling folder, then
+    renamed into place (a kill while saving leaves the old folder, or none, never a partial one)."""
     path = Path(path)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+    tmp = path.with_name(f".{path.name}.saving")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
     if meta is not None:
-        (path / "mxfp4_meta.json").write_text(json.dumps(meta, indent=2))
+        (tmp / WARM_START_META).write_text(json.dumps(meta, indent=2))
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+
+
+def missing_warm_start_files(folder: Path | str) -> list[str]:
+    """The files of a complete warm start (``pretrain``) that ``folder`` lacks."""
+    return [f for f in WARM_START_FILES if not (Path(folder) / f).is_file()]
 
 
 def load(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):

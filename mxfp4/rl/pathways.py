@@ -24,6 +24,7 @@ from ..stats import mean_ci, paired_diff
 from . import data as gsm
 from .cell import accuracy_reward, cell_data, weight_decomposition
 from .grad_accuracy import compare
+from .models import missing_warm_start_files
 
 FIELDS = [
     "model",
@@ -335,7 +336,7 @@ def run_pathways(profile_name: str, model_name: str, results="results", out_csv=
     spec = profile.model(model_name)
     seed = profile.seeds[0]
     ckpts = checkpoints(profile, model_name, results)
-    if spec.arch and not (ckpts["warm"] / "config.json").exists():
+    if spec.arch and missing_warm_start_files(ckpts["warm"]):
         raise ValueError(
             f"the tiny model {model_name!r} has not been warm-started ({ckpts['warm']}); run: mxfp4 pretrain "
             f"--profile {profile_name} --model {model_name}"

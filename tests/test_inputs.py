@@ -1,0 +1,118 @@
+"""Every bad input that once passed silently, or failed late or as a traceback (issue 25), is one clear
+error line naming what was wrong and what is accepted, raised before any model loads."""
+
+import contextlib
+import io
+
+import pytest
+import torch
+
+import mxfp4
+from mxfp4.cli import main
+from mxfp4.config.recipes import Recipe
+from mxfp4.numerics.formats import BlockFormat, get_format
+
+
+def cli(*argv) -> tuple[int, str]:
+    """(exit code, stderr + stdout) of the mxfp4 command run in this process."""
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        try:
+            code = main(list(argv))
+        except SystemExit as exit_:  # argparse's own exits (--version, bad choices)
+            code = exit_.code
+    return code, err.getvalue() + out.getvalue()
+
+
+def recipe_with(correction: dict):
+    return lambda: Recipe.from_dict("r", {"quantize": True, "corrections": [correction]})
+
+
+def recipes_file(tmp_path, monkeypatch, text: str):
+    path = tmp_path / "my_recipes.yaml"
+    path.write_text(text)
+    monkeypatch.setenv("MXFP4_RECIPES", str(path))
+    return lambda: Recipe.named("mine")
+
+
+def gsm8k_dir_set_to(folder, monkeypatch):
+    from mxfp4.rl.data import default_gsm8k_dir
+
+    monkeypatch.setenv("MXFP4_GSM8K_DIR", str(folder))
+    return default_gsm8k_dir
+
+
+RAISES = [  # (case, function of (tmp_path, monkeypatch) giving the call, the error it must raise)
+    ("AQN adaptive given as a string", lambda t, m: recipe_with({"name": "aqn", "adaptive": "no"}),
+     r"correction 'aqn': adaptive: Input should be a valid boolean \(got 'no'\)"),
+    ("AQN stages not an integer", lambda t, m: recipe_with({"name": "aqn", "stages": 2.5}),
+     r"stages: Input should be a valid integer \(got 2.5\)"),
+    ("macro-block blocks not an integer", lambda t, m: recipe_with({"name": "macro_block", "blocks": 2.5}),
+     r"correction 'macro_block': blocks: Input should be a valid integer"),
+    ("fallback k not an integer", lambda t, m: recipe_with({"name": "outlier_fallback", "k": 1.5}),
+     r"correction 'outlier_fallback': k: Input should be a valid integer"),
+    ("a correction parameter that does not exist", lambda t, m: recipe_with({"name": "macro_block", "size": 4}),
+     r"size: unknown parameter; accepted: blocks, rows, candidates"),
+    ("duplicate YAML keys", lambda t, m: recipes_file(t, m, "mine:\n  quantize: true\n  quantize: false\n"),
+     r"my_recipes.yaml:3:3: duplicate key 'quantize' \(first at line 2\)"),
+    ("a YAML syntax error", lambda t, m: recipes_file(t, m, "mine:\n  corrections: [aqn\n"),
+     r"my_recipes.yaml:3:1: expected ',' or ']'"),
+    ("MXFP4_GSM8K_DIR naming a missing folder", lambda t, m: gsm8k_dir_set_to(t / "nowhere", m),
+     r"MXFP4_GSM8K_DIR=.*nowhere: no train.jsonl or test.jsonl there; accepted: a folder holding"),
+    ("decompose on a meta tensor", lambda t, m: lambda: mxfp4.decompose(torch.empty(4, 64, device="meta")),
+     r"got one on the meta device"),
+    ("a float axis", lambda t, m: lambda: mxfp4.fake_quantize(torch.randn(4, 64), axis=1.0),
+     r"axis must be an int, got 1.0"),
+    ("a block size of 0", lambda t, m: lambda: BlockFormat("x", get_format("mxfp4").element, "e8m0", 0),
+     r"block_size must be an int >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("case,call,message", RAISES, ids=[c[0] for c in RAISES])
+def test_bad_input_is_one_clear_error(case, call, message, tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match=message) as err:
+        call(tmp_path, monkeypatch)()
+    assert "\n" not in str(err.value), "one line"
+
+
+CLI = [  # (case, arguments, what stderr must say)
+    ("decompose --key with --dist", ["decompose", "--dist", "gaussian", "--key", "w"],
+     "--key picks a tensor of a --tensor file; it does not apply to --dist"),
+    ("decompose --rows with --tensor", ["decompose", "--tensor", "{tensor}", "--rows", "4"],
+     "--rows describe a --dist sample and do not apply to --tensor"),
+    ("decompose of 1e18 elements", ["decompose", "--rows", "1000000000", "--cols", "1000000000"],
+     "accepted: at most 67,108,864"),
+    ("prove --out under an existing file", ["prove", "--out", "{file}/proofs.json"], "cannot write"),
+]
+
+
+@pytest.mark.parametrize("case,argv,message", CLI, ids=[c[0] for c in CLI])
+def test_bad_command_lines_are_one_line_errors(case, argv, message, tmp_path):
+    torch.save(torch.randn(4, 64), tmp_path / "t.pt")
+    (tmp_path / "f").write_text("a file, not a folder")
+    argv = [a.format(tensor=tmp_path / "t.pt", file=tmp_path / "f") for a in argv]
+    code, text = cli(*argv)
+    assert code == 2 and message in text, text[-2000:]
+    assert "Traceback" not in text
+
+
+def test_decompose_refuses_a_backend_it_does_not_use(monkeypatch):
+    monkeypatch.setenv("MXFP4_BACKEND", "triton")
+    code, text = cli("decompose", "--rows", "8", "--cols", "64")
+    assert code == 2 and "decompose runs the float64 reference split" in text
+
+
+def test_version():
+    code, text = cli("--version")
+    assert code == 0 and text.strip() == f"mxfp4 {mxfp4.__version__}"
+
+
+def test_fake_quantize_on_a_tensor_that_requires_grad_is_straight_through():
+    """Documented: the values are the fake-quantized ones bit for bit, the gradient passes unchanged
+    (before: an output whose gradient was identically 0)."""
+    x = torch.randn(8, 64, requires_grad=True)
+    y = mxfp4.fake_quantize(x)
+    assert torch.equal(y, mxfp4.fake_quantize(x.detach())) and y.requires_grad
+    g = torch.randn(8, 64)
+    y.backward(g)
+    assert torch.equal(x.grad, g)
