@@ -11,6 +11,10 @@ import sys
 
 from snakemake.utils import validate
 
+from mxfp4.machine import pin_cpu_numerics
+
+pin_cpu_numerics()  # before torch loads, here and in every rule's process (mxfp4/machine.py)
+
 from mxfp4.config.profiles import load_profile
 from mxfp4.layout import REFERENCE_RECIPE, TRAIN_LOG, Layout
 

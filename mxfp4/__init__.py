@@ -16,29 +16,39 @@ Layout (one home per concept):
 ``mxfp4.numerics.dispatch``): Triton kernels on CUDA, the pure-PyTorch reference on CPU.
 """
 
-from .corrections import Correction, register
-from .numerics.decompose import Decomposition, decompose
-from .numerics.dispatch import dequantize, fake_quantize, fake_quantize_with_stats, quantize, use_backend
-from .numerics.formats import FORMATS, BlockFormat, ElementFormat, get_format
-from .numerics.quantizer import Quantizer
-from .numerics.reference import QuantizedTensor
+import importlib
 
 __version__ = "0.2.0"
 
-__all__ = [
-    "FORMATS",
-    "BlockFormat",
-    "Correction",
-    "Decomposition",
-    "ElementFormat",
-    "QuantizedTensor",
-    "Quantizer",
-    "decompose",
-    "dequantize",
-    "fake_quantize",
-    "fake_quantize_with_stats",
-    "get_format",
-    "quantize",
-    "register",
-    "use_backend",
-]
+# The public names, imported on first use (PEP 562): ``import mxfp4`` alone loads no torch, so the
+# command line can pin the CPU's numerics before torch starts (mxfp4.machine).
+_PUBLIC = {
+    "Correction": "corrections",
+    "register": "corrections",
+    "Decomposition": "numerics.decompose",
+    "decompose": "numerics.decompose",
+    "dequantize": "numerics.dispatch",
+    "fake_quantize": "numerics.dispatch",
+    "fake_quantize_with_stats": "numerics.dispatch",
+    "quantize": "numerics.dispatch",
+    "use_backend": "numerics.dispatch",
+    "FORMATS": "numerics.formats",
+    "BlockFormat": "numerics.formats",
+    "ElementFormat": "numerics.formats",
+    "get_format": "numerics.formats",
+    "Quantizer": "numerics.quantizer",
+    "QuantizedTensor": "numerics.reference",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(f".{_PUBLIC[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'mxfp4' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *_PUBLIC])

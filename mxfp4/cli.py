@@ -211,10 +211,28 @@ def _cmd_compare(args) -> int:
     from .report.compare import run_compare
 
     baselines = args.baselines or Layout(args.results, args.profile).baselines / "cells.csv"
-    rows = run_compare(args.results, args.profile, args.recipe, baselines, args.out, args.figure)
+    rows = run_compare(args.results, args.profile, args.recipe, baselines, args.out, args.figure, args.reproduction)
     for r in rows:
         if r["metric"] == "gsm8k_strict_accuracy":
             print(f"{r['model']:<12} vs {r['baseline']:<16} accuracy {r['diff']:+.4f}: {r['verdict']}")
+    return 0
+
+
+def _cmd_reproduction(args) -> int:
+    from .report.compare import check_reproduction
+
+    cells = []
+    for cell in args.cell:
+        parts = cell.split("/")
+        if len(parts) != 3 or not parts[2].startswith("seed") or not parts[2][4:].isdigit():
+            raise ValueError(f"--cell {cell!r}; accepted: MODEL/RECIPE/seedN")
+        cells.append((parts[0], parts[1], int(parts[2][4:])))
+    baselines = args.baselines or Layout(args.results, args.profile).baselines / "cells.csv"
+    check = check_reproduction(args.results, args.profile, baselines, cells)
+    write_json_atomic(writable(args.out), check)
+    for c in check["cells"]:
+        print(f"{c['cell']}: {len(c['differing'])} of {c['compared']} values differ from the stored row")
+    print("the stored baselines " + ("reproduce here" if check["reproduces"] else "do not reproduce here"))
     return 0
 
 
@@ -406,7 +424,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baselines", default=None, help="default results/baselines/<profile>/cells.csv")
     p.add_argument("--out", required=True)
     p.add_argument("--figure", default=None, help="output stem for the figure (.png and .pdf)")
+    p.add_argument("--reproduction", default=None,
+                   help="the JSON of mxfp4 reproduction: when the stored baselines do not reproduce here, this "
+                        "run's own cells of the other recipes are the references")
     p.set_defaults(func=_cmd_compare)
+
+    p = sub.add_parser("reproduction", help="whether a stored baseline cell, rerun here, reproduces bit for bit")
+    p.add_argument("--profile", default="embedded")
+    p.add_argument("--results", default="results")
+    p.add_argument("--cell", required=True, action="append",
+                   help="MODEL/RECIPE/seedN, run in this results folder (repeatable: all must reproduce)")
+    p.add_argument("--baselines", default=None, help="default results/baselines/<profile>/cells.csv")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_cmd_reproduction)
 
     p = sub.add_parser(
         "gpu-smoke-report", help="per recipe: step and generation time vs BF16, peak memory, weight update"
@@ -425,6 +455,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .machine import pin_cpu_numerics
+
+    try:
+        pin_cpu_numerics()  # before torch loads: the same numbers on every x86-64 machine
+    except ValueError as err:
+        print(f"mxfp4: error: {err}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     threads = os.environ.get("MXFP4_THREADS")
     if threads:

@@ -1,5 +1,11 @@
 import os
 
+# The CPU numerics of the mxfp4 command and the workflow (AVX2 on every x86-64 machine), before torch
+# loads: in-process runs then match the subprocess runs of the same cell bit for bit.
+from mxfp4.machine import pin_cpu_numerics
+
+pin_cpu_numerics()
+
 # The Triton kernels run under the interpreter on CPU; triton decides at import time.
 try:
     import torch as _torch
@@ -9,9 +15,9 @@ try:
 except ImportError:  # pragma: no cover
     pass
 
-import pytest
-import torch
-from hypothesis import settings
+import pytest  # noqa: E402 - after the pins above
+import torch  # noqa: E402
+from hypothesis import settings  # noqa: E402
 
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True)
 settings.register_profile("dev", max_examples=25, deadline=None)

@@ -163,3 +163,67 @@ def test_n_needed_is_the_smallest_n_whose_design_power_detects_the_effect(sd, ef
         assert n == scan
     else:
         assert n is None or n >= 20_000
+
+
+FIRED = ("better", "worse", "higher", "lower")
+
+
+def _store(results, profile, where):
+    """Aggregate a results folder's cells as stored baselines (cells.csv, items.csv) under ``where``."""
+    from mxfp4.report.aggregate import aggregate
+
+    aggregate(results, profile, where)
+    return where / "cells.csv"
+
+
+@pytest.mark.slow
+def test_a_over_a_comparisons_fire_no_verdict_on_the_same_machine_or_another_instruction_set(smoke_results, tmp_path):
+    """A recipe against its own stored cells: run here, the stored cells reproduce and serve as the
+    references, and no A/A row fires; rerun with the libraries choosing their instruction set (not
+    pinned to AVX2), the stored cells do not reproduce where that changes the numbers (AVX-512), so they
+    are not used:
+    the drift cannot pass for an effect. Each report says which references it used."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from mxfp4.machine import PINNED
+    from mxfp4.report.compare import check_reproduction, run_compare
+    from mxfp4.rl.cell import run_cell
+
+    here, other = tmp_path / "here", tmp_path / "other"
+    for root in (here, other):
+        shutil.copytree(smoke_results / "smoke" / "models", root / "smoke" / "models")
+    grid = [(recipe, seed) for recipe in ("bf16", "mxfp4") for seed in (0, 1)]
+    for recipe, seed in grid:
+        run_cell("smoke", "tiny-dense", recipe, seed, results=here)
+    stored = _store(here, "smoke", tmp_path / "stored")
+
+    def report(results, name):
+        check = check_reproduction(results, "smoke", stored, [("tiny-dense", "bf16", 0), ("tiny-dense", "mxfp4", 0)])
+        (tmp_path / f"{name}.json").write_text(json.dumps(check))
+        rows = run_compare(results, "smoke", "mxfp4", stored, tmp_path / f"{name}.md",
+                           reproduction_json=tmp_path / f"{name}.json")
+        return check, [r for r in rows if r["baseline"] == "mxfp4"], (tmp_path / f"{name}.md").read_text()
+
+    check, aa, text = report(here, "here")
+    assert check["reproduces"] and check["cells"][0]["compared"] > 10
+    assert aa and not [r for r in aa if r["verdict"] in FIRED], aa
+    assert all(r["diff"] in (0, None) for r in aa)
+    assert "References: the stored baselines, which reproduce on this machine" in text
+
+    code = ("from mxfp4.rl.cell import run_cell\n"
+            f"for recipe, seed in {grid!r}:\n    run_cell('smoke', 'tiny-dense', recipe, seed, results={str(other)!r})")
+    # the libraries' own choice (AVX-512 where the CPU has it) instead of the AVX2 pins
+    env = {k: v for k, v in os.environ.items() if k not in PINNED} | {"MXFP4_CPU_ISA": "native"}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True)
+    machine = json.loads((other / "smoke/cells/tiny-dense/bf16/seed0/metrics.json").read_text())["machine"]
+    assert machine["pinning"]["MXFP4_CPU_ISA"] == "native" and machine["pinning"]["MKL_CBWR"] is None
+    check, aa, text = report(other, "other")
+    assert not [r for r in aa if r["verdict"] in FIRED], aa
+    if check["reproduces"]:  # the instruction set changed no number on this machine: the stored cells serve
+        assert "which reproduce on this machine" in text
+    else:
+        assert not aa and "References: this machine's cells of bf16 (same seeds), not the stored baselines" in text

@@ -152,15 +152,28 @@ def recipe_files(path: Path | str | None = None) -> list[Path]:
     return files
 
 
-def load_recipe_table(path: Path | str | None = None) -> dict[str, dict]:
-    """Resolved recipe specs by name (``base`` chains expanded: the base recipe's fields, overridden
-    by the recipe's own), from every recipe file."""
+def _raw_recipes(path: Path | str | None = None) -> dict[str, dict]:
     raw = {}
     for f in recipe_files(path):
         table = load_yaml(f) or {}
         if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
             raise ValueError(f"{f}: expected a mapping of recipe name -> fields")
         raw.update(table)
+    return raw
+
+
+def recipe_base(name: str, path: Path | str | None = None) -> str | None:
+    """The recipe that ``name`` modifies (its ``base``), or None."""
+    raw = _raw_recipes(path)
+    if name not in raw:
+        raise ValueError(f"unknown recipe {name!r}; known: {', '.join(raw)}")
+    return raw[name].get("base")
+
+
+def load_recipe_table(path: Path | str | None = None) -> dict[str, dict]:
+    """Resolved recipe specs by name (``base`` chains expanded: the base recipe's fields, overridden
+    by the recipe's own), from every recipe file."""
+    raw = _raw_recipes(path)
 
     def resolve(name, seen=()):
         if name in seen:

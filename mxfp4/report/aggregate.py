@@ -48,6 +48,11 @@ def read_cells(results: Path | str, profile: str) -> tuple[list[dict], list[dict
         row["bf16_fraction"] = sum(c.get("bf16_fraction", 0) for c in costs.values())
         row["config_hash"] = m.get("config_hash")
         row["setting_hash"] = m.get("setting_hash")
+        machine = m.get("machine") or {}
+        row["cpu"], row["cpu_capability"] = machine.get("cpu"), machine.get("aten_cpu_capability")
+        row["blas"], row["threads"] = machine.get("blas"), machine.get("threads")
+        pins = machine.get("pinning") or {}
+        row["cpu_pinning"] = ",".join(f"{k}={v}" for k, v in pins.items() if v is not None) or None
         cells.append(row)
         for line in (metrics.parent / TRAIN_LOG).read_text().splitlines():
             s = json.loads(line)

@@ -7,12 +7,13 @@ absolute seconds of two runs may come from two machines, so they get no verdict.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE
 from ..stats import HIGHER_IS_BETTER, paired_diff, verdict, welch_diff
-from .aggregate import read_cells, read_csv, read_items
+from .aggregate import CELL_METRICS, WEIGHT_KEYS, read_cells, read_csv, read_items
 
 COMPARED = ["gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_rollout_accuracy", "mean_entropy",
             "mean_grad_cosine", "mean_grad_rel_norm_error", "step_time_vs_bf16", "mean_step_time"]
@@ -113,7 +114,7 @@ def setting_check(new: list[dict], baselines: list[dict]) -> str:
 
 def markdown(rows: list[dict], recipe: str, check: str = "") -> str:
     lines = [
-        f"# `{recipe}` against the stored baselines",
+        f"# `{recipe}` against the reference recipes",
         "",
         "Difference = mean over seeds of the new recipe minus the baseline's; 95% interval paired by seed",
         "(Welch where the seeds differ). Step time is judged only as a ratio to the same run's bf16 cell.",
@@ -131,19 +132,91 @@ def markdown(rows: list[dict], recipe: str, check: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_compare(results, profile: str, recipe: str, baselines_csv, out_md, figure_stem=None) -> list[dict]:
+# What a rerun of a stored cell must reproduce exactly: every result column (timings, the machine and
+# the hashes aside).
+REPRODUCED = [*(k for k in CELL_METRICS if k not in ("mean_step_time", "wall_time_seconds")),
+              *(f"weight_{k}" for k in WEIGHT_KEYS), "extra_bits_per_element", "bf16_fraction"]
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return str(a) == str(b)
+
+
+def reproduction(rerun: dict, stored: list[dict]) -> dict:
+    """Whether ``rerun`` (a cell row made on this machine) equals the stored row of the same model,
+    recipe and seed in every ``REPRODUCED`` value, bit for bit."""
+    key = (rerun["model"], rerun["recipe"], int(rerun["seed"]))
+    row = next((r for r in stored if (r["model"], r["recipe"], int(r["seed"])) == key), None)
+    if row is None:
+        raise ValueError(f"the stored baselines hold no cell {key}; accepted: a cell they hold")
+    differing = [k for k in REPRODUCED if not _same(rerun.get(k), row.get(k))]
+    return {"cell": dict(zip(("model", "recipe", "seed"), key)), "compared": len(REPRODUCED),
+            "differing": {k: [row.get(k), rerun.get(k)] for k in differing}, "reproduces": not differing,
+            "machine_here": {k: rerun.get(k) for k in ("cpu", "cpu_capability", "blas", "threads", "cpu_pinning")},
+            "machine_stored": {k: row.get(k) for k in ("cpu", "cpu_capability", "blas", "threads", "cpu_pinning")}}
+
+
+def check_reproduction(results, profile: str, baselines_csv, cells: list[tuple[str, str, int]]) -> dict:
+    """Rerun-here check: this run's ``cells`` (model, recipe, seed) against their stored rows; the
+    stored baselines reproduce only if every one of them does."""
+    mine, _ = read_cells(results, profile)
+    stored = read_csv(baselines_csv)
+    checks = []
+    for model, recipe, seed in cells:
+        row = next((c for c in mine if (c["model"], c["recipe"], int(c["seed"])) == (model, recipe, int(seed))), None)
+        if row is None:
+            raise ValueError(f"cell {model}/{recipe}/seed{seed} has not run in this results folder; run it first")
+        checks.append(reproduction(row, stored))
+    return {"reproduces": all(c["reproduces"] for c in checks), "cells": checks}
+
+
+def references_note(check: dict, references: list[str]) -> str:
+    """One sentence: which references the comparison used, and why."""
+    names = [f"{c['cell']['model']}/{c['cell']['recipe']}/seed{c['cell']['seed']}" for c in check["cells"]]
+    if check["reproduces"]:
+        return (f"References: the stored baselines, which reproduce on this machine (rerun here, "
+                f"{' and '.join(names)} equal their stored rows in all {check['cells'][0]['compared']} values).")
+    bad = next(c for c in check["cells"] if not c["reproduces"])
+    name = f"{bad['cell']['model']}/{bad['cell']['recipe']}/seed{bad['cell']['seed']}"
+    return (f"References: this machine's cells of {', '.join(references)} (same seeds), not the stored baselines, "
+            f"which do not reproduce here (cell {name}, rerun here, differs from its stored row in "
+            f"{len(bad['differing'])} of {bad['compared']} values, e.g. {', '.join(list(bad['differing'])[:3])}; "
+            f"machine here {bad['machine_here']}, stored {bad['machine_stored']}).")
+
+
+def run_compare(results, profile: str, recipe: str, baselines_csv, out_md, figure_stem=None,
+                reproduction_json=None) -> list[dict]:
+    """The report of ``recipe``'s cells against references: the stored baselines when
+    ``reproduction_json`` (from ``check_reproduction``) says they reproduce here, or when no check is
+    given; else this run's own cells of the other recipes (same machine, same seeds)."""
     cells, _ = read_cells(results, profile)
     new = [c for c in with_time_ratio(cells) if c["recipe"] == recipe]
     if not new:
         raise ValueError(f"no finished cells of recipe {recipe!r} in profile {profile!r}; run them first")
-    baselines = with_time_ratio(read_csv(baselines_csv))
+    check = None if reproduction_json is None else json.loads(Path(reproduction_json).read_text())
+    note = ""
+    if check is not None and not check["reproduces"]:
+        baselines = [c for c in with_time_ratio(cells) if c["recipe"] != recipe]
+        base_items = [i for i in read_items(results, profile) if i["recipe"] != recipe]
+        if not baselines:
+            raise ValueError("the stored baselines do not reproduce here and no reference cell has run here")
+        note = references_note(check, sorted({b["recipe"] for b in baselines}))
+    else:
+        baselines = with_time_ratio(read_csv(baselines_csv))
+        items_csv = Path(baselines_csv).with_name("items.csv")
+        base_items = read_csv(items_csv) if items_csv.exists() else []
+        note = references_note(check, []) if check is not None else (
+            "References: the stored baselines, unchecked on this machine (no reproduction check given): "
+            "differences may include the machine's.")
     models = {r["model"] for r in new}
-    items_csv = Path(baselines_csv).with_name("items.csv")
-    base_items = read_csv(items_csv) if items_csv.exists() else []
     rows = compare_rows(new, baselines, recipe, read_items(results, profile), base_items)
-    write_text_atomic(
-        out_md, markdown(rows, recipe, setting_check(new, [b for b in baselines if b["model"] in models]))
-    )
+    check_line = setting_check(new, [b for b in baselines if b["model"] in models])
+    write_text_atomic(out_md, markdown(rows, recipe, f"{note}\n\n{check_line}"))
     if figure_stem:
         from .plots import compare_figure
 

@@ -25,6 +25,7 @@ from ..config.profiles import Profile, config_hash, load_profile, setting_hash
 from ..config.recipes import Recipe
 from ..io import exclusive, write_json_atomic
 from ..layout import REFERENCE_RECIPE, TRAIN_LOG, Layout
+from ..machine import describe
 from ..nn import gemm_weights, patch_model, patch_state, patched_modules
 from ..numerics.decompose import COMPONENTS, SUMMARY_KEYS, pool_stats
 from . import data as gsm
@@ -403,6 +404,7 @@ def record(run: CellRun, trained: dict, scores: dict) -> dict | None:
             versions=versions(),
             git_commit=git_commit(),
             device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            machine=describe(),
         )
         write_json_atomic(plan.out / "metrics.json", metrics)
         shutil.rmtree(run.checkpoints, ignore_errors=True)  # the cell is complete: nothing to resume

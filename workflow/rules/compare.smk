@@ -15,25 +15,72 @@ rule store_baselines:
         str(L.pathways().with_suffix(".md")),
         [f"{FIGURES}/{name}{ext}" for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
     output:
-        f"{BASELINES}/cells.csv",
-        f"{BASELINES}/summary.csv",
-        f"{BASELINES}/items.csv",
-        f"{BASELINES}/claims.md",
-        f"{BASELINES}/pathways.csv",
-        f"{BASELINES}/pathways.md",
-        [f"{BASELINES}/figures/{name}{ext}" for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
+        # The stored files are sources of the DAG (committed), not outputs: a rule that reads them (compare)
+        # must never regenerate them. This marker records when they were last stored.
+        touch(str(L.root / "baselines_stored.flag")),
+    params:
+        stored=[f"{BASELINES}/{name}" for name in ("cells.csv", "summary.csv", "items.csv", "claims.md", "pathways.csv",
+                                                    "pathways.md")]
+        + [f"{BASELINES}/figures/{name}{ext}" for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
     run:
         from mxfp4.io import copy_atomic
 
-        for src, dst in zip(input, output):
+        for src, dst in zip(input, params.stored):
             copy_atomic(src, dst)
 
 
+def compare_references():
+    """The recipes the compare recipe is measured against on this machine: the reference recipe, the
+    recipe it modifies (its base) and any named in config compare_references."""
+    from mxfp4.config.recipes import recipe_base
+
+    wanted = [REFERENCE_RECIPE, recipe_base(COMPARE_RECIPE), *config.get("compare_references", [])]
+    return [r for r in dict.fromkeys(wanted) if r is not None and r != COMPARE_RECIPE]
+
+
+def reproduction_cells():
+    """The stored cells rerun here: the first model and seed of the reference recipe and of the
+    compare recipe's base (a quantized recipe: full-precision cells can reproduce where quantized
+    ones do not)."""
+    return [(MODELS[0], r, SEEDS[0]) for r in compare_references()[:2]]
+
+
+checkpoint baseline_reproduction:
+    """Rerun stored cells here (reproduction_cells) and check them against the stored baselines bit
+    for bit: compare uses the stored cells only if every one reproduces."""
+    input:
+        cells=[cell_path(*c) for c in reproduction_cells()],
+        baselines=f"{BASELINES}/cells.csv",
+    output:
+        str(L.root / "compare" / "baseline_reproduction.json"),
+    log:
+        f"{LOGS}/baseline_reproduction.log",
+    params:
+        cells=" ".join(f"--cell '{m}/{r}/seed{s}'" for m, r, s in reproduction_cells()),
+    shell:
+        "{MXFP4} reproduction --profile {PROFILE} {params.cells} --baselines {input.baselines} "
+        "--out {output} > {log} 2>&1"
+
+
+def reference_cells(wc):
+    """This run's cells of the reference recipes, when the stored baselines do not reproduce here."""
+    import json
+
+    check = json.loads(open(checkpoints.baseline_reproduction.get().output[0]).read())
+    if check["reproduces"]:
+        return []
+    return [cell_path(m, r, s) for m in MODELS for r in compare_references() for s in SEEDS]
+
+
 rule compare:
-    """Run the cells of `compare_recipe` and set them against the stored baselines of this profile."""
+    """Run the cells of `compare_recipe` and set them against references from this machine: the
+    stored baselines if one of their cells reproduces here bit for bit, else this run's own cells of
+    the reference recipes (same seeds). The report says which."""
     input:
         cells=[cell_path(m, COMPARE_RECIPE, s) for m in MODELS for s in SEEDS],
         baselines=f"{BASELINES}/cells.csv",
+        reproduction=str(L.root / "compare" / "baseline_reproduction.json"),
+        references=reference_cells,
     output:
         md=str(L.compare(COMPARE_RECIPE)),
         fig=multiext(f"{FIGURES}/compare_{COMPARE_RECIPE}", ".png", ".pdf"),
@@ -41,4 +88,5 @@ rule compare:
         f"{LOGS}/compare_{COMPARE_RECIPE}.log",
     shell:
         "{MXFP4} compare --profile {PROFILE} --recipe '{COMPARE_RECIPE}' --baselines {input.baselines} "
-        "--out {output.md} --figure {FIGURES}/compare_{COMPARE_RECIPE} > {log} 2>&1"
+        "--reproduction {input.reproduction} --out {output.md} --figure {FIGURES}/compare_{COMPARE_RECIPE} "
+        "> {log} 2>&1"
