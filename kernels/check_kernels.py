@@ -38,7 +38,24 @@ def main(argv=None) -> int:
     dtypes = kernel_checks.DTYPES
     if device == "cpu" and args.interpreter_dtype:
         dtypes = tuple(getattr(torch, d) for d in args.interpreter_dtype)
-    results = []
+    results, matmul = [], {}
+    device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu (TRITON_INTERPRET=1)"
+
+    def report(complete: bool) -> dict:
+        """The report so far, rewritten after every check: a run cut off by a time limit keeps what it
+        measured (``complete``: false)."""
+        out = {
+            "device": device_name,
+            "complete": complete,
+            "n_checks": len(results),
+            "n_failed": sum(not r["passed"] for r in results),
+            "matmul": matmul,
+            "passed": complete and all(r["passed"] for r in results) and all(m["passed"] for m in matmul.values()),
+            "checks": results,
+        }
+        write_json_atomic(args.out, out)
+        return out
+
     with tqdm(desc="bit-exact kernel checks", unit="check", file=sys.stderr) as bar:
         for r in kernel_checks.check_cases(device, kernels=tuple(args.kernel or kernel_checks.KERNELS), dtypes=dtypes):
             results.append(r)
@@ -46,19 +63,13 @@ def main(argv=None) -> int:
                 tqdm.write(f"FAIL {r}", file=sys.stderr)
             bar.set_postfix_str(r["case"])
             bar.update(1)
-    matmul = {} if args.no_matmul else kernel_checks.check_matmul(device)
-    passed = all(r["passed"] for r in results) and all(m["passed"] for m in matmul.values())
-    report = {
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (TRITON_INTERPRET=1)",
-        "n_checks": len(results),
-        "n_failed": sum(not r["passed"] for r in results),
-        "matmul": matmul,
-        "passed": passed,
-        "checks": results,
-    }
-    write_json_atomic(args.out, report)
+            if device == "cuda" or len(results) % 64 == 0:
+                report(complete=False)
+    matmul.update({} if args.no_matmul else kernel_checks.check_matmul(device))
+    final = report(complete=True)
+    passed = final["passed"]
     print(
-        f"{report['n_checks']} bit-exact checks, {report['n_failed']} failed; matmul "
+        f"{final['n_checks']} bit-exact checks, {final['n_failed']} failed; matmul "
         f"{'ok' if all(m['passed'] for m in matmul.values()) else 'FAILED'} -> {args.out}"
     )
     return 0 if passed else 1

@@ -292,3 +292,49 @@ def test_sharded_launches_quantize_at_every_use_with_the_same_values():
             outs.append(model(input_ids=ids).logits)
         assert bool(gemm_context(model.model.layers[0].mlp.up_proj)._cache) == cache
     assert torch.equal(outs[0], outs[1])
+
+
+def test_checkpointing_uses_the_name_the_installed_transformers_takes():
+    """transformers 5.17 (the GPU machines') has gradient_checkpointing, later ones activation_checkpointing:
+    either way the argument exists, so no cell raises TypeError at its first line."""
+    from mxfp4.rl.training import checkpointing_args
+
+    old = checkpointing_args(True, {"gradient_checkpointing", "gradient_checkpointing_kwargs", "seed"})
+    assert old == {"gradient_checkpointing": True, "gradient_checkpointing_kwargs": {"use_reentrant": False}}
+    new = checkpointing_args(False, {"activation_checkpointing", "gradient_checkpointing"})
+    assert new == {"activation_checkpointing": False, "activation_checkpointing_kwargs": None}
+    with pytest.raises(ValueError, match="neither activation_checkpointing nor gradient_checkpointing"):
+        checkpointing_args(True, {"seed"})
+    GRPOConfig(**common_args(0, gradient_checkpointing=True))  # the installed version takes what it gets
+
+
+@pytest.mark.parametrize("recipe", ["mxfp4+macro", "inject-scale"])
+def test_non_bf16_exact_operands_are_not_rounded_to_bf16_under_autocast(recipe):
+    """Under bf16 autocast, o_proj and down_proj receive bf16 inputs; macro-block and component
+    injection make values that are no bf16 numbers, so their GEMMs run in float32 on the exact
+    quantized operands (before: the operands were rounded back to bf16 first)."""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(256, 64, bias=False)
+    q = Recipe.named(recipe).quantizer()
+    patch_model(torch.nn.Sequential(layer), q)
+    x = torch.randn(16, 256).to(torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x)
+    want = F.linear(q(x.float(), -1), q(layer.weight.detach(), 1)).to(torch.bfloat16)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, want)
+
+
+def test_the_gpu_smoke_checkpoints_fit_the_stated_disk_budget():
+    """A 3B checkpoint with Adam state is 34.5 GiB: two kept (and a third while rotating) would need
+    103 GiB of a 64 GiB disk. The profile states its budget; one that exceeds it is refused."""
+    from mxfp4.rl.cell import check_checkpoint_disk
+
+    profile = load_profile("gpu-smoke")
+    plan = check_checkpoint_disk(profile, "qwen2.5-3b-random")
+    assert plan is not None and plan["gib"] <= profile.grpo.checkpoint_disk_gib
+    assert plan["gib_per_checkpoint"] == pytest.approx(3_085_938_688 * 12 / 2**30)
+    saving = profile.model_copy(update={"grpo": profile.grpo.model_copy(update={"save_steps": 2})})
+    with pytest.raises(ValueError, match=r"take 3 x 34.5 GiB = 103.5 GiB, over grpo.checkpoint_disk_gib 40"):
+        check_checkpoint_disk(saving, "qwen2.5-3b-random")

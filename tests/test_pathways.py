@@ -102,3 +102,33 @@ def test_the_markdown_matrix_has_a_line_per_arm_and_checkpoint(pathway_rows):
         r for r in rows if r["checkpoint"] == "warm" and r["injection"] == "+grid" and r["metric"] == "entropy_diff"
     )
     assert f"{entropy['mean']:+.3f}" in text.split("| tiny-dense | warm | +grid |")[1].splitlines()[0]
+
+
+def test_gradient_comparison_memory_does_not_grow_with_the_number_of_parameters():
+    """The float64 comparison never makes a tensor larger than one parameter (before: the whole
+    model's gradients concatenated, 69 GiB at 3B), and its numbers equal a concatenating computation."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    self.numel = max(self.numel, t.numel())
+            return out
+
+    g = torch.Generator().manual_seed(0)
+    ref = {f"model.layers.{i}.mlp.w{j}": torch.randn(64, 48, generator=g) for i in range(6) for j in range(3)}
+    quant = {n: t + 0.1 * torch.randn(t.shape, generator=g) for n, t in ref.items()}
+    with Largest() as seen:
+        got = compare(quant, ref)
+    assert seen.numel <= 64 * 48
+    q = torch.cat([quant[n].double().flatten() for n in ref])
+    r = torch.cat([ref[n].double().flatten() for n in ref])
+    assert got["total"]["cosine"] == pytest.approx(float(q @ r / (q.norm() * r.norm())), rel=1e-12)
+    assert got["total"]["rel_norm_error"] == pytest.approx(float((q - r).norm() / r.norm()), rel=1e-12)
+    assert sorted(got["per_layer"]) == [f"layer{i}" for i in range(6)]

@@ -138,6 +138,9 @@ class GRPOSettings(_Strict):
     )
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass")
     save_steps: int | None = Field(None, ge=1, description="checkpoint every save_steps; a rerun resumes from the last")
+    checkpoint_disk_gib: float | None = Field(
+        None, gt=0, description="disk one cell's checkpoints may take (checked before the cell runs; None: unchecked)"
+    )
 
     @model_validator(mode="after")
     def _micro_batches(self):

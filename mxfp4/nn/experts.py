@@ -90,7 +90,7 @@ class GroupedQuantLinear(torch.autograd.Function):
     def forward(ctx, x, weight, xq, w_fwd, w_bwd, plan: DispatchPlan, gemm):
         if xq is None:
             xq = gemm.act(x, -1, "activation", gemm.gemms["forward"])
-        y = F.grouped_mm(xq, w_fwd.transpose(-2, -1).to(x.dtype), offs=plan.offsets)
+        y = F.grouped_mm(xq, w_fwd.transpose(-2, -1).to(xq.dtype), offs=plan.offsets)
         ctx.save_for_backward(x, w_bwd)
         ctx.plan, ctx.gemm = plan, gemm
         return y

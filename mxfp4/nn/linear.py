@@ -126,8 +126,8 @@ class QuantLinearFunction(torch.autograd.Function):
 
         def run(cast):
             a = gemm.act(x, -1, "activation", gemm.gemms["forward"])
-            if cast is None:
-                return F.linear(a, w_fwd, bias)
+            if cast is None:  # x's own precision (no autocast), or bf16 GEMMs on exact bf16 values
+                return F.linear(a if ctx.autocast is not None else a.to(x.dtype), w_fwd, bias)
             b = None if bias is None else bias.to(cast)
             return F.linear(a.to(cast), w_fwd.to(cast), b).to(ctx.autocast)
 
@@ -169,8 +169,8 @@ def quant_linear(x, weight, bias, gemm: GemmContext, w_fwd=None, w_bwd=None):
         w_fwd = gemm.weight(weight, 1, gemm.gemms["forward"])
     if w_bwd is None:
         w_bwd = gemm.weight(weight, 0, gemm.gemms["input_grad"])
-    if _autocast_dtype(x) is None or not gemm.quantizer.exact_in_bf16:
-        w_fwd, w_bwd = w_fwd.to(x.dtype), w_bwd.to(x.dtype)  # (under autocast the GEMM casts them itself)
+    if _autocast_dtype(x) is None:  # under autocast the GEMM casts them itself (float32 when not exact in bf16)
+        w_fwd, w_bwd = w_fwd.to(x.dtype), w_bwd.to(x.dtype)
     return QuantLinearFunction.apply(x, weight, bias, w_fwd, w_bwd, gemm)
 
 

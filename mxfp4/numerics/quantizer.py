@@ -75,6 +75,14 @@ class Quantizer:
         a per-tensor FP32 scale (NVFP4) or a BF16 mantissa on the block scale (macro-block)."""
         return not self.fmt.tensor_scale and self.block_quantizer is None
 
+    def widened(self, x: torch.Tensor) -> torch.Tensor:
+        """x as this quantizer must read it: a 16-bit x in float32 when its results are not all bf16
+        numbers (macro-block, NVFP4, component injection), so they are never rounded back to 16 bits
+        (under bf16 autocast, o_proj and down_proj receive bf16 inputs); x itself otherwise."""
+        if self.exact_in_bf16 or x.dtype in (torch.float32, torch.float64):
+            return x
+        return x.float()
+
     def token_alignment(self) -> int:
         """Rows along a blocked axis that one quantization group spans (the block size, times the
         blocks a correction groups): segments aligned to it never share a block or a group."""
@@ -104,7 +112,9 @@ class Quantizer:
 
     def __call__(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None) -> torch.Tensor:
         """``valid`` (broadcastable to x): the real elements when x holds padding (grouped experts);
-        padding must be zeros and only changes what corrections count."""
+        padding must be zeros and only changes what corrections count. The result has x's dtype,
+        or float32 for a 16-bit x when the quantizer's values need it (``widened``)."""
+        x = self.widened(x)
         mask, rest = self._split(x, axis, valid)
         if self.block_quantizer is None:
             q = dispatch.fake_quantize(rest, self.fmt, axis, self.scale_rule)

@@ -158,6 +158,7 @@ def plan_cell(
         model_ref = spec.hub
     if profile.data.source == "gsm8k":
         gsm.validate_gsm8k_dir(gsm8k_folder(profile))
+    check_checkpoint_disk(profile, model_name)
     out = Layout(results, profile_name).cell(model_name, recipe_name, seed)  # every input checked: make it
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -168,6 +169,25 @@ def plan_cell(
     if not os.access(out, os.W_OK):
         raise ValueError(f"the cell's folder {out} is not writable; accepted: a writable results folder")
     return CellPlan(profile, model_name, recipe, seed, Path(results), model_ref)
+
+
+def check_checkpoint_disk(profile: Profile, model_name: str) -> dict | None:
+    """The checkpoints' disk plan of a model of a real configuration, refused when it exceeds the
+    profile's ``grpo.checkpoint_disk_gib``; None when the profile states no budget."""
+    budget, spec = profile.grpo.checkpoint_disk_gib, profile.model(model_name)
+    if budget is None or not spec.config:
+        return None
+    from .models import parameter_count
+    from .training import checkpoint_disk
+
+    plan = checkpoint_disk(parameter_count(spec.config), profile.grpo.save_steps)
+    if plan["gib"] > budget:
+        raise ValueError(
+            f"profile {profile.name!r}: the checkpoints of {model_name!r} take {plan['copies']} x "
+            f"{plan['gib_per_checkpoint']:.1f} GiB = {plan['gib']:.1f} GiB, over grpo.checkpoint_disk_gib "
+            f"{budget:g}; accepted: a save_steps that writes none (null), or a larger budget on a larger disk"
+        )
+    return plan
 
 
 def gsm8k_folder(profile: Profile) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import torch
@@ -24,23 +25,32 @@ def _grads(model, loss_fn) -> dict[str, torch.Tensor]:
     return grads
 
 
+def _sums(q: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    """[<q, r>, |q|^2, |r|^2, |q - r|^2] of one tensor pair, in float64 on their device."""
+    q, r = q.double(), r.double()
+    return torch.stack([torch.dot(q.flatten(), r.flatten()), q.pow(2).sum(), r.pow(2).sum(), (q - r).pow(2).sum()])
+
+
+def _score(s: torch.Tensor) -> dict:
+    dot, qq, rr, dd = (float(v) for v in s)
+    rn, qn = math.sqrt(rr), math.sqrt(qq)
+    # undefined (None) for a zero reference gradient, e.g. a GRPO batch whose groups all tie
+    cos = dot / (qn * rn) if rn > 0 and qn > 0 else None
+    return {"cosine": cos, "rel_norm_error": math.sqrt(dd) / rn if rn > 0 else None}
+
+
 def compare(quantized: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict:
-    """Cosine similarity and relative norm error ``|g_q - g| / |g|``, per layer and in total
-    (None where the reference gradient is zero)."""
-    groups: dict[str, list[str]] = {}
+    """Cosine similarity and relative norm error ``|g_q - g| / |g|``, per layer and in total (None
+    where the reference gradient is zero). Float64 sums accumulated one parameter at a time: the
+    memory beyond the gradients is that of the largest parameter, whatever the model's size."""
+    per_group: dict[str, torch.Tensor] = {}
     for name in reference:
-        groups.setdefault(layer_of(name), []).append(name)
-
-    def score(names):
-        q = torch.cat([quantized[n].double().flatten() for n in names])
-        r = torch.cat([reference[n].double().flatten() for n in names])
-        rn, qn = float(r.norm()), float(q.norm())
-        # undefined (None) for a zero reference gradient, e.g. a GRPO batch whose groups all tie
-        cos = float(torch.dot(q, r)) / (qn * rn) if rn > 0 and qn > 0 else None
-        return {"cosine": cos, "rel_norm_error": float((q - r).norm()) / rn if rn > 0 else None}
-
-    out = {"total": score(list(reference)), "per_layer": {g: score(ns) for g, ns in sorted(groups.items())}}
-    return out
+        s = _sums(quantized[name], reference[name])  # stays on the device: one transfer at the end
+        group = layer_of(name)
+        per_group[group] = per_group[group] + s if group in per_group else s
+    groups = sorted(per_group)
+    sums = torch.stack([per_group[g] for g in groups]).cpu()
+    return {"total": _score(sums.sum(0)), "per_layer": {g: _score(s) for g, s in zip(groups, sums)}}
 
 
 def gradient_accuracy(model, loss_fn) -> dict:

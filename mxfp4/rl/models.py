@@ -139,6 +139,15 @@ def build_random(
     return model, tokenizer
 
 
+def parameter_count(name: str) -> int:
+    """Parameters of the real configuration ``name`` (counted on the meta device: no memory, no weights)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(real_config(name))
+    return sum(p.numel() for p in model.parameters())
+
+
 WARM_START_META = "mxfp4_meta.json"  # written last by ``save``: a warm start without it is incomplete
 WARM_START_FILES = ("config.json", "model.safetensors", "tokenizer.json", WARM_START_META)
 

@@ -14,6 +14,36 @@ from pathlib import Path
 import torch
 
 
+def checkpointing_args(enabled: bool, fields: set[str] | None = None) -> dict:
+    """TrainingArguments for non-reentrant activation recomputation, under the name the installed
+    transformers takes (``fields``: its TrainingArguments fields): ``activation_checkpointing`` in
+    recent versions, ``gradient_checkpointing`` in older ones (5.17, the GPU machines')."""
+    if fields is None:
+        import dataclasses
+
+        from transformers import TrainingArguments
+
+        fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    kwargs = {"use_reentrant": False} if enabled else None
+    for name in ("activation_checkpointing", "gradient_checkpointing"):
+        if name in fields:
+            return {name: enabled, f"{name}_kwargs": kwargs}
+    raise ValueError("the installed transformers' TrainingArguments has neither activation_checkpointing nor "
+                     "gradient_checkpointing; accepted: transformers >= 4.57")
+
+
+SAVE_TOTAL_LIMIT = 2  # checkpoints kept; one more exists while the newest is written, before rotation
+CHECKPOINT_BYTES_PER_PARAMETER = 12  # fp32 master weight + AdamW's two fp32 moments
+
+
+def checkpoint_disk(parameters: int, save_steps: int | None) -> dict:
+    """The disk a cell's checkpoints take at most: (save_total_limit + 1) copies of the weights and the
+    Adam state, in GiB (0 without checkpoints)."""
+    each = parameters * CHECKPOINT_BYTES_PER_PARAMETER / 2**30
+    copies = SAVE_TOTAL_LIMIT + 1 if save_steps else 0
+    return {"parameters": parameters, "gib_per_checkpoint": each, "copies": copies, "gib": each * copies}
+
+
 def common_args(seed: int, *, compute: str = "float32", output_dir: Path | str | None = None,
                 save_steps: int | None = None, gradient_checkpointing: bool = False) -> dict:
     """Seeded data order, progress bars on, no trackers. ``output_dir`` (with ``save_steps``) is where
@@ -29,14 +59,13 @@ def common_args(seed: int, *, compute: str = "float32", output_dir: Path | str |
         output_dir=str(output_dir) if output_dir is not None else tempfile.mkdtemp(prefix="mxfp4-trainer-"),
         save_strategy="steps" if save_steps else "no",
         save_steps=save_steps or 500,
-        save_total_limit=2 if save_steps else None,
+        save_total_limit=SAVE_TOTAL_LIMIT if save_steps else None,
         report_to=[],
         seed=seed,
         data_seed=seed,
         bf16=compute == "bfloat16",
         fp16=False,
-        activation_checkpointing=gradient_checkpointing,  # transformers 5's name of gradient checkpointing
-        activation_checkpointing_kwargs={"use_reentrant": False} if gradient_checkpointing else None,
+        **checkpointing_args(gradient_checkpointing),
         use_cpu=not on_gpu,
         dataloader_num_workers=0,
         disable_tqdm=False,
