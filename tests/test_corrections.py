@@ -112,7 +112,7 @@ def test_unknown_names_are_errors_that_list_the_known_ones():
         Recipe.named("nope")
     with pytest.raises(ValueError, match="unknown correction 'magic'; known: aqn, macro_block, outlier_fallback"):
         Recipe(name="x", corrections=[{"name": "magic"}])
-    with pytest.raises(ValueError, match="bad parameters for correction 'macro_block'"):
+    with pytest.raises(ValueError, match="correction 'macro_block': size: unknown parameter; accepted: blocks, rows"):
         Recipe(name="x", corrections=[{"name": "macro_block", "size": 3}])
     with pytest.raises(ValueError, match="unknown GEMM"):
         Recipe(name="x", gemms={"fwd": True})

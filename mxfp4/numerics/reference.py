@@ -89,7 +89,7 @@ def check_input(x: torch.Tensor, fmt: str | BlockFormat, axis: int, scale_rule: 
         raise ValueError("expected a tensor with at least one dimension, got a scalar")
     if x.numel() == 0:
         raise ValueError(f"expected a non-empty tensor, got shape {tuple(x.shape)}")
-    if x.is_meta:
+    if x.is_meta and type(x) in (torch.Tensor, torch.nn.Parameter):  # (subclasses may carry values: device_audit)
         raise ValueError("expected a tensor with data, got one on the meta device (it holds no values)")
     if isinstance(axis, bool) or not isinstance(axis, int):
         raise ValueError(f"axis must be an int, got {axis!r} ({type(axis).__name__})")
