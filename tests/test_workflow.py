@@ -38,7 +38,7 @@ def planned_jobs(output: str) -> dict[str, int]:
 @pytest.mark.parametrize("profile", ["embedded", "smoke", "paper"])
 def test_dry_run_resolves_the_full_dag(workdir, profile):
     jobs = planned_jobs(snakemake(workdir, "-n", "all", "--config", f"profile={profile}"))
-    n_cells = {"embedded": 2 * 7 * 3, "smoke": 2 * 3, "paper": 2 * 7 * 3}[profile]
+    n_cells = {"embedded": 2 * 6 * 3, "smoke": 2 * 3, "paper": 2 * 7 * 3}[profile]
     assert jobs["cell"] == n_cells
     assert jobs.get("pretrain_model", 0) == (0 if profile == "paper" else 2)
     assert jobs["pathways_model"] == 2
