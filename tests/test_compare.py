@@ -227,3 +227,17 @@ def test_a_over_a_comparisons_fire_no_verdict_on_the_same_machine_or_another_ins
         assert "which reproduce on this machine" in text
     else:
         assert not aa and "References: this machine's cells of bf16 (same seeds), not the stored baselines" in text
+
+
+def test_a_cell_the_stored_baselines_lack_cannot_reproduce_them():
+    """A reference recipe absent from the stored baselines (a user's base recipe) sends compare to this
+    machine's own cells, never to a partial set of stored ones."""
+    from mxfp4.report.compare import reproduction
+
+    stored = [{"model": "tiny-dense", "recipe": "bf16", "seed": 0, "gsm8k_strict_accuracy": 0.5}]
+    check = reproduction({"model": "tiny-dense", "recipe": "mine-base", "seed": 0, "gsm8k_strict_accuracy": 0.5},
+                         stored)
+    assert not check["reproduces"] and "no such cell" in next(iter(check["differing"]))
+    assert reproduction(dict(stored[0]), stored)["reproduces"]
+    changed = {**stored[0], "gsm8k_strict_accuracy": 0.5 + 1e-12}
+    assert reproduction(changed, stored)["differing"] == {"gsm8k_strict_accuracy": [0.5, 0.5 + 1e-12]}
