@@ -13,7 +13,7 @@ PACKAGE = REPO / "mxfp4"
 
 # Each layer may import itself and the layers listed before it; the leaf modules import no mxfp4 layer.
 LAYERS = ["numerics", "corrections", "config", "nn", "rl", "report", "cli"]
-LEAVES = {"io", "stats", "layout"}
+LEAVES = {"io", "stats", "layout", "machine"}
 KERNEL_WRAPPERS = {"mxfp4.numerics.triton_kernels", "mxfp4.numerics.triton_gemm"}
 KERNEL_CALLERS = {"mxfp4.numerics.dispatch", "mxfp4.numerics.kernel_checks", *KERNEL_WRAPPERS}
 
