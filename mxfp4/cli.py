@@ -12,6 +12,7 @@ from .io import write_json_atomic, write_text_atomic
 from .layout import Layout
 
 MAX_SAMPLE = 2**26  # elements of a decompose --dist sample
+SAMPLE_DEFAULTS = {"rows": 256, "cols": 1024, "dtype": "float32", "seed": 0}  # decompose --dist only
 
 # Commands that load transformers models (the RL processes).
 MODEL_COMMANDS = ("pretrain", "cell", "pathways", "corrections-table")
@@ -46,8 +47,7 @@ def _load_tensor(args):
     from .numerics.distributions import sample
 
     if args.tensor:
-        given = [flag for flag, v in (("--rows", args.rows), ("--cols", args.cols), ("--dtype", args.dtype),
-                                      ("--seed", args.seed)) if v is not None]
+        given = [f"--{k}" for k in SAMPLE_DEFAULTS if getattr(args, k) is not None]
         if given:
             raise ValueError(f"{', '.join(given)} describe a --dist sample and do not apply to --tensor; drop them")
         if not Path(args.tensor).is_file():
@@ -71,15 +71,16 @@ def _load_tensor(args):
         return obj, args.tensor
     if args.key is not None:
         raise ValueError("--key picks a tensor of a --tensor file; it does not apply to --dist")
-    rows, cols = args.rows or 256, args.cols or 1024
-    for flag, v in (("--rows", rows), ("--cols", cols)):
-        if v < 1:
-            raise ValueError(f"{flag} must be >= 1, got {v}")
-    if rows * cols > MAX_SAMPLE:
-        raise ValueError(f"--rows x --cols = {rows * cols:,} elements; accepted: at most {MAX_SAMPLE:,} "
+    opt = {k: default if getattr(args, k) is None else getattr(args, k) for k, default in SAMPLE_DEFAULTS.items()}
+    dist = args.dist or "gaussian"
+    for flag in ("rows", "cols"):
+        if opt[flag] < 1:
+            raise ValueError(f"--{flag} must be >= 1, got {opt[flag]}")
+    if opt["rows"] * opt["cols"] > MAX_SAMPLE:
+        raise ValueError(f"--rows x --cols = {opt['rows'] * opt['cols']:,} elements; accepted: at most {MAX_SAMPLE:,} "
                          "(the float64 split holds several copies; use --tensor for a larger saved tensor)")
-    dtype = getattr(torch, args.dtype or "float32")
-    return sample(args.dist or "gaussian", rows, cols, seed=args.seed or 0, dtype=dtype), args.dist or "gaussian"
+    x = sample(dist, opt["rows"], opt["cols"], seed=opt["seed"], dtype=getattr(torch, opt["dtype"]))
+    return x, dist
 
 
 def _cmd_decompose(args) -> int:

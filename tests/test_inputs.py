@@ -80,6 +80,7 @@ CLI = [  # (case, arguments, what stderr must say)
      "--key picks a tensor of a --tensor file; it does not apply to --dist"),
     ("decompose --rows with --tensor", ["decompose", "--tensor", "{tensor}", "--rows", "4"],
      "--rows describe a --dist sample and do not apply to --tensor"),
+    ("decompose --rows 0", ["decompose", "--rows", "0"], "--rows must be >= 1, got 0"),
     ("decompose of 1e18 elements", ["decompose", "--rows", "1000000000", "--cols", "1000000000"],
      "accepted: at most 67,108,864"),
     ("prove --out under an existing file", ["prove", "--out", "{file}/proofs.json"], "cannot write"),
