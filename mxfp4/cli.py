@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from .io import write_json_atomic, write_text_atomic
+from .io import writable_folder, write_json_atomic, write_text_atomic
 from .layout import Layout
 
 MAX_SAMPLE = 2**26  # elements of a decompose --dist sample
@@ -112,12 +112,9 @@ def _cmd_decompose(args) -> int:
 
 
 def writable(path: Path | str) -> Path:
-    """``path``'s folder made (if missing) and checked writable before any work: an OSError (caught by
-    ``main`` as one line) rather than a result lost at the end."""
-    folder = Path(path).parent
-    folder.mkdir(parents=True, exist_ok=True)
-    if not os.access(folder, os.W_OK):
-        raise PermissionError(13, "permission denied", str(folder))
+    """``path``, its folder made and checked writable before any work: an OSError (caught by ``main``
+    as one line) rather than a result lost at the end."""
+    writable_folder(Path(path).parent)
     return Path(path)
 
 

@@ -30,6 +30,16 @@ def atomic_path(path: Path | str):
         raise
 
 
+def writable_folder(folder: Path | str) -> Path:
+    """``folder``, made if missing and checked writable before any work is done for it; an OSError
+    (a file in the way, no permission) otherwise."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if not os.access(folder, os.W_OK):
+        raise PermissionError(13, "Permission denied", str(folder))
+    return folder
+
+
 @contextlib.contextmanager
 def exclusive(folder: Path | str, what: str):
     """Hold an exclusive lock on ``folder`` (``flock`` on ``folder/.lock``) for the block; a second

@@ -36,22 +36,18 @@ def pin_cpu_numerics() -> bool:
     return all(os.environ[k] == v for k, v in PINNED.items())
 
 
-def _cpu_model() -> str:
+def _cpuinfo(field: str) -> str | None:
+    """The first ``field`` line of /proc/cpuinfo (Linux), or None."""
     cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    if not cpuinfo.is_file():
+        return None
+    return next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                 if line.startswith(field)), None)
 
 
 def _cpu_flags() -> list[str]:
     """The vector extensions the CPU offers (from /proc/cpuinfo), of those the libraries dispatch on."""
-    cpuinfo = Path("/proc/cpuinfo")
-    if not cpuinfo.is_file():
-        return []
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines()
-                  if line.startswith("flags")), [])
+    flags = (_cpuinfo("flags") or "").split()
     return [f for f in ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
 
 
@@ -63,7 +59,7 @@ def describe() -> dict:
     blas = next((part.split("=", 1)[1] for part in config.replace(",", " ").split() if part.startswith("BLAS_INFO=")),
                 None)
     return {
-        "cpu": _cpu_model(),
+        "cpu": _cpuinfo("model name") or platform.processor() or platform.machine(),
         "arch": platform.machine(),
         "cpu_flags": _cpu_flags(),
         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),

@@ -40,14 +40,22 @@ class GemmContext:
         if not self.cache:
             with torch.no_grad():
                 return self.quantizer(param.detach(), axis)
-        slot = (param.data_ptr(), axis)
-        hit = self._cache.get(slot)
-        if hit is None or hit[0] != param._version:
+
+        def quantized():
             with torch.no_grad():
                 q = self.quantizer(param.detach(), axis)
-                if self.quantizer.exact_in_bf16 and _autocast_dtype(param) == torch.bfloat16:
-                    q = q.to(torch.bfloat16)  # what the bf16 GEMM takes; lossless: every value is a bf16 number
-            hit = (param._version, q)
+            if self.quantizer.exact_in_bf16 and _autocast_dtype(param) == torch.bfloat16:
+                q = q.to(torch.bfloat16)  # what the bf16 GEMM takes; lossless: every value is a bf16 number
+            return q
+
+        return self._versioned(param, axis, quantized)
+
+    def _versioned(self, param: torch.Tensor, kind, make):
+        """``make()``, cached for this version of ``param`` under ``kind``."""
+        slot = (param.data_ptr(), kind)
+        hit = self._cache.get(slot)
+        if hit is None or hit[0] != param._version:
+            hit = (param._version, make())
             self._cache[slot] = hit
         return hit[1]
 
@@ -57,12 +65,7 @@ class GemmContext:
 
     def packed(self, param: torch.Tensor):
         """The weight packed for the W4A16 kernel (cached per version)."""
-        slot = (param.data_ptr(), "w4a16")
-        hit = self._cache.get(slot)
-        if hit is None or hit[0] != param._version:
-            hit = (param._version, dispatch.pack_weight(param.detach(), self.quantizer.scale_rule))
-            self._cache[slot] = hit
-        return hit[1]
+        return self._versioned(param, "w4a16", lambda: dispatch.pack_weight(param.detach(), self.quantizer.scale_rule))
 
     def w4a16_applies(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         """Weight-only MXFP4 without corrections, a bf16 input, Triton dispatch, no autograd."""

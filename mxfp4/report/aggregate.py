@@ -16,6 +16,7 @@ CELL_METRICS = [
     "gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_reward", "mean_rollout_accuracy", "mean_entropy",
     "final_entropy", "mean_kl", "mean_grad_cosine", "mean_grad_rel_norm_error", "mean_step_time", "wall_time_seconds",
 ]
+MACHINE_COLUMNS = ["cpu", "cpu_capability", "blas", "threads", "cpu_pinning"]  # from metrics.json's machine
 WEIGHT_KEYS = ["share_scale", "share_dead", "share_grid", "cross_share", "deadzone_fraction"]
 STEP_KEYS = {
     "reward": "reward",

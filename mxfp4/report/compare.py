@@ -13,7 +13,7 @@ from pathlib import Path
 from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE
 from ..stats import HIGHER_IS_BETTER, paired_diff, verdict, welch_diff
-from .aggregate import CELL_METRICS, WEIGHT_KEYS, read_cells, read_csv, read_items
+from .aggregate import CELL_METRICS, MACHINE_COLUMNS, WEIGHT_KEYS, read_cells, read_csv, read_items
 
 COMPARED = ["gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_rollout_accuracy", "mean_entropy",
             "mean_grad_cosine", "mean_grad_rel_norm_error", "step_time_vs_bf16", "mean_step_time"]
@@ -147,11 +147,16 @@ def _same(a, b) -> bool:
         return str(a) == str(b)
 
 
+def _find(rows: list[dict], model: str, recipe: str, seed) -> dict | None:
+    """The row of cell (model, recipe, seed), or None."""
+    return next((r for r in rows if (r["model"], r["recipe"], int(r["seed"])) == (model, recipe, int(seed))), None)
+
+
 def reproduction(rerun: dict, stored: list[dict]) -> dict:
     """Whether ``rerun`` (a cell row made on this machine) equals the stored row of the same model,
     recipe and seed in every ``REPRODUCED`` value, bit for bit."""
     key = (rerun["model"], rerun["recipe"], int(rerun["seed"]))
-    row = next((r for r in stored if (r["model"], r["recipe"], int(r["seed"])) == key), None)
+    row = _find(stored, *key)
     if row is None:  # nothing to reproduce: the references must come from this machine
         row = {}
         differing = ["the whole cell (the stored baselines hold no such cell)"]
@@ -159,8 +164,8 @@ def reproduction(rerun: dict, stored: list[dict]) -> dict:
         differing = [k for k in REPRODUCED if not _same(rerun.get(k), row.get(k))]
     return {"cell": dict(zip(("model", "recipe", "seed"), key)), "compared": len(REPRODUCED),
             "differing": {k: [row.get(k), rerun.get(k)] for k in differing}, "reproduces": not differing,
-            "machine_here": {k: rerun.get(k) for k in ("cpu", "cpu_capability", "blas", "threads", "cpu_pinning")},
-            "machine_stored": {k: row.get(k) for k in ("cpu", "cpu_capability", "blas", "threads", "cpu_pinning")}}
+            "machine_here": {k: rerun.get(k) for k in MACHINE_COLUMNS},
+            "machine_stored": {k: row.get(k) for k in MACHINE_COLUMNS}}
 
 
 def check_reproduction(results, profile: str, baselines_csv, cells: list[tuple[str, str, int]]) -> dict:
@@ -170,7 +175,7 @@ def check_reproduction(results, profile: str, baselines_csv, cells: list[tuple[s
     stored = read_csv(baselines_csv)
     checks = []
     for model, recipe, seed in cells:
-        row = next((c for c in mine if (c["model"], c["recipe"], int(c["seed"])) == (model, recipe, int(seed))), None)
+        row = _find(mine, model, recipe, seed)
         if row is None:
             raise ValueError(f"cell {model}/{recipe}/seed{seed} has not run in this results folder; run it first")
         checks.append(reproduction(row, stored))
@@ -196,15 +201,15 @@ def run_compare(results, profile: str, recipe: str, baselines_csv, out_md, figur
     """The report of ``recipe``'s cells against references: the stored baselines when
     ``reproduction_json`` (from ``check_reproduction``) says they reproduce here, or when no check is
     given; else this run's own cells of the other recipes (same machine, same seeds)."""
-    cells, _ = read_cells(results, profile)
-    new = [c for c in with_time_ratio(cells) if c["recipe"] == recipe]
+    cells = with_time_ratio(read_cells(results, profile)[0])
+    items = read_items(results, profile)
+    new = [c for c in cells if c["recipe"] == recipe]
     if not new:
         raise ValueError(f"no finished cells of recipe {recipe!r} in profile {profile!r}; run them first")
     check = None if reproduction_json is None else json.loads(Path(reproduction_json).read_text())
-    note = ""
     if check is not None and not check["reproduces"]:
-        baselines = [c for c in with_time_ratio(cells) if c["recipe"] != recipe]
-        base_items = [i for i in read_items(results, profile) if i["recipe"] != recipe]
+        baselines = [c for c in cells if c["recipe"] != recipe]
+        base_items = [i for i in items if i["recipe"] != recipe]
         if not baselines:
             raise ValueError("the stored baselines do not reproduce here and no reference cell has run here")
         note = references_note(check, sorted({b["recipe"] for b in baselines}))
@@ -216,7 +221,7 @@ def run_compare(results, profile: str, recipe: str, baselines_csv, out_md, figur
             "References: the stored baselines, unchecked on this machine (no reproduction check given): "
             "differences may include the machine's.")
     models = {r["model"] for r in new}
-    rows = compare_rows(new, baselines, recipe, read_items(results, profile), base_items)
+    rows = compare_rows(new, baselines, recipe, items, base_items)
     check_line = setting_check(new, [b for b in baselines if b["model"] in models])
     write_text_atomic(out_md, markdown(rows, recipe, f"{note}\n\n{check_line}"))
     if figure_stem:

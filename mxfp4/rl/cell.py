@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import platform
 import shutil
 import subprocess
@@ -23,7 +22,7 @@ import torch
 from ..config import REPO_ROOT
 from ..config.profiles import Profile, config_hash, load_profile, setting_hash
 from ..config.recipes import Recipe
-from ..io import exclusive, write_json_atomic
+from ..io import exclusive, writable_folder, write_json_atomic
 from ..layout import REFERENCE_RECIPE, TRAIN_LOG, Layout
 from ..machine import describe
 from ..nn import gemm_weights, patch_model, patch_state, patched_modules
@@ -161,13 +160,11 @@ def plan_cell(
     check_checkpoint_disk(profile, model_name)
     out = Layout(results, profile_name).cell(model_name, recipe_name, seed)  # every input checked: make it
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        writable_folder(out)
     except OSError as err:
         raise ValueError(
-            f"cannot make the cell's folder {out} ({err.strerror}); accepted: a writable results folder"
+            f"cannot write the cell's folder {out} ({err.strerror}); accepted: a writable results folder"
         ) from None
-    if not os.access(out, os.W_OK):
-        raise ValueError(f"the cell's folder {out} is not writable; accepted: a writable results folder")
     return CellPlan(profile, model_name, recipe, seed, Path(results), model_ref)
 
 
