@@ -206,13 +206,12 @@ def _cmd_claims(args) -> int:
 
 
 def _cmd_compare(args) -> int:
-    from .report.compare import run_compare
+    from .report.compare import answer_line, run_compare
 
     baselines = args.baselines or Layout(args.results, args.profile).baselines / "cells.csv"
-    rows = run_compare(args.results, args.profile, args.recipe, baselines, args.out, args.figure, args.reproduction)
-    for r in rows:
-        if r["metric"] == "gsm8k_strict_accuracy":
-            print(f"{r['model']:<12} vs {r['baseline']:<16} accuracy {r['diff']:+.4f}: {r['verdict']}")
+    rows = run_compare(args.results, args.profile, args.recipe, baselines, args.out, args.figure, args.reproduction,
+                       args.adjust)
+    print(answer_line(rows, args.recipe))
     return 0
 
 
@@ -425,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reproduction", default=None,
                    help="the JSON of mxfp4 reproduction: when the stored baselines do not reproduce here, this "
                         "run's own cells of the other recipes are the references")
+    p.add_argument("--adjust", default="holm", choices=["holm", "fdr_bh"],
+                   help="the report's multiplicity adjustment: holm (family-wise error, default) or fdr_bh "
+                        "(Benjamini-Hochberg false discovery rate)")
     p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("reproduction", help="whether a stored baseline cell, rerun here, reproduces bit for bit")

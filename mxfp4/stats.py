@@ -1,6 +1,8 @@
 """The statistics that summaries, comparisons and the claims table use (scipy.stats underneath).
 
-Every function returns its n next to the estimate; intervals are 95% Student-t intervals.
+Every function returns its n next to the estimate; intervals are Student-t intervals (95% unless a
+``level`` is given), per-problem contrasts exact binomial (McNemar) with the matching Clopper-Pearson
+interval. The power functions give the smallest effect a design detects and the n a design needs.
 """
 
 from __future__ import annotations
@@ -37,26 +39,32 @@ def mean_ci(values: list[float]) -> dict:
     return {"n": n, "mean": m, "std": sd, "ci_low": float(low), "ci_high": float(high)}
 
 
-def welch_diff(a: list[float], b: list[float]) -> dict:
-    """mean(a) - mean(b) with a 95% Welch interval (``scipy.stats.ttest_ind(equal_var=False)``);
-    undefined with fewer than two values a side."""
+def welch_diff(a: list[float], b: list[float], level: float = 0.95) -> dict:
+    """mean(a) - mean(b) with a Welch interval at ``level`` and the two-sided p value
+    (``scipy.stats.ttest_ind(equal_var=False)``), and each side's std; undefined with fewer than two
+    values a side."""
     a, b = _clean(a), _clean(b)
+    out = {"diff": None, "ci_low": None, "ci_high": None, "n_a": len(a), "n_b": len(b), "p": None,
+           "sd_a": None, "sd_b": None}
     if not a or not b:
-        return {"diff": None, "ci_low": None, "ci_high": None, "n_a": len(a), "n_b": len(b)}
-    out = {"diff": float(np.mean(a) - np.mean(b)), "ci_low": None, "ci_high": None, "n_a": len(a), "n_b": len(b)}
+        return out
+    out["diff"] = float(np.mean(a) - np.mean(b))
     if len(a) < 2 or len(b) < 2:
         return out
+    out.update(sd_a=float(np.std(a, ddof=1)), sd_b=float(np.std(b, ddof=1)))
     if np.var(a) == 0 and np.var(b) == 0:
-        out["ci_low"] = out["ci_high"] = out["diff"]
+        out.update(ci_low=out["diff"], ci_high=out["diff"], p=1.0 if out["diff"] == 0 else 0.0)
         return out
-    ci = stats.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
-    out.update(ci_low=float(ci.low), ci_high=float(ci.high))
+    res = stats.ttest_ind(a, b, equal_var=False)
+    ci = res.confidence_interval(level)
+    out.update(ci_low=float(ci.low), ci_high=float(ci.high), p=float(res.pvalue))
     return out
 
 
-def paired_diff(a: list, b: list) -> dict:
-    """mean(a - b) over pairs (a[i], b[i]) with a 95% paired t interval (``scipy.stats.ttest_rel``),
-    the pairs' sample std and the two-sided p value. A pair with a missing side is dropped."""
+def paired_diff(a: list, b: list, level: float = 0.95) -> dict:
+    """mean(a - b) over pairs (a[i], b[i]) with a paired t interval at ``level``
+    (``scipy.stats.ttest_rel``), the pairs' sample std and the two-sided p value. A pair with a missing
+    side is dropped."""
     pairs = [(float(x), float(y)) for x, y in zip(a, b) if _clean([x]) and _clean([y])]
     n = len(pairs)
     out = {"diff": None, "ci_low": None, "ci_high": None, "n": n, "sd": None, "p": None}
@@ -67,13 +75,100 @@ def paired_diff(a: list, b: list) -> dict:
     if n < 2:
         return out
     out["sd"] = float(d.std(ddof=1))
-    if out["sd"] == 0:
-        out.update(ci_low=out["diff"], ci_high=out["diff"], p=1.0 if out["diff"] == 0 else 0.0)
+    if out["sd"] <= 16 * np.finfo(float).eps * float(np.abs(d).max()):  # equal differences, up to round-off
+        out.update(sd=0.0, ci_low=out["diff"], ci_high=out["diff"], p=1.0 if out["diff"] == 0 else 0.0)
         return out
     res = stats.ttest_rel([x for x, _ in pairs], [y for _, y in pairs])
-    ci = res.confidence_interval(0.95)
+    ci = res.confidence_interval(level)
     out.update(ci_low=float(ci.low), ci_high=float(ci.high), p=float(res.pvalue))
     return out
+
+
+def mcnemar_diff(pairs: list[tuple[float, float]], level: float = 0.95) -> dict:
+    """Paired 0/1 outcomes (a, b): the difference of the two accuracies over the pairs, McNemar's exact
+    test on the discordant pairs with the central two-sided p value (twice the smaller binomial tail),
+    and the interval at ``level`` from the Clopper-Pearson interval of the share of discordant pairs
+    that ``a`` won (conditional on their number). Central p and Clopper-Pearson are dual: the interval
+    excludes 0 exactly when p < 1 - level."""
+    pairs = [(a, b) for a, b in pairs if _clean([a]) and _clean([b])]
+    n = len(pairs)
+    gained = sum(1 for a, b in pairs if a > b)
+    lost = sum(1 for a, b in pairs if a < b)
+    out = {"diff": None, "ci_low": None, "ci_high": None, "n": n, "p": None, "gained": gained, "lost": lost,
+           "discordant_rate": (gained + lost) / n if n else None}
+    if n == 0:
+        return out
+    out["diff"] = (gained - lost) / n
+    discordant = gained + lost
+    if discordant == 0:
+        out.update(ci_low=0.0, ci_high=0.0, p=1.0)
+        return out
+    tail_low = stats.binom.cdf(gained, discordant, 0.5)
+    tail_high = stats.binom.sf(gained - 1, discordant, 0.5)
+    ci = stats.binomtest(gained, discordant, 0.5).proportion_ci(level, method="exact")
+    scale = discordant / n
+    out.update(p=float(min(1.0, 2 * min(tail_low, tail_high))), ci_low=float(scale * (2 * ci.low - 1)),
+               ci_high=float(scale * (2 * ci.high - 1)))
+    return out
+
+
+def min_detectable_effect(sd: float | None, n: int, alpha: float = 0.05, power: float = 0.80,
+                          one_sided: bool = False) -> float | None:
+    """Smallest true mean difference a t test of n pairs with this spread detects with ``power`` at
+    level ``alpha`` (two-sided unless ``one_sided``)."""
+    if sd is None or n < 2:
+        return None
+    a = alpha if one_sided else alpha / 2
+    return float((stats.t.ppf(1 - a, n - 1) + stats.t.ppf(power, n - 1)) * sd / math.sqrt(n))
+
+
+def n_needed(effect: float | None, sd: float | None, alpha: float = 0.05, power: float = 0.80,
+             one_sided: bool = False) -> int | None:
+    """Pairs a t test needs to detect ``effect`` with ``power`` at level ``alpha`` (None when there is
+    no spread, no effect, or more than a million pairs would be needed)."""
+    if effect is None or sd is None or sd == 0 or effect == 0:
+        return None
+    lo, hi = 2, 1_000_000  # the detectable effect falls strictly with n: bisect for the smallest n
+    if min_detectable_effect(sd, hi, alpha, power, one_sided) > abs(effect):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if min_detectable_effect(sd, mid, alpha, power, one_sided) <= abs(effect):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def mcnemar_pairs_needed(effect: float, discordant_rate: float | None, alpha: float = 0.05,
+                         power: float = 0.80) -> int | None:
+    """Pairs McNemar's test needs to detect a difference ``effect`` in accuracy when a share
+    ``discordant_rate`` of pairs disagree (Connor 1987, two-sided normal approximation):
+    n = (z_{1-a/2} sqrt(p_d) + z_power sqrt(p_d - effect^2))^2 / effect^2. None when p_d <= effect^2
+    (no such design: that many discordant pairs cannot produce the effect)."""
+    if not discordant_rate or effect == 0 or discordant_rate <= effect**2:
+        return None
+    za, zb = stats.norm.ppf(1 - alpha / 2), stats.norm.ppf(power)
+    n = (za * math.sqrt(discordant_rate) + zb * math.sqrt(discordant_rate - effect**2)) ** 2 / effect**2
+    return math.ceil(n)
+
+
+def mcnemar_min_detectable_effect(n: int, discordant_rate: float | None, alpha: float = 0.05,
+                                  power: float = 0.80) -> float | None:
+    """The smallest accuracy difference McNemar's test of n pairs detects (the inverse of
+    ``mcnemar_pairs_needed``, by bisection)."""
+    if not n or not discordant_rate:
+        return None
+    lo, hi = 1e-9, math.sqrt(discordant_rate) * (1 - 1e-12)
+    if (mcnemar_pairs_needed(hi, discordant_rate, alpha, power) or math.inf) > n:
+        return None
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if (mcnemar_pairs_needed(mid, discordant_rate, alpha, power) or math.inf) <= n:
+            hi = mid
+        else:
+            lo = mid
+    return hi
 
 
 def verdict(d: dict, higher_is_better: bool | None = True) -> str:

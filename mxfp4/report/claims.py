@@ -23,11 +23,10 @@ from statsmodels.stats.multitest import multipletests
 
 from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE
-from ..stats import paired_diff
+from ..stats import min_detectable_effect, n_needed, paired_diff
 from .aggregate import read_csv
 
 ALPHA = 0.05
-POWER = 0.80
 NONINFERIORITY_MARGIN = 0.007  # dense: "BF16 accuracy recovered to within 0.7%"
 MOE_REPORTED_GAIN = 0.010  # MoE: "+1.0% above BF16" (tested as superiority, diff > 0)
 
@@ -40,32 +39,6 @@ MECHANISMS = {  # pathway -> (claimed component, claim text)
 
 def is_moe(model: str) -> bool:
     return "moe" in model.lower() or "a3b" in model.lower()
-
-
-def design_power(sd: float | None, n: int, one_sided: bool = False) -> float | None:
-    """Smallest true mean difference a paired t test of n pairs with this spread detects with 80%
-    power at alpha 0.05."""
-    if sd is None or n < 2:
-        return None
-    a = ALPHA if one_sided else ALPHA / 2
-    return (stats.t.ppf(1 - a, n - 1) + stats.t.ppf(POWER, n - 1)) * sd / math.sqrt(n)
-
-
-def n_needed(effect: float | None, sd: float | None, one_sided: bool = False) -> int | None:
-    """Pairs a paired t test needs to detect ``effect`` with 80% power (None when there is no spread
-    or no effect to detect)."""
-    if effect is None or sd is None or sd == 0 or effect == 0:
-        return None
-    lo, hi = 2, 1_000_000  # design_power falls strictly with n: bisect for the smallest n that detects it
-    if design_power(sd, hi, one_sided) > abs(effect):
-        return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if design_power(sd, mid, one_sided) <= abs(effect):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
 
 
 def _one_sided_p(d: dict, shift: float = 0.0) -> float | None:
@@ -84,12 +57,12 @@ def _signed_p(d: dict, direction: int) -> float | None:
 
 
 def _row(claim, model, test, measure, d, p, method, one_sided=True, effect_for_n=None) -> dict:
-    mde = design_power(d.get("sd"), d.get("n", 0), one_sided)
+    mde = min_detectable_effect(d.get("sd"), d.get("n", 0), one_sided=one_sided)
     claimed = effect_for_n if effect_for_n is not None else d.get("diff")  # estimate in the claimed direction
     effect = claimed if claimed is not None and claimed > 0 else None  # no n resolves an effect of the wrong sign
     return {"claim": claim, "model": model, "test": test, "measure": measure, "diff": d.get("diff"),
             "ci_low": d.get("ci_low"), "ci_high": d.get("ci_high"), "n": d.get("n", 0), "p": p, "method": method,
-            "mde80": mde, "n_needed": n_needed(effect, d.get("sd"), one_sided), "claimed_effect": claimed}
+            "mde80": mde, "n_needed": n_needed(effect, d.get("sd"), one_sided=one_sided), "claimed_effect": claimed}
 
 
 def _by_seed(cells, model, recipe, metric) -> dict[int, float]:

@@ -1,24 +1,61 @@
-"""Compare a recipe's cells against stored baselines: per metric, the difference of means over seeds
-(paired by seed where both sides have the same seeds: same initialisation, data order and sampling
-RNG; a 95% Welch interval otherwise), and a verdict (better / worse / no significant difference).
+"""Compare a recipe's cells against reference recipes, answering first the question a researcher asks:
+does the recipe beat the recipe it modifies (its ``base``), and does it reach BF16?
 
-Step times are compared only as ratios to a bf16 cell of the same run and seed (``step_time_vs_bf16``):
-absolute seconds of two runs may come from two machines, so they get no verdict."""
+- **Primary contrasts**, chosen by the recipe: against its base and against ``bf16``, per model, on
+  GSM8K strict accuracy per seed (paired t over seeds; Welch where the seeds differ), per problem
+  (McNemar's exact test over the (seed, problem) pairs both answered) and on the RL gain where the
+  cells record it.
+- **Secondary rows**: every compared metric against every reference recipe.
+
+**One family, one error rate.** Every verdict of a report belongs to one family whose error rate is
+``ALPHA`` (0.05): Holm's step-down (family-wise error, the default) or Benjamini-Hochberg (false
+discovery rate), both from statsmodels. The level is split in advance between the two parts: the
+primary contrasts get ``PRIMARY_SHARE`` of it, the secondary rows the rest, each part adjusted within
+its share (a Bonferroni split: the error rates of the parts add up to at most ``ALPHA``). Adjusted p
+values are printed on the family's scale (a verdict fires when adjusted p < 0.05). Each interval is
+at the level at which the row's own test reproduces its adjusted verdict, ``1 - ALPHA * p / p_adj``
+(``1 - ALPHA/m`` under Bonferroni): it excludes 0 exactly when the verdict fires.
+
+When a primary contrast shows no significant difference, the row gives the minimum detectable effect
+at the current n (80% power, at the level a lone true effect must reach in its part: ``ALPHA * share
+/ m``) and the seeds that would detect the paper's effect sizes, 0.7 and 1.0 points of accuracy.
+
+Step times are compared only as ratios to a bf16 cell of the same run and seed (``step_time_vs_bf16``)
+and, like the absolute seconds, get no verdict: they are measurements of a machine, not claims."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+
+from statsmodels.stats.multitest import multipletests
 
 from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE
-from ..stats import HIGHER_IS_BETTER, paired_diff, verdict, welch_diff
+from ..stats import (
+    HIGHER_IS_BETTER,
+    mcnemar_diff,
+    mcnemar_min_detectable_effect,
+    mcnemar_pairs_needed,
+    min_detectable_effect,
+    n_needed,
+    paired_diff,
+    welch_diff,
+)
 from .aggregate import CELL_METRICS, MACHINE_COLUMNS, WEIGHT_KEYS, read_cells, read_csv, read_items
 
-COMPARED = ["gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_rollout_accuracy", "mean_entropy",
-            "mean_grad_cosine", "mean_grad_rel_norm_error", "step_time_vs_bf16", "mean_step_time"]
-TIMINGS = {"mean_step_time"}  # shown, never judged: the stored baselines may come from another machine
-HIGHER_IS_BETTER = {**HIGHER_IS_BETTER, "step_time_vs_bf16": False}
+ALPHA = 0.05
+POWER = 0.80
+PRIMARY_SHARE = 0.8  # of ALPHA, for the primary contrasts; the secondary rows get the rest
+ADJUSTMENTS = {"holm": "Holm (family-wise error rate)", "fdr_bh": "Benjamini-Hochberg (false discovery rate)"}
+PAPER_EFFECTS = (0.007, 0.010)  # the paper's accuracy effects: "within 0.7%" (dense), "+1.0%" (MoE)
+PER_PROBLEM = "gsm8k_strict_accuracy (per problem)"
+PRIMARY_METRICS = ["gsm8k_strict_accuracy", PER_PROBLEM, "gsm8k_rl_gain"]
+COMPARED = ["gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "gsm8k_rl_gain", "mean_rollout_accuracy",
+            "mean_entropy", "mean_grad_cosine", "mean_grad_rel_norm_error", "step_time_vs_bf16", "mean_step_time"]
+TIMINGS = {"mean_step_time", "step_time_vs_bf16"}  # shown with a 95% interval, never judged
+HIGHER_IS_BETTER = {**HIGHER_IS_BETTER, "gsm8k_rl_gain": True, "step_time_vs_bf16": False}
 
 
 def with_time_ratio(cells: list[dict]) -> list[dict]:
@@ -32,68 +69,160 @@ def with_time_ratio(cells: list[dict]) -> list[dict]:
     return out
 
 
-def difference(mine: list[dict], theirs: list[dict], metric: str) -> dict:
+def _mean(values) -> float | None:
+    vals = [float(v) for v in values if v is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def difference(mine: list[dict], theirs: list[dict], metric: str, level: float = 0.95) -> dict:
     """Paired by seed when both sides have the same seeds, else Welch; says which in ``method``."""
     a = {int(r["seed"]): r.get(metric) for r in mine}
     b = {int(r["seed"]): r.get(metric) for r in theirs}
+    means = {"mean_new": _mean(a.values()), "mean_ref": _mean(b.values())}
     if set(a) == set(b) and len(a) >= 2:
         seeds = sorted(a)
-        d = paired_diff([a[s] for s in seeds], [b[s] for s in seeds])
+        d = paired_diff([a[s] for s in seeds], [b[s] for s in seeds], level)
         return {"diff": d["diff"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n_a": d["n"], "n_b": d["n"],
-                "method": "paired by seed (t)"}
-    return {**welch_diff(list(a.values()), list(b.values())), "method": "Welch (seeds differ)"}
+                "p": d["p"], "sd": d["sd"], "unit": "seeds", "method": "paired by seed (t)", **means}
+    d = welch_diff(list(a.values()), list(b.values()), level)
+    sd = None if d["sd_a"] is None else math.hypot(d["sd_a"], d["sd_b"])  # of a difference of one seed a side
+    return {**{k: d[k] for k in ("diff", "ci_low", "ci_high", "n_a", "n_b", "p")}, "sd": sd, "unit": "seeds",
+            "method": "Welch (seeds differ)", **means}
 
 
-def item_difference(mine: list[dict], theirs: list[dict], key: str = "strict") -> dict | None:
-    """Problem by problem: the (seed, problem) pairs both sides answered, McNemar's exact test on the
-    discordant ones (``scipy.stats.binomtest``). None when no pair is shared."""
-    from scipy.stats import binomtest
+def _item_pairs(mine: list[dict], theirs: list[dict], key: str) -> list[tuple[float, float]]:
+    def key_of(r):
+        return int(r["seed"]), int(r["doc_id"]), r["doc_hash"]
 
-    theirs_by = {(int(r["seed"]), int(r["doc_id"]), r["doc_hash"]): r.get(key) for r in theirs}
-    pairs = [(r.get(key), theirs_by[k]) for r in mine
-             if (k := (int(r["seed"]), int(r["doc_id"]), r["doc_hash"])) in theirs_by]
-    pairs = [(a, b) for a, b in pairs if a is not None and b is not None]
+    theirs_by = {key_of(r): r.get(key) for r in theirs}
+    return [(r.get(key), theirs_by[key_of(r)]) for r in mine if key_of(r) in theirs_by]
+
+
+def item_difference(mine: list[dict], theirs: list[dict], key: str = "strict", level: float = 0.95) -> dict | None:
+    """Problem by problem: the (seed, problem) pairs both sides answered (lm-eval's doc hash must
+    match), McNemar's exact test on the discordant ones (``mxfp4.stats.mcnemar_diff``). None when no
+    pair is shared."""
+    pairs = [(a, b) for a, b in _item_pairs(mine, theirs, key) if a is not None and b is not None]
     if not pairs:
         return None
-    gained = sum(1 for a, b in pairs if a > b)
-    lost = sum(1 for a, b in pairs if a < b)
-    p = binomtest(gained, gained + lost, 0.5).pvalue if gained + lost else 1.0
-    return {"diff": (gained - lost) / len(pairs), "ci_low": None, "ci_high": None, "n_a": len(pairs), "n_b": len(pairs),
-            "p": float(p), "method": f"McNemar exact over (seed, problem) pairs: {gained} gained, {lost} lost"}
+    d = mcnemar_diff(pairs, level)
+    seeds = {int(r["seed"]) for r in mine}
+    return {"diff": d["diff"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n_a": d["n"], "n_b": d["n"],
+            "p": d["p"], "discordant_rate": d["discordant_rate"], "unit": "(seed, problem) pairs",
+            "problems_per_seed": d["n"] / max(1, len(seeds)), "mean_new": _mean(a for a, _ in pairs),
+            "mean_ref": _mean(b for _, b in pairs),
+            "method": f"McNemar exact over (seed, problem) pairs: {d['gained']} gained, {d['lost']} lost"}
 
 
-def compare_rows(new: list[dict], baselines: list[dict], recipe: str, new_items=(), base_items=()) -> list[dict]:
-    out = []
-    models = sorted({r["model"] for r in new})
-    for model in models:
+def _recorded(rows: list[dict], metric: str) -> bool:
+    return any(r.get(metric) is not None for r in rows)
+
+
+def _contrast(model, recipe, base, metric, part, d, recompute) -> dict:
+    return {"model": model, "recipe": recipe, "baseline": base, "metric": metric, "part": part, **d,
+            "_recompute": recompute}
+
+
+def compare_rows(new: list[dict], baselines: list[dict], recipe: str, new_items=(), base_items=(),
+                 primary_references: list[str] | None = None, adjust: str = "holm") -> list[dict]:
+    """Every contrast of ``recipe`` against each reference recipe in ``baselines``, primary ones first
+    (against ``primary_references``: by default ``bf16``), adjusted as one family (``adjust_family``)."""
+    if adjust not in ADJUSTMENTS:
+        raise ValueError(f"adjust={adjust!r}; accepted: {', '.join(ADJUSTMENTS)}")
+    primary_refs = [r for r in (primary_references or [REFERENCE_RECIPE]) if r != recipe]
+    rows = []
+    for model in sorted({r["model"] for r in new}):
         mine = [r for r in new if r["model"] == model and r["recipe"] == recipe]
-        for base in sorted({r["recipe"] for r in baselines if r["model"] == model}):
+        my_items = [r for r in new_items if r["model"] == model and r["recipe"] == recipe]
+        references = sorted({r["recipe"] for r in baselines if r["model"] == model}, key=lambda b: (
+            b not in primary_refs, primary_refs.index(b) if b in primary_refs else 0, b))
+        for base in references:
             theirs = [r for r in baselines if r["model"] == model and r["recipe"] == base]
+            their_items = [r for r in base_items if r["model"] == model and r["recipe"] == base]
+            is_primary = base in primary_refs
             for metric in COMPARED:
-                d = difference(mine, theirs, metric)
-                v = verdict(d, HIGHER_IS_BETTER.get(metric))
-                if metric in TIMINGS:
-                    v = "no verdict (seconds of different runs may come from different machines; see step_time_vs_bf16)"
-                out.append({"model": model, "recipe": recipe, "baseline": base, "metric": metric, **d, "verdict": v})
-            d = item_difference([r for r in new_items if r["model"] == model and r["recipe"] == recipe],
-                                [r for r in base_items if r["model"] == model and r["recipe"] == base])
-            if d is not None:
-                v = "no significant difference" if d["p"] >= 0.05 else ("better" if d["diff"] > 0 else "worse")
-                out.append(
-                    {
-                        "model": model,
-                        "recipe": recipe,
-                        "baseline": base,
-                        "metric": "gsm8k_strict_accuracy (per problem)",
-                        **d,
-                        "verdict": v,
-                    }
-                )
-    return out
+                if metric == "gsm8k_rl_gain" and not (_recorded(mine, metric) and _recorded(theirs, metric)):
+                    continue  # recorded only by cells that evaluate before and after RL
+                part = "primary" if is_primary and metric in PRIMARY_METRICS else "secondary"
+                rows.append(_contrast(model, recipe, base, metric, part, difference(mine, theirs, metric),
+                                      lambda level, m=mine, t=theirs, k=metric: difference(m, t, k, level)))
+                if metric == "gsm8k_strict_accuracy":
+                    d = item_difference(my_items, their_items)
+                    if d is not None:
+                        rows.append(_contrast(
+                            model, recipe, base, PER_PROBLEM, "primary" if is_primary else "secondary", d,
+                            lambda level, m=my_items, t=their_items: item_difference(m, t, level=level)))
+    adjust_family(rows, adjust)
+    return sorted(rows, key=lambda r: r["part"] != "primary")
+
+
+def _verdict(r: dict) -> str:
+    if r["metric"] in TIMINGS:
+        return "no verdict (a timing: a measurement of the machine, not a claim)"
+    if r["diff"] is None:
+        return "n/a"
+    if r.get("p") is None:
+        return "n/a (needs two seeds a side)"
+    if r["p_adj"] >= ALPHA:
+        return "no significant difference"
+    higher_is_better = HIGHER_IS_BETTER.get(r["metric"].removesuffix(" (per problem)"))
+    if higher_is_better is None:
+        return "higher" if r["diff"] > 0 else "lower"
+    return "better" if (r["diff"] > 0) == higher_is_better else "worse"
+
+
+def adjust_family(rows: list[dict], adjust: str = "holm") -> None:
+    """Adjust the p values of every judged row in place (one family, ``ALPHA`` split between the
+    primary and secondary parts), set each row's verdict, its interval at the level that matches the
+    verdict, and for primary rows without a significant difference the MDE and the seeds needed."""
+    for part, share in (("primary", PRIMARY_SHARE), ("secondary", 1 - PRIMARY_SHARE)):
+        judged = [r for r in rows if r["part"] == part and r["metric"] not in TIMINGS and r.get("p") is not None]
+        if judged:
+            within = multipletests([r["p"] for r in judged], alpha=ALPHA * share, method=adjust)[1]
+            for r, q in zip(judged, within):
+                r["p_adj"] = min(1.0, float(q) / share)
+                r["level"] = 1 - ALPHA * r["p"] / r["p_adj"] if r["p_adj"] > 0 else 1.0
+                r["lone_alpha"] = ALPHA * share / len(judged)
+                r["family_size"] = len(judged)
+    for r in rows:
+        r.setdefault("p_adj", None)
+        r.setdefault("level", 0.95)
+        recompute = r.pop("_recompute")
+        if r.get("p") is not None and r["level"] != 0.95:
+            again = recompute(r["level"])
+            r["ci_low"], r["ci_high"] = again["ci_low"], again["ci_high"]
+        r["verdict"] = _verdict(r)
+        if r["part"] == "primary" and r["verdict"] == "no significant difference":
+            r.update(power_note(r))
+
+
+def power_note(r: dict) -> dict:
+    """The minimum detectable effect at the current n and the seeds needed for the paper's effects
+    (80% power, at the level a lone true effect must reach in its part of the family)."""
+    alpha = r["lone_alpha"]
+    if r["unit"] == "seeds":
+        n = min(r["n_a"], r["n_b"])
+        mde = min_detectable_effect(r["sd"], n, alpha, POWER)
+        needed = [n_needed(e, r["sd"], alpha, POWER) for e in PAPER_EFFECTS]
+    else:
+        mde = mcnemar_min_detectable_effect(r["n_a"], r["discordant_rate"], alpha, POWER)
+        pairs = [mcnemar_pairs_needed(e, r["discordant_rate"], alpha, POWER) for e in PAPER_EFFECTS]
+        needed = [None if p is None else math.ceil(p / r["problems_per_seed"]) for p in pairs]
+    return {"mde80": mde, **{f"seeds_for_{e * 100:.1f}pt": k for e, k in zip(PAPER_EFFECTS, needed)}}
 
 
 def _fmt(v):
     return "—" if v is None else f"{v:+.4f}"
+
+
+def _ci(r) -> str:
+    if r["ci_low"] is None:
+        return "—"
+    return f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] ({100 * r['level']:.2f}%)"
+
+
+def _p(v) -> str:
+    return "—" if v is None else f"{v:.3g}"
 
 
 def setting_check(new: list[dict], baselines: list[dict]) -> str:
@@ -112,23 +241,77 @@ def setting_check(new: list[dict], baselines: list[dict]) -> str:
     )
 
 
-def markdown(rows: list[dict], recipe: str, check: str = "") -> str:
+def answer_line(rows: list[dict], recipe: str) -> str:
+    """The report's answer in one line: per model and primary reference, the verdict on GSM8K strict
+    accuracy per seed and per problem, with the differences and their intervals."""
+    parts = []
+    for model in dict.fromkeys(r["model"] for r in rows if r["part"] == "primary"):
+        said = []
+        for base in dict.fromkeys(r["baseline"] for r in rows if r["part"] == "primary" and r["model"] == model):
+            found = {r["metric"]: r for r in rows if (r["part"], r["model"], r["baseline"]) == ("primary", model, base)}
+            bits = [f"{label} {found[m]['verdict']} (adj. p {_p(found[m]['p_adj'])})"
+                    for m, label in (("gsm8k_strict_accuracy", "per seed"), (PER_PROBLEM, "per problem"))
+                    if m in found]
+            diff = next(found[m]["diff"] for m in ("gsm8k_strict_accuracy", PER_PROBLEM) if m in found)
+            said.append(f"vs {base} {_fmt(diff)}: " + ", ".join(bits))
+        parts.append(f"{model}: " + "; ".join(said))
+    if not parts:
+        return f"**Answer:** no primary contrast (`{recipe}` is itself the reference recipe and has no base)."
+    return f"**Answer** (GSM8K strict accuracy, `{recipe}` minus reference): " + " — ".join(parts) + "."
+
+
+def _table(rows: list[dict], primary: bool) -> list[str]:
+    head = ("| model | reference | metric | difference | interval (level) | n (new/ref) | method | p | adj. p | "
+            "verdict |")
+    extra = " MDE80 | seeds for 0.7 pt | seeds for 1.0 pt |" if primary else ""
+    lines = [head + extra, "|" + " --- |" * (10 + (3 if primary else 0))]
+    for r in rows:
+        line = (f"| {r['model']} | {r['baseline']} | {r['metric']} | {_fmt(r['diff'])} | {_ci(r)} | "
+                f"{r['n_a']}/{r['n_b']} {r.get('unit', '')} | {r['method']} | {_p(r.get('p'))} | {_p(r['p_adj'])} | "
+                f"{r['verdict']} |")
+        if primary:
+            line += (f" {_fmt(r.get('mde80')).lstrip('+')} | {r.get('seeds_for_0.7pt') or '—'} | "
+                     f"{r.get('seeds_for_1.0pt') or '—'} |")
+        lines.append(line)
+    return lines
+
+
+def markdown(rows: list[dict], recipe: str, check: str = "", adjust: str = "holm") -> str:
+    primary = [r for r in rows if r["part"] == "primary"]
+    secondary = [r for r in rows if r["part"] == "secondary"]
+    sizes = {part: next((r["family_size"] for r in rows if r["part"] == part and r.get("family_size")), 0)
+             for part in ("primary", "secondary")}
     lines = [
         f"# `{recipe}` against the reference recipes",
         "",
-        "Difference = mean over seeds of the new recipe minus the baseline's; 95% interval paired by seed",
-        "(Welch where the seeds differ). Step time is judged only as a ratio to the same run's bf16 cell.",
+        answer_line(rows, recipe),
         "",
         *([check, ""] if check else []),
-        "| model | baseline | metric | difference | 95% CI | method | seeds (new/base) | verdict |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        f"Every verdict below belongs to one family at error rate {ALPHA} ({ADJUSTMENTS[adjust]}, statsmodels), split",
+        f"in advance: {PRIMARY_SHARE * ALPHA:.3g} for the {sizes['primary']} primary contrasts, "
+        f"{(1 - PRIMARY_SHARE) * ALPHA:.3g} for the {sizes['secondary']} tested secondary",
+        "rows. Adjusted p values are on the family's scale (a verdict fires when adj. p < 0.05); each interval is at",
+        "the level at which its own test reproduces the adjusted verdict (1 - 0.05 p/adj. p), so it excludes 0 exactly",
+        "when the verdict fires. Differences are the new recipe minus the reference: over seeds paired by seed (same",
+        "initialisation, data order and sampling RNG; Welch where the seeds differ), and per problem over the (seed,",
+        "problem) pairs both answered (McNemar's exact test, lm-eval's doc hashes). Timings get no verdict.",
+        "",
+        "## Primary contrasts",
+        "",
+        f"Against the recipe `{recipe}` modifies and against `{REFERENCE_RECIPE}`. Where there is no significant",
+        "difference: MDE80 = the smallest true difference this n detects with 80% power at the level a lone true",
+        f"effect must reach in this part ({ALPHA}·{PRIMARY_SHARE}/m); seeds for 0.7/1.0 pt = the seeds (at this many",
+        "problems a seed, from the measured spread or discordance) that would detect the paper's effect sizes.",
+        "",
+        *(_table(primary, True) if primary else ["(none)"]),
+        "",
+        "<details><summary>Secondary rows: every compared metric against every reference recipe "
+        f"({len(secondary)} rows)</summary>",
+        "",
+        *(_table(secondary, False) if secondary else ["(none)"]),
+        "",
+        "</details>",
     ]
-    for r in rows:
-        ci = "—" if r["ci_low"] is None else f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]"
-        lines.append(
-            f"| {r['model']} | {r['baseline']} | {r['metric']} | {_fmt(r['diff'])} | {ci} | {r['method']} | "
-            f"{r['n_a']}/{r['n_b']} | {r['verdict']} |"
-        )
     return "\n".join(lines) + "\n"
 
 
@@ -196,11 +379,21 @@ def references_note(check: dict, references: list[str]) -> str:
             f"machine here {bad['machine_here']}, stored {bad['machine_stored']}).")
 
 
+def primary_references(recipe: str) -> list[str]:
+    """The recipes a recipe's primary contrasts are against: its base (if any), then ``bf16``."""
+    from ..config.recipes import recipe_base
+
+    return [r for r in dict.fromkeys([recipe_base(recipe), REFERENCE_RECIPE]) if r is not None and r != recipe]
+
+
 def run_compare(results, profile: str, recipe: str, baselines_csv, out_md, figure_stem=None,
-                reproduction_json=None) -> list[dict]:
+                reproduction_json=None, adjust: str = "holm") -> list[dict]:
     """The report of ``recipe``'s cells against references: the stored baselines when
     ``reproduction_json`` (from ``check_reproduction``) says they reproduce here, or when no check is
-    given; else this run's own cells of the other recipes (same machine, same seeds)."""
+    given; else this run's own cells of the other recipes (same machine, same seeds). ``adjust`` is
+    the family's multiplicity adjustment (``ADJUSTMENTS``)."""
+    if adjust not in ADJUSTMENTS:
+        raise ValueError(f"adjust={adjust!r}; accepted: {', '.join(ADJUSTMENTS)}")
     cells = with_time_ratio(read_cells(results, profile)[0])
     items = read_items(results, profile)
     new = [c for c in cells if c["recipe"] == recipe]
@@ -221,9 +414,9 @@ def run_compare(results, profile: str, recipe: str, baselines_csv, out_md, figur
             "References: the stored baselines, unchecked on this machine (no reproduction check given): "
             "differences may include the machine's.")
     models = {r["model"] for r in new}
-    rows = compare_rows(new, baselines, recipe, items, base_items)
+    rows = compare_rows(new, baselines, recipe, items, base_items, primary_references(recipe), adjust)
     check_line = setting_check(new, [b for b in baselines if b["model"] in models])
-    write_text_atomic(out_md, markdown(rows, recipe, f"{note}\n\n{check_line}"))
+    write_text_atomic(out_md, markdown(rows, recipe, f"{note}\n\n{check_line}", adjust))
     if figure_stem:
         from .plots import compare_figure
 

@@ -227,25 +227,49 @@ def kernel_throughput(bench_json: Path | str, out_stem: Path | str) -> list[Path
     return save(fig, out_stem)
 
 
+VERDICT_COLORS = {"better": "#2ca02c", "worse": "#d62728", "higher": "#9467bd", "lower": "#9467bd"}
+
+
 def compare_figure(rows: list[dict], recipe: str, out_stem: Path | str) -> list[Path]:
-    """Difference to each baseline with its 95% interval, for accuracy and gradient cosine."""
-    metrics = ["gsm8k_strict_accuracy", "mean_grad_cosine", "mean_entropy"]
-    models = sorted({r["model"] for r in rows})
-    fig, axes = plt.subplots(
-        len(models), len(metrics), figsize=(4.5 * len(metrics), 2.8 * len(models)), squeeze=False, layout="constrained"
-    )
+    """The primary contrasts of a compare report, readable without the table: per model (rows) and
+    measure (columns), the recipe's accuracy minus its base recipe's with the adjusted interval of that
+    contrast (tested against the base's line at 0), and the contrast against BF16 drawn on the same axis
+    (shifted by BF16's mean minus the base's, so it is tested against the BF16 line). Colour is the
+    verdict; each label gives the adjusted p."""
+    primary = [r for r in rows if r["part"] == "primary" and r["diff"] is not None]
+    models = list(dict.fromkeys(r["model"] for r in primary)) or ["(no primary contrast)"]
+    measures = list(dict.fromkeys(r["metric"] for r in primary)) or ["gsm8k_strict_accuracy"]
+    fig, axes = plt.subplots(len(models), len(measures), figsize=(5.2 * len(measures), 2.2 + 1.1 * len(models)),
+                             squeeze=False, layout="constrained")
     for i, model in enumerate(models):
-        for j, metric in enumerate(metrics):
+        for j, measure in enumerate(measures):
             ax = axes[i][j]
-            sel = [r for r in rows if r["model"] == model and r["metric"] == metric and r["diff"] is not None]
-            for k, r in enumerate(sel):
+            sel = [r for r in primary if r["model"] == model and r["metric"] == measure]
+            ax.set_title(f"{model}: {measure}", fontsize=9)
+            if not sel:
+                ax.set_axis_off()
+                continue
+            anchor = sel[0]  # the first primary reference: the base recipe if the recipe has one, else bf16
+            shift = {r["baseline"]: (r["mean_ref"] or 0.0) - (anchor["mean_ref"] or 0.0) for r in sel}
+            ax.axvline(0, color="gray", lw=0.8)
+            ax.text(0, -0.55, f" {anchor['baseline']}", color="gray", fontsize=8, va="bottom")
+            if REFERENCE_RECIPE in shift:
+                ax.axvline(shift[REFERENCE_RECIPE], color="#d62728", ls="--", lw=1)
+                ax.text(shift[REFERENCE_RECIPE], len(sel) - 0.45, " BF16", color="#d62728", fontsize=8, va="bottom")
+            for k, r in enumerate(reversed(sel)):
+                x = r["diff"] + shift[r["baseline"]]
                 err = None if r["ci_low"] is None else [[r["diff"] - r["ci_low"]], [r["ci_high"] - r["diff"]]]
-                ax.errorbar(r["diff"], k, xerr=err, fmt="o", color="k", capsize=3)
-            ax.set_yticks(range(len(sel)), [r["baseline"] for r in sel], fontsize=8)
-            ax.axvline(0, color="gray", lw=0.6)
-            ax.set_title(f"{model}: {metric}", fontsize=9)
-            ax.set_xlabel(f"{recipe} minus baseline")
-    fig.suptitle(f"{recipe} against the stored baselines (95% Welch intervals over seeds)")
+                color = VERDICT_COLORS.get(r["verdict"], "k")
+                ax.errorbar(x, k, xerr=err, fmt="o", color=color, capsize=3)
+                p = "—" if r.get("p_adj") is None else f"{r['p_adj']:.2g}"
+                line = "BF16 line" if r["baseline"] == REFERENCE_RECIPE else f"{r['baseline']} line"
+                label = f"vs {r['baseline']} (against the {line}): {r['verdict']}, adj. p {p}"
+                ax.annotate(label, (x, k), xytext=(0, 7), textcoords="offset points", ha="center", fontsize=7,
+                            color=color)
+            ax.set_yticks(range(len(sel)), [f"vs {r['baseline']}" for r in reversed(sel)], fontsize=8)
+            ax.set_ylim(-0.6, len(sel) - 0.1)
+            ax.set_xlabel(f"{recipe} minus {anchor['baseline']} (n = {anchor['n_a']} {anchor['unit']})", fontsize=8)
+    fig.suptitle(f"{recipe}: primary contrasts (intervals at the level of their family-adjusted verdicts)")
     return save(fig, out_stem)
 
 

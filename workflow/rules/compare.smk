@@ -86,7 +86,9 @@ rule compare:
         fig=multiext(f"{FIGURES}/compare_{COMPARE_RECIPE}", ".png", ".pdf"),
     log:
         f"{LOGS}/compare_{COMPARE_RECIPE}.log",
+    params:
+        adjust=config.get("compare_adjust", "holm"),
     shell:
         "{MXFP4} compare --profile {PROFILE} --recipe '{COMPARE_RECIPE}' --baselines {input.baselines} "
         "--reproduction {input.reproduction} --out {output.md} --figure {FIGURES}/compare_{COMPARE_RECIPE} "
-        "> {log} 2>&1"
+        "--adjust {params.adjust} > {log} 2>&1"
