@@ -194,3 +194,14 @@ def test_the_figure_draws_the_primary_contrasts_and_says_when_there_are_none(tmp
                          "bf16", primary_references=["bf16"])
     assert not [r for r in alone if r["part"] == "primary"] and "no primary contrast" in answer_line(alone, "bf16")
     assert all(p.exists() for p in compare_figure(alone, "bf16", tmp_path / "none"))
+
+
+def test_the_rl_gain_is_a_primary_contrast_where_the_cells_record_it():
+    cells = [dict(c, gsm8k_rl_gain=0.05 + 0.01 * c["seed"] + (0.03 if c["recipe"] == "mine" else 0.0))
+             for c in _setting()]
+    rows = compare_rows([c for c in cells if c["recipe"] == "mine"], [c for c in cells if c["recipe"] != "mine"],
+                        "mine", primary_references=["mxfp4", "bf16"])
+    gains = [r for r in rows if r["metric"] == "gsm8k_rl_gain"]
+    assert [(r["baseline"], r["part"]) for r in gains] == [("mxfp4", "primary"), ("bf16", "primary")]
+    assert gains[0]["diff"] == pytest.approx(0.03)
+    assert not [r for r in compare_rows(_setting(), _setting(), "mine") if r["metric"] == "gsm8k_rl_gain"]
