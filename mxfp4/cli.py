@@ -84,18 +84,19 @@ def _load_tensor(args):
 
 
 def _cmd_decompose(args) -> int:
-    from .numerics.decompose import COMPONENTS, decompose
+    from .numerics.decompose import COMPONENTS, PAIRS, decompose
     from .numerics.dispatch import requested_backend
 
     if requested_backend() not in ("auto", "reference"):
         raise ValueError(f"MXFP4_BACKEND={requested_backend()}: decompose runs the float64 reference split, not a "
                          "kernel; accepted: MXFP4_BACKEND unset, auto or reference")
     x, label = _load_tensor(args)
-    stats = decompose(x, args.format, axis=args.axis, scale_rule=args.scale_rule).stats
+    stats = decompose(x, args.format, axis=args.axis, scale_rule=args.scale_rule, form=args.form).stats
     if args.json:
         print(json.dumps(stats, indent=2))
         return 0
-    print(f"{label}: {stats['format']} ({stats['scale_rule']}), shape {stats['shape']}, axis {stats['axis']}")
+    print(f"{label}: {stats['format']} ({stats['scale_rule']}), shape {stats['shape']}, axis {stats['axis']}, "
+          f"{stats['form']} form")
     print(f"{'component':<10} {'energy':>12} {'share':>8} {'shapley':>8} {'mean':>12}")
     for c in COMPONENTS:
         print(
@@ -108,6 +109,7 @@ def _cmd_decompose(args) -> int:
         f"deadzone {stats['deadzone_fraction']:.4f}  saturated {stats['saturation_fraction']:.4f}  "
         f"relative error {stats['relative_error']:.4f}  identity residual {stats['identity_residual']:.3g}"
     )
+    print("cosine " + "  ".join(f"{a}/{b} {stats[f'cosine_{a}_{b}']:+.3f}" for a, b in PAIRS))
     return 0
 
 
@@ -357,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", default="mxfp4", choices=list(FORMATS))
     p.add_argument("--scale-rule", default=None, help="floor (default), ceil, even, rceil; nearest for nvfp4")
     p.add_argument("--axis", type=int, default=-1, help="the axis the blocks run along")
+    p.add_argument("--form", default="canonical", choices=["canonical", "gain"],
+                   help="the decomposition: canonical (ideal-scale deadzone and grid) or gain (stored-scale deadzone, "
+                        "scale bias the per-block gain; docs/decomposition.md)")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.set_defaults(func=_cmd_decompose)
 

@@ -2,9 +2,11 @@
 
 import json
 
+import ml_dtypes
+import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mxfp4.cli import main
@@ -12,6 +14,7 @@ from mxfp4.numerics import reference
 from mxfp4.numerics.decompose import decompose
 from mxfp4.numerics.formats import FORMATS
 from mxfp4.numerics.prove import IDENTITY_TOL_REL
+from oracle import oracle_decode, oracle_quantize
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -133,3 +136,96 @@ def test_per_layer_breakdown_pools_energies_and_weights_fractions_by_size():
     assert total["energy_total"] == pytest.approx(per["a"]["energy_total"] + per["b"]["energy_total"])
     expected = (per["a"]["deadzone_fraction"] * 512 + per["b"]["deadzone_fraction"] * 128) / 640
     assert total["deadzone_fraction"] == pytest.approx(expected)
+
+
+# ---- the gain form (docs/decomposition.md, "The gain form") ----
+
+
+def _oracle_gain(x: np.ndarray):
+    """The gain form of MXFP4 (floor rule) along the last axis in numpy float64 from the ml_dtypes oracle:
+    (e_scale, e_dead, e_grid, MX(x)), none of the package's code."""
+    rows, k = x.shape
+    codes, scale_bytes, _ = oracle_quantize(x, "e2m1", 32, "e8m0", "floor")
+    scale = scale_bytes.view(ml_dtypes.float8_e8m0fnu).astype(np.float64)[..., None]
+    xb = x.astype(np.float64).reshape(rows, -1, 32)
+    mx = oracle_decode(codes, "e2m1").astype(np.float64) * scale
+    s_star = np.abs(xb).max(-1, keepdims=True) / 6.0
+    ideal = (xb / np.where(s_star > 0, s_star, 1.0)).astype(np.float32).astype(ml_dtypes.float4_e2m1fn)
+    x_grid = ideal.astype(np.float64) * s_star
+    kept = mx != 0
+    induced = np.where(kept, mx - x_grid, 0.0)
+    norm = (np.where(kept, xb, 0.0) ** 2).sum(-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        gain = np.where(norm > 0, (induced * xb).sum(-1, keepdims=True) / norm, 0.0)
+    e_scale = np.where(kept, gain * xb, 0.0)
+    e_dead = np.where(kept, 0.0, -xb)
+    e_grid = np.where(kept, mx - xb - e_scale, 0.0)
+    return [a.reshape(rows, k) for a in (e_scale, e_dead, e_grid, mx)]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 6), st.integers(0, 2**31 - 1), st.integers(-20, 20), st.booleans())
+def test_gain_form_agrees_with_an_independent_computation(rows, blocks, seed, log_scale, heavy):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, 32 * blocks, generator=g)
+    if heavy:
+        x = x / torch.rand(rows, 32 * blocks, generator=g).clamp(min=1e-3)
+    x = x * 2.0**log_scale
+    x[0, :3] = 0.0
+    d = decompose(x, "mxfp4", form="gain")
+    expected = _oracle_gain(x.numpy())
+    mag = np.abs(x.numpy().astype(np.float64)) + np.abs(expected[3])
+    for got, want in zip((d.e_scale, d.e_dead, d.e_grid, d.quantized), expected):
+        assert (np.abs(got.numpy() - want) <= 1e-12 * mag + 1e-300).all()
+
+
+@given(tensors())
+def test_gain_form_identity_holds_and_its_parts_are_what_they_claim(case):
+    x, fmt, axis, rule = case
+    d = decompose(x, fmt, axis=axis, scale_rule=rule, form="gain")
+    mag = torch.maximum(d.x.abs(), d.quantized.abs())
+    assert ((d.error - (d.e_scale + d.e_dead + d.e_grid)).abs() <= IDENTITY_TOL_REL * mag).all()
+    # the deadzone is what the stored scale flushes: exactly the elements MXFP4 sends to zero
+    assert torch.equal(d.dead, d.quantized == 0)
+    assert torch.equal(d.e_dead[d.dead], -d.x[d.dead]) and (d.e_scale[d.dead] == 0).all()
+    # the scale bias is a gain: within each block, e_scale = g x on the kept elements
+    size = FORMATS[fmt].block_size
+    def blocks(t):  # float64 blocks along the axis, zero-padded
+        t = t.movedim(axis, -1)
+        t = torch.nn.functional.pad(t, (0, -t.shape[-1] % size))
+        return t.reshape(*t.shape[:-1], -1, size)
+
+    kept_x, e_scale = blocks(torch.where(d.dead, 0.0, d.x)), blocks(d.e_scale)
+    gain = (e_scale * kept_x).sum(-1, keepdim=True) / kept_x.pow(2).sum(-1, keepdim=True).clamp(min=1e-300)
+    assert ((e_scale - gain * kept_x).abs() <= 1e-9 * (gain * kept_x).abs() + 1e-300).all()
+    shapley_sum = sum(d.stats[f"shapley_{c}"] for c in ("scale", "dead", "grid"))
+    assert shapley_sum == pytest.approx(d.stats["energy_total"], rel=1e-9, abs=1e-300)
+
+
+def test_gain_form_counts_the_stored_scale_deadzone_and_keeps_a_small_cross_term():
+    """The issue's numbers on Gaussian data: the canonical split counts the deadzone at the ideal scale
+    and carries a cross term of about -1.5x the error energy; the gain form counts what MXFP4 flushes
+    (about 3% of the error energy) and its components are nearly orthogonal (dead is exactly
+    orthogonal to both: disjoint supports)."""
+    x = torch.randn(256, 1024, generator=torch.Generator().manual_seed(0))
+    canonical, gain = decompose(x).stats, decompose(x, form="gain").stats
+    assert canonical["cross_share"] < -1.0 and abs(gain["cross_share"]) < 0.2
+    flushed = float(x[decompose(x).quantized == 0].double().pow(2).sum()) / gain["energy_total"]
+    assert gain["share_dead"] == pytest.approx(flushed, rel=1e-12) and 0.02 < flushed < 0.05
+    assert gain["cosine_scale_dead"] == 0 and gain["cosine_dead_grid"] == 0
+    assert gain["deadzone_fraction"] > canonical["deadzone_fraction"]  # s <= 1.5 s*: the stored grid is coarser
+
+
+def test_component_cosines_match_an_independent_computation():
+    x = torch.distributions.StudentT(3.0).sample((64, 256))
+    for form in ("canonical", "gain"):
+        d = decompose(x, form=form)
+        parts = {"scale": d.e_scale.flatten(), "dead": d.e_dead.flatten(), "grid": d.e_grid.flatten()}
+        for a, b in (("scale", "dead"), ("scale", "grid"), ("dead", "grid")):
+            want = torch.nn.functional.cosine_similarity(parts[a], parts[b], dim=0, eps=1e-300).item()
+            assert d.stats[f"cosine_{a}_{b}"] == pytest.approx(want, abs=1e-12)
+
+
+def test_an_unknown_form_is_refused():
+    with pytest.raises(ValueError, match="accepted: canonical, gain"):
+        decompose(torch.randn(4, 32), form="projection")

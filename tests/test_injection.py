@@ -25,13 +25,13 @@ def oracle_mx(x: torch.Tensor, rule="floor") -> torch.Tensor:
 
 @settings(max_examples=40, deadline=None)
 @given(rows=st.integers(1, 6), cols=st.integers(1, 130), scale=st.floats(1e-3, 1e3), seed=st.integers(0, 2**16),
-       rule=st.sampled_from(["floor", "ceil", "even", "rceil"]))
-def test_the_three_injections_add_up_to_mxfp4(rows, cols, scale, seed, rule):
+       rule=st.sampled_from(["floor", "ceil", "even", "rceil"]), form=st.sampled_from(["canonical", "gain"]))
+def test_the_three_injections_add_up_to_mxfp4(rows, cols, scale, seed, rule, form):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, cols, generator=g) * scale
     x[0, 0] = 0.0
     total = (
-        sum(ComponentQuantizer(scale_rule=rule, inject=c)(x, -1).double() for c in ("scale", "dead", "grid"))
+        sum(ComponentQuantizer(scale_rule=rule, inject=c, form=form)(x, -1).double() for c in ("scale", "dead", "grid"))
         - 2 * x.double()
     )
     expected = oracle_mx(x, rule).double()

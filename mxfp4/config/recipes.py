@@ -46,6 +46,9 @@ class Recipe(BaseModel):
     remove: Literal["scale", "dead", "grid"] | None = Field(
         None, description="MXFP4 minus this error component (MX(x) - e_c: a perfect correction of it)"
     )
+    form: Literal["canonical", "gain"] = Field(
+        "canonical", description="the decomposition whose component inject/remove use (docs/decomposition.md)"
+    )
     truncated_is_cap: float | None = Field(
         None,
         gt=1,
@@ -77,6 +80,8 @@ class Recipe(BaseModel):
     @model_validator(mode="after")
     def _injection(self):
         if self.inject is None and self.remove is None:
+            if self.form != "canonical":
+                raise ValueError(f"recipe {self.name!r}: form={self.form!r} applies only with inject or remove")
             return self
         if self.inject is not None and self.remove is not None:
             raise ValueError(f"recipe {self.name!r}: set one of inject or remove, not both")
@@ -111,6 +116,7 @@ class Recipe(BaseModel):
                 corrections,
                 inject=self.inject,
                 remove=self.remove,
+                form=self.form,
                 gemms=self.gemms,
                 modules=self.modules,
                 name=self.name,

@@ -1,9 +1,12 @@
 r"""The exact three-way split of block-quantization error, and its order-free attribution.
 
-``decompose(x, fmt, axis, scale_rule)`` returns the quantized tensor and the three components
-(scale bias, deadzone truncation, grid noise) with ``MX(x) - x = e_scale + e_dead + e_grid``
-elementwise, the Shapley attribution of the error energy and the statistics per tensor. The
-definitions and the proof of the identity are in docs/decomposition.md.
+``decompose(x, fmt, axis, scale_rule, form=...)`` returns the quantized tensor and the three
+components (scale bias, deadzone truncation, grid noise) with ``MX(x) - x = e_scale + e_dead + e_grid``
+elementwise, the Shapley attribution of the error energy and the statistics per tensor. Two exact
+forms (``FORMS``): ``canonical`` (ideal-scale deadzone and grid; scale bias all the stored scale adds)
+and ``gain`` (the deadzone MXFP4 flushes at the stored scale; scale bias the per-block gain, the
+least-squares projection onto x of the scale-induced error; grid noise the rest). The definitions and
+the proofs are in docs/decomposition.md.
 """
 
 from __future__ import annotations
@@ -22,6 +25,14 @@ SUMMARY_KEYS = ("share_scale", "share_dead", "share_grid", "cross_share", "shapl
                 "shapley_share_dead", "shapley_share_grid", "deadzone_fraction", "saturation_fraction")
 
 COMPONENTS = ("scale", "dead", "grid")
+FORMS = ("canonical", "gain")
+PAIRS = (("scale", "dead"), ("scale", "grid"), ("dead", "grid"))
+
+
+def check_form(form: str) -> str:
+    if form not in FORMS:
+        raise ValueError(f"decomposition form {form!r}; accepted: {', '.join(FORMS)}")
+    return form
 
 
 @dataclass
@@ -77,14 +88,24 @@ def shapley(x, ideal_grid, s_star, stored_grid, s) -> dict[str, float]:
     return values
 
 
+def vector_shapley(components: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Shapley values of the game v(T) = ||sum of the components in T||^2: for a quadratic game each
+    player's value is <e_c, e> (its own energy plus half of each cross term it takes part in), and
+    they sum to ||e||^2 exactly. The gain form's attribution (its components need no corner
+    quantizers)."""
+    total = sum(components.values())
+    return {c: float((components[c] * total).sum()) for c in COMPONENTS}
+
+
 def _share(part: float, total: float) -> float:
     """part / total, defined as 0 for an error-free tensor (total == 0)."""
     return part / total if total > 0 else 0.0
 
 
-def _block_components(x, fmt: BlockFormat, axis: int, rule, block_quantizer=None, dtype=torch.float64):
+def _block_components(x, fmt: BlockFormat, axis: int, rule, block_quantizer=None, dtype=torch.float64,
+                      form: str = "canonical"):
     """The blocks of x (in ``dtype``) and, per block, the stored and ideal quantizations and the three
-    error components (see the module docstring), all in ``dtype``."""
+    error components of ``form`` (see the module docstring), all in ``dtype``."""
     elem = fmt.element
     blocks32 = to_blocks(x, axis, fmt.block_size)
     if block_quantizer is None:
@@ -101,23 +122,31 @@ def _block_components(x, fmt: BlockFormat, axis: int, rule, block_quantizer=None
     safe_amax = torch.where(nonzero, amax, torch.ones_like(amax))
     ideal_grid = torch.where(nonzero, round_to_grid(blocks * elem.max_value / safe_amax, elem), 0.0)
     x_grid = ideal_grid * amax / elem.max_value
-    dead = ideal_grid == 0
-    return blocks, {
-        "quantized": quantized, "stored_grid": stored_grid, "s": s, "ideal_grid": ideal_grid,
-        "s_star": amax / elem.max_value, "dead": dead,
-        "e_dead": torch.where(dead, -blocks, 0.0),
-        "e_grid": torch.where(dead, 0.0, x_grid - blocks),
-        "e_scale": quantized - x_grid,
-    }
+    common = {"quantized": quantized, "stored_grid": stored_grid, "s": s, "ideal_grid": ideal_grid,
+              "s_star": amax / elem.max_value}
+    if check_form(form) == "canonical":
+        dead = ideal_grid == 0
+        return blocks, {**common, "dead": dead, "e_dead": torch.where(dead, -blocks, 0.0),
+                        "e_grid": torch.where(dead, 0.0, x_grid - blocks), "e_scale": quantized - x_grid}
+    # gain form: the stored-scale deadzone; the scale-induced error of the kept elements projected onto x
+    dead = stored_grid == 0
+    kept_x = torch.where(dead, 0.0, blocks)
+    scale_induced = torch.where(dead, 0.0, quantized - x_grid)
+    norm = kept_x.pow(2).sum(-1, keepdim=True)
+    projection = (scale_induced * kept_x).sum(-1, keepdim=True) / norm.clamp(min=torch.finfo(dtype).tiny)
+    gain = torch.where(norm > 0, projection, 0.0)
+    e_scale = gain * kept_x
+    return blocks, {**common, "dead": dead, "gain": gain, "e_dead": torch.where(dead, -blocks, 0.0),
+                    "e_scale": e_scale, "e_grid": torch.where(dead, 0.0, quantized - blocks - e_scale)}
 
 
 def error_components(x: torch.Tensor, fmt: str | BlockFormat = "mxfp4", axis: int = -1, scale_rule: str | None = None,
-                     *, block_quantizer=None, dtype=torch.float64) -> dict[str, torch.Tensor]:
-    """The three error components of ``x`` as tensors of x's shape in ``dtype`` (float64 by default),
-    keyed ``scale``, ``dead``, ``grid``, plus ``quantized`` (MX(x)): the lean path of ``decompose``
-    (no statistics, no Shapley), for injecting one component into a GEMM operand."""
+                     *, block_quantizer=None, dtype=torch.float64, form: str = "canonical") -> dict[str, torch.Tensor]:
+    """The three error components of ``x`` (of ``form``) as tensors of x's shape in ``dtype`` (float64
+    by default), keyed ``scale``, ``dead``, ``grid``, plus ``quantized`` (MX(x)): the lean path of
+    ``decompose`` (no statistics, no Shapley), for injecting one component into a GEMM operand."""
     fmt, axis, rule = check_input(x, fmt, axis, scale_rule)
-    _, parts = _block_components(x, fmt, axis, rule, block_quantizer, dtype)
+    _, parts = _block_components(x, fmt, axis, rule, block_quantizer, dtype, form)
     return {name: from_blocks(parts[key], x.shape, axis)
             for name, key in (("scale", "e_scale"), ("dead", "e_dead"), ("grid", "e_grid"), ("quantized", "quantized"))}
 
@@ -130,8 +159,10 @@ def decompose(
     *,
     block_quantizer=None,
     exclude: torch.Tensor | None = None,
+    form: str = "canonical",
 ) -> Decomposition:
-    """Split the quantization error of ``x`` into scale bias, deadzone truncation and grid noise.
+    """Split the quantization error of ``x`` into scale bias, deadzone truncation and grid noise, in
+    the canonical or the gain form (``FORMS``; docs/decomposition.md).
 
     ``block_quantizer(blocks) -> (grid values, effective scale per block)`` replaces the format's
     own quantizer (corrections such as macro-block scaling pass theirs; the identity holds for any).
@@ -142,13 +173,16 @@ def decompose(
     n_bad = int((~torch.isfinite(x)).sum())
     if n_bad:
         raise ValueError(f"decompose needs finite input; found {n_bad} NaN or infinite elements")
-    blocks, parts = _block_components(x, fmt, axis, rule, block_quantizer)
+    blocks, parts = _block_components(x, fmt, axis, rule, block_quantizer, form=form)
     quantized, e_scale, e_dead, e_grid = parts["quantized"], parts["e_scale"], parts["e_dead"], parts["e_grid"]
     dead, ideal_grid, s_star = parts["dead"], parts["ideal_grid"], parts["s_star"]
     stored_grid, s = parts["stored_grid"], parts["s"]
     saturated = (blocks / s).abs() > fmt.element.max_value
 
-    shap = shapley(blocks, ideal_grid, s_star, stored_grid, s)
+    if form == "canonical":
+        shap = shapley(blocks, ideal_grid, s_star, stored_grid, s)
+    else:
+        shap = vector_shapley({"scale": e_scale, "dead": e_dead, "grid": e_grid})
 
     def crop(t):
         return from_blocks(t, x.shape, axis)
@@ -172,7 +206,12 @@ def decompose(
         out.dead &= counted
         out.saturated &= counted
     out.stats = component_stats(out, shap, counted)
-    out.stats.update(format=fmt.name, scale_rule=rule, axis=axis, shape=list(x.shape), dtype=str(x.dtype))
+    out.stats.update(format=fmt.name, scale_rule=rule, axis=axis, shape=list(x.shape), dtype=str(x.dtype), form=form)
+    if form == "gain":  # the realised per-block gain against the rebuttal's nominal (s - s*)/s
+        live = (s_star > 0).squeeze(-1)
+        out.stats["mean_abs_gain"] = float(parts["gain"].squeeze(-1)[live].abs().mean()) if live.any() else 0.0
+        nominal = ((s - s_star) / s).squeeze(-1)[live]
+        out.stats["mean_abs_nominal_gain"] = float(nominal.abs().mean()) if live.any() else 0.0
     return out
 
 
@@ -207,7 +246,16 @@ def component_stats(d: Decomposition, shap: dict[str, float], counted: torch.Ten
         stats[f"mean_{c}"] = float(components[c].sum()) / n_mean
         stats[f"shapley_{c}"] = shap[c]
         stats[f"shapley_share_{c}"] = _share(shap[c], total)
+    for a, b in PAIRS:  # the paper's Figure 1: how aligned the components are
+        stats[f"inner_{a}_{b}"] = float((components[a] * components[b]).sum())
+        stats[f"cosine_{a}_{b}"] = _cosine(stats[f"inner_{a}_{b}"], energies[a], energies[b])
     return stats
+
+
+def _cosine(inner: float, energy_a: float, energy_b: float) -> float:
+    """<a, b> / (|a| |b|), defined as 0 when either vector is zero."""
+    norm = math.sqrt(energy_a * energy_b)
+    return inner / norm if norm > 0 else 0.0
 
 
 def decompose_named(
@@ -230,6 +278,10 @@ def pool_stats(stats: list[dict]) -> dict:
         if with_shapley:
             pooled[f"shapley_{c}"] = sum(s[f"shapley_{c}"] for s in stats)
             pooled[f"shapley_share_{c}"] = _share(pooled[f"shapley_{c}"], total)
+    if all(f"inner_{a}_{b}" in s for s in stats for a, b in PAIRS):
+        for a, b in PAIRS:
+            pooled[f"inner_{a}_{b}"] = sum(s[f"inner_{a}_{b}"] for s in stats)
+            pooled[f"cosine_{a}_{b}"] = _cosine(pooled[f"inner_{a}_{b}"], pooled[f"energy_{a}"], pooled[f"energy_{b}"])
     pooled["cross_term"] = total - sum(pooled[f"energy_{c}"] for c in COMPONENTS)
     pooled["cross_share"] = _share(pooled["cross_term"], total)
     for key in ("deadzone_fraction", "saturation_fraction"):

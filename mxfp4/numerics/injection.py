@@ -12,7 +12,8 @@ backward GEMMs, or both). The components are computed in float32 (float64 for a 
 then cast to the operand's dtype; so ``inject scale + inject dead + inject grid - 2x = MX(x)`` holds
 to float32 round-off.
 
-The pathway matrix's rows (``ROWS``) name the arms: ``none`` (no quantization), ``+c`` (inject c),
+``form`` picks the decomposition (``canonical`` or ``gain``, docs/decomposition.md); the identity
+holds in both. The pathway matrix's rows (``ROWS``) name the arms: ``none`` (no quantization), ``+c`` (inject c),
 ``all`` (MXFP4), ``-c`` (remove c).
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from .decompose import COMPONENTS, error_components
+from .decompose import COMPONENTS, check_form, error_components
 from .quantizer import Quantizer
 
 SITES = {
@@ -56,7 +57,8 @@ class ComponentQuantizer(Quantizer):
     the components are those of the format's own quantizer.
     """
 
-    def __init__(self, fmt="mxfp4", scale_rule=None, corrections=(), *, inject=None, remove=None, **kw):
+    def __init__(self, fmt="mxfp4", scale_rule=None, corrections=(), *, inject=None, remove=None, form="canonical",
+                 **kw):
         if (inject is None) == (remove is None):
             raise ValueError(
                 f"ComponentQuantizer takes exactly one of inject= or remove= (got inject={inject!r}, remove={remove!r})"
@@ -70,6 +72,7 @@ class ComponentQuantizer(Quantizer):
         super().__init__(fmt, scale_rule, (), **kw)
         self.inject = _check_component("inject", inject)
         self.remove = _check_component("remove", remove)
+        self.form = check_form(form)
 
     @property
     def plain(self) -> bool:
@@ -85,12 +88,12 @@ class ComponentQuantizer(Quantizer):
         return f"+{self.inject}" if self.inject else f"-{self.remove}"
 
     def __repr__(self) -> str:
-        return super().__repr__().replace("Quantizer(", f"ComponentQuantizer({self.row}, ", 1)
+        return super().__repr__().replace("Quantizer(", f"ComponentQuantizer({self.row}, {self.form}, ", 1)
 
     def __call__(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None) -> torch.Tensor:
         x = self.widened(x)  # a 16-bit x: float32 out (x + e_c is no 16-bit number in general)
         dtype = torch.float32 if x.dtype != torch.float64 else torch.float64
-        parts = error_components(x, self.fmt, axis, self.scale_rule, dtype=dtype)
+        parts = error_components(x, self.fmt, axis, self.scale_rule, dtype=dtype, form=self.form)
         if self.inject:
             out = x.to(dtype) + parts[self.inject]
         else:

@@ -1,16 +1,17 @@
 """Numerical check of the decomposition identity over the standard distributions and formats.
 
 ``mxfp4 prove`` runs it and writes a JSON report: one case per (distribution, format, scale rule,
-dtype), each with the largest identity residual (absolute, and relative to the element's
-magnitude), the Shapley efficiency residual, and the energy shares. It fails (exit 1) when any
-residual exceeds float64 round-off.
+dtype, form), each with the largest identity residual (absolute, and relative to the element's
+magnitude), the Shapley efficiency residual, the energy shares and the pairwise cosines of the
+components. It fails (exit 1) when any residual exceeds float64 round-off. The gain form is checked on
+every distribution and format at the default rule in float32, and on 16-bit inputs.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .decompose import decompose
+from .decompose import PAIRS, decompose
 from .distributions import DISTRIBUTIONS, sample
 from .formats import FORMATS, SCALE_RULES_E8M0
 
@@ -33,34 +34,39 @@ REPORTED = (
     "shapley_share_grid",
     "deadzone_fraction",
     "saturation_fraction",
+    *(f"cosine_{a}_{b}" for a, b in PAIRS),
 )
 
 
 def cases(rows: int, cols: int):
-    """(distribution, format, rule, dtype): every distribution x format at the default rule in
-    float32, the other E8M0 rules on MXFP4, and bfloat16/float16 on the ordinary distributions."""
-    for dist in DISTRIBUTIONS:
-        for fmt in FORMATS:
-            yield dist, fmt, None, torch.float32
+    """(distribution, format, rule, dtype, form): every distribution x format at the default rule in
+    float32 in both forms, the other E8M0 rules on MXFP4 (canonical), and bfloat16/float16 on the
+    ordinary distributions in both forms."""
+    for form in ("canonical", "gain"):
+        for dist in DISTRIBUTIONS:
+            for fmt in FORMATS:
+                yield dist, fmt, None, torch.float32, form
     for dist in DISTRIBUTIONS:
         for rule in SCALE_RULES_E8M0[1:]:
-            yield dist, "mxfp4", rule, torch.float32
-    for dist in ("gaussian", "laplace", "student_t3", "llm_rows", "exact_ties"):
-        for dtype in (torch.bfloat16, torch.float16):
-            yield dist, "mxfp4", None, dtype
+            yield dist, "mxfp4", rule, torch.float32, "canonical"
+    for form in ("canonical", "gain"):
+        for dist in ("gaussian", "laplace", "student_t3", "llm_rows", "exact_ties"):
+            for dtype in (torch.bfloat16, torch.float16):
+                yield dist, "mxfp4", None, dtype, form
 
 
 def run_proofs(rows: int = 128, cols: int = 1024, seed: int = 0, progress=None) -> dict:
     results = []
     all_cases = list(cases(rows, cols))
-    for i, (dist, fmt, rule, dtype) in enumerate(all_cases):
+    for i, (dist, fmt, rule, dtype, form) in enumerate(all_cases):
         x = sample(dist, rows, cols, seed=seed, dtype=dtype)
-        stats = decompose(x, fmt, axis=-1, scale_rule=rule).stats
+        stats = decompose(x, fmt, axis=-1, scale_rule=rule, form=form).stats
         entry = {
             "distribution": dist,
             "format": fmt,
             "scale_rule": stats["scale_rule"],
             "dtype": str(dtype).removeprefix("torch."),
+            "form": form,
         }
         entry.update({k: stats[k] for k in REPORTED})
         shapley_rel = (

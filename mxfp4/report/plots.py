@@ -30,7 +30,8 @@ def decomposition_shares(proofs_json: Path | str, out_stem: Path | str) -> list[
     """Energy shares of the three components per distribution and format (default scale rule, float32):
     left the canonical split with its cross term, right the order-free Shapley split."""
     report = json.loads(Path(proofs_json).read_text())
-    cases = [c for c in report["cases"] if c["dtype"] == "float32" and c["scale_rule"] in ("floor", "nearest")]
+    cases = [c for c in report["cases"] if c["dtype"] == "float32" and c["scale_rule"] in ("floor", "nearest")
+             and c.get("form", "canonical") == "canonical"]
     formats = list(dict.fromkeys(c["format"] for c in cases))
     dists = list(dict.fromkeys(c["distribution"] for c in cases))
     fig, axes = plt.subplots(len(formats), 2, figsize=(13, 2.6 * len(formats)), squeeze=False, sharex=True,
