@@ -101,3 +101,44 @@ def test_the_site_decides_which_gemms_see_the_component(site):
     assert torch.equal(logits, ref_logits) == (site == "backward")
     changed = any(not torch.equal(grads[n], ref_grads[n]) for n in ref_grads)
     assert changed
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 5), cols=st.integers(1, 100), seed=st.integers(0, 2**16), axis=st.sampled_from([0, -1]),
+       component=st.sampled_from(["scale", "dead", "grid"]), kind=st.sampled_from(["gaussian", "permuted"]))
+def test_a_control_carries_its_components_energy_in_every_block(rows, cols, seed, axis, component, kind):
+    """Per block of 32 along the axis: the same energy as e_c (to float32 round-off); the permuted
+    control the same multiset of values; both the same every call (seeded) and unaligned with x."""
+    from mxfp4.numerics.decompose import error_components
+    from mxfp4.numerics.injection import matched_control
+
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)) * 3
+    e = error_components(x, axis=axis, dtype=torch.float32)[component]
+    ctrl = matched_control(e, axis, 32, kind)
+    assert ctrl.shape == e.shape and ctrl.dtype == e.dtype
+    assert torch.equal(ctrl, matched_control(e, axis, 32, kind))
+    eb, cb = (t.movedim(axis, -1) for t in (e, ctrl))
+    for start in range(0, eb.shape[-1], 32):
+        want, got = eb[..., start : start + 32], cb[..., start : start + 32]
+        energy_want, energy_got = want.double().pow(2).sum(-1), got.double().pow(2).sum(-1)
+        assert torch.allclose(energy_got, energy_want, rtol=8 * torch.finfo(torch.float32).eps, atol=1e-30)
+        if kind == "permuted":
+            assert torch.equal(want.sort(-1).values, got.sort(-1).values)
+
+
+def test_a_control_arm_injects_matched_noise_not_the_component():
+    from mxfp4.numerics.decompose import error_components
+
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(3))
+    e = error_components(x, dtype=torch.float32)["scale"]
+    for kind in ("gaussian", "permuted"):
+        injected = ComponentQuantizer(inject="scale", control=kind)(x, -1) - x
+        assert injected.pow(2).sum() == pytest.approx(e.pow(2).sum().item(), rel=1e-5)
+        # the structure is gone: the control is nearly uncorrelated with e_scale, which x determines
+        cos = torch.nn.functional.cosine_similarity(injected.flatten(), e.flatten(), dim=0)
+        assert abs(cos) < 0.1
+    removed = ComponentQuantizer(remove="dead", control="permuted")(x, -1)
+    assert (removed - oracle_mx(x)).pow(2).sum() > 0  # MXFP4 with dead's structure swapped for its noise
+    assert row_spec("+grid~gaussian") == {"inject": "grid", "control": "gaussian"}
+    with pytest.raises(ValueError, match="accepted: gaussian, permuted"):
+        ComponentQuantizer(inject="scale", control="uniform")

@@ -46,6 +46,9 @@ class Recipe(BaseModel):
     remove: Literal["scale", "dead", "grid"] | None = Field(
         None, description="MXFP4 minus this error component (MX(x) - e_c: a perfect correction of it)"
     )
+    control: Literal["gaussian", "permuted"] | None = Field(
+        None, description="with inject/remove: the component's energy-matched control instead of the component"
+    )
     form: Literal["canonical", "gain"] = Field(
         "canonical", description="the decomposition whose component inject/remove use (docs/decomposition.md)"
     )
@@ -80,8 +83,8 @@ class Recipe(BaseModel):
     @model_validator(mode="after")
     def _injection(self):
         if self.inject is None and self.remove is None:
-            if self.form != "canonical":
-                raise ValueError(f"recipe {self.name!r}: form={self.form!r} applies only with inject or remove")
+            if self.form != "canonical" or self.control is not None:
+                raise ValueError(f"recipe {self.name!r}: form and control apply only with inject or remove")
             return self
         if self.inject is not None and self.remove is not None:
             raise ValueError(f"recipe {self.name!r}: set one of inject or remove, not both")
@@ -117,6 +120,7 @@ class Recipe(BaseModel):
                 inject=self.inject,
                 remove=self.remove,
                 form=self.form,
+                control=self.control,
                 gemms=self.gemms,
                 modules=self.modules,
                 name=self.name,

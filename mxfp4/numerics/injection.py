@@ -14,7 +14,10 @@ to float32 round-off.
 
 ``form`` picks the decomposition (``canonical`` or ``gain``, docs/decomposition.md); the identity
 holds in both. The pathway matrix's rows (``ROWS``) name the arms: ``none`` (no quantization), ``+c`` (inject c),
-``all`` (MXFP4), ``-c`` (remove c).
+``all`` (MXFP4), ``-c`` (remove c). A control arm (``CONTROL_ROWS``: ``+c~gaussian``, ``+c~permuted``)
+injects, instead of ``e_c``, noise with the same energy in every block and no alignment with x
+(``matched_control``): Gaussian noise rescaled per block to ``||e_c||``, or ``e_c`` permuted within
+its block. ``-c~k`` is MXFP4 with c's structure removed and its energy kept (``MX(x) - e_c + control``).
 """
 
 from __future__ import annotations
@@ -30,18 +33,52 @@ SITES = {
     "both": {"forward": True, "input_grad": True, "weight_grad": True},
 }
 ROWS = ("none", "+scale", "+dead", "+grid", "all", "-scale", "-dead", "-grid")
+CONTROLS = ("gaussian", "permuted")
+CONTROL_ROWS = tuple(f"{sign}{c}~{k}" for sign in "+-" for c in COMPONENTS for k in CONTROLS)
 
 
 def row_spec(row: str) -> dict:
     """The quantizer arguments of a pathway row: {} for ``all``, {"inject": c} for ``+c``,
-    {"remove": c} for ``-c``; None for ``none`` (no quantization)."""
-    if row not in ROWS:
-        raise ValueError(f"unknown pathway row {row!r}; accepted: {', '.join(ROWS)}")
+    {"remove": c} for ``-c``, plus {"control": k} for ``±c~k``; None for ``none`` (no quantization)."""
+    if row not in ROWS and row not in CONTROL_ROWS:
+        raise ValueError(f"unknown pathway row {row!r}; accepted: {', '.join(ROWS + CONTROL_ROWS)}")
     if row == "none":
         return None
     if row == "all":
         return {}
-    return {"inject" if row[0] == "+" else "remove": row[1:]}
+    component, _, control = row[1:].partition("~")
+    return {"inject" if row[0] == "+" else "remove": component, **({"control": control} if control else {})}
+
+
+def _blocks(t: torch.Tensor, axis: int, size: int) -> torch.Tensor:
+    """[..., n_blocks, size] along ``axis`` (moved last), zero-padded, in t's dtype."""
+    moved = t.movedim(axis, -1)
+    moved = torch.nn.functional.pad(moved, (0, -moved.shape[-1] % size))
+    return moved.reshape(*moved.shape[:-1], -1, size)
+
+
+def matched_control(e: torch.Tensor, axis: int, block_size: int, kind: str, seed: int = 0) -> torch.Tensor:
+    """Noise with the energy of ``e`` in every block (blocks of ``block_size`` along ``axis``) and no
+    structure: ``gaussian`` draws N(0, 1) over the block's elements and rescales it to the block's
+    ``||e||``; ``permuted`` shuffles e's values within the block (the same multiset). The RNG is seeded
+    from ``seed``, the shape and the content of e, so a tensor gets the same control every time."""
+    if kind not in CONTROLS:
+        raise ValueError(f"control {kind!r}; accepted: {', '.join(CONTROLS)}")
+    n = e.shape[axis]
+    blocks = _blocks(e, axis, block_size)
+    valid = _blocks(torch.ones_like(e, dtype=torch.bool), axis, block_size)
+    key = hash((seed, tuple(e.shape), axis, float(e.double().abs().sum()), float(e.double().pow(2).sum())))
+    g = torch.Generator().manual_seed(key & 0x7FFF_FFFF_FFFF_FFFF)
+    if kind == "gaussian":
+        z = torch.randn(blocks.shape, generator=g, dtype=torch.float64) * valid
+        target = blocks.double().pow(2).sum(-1, keepdim=True).sqrt()
+        norm = z.pow(2).sum(-1, keepdim=True).sqrt()
+        out = torch.where(norm > 0, z * target / norm.clamp(min=torch.finfo(torch.float64).tiny), 0.0).to(e.dtype)
+    else:
+        keys = torch.rand(blocks.shape, generator=g).masked_fill(~valid, 2.0)  # padding sorts last: stays padding
+        out = blocks.gather(-1, keys.argsort(-1))
+    flat = out.reshape(*out.shape[:-2], -1)[..., :n]
+    return flat.movedim(-1, axis)
 
 
 def _check_component(kind: str, c: str | None) -> str | None:
@@ -58,7 +95,7 @@ class ComponentQuantizer(Quantizer):
     """
 
     def __init__(self, fmt="mxfp4", scale_rule=None, corrections=(), *, inject=None, remove=None, form="canonical",
-                 **kw):
+                 control=None, **kw):
         if (inject is None) == (remove is None):
             raise ValueError(
                 f"ComponentQuantizer takes exactly one of inject= or remove= (got inject={inject!r}, remove={remove!r})"
@@ -73,6 +110,9 @@ class ComponentQuantizer(Quantizer):
         self.inject = _check_component("inject", inject)
         self.remove = _check_component("remove", remove)
         self.form = check_form(form)
+        if control is not None and control not in CONTROLS:
+            raise ValueError(f"control {control!r}; accepted: {', '.join(CONTROLS)} (or none)")
+        self.control = control
 
     @property
     def plain(self) -> bool:
@@ -85,7 +125,8 @@ class ComponentQuantizer(Quantizer):
 
     @property
     def row(self) -> str:
-        return f"+{self.inject}" if self.inject else f"-{self.remove}"
+        row = f"+{self.inject}" if self.inject else f"-{self.remove}"
+        return f"{row}~{self.control}" if self.control else row
 
     def __repr__(self) -> str:
         return super().__repr__().replace("Quantizer(", f"ComponentQuantizer({self.row}, {self.form}, ", 1)
@@ -94,8 +135,12 @@ class ComponentQuantizer(Quantizer):
         x = self.widened(x)  # a 16-bit x: float32 out (x + e_c is no 16-bit number in general)
         dtype = torch.float32 if x.dtype != torch.float64 else torch.float64
         parts = error_components(x, self.fmt, axis, self.scale_rule, dtype=dtype, form=self.form)
+        c = self.inject or self.remove
+        e = parts[c]
+        if self.control:
+            e = matched_control(e, axis, self.fmt.block_size, self.control)
         if self.inject:
-            out = x.to(dtype) + parts[self.inject]
-        else:
-            out = parts["quantized"] - parts[self.remove]
+            out = x.to(dtype) + e
+        else:  # MXFP4 without c (or, with a control, with c's structure replaced by its matched noise)
+            out = parts["quantized"] - parts[c] + (e if self.control else 0)
         return out.to(x.dtype)
