@@ -181,3 +181,26 @@ def verdict(d: dict, higher_is_better: bool | None = True) -> str:
     if higher_is_better is None:
         return "higher" if d["diff"] > 0 else "lower"
     return "better" if (d["diff"] > 0) == higher_is_better else "worse"
+
+
+def hierarchical_bootstrap(values_by_seed: dict, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+    """Mean over all units, with a percentile interval from a two-stage bootstrap: seeds (the outer
+    unit) resampled with replacement, then the units (batches, prompts) within each drawn seed. With
+    one seed it is the ordinary bootstrap over units. None values are dropped."""
+    groups = [np.array(_clean(v)) for v in values_by_seed.values()]
+    groups = [g for g in groups if g.size]
+    n = sum(g.size for g in groups)
+    out = {"mean": None, "ci_low": None, "ci_high": None, "n": n, "seeds": len(groups)}
+    if not n:
+        return out
+    out["mean"] = float(np.concatenate(groups).mean())
+    if n < 2:
+        return out
+    rng = np.random.default_rng(seed)
+    stats_ = np.empty(n_boot)
+    for b in range(n_boot):
+        drawn = [groups[i] for i in rng.integers(0, len(groups), len(groups))] if len(groups) > 1 else groups
+        stats_[b] = np.concatenate([g[rng.integers(0, g.size, g.size)] for g in drawn]).mean()
+    tail = (1 - level) / 2
+    out["ci_low"], out["ci_high"] = (float(q) for q in np.quantile(stats_, [tail, 1 - tail]))
+    return out

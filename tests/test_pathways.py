@@ -132,3 +132,24 @@ def test_gradient_comparison_memory_does_not_grow_with_the_number_of_parameters(
     assert got["total"]["cosine"] == pytest.approx(float(q @ r / (q.norm() * r.norm())), rel=1e-12)
     assert got["total"]["rel_norm_error"] == pytest.approx(float((q - r).norm() / r.norm()), rel=1e-12)
     assert sorted(got["per_layer"]) == [f"layer{i}" for i in range(6)]
+
+
+def test_control_arms_excess_harm_and_shapley_rows_come_with_every_checkpoint(pathway_rows):
+    rows, _ = pathway_rows
+    for ckpt in ("warm", "grpo"):
+        mine = [r for r in rows if r["checkpoint"] == ckpt]
+        for c in ("scale", "dead", "grid"):
+            for k in ("gaussian", "permuted"):
+                arm = {r["metric"] for r in mine if r["injection"] == f"+{c}~{k}"}
+                assert {"rollout_accuracy_diff", "entropy_diff"} <= arm, (ckpt, c, k)
+                excess = [r for r in mine if r["injection"] == f"+{c} vs +{c}~{k}"]
+                assert {"rollout_excess_harm", "entropy_excess_harm"} <= {r["metric"] for r in excess}
+        shapley = {(r["metric"], r["injection"]) for r in mine if r["metric"].endswith("_shapley")}
+        assert {("entropy_shapley", f"shapley:{c}") for c in ("scale", "dead", "grid", "interaction")} <= shapley
+        contrasts = {r["metric"] for r in mine if r["metric"].endswith("_excess_contrast")}
+        assert {"rollout_excess_contrast", "entropy_excess_contrast"} <= contrasts
+        # efficiency, per checkpoint: the Shapley values sum to harm(all) - harm(none) (entropy pathway)
+        phi = sum(float(r["mean"]) for r in mine
+                  if r["metric"] == "entropy_shapley" and r["injection"] != "shapley:interaction")
+        full = next(float(r["mean"]) for r in mine if r["metric"] == "entropy_diff" and r["injection"] == "all")
+        assert phi == pytest.approx(full, abs=1e-9)

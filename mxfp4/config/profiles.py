@@ -195,6 +195,10 @@ class PathwaySettings(_Strict):
     additivity_steps: list[int] = Field(
         default_factory=lambda: [1, 5], description="k of the additivity test (empty: skip)"
     )
+    controls: list[Literal["gaussian", "permuted"]] = Field(
+        default_factory=lambda: ["gaussian", "permuted"],
+        description="energy-matched control arms of each injected component (+c~k): the excess harm rows",
+    )
 
 
 class Profile(_Strict):

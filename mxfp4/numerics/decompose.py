@@ -65,27 +65,36 @@ def _corner_energies(x, grid_values, sigma):
     }
 
 
-def shapley(x, ideal_grid, s_star, stored_grid, s) -> dict[str, float]:
-    """Shapley values of the error energy over the players scale, dead, grid."""
-    at_ideal = _corner_energies(x, ideal_grid, s_star)
-    at_stored = _corner_energies(x, stored_grid, s)
-
-    def v(coalition: frozenset) -> float:
-        corner = ("dead" in coalition, "grid" in coalition)
-        return (at_stored if "scale" in coalition else at_ideal)[corner]
-
-    n = len(COMPONENTS)
+def shapley_values(v: dict[frozenset, float], players: tuple[str, ...] = COMPONENTS) -> dict[str, float]:
+    """Shapley values of a game given on every coalition (``v[frozenset()]`` the empty one); they sum
+    to v(all) - v(empty). Used for the error energy here and for the pathway matrix's outcomes."""
+    n = len(players)
     values = {}
-    for player in COMPONENTS:
-        others = [p for p in COMPONENTS if p != player]
+    for player in players:
+        others = [p for p in players if p != player]
         total = 0.0
         for size in range(n):
             weight = math.factorial(size) * math.factorial(n - size - 1) / math.factorial(n)
             for subset in itertools.combinations(others, size):
                 t = frozenset(subset)
-                total += weight * (v(t | {player}) - v(t))
+                total += weight * (v[t | {player}] - v[t])
         values[player] = total
     return values
+
+
+def interaction(v: dict[frozenset, float], players: tuple[str, ...] = COMPONENTS) -> float:
+    """What the single players do not explain: v(all) - v(empty) - sum_p (v({p}) - v(empty))."""
+    empty = v[frozenset()]
+    return v[frozenset(players)] - empty - sum(v[frozenset({p})] - empty for p in players)
+
+
+def shapley(x, ideal_grid, s_star, stored_grid, s) -> dict[str, float]:
+    """Shapley values of the error energy over the players scale, dead, grid."""
+    at_ideal = _corner_energies(x, ideal_grid, s_star)
+    at_stored = _corner_energies(x, stored_grid, s)
+    coalitions = [frozenset(c for c, on in zip(COMPONENTS, bits) if on) for bits in itertools.product((0, 1), repeat=3)]
+    return shapley_values(
+        {t: (at_stored if "scale" in t else at_ideal)[("dead" in t, "grid" in t)] for t in coalitions})
 
 
 def vector_shapley(components: dict[str, torch.Tensor]) -> dict[str, float]:

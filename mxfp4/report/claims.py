@@ -1,14 +1,17 @@
 """The claims table: each claim of the paper against what a profile measured. Honest either way.
 
 Each mechanism claim is tested first directly, by the pathway matrix (the claimed component injected
-alone against each other component, paired over the same gradient batches or prompts), then
-indirectly, by its correction (cells of the same seed paired: same initialisation, data order and
-sampling RNG). The recovery claims are per model with the paper's own margins: non-inferiority
-within 0.7% for the dense model, superiority (the paper reports +1.0%) for the MoE model. Holm's
-correction runs across the whole tested family (``statsmodels``). Every row states its method, n, the
-smallest effect the design detects at 80% power, and, when it is not resolved, the n that would
-resolve the observed effect (from the measured paired spread). Claims true by construction are
-labelled so, never "held".
+alone against each other component, paired over the same gradient batches or prompts; and the same
+contrast on the excess harm over each component's energy-matched control), then indirectly, by its
+correction (cells of the same seed paired: same initialisation, data order and sampling RNG). The
+recovery claims are per model with the paper's own margins: non-inferiority within 0.7% for the dense
+model, superiority (the paper reports +1.0%) for the MoE model, each tested two-sided so that it can be
+contradicted. Verdicts are symmetric: every p is two-sided, Holm's correction runs across the whole
+tested family (``statsmodels``), "held" and "contradicted" are the two signs of one adjusted test, and
+each interval is printed at the level its verdict uses (``1 - 0.05 p / p_holm``). Every row states its
+method, n, the smallest effect the design detects at 80% power, and, when it is not resolved, the n
+that would resolve the observed effect (from the measured paired spread). Claims true by construction
+are labelled so, never "held".
 """
 
 from __future__ import annotations
@@ -41,28 +44,27 @@ def is_moe(model: str) -> bool:
     return "moe" in model.lower() or "a3b" in model.lower()
 
 
-def _one_sided_p(d: dict, shift: float = 0.0) -> float | None:
-    """p of H0: diff <= shift against diff > shift (paired t)."""
-    if d["sd"] is None or d["n"] < 2:
+def _two_sided_p(d: dict, shift: float = 0.0) -> float | None:
+    """p of H0: diff == shift, two-sided (paired t from the difference's mean, sd and n)."""
+    if d.get("sd") is None or d.get("n", 0) < 2 or d.get("diff") is None:
         return None
     if d["sd"] == 0:
-        return 0.0 if d["diff"] > shift else 1.0
+        return 1.0 if d["diff"] == shift else 0.0
     t = (d["diff"] - shift) / (d["sd"] / math.sqrt(d["n"]))
-    return float(stats.t.sf(t, d["n"] - 1))
+    return float(2 * stats.t.sf(abs(t), d["n"] - 1))
 
 
-def _signed_p(d: dict, direction: int) -> float | None:
-    """One-sided p in the claimed direction (``direction`` +1 or -1) from a paired difference."""
-    return _one_sided_p(dict(d, diff=d["diff"] * direction))
-
-
-def _row(claim, model, test, measure, d, p, method, one_sided=True, effect_for_n=None) -> dict:
-    mde = min_detectable_effect(d.get("sd"), d.get("n", 0), one_sided=one_sided)
-    claimed = effect_for_n if effect_for_n is not None else d.get("diff")  # estimate in the claimed direction
+def _row(claim, model, test, measure, d, method, direction=+1, shift=0.0, effect_for_n=None) -> dict:
+    """A tested row: the two-sided p of diff == shift; ``direction`` the sign the claim predicts for
+    diff - shift. The verdict and the interval at its level come after Holm (``build_claims``)."""
+    mde = min_detectable_effect(d.get("sd"), d.get("n", 0))
+    claimed = effect_for_n if effect_for_n is not None else (
+        None if d.get("diff") is None else (d["diff"] - shift) * direction)
     effect = claimed if claimed is not None and claimed > 0 else None  # no n resolves an effect of the wrong sign
     return {"claim": claim, "model": model, "test": test, "measure": measure, "diff": d.get("diff"),
-            "ci_low": d.get("ci_low"), "ci_high": d.get("ci_high"), "n": d.get("n", 0), "p": p, "method": method,
-            "mde80": mde, "n_needed": n_needed(effect, d.get("sd"), one_sided=one_sided), "claimed_effect": claimed}
+            "ci_low": d.get("ci_low"), "ci_high": d.get("ci_high"), "n": d.get("n", 0), "sd": d.get("sd"),
+            "p": _two_sided_p(d, shift), "method": method, "direction": direction, "shift": shift, "mde80": mde,
+            "n_needed": n_needed(effect, d.get("sd")), "claimed_effect": claimed}
 
 
 def _by_seed(cells, model, recipe, metric) -> dict[int, float]:
@@ -84,12 +86,15 @@ def _paired_cells(cells, model, a, b, metric, transform=None) -> dict:
 
 
 def direct_rows(pathways: list[dict]) -> list[dict]:
-    """Each mechanism claim by its injection rows: harm(+claimed) - harm(+other), paired over units."""
+    """Each mechanism claim by its injection rows: harm(+claimed) - harm(+other), paired over units; and
+    the energy-controlled form, the same contrast of excess harms over each component's matched control."""
     out = []
     for r in pathways:
-        if not r["metric"].endswith("_harm_contrast") or r["mean"] in ("", None):
+        metric = r["metric"]
+        if not metric.endswith(("_harm_contrast", "_excess_contrast")) or r["mean"] in ("", None):
             continue
-        pathway = r["metric"].removesuffix("_harm_contrast")
+        pathway = metric.removesuffix("_harm_contrast").removesuffix("_excess_contrast")
+        controlled = metric.endswith("_excess_contrast")
         _, claim = MECHANISMS[pathway]
         n = int(r["n"])
         ci_lo, ci_hi, mean = (float(r[k]) if r[k] not in ("", None) else None for k in ("ci_low", "ci_high", "mean"))
@@ -98,17 +103,16 @@ def direct_rows(pathways: list[dict]) -> list[dict]:
         if ci_lo is not None and n >= 2:
             sd = (ci_hi - ci_lo) / 2 / stats.t.ppf(0.975, n - 1) * math.sqrt(n)
         d = {"diff": mean, "ci_low": ci_lo, "ci_high": ci_hi, "n": n, "sd": sd}
-        p = _one_sided_p(d) if sd is not None else None
         units = "gradient batches" if pathway == "gradient" else "prompts"
+        harm = " (harm = token entropy: higher is the harm the paper names)" if pathway == "entropy" else ""
         out.append(
             _row(
                 claim,
                 f"{r['model']} ({r['checkpoint']})",
-                "direct (pathway matrix)",
-                f"harm {r['injection']} ({pathway}; > 0 as claimed)",
+                "direct, energy-controlled (pathway matrix)" if controlled else "direct (pathway matrix)",
+                f"{'excess ' if controlled else ''}harm {r['injection']} ({pathway}; > 0 as claimed){harm}",
                 d,
-                p,
-                f"paired t over {n} {units}, one-sided",
+                f"paired t over {n} {units}, two-sided",
             )
         )
     return out
@@ -139,7 +143,7 @@ def indirect_rows(cells: list[dict], model: str) -> list[dict]:
             "mean_entropy",
             +1,
             "MXFP4 raises policy entropy (grid noise and the rest together)",
-            "policy entropy: mxfp4 minus bf16",
+            "policy entropy: mxfp4 minus bf16 (> 0: higher entropy, the harm the paper names)",
         ),
     ]
     for a, b, metric, direction, claim, measure in specs:
@@ -147,16 +151,8 @@ def indirect_rows(cells: list[dict], model: str) -> list[dict]:
         if d["n"] == 0:
             continue
         out.append(
-            _row(
-                claim,
-                model,
-                "indirect (correction, cells)",
-                measure,
-                d,
-                _signed_p(d, direction),
-                f"paired t over seeds (n={d['n']}), one-sided",
-                effect_for_n=d["diff"] * direction,
-            )
+            _row(claim, model, "indirect (correction, cells)", measure, d,
+                 f"paired t over seeds (n={d['n']}), two-sided", direction)
         )
     target = _by_seed(cells, model, REFERENCE_RECIPE, "mean_entropy")
     for recipe in ("mxfp4+aqn", "mxfp4+aqn-adaptive"):
@@ -168,43 +164,44 @@ def indirect_rows(cells: list[dict], model: str) -> list[dict]:
         if d["n"] == 0:
             continue
         out.append(
-            _row(
-                "AQN holds the policy entropy nearer the BF16 run's",
-                model,
-                "indirect (correction, cells)",
-                f"abs(entropy - bf16 entropy): {recipe} minus mxfp4",
-                d,
-                _signed_p(d, -1),
-                f"paired t over seeds (n={d['n']}), one-sided",
-                effect_for_n=-d["diff"],
-            )
+            _row("AQN holds the policy entropy nearer the BF16 run's", model, "indirect (correction, cells)",
+                 f"abs(entropy - bf16 entropy): {recipe} minus mxfp4 (< 0 as claimed: nearer BF16)", d,
+                 f"paired t over seeds (n={d['n']}), two-sided", -1)
         )
     return out
 
 
-def recovery_row(cells: list[dict], model: str) -> dict | None:
+def recovery_row(cells: list[dict], model: str, problems: int | None = None) -> dict | None:
+    """The recovery claim of one model, two-sided so that it can be contradicted: superiority for the
+    MoE model (diff against 0), non-inferiority for the dense one (diff against -margin). The margin's
+    source and its resolution in problems (``problems`` evaluated per seed) are stated."""
     d = _paired_cells(cells, model, "mxfp4+all", REFERENCE_RECIPE, "gsm8k_strict_accuracy")
     if d["n"] == 0:
         return None
+    per = f" of {problems} evaluated a seed" if problems else ""
+
+    def in_problems(margin):
+        return f"{margin * problems:.1f} problems{per}" if problems else "problems per seed unknown"
+
     if is_moe(model):
         return _row(
             f"Combined corrections exceed BF16 GSM8K accuracy (paper: +{MOE_REPORTED_GAIN:.1%})",
             model,
             "recovery: superiority",
-            "strict accuracy: mxfp4+all minus bf16",
+            f"strict accuracy: mxfp4+all minus bf16 (paper's +1.0 point = {in_problems(MOE_REPORTED_GAIN)})",
             d,
-            _one_sided_p(d),
-            f"paired t over seeds (n={d['n']}), one-sided, H0: diff <= 0",
+            f"paired t over seeds (n={d['n']}), two-sided, H0: diff = 0",
             effect_for_n=MOE_REPORTED_GAIN,
         )
     return _row(
         f"Combined corrections recover BF16 GSM8K accuracy (within {NONINFERIORITY_MARGIN:.1%})",
         model,
         "recovery: non-inferiority",
-        "strict accuracy: mxfp4+all minus bf16",
+        f"strict accuracy: mxfp4+all minus bf16 (margin from the paper's 'within 0.7%' = "
+        f"{in_problems(NONINFERIORITY_MARGIN)})",
         d,
-        _one_sided_p(d, -NONINFERIORITY_MARGIN),
-        f"paired t over seeds (n={d['n']}), one-sided, H0: diff <= -{NONINFERIORITY_MARGIN:.3f}",
+        f"paired t over seeds (n={d['n']}), two-sided, H0: diff = -{NONINFERIORITY_MARGIN:.3f}",
+        shift=-NONINFERIORITY_MARGIN,
         effect_for_n=(d["diff"] + NONINFERIORITY_MARGIN) if d["diff"] is not None else None,
     )
 
@@ -255,30 +252,41 @@ def construction_rows(proofs: dict, corrections: list[dict]) -> list[dict]:
 
 
 def _verdict(r: dict) -> str:
-    """held: Holm-adjusted one-sided p < 0.05 in the claimed direction; contradicted: the opposite
-    direction has unadjusted one-sided p < 0.05; otherwise not shown."""
+    """held / contradicted: the Holm-adjusted two-sided p < 0.05, with the estimate on the claimed /
+    the opposite side of its null value; otherwise not shown."""
     if r["diff"] is None:
         return "not measured"
     if r["p"] is None:
         return "inconclusive (too few units for a test)"
-    if r["p_holm"] < ALPHA:
-        return "held"
-    if r.get("claimed_effect") is not None and r["claimed_effect"] < 0 and 1 - r["p"] < ALPHA:
-        return "contradicted (opposite direction, unadjusted p < 0.05)"
-    return "not shown"
+    if r["p_holm"] >= ALPHA:
+        return "not shown"
+    return "held" if (r["diff"] - r["shift"]) * r["direction"] > 0 else "contradicted"
 
 
-def build_claims(cells: list[dict], proofs: dict, corrections: list[dict], pathways: list[dict]) -> list[dict]:
+def _interval_at(r: dict, level: float) -> tuple[float | None, float | None]:
+    """The t interval of a row's paired difference at ``level``."""
+    if r.get("sd") is None or r["n"] < 2 or r["diff"] is None:
+        return r["ci_low"], r["ci_high"]
+    half = stats.t.ppf(0.5 + level / 2, r["n"] - 1) * r["sd"] / math.sqrt(r["n"]) if r["sd"] > 0 else 0.0
+    return r["diff"] - half, r["diff"] + half
+
+
+def build_claims(cells: list[dict], proofs: dict, corrections: list[dict], pathways: list[dict],
+                 problems: int | None = None) -> list[dict]:
     tested = direct_rows(pathways)
     for model in sorted({c["model"] for c in cells}):
         tested += indirect_rows(cells, model)
-        rec = recovery_row(cells, model)
+        rec = recovery_row(cells, model, problems)
         if rec:
             tested.append(rec)
     ps = [r["p"] for r in tested if r["p"] is not None]
     adjusted = iter(multipletests(ps, alpha=ALPHA, method="holm")[1]) if ps else iter(())
     for r in tested:
         r["p_holm"] = float(next(adjusted)) if r["p"] is not None else None
+        r["level"] = 0.95
+        if r["p"] is not None and r["p_holm"] > 0:
+            r["level"] = 1 - ALPHA * r["p"] / r["p_holm"]
+            r["ci_low"], r["ci_high"] = _interval_at(r, r["level"])
         r["verdict"] = _verdict(r)
     return construction_rows(proofs, corrections) + tested
 
@@ -293,18 +301,21 @@ def markdown(rows: list[dict], profile: str) -> str:
         "",
         "Generated by `mxfp4 claims`. Mechanism claims are tested directly by the pathway matrix (the claimed",
         "component injected alone against each other one, paired over the same batches or prompts) and indirectly",
-        "by their corrections (cells paired by seed). p values are one-sided in the claimed direction; Holm's",
-        "correction runs over every tested row. 'held' = Holm-adjusted p < 0.05. MDE80 = the smallest true",
+        "by their corrections (cells paired by seed). p values are two-sided; Holm's correction runs over every",
+        "tested row; 'held' / 'contradicted' = Holm-adjusted p < 0.05 with the estimate on the claimed / the opposite",
+        "side, and each interval is at the level that verdict uses (1 - 0.05 p / p_Holm). MDE80 = the smallest true",
         "effect this design detects with 80% power; 'n needed' = units (batches, prompts or seeds) that would",
         "resolve the observed effect at the measured paired spread (for the MoE superiority row: the paper's",
         "+1.0%; '—' where the estimate has the wrong sign, so that no n resolves it).",
         "Rows true by construction say so.",
         "",
-        "| claim | model | test | measure | value | 95% CI | n | method | p (Holm) | MDE80 | n needed | verdict |",
+        "| claim | model | test | measure | value | interval (level) | n | method | p (Holm) | MDE80 | n needed "
+        "| verdict |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        ci = "—" if r["ci_low"] is None else f"[{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]"
+        level = f" ({100 * r.get('level', 0.95):.2f}%)"
+        ci = "—" if r["ci_low"] is None else f"[{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]{level}"
         p = "—" if r.get("p") is None else f"{r['p']:.3g} ({r['p_holm']:.3g})"
         need = "—" if r.get("n_needed") is None or r["verdict"] == "held" else str(r["n_needed"])
         lines.append(
@@ -318,12 +329,22 @@ def read_pathways(path) -> list[dict]:
     return list(csv.DictReader(Path(path).open())) if path and Path(path).exists() else []
 
 
+def eval_problems(profile: str) -> int | None:
+    """GSM8K problems a cell of the profile evaluates (per seed): the eval limit, else the embedded
+    set's size, else GSM8K test's 1319."""
+    from ..config.profiles import load_profile
+
+    p = load_profile(profile)
+    return p.eval.limit or (p.data.n_eval if p.data.source == "embedded" else 1319)
+
+
 def run_claims(cells_csv, proofs_json, corrections_json, out_md, profile: str, pathways_csv=None) -> list[dict]:
     rows = build_claims(
         read_csv(cells_csv),
         json.loads(Path(proofs_json).read_text()),
         json.loads(Path(corrections_json).read_text()),
         read_pathways(pathways_csv),
+        eval_problems(profile),
     )
     write_text_atomic(out_md, markdown(rows, profile))
     return rows

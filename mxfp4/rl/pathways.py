@@ -2,6 +2,10 @@
 RL pathways the paper maps it to: gradient accuracy (TRL's own batches and loss through
 ``MXGRPOTrainer.scored_batch`` / ``batch_loss``), rollout quality and policy entropy (the same prompts
 sampled under each arm from one seed), with the scale rules as a row group and the additivity test.
+Each injected component also has energy-matched control arms (``+c~gaussian``, ``+c~permuted``: the
+same per-block energy, no alignment with x): the excess harm of a component is its harm minus its
+control's, paired over the same units. The eight corners none, +c, all, -c form a three-player game
+per unit; its Shapley values and interaction are reported per pathway with bootstrap intervals.
 The design is docs/design.md, "The pathway matrix". Output: a tidy CSV (model, checkpoint,
 injection, site, layer, metric, mean, ci_low, ci_high, n, p, method).
 """
@@ -19,8 +23,9 @@ from ..config.recipes import Recipe
 from ..io import write_text_atomic
 from ..layout import Layout
 from ..nn import patch_model, unpatch_model
+from ..numerics.decompose import COMPONENTS, interaction, shapley_values
 from ..numerics.injection import ROWS, SITES, row_spec
-from ..stats import mean_ci, paired_diff
+from ..stats import hierarchical_bootstrap, mean_ci, paired_diff
 from . import data as gsm
 from .cell import accuracy_reward, cell_data, weight_decomposition
 from .grad_accuracy import compare
@@ -51,6 +56,23 @@ GRAD_METHOD = "mean over batches, 95% t interval"
 PAIRED_METHOD = (
     "paired difference from the unquantized arm, mean over prompts, 95% t interval (same prompts and sampling seed)"
 )
+
+
+# The arms as coalitions of the three-player game: +c = {c}, all = every component, -c = the other two.
+COALITIONS = {"none": frozenset(), "all": frozenset(COMPONENTS),
+              **{f"+{c}": frozenset({c}) for c in COMPONENTS},
+              **{f"-{c}": frozenset(COMPONENTS) - {c} for c in COMPONENTS}}
+HARMS = {"gradient": "1 - gradient cosine", "rollout": "- rollout accuracy", "entropy": "mean token entropy"}
+UNITS = {"gradient": "gradient batches", "rollout": "prompts", "entropy": "prompts"}
+SHAPLEY_METHOD = ("per {unit}: Shapley value over the 8 arms none/+c/all/-c (harm = {harm}), mean with a 95% "
+                  "percentile bootstrap interval (seeds outer, {unit} within; 2000 draws)")
+EXCESS_METHOD = ("paired over {unit}: harm(+{c}) - harm(+{c}~{k}), harm = {harm}; the control has the same energy in "
+                 "every block and no alignment with x; 95% t interval, two-sided p")
+
+
+def control_rows(controls) -> list[str]:
+    """The control arms of a profile: +c~k for every component c and control kind k."""
+    return [f"+{c}~{k}" for k in controls for c in COMPONENTS]
 
 
 def row_quantizer(row: str, site: str = "both", scale_rule: str = "floor"):
@@ -211,6 +233,75 @@ def contrast_rows(
     return rows
 
 
+def shapley_rows(model, checkpoint, harms: dict[str, dict[str, list]], seed: int) -> list[dict]:
+    """Per pathway with every corner measured: each component's Shapley value and the interaction of
+    the game v(T) = harm of the arm injecting T, per unit, then their means with bootstrap intervals
+    (metric ``<pathway>_shapley``; injection ``shapley:<c>`` or ``shapley:interaction``)."""
+    rows = []
+    for pathway, per_arm in harms.items():
+        if not all(per_arm.get(a) for a in COALITIONS):
+            continue
+        per = {c: [] for c in (*COMPONENTS, "interaction")}
+        for i in range(len(per_arm["none"])):
+            v = {COALITIONS[a]: per_arm[a][i] for a in COALITIONS}
+            if any(x is None for x in v.values()):
+                continue
+            for c, phi in shapley_values(v).items():
+                per[c].append(phi)
+            per["interaction"].append(interaction(v))
+        for name, values in per.items():
+            est = hierarchical_bootstrap({seed: values}, seed=seed)
+            rows.append(_row(model, checkpoint, f"shapley:{name}", "both" if pathway == "gradient" else "forward",
+                             "total", f"{pathway}_shapley", est,
+                             SHAPLEY_METHOD.format(unit=UNITS[pathway], harm=HARMS[pathway])))
+    return rows
+
+
+def excess_rows(model, checkpoint, harms: dict[str, dict[str, list]], controls, energy_share: dict) -> list[dict]:
+    """Per pathway and component: the excess harm over each energy-matched control (paired over units),
+    the component's harm per unit of injected energy (its weight energy relative to MXFP4's error
+    energy), and the paper's mapping tested on excess harms: excess(+claimed) - excess(+other)."""
+    rows = []
+    for pathway, per_arm in harms.items():
+        site = "both" if pathway == "gradient" else "forward"
+        unit, harm = UNITS[pathway], HARMS[pathway]
+        excess: dict[str, dict[str, list]] = {}
+        for k in controls:
+            excess[k] = {}
+            for c in COMPONENTS:
+                a, b = per_arm.get(f"+{c}"), per_arm.get(f"+{c}~{k}")
+                if not a or not b:
+                    continue
+                excess[k][c] = [None if x is None or y is None else x - y for x, y in zip(a, b)]
+                d = paired_diff(a, b)
+                rows.append(_row(model, checkpoint, f"+{c} vs +{c}~{k}", site, "total", f"{pathway}_excess_harm",
+                                 {"mean": d["diff"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"],
+                                  "p": d["p"]}, EXCESS_METHOD.format(unit=unit, c=c, k=k, harm=harm)))
+            top = MAPPING[pathway]
+            for other in (c for c in COMPONENTS if c != top):
+                if top in excess[k] and other in excess[k]:
+                    d = paired_diff(excess[k][top], excess[k][other])
+                    rows.append(_row(
+                        model, checkpoint, f"+{top} vs +{other} (excess over ~{k})", site, "total",
+                        f"{pathway}_excess_contrast",
+                        {"mean": d["diff"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"], "p": d["p"]},
+                        f"paired over {unit}: excess harm(+{top}) - excess harm(+{other}), each over its ~{k} "
+                        f"control; 95% t interval, two-sided p"))
+        base = per_arm.get("none")
+        for c in COMPONENTS:
+            share = energy_share.get(c)
+            if not per_arm.get(f"+{c}") or not share or not base:
+                continue
+            d = paired_diff(per_arm[f"+{c}"], base)
+            est = {"mean": None if d["diff"] is None else d["diff"] / share, "n": d["n"], "p": d["p"],
+                   "ci_low": None if d["ci_low"] is None else d["ci_low"] / share,
+                   "ci_high": None if d["ci_high"] is None else d["ci_high"] / share}
+            method = (f"(harm(+{c}) - harm(none)) / (weight energy of e_{c} / MXFP4 error energy = {share:.3f}), "
+                      f"paired over {unit}; 95% t interval")
+            rows.append(_row(model, checkpoint, f"+{c}", site, "total", f"{pathway}_harm_per_energy", est, method))
+    return rows
+
+
 def _grad_rows(model_name, ckpt, injection, site, per_batch: list[dict]) -> list[dict]:
     rows = []
     layers = ["total"] + sorted(per_batch[0]["per_layer"], key=_depth)
@@ -264,8 +355,8 @@ def additivity(model, trainer, batch, steps: list[int], lr: float) -> dict[int, 
 
 
 def gradient_pathway(model_name, ckpt, trainer, model, batches, settings, harms) -> list[dict]:
-    """Gradient rows of every arm at every site, and the scale-rule row group; fills
-    ``harms["gradient"]`` with the per-batch harm of each single injection (site both)."""
+    """Gradient rows of every arm (and control arm) at every site, and the scale-rule row group; fills
+    ``harms["gradient"]`` with the per-batch harm of every arm at site both."""
     rows = []
     reference = [batch_gradient(trainer, b) for b in batches]
 
@@ -275,15 +366,17 @@ def gradient_pathway(model_name, ckpt, trainer, model, batches, settings, harms)
 
     full_mxfp4 = None  # the "all" arm at site both is the floor rule's arm: measured once
     for site in settings.sites:
-        for row in ROWS[1:]:
+        for row in (*ROWS[1:], *(control_rows(settings.controls) if site == "both" else ())):
             per_batch = grads_under(row_quantizer(row, site))
             rows += _grad_rows(model_name, ckpt, row, site, per_batch)
-            if site == "both" and row[0] == "+":
-                harms["gradient"][row[1:]] = [
+            if site == "both":
+                harms["gradient"][row] = [
                     None if b["total"]["cosine"] is None else 1 - b["total"]["cosine"] for b in per_batch
                 ]
             if site == "both" and row == "all":
                 full_mxfp4 = per_batch
+    if "both" in settings.sites:
+        harms["gradient"]["none"] = [0.0] * len(batches)  # the reference gradient itself: cosine 1
     for rule in settings.scale_rules:
         q = row_quantizer("all", "both", rule)
         per_batch = full_mxfp4 if rule == "floor" and full_mxfp4 is not None else grads_under(q)
@@ -371,7 +464,7 @@ def run_pathways(profile_name: str, model_name: str, results="results", out_csv=
             progress(f"{model_name}/{ckpt}: fewer than 2 usable gradient batches: no gradient rows")
 
         scores = {}
-        for row in ROWS:
+        for row in (*ROWS, *control_rows(settings.controls)):
             with Arm(model, row_quantizer(row, "forward")):
                 scores[row] = rollout_scores(
                     model,
@@ -382,7 +475,7 @@ def run_pathways(profile_name: str, model_name: str, results="results", out_csv=
                     g.temperature,
                     seed,
                 )
-        for row in ROWS:
+        for row in scores:
             for i, metric in enumerate(("rollout_accuracy", "entropy")):
                 level = mean_ci(scores[row][i])
                 rows.append(
@@ -408,15 +501,16 @@ def run_pathways(profile_name: str, model_name: str, results="results", out_csv=
                             PAIRED_METHOD,
                         )
                     )
-        harms["rollout"] = {c: [-v for v in scores[f"+{c}"][0]] for c in ("scale", "dead", "grid")}
-        harms["entropy"] = {c: scores[f"+{c}"][1] for c in ("scale", "dead", "grid")}
-        rows += contrast_rows(
-            model_name,
-            ckpt,
-            harms,
-            {"gradient": "gradient batches", "rollout": "prompts", "entropy": "prompts"},
-            {"gradient": "1 - gradient cosine", "rollout": "- rollout accuracy", "entropy": "mean token entropy"},
-        )
+        harms["rollout"] = {row: [-v for v in scores[row][0]] for row in scores}
+        harms["entropy"] = {row: scores[row][1] for row in scores}
+        singles = {p: {c: per[f"+{c}"] for c in COMPONENTS if f"+{c}" in per} for p, per in harms.items()}
+        rows += contrast_rows(model_name, ckpt, singles, UNITS, HARMS)
+        rows += shapley_rows(model_name, ckpt, harms, seed)
+        full = row_quantizer("all")
+        with Arm(model, full):
+            weights = weight_decomposition(model, full)
+        share = {c: weights[f"energy_{c}"] / weights["energy_total"] for c in COMPONENTS if weights["energy_total"]}
+        rows += excess_rows(model_name, ckpt, harms, settings.controls, share)
         progress(
             f"[{time.time() - t0:6.1f}s] {model_name}/{ckpt}: rollout rows "
             f"({len(roll_problems)} prompts x {settings.samples_per_prompt})"

@@ -1,0 +1,121 @@
+"""Symmetric verdicts of the claims table, and the Shapley attribution of the pathway matrix's outcomes."""
+
+import numpy as np
+import pytest
+
+from mxfp4.report.claims import build_claims, recovery_row
+
+PROOFS = {"max_identity_residual_rel": 0.0, "passed": True, "cases": [1]}
+
+
+def _pathway_row(mean, half, n=24, metric="rollout_harm_contrast", injection="+dead vs +grid"):
+    return {"model": "tiny-dense", "checkpoint": "warm", "injection": injection, "site": "forward", "layer": "total",
+            "metric": metric, "mean": str(mean), "ci_low": str(mean - half), "ci_high": str(mean + half), "n": str(n),
+            "p": "", "method": ""}
+
+
+def test_held_and_contradicted_are_the_two_signs_of_one_adjusted_test():
+    rows = [r for r in build_claims([], PROOFS, [], [_pathway_row(0.05, 0.02), _pathway_row(-0.05, 0.02)])
+            if r["test"].startswith("direct")]
+    assert [r["verdict"] for r in rows] == ["held", "contradicted"]
+    assert rows[0]["p_holm"] == pytest.approx(rows[1]["p_holm"])  # the same family, the same adjustment
+    weak = [r for r in build_claims([], PROOFS, [], [_pathway_row(0.01, 0.02), _pathway_row(-0.01, 0.02)])
+            if r["test"].startswith("direct")]
+    assert [r["verdict"] for r in weak] == ["not shown", "not shown"]
+
+
+@pytest.mark.parametrize("shift", [0.002, 0.02, 0.2])
+def test_each_interval_excludes_the_null_exactly_when_its_verdict_fires(shift):
+    pathways = [_pathway_row(shift * k, 0.03, injection=f"arm{k}") for k in (-2, -1, 1, 2, 3)]
+    for r in (r for r in build_claims([], PROOFS, [], pathways) if r["test"].startswith("direct")):
+        excludes = r["ci_low"] > 0 or r["ci_high"] < 0
+        assert excludes == (r["verdict"] in ("held", "contradicted")), r
+        assert r["level"] >= 0.95
+
+
+def _cells(model, diffs, base=0.5):
+    rows = []
+    for seed, d in enumerate(diffs):
+        rows.append({"model": model, "recipe": "bf16", "seed": seed, "gsm8k_strict_accuracy": base + 0.01 * seed})
+        rows.append({"model": model, "recipe": "mxfp4+all", "seed": seed,
+                     "gsm8k_strict_accuracy": base + 0.01 * seed + d})
+    return rows
+
+
+def test_a_moe_row_19_points_below_bf16_is_contradicted():
+    cells = _cells("tiny-moe", [-0.19, -0.18, -0.20, -0.19])
+    row = next(r for r in build_claims(cells, PROOFS, [], []) if r["test"] == "recovery: superiority")
+    assert row["verdict"] == "contradicted" and row["ci_high"] < 0
+    assert "problems of 100" not in row["measure"]  # no problem count given: it says so instead
+    above = next(r for r in build_claims(_cells("tiny-moe", [0.05, 0.04, 0.06, 0.05]), PROOFS, [], [])
+                 if r["test"] == "recovery: superiority")
+    assert above["verdict"] == "held"
+
+
+def test_the_dense_margin_states_its_source_and_resolution_and_can_be_contradicted():
+    row = recovery_row(_cells("tiny-dense", [-0.10, -0.11, -0.09, -0.10]), "tiny-dense", problems=100)
+    assert "within 0.7%" in row["measure"] and "0.7 problems of 100 evaluated a seed" in row["measure"]
+    rows = build_claims(_cells("tiny-dense", [-0.10, -0.11, -0.09, -0.10]), PROOFS, [], [], problems=100)
+    assert next(r for r in rows if r["test"] == "recovery: non-inferiority")["verdict"] == "contradicted"
+    rows = build_claims(_cells("tiny-dense", [0.0, 0.001, -0.001, 0.0005]), PROOFS, [], [], problems=100)
+    assert next(r for r in rows if r["test"] == "recovery: non-inferiority")["verdict"] == "held"
+
+
+def test_energy_controlled_contrasts_are_direct_rows_of_their_own():
+    rows = build_claims([], PROOFS, [], [_pathway_row(0.05, 0.02, metric="entropy_excess_contrast",
+                                                      injection="+grid vs +scale (excess over ~gaussian)")])
+    row = next(r for r in rows if r["test"].startswith("direct"))
+    assert row["test"] == "direct, energy-controlled (pathway matrix)" and "higher is the harm" in row["measure"]
+
+
+# ---- Shapley attribution of outcomes (mxfp4.rl.pathways.shapley_rows) ----
+
+
+def _harms(v, n=40, noise=0.0, seed=0):
+    """Per-unit harms of the 8 arms from a set function v over coalitions of the components."""
+    from mxfp4.rl.pathways import COALITIONS
+
+    rng = np.random.default_rng(seed)
+    unit = rng.normal(0, noise, n)
+    return {arm: list(v(t) + unit) for arm, t in COALITIONS.items()}
+
+
+def test_shapley_of_an_additive_outcome_returns_each_components_contribution():
+    from mxfp4.rl.pathways import shapley_rows
+
+    contribution = {"scale": 0.30, "dead": 0.05, "grid": 0.10}
+    rows = shapley_rows("m", "warm", {"rollout": _harms(lambda t: sum(contribution[c] for c in t), noise=0.1)}, 0)
+    got = {r["injection"]: r for r in rows}
+    for c, a in contribution.items():
+        assert got[f"shapley:{c}"]["mean"] == pytest.approx(a, abs=1e-12)
+    assert got["shapley:interaction"]["mean"] == pytest.approx(0, abs=1e-12)
+    assert all(r["n"] == 40 and r["metric"] == "rollout_shapley" for r in rows)
+
+
+def test_a_synthetic_interaction_lands_in_the_interaction_term():
+    from mxfp4.rl.pathways import shapley_rows
+
+    def v(t):  # the three together do 0.4 more than their parts; alone each does 0.1
+        return 0.1 * len(t) + (0.4 if len(t) == 3 else 0.0)
+
+    got = {r["injection"]: r for r in shapley_rows("m", "warm", {"entropy": _harms(v, noise=0.05)}, 0)}
+    assert got["shapley:interaction"]["mean"] == pytest.approx(0.4, abs=1e-12)
+    assert got["shapley:interaction"]["ci_low"] == pytest.approx(0.4) and got["shapley:interaction"]["ci_high"] == (
+        pytest.approx(0.4))  # the unit noise is shared by every arm: no spread in the interaction
+    for c in ("scale", "dead", "grid"):  # efficiency: the interaction is shared equally by symmetric players
+        assert got[f"shapley:{c}"]["mean"] == pytest.approx(0.1 + 0.4 / 3, abs=1e-12)
+
+
+def test_the_hierarchical_bootstrap_resamples_seeds_then_units():
+    from mxfp4.stats import hierarchical_bootstrap
+
+    rng = np.random.default_rng(1)
+    one = hierarchical_bootstrap({0: list(rng.normal(1.0, 1.0, 400))})
+    assert one["ci_low"] < one["mean"] < one["ci_high"] and one["ci_high"] - one["ci_low"] == pytest.approx(
+        2 * 1.96 / 20, rel=0.15)  # the ordinary bootstrap over 400 units: about +-1.96 sd / sqrt(n)
+    # seeds that disagree widen the interval beyond what the units alone would give
+    seeds = {s: list(rng.normal(mu, 0.1, 100)) for s, mu in enumerate((0.0, 1.0, 2.0))}
+    pooled = hierarchical_bootstrap({0: [x for v in seeds.values() for x in v]})
+    nested = hierarchical_bootstrap(seeds)
+    assert nested["ci_high"] - nested["ci_low"] > 3 * (pooled["ci_high"] - pooled["ci_low"])
+    assert hierarchical_bootstrap({0: [None]})["mean"] is None
