@@ -15,7 +15,7 @@ MAX_SAMPLE = 2**26  # elements of a decompose --dist sample
 SAMPLE_DEFAULTS = {"rows": 256, "cols": 1024, "dtype": "float32", "seed": 0}  # decompose --dist only
 
 # Commands that load transformers models (the RL processes).
-MODEL_COMMANDS = ("pretrain", "cell", "pathways", "corrections-table")
+MODEL_COMMANDS = ("pretrain", "cell", "pathways", "corrections-table", "weight-components")
 
 
 def hide_torchao_from_transformers() -> None:
@@ -154,6 +154,8 @@ PLOTS = {  # figure -> (drawing function in mxfp4.report.plots, what its input f
     "accuracy": ("accuracy_bars", "aggregate/cells.csv of mxfp4 aggregate"),
     "kernels": ("kernel_throughput", "bench.json of kernels/bench_kernels.py"),
     "pathways": ("pathway_matrix", "pathways/pathways.csv (every model's mxfp4 pathways rows)"),
+    "attribution": ("pathway_attribution", "pathways/pathways.csv (every model's mxfp4 pathways rows)"),
+    "cosines": ("component_cosines", "weight_components.csv of mxfp4 weight-components"),
 }
 
 
@@ -329,6 +331,18 @@ def _cmd_pathways(args) -> int:
     return 0
 
 
+def _cmd_weight_components(args) -> int:
+    from .report.aggregate import write_csv
+    from .rl.weight_components import run_weight_components, summary_markdown
+
+    out = Path(args.out or Layout(args.results, args.profile).weight_components)
+    rows = run_weight_components(args.profile, args.results)
+    write_csv(rows, writable(out))
+    write_text_atomic(out.with_suffix(".md"), summary_markdown(rows))
+    print(f"wrote {out} and {out.with_suffix('.md')} ({len(rows)} rows)")
+    return 0
+
+
 def _model_args(p) -> None:
     """The arguments of a command that works on one model of a profile."""
     p.add_argument("--profile", default="embedded")
@@ -402,6 +416,13 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("--out", default=None, help="default results/<profile>/pathways/<model>/pathways.csv")
     p.set_defaults(func=_cmd_pathways)
+
+    p = sub.add_parser("weight-components", help="the decomposition of every weight tensor in both forms: shares "
+                                                 "and pairwise component cosines (the paper's Figure 1)")
+    p.add_argument("--profile", default="embedded")
+    p.add_argument("--results", default="results")
+    p.add_argument("--out", default=None, help="default results/<profile>/weight_components.csv")
+    p.set_defaults(func=_cmd_weight_components)
 
     p = sub.add_parser("aggregate", help="tidy CSVs of a profile's finished cells (cells, steps, summary)")
     p.add_argument("--profile", default="embedded")

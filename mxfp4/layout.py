@@ -80,6 +80,11 @@ class Layout:
         return self.root / "pathways" / (f"{model}/pathways.csv" if model else "pathways.csv")
 
     @property
+    def weight_components(self) -> Path:
+        """Per weight tensor and decomposition form: shares and component cosines (``.md`` beside it)."""
+        return self.root / "weight_components.csv"
+
+    @property
     def claims(self) -> Path:
         return self.root / "claims.md"
 

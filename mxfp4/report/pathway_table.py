@@ -1,5 +1,6 @@
-"""The pathway matrix as a markdown table: per model and checkpoint, each arm's effect on the three
-pathways against the unquantized arm, with 95% intervals and n."""
+"""The pathway matrix as markdown tables: per model and checkpoint, each arm's effect on the three
+pathways against the unquantized arm, with 95% intervals and n; then, per pathway, each component's
+excess harm over its energy-matched controls and the Shapley values of the eight-arm game."""
 
 from __future__ import annotations
 
@@ -71,7 +72,38 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+ATTRIBUTION = (  # (metric suffix, injection, header)
+    *(("excess_harm", f"+{c} vs +{c}~{k}", f"excess +{c} (~{k[:5]}.)") for c in ("scale", "dead", "grid")
+      for k in ("gaussian", "permuted")),
+    *(("shapley", f"shapley:{c}", f"Shapley {c}") for c in ("scale", "dead", "grid", "interaction")),
+)
+
+
+def attribution_markdown(rows: list[dict]) -> str:
+    """Per model, checkpoint and pathway: excess harm of each component over each matched control
+    (paired t, 95%) and the Shapley values with the interaction (bootstrap 95%)."""
+    present = [r for r in rows if r["metric"].endswith(("_excess_harm", "_shapley"))]
+    if not present:
+        return ""
+    out = ["| model | checkpoint | pathway | " + " | ".join(h for *_, h in ATTRIBUTION) + " |",
+           "| --- | --- | --- | " + " | ".join("---" for _ in ATTRIBUTION) + " |"]
+    for model, ckpt in dict.fromkeys((r["model"], r["checkpoint"]) for r in present):
+        for pathway in ("gradient", "rollout", "entropy"):
+            cells = []
+            for suffix, injection, _ in ATTRIBUTION:
+                hit = [r for r in present if (r["model"], r["checkpoint"], r["metric"], r["injection"])
+                       == (model, ckpt, f"{pathway}_{suffix}", injection)]
+                cells.append(_cell(hit[0] if hit else None, False))
+            if any(c != "—" for c in cells):
+                out.append(f"| {model} | {ckpt} | {pathway} | " + " | ".join(cells) + " |")
+    return ("\n## Attribution: excess harm over energy-matched controls, and Shapley values\n\nHarm = 1 - gradient "
+            "cosine, - rollout accuracy, token entropy. Excess = harm(+c) - harm(+c~control), paired over the same "
+            "units; Shapley over the arms none, +c, all, -c (per unit, bootstrap interval).\n\n" + "\n".join(out)
+            + "\n")
+
+
 def run(pathways_csv, out_md) -> str:
-    text = markdown(list(csv.DictReader(Path(pathways_csv).open())))
+    rows = list(csv.DictReader(Path(pathways_csv).open()))
+    text = markdown(rows) + attribution_markdown(rows)
     write_text_atomic(out_md, text)
     return text

@@ -367,3 +367,87 @@ def pathway_matrix(pathways_csv: Path | str, out_stem: Path | str) -> list[Path]
     ax.legend(fontsize=5, ncol=2, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle("Pathway matrix: each MXFP4 error component injected alone (+c), MXFP4 (all), MXFP4 without it (-c)")
     return save(fig, out_stem)
+
+
+ATTRIBUTION_PATHWAYS = (("gradient", "gradient accuracy (claimed: scale)"),
+                        ("rollout", "rollout quality (claimed: deadzone)"),
+                        ("entropy", "policy entropy (claimed: grid)"))
+
+
+def pathway_attribution(pathways_csv: Path | str, out_stem: Path | str) -> list[Path]:
+    """Top: each component's excess harm over its energy-matched controls (paired, 95% t intervals);
+    bottom: the Shapley values of the eight-arm game and its interaction (bootstrap intervals). One
+    marker per model and checkpoint; harm = 1 - gradient cosine, - rollout accuracy, token entropy."""
+    import csv
+
+    rows = [r for r in csv.DictReader(Path(pathways_csv).open()) if r["mean"] not in ("", None)]
+    series = list(dict.fromkeys((r["model"], r["checkpoint"]) for r in rows))
+    fig, axes = plt.subplots(2, 3, figsize=(16, 7), layout="constrained")
+    components = ("scale", "dead", "grid")
+    for j, (pathway, title) in enumerate(ATTRIBUTION_PATHWAYS):
+        top, bottom = axes[0][j], axes[1][j]
+        for k, (model, ckpt) in enumerate(series):
+            mine = [r for r in rows if (r["model"], r["checkpoint"]) == (model, ckpt)]
+            marker = "osD^v<>"[k % 7]
+            off = (k - (len(series) - 1) / 2) * 0.7 / max(len(series), 1)
+            for i, c in enumerate(components):
+                for dy, kind in ((-0.12, "gaussian"), (0.12, "permuted")):
+                    hit = [r for r in mine if r["metric"] == f"{pathway}_excess_harm"
+                           and r["injection"] == f"+{c} vs +{c}~{kind}"]
+                    if hit:
+                        _errorbar(top, hit[0], i + off + dy, COLORS[c], marker, fill=kind == "gaussian")
+            for i, name in enumerate((*components, "interaction")):
+                hit = [r for r in mine if r["metric"] == f"{pathway}_shapley" and r["injection"] == f"shapley:{name}"]
+                if hit:
+                    _errorbar(bottom, hit[0], i + off, COLORS.get(name, COLORS["cross"]), marker, fill=True)
+        top.set_yticks(range(3), [f"+{c}" for c in components])
+        bottom.set_yticks(range(4), [*components, "interaction"])
+        for ax in (top, bottom):
+            ax.invert_yaxis()
+            ax.axvline(0, color="gray", lw=0.6)
+        top.set_title(f"{title}: excess harm over the matched control", fontsize=9)
+        top.set_xlabel("harm(+c) - harm(+c~control) (filled: Gaussian, open: permuted)", fontsize=8)
+        bottom.set_title(f"{title}: Shapley value of each component", fontsize=9)
+        bottom.set_xlabel("share of harm(all) - harm(none), bootstrap 95% interval", fontsize=8)
+    handles = [plt.Line2D([], [], ls="", marker="osD^v<>"[k % 7], color="gray", label=f"{m} / {c}")
+               for k, (m, c) in enumerate(series)]
+    axes[0][0].legend(handles=handles, fontsize=7, loc="lower right")
+    fig.suptitle("Which component, not how much error: excess harm over energy-matched controls, and Shapley values")
+    return save(fig, out_stem)
+
+
+def _errorbar(ax, r: dict, y: float, color: str, marker: str, fill: bool) -> None:
+    from .pathway_table import estimate
+
+    m, lo, hi = estimate(r)
+    err = None if lo is None else [[m - lo], [hi - m]]
+    ax.errorbar(m, y, xerr=err, fmt=marker, color=color, mfc=color if fill else "white", capsize=2, ms=4)
+
+
+def component_cosines(weight_components_csv: Path | str, out_stem: Path | str) -> list[Path]:
+    """The analogue of the paper's Figure 1: per decomposition form (columns) and model (colours), the
+    distribution over weight tensors of the pairwise cosine similarity of the three components."""
+    import csv
+
+    rows = list(csv.DictReader(Path(weight_components_csv).open()))
+    forms = list(dict.fromkeys(r["form"] for r in rows))
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    pairs = (("scale", "dead"), ("scale", "grid"), ("dead", "grid"))
+    fig, axes = plt.subplots(1, len(forms), figsize=(6.5 * len(forms), 3.6), squeeze=False, sharey=True,
+                             layout="constrained")
+    for ax, form in zip(axes[0], forms):
+        for k, model in enumerate(models):
+            sel = [r for r in rows if r["form"] == form and r["model"] == model]
+            data = [[float(r[f"cosine_{a}_{b}"]) for r in sel] for a, b in pairs]
+            pos = [i + (k - (len(models) - 1) / 2) * 0.3 for i in range(len(pairs))]
+            parts = ax.violinplot(data, positions=pos, widths=0.25, showmedians=True)
+            for body in parts["bodies"]:
+                body.set_color(("#1f77b4", "#ff7f0e", "#2ca02c")[k % 3])
+            ax.plot([], [], color=("#1f77b4", "#ff7f0e", "#2ca02c")[k % 3], label=f"{model} ({len(sel)} tensors)")
+        ax.set_xticks(range(len(pairs)), [f"cos(e_{a}, e_{b})" for a, b in pairs])
+        ax.axhline(0, color="gray", lw=0.6)
+        ax.set_title(f"{form} form", fontsize=10)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel("cosine similarity over a weight tensor")
+    fig.suptitle("Pairwise cosine of the error components over every quantized weight tensor (MXFP4)")
+    return save(fig, out_stem)

@@ -1,5 +1,5 @@
 BASELINE_FIGURES = ["decomposition_shares", "correction_effects", "training_curves", "gsm8k_accuracy",
-                    "kernel_throughput", "pathway_matrix"]
+                    "kernel_throughput", "pathway_matrix", "pathway_attribution", "component_cosines"]
 
 
 rule store_baselines:

@@ -76,6 +76,46 @@ rule figure_pathways:
         "{MXFP4} plot pathways {input} --out {FIGURES}/pathway_matrix > {log} 2>&1"
 
 
+rule weight_components:
+    """The decomposition of every quantized weight tensor of the warm-started models, in both forms:
+    shares, cross term, Shapley shares and the pairwise cosines of the components."""
+    input:
+        [model_path(m) for m in TINY_MODELS],
+    output:
+        csv=str(L.weight_components),
+        md=report(str(L.weight_components.with_suffix(".md")), caption="../report/weight_components.rst",
+                  category="Decomposition"),
+    log:
+        f"{LOGS}/weight_components.log",
+    shell:
+        "{MXFP4} weight-components --profile {PROFILE} --out {output.csv} > {log} 2>&1"
+
+
+rule figure_cosines:
+    input:
+        str(L.weight_components),
+    output:
+        png=report(f"{FIGURES}/component_cosines.png", caption="../report/component_cosines.rst", category="Decomposition"),
+        pdf=f"{FIGURES}/component_cosines.pdf",
+    log:
+        f"{LOGS}/figure_cosines.log",
+    shell:
+        "{MXFP4} plot cosines {input} --out {FIGURES}/component_cosines > {log} 2>&1"
+
+
+rule figure_attribution:
+    input:
+        str(L.pathways()),
+    output:
+        png=report(f"{FIGURES}/pathway_attribution.png", caption="../report/pathway_attribution.rst",
+                   category="Pathway matrix"),
+        pdf=f"{FIGURES}/pathway_attribution.pdf",
+    log:
+        f"{LOGS}/figure_attribution.log",
+    shell:
+        "{MXFP4} plot attribution {input} --out {FIGURES}/pathway_attribution > {log} 2>&1"
+
+
 rule figures:
     """Every figure of the profile, and the claims table they support, all made by this run (the
     kernel checks and a short benchmark included; stored reference figures live beside the baselines
@@ -91,4 +131,7 @@ rule figures:
         rules.figure_accuracy.output,
         rules.figure_kernels.output,
         rules.figure_pathways.output,
+        rules.figure_attribution.output,
+        rules.figure_cosines.output,
+        str(L.weight_components.with_suffix(".md")),
         rules.kernel_checks.output,

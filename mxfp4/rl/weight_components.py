@@ -1,0 +1,88 @@
+"""The decomposition over every quantized weight tensor of a profile's models, in both forms: per tensor
+the energies, shares, cross term, Shapley shares and the pairwise cosine similarity of the three
+components (the paper's Figure 1 shows these cosines over 18,624 Qwen3-30B weight tensors). Blocks run
+along the weight's input dimension, as the forward GEMM quantizes it."""
+
+from __future__ import annotations
+
+import torch
+
+from ..config.profiles import load_profile
+from ..config.recipes import Recipe
+from ..layout import Layout
+from ..nn import gemm_weights, patch_model, patched_modules
+from ..numerics.decompose import COMPONENTS, FORMS, PAIRS, decompose
+from .models import missing_warm_start_files
+
+KEYS = ("n", "energy_total", *(f"{k}_{c}" for k in ("energy", "share", "shapley_share") for c in COMPONENTS),
+        "cross_share", *(f"cosine_{a}_{b}" for a, b in PAIRS), "deadzone_fraction")
+
+
+def tensor_rows(model, model_name: str, recipe: str = "mxfp4") -> list[dict]:
+    """One row per (quantized weight tensor, form) of ``model`` under ``recipe``'s format and rule."""
+    quantizer = Recipe.named(recipe).quantizer()
+    patch_model(model, quantizer)
+    rows = []
+    for name, module, _ in patched_modules(model):
+        for key, weight in gemm_weights(module).items():
+            for tensor, w in _tensors(f"{name}.{key}", weight.detach().float()):
+                for form in FORMS:
+                    s = decompose(w, quantizer.fmt, -1, quantizer.scale_rule, form=form).stats
+                    rows.append({"model": model_name, "tensor": tensor, "shape": "x".join(map(str, w.shape)),
+                                 "form": form, **{k: s[k] for k in KEYS}})
+    return rows
+
+
+def _tensors(name: str, w: torch.Tensor):
+    """The paper's tensors: a fused expert weight [E, ...] is E tensors, and a fused gate_up [E, 2I, H]
+    is a gate and an up projection per expert (18,624 = 48 layers x (128 experts x 3 + 4 attention))."""
+    if w.ndim == 2:
+        yield name, w
+        return
+    for e in range(w.shape[0]):
+        if name.endswith("gate_up_proj"):
+            half = w.shape[1] // 2
+            yield f"{name.removesuffix('gate_up_proj')}{e}.gate_proj", w[e, :half]
+            yield f"{name.removesuffix('gate_up_proj')}{e}.up_proj", w[e, half:]
+        else:
+            yield f"{name}.{e}", w[e]
+
+
+def summary_markdown(rows: list[dict]) -> str:
+    """Per model and form: the number of tensors and the median [25th, 75th percentile] over tensors of
+    each share and each pairwise cosine."""
+    import numpy as np
+
+    cols = [*(f"share_{c}" for c in COMPONENTS), "cross_share", *(f"shapley_share_{c}" for c in COMPONENTS),
+            *(f"cosine_{a}_{b}" for a, b in PAIRS)]
+    out = ["| model | form | tensors | " + " | ".join(cols) + " |",
+           "| --- | --- | --- | " + " | ".join("---" for _ in cols) + " |"]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for form in FORMS:
+            sel = [r for r in rows if r["model"] == model and r["form"] == form]
+            if not sel:
+                continue
+            cells = []
+            for c in cols:
+                q25, q50, q75 = np.percentile([float(r[c]) for r in sel], [25, 50, 75])
+                cells.append(f"{q50:+.3f} [{q25:+.3f}, {q75:+.3f}]")
+            out.append(f"| {model} | {form} | {len(sel)} | " + " | ".join(cells) + " |")
+    return ("Median [25th, 75th percentile] over weight tensors (blocks along the input dimension, the recipe "
+            "mxfp4).\n\n" + "\n".join(out) + "\n")
+
+
+def run_weight_components(profile_name: str, results="results") -> list[dict]:
+    """Rows of every tiny warm-started model (or hub model) of the profile."""
+    from .models import load
+
+    profile = load_profile(profile_name)
+    layout = Layout(results, profile_name)
+    rows = []
+    for model_name, spec in profile.models.items():
+        path = layout.model(model_name) if spec.arch else spec.hub
+        if spec.arch and missing_warm_start_files(path):
+            raise ValueError(f"the tiny model {model_name!r} has not been warm-started ({path}); run: mxfp4 pretrain "
+                             f"--profile {profile_name} --model {model_name}")
+        model, _ = load(str(path), dtype=torch.float32)
+        rows += tensor_rows(model, model_name)
+    return rows
