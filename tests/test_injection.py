@@ -142,3 +142,15 @@ def test_a_control_arm_injects_matched_noise_not_the_component():
     assert row_spec("+grid~gaussian") == {"inject": "grid", "control": "gaussian"}
     with pytest.raises(ValueError, match="accepted: gaussian, permuted"):
         ComponentQuantizer(inject="scale", control="uniform")
+
+
+def test_a_pathway_arm_injects_the_component_of_the_form_it_names():
+    from mxfp4.numerics.decompose import error_components
+    from mxfp4.rl.pathways import row_quantizer
+
+    x = torch.randn(8, 64, generator=torch.Generator().manual_seed(5))
+    for form in ("canonical", "gain"):
+        q = row_quantizer("+scale", "both", form=form)
+        want = x + error_components(x, dtype=torch.float32, form=form)["scale"]
+        assert q.form == form and torch.equal(q(x, -1), want)
+    assert row_quantizer("all", form="gain") is not None  # full MXFP4 has no form: accepted, ignored

@@ -62,7 +62,7 @@ def test_smoke_profile_runs_to_figures_and_reruns_exactly(workdir):
     snakemake(workdir, "all", "--config", "profile=smoke")
     figures = workdir / "figures" / "smoke"
     for stem in ("decomposition_shares", "correction_effects", "training_curves", "gsm8k_accuracy", "kernel_throughput",
-                 "pathway_matrix"):
+                 "pathway_matrix", "pathway_attribution", "component_cosines"):
         assert (figures / f"{stem}.png").stat().st_size > 10_000
         assert (figures / f"{stem}.pdf").exists()
     assert "| claim |" in (workdir / "results" / "smoke" / "claims.md").read_text()

@@ -195,6 +195,14 @@ class PathwaySettings(_Strict):
     additivity_steps: list[int] = Field(
         default_factory=lambda: [1, 5], description="k of the additivity test (empty: skip)"
     )
+    checkpoints: list[Literal["warm", "grpo"]] = Field(
+        default_factory=lambda: ["warm", "grpo"], min_length=1,
+        description="policies measured: the warm start and (grpo) the first seed's bf16 policy after GRPO",
+    )
+    forms: list[Literal["canonical", "gain"]] = Field(
+        default_factory=lambda: ["canonical"], min_length=1,
+        description="decomposition forms whose components the arms inject (each form a full set of arms)",
+    )
     controls: list[Literal["gaussian", "permuted"]] = Field(
         default_factory=lambda: ["gaussian", "permuted"],
         description="energy-matched control arms of each injected component (+c~k): the excess harm rows",

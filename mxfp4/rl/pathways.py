@@ -22,8 +22,8 @@ from ..config.profiles import Profile, load_profile
 from ..config.recipes import Recipe
 from ..io import write_text_atomic
 from ..layout import Layout
-from ..nn import patch_model, unpatch_model
-from ..numerics.decompose import COMPONENTS, interaction, shapley_values
+from ..nn import gemm_weights, patch_model, patched_modules, unpatch_model
+from ..numerics.decompose import COMPONENTS, decompose, interaction, pool_stats, shapley_values
 from ..numerics.injection import ROWS, SITES, row_spec
 from ..stats import hierarchical_bootstrap, mean_ci, paired_diff
 from . import data as gsm
@@ -44,6 +44,7 @@ FIELDS = [
     "n",
     "p",
     "method",
+    "form",
 ]
 # The paper's mapping: which component dominates which pathway, and the harm measure of that pathway
 # (larger = worse), per unit (gradient batch or prompt).
@@ -75,12 +76,25 @@ def control_rows(controls) -> list[str]:
     return [f"+{c}~{k}" for k in controls for c in COMPONENTS]
 
 
-def row_quantizer(row: str, site: str = "both", scale_rule: str = "floor"):
-    """The quantizer of a pathway arm (None for ``none``), its operands at ``site``."""
+def row_quantizer(row: str, site: str = "both", scale_rule: str = "floor", form: str = "canonical"):
+    """The quantizer of a pathway arm (None for ``none``), its operands at ``site``, its component of
+    the decomposition ``form``."""
     spec = row_spec(row)
     if spec is None:
         return None
+    if "inject" in spec or "remove" in spec:
+        spec = {**spec, "form": form}
     return Recipe(name=f"pathway{row}", scale_rule=scale_rule, gemms=SITES[site], **spec).quantizer()
+
+
+def component_shares(model, quantizer, form: str) -> dict[str, float]:
+    """Each component's energy over MXFP4's error energy, pooled over the model's quantized weights
+    (the model patched with ``quantizer``), in the decomposition ``form``."""
+    stats = [decompose(p.detach().float(), quantizer.fmt, -1, quantizer.scale_rule, form=form).stats
+             for _, module, _ in patched_modules(model) for p in gemm_weights(module).values()]
+    pooled = pool_stats(stats)
+    total = pooled["energy_total"]
+    return {c: pooled[f"energy_{c}"] / total for c in COMPONENTS} if total else {}
 
 
 class Arm:
@@ -354,9 +368,9 @@ def additivity(model, trainer, batch, steps: list[int], lr: float) -> dict[int, 
     return out
 
 
-def gradient_pathway(model_name, ckpt, trainer, model, batches, settings, harms) -> list[dict]:
-    """Gradient rows of every arm (and control arm) at every site, and the scale-rule row group; fills
-    ``harms["gradient"]`` with the per-batch harm of every arm at site both."""
+def gradient_pathway(model_name, ckpt, trainer, model, batches, settings, harms, form="canonical") -> list[dict]:
+    """Gradient rows of every arm (and control arm) at every site, and (canonical form) the scale-rule
+    row group; fills ``harms["gradient"]`` with the per-batch harm of every arm at site both."""
     rows = []
     reference = [batch_gradient(trainer, b) for b in batches]
 
@@ -367,7 +381,7 @@ def gradient_pathway(model_name, ckpt, trainer, model, batches, settings, harms)
     full_mxfp4 = None  # the "all" arm at site both is the floor rule's arm: measured once
     for site in settings.sites:
         for row in (*ROWS[1:], *(control_rows(settings.controls) if site == "both" else ())):
-            per_batch = grads_under(row_quantizer(row, site))
+            per_batch = grads_under(row_quantizer(row, site, form=form))
             rows += _grad_rows(model_name, ckpt, row, site, per_batch)
             if site == "both":
                 harms["gradient"][row] = [
@@ -377,7 +391,7 @@ def gradient_pathway(model_name, ckpt, trainer, model, batches, settings, harms)
                 full_mxfp4 = per_batch
     if "both" in settings.sites:
         harms["gradient"]["none"] = [0.0] * len(batches)  # the reference gradient itself: cosine 1
-    for rule in settings.scale_rules:
+    for rule in settings.scale_rules if form == "canonical" else ():  # full MXFP4 has no form
         q = row_quantizer("all", "both", rule)
         per_batch = full_mxfp4 if rule == "floor" and full_mxfp4 is not None else grads_under(q)
         rows += [r for r in _grad_rows(model_name, ckpt, f"rule:{rule}", "both", per_batch) if r["layer"] == "total"]
@@ -400,7 +414,8 @@ def gradient_pathway(model_name, ckpt, trainer, model, batches, settings, harms)
 
 
 def checkpoints(profile: Profile, model_name: str, results) -> dict[str, Path]:
-    """The fixed checkpoints: the warm-started policy and (when its bf16 cell ran) the policy after GRPO."""
+    """The fixed checkpoints the profile asks for (``pathways.checkpoints``): the warm-started policy
+    and (when its bf16 cell ran) the policy after GRPO."""
     spec = profile.model(model_name)
     seed = profile.seeds[0]
     if spec.config:
@@ -410,9 +425,10 @@ def checkpoints(profile: Profile, model_name: str, results) -> dict[str, Path]:
         )
     layout = Layout(results, profile.name)
     warm = layout.model(model_name) if spec.arch else Path(spec.hub)
-    out = {"warm": warm}
+    wanted = profile.pathways.checkpoints if profile.pathways else ["warm", "grpo"]
+    out = {"warm": warm} if "warm" in wanted else {}
     after = layout.policy(model_name, seed)
-    if (after / "config.json").exists():
+    if "grpo" in wanted and (after / "config.json").exists():
         out["grpo"] = after
     return out
 
@@ -429,9 +445,10 @@ def run_pathways(profile_name: str, model_name: str, results="results", out_csv=
     spec = profile.model(model_name)
     seed = profile.seeds[0]
     ckpts = checkpoints(profile, model_name, results)
-    if spec.arch and missing_warm_start_files(ckpts["warm"]):
+    warm = Layout(results, profile.name).model(model_name)
+    if spec.arch and missing_warm_start_files(warm):
         raise ValueError(
-            f"the tiny model {model_name!r} has not been warm-started ({ckpts['warm']}); run: mxfp4 pretrain "
+            f"the tiny model {model_name!r} has not been warm-started ({warm}); run: mxfp4 pretrain "
             f"--profile {profile_name} --model {model_name}"
         )
     train, _ = cell_data(profile, results)
@@ -456,65 +473,12 @@ def run_pathways(profile_name: str, model_name: str, results="results", out_csv=
                 "count",
             )
         )
-        harms: dict[str, dict[str, list]] = {"gradient": {}}
-        if len(batches) >= 2:
-            rows += gradient_pathway(model_name, ckpt, trainer, model, batches, settings, harms)
-            progress(f"[{time.time() - t0:6.1f}s] {model_name}/{ckpt}: gradient and scale-rule rows")
-        else:
-            progress(f"{model_name}/{ckpt}: fewer than 2 usable gradient batches: no gradient rows")
-
-        scores = {}
-        for row in (*ROWS, *control_rows(settings.controls)):
-            with Arm(model, row_quantizer(row, "forward")):
-                scores[row] = rollout_scores(
-                    model,
-                    tokenizer,
-                    roll_problems,
-                    settings.samples_per_prompt,
-                    g.max_completion_length,
-                    g.temperature,
-                    seed,
-                )
-        for row in scores:
-            for i, metric in enumerate(("rollout_accuracy", "entropy")):
-                level = mean_ci(scores[row][i])
-                rows.append(
-                    _row(model_name, ckpt, row, "forward", "total", metric, level, "mean over prompts, 95% t interval")
-                )
-                if row != "none":
-                    d = paired_diff(scores[row][i], scores["none"][i])
-                    rows.append(
-                        _row(
-                            model_name,
-                            ckpt,
-                            row,
-                            "forward",
-                            "total",
-                            f"{metric}_diff",
-                            {
-                                "mean": d["diff"],
-                                "ci_low": d["ci_low"],
-                                "ci_high": d["ci_high"],
-                                "n": d["n"],
-                                "p": d["p"],
-                            },
-                            PAIRED_METHOD,
-                        )
-                    )
-        harms["rollout"] = {row: [-v for v in scores[row][0]] for row in scores}
-        harms["entropy"] = {row: scores[row][1] for row in scores}
-        singles = {p: {c: per[f"+{c}"] for c in COMPONENTS if f"+{c}" in per} for p, per in harms.items()}
-        rows += contrast_rows(model_name, ckpt, singles, UNITS, HARMS)
-        rows += shapley_rows(model_name, ckpt, harms, seed)
-        full = row_quantizer("all")
-        with Arm(model, full):
-            weights = weight_decomposition(model, full)
-        share = {c: weights[f"energy_{c}"] / weights["energy_total"] for c in COMPONENTS if weights["energy_total"]}
-        rows += excess_rows(model_name, ckpt, harms, settings.controls, share)
-        progress(
-            f"[{time.time() - t0:6.1f}s] {model_name}/{ckpt}: rollout rows "
-            f"({len(roll_problems)} prompts x {settings.samples_per_prompt})"
-        )
+        for form in settings.forms:
+            first = len(rows)
+            rows += form_rows(model_name, ckpt, model, tokenizer, trainer, batches, profile, roll_problems, form,
+                              lambda msg: progress(f"[{time.time() - t0:6.1f}s] {msg}"))
+            for r in rows[first:]:
+                r["form"] = form
 
         if ckpt == "warm" and settings.additivity_steps and batches:
             ratios = additivity(model, trainer, batches[0], settings.additivity_steps, g.learning_rate)
@@ -532,8 +496,51 @@ def run_pathways(profile_name: str, model_name: str, results="results", out_csv=
                     )
                 )
             progress(f"[{time.time() - t0:6.1f}s] {model_name}/{ckpt}: additivity k={settings.additivity_steps}")
+    for r in rows:
+        r.setdefault("form", "canonical")  # rows that no decomposition form shapes (counts, full MXFP4)
     if out_csv is not None:
         write_csv(rows, out_csv)
+    return rows
+
+
+def form_rows(model_name, ckpt, model, tokenizer, trainer, batches, profile: Profile, roll_problems, form: str,
+              progress) -> list[dict]:
+    """Every arm of one checkpoint with the components of one decomposition form: gradient rows (and
+    the scale-rule group, canonical only), rollout and entropy rows, the contrasts, the Shapley rows
+    and the excess harm over the matched controls."""
+    settings, g, seed = profile.pathways, profile.grpo, profile.seeds[0]
+    rows: list[dict] = []
+    harms: dict[str, dict[str, list]] = {"gradient": {}}
+    model.train()  # as the batches were scored (the rollouts of a previous form left it in eval mode)
+    if len(batches) >= 2:
+        rows += gradient_pathway(model_name, ckpt, trainer, model, batches, settings, harms, form)
+        progress(f"{model_name}/{ckpt} ({form}): gradient and scale-rule rows")
+    else:
+        progress(f"{model_name}/{ckpt}: fewer than 2 usable gradient batches: no gradient rows")
+    scores = {}
+    for row in (*ROWS, *control_rows(settings.controls)):
+        with Arm(model, row_quantizer(row, "forward", form=form)):
+            scores[row] = rollout_scores(model, tokenizer, roll_problems, settings.samples_per_prompt,
+                                         g.max_completion_length, g.temperature, seed)
+    for row in scores:
+        for i, metric in enumerate(("rollout_accuracy", "entropy")):
+            rows.append(_row(model_name, ckpt, row, "forward", "total", metric, mean_ci(scores[row][i]),
+                             "mean over prompts, 95% t interval"))
+            if row != "none":
+                d = paired_diff(scores[row][i], scores["none"][i])
+                est = {"mean": d["diff"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"], "p": d["p"]}
+                rows.append(_row(model_name, ckpt, row, "forward", "total", f"{metric}_diff", est, PAIRED_METHOD))
+    harms["rollout"] = {row: [-v for v in scores[row][0]] for row in scores}
+    harms["entropy"] = {row: scores[row][1] for row in scores}
+    singles = {p: {c: per[f"+{c}"] for c in COMPONENTS if f"+{c}" in per} for p, per in harms.items()}
+    rows += contrast_rows(model_name, ckpt, singles, UNITS, HARMS)
+    rows += shapley_rows(model_name, ckpt, harms, seed)
+    full = row_quantizer("all")
+    with Arm(model, full):
+        share = component_shares(model, full, form)
+    rows += excess_rows(model_name, ckpt, harms, settings.controls, share)
+    progress(f"{model_name}/{ckpt} ({form}): rollout rows ({len(roll_problems)} prompts x "
+             f"{settings.samples_per_prompt})")
     return rows
 
 

@@ -3,12 +3,16 @@ rule pathways_model:
     warm-started policy and on the bf16 cell's policy after GRPO (first seed), paired on the same data."""
     input:
         model_input,
-        bf16_policy=lambda wc: cell_path(wc.model, REFERENCE_RECIPE, SEEDS[0]),
+        # the policy after GRPO, when the profile measures that checkpoint
+        bf16_policy=lambda wc: [cell_path(wc.model, REFERENCE_RECIPE, SEEDS[0])]
+        if P.pathways and "grpo" in P.pathways.checkpoints else [],
     output:
         str(L.pathways("{model}")),
     log:
         f"{LOGS}/pathways_{{model}}.log",
     threads: 1
+    # the longest jobs of the DAG: start them as soon as their inputs exist, so the cells fill the other core
+    priority: 10
     shell:
         "MXFP4_THREADS={threads} {MXFP4} pathways --profile {PROFILE} --model {wildcards.model} --out {output} > {log} 2>&1"
 
