@@ -16,7 +16,6 @@ are labelled so, never "held".
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from pathlib import Path
@@ -326,7 +325,9 @@ def markdown(rows: list[dict], profile: str) -> str:
 
 
 def read_pathways(path) -> list[dict]:
-    return list(csv.DictReader(Path(path).open())) if path and Path(path).exists() else []
+    from .pathway_table import read_rows
+
+    return read_rows(path) if path and Path(path).exists() else []
 
 
 def eval_problems(profile: str) -> int | None:

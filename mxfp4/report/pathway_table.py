@@ -18,6 +18,16 @@ COLUMNS = (  # (metric, header, turn a cosine into 1 - cosine)
 )
 
 
+def read_rows(path) -> list[dict]:
+    """pathways.csv as dicts; a row of the gain form gets its form in its checkpoint label
+    (``warm (gain)``), so every table, figure and claim keeps the two forms apart."""
+    rows = list(csv.DictReader(Path(path).open()))
+    for r in rows:
+        if r.get("form") == "gain":
+            r["checkpoint"] = f"{r['checkpoint']} (gain)"
+    return rows
+
+
 def estimate(r: dict, flip: bool = False) -> tuple[float, float | None, float | None]:
     """(mean, ci_low, ci_high) of a pathways.csv row; ``flip`` turns a cosine into 1 - cosine (the
     interval's ends swap)."""
@@ -103,7 +113,7 @@ def attribution_markdown(rows: list[dict]) -> str:
 
 
 def run(pathways_csv, out_md) -> str:
-    rows = list(csv.DictReader(Path(pathways_csv).open()))
+    rows = read_rows(pathways_csv)
     text = markdown(rows) + attribution_markdown(rows)
     write_text_atomic(out_md, text)
     return text

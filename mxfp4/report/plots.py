@@ -285,11 +285,9 @@ def pathway_matrix(pathways_csv: Path | str, out_stem: Path | str) -> list[Path]
     """The pathway matrix: rows the injection arms, columns the three pathways (effects against the
     unquantized arm with 95% intervals; one marker per model and checkpoint), and the gradient
     cosine by layer depth per injected component."""
-    import csv
+    from .pathway_table import estimate, read_rows
 
-    from .pathway_table import estimate
-
-    rows = list(csv.DictReader(Path(pathways_csv).open()))
+    rows = read_rows(pathways_csv)
     arms = ["+scale", "+dead", "+grid", "all", "-scale", "-dead", "-grid"]
     series = list(dict.fromkeys((r["model"], r["checkpoint"]) for r in rows))
     fig, axes = plt.subplots(1, 4, figsize=(19, 4.2), layout="constrained")
@@ -378,9 +376,9 @@ def pathway_attribution(pathways_csv: Path | str, out_stem: Path | str) -> list[
     """Top: each component's excess harm over its energy-matched controls (paired, 95% t intervals);
     bottom: the Shapley values of the eight-arm game and its interaction (bootstrap intervals). One
     marker per model and checkpoint; harm = 1 - gradient cosine, - rollout accuracy, token entropy."""
-    import csv
+    from .pathway_table import read_rows
 
-    rows = [r for r in csv.DictReader(Path(pathways_csv).open()) if r["mean"] not in ("", None)]
+    rows = [r for r in read_rows(pathways_csv) if r["mean"] not in ("", None)]
     series = list(dict.fromkeys((r["model"], r["checkpoint"]) for r in rows))
     fig, axes = plt.subplots(2, 3, figsize=(16, 7), layout="constrained")
     components = ("scale", "dead", "grid")
