@@ -7,7 +7,7 @@ same per-block energy, no alignment with x): the excess harm of a component is i
 control's, paired over the same units. The eight corners none, +c, all, -c form a three-player game
 per unit; its Shapley values and interaction are reported per pathway with bootstrap intervals.
 The design is docs/design.md, "The pathway matrix". Output: a tidy CSV (model, checkpoint,
-injection, site, layer, metric, mean, ci_low, ci_high, n, p, method).
+injection, site, layer, metric, mean, ci_low, ci_high, n, p, method, form).
 """
 
 from __future__ import annotations
@@ -203,6 +203,11 @@ def rollout_scores(
     return correct.view(-1, samples).mean(1).tolist(), tok_entropy.view(-1, samples).mean(1).tolist()
 
 
+def _paired(d: dict) -> dict:
+    """A row estimate from a ``paired_diff`` result."""
+    return {"mean": d["diff"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"], "p": d["p"]}
+
+
 def _row(model, checkpoint, injection, site, layer, metric, est, method) -> dict:
     return {
         "model": model,
@@ -240,7 +245,7 @@ def contrast_rows(
                     "forward" if pathway != "gradient" else "both",
                     "total",
                     f"{pathway}_harm_contrast",
-                    {"mean": d["diff"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"], "p": d["p"]},
+                    _paired(d),
                     CONTRAST_METHOD.format(units=units[pathway], a=top, b=other, harm=harm_names[pathway]),
                 )
             )
@@ -289,8 +294,7 @@ def excess_rows(model, checkpoint, harms: dict[str, dict[str, list]], controls, 
                 excess[k][c] = [None if x is None or y is None else x - y for x, y in zip(a, b)]
                 d = paired_diff(a, b)
                 rows.append(_row(model, checkpoint, f"+{c} vs +{c}~{k}", site, "total", f"{pathway}_excess_harm",
-                                 {"mean": d["diff"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"],
-                                  "p": d["p"]}, EXCESS_METHOD.format(unit=unit, c=c, k=k, harm=harm)))
+                                 _paired(d), EXCESS_METHOD.format(unit=unit, c=c, k=k, harm=harm)))
             top = MAPPING[pathway]
             for other in (c for c in COMPONENTS if c != top):
                 if top in excess[k] and other in excess[k]:
@@ -298,7 +302,7 @@ def excess_rows(model, checkpoint, harms: dict[str, dict[str, list]], controls, 
                     rows.append(_row(
                         model, checkpoint, f"+{top} vs +{other} (excess over ~{k})", site, "total",
                         f"{pathway}_excess_contrast",
-                        {"mean": d["diff"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"], "p": d["p"]},
+                        _paired(d),
                         f"paired over {unit}: excess harm(+{top}) - excess harm(+{other}), each over its ~{k} "
                         f"control; 95% t interval, two-sided p"))
         base = per_arm.get("none")
@@ -528,7 +532,7 @@ def form_rows(model_name, ckpt, model, tokenizer, trainer, batches, profile: Pro
                              "mean over prompts, 95% t interval"))
             if row != "none":
                 d = paired_diff(scores[row][i], scores["none"][i])
-                est = {"mean": d["diff"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"], "p": d["p"]}
+                est = _paired(d)
                 rows.append(_row(model_name, ckpt, row, "forward", "total", f"{metric}_diff", est, PAIRED_METHOD))
     harms["rollout"] = {row: [-v for v in scores[row][0]] for row in scores}
     harms["entropy"] = {row: scores[row][1] for row in scores}
