@@ -205,3 +205,17 @@ def test_the_rl_gain_is_a_primary_contrast_where_the_cells_record_it():
     assert [(r["baseline"], r["part"]) for r in gains] == [("mxfp4", "primary"), ("bf16", "primary")]
     assert gains[0]["diff"] == pytest.approx(0.03)
     assert not [r for r in compare_rows(_setting(), _setting(), "mine") if r["metric"] == "gsm8k_rl_gain"]
+
+
+def test_a_per_problem_p_that_underflows_keeps_a_finite_interval_that_excludes_zero():
+    from mxfp4.report.compare import item_difference
+
+    items = _items("m", "b", [[0] * 2000]) + _items("m", "new", [[1] * 2000])
+    d = item_difference([i for i in items if i["recipe"] == "new"], [i for i in items if i["recipe"] == "b"])
+    assert d["p"] == 0.0  # 2 * 0.5**2000 underflows
+    cells = [_cell("m", r, s, gsm8k_strict_accuracy=0.5) for r in ("b", "new") for s in (0, 1)]
+    rows = compare_rows([c for c in cells if c["recipe"] == "new"], [c for c in cells if c["recipe"] == "b"], "new",
+                        [i for i in items if i["recipe"] == "new"], [i for i in items if i["recipe"] == "b"],
+                        primary_references=["b"])
+    row = next(r for r in rows if r["metric"] == PER_PROBLEM)
+    assert row["verdict"] == "better" and 0 < row["ci_low"] <= row["ci_high"] <= 1

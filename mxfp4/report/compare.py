@@ -181,7 +181,8 @@ def adjust_family(rows: list[dict], adjust: str = "holm") -> None:
             within = multipletests([r["p"] for r in judged], alpha=ALPHA * share, method=adjust)[1]
             for r, q in zip(judged, within):
                 r["p_adj"] = min(1.0, float(q) / share)
-                r["level"] = 1 - ALPHA * r["p"] / r["p_adj"] if r["p_adj"] > 0 else 1.0
+                # p_adj == 0: p underflowed (or the difference has no spread); every level short of 1 excludes 0
+                r["level"] = 1 - ALPHA * r["p"] / r["p_adj"] if r["p_adj"] > 0 else 0.95
                 r["lone_alpha"] = ALPHA * share / len(judged)
                 r["family_size"] = len(judged)
     for r in rows:
