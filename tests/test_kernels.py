@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import mxfp4
-from mxfp4.numerics import kernel_checks, reference
+from mxfp4.numerics import dispatch, kernel_checks, reference
 from mxfp4.numerics.adversarial import adversarial_rows
 
 RESULTS = list(kernel_checks.check_cases("cuda" if torch.cuda.is_available() else "cpu"))
@@ -35,10 +35,10 @@ def test_same_tells_negative_zero_and_nan_apart():
 
 def test_dispatch_uses_triton_when_asked_and_reference_by_default():
     x = adversarial_rows()["ties"]
-    assert mxfp4.numerics.dispatch.backend_for(x) == "reference"
+    assert dispatch.backend_for(x) == "reference"
     with mxfp4.use_backend("triton"):
-        assert mxfp4.numerics.dispatch.backend_for(x) == "triton"
-        assert mxfp4.numerics.dispatch.backend_for(x, "nvfp4") == "reference"
+        assert dispatch.backend_for(x) == "triton"
+        assert dispatch.backend_for(x, "nvfp4") == "reference"
         q = mxfp4.quantize(x)
         y, stats = mxfp4.fake_quantize_with_stats(x)
     ref_y, ref_stats = mxfp4.fake_quantize_with_stats(x)
@@ -56,7 +56,7 @@ def test_unknown_backend_is_an_error_naming_the_accepted_ones():
 @pytest.mark.gpu
 def test_cuda_tensors_dispatch_to_triton():
     x = torch.randn(256, 256, device="cuda")
-    assert mxfp4.numerics.dispatch.backend_for(x) == "triton"
+    assert dispatch.backend_for(x) == "triton"
     assert torch.equal(mxfp4.fake_quantize(x).cpu(), reference.fake_quantize(x.cpu()))
 
 
