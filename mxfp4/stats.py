@@ -12,6 +12,9 @@ import math
 import numpy as np
 from scipy import stats
 
+ALPHA = 0.05  # the error rate every verdict of the reports is held to
+POWER = 0.80  # the power that minimum detectable effects and needed n are stated at
+
 # Direction of improvement, for verdicts.
 HIGHER_IS_BETTER = {
     "gsm8k_strict_accuracy": True, "gsm8k_flexible_accuracy": True, "mean_reward": True, "mean_rollout_accuracy": True,
@@ -169,6 +172,16 @@ def mcnemar_min_detectable_effect(n: int, discordant_rate: float | None, alpha: 
         else:
             lo = mid
     return hi
+
+
+def verdict_level(p: float | None, p_adj: float | None, alpha: float = ALPHA) -> float:
+    """The level at which a test with raw p gives the verdict of its adjusted p: ``1 - alpha p / p_adj``
+    (its interval at that level excludes the null exactly when p_adj < alpha; ``1 - alpha/m`` under
+    Bonferroni). 0.95 without a test, or when p_adj is 0 (p underflowed, or the difference has no
+    spread: every level short of 1 excludes the null, and at 1 the interval would be everything)."""
+    if p is None or not p_adj:
+        return 0.95
+    return 1 - alpha * p / p_adj
 
 
 def verdict(d: dict, higher_is_better: bool | None = True) -> str:

@@ -26,6 +26,7 @@ import torch
 
 from .decompose import COMPONENTS, check_form, error_components
 from .quantizer import Quantizer
+from .reference import from_blocks, to_blocks
 
 SITES = {
     "forward": {"forward": True, "input_grad": False, "weight_grad": False},
@@ -50,13 +51,6 @@ def row_spec(row: str) -> dict:
     return {"inject" if row[0] == "+" else "remove": component, **({"control": control} if control else {})}
 
 
-def _blocks(t: torch.Tensor, axis: int, size: int) -> torch.Tensor:
-    """[..., n_blocks, size] along ``axis`` (moved last), zero-padded, in t's dtype."""
-    moved = t.movedim(axis, -1)
-    moved = torch.nn.functional.pad(moved, (0, -moved.shape[-1] % size))
-    return moved.reshape(*moved.shape[:-1], -1, size)
-
-
 def matched_control(e: torch.Tensor, axis: int, block_size: int, kind: str, seed: int = 0) -> torch.Tensor:
     """Noise with the energy of ``e`` in every block (blocks of ``block_size`` along ``axis``) and no
     structure: ``gaussian`` draws N(0, 1) over the block's elements and rescales it to the block's
@@ -64,9 +58,8 @@ def matched_control(e: torch.Tensor, axis: int, block_size: int, kind: str, seed
     from ``seed``, the shape and the content of e, so a tensor gets the same control every time."""
     if kind not in CONTROLS:
         raise ValueError(f"control {kind!r}; accepted: {', '.join(CONTROLS)}")
-    n = e.shape[axis]
-    blocks = _blocks(e, axis, block_size)
-    valid = _blocks(torch.ones_like(e, dtype=torch.bool), axis, block_size)
+    blocks = to_blocks(e, axis, block_size, dtype=None)
+    valid = to_blocks(torch.ones_like(e, dtype=torch.bool), axis, block_size, dtype=None)
     key = hash((seed, tuple(e.shape), axis, float(e.double().abs().sum()), float(e.double().pow(2).sum())))
     g = torch.Generator().manual_seed(key & 0x7FFF_FFFF_FFFF_FFFF)
     if kind == "gaussian":
@@ -77,8 +70,7 @@ def matched_control(e: torch.Tensor, axis: int, block_size: int, kind: str, seed
     else:
         keys = torch.rand(blocks.shape, generator=g).masked_fill(~valid, 2.0)  # padding sorts last: stays padding
         out = blocks.gather(-1, keys.argsort(-1))
-    flat = out.reshape(*out.shape[:-2], -1)[..., :n]
-    return flat.movedim(-1, axis)
+    return from_blocks(out, e.shape, axis)
 
 
 def _check_component(kind: str, c: str | None) -> str | None:

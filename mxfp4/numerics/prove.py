@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .decompose import PAIRS, decompose
+from .decompose import FORMS, PAIRS, decompose
 from .distributions import DISTRIBUTIONS, sample
 from .formats import FORMATS, SCALE_RULES_E8M0
 
@@ -42,14 +42,14 @@ def cases(rows: int, cols: int):
     """(distribution, format, rule, dtype, form): every distribution x format at the default rule in
     float32 in both forms, the other E8M0 rules on MXFP4 (canonical), and bfloat16/float16 on the
     ordinary distributions in both forms."""
-    for form in ("canonical", "gain"):
+    for form in FORMS:
         for dist in DISTRIBUTIONS:
             for fmt in FORMATS:
                 yield dist, fmt, None, torch.float32, form
     for dist in DISTRIBUTIONS:
         for rule in SCALE_RULES_E8M0[1:]:
             yield dist, "mxfp4", rule, torch.float32, "canonical"
-    for form in ("canonical", "gain"):
+    for form in FORMS:
         for dist in ("gaussian", "laplace", "student_t3", "llm_rows", "exact_ties"):
             for dtype in (torch.bfloat16, torch.float16):
                 yield dist, "mxfp4", None, dtype, form

@@ -136,15 +136,17 @@ class Quantizer:
         grid, scale = self.block_quantizer(to_blocks(x, ax, self.fmt.block_size))
         return from_blocks(grid * scale.unsqueeze(-1), x.shape, ax).to(x.dtype)
 
-    def decompose(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None) -> Decomposition:
-        """The decomposition of what this quantizer quantizes (high-precision elements and, with
-        ``valid``, padding excluded)."""
+    def decompose(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None,
+                  form: str = "canonical") -> Decomposition:
+        """The decomposition (of ``form``) of what this quantizer quantizes (high-precision elements
+        and, with ``valid``, padding excluded)."""
         mask, rest = self._split(x, axis, valid)
         if valid is not None:
             pad = ~valid.expand_as(x)
             mask = pad if mask is None else mask | pad
             rest = torch.where(pad, torch.zeros_like(rest), rest)
-        return decompose(rest, self.fmt, axis, self.scale_rule, block_quantizer=self.block_quantizer, exclude=mask)
+        return decompose(rest, self.fmt, axis, self.scale_rule, block_quantizer=self.block_quantizer, exclude=mask,
+                         form=form)
 
     def fused_stats(self, x: torch.Tensor, axis: int) -> dict | None:
         """The decomposition energies and counts of ``x`` from the fused Triton kernel (float32

@@ -98,9 +98,10 @@ def check_input(x: torch.Tensor, fmt: str | BlockFormat, axis: int, scale_rule: 
     return fmt, axis % x.dim(), rule
 
 
-def to_blocks(x: torch.Tensor, axis: int, block_size: int) -> torch.Tensor:
-    """float32 view [..., n_blocks, block_size] with ``axis`` moved last and zero padding."""
-    moved = x.movedim(axis, -1).to(torch.float32)
+def to_blocks(x: torch.Tensor, axis: int, block_size: int, dtype: torch.dtype | None = torch.float32) -> torch.Tensor:
+    """View [..., n_blocks, block_size] with ``axis`` moved last and zero padding, in ``dtype``
+    (float32 by default; None keeps x's)."""
+    moved = x.movedim(axis, -1) if dtype is None else x.movedim(axis, -1).to(dtype)
     pad = -moved.shape[-1] % block_size
     if pad:
         moved = torch.nn.functional.pad(moved, (0, pad))

@@ -25,10 +25,9 @@ from statsmodels.stats.multitest import multipletests
 
 from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE
-from ..stats import min_detectable_effect, n_needed, paired_diff
+from ..stats import ALPHA, min_detectable_effect, n_needed, paired_diff, verdict_level
 from .aggregate import read_csv
 
-ALPHA = 0.05
 NONINFERIORITY_MARGIN = 0.007  # dense: "BF16 accuracy recovered to within 0.7%"
 MOE_REPORTED_GAIN = 0.010  # MoE: "+1.0% above BF16" (tested as superiority, diff > 0)
 
@@ -282,9 +281,8 @@ def build_claims(cells: list[dict], proofs: dict, corrections: list[dict], pathw
     adjusted = iter(multipletests(ps, alpha=ALPHA, method="holm")[1]) if ps else iter(())
     for r in tested:
         r["p_holm"] = float(next(adjusted)) if r["p"] is not None else None
-        r["level"] = 0.95
-        if r["p"] is not None and r["p_holm"] > 0:
-            r["level"] = 1 - ALPHA * r["p"] / r["p_holm"]
+        r["level"] = verdict_level(r["p"], r["p_holm"])
+        if r["level"] != 0.95:
             r["ci_low"], r["ci_high"] = _interval_at(r, r["level"])
         r["verdict"] = _verdict(r)
     return construction_rows(proofs, corrections) + tested

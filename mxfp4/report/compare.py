@@ -34,19 +34,21 @@ from statsmodels.stats.multitest import multipletests
 from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE
 from ..stats import (
+    ALPHA,
     HIGHER_IS_BETTER,
+    POWER,
     mcnemar_diff,
     mcnemar_min_detectable_effect,
     mcnemar_pairs_needed,
     min_detectable_effect,
     n_needed,
     paired_diff,
+    verdict,
+    verdict_level,
     welch_diff,
 )
 from .aggregate import CELL_METRICS, MACHINE_COLUMNS, WEIGHT_KEYS, read_cells, read_csv, read_items
 
-ALPHA = 0.05
-POWER = 0.80
 PRIMARY_SHARE = 0.8  # of ALPHA, for the primary contrasts; the secondary rows get the rest
 ADJUSTMENTS = {"holm": "Holm (family-wise error rate)", "fdr_bh": "Benjamini-Hochberg (false discovery rate)"}
 PAPER_EFFECTS = (0.007, 0.010)  # the paper's accuracy effects: "within 0.7%" (dense), "+1.0%" (MoE)
@@ -157,18 +159,12 @@ def compare_rows(new: list[dict], baselines: list[dict], recipe: str, new_items=
 
 
 def _verdict(r: dict) -> str:
+    """The row's interval, at the level of its adjusted p, read by ``stats.verdict``."""
     if r["metric"] in TIMINGS:
         return "no verdict (a timing: a measurement of the machine, not a claim)"
-    if r["diff"] is None:
-        return "n/a"
-    if r.get("p") is None:
-        return "n/a (needs two seeds a side)"
-    if r["p_adj"] >= ALPHA:
+    if r["p_adj"] is not None and r["p_adj"] >= ALPHA:
         return "no significant difference"
-    higher_is_better = HIGHER_IS_BETTER.get(r["metric"].removesuffix(" (per problem)"))
-    if higher_is_better is None:
-        return "higher" if r["diff"] > 0 else "lower"
-    return "better" if (r["diff"] > 0) == higher_is_better else "worse"
+    return verdict(r, HIGHER_IS_BETTER.get(r["metric"].removesuffix(" (per problem)")))
 
 
 def adjust_family(rows: list[dict], adjust: str = "holm") -> None:
@@ -181,8 +177,7 @@ def adjust_family(rows: list[dict], adjust: str = "holm") -> None:
             within = multipletests([r["p"] for r in judged], alpha=ALPHA * share, method=adjust)[1]
             for r, q in zip(judged, within):
                 r["p_adj"] = min(1.0, float(q) / share)
-                # p_adj == 0: p underflowed (or the difference has no spread); every level short of 1 excludes 0
-                r["level"] = 1 - ALPHA * r["p"] / r["p_adj"] if r["p_adj"] > 0 else 0.95
+                r["level"] = verdict_level(r["p"], r["p_adj"])
                 r["lone_alpha"] = ALPHA * share / len(judged)
                 r["family_size"] = len(judged)
     for r in rows:

@@ -427,10 +427,11 @@ def component_cosines(weight_components_csv: Path | str, out_stem: Path | str) -
     distribution over weight tensors of the pairwise cosine similarity of the three components."""
     import csv
 
+    from ..numerics.decompose import PAIRS as pairs
+
     rows = list(csv.DictReader(Path(weight_components_csv).open()))
     forms = list(dict.fromkeys(r["form"] for r in rows))
     models = list(dict.fromkeys(r["model"] for r in rows))
-    pairs = (("scale", "dead"), ("scale", "grid"), ("dead", "grid"))
     fig, axes = plt.subplots(1, len(forms), figsize=(6.5 * len(forms), 3.6), squeeze=False, sharey=True,
                              layout="constrained")
     for ax, form in zip(axes[0], forms):

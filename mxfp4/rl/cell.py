@@ -28,7 +28,7 @@ from ..machine import describe
 from ..nn import gemm_weights, patch_model, patch_state, patched_modules
 from ..numerics.decompose import COMPONENTS, SUMMARY_KEYS, pool_stats
 from . import data as gsm
-from .models import RANDOM_PREFIX, missing_warm_start_files
+from .models import RANDOM_PREFIX, warm_start_folder
 from .training import grpo_config
 
 
@@ -142,15 +142,7 @@ def plan_cell(
     spec = profile.model(model_name)
     recipe = Recipe.named(recipe_name, recipes_file)
     if spec.arch:
-        folder = Layout(results, profile_name).model(model_name)
-        missing = missing_warm_start_files(folder)
-        if missing:
-            raise ValueError(
-                f"the tiny model {model_name!r} of profile {profile_name!r} has not been warm-started "
-                f"({folder} lacks {', '.join(missing)}); make it with: mxfp4 pretrain --profile {profile_name} "
-                f"--model {model_name} (or snakemake --cores all pretrain --config profile={profile_name})"
-            )
-        model_ref = str(folder)
+        model_ref = str(warm_start_folder(results, profile_name, model_name))
     elif spec.config:
         model_ref = f"{RANDOM_PREFIX}{spec.config}"
     else:
@@ -527,10 +519,10 @@ def summarize(log_path: Path, scores: dict, model, quantizer, corrections, probe
     return out
 
 
-def weight_decomposition(model, quantizer, rows: int | None = None) -> dict:
-    """Pooled decomposition shares of every quantized weight, as the recipe's quantizer sees it; with
-    ``rows``, on at most that many evenly spaced rows and 128 blocks of each weight (float64 memory
-    bounded at any model size)."""
+def weight_decomposition(model, quantizer, rows: int | None = None, form: str = "canonical") -> dict:
+    """Pooled decomposition shares of every quantized weight, as the recipe's quantizer sees it, in the
+    decomposition ``form``; with ``rows``, on at most that many evenly spaced rows and 128 blocks of
+    each weight (float64 memory bounded at any model size)."""
     from .grpo import sample_blocks
 
     def view(p):
@@ -538,7 +530,7 @@ def weight_decomposition(model, quantizer, rows: int | None = None) -> dict:
         return sample_blocks(t, -1, rows, quantizer)[0] if rows else t
 
     stats = [
-        quantizer.decompose(view(p), -1).stats
+        quantizer.decompose(view(p), -1, form=form).stats
         for _, module, _ in patched_modules(model)
         for p in gemm_weights(module).values()
     ]

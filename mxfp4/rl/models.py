@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from ..layout import Layout
+
 PAPER_MODELS = {"qwen2.5-3b": "Qwen/Qwen2.5-3B", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B-Base"}
 TINY_ARCHS = ("tiny-dense", "tiny-moe")
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>", "<unk>"]
@@ -169,6 +171,20 @@ def save(model, tokenizer, path: Path | str, meta: dict | None = None) -> None:
 def missing_warm_start_files(folder: Path | str) -> list[str]:
     """The files of a complete warm start (``pretrain``) that ``folder`` lacks."""
     return [f for f in WARM_START_FILES if not (Path(folder) / f).is_file()]
+
+
+def warm_start_folder(results: Path | str, profile_name: str, model_name: str) -> Path:
+    """The folder of a tiny model's warm start; a ValueError saying how to make it when it is missing
+    or partial."""
+    folder = Layout(results, profile_name).model(model_name)
+    missing = missing_warm_start_files(folder)
+    if missing:
+        raise ValueError(
+            f"the tiny model {model_name!r} of profile {profile_name!r} has not been warm-started "
+            f"({folder} lacks {', '.join(missing)}); make it with: mxfp4 pretrain --profile {profile_name} "
+            f"--model {model_name} (or snakemake --cores all pretrain --config profile={profile_name})"
+        )
+    return folder
 
 
 def load(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):

@@ -22,14 +22,14 @@ from ..config.profiles import Profile, load_profile
 from ..config.recipes import Recipe
 from ..io import write_text_atomic
 from ..layout import Layout
-from ..nn import gemm_weights, patch_model, patched_modules, unpatch_model
-from ..numerics.decompose import COMPONENTS, decompose, interaction, pool_stats, shapley_values
+from ..nn import patch_model, unpatch_model
+from ..numerics.decompose import COMPONENTS, interaction, shapley_values
 from ..numerics.injection import ROWS, SITES, row_spec
 from ..stats import hierarchical_bootstrap, mean_ci, paired_diff
 from . import data as gsm
 from .cell import accuracy_reward, cell_data, weight_decomposition
 from .grad_accuracy import compare
-from .models import missing_warm_start_files
+from .models import warm_start_folder
 
 FIELDS = [
     "model",
@@ -85,16 +85,6 @@ def row_quantizer(row: str, site: str = "both", scale_rule: str = "floor", form:
     if "inject" in spec or "remove" in spec:
         spec = {**spec, "form": form}
     return Recipe(name=f"pathway{row}", scale_rule=scale_rule, gemms=SITES[site], **spec).quantizer()
-
-
-def component_shares(model, quantizer, form: str) -> dict[str, float]:
-    """Each component's energy over MXFP4's error energy, pooled over the model's quantized weights
-    (the model patched with ``quantizer``), in the decomposition ``form``."""
-    stats = [decompose(p.detach().float(), quantizer.fmt, -1, quantizer.scale_rule, form=form).stats
-             for _, module, _ in patched_modules(model) for p in gemm_weights(module).values()]
-    pooled = pool_stats(stats)
-    total = pooled["energy_total"]
-    return {c: pooled[f"energy_{c}"] / total for c in COMPONENTS} if total else {}
 
 
 class Arm:
@@ -429,7 +419,7 @@ def checkpoints(profile: Profile, model_name: str, results) -> dict[str, Path]:
         )
     layout = Layout(results, profile.name)
     warm = layout.model(model_name) if spec.arch else Path(spec.hub)
-    wanted = profile.pathways.checkpoints if profile.pathways else ["warm", "grpo"]
+    wanted = profile.pathways.checkpoints
     out = {"warm": warm} if "warm" in wanted else {}
     after = layout.policy(model_name, seed)
     if "grpo" in wanted and (after / "config.json").exists():
@@ -449,12 +439,8 @@ def run_pathways(profile_name: str, model_name: str, results="results", out_csv=
     spec = profile.model(model_name)
     seed = profile.seeds[0]
     ckpts = checkpoints(profile, model_name, results)
-    warm = Layout(results, profile.name).model(model_name)
-    if spec.arch and missing_warm_start_files(warm):
-        raise ValueError(
-            f"the tiny model {model_name!r} has not been warm-started ({warm}); run: mxfp4 pretrain "
-            f"--profile {profile_name} --model {model_name}"
-        )
+    if spec.arch:
+        warm_start_folder(results, profile_name, model_name)
     train, _ = cell_data(profile, results)
     grad_problems = train[: len(train) // 2]
     roll_problems = train[len(train) // 2 :][: settings.prompts]
@@ -541,7 +527,9 @@ def form_rows(model_name, ckpt, model, tokenizer, trainer, batches, profile: Pro
     rows += shapley_rows(model_name, ckpt, harms, seed)
     full = row_quantizer("all")
     with Arm(model, full):
-        share = component_shares(model, full, form)
+        weights = weight_decomposition(model, full, form=form)
+    total = weights["energy_total"]
+    share = {c: weights[f"energy_{c}"] / total for c in COMPONENTS} if total else {}
     rows += excess_rows(model_name, ckpt, harms, settings.controls, share)
     progress(f"{model_name}/{ckpt} ({form}): rollout rows ({len(roll_problems)} prompts x "
              f"{settings.samples_per_prompt})")

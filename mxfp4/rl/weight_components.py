@@ -12,13 +12,12 @@ import torch
 
 from ..config.profiles import load_profile
 from ..config.recipes import Recipe
-from ..layout import Layout
 from ..nn import gemm_weights, patch_model, patched_modules
 from ..numerics.decompose import COMPONENTS, FORMS, PAIRS, decompose
-from .models import missing_warm_start_files
+from .models import warm_start_folder
 
 KEYS = ("n", "energy_total", *(f"{k}_{c}" for k in ("energy", "share", "shapley_share") for c in COMPONENTS),
-        "cross_share", *(f"cosine_{a}_{b}" for a, b in PAIRS), "deadzone_fraction")
+        "cross_share", *(f"cosine_{a}_{b}" for a, b in PAIRS), "deadzone_fraction", "saturation_fraction")
 
 
 OUTLIER_RATIO = 2.0  # a block's largest |x| at least this many times its second largest: it alone sets the scale
@@ -55,7 +54,7 @@ def tensor_rows(model, model_name: str, recipe: str = "mxfp4") -> list[dict]:
                 for form in FORMS:
                     s = decompose(w, quantizer.fmt, -1, quantizer.scale_rule, form=form).stats
                     rows.append({"model": model_name, "tensor": tensor, "shape": "x".join(map(str, w.shape)),
-                                 "form": form, **{k: s[k] for k in (*KEYS, "saturation_fraction")}, **regime})
+                                 "form": form, **{k: s[k] for k in KEYS}, **regime})
     return rows
 
 
@@ -77,8 +76,6 @@ def _tensors(name: str, w: torch.Tensor):
 def summary_markdown(rows: list[dict]) -> str:
     """Per model and form: the number of tensors and the median [25th, 75th percentile] over tensors of
     each share and each pairwise cosine."""
-    import numpy as np
-
     cols = [*(f"share_{c}" for c in COMPONENTS), "cross_share", *(f"shapley_share_{c}" for c in COMPONENTS),
             *(f"cosine_{a}_{b}" for a, b in PAIRS), "deadzone_fraction", "saturation_fraction", "excess_kurtosis",
             "max_over_median", "outlier_block_fraction"]
@@ -103,13 +100,9 @@ def run_weight_components(profile_name: str, results="results") -> list[dict]:
     from .models import load
 
     profile = load_profile(profile_name)
-    layout = Layout(results, profile_name)
     rows = []
     for model_name, spec in profile.models.items():
-        path = layout.model(model_name) if spec.arch else spec.hub
-        if spec.arch and missing_warm_start_files(path):
-            raise ValueError(f"the tiny model {model_name!r} has not been warm-started ({path}); run: mxfp4 pretrain "
-                             f"--profile {profile_name} --model {model_name}")
+        path = warm_start_folder(results, profile_name, model_name) if spec.arch else spec.hub
         model, _ = load(str(path), dtype=torch.float32)
         rows += tensor_rows(model, model_name)
     return rows
