@@ -15,7 +15,7 @@ MAX_SAMPLE = 2**26  # elements of a decompose --dist sample
 SAMPLE_DEFAULTS = {"rows": 256, "cols": 1024, "dtype": "float32", "seed": 0}  # decompose --dist only
 
 # Commands that load transformers models (the RL processes).
-MODEL_COMMANDS = ("pretrain", "cell", "pathways", "corrections-table", "weight-components")
+MODEL_COMMANDS = ("pretrain", "cell", "probe-batch", "pathways", "corrections-table", "weight-components")
 
 
 def hide_torchao_from_transformers() -> None:
@@ -316,6 +316,18 @@ def _cmd_gpu_smoke_report(args) -> int:
     return 0
 
 
+def _cmd_probe_batch(args) -> int:
+    from .config.profiles import load_profile
+    from .rl.probe_batch import batch_digest, ensure_probe_batch, load_probe_batch
+
+    profile = load_profile(args.profile)
+    if args.seed < 0:
+        raise ValueError(f"--seed must be an integer >= 0, got {args.seed}")
+    path = ensure_probe_batch(profile, args.model, args.seed, args.results)
+    print(f"{path}: digest {batch_digest(load_probe_batch(path))}")
+    return 0
+
+
 def _cmd_pathways(args) -> int:
     from .rl.pathways import run_pathways
 
@@ -416,6 +428,12 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("--out", default=None, help="default results/<profile>/pathways/<model>/pathways.csv")
     p.set_defaults(func=_cmd_pathways)
+
+    p = sub.add_parser("probe-batch", help="the GRPO batch every recipe's gradient probes of a model and seed are "
+                                           "taken on (sampled once by the starting policy, unquantized)")
+    _model_args(p)
+    p.add_argument("--seed", type=int, required=True)
+    p.set_defaults(func=_cmd_probe_batch)
 
     p = sub.add_parser("weight-components", help="the decomposition of every weight tensor in both forms: shares "
                                                  "and pairwise component cosines (the paper's Figure 1)")

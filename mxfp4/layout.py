@@ -50,6 +50,10 @@ class Layout:
         """The reference cell's policy after GRPO (the pathway matrix's second checkpoint)."""
         return self.cell(model, REFERENCE_RECIPE, seed) / "policy"
 
+    def probe_batch(self, model: str, seed: int | str) -> Path:
+        """The GRPO batch every recipe's gradient probes of this model and seed are taken on."""
+        return self.root / "probe_batches" / model / f"seed{seed}.pt"
+
     def cell_log(self, model: str, recipe: str, seed: int | str) -> Path:
         return self.logs / f"cell_{model}_{recipe}_seed{seed}.log"
 

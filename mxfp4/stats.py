@@ -196,6 +196,68 @@ def verdict(d: dict, higher_is_better: bool | None = True) -> str:
     return "better" if (d["diff"] > 0) == higher_is_better else "worse"
 
 
+def nested_mean(values: list, groups: list, level: float = 0.95) -> dict:
+    """Mean of units (batches, prompts) nested in outer units (the seeds' policies), with an interval
+    at ``level`` and the two-sided p of the mean against 0, the outer unit the replicate.
+
+    One outer unit: Student t over the units. Two or more: a linear mixed model with a random
+    intercept per outer unit (statsmodels ``MixedLM``, REML); its fixed intercept and standard error on
+    a t distribution with k - 1 degrees of freedom for k outer units (the between-within rule: the
+    outer units, not the units, are the replicates; with balanced groups this is the t interval over
+    the k group means). ``interval`` says which was used. None and NaN values are dropped."""
+    kept = [(g, float(v)) for v, g in zip(values, groups, strict=True) if _clean([v])]
+    n, k = len(kept), len({g for g, _ in kept})
+    out = {"mean": None, "ci_low": None, "ci_high": None, "n": n, "seeds": k, "p": None, "interval": None}
+    if n == 0:
+        return out
+    y = np.array([v for _, v in kept])
+    out["mean"] = float(y.mean())
+    if n < 2:
+        return out
+    if float(y.std(ddof=1)) <= 16 * np.finfo(float).eps * float(np.abs(y).max()):  # every unit equal
+        out.update(ci_low=out["mean"], ci_high=out["mean"], p=1.0 if out["mean"] == 0 else 0.0, interval="constant")
+        return out
+    if k < 2:
+        res = stats.ttest_1samp(y, 0.0)
+        ci = res.confidence_interval(level)
+        out.update(ci_low=float(ci.low), ci_high=float(ci.high), p=float(res.pvalue), interval="t over units")
+        return out
+    import warnings
+
+    from statsmodels.regression.mixed_linear_model import MixedLM
+    from statsmodels.tools.sm_exceptions import ConvergenceWarning, SingularMatrixWarning
+
+    labels = np.array([str(g) for g, _ in kept])
+    mean, se = None, None
+    if n > k:
+        with warnings.catch_warnings():  # a zero seed variance (the boundary) is a valid REML fit
+            for kind in (ConvergenceWarning, SingularMatrixWarning, RuntimeWarning):
+                warnings.simplefilter("ignore", kind)
+            try:
+                fit = MixedLM(y, np.ones((n, 1)), groups=labels).fit(reml=True, method=["powell", "lbfgs"])
+                mean, se = float(fit.fe_params[0]), float(fit.bse_fe[0])
+            except (np.linalg.LinAlgError, ValueError):
+                mean = None
+    if mean is None or not math.isfinite(se) or se <= 0:  # one unit per seed, or no fit: t over seed means
+        means = np.array([y[labels == g].mean() for g in np.unique(labels)])
+        mean, se, how = float(means.mean()), float(means.std(ddof=1) / math.sqrt(k)), f"t over {k} seed means"
+    else:
+        how = f"mixed model (statsmodels MixedLM, REML, random intercept per seed), t with {k - 1} df"
+    q = stats.t.ppf(0.5 + level / 2, k - 1)
+    p = float(2 * stats.t.sf(abs(mean) / se, k - 1)) if se > 0 else (1.0 if mean == 0 else 0.0)
+    out.update(mean=mean, ci_low=float(mean - q * se), ci_high=float(mean + q * se), p=p, interval=how)
+    return out
+
+
+def nested_paired(a: list, b: list, groups: list, level: float = 0.95) -> dict:
+    """``nested_mean`` of the paired differences a[i] - b[i] (a pair with a missing side is dropped),
+    keyed like ``paired_diff`` (``diff``, ``ci_low``, ``ci_high``, ``n``, ``p``) plus ``seeds`` and
+    ``interval``."""
+    d = [None if not _clean([x]) or not _clean([y]) else float(x) - float(y) for x, y in zip(a, b, strict=True)]
+    est = nested_mean(d, groups, level)
+    return {"diff": est.pop("mean"), **est}
+
+
 def hierarchical_bootstrap(values_by_seed: dict, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
     """Mean over all units, with a percentile interval from a two-stage bootstrap: seeds (the outer
     unit) resampled with replacement, then the units (batches, prompts) within each drawn seed. With

@@ -168,3 +168,20 @@ def test_cached_problems_are_remade_when_the_settings_that_made_them_change(tmp_
     _, again = cell_data(edited, tmp_path)
     assert again == folder and len((folder / "test.jsonl").read_text().splitlines()) == 8
     assert json.loads((folder / "settings.json").read_text())["max_problem_steps"] == 2
+
+
+def test_recipes_are_probed_on_one_common_batch(results):
+    """Every quantized recipe of a model and seed takes its gradient probes on the same stored batch
+    (made by the first cell that needs it); making it leaves the cell's own random stream untouched."""
+    from mxfp4.rl.probe_batch import batch_digest, load_probe_batch
+
+    path = Layout(results, "smoke").probe_batch("tiny-dense", 2)
+    path.unlink(missing_ok=True)
+    made = run_cell("smoke", "tiny-dense", "mxfp4", 2, results=results)  # makes the batch on the way
+    digest = batch_digest(load_probe_batch(path))
+    again = run_cell("smoke", "tiny-dense", "mxfp4", 2, results=results)  # finds it stored
+    other = run_cell("smoke", "tiny-dense", "mxfp4+all", 2, results=results)
+    assert made["probe_batches"] == other["probe_batches"] == [digest]
+    strip = lambda m: {k: v for k, v in m.items() if k not in TIMING}  # noqa: E731
+    assert strip(made) == strip(again)
+    assert run_cell("smoke", "tiny-dense", "bf16", 2, results=results)["probe_batches"] == []  # no probes

@@ -80,11 +80,18 @@ def _harms(v, n=40, noise=0.0, seed=0):
     return {arm: list(v(t) + unit) for arm, t in COALITIONS.items()}
 
 
+def _one_policy(n):
+    from mxfp4.rl.pathways import Measured
+
+    return Measured(grad_groups=["warm"] * n, roll_groups=["warm"] * n, seeds={0})
+
+
 def test_shapley_of_an_additive_outcome_returns_each_components_contribution():
     from mxfp4.rl.pathways import shapley_rows
 
     contribution = {"scale": 0.30, "dead": 0.05, "grid": 0.10}
-    rows = shapley_rows("m", "warm", {"rollout": _harms(lambda t: sum(contribution[c] for c in t), noise=0.1)}, 0)
+    rows = shapley_rows("m", "warm", {"rollout": _harms(lambda t: sum(contribution[c] for c in t), noise=0.1)},
+                        _one_policy(40), 0)
     got = {r["injection"]: r for r in rows}
     for c, a in contribution.items():
         assert got[f"shapley:{c}"]["mean"] == pytest.approx(a, abs=1e-12)
@@ -98,7 +105,7 @@ def test_a_synthetic_interaction_lands_in_the_interaction_term():
     def v(t):  # the three together do 0.4 more than their parts; alone each does 0.1
         return 0.1 * len(t) + (0.4 if len(t) == 3 else 0.0)
 
-    got = {r["injection"]: r for r in shapley_rows("m", "warm", {"entropy": _harms(v, noise=0.05)}, 0)}
+    got = {r["injection"]: r for r in shapley_rows("m", "warm", {"entropy": _harms(v, noise=0.05)}, _one_policy(40), 0)}
     assert got["shapley:interaction"]["mean"] == pytest.approx(0.4, abs=1e-12)
     assert got["shapley:interaction"]["ci_low"] == pytest.approx(0.4) and got["shapley:interaction"]["ci_high"] == (
         pytest.approx(0.4))  # the unit noise is shared by every arm: no spread in the interaction
@@ -119,3 +126,16 @@ def test_the_hierarchical_bootstrap_resamples_seeds_then_units():
     nested = hierarchical_bootstrap(seeds)
     assert nested["ci_high"] - nested["ci_low"] > 3 * (pooled["ci_high"] - pooled["ci_low"])
     assert hierarchical_bootstrap({0: [None]})["mean"] is None
+
+
+def test_a_row_over_several_seeds_policies_is_tested_on_the_seeds_degrees_of_freedom():
+    """After GRPO each seed's policy is an outer unit: the claim's p is the t test on k - 1 df that the
+    pathway row's interval came from, not one on its many prompts."""
+    from scipy import stats
+
+    k, mean, se = 6, 0.05, 0.02
+    half = stats.t.ppf(0.975, k - 1) * se
+    row = {**_pathway_row(mean, half, n=96), "checkpoint": "grpo", "policies": str(k)}
+    got = next(r for r in build_claims([], PROOFS, [], [row]) if r["test"].startswith("direct"))
+    assert got["p"] == pytest.approx(2 * stats.t.sf(mean / se, k - 1), rel=1e-9)
+    assert got["n"] == k and "6 seeds' policies (96 prompts)" in got["method"]

@@ -153,3 +153,48 @@ def test_control_arms_excess_harm_and_shapley_rows_come_with_every_checkpoint(pa
                   if r["metric"] == "entropy_shapley" and r["injection"] != "shapley:interaction")
         full = next(float(r["mean"]) for r in mine if r["metric"] == "entropy_diff" and r["injection"] == "all")
         assert phi == pytest.approx(full, abs=1e-9)
+
+
+def test_every_seed_measures_its_own_data_and_the_rows_pool_the_seeds(smoke_results):
+    from mxfp4.rl.cell import cell_data
+    from mxfp4.rl.pathways import seed_problems
+
+    base = load_profile("smoke")
+    settings = base.pathways.model_copy(update={"checkpoints": ["warm"], "additivity_steps": [], "sites": ["both"],
+                                                "scale_rules": ["floor"], "controls": ["gaussian"]})
+    two = base.model_copy(update={"seeds": [0, 1], "pathways": settings})
+    train, _ = cell_data(two, smoke_results)
+    assert seed_problems(train, settings, 0)[1] != seed_problems(train, settings, 1)[1]
+    rows = run_pathways(two, "tiny-dense", results=smoke_results, progress=lambda m: None)
+    diff = [r for r in rows if r["metric"] == "entropy_diff"]
+    assert diff and all(r["n"] == 2 * settings.prompts and r["seeds"] == 2 for r in diff)
+    # one policy (the warm start) for both seeds: the units are exchangeable, the interval is over units
+    assert all("t over units" in r["method"] or r["ci_low"] == r["ci_high"] for r in diff)
+
+
+def test_policies_after_grpo_are_the_outer_unit():
+    """Synthetic measurements of two seeds' policies: the rows' intervals come from the mixed model over
+    the policies, not from the pooled prompts."""
+    import random
+
+    from mxfp4.rl.pathways import Measured, control_rows, form_rows
+
+    settings = load_profile("smoke").pathways
+    rng = random.Random(0)
+    m = Measured(roll_groups=["grpo/seed0"] * 4 + ["grpo/seed1"] * 4, seeds={0, 1})
+    for arm in (*ROWS, *control_rows(settings.controls)):
+        m.scores[arm] = ([rng.random() for _ in range(8)], [rng.random() for _ in range(8)])
+    rows = form_rows("tiny-dense", "grpo", m, settings, seed=0)
+    paired = [r for r in rows if r["metric"] in ("entropy_diff", "rollout_harm_contrast", "entropy_excess_harm")]
+    assert paired and all("mixed model" in r["method"] or "seed means" in r["method"] for r in paired)
+    assert all(r["n"] == 8 and r["seeds"] == 2 for r in paired)
+
+
+def test_grpo_checkpoints_need_every_seeds_policy(tmp_path):
+    from mxfp4.rl.pathways import checkpoints
+
+    base = load_profile("smoke")
+    profile = base.model_copy(update={"seeds": [0, 7], "pathways": base.pathways.model_copy(
+        update={"checkpoints": ["grpo"]})})
+    with pytest.raises(ValueError, match="seed7"):
+        checkpoints(profile, "tiny-dense", tmp_path)

@@ -180,11 +180,13 @@ class EvalSettings(_Strict):
 class PathwaySettings(_Strict):
     """The pathway matrix (``mxfp4 pathways``): how much data each arm is measured on."""
 
-    batches: int = Field(ge=2, description="GRPO batches with non-zero advantages per checkpoint (gradient pathway)")
+    batches: int = Field(
+        ge=2, description="GRPO batches with non-zero advantages per seed and checkpoint (gradient pathway)"
+    )
     prompts_per_batch: int | None = Field(
         None, ge=1, description="prompts of a gradient batch (default grpo.prompts_per_step)"
     )
-    prompts: int = Field(ge=2, description="prompts per checkpoint (rollout and entropy pathways)")
+    prompts: int = Field(ge=2, description="prompts per seed and checkpoint (rollout and entropy pathways)")
     samples_per_prompt: int = Field(ge=1, description="sampled completions per prompt")
     sites: list[Literal["forward", "backward", "both"]] = Field(
         default_factory=lambda: ["both"], min_length=1, description="GEMM sites of the gradient rows"
@@ -197,7 +199,7 @@ class PathwaySettings(_Strict):
     )
     checkpoints: list[Literal["warm", "grpo"]] = Field(
         default_factory=lambda: ["warm", "grpo"], min_length=1,
-        description="policies measured: the warm start and (grpo) the first seed's bf16 policy after GRPO",
+        description="policies measured: the warm start and (grpo) every seed's bf16 policy after GRPO",
     )
     forms: list[Literal["canonical", "gain"]] = Field(
         default_factory=lambda: ["canonical"], min_length=1,

@@ -94,13 +94,15 @@ def direct_rows(pathways: list[dict]) -> list[dict]:
         pathway = metric.removesuffix("_harm_contrast").removesuffix("_excess_contrast")
         controlled = metric.endswith("_excess_contrast")
         _, claim = MECHANISMS[pathway]
-        n = int(r["n"])
-        ci_lo, ci_hi, mean = (float(r[k]) if r[k] not in ("", None) else None for k in ("ci_low", "ci_high", "mean"))
-        # recover the paired spread from the t interval (half-width = t_{.975,n-1} sd / sqrt n)
+        n, k = int(r["n"]), int(r.get("policies") or 1)
+        ci_lo, ci_hi, mean = (float(r[k_]) if r[k_] not in ("", None) else None for k_ in ("ci_low", "ci_high", "mean"))
+        # the test's replicates: the units (one policy), or the k policies (seeds) when several (a mixed
+        # model on k - 1 df): recover the spread of the replicates from the t interval
+        reps = k if k >= 2 else n
         sd = None
-        if ci_lo is not None and n >= 2:
-            sd = (ci_hi - ci_lo) / 2 / stats.t.ppf(0.975, n - 1) * math.sqrt(n)
-        d = {"diff": mean, "ci_low": ci_lo, "ci_high": ci_hi, "n": n, "sd": sd}
+        if ci_lo is not None and reps >= 2:
+            sd = (ci_hi - ci_lo) / 2 / stats.t.ppf(0.975, reps - 1) * math.sqrt(reps)
+        d = {"diff": mean, "ci_low": ci_lo, "ci_high": ci_hi, "n": reps, "sd": sd}
         units = "gradient batches" if pathway == "gradient" else "prompts"
         harm = " (harm = token entropy: higher is the harm the paper names)" if pathway == "entropy" else ""
         out.append(
@@ -110,7 +112,8 @@ def direct_rows(pathways: list[dict]) -> list[dict]:
                 "direct, energy-controlled (pathway matrix)" if controlled else "direct (pathway matrix)",
                 f"{'excess ' if controlled else ''}harm {r['injection']} ({pathway}; > 0 as claimed){harm}",
                 d,
-                f"paired t over {n} {units}, two-sided",
+                f"paired t over {n} {units}, two-sided" if k < 2 else
+                f"mixed model over {k} seeds' policies ({n} {units}), t on {k - 1} df, two-sided",
             )
         )
     return out

@@ -127,6 +127,15 @@ class CellPlan:
         return self.layout.cell(self.model, self.recipe.name, self.seed)
 
 
+def model_reference(profile, model_name: str, results: Path | str = "results") -> str:
+    """What ``models.load`` loads as a model's starting policy: the warm-started tiny model's folder
+    (checked whole), a random initialisation of a real configuration, or the hub id."""
+    spec = profile.model(model_name)
+    if spec.arch:
+        return str(warm_start_folder(results, profile.name, model_name))
+    return f"{RANDOM_PREFIX}{spec.config}" if spec.config else spec.hub
+
+
 def plan_cell(
     profile_name: str,
     model_name: str,
@@ -139,14 +148,8 @@ def plan_cell(
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     profile = load_profile(profile_name)
-    spec = profile.model(model_name)
     recipe = Recipe.named(recipe_name, recipes_file)
-    if spec.arch:
-        model_ref = str(warm_start_folder(results, profile_name, model_name))
-    elif spec.config:
-        model_ref = f"{RANDOM_PREFIX}{spec.config}"
-    else:
-        model_ref = spec.hub
+    model_ref = model_reference(profile, model_name, results)
     if profile.data.source == "gsm8k":
         gsm.validate_gsm8k_dir(gsm8k_folder(profile))
     check_checkpoint_disk(profile, model_name)
@@ -283,6 +286,7 @@ def prepare(plan: CellPlan, dist) -> CellRun:
 
     from .grpo import MXGRPOTrainer, StepLogger, last_checkpoint, resume_state
     from .models import load
+    from .probe_batch import ensure_probe_batch, load_probe_batch
 
     started = time.time()
     profile, recipe, seed, out = plan.profile, plan.recipe, plan.seed, plan.out
@@ -302,7 +306,13 @@ def prepare(plan: CellPlan, dist) -> CellRun:
         if resume is None:
             log_path.unlink(missing_ok=True)
             shutil.rmtree(checkpoints, ignore_errors=True)  # another configuration's, or a run that never saved
-    set_seed(seed)
+    probe_batch = None
+    if profile.probe_every and recipe.quantize:  # the batch every recipe of this model and seed is probed on
+        if dist.is_main_process:
+            ensure_probe_batch(profile, plan.model, seed, plan.results)  # made by its snakemake rule, or now
+        dist.wait_for_everyone()
+        probe_batch = load_probe_batch(plan.layout.probe_batch(plan.model, seed))
+    set_seed(seed)  # after the probe batch, whose making draws random numbers
 
     model, tokenizer = load(plan.model_ref, dtype=torch.float32)  # fp32 master weights on every device
     corrections = recipe.build_corrections()
@@ -333,6 +343,7 @@ def prepare(plan: CellPlan, dist) -> CellRun:
         corrections=corrections,
         probe_every=profile.probe_every,
         probe_rows=profile.probe_rows,
+        probe_batch=probe_batch,
     )
     run.trainer.add_callback(StepLogger(run.trainer, log_path, config_hash=c_hash))
     if resume is not None:
@@ -401,6 +412,7 @@ def record(run: CellRun, trained: dict, scores: dict) -> dict | None:
             weight_digests=trained["weight_digests"],
             resumed_from_step=run.resumed_from,
             weight_update=trained["weight_update"],
+            probe_batches=sorted(set(run.trainer.mx_probe_digests)),
             config={
                 "recipe": recipe.to_dict(),
                 "grpo": profile.grpo.model_dump(),

@@ -27,6 +27,7 @@ from ..layout import TRAIN_LOG
 from ..nn import bypassed, clear_weight_caches, gemm_weights, patch_state, patched_modules, quantized_weights, set_probe
 from ..numerics.decompose import SUMMARY_KEYS, pool_stats
 from .grad_accuracy import compare
+from .probe_batch import batch_digest
 from .vllm_weights import vllm_named_weights
 
 
@@ -163,14 +164,19 @@ def probe_layers(model) -> set[str]:
 class MXGRPOTrainer(GRPOTrainer):
     """GRPOTrainer with the recipe's corrections' lifecycle hooks and the gradient/decomposition probes.
 
-    Built as TRL's trainer, with three options of its own: ``corrections`` (the recipe's correction
-    objects, whose lifecycle hooks it calls), ``probe_every`` (steps between probes; 0: never) and
-    ``probe_rows``. The quantizer is read from the patched model (``patch_state``). Outside a
+    Built as TRL's trainer, with options of its own: ``corrections`` (the recipe's correction
+    objects, whose lifecycle hooks it calls), ``probe_every`` (steps between probes; 0: never),
+    ``probe_rows`` and ``probe_batch`` (a scored GRPO batch, ``mxfp4.rl.probe_batch``: every probe is
+    taken on it, so recipes are probed on the same prompts and completions; None: on the step's own
+    first micro-batch). The quantizer is read from the patched model (``patch_state``). Outside a
     training run, ``scored_batch`` and ``batch_loss`` give the pathway matrix TRL's own batches and loss.
     """
 
-    def __init__(self, *args, corrections=(), probe_every: int = 0, probe_rows: int = 4096, **kwargs):
+    def __init__(self, *args, corrections=(), probe_every: int = 0, probe_rows: int = 4096, probe_batch=None,
+                 **kwargs):
         super().__init__(*args, **kwargs)
+        self.mx_probe_batch = probe_batch
+        self.mx_probe_digests: list[str] = []  # the batch of each probe taken (prompt and completion ids)
         state = patch_state(self.model)
         self.mx_corrections = list(corrections)
         self.mx_quantizer = state.quantizer if state is not None else None
@@ -316,8 +322,13 @@ class MXGRPOTrainer(GRPOTrainer):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         self._mx_probed_step = step
         t0 = synced_clock()
+        probed = inputs
+        if self.mx_probe_batch is not None:
+            device = self.accelerator.device
+            probed = {k: v.to(device) if torch.is_tensor(v) else v for k, v in self.mx_probe_batch.items()}
+        self.mx_probe_digests.append(batch_digest(probed))
         with observer_rng():
-            self._probe(model, inputs, num_items_in_batch)
+            self._probe(model, probed, num_items_in_batch)
         self.mx_probe_seconds += synced_clock() - t0  # the probe's time is not the step's
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 

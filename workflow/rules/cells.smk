@@ -10,6 +10,14 @@ def reference_input(wc):
     return [cell_path(wc.model, REFERENCE_RECIPE, wc.seed)] if Recipe.named(wc.recipe).needs_reference else []
 
 
+def probe_batch_input(wc):
+    """A quantized recipe's probes are taken on its model and seed's common batch (none without probes)."""
+    from mxfp4.config.recipes import Recipe
+
+    quantized = Recipe.named(wc.recipe).quantize
+    return [str(L.probe_batch(wc.model, wc.seed))] if P.probe_every and quantized else []
+
+
 rule pretrain_model:
     """Warm-start a tiny stand-in with SFT on the embedded problems (TRL SFTTrainer)."""
     output:
@@ -29,6 +37,23 @@ def cell_launcher(wc):
     return launch_prefix(P.model(wc.model), PYTHON)
 
 
+rule probe_batch:
+    """The GRPO batch every recipe's gradient probes of a model and seed are taken on: sampled once by
+    the starting policy, unquantized, so recipes are probed on the same prompts and completions."""
+    input:
+        model_input,
+    output:
+        str(L.probe_batch("{model}", "{seed}")),
+    log:
+        f"{LOGS}/probe_batch_{{model}}_seed{{seed}}.log",
+    wildcard_constraints:
+        seed=r"\d+",
+    threads: 1
+    shell:
+        "MXFP4_THREADS={threads} {MXFP4} probe-batch --profile {PROFILE} --model {wildcards.model} "
+        "--seed {wildcards.seed} > {log} 2>&1"
+
+
 rule cell:
     """One ablation cell: GRPO under the recipe, then GSM8K through lm-eval; metrics.json last (atomic).
     A cell checkpoints every grpo.save_steps and a rerun resumes from its last checkpoint (the cell's
@@ -36,6 +61,7 @@ rule cell:
     input:
         model_input,
         reference_input,
+        probe_batch_input,
     output:
         metrics=cell_path("{model}", "{recipe}", "{seed}"),
         log=cell_path("{model}", "{recipe}", "{seed}", TRAIN_LOG),

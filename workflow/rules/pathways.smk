@@ -1,10 +1,11 @@
 rule pathways_model:
     """The pathway matrix of one model: each error component injected alone (or removed) on the
-    warm-started policy and on the bf16 cell's policy after GRPO (first seed), paired on the same data."""
+    warm-started policy and on every seed's bf16 policy after GRPO, paired on the same data; every
+    seed draws its own batches and prompts."""
     input:
         model_input,
-        # the policy after GRPO, when the profile measures that checkpoint
-        bf16_policy=lambda wc: [cell_path(wc.model, REFERENCE_RECIPE, SEEDS[0])]
+        # the policies after GRPO, when the profile measures that checkpoint
+        bf16_policies=lambda wc: [cell_path(wc.model, REFERENCE_RECIPE, s) for s in SEEDS]
         if P.pathways and "grpo" in P.pathways.checkpoints else [],
     output:
         str(L.pathways("{model}")),

@@ -1,0 +1,85 @@
+"""The batch every recipe's gradient probes are taken on, per model and seed.
+
+A probe compares the recipe's quantized gradient with its full-precision shadow gradient. Taken on
+the batch the recipe's own policy just sampled, two recipes' probes would compare different prompts
+and completions, so "paired by seed" would pair different batches. Instead one GRPO batch per model
+and seed is sampled once, by the warm-started policy unquantized (TRL's own generation, reward and
+advantages, through ``MXGRPOTrainer.scored_batch``), stored, and every cell of that model and seed
+scores those same prompts and completions under its own policy and quantization at every probe.
+The batch's digest (prompt and completion token ids) goes into each probe's log line, so a cell
+shows which batch it probed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from pathlib import Path
+
+import torch
+
+from ..config.profiles import Profile
+from ..layout import Layout
+
+
+def batch_digest(batch: dict) -> str:
+    """sha256 (first 16 hex digits) of a batch's prompt and completion token ids and masks."""
+    h = hashlib.sha256()
+    for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask"):
+        h.update(batch[key].detach().cpu().to(torch.int64).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def make_probe_batch(profile: Profile, model_name: str, seed: int, results="results") -> dict:
+    """One GRPO batch (``grpo.prompts_per_step`` prompts x ``num_generations``, non-zero advantages)
+    sampled by the starting policy (the warm start; a random initialisation from the seed), unquantized,
+    from a seed's own order of the training problems. The caller's random streams are left as they were."""
+    import numpy as np
+    from transformers import set_seed
+
+    from .cell import model_reference
+    from .models import load
+
+    with torch.random.fork_rng(devices=[]):
+        state, np_state = random.getstate(), np.random.get_state()
+        try:
+            set_seed(seed)  # as the cell does before loading its starting policy
+            model, tokenizer = load(model_reference(profile, model_name, results), dtype=torch.float32)
+            return _sample(profile, model, tokenizer, seed, results, model_name)
+        finally:
+            random.setstate(state)
+            np.random.set_state(np_state)
+
+
+def _sample(profile: Profile, model, tokenizer, seed: int, results, model_name: str) -> dict:
+    from .cell import cell_data
+    from .pathways import _trainer, gradient_batches
+
+    size = profile.grpo.prompts_per_step
+    trainer = _trainer(model, tokenizer, profile, seed, prompts=size)
+    train, _ = cell_data(profile, results)
+    problems = random.Random(seed).sample(train, len(train))
+    batches, _ = gradient_batches(trainer, problems, profile, 1, seed, size=size)
+    if not batches:
+        raise ValueError(f"no batch of {size} training problems with non-zero advantages for {model_name} seed "
+                         f"{seed}: every group was all right or all wrong")
+    batch = batches[0]
+    if profile.grpo.beta:  # the KL term's reference is the starting policy: the one that sampled
+        batch["ref_per_token_logps"] = trainer._completion_logps(batch)
+    return {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def ensure_probe_batch(profile: Profile, model_name: str, seed: int, results="results") -> Path:
+    """The stored probe batch of a model and seed, made (and saved atomically) if missing."""
+    path = Layout(results, profile.name).probe_batch(model_name, seed)
+    if not path.exists():
+        batch = make_probe_batch(profile, model_name, seed, results)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save(batch, tmp)
+        tmp.replace(path)
+    return path
+
+
+def load_probe_batch(path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)

@@ -1,0 +1,65 @@
+"""Seeds as the outer unit (mxfp4.stats.nested_mean): against independent computations (scipy's t over
+units and over seed means), and the coverage it promises where pooling the units does not keep it."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from mxfp4.stats import nested_mean, nested_paired
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 5), st.integers(2, 6), st.integers(0, 2**31 - 1))
+def test_balanced_seeds_give_the_one_way_random_effects_interval(k, m, seed):
+    """Balanced one-way random effects by ANOVA (an independent path): REML's seed variance is
+    (MSB - MSW)/m when positive, so the standard error is that of the k seed means (MSB/(k m)); at its
+    boundary the model pools every unit (SST/(N - 1)/N). Either on k - 1 degrees of freedom."""
+    rng = np.random.default_rng(seed)
+    groups = [g for g in range(k) for _ in range(m)]
+    y = np.array([rng.normal(0.3 * g, 1.0) for g in groups])
+    got = nested_mean(list(y), groups)
+    blocks = y.reshape(k, m)
+    msb = m * blocks.mean(1).var(ddof=1)
+    msw = blocks.var(1, ddof=1).mean()
+    se = np.sqrt((msb if msb >= msw else y.var(ddof=1)) / y.size)
+    low, high = stats.t.interval(0.95, k - 1, loc=y.mean(), scale=se)
+    assert got["mean"] == pytest.approx(y.mean(), abs=1e-9)
+    # REML by numerical optimisation (Powell): agreement to 0.1%
+    assert (got["ci_low"], got["ci_high"]) == pytest.approx((low, high), rel=1e-3, abs=1e-6)
+    assert (got["n"], got["seeds"]) == (k * m, k)
+
+
+def test_one_seed_is_the_t_interval_over_units():
+    y = [0.1, 0.4, -0.2, 0.7, 0.3]
+    got = nested_mean(y, [0] * 5)
+    ref = stats.ttest_1samp(y, 0.0)
+    assert (got["ci_low"], got["ci_high"]) == pytest.approx(tuple(ref.confidence_interval(0.95)))
+    assert got["p"] == pytest.approx(ref.pvalue)
+
+
+def test_constant_and_missing_values():
+    assert nested_mean([0.0, 0.0, 0.0, 0.0], [0, 0, 1, 1])["p"] == 1.0
+    got = nested_paired([1.0, None, 2.0, 3.0], [0.5, 1.0, float("nan"), 2.0], [0, 0, 1, 1])
+    assert got["n"] == 2 and got["diff"] == pytest.approx(0.75)
+    with pytest.raises(ValueError):
+        nested_mean([1.0, 2.0], [0])
+
+
+def test_seed_effects_keep_their_coverage_where_pooled_units_lose_it():
+    """Seeds with their own offsets (the policies after GRPO differ): the nested interval covers the
+    true mean about 95% of the time; a t interval over the pooled units covers far less."""
+    rng = np.random.default_rng(0)
+    k, m, reps = 4, 8, 300
+    groups = [g for g in range(k) for _ in range(m)]
+    nested = pooled = 0
+    for _ in range(reps):
+        offsets = rng.normal(0.0, 1.0, k)
+        y = [offsets[g] + rng.normal(0.0, 1.0) for g in groups]
+        est = nested_mean(y, groups)
+        nested += est["ci_low"] <= 0.0 <= est["ci_high"]
+        low, high = stats.ttest_1samp(y, 0.0).confidence_interval(0.95)
+        pooled += low <= 0.0 <= high
+    assert nested / reps >= 0.91  # 95% nominal; a binomial 1-in-1000 low tail at n = 300 is about 0.91
+    assert pooled / reps <= 0.80
