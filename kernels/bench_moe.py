@@ -1,7 +1,9 @@
-"""CPU (or CUDA) timing of the quantized MoE experts: the grouped path against the per-expert loop
-(the oracle it equals bit for bit, tests/moe_oracle.py), same run, same inputs; writes JSON.
+"""Timing of the quantized MoE experts on CPU or CUDA: the unquantized experts (the BF16 baseline),
+the grouped MXFP4 path and the per-expert loop (the oracle it equals bit for bit, tests/moe_oracle.py),
+same run, same inputs; writes JSON after every case (a timeout keeps what was measured).
 
     python kernels/bench_moe.py --out results/bench/moe_cpu.json
+    python kernels/bench_moe.py --device cuda --compute bfloat16 --cases all --out $OUT/gpu_smoke_moe.json
 
 Shapes: the tiny MoE (8 experts, top-2, H 128, I 96) and a 2-layer slice with Qwen3-30B-A3B's
 routing (128 experts, top-8) at H 256, I 128 (the real H 2048, I 768 puts 400M-element expert
@@ -34,9 +36,19 @@ CASES = {  # name: (experts, top_k, hidden, moe_intermediate, layers, tokens)
     "tiny-moe (8 experts, top-2, H128, I96)": (8, 2, 128, 96, 2, 512),
     "qwen3-30b-a3b routing slice (128 experts, top-8, H256, I128), 2 layers": (128, 8, 256, 128, 2, 512),
 }
+# Qwen3-30B-A3B's real expert layers (random init): for CUDA (minutes a step through the CPU reference)
+REAL = {"qwen3-30b-a3b layers (128 experts, top-8, H2048, I768), 2 layers, 4096 tokens": (128, 8, 2048, 768, 2, 4096)}
 
 
-def one_case(experts_n, k, h, inter, layers, tokens, reps, recipe):
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def one_case(experts_n, k, h, inter, layers, tokens, reps, recipe, device="cpu", compute="float32"):
+    """Best-of-``reps`` seconds of one forward + backward through every layer's experts: unquantized
+    (``bf16``: the baseline in the compute dtype), the grouped MXFP4 path and the per-expert loop;
+    on CUDA also each path's peak memory (GiB)."""
     torch.manual_seed(0)
     cfg = Qwen3MoeConfig(hidden_size=h, moe_intermediate_size=inter, num_experts=experts_n, num_experts_per_tok=k)
     blocks = []
@@ -45,38 +57,49 @@ def one_case(experts_n, k, h, inter, layers, tokens, reps, recipe):
         with torch.no_grad():
             e.gate_up_proj.normal_(0, 0.02)
             e.down_proj.normal_(0, 0.02)
-        blocks.append(e)
-    x = torch.randn(tokens, h)
-    w, idx = torch.softmax(torch.randn(tokens, experts_n), -1).topk(k, dim=-1)
+        blocks.append(e.to(device))
+    x = torch.randn(tokens, h, device=device)
+    w, idx = torch.softmax(torch.randn(tokens, experts_n, device=device), -1).topk(k, dim=-1)
     holder = torch.nn.ModuleList(blocks)
     holder.config = types.SimpleNamespace(tie_word_embeddings=False)
-    patch_model(holder, Recipe.named(recipe).quantizer())
+    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=compute == "bfloat16")
 
     def step(forward_of):
         y = x.requires_grad_(True)
-        for b in blocks:
-            y = forward_of(b)(y, idx, w)
-        y.sum().backward()
+        with autocast:
+            for b in blocks:
+                y = forward_of(b)(y, idx, w)
+        y.float().sum().backward()
         for b in blocks:
             b.gate_up_proj.grad = b.down_proj.grad = None
         x.grad = None
 
-    out = {}
+    def timed(fwd):
+        step(fwd)  # warm-up (and the weight cache)
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        best = float("inf")
+        for _ in range(reps):
+            _sync(device)
+            t = time.perf_counter()
+            step(fwd)
+            _sync(device)
+            best = min(best, time.perf_counter() - t)
+        peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+        return best, peak
+
+    out, peaks = {}, {}
+    out["bf16"], peaks["bf16"] = timed(lambda b: b.forward)  # unpatched: the baseline
+    patch_model(holder, Recipe.named(recipe).quantizer())
     try:
         for name, fwd in (
             ("grouped", lambda b: b.forward),
             ("per-expert loop", lambda b: lambda *a: per_expert_forward(b, *a)),
         ):
-            step(fwd)  # warm-up (and the weight cache)
-            best = float("inf")
-            for _ in range(reps):
-                t = time.perf_counter()
-                step(fwd)
-                best = min(best, time.perf_counter() - t)
-            out[name] = best
+            out[name], peaks[name] = timed(fwd)
     finally:
         unpatch_model(holder)
-    return out
+    return out, peaks
 
 
 def main(argv=None) -> int:
@@ -84,12 +107,20 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--recipe", default="mxfp4")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    p.add_argument("--compute", default="float32", choices=["float32", "bfloat16"],
+                   help="bfloat16: under bf16 autocast, as the GPU profiles train")
+    p.add_argument("--cases", default="small", choices=["small", "real", "all"],
+                   help="small: the tiny MoE and a routing slice; real: Qwen3-30B-A3B's expert layers (CUDA)")
     args = p.parse_args(argv)
     if args.reps < 1:
         raise SystemExit("--reps must be >= 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device")
+    cases = {"small": CASES, "real": REAL, "all": {**CASES, **REAL}}[args.cases]
     rows = []
-    for name, shape in tqdm(CASES.items(), desc="moe bench", unit="case", file=sys.stderr):
-        t = one_case(*shape, args.reps, args.recipe)
+    for name, shape in tqdm(cases.items(), desc="moe bench", unit="case", file=sys.stderr):
+        t, peaks = one_case(*shape, args.reps, args.recipe, args.device, args.compute)
         rows.append(
             {
                 "case": name,
@@ -100,24 +131,27 @@ def main(argv=None) -> int:
                 "layers": shape[4],
                 "tokens": shape[5],
                 "seconds_fwd_bwd": t,
+                "peak_memory_gib": peaks,
                 "speedup_grouped_over_loop": t["per-expert loop"] / t["grouped"],
+                "grouped_over_bf16": t["grouped"] / t["bf16"],
             }
         )
-    report = {
-        "device": "cuda: " + torch.cuda.get_device_name()
-        if torch.cuda.is_available()
-        else f"cpu: {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)",
-        "method": f"best of {args.reps} runs of one forward+backward through every layer's experts, "
-        f"recipe {args.recipe}",
-        "torch": torch.__version__,
-        "rows": rows,
-    }
-    write_json_atomic(args.out, report)
+        report = {
+            "device": "cuda: " + torch.cuda.get_device_name()
+            if args.device == "cuda"
+            else f"cpu: {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)",
+            "method": f"best of {args.reps} runs of one forward+backward through every layer's experts, "
+            f"recipe {args.recipe}, compute {args.compute}; bf16 = the experts unquantized in that compute dtype",
+            "torch": torch.__version__,
+            "complete": len(rows) == len(cases),
+            "rows": rows,
+        }
+        write_json_atomic(args.out, report)  # after every case: a timeout keeps what was measured
     for r in rows:
         print(
             f"{r['case']}: grouped {r['seconds_fwd_bwd']['grouped']:.3f} s, "
             f"loop {r['seconds_fwd_bwd']['per-expert loop']:.3f} s, "
-            f"{r['speedup_grouped_over_loop']:.2f}x"
+            f"{r['speedup_grouped_over_loop']:.2f}x; grouped / unquantized {r['grouped_over_bf16']:.2f}"
         )
     return 0
 

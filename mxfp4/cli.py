@@ -331,13 +331,14 @@ def _cmd_probe_batch(args) -> int:
 def _cmd_pathways(args) -> int:
     from .rl.pathways import run_pathways
 
-    out = args.out or Layout(args.results, args.profile).pathways(args.model)
+    out = args.out or Layout(args.results, args.profile).pathways(args.model, args.checkpoint)
     rows = run_pathways(
         args.profile,
         args.model,
         results=args.results,
         out_csv=out,
         progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+        checkpoint=args.checkpoint,
     )
     print(f"wrote {out} ({len(rows)} rows)")
     return 0
@@ -426,7 +427,10 @@ def build_parser() -> argparse.ArgumentParser:
         "pathways", help="the pathway matrix: each error component injected alone, on gradients, rollouts, entropy"
     )
     _model_args(p)
-    p.add_argument("--out", default=None, help="default results/<profile>/pathways/<model>/pathways.csv")
+    p.add_argument("--checkpoint", default=None, choices=["warm", "grpo"],
+                   help="one checkpoint only (default: every one the profile's pathways.checkpoints names)")
+    p.add_argument("--out", default=None, help="default results/<profile>/pathways/<model>/<checkpoint>.csv, or "
+                                               "pathways.csv for every checkpoint")
     p.set_defaults(func=_cmd_pathways)
 
     p = sub.add_parser("probe-batch", help="the GRPO batch every recipe's gradient probes of a model and seed are "

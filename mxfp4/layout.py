@@ -79,9 +79,12 @@ class Layout:
     def kernels(self) -> Path:
         return self.root / "kernels"
 
-    def pathways(self, model: str | None = None) -> Path:
-        """One model's pathway rows, or (no model) every model's in one CSV."""
-        return self.root / "pathways" / (f"{model}/pathways.csv" if model else "pathways.csv")
+    def pathways(self, model: str | None = None, checkpoint: str | None = None) -> Path:
+        """One model's pathway rows at one checkpoint (``warm``, ``grpo``), every checkpoint's (no
+        checkpoint), or (no model) every model's in one CSV."""
+        if model is None:
+            return self.root / "pathways" / "pathways.csv"
+        return self.root / "pathways" / model / (f"{checkpoint}.csv" if checkpoint else "pathways.csv")
 
     @property
     def weight_components(self) -> Path:

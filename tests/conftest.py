@@ -6,14 +6,14 @@ from mxfp4.machine import pin_cpu_numerics
 
 pin_cpu_numerics()
 
-# The Triton kernels run under the interpreter on CPU; triton decides at import time.
-try:
-    import torch as _torch
-
-    if not _torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-except ImportError:  # pragma: no cover
-    pass
+# Two modes, because triton decides at import time whether its kernels are compiled or interpreted:
+# - the suite (default, CI and every machine, a GPU machine too): the Triton kernels run under the
+#   interpreter on CPU tensors; tests marked gpu are skipped;
+# - MXFP4_TEST_CUDA=1 (a GPU machine; kernels/gpu_session.sh tests): the kernels compiled for CUDA;
+#   only the tests marked gpu run (the CUDA paths: kernels, formats, corrections, training steps).
+CUDA_TESTS = os.environ.get("MXFP4_TEST_CUDA") == "1"
+if not CUDA_TESTS:
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402 - after the pins above
 import torch  # noqa: E402
@@ -31,12 +31,21 @@ from mxfp4.cli import hide_torchao_from_transformers  # noqa: E402
 hide_torchao_from_transformers()
 
 
+def pytest_configure(config):
+    if CUDA_TESTS and not torch.cuda.is_available():
+        raise pytest.UsageError("MXFP4_TEST_CUDA=1 runs the compiled CUDA kernels, but torch sees no CUDA device")
+
+
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    if CUDA_TESTS:
+        skip = pytest.mark.skip(reason="MXFP4_TEST_CUDA=1 runs only the tests marked gpu (the rest of the suite "
+                                       "runs the Triton kernels under the interpreter: run it without MXFP4_TEST_CUDA)")
+        wanted = lambda item: "gpu" not in item.keywords  # noqa: E731
+    else:
+        skip = pytest.mark.skip(reason="marked gpu: the compiled CUDA kernels (MXFP4_TEST_CUDA=1 on a GPU machine)")
+        wanted = lambda item: "gpu" in item.keywords  # noqa: E731
     for item in items:
-        if "gpu" in item.keywords:
+        if wanted(item):
             item.add_marker(skip)
 
 

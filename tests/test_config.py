@@ -25,7 +25,7 @@ def bad(mutate):
 
 
 def test_every_shipped_profile_validates():
-    for name in ("embedded", "smoke", "paper", "smoke-ddp", "gpu-smoke"):
+    for name in ("embedded", "embedded-large", "smoke", "paper", "smoke-ddp", "gpu-smoke", "gpu-smoke-quick"):
         assert load_profile(name).name == name
 
 

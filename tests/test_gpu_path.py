@@ -2,6 +2,7 @@
 gradient checkpointing, bounded probes, the weight cache under sharded writes, vLLM's Qwen2 names."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -338,3 +339,38 @@ def test_the_gpu_smoke_checkpoints_fit_the_stated_disk_budget():
     saving = profile.model_copy(update={"grpo": profile.grpo.model_copy(update={"save_steps": 2})})
     with pytest.raises(ValueError, match=r"take 3 x 34.5 GiB = 103.5 GiB, over grpo.checkpoint_disk_gib 40"):
         check_checkpoint_disk(saving, "qwen2.5-3b-random")
+
+
+def _pins(path) -> dict[str, str]:
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if "==" in line:
+            name, version = line.split("==")
+            out[name.strip().lower().replace("_", "-")] = version.strip()
+    return out
+
+
+def test_the_gpu_wheel_bundle_pins_the_versions_the_harness_is_tested_with():
+    root = Path(__file__).resolve().parent.parent
+    wheels, pins = _pins(root / "kernels" / "gpu_wheels.txt"), _pins(root / "constraints.txt")
+    assert {"transformers", "trl", "lm-eval", "datasets", "pydantic", "pydantic-core", "torchao"} <= set(wheels)
+    assert {name: v for name, v in wheels.items() if name in pins and pins[name] != v} == {}
+    assert "torch" not in wheels and "triton" not in wheels  # the machines' own CUDA builds stay
+
+
+def test_the_moe_bench_times_the_unquantized_grouped_and_per_expert_paths_and_writes_as_it_goes(tmp_path):
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("bench_moe", Path(__file__).resolve().parent.parent /
+                                                  "kernels" / "bench_moe.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.CASES = {"tiny": (8, 2, 64, 32, 1, 64)}  # the smallest case: this checks the report, not speed
+    out = tmp_path / "moe.json"
+    assert bench.main(["--out", str(out), "--reps", "1", "--device", "cpu", "--compute", "bfloat16"]) == 0
+    report = json.loads(out.read_text())
+    row = report["rows"][0]
+    assert report["complete"] and set(row["seconds_fwd_bwd"]) == {"bf16", "grouped", "per-expert loop"}
+    assert row["grouped_over_bf16"] > 0 and "compute bfloat16" in report["method"]

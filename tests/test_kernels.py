@@ -1,4 +1,8 @@
-"""Triton kernels under TRITON_INTERPRET=1 (set by conftest on CPU): bit-exact with the reference."""
+"""Triton kernels bit-exact with the reference: under TRITON_INTERPRET=1 on CPU tensors (the suite; set
+by conftest), and compiled on CUDA (the same checks marked gpu: MXFP4_TEST_CUDA=1 on a GPU machine).
+The checks run when a test asks for them, never at collection."""
+
+import functools
 
 import pytest
 import torch
@@ -7,12 +11,19 @@ import mxfp4
 from mxfp4.numerics import dispatch, kernel_checks, reference
 from mxfp4.numerics.adversarial import adversarial_rows
 
-RESULTS = list(kernel_checks.check_cases("cuda" if torch.cuda.is_available() else "cpu"))
+DEVICES = [pytest.param("cpu", id="interpreter"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 
 
+@functools.cache
+def results(device: str) -> list[dict]:
+    """Every kernel case on ``device`` (run once per session, on first use)."""
+    return list(kernel_checks.check_cases(device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kernel", kernel_checks.KERNELS)
-def test_kernel_is_bit_exact_with_reference_on_every_case(kernel):
-    mine = [r for r in RESULTS if r["kernel"] == kernel]
+def test_kernel_is_bit_exact_with_reference_on_every_case(kernel, device):
+    mine = [r for r in results(device) if r["kernel"] == kernel]
     # 2D cases (adversarial rows + the transposed one) x 2 axes, 3D cases x 3 axes; x dtypes x rules
     assert len(mine) == ((len(adversarial_rows()) + 1) * 2 + 2 * 3) * 3 * 4
     failed = [r for r in mine if not r["passed"]]
@@ -21,9 +32,9 @@ def test_kernel_is_bit_exact_with_reference_on_every_case(kernel):
     assert len(skipped) < len(mine) / 2  # most cases really ran
 
 
-def test_matmul_on_mxfp4_operands_matches_exact_products():
-    results = kernel_checks.check_matmul("cuda" if torch.cuda.is_available() else "cpu")
-    for name, r in results.items():
+@pytest.mark.parametrize("device", DEVICES)
+def test_matmul_on_mxfp4_operands_matches_exact_products(device):
+    for name, r in kernel_checks.check_matmul(device).items():
         assert r["passed"], (name, r)
 
 

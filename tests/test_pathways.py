@@ -160,8 +160,9 @@ def test_every_seed_measures_its_own_data_and_the_rows_pool_the_seeds(smoke_resu
     from mxfp4.rl.pathways import seed_problems
 
     base = load_profile("smoke")
-    settings = base.pathways.model_copy(update={"checkpoints": ["warm"], "additivity_steps": [], "sites": ["both"],
-                                                "scale_rules": ["floor"], "controls": ["gaussian"]})
+    settings = base.pathways.model_copy(update={"checkpoints": ["warm"], "additivity_steps": [],
+                                                "sites": ["backward", "both"], "scale_rules": ["floor"],
+                                                "controls": ["gaussian"]})
     two = base.model_copy(update={"seeds": [0, 1], "pathways": settings})
     train, _ = cell_data(two, smoke_results)
     assert seed_problems(train, settings, 0)[1] != seed_problems(train, settings, 1)[1]
@@ -170,6 +171,20 @@ def test_every_seed_measures_its_own_data_and_the_rows_pool_the_seeds(smoke_resu
     assert diff and all(r["n"] == 2 * settings.prompts and r["seeds"] == 2 for r in diff)
     # one policy (the warm start) for both seeds: the units are exchangeable, the interval is over units
     assert all("t over units" in r["method"] or r["ci_low"] == r["ci_high"] for r in diff)
+    # backward only: each component injected and full MXFP4, total and per layer; removals and controls at both
+    backward = {r["injection"] for r in rows if r["metric"] == "grad_cosine" and r["site"] == "backward"}
+    assert backward == {"+scale", "+dead", "+grid", "all"}
+    layers = {r["layer"] for r in rows if r["metric"] == "grad_cosine" and r["site"] == "backward"}
+    assert {"total", "layer0", "layer1"} <= layers
+    from mxfp4.report.pathway_table import markdown, sites_markdown
+
+    text = sites_markdown([{k: "" if v is None else str(v) for k, v in r.items()} for r in rows])
+    assert "| +scale | backward |" in text and "| +scale | both |" in text
+    # the headline table reads gradients at site both, never a single site's row
+    table = markdown([{k: "" if v is None else str(v) for k, v in r.items()} for r in rows])
+    both = next(r for r in rows if r["metric"] == "grad_cosine" and r["site"] == "both" and r["layer"] == "total"
+                and r["injection"] == "+scale")
+    assert f"{1 - both['mean']:+.3f}" in next(line for line in table.splitlines() if "| +scale |" in line)
 
 
 def test_policies_after_grpo_are_the_outer_unit():

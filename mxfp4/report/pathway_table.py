@@ -28,6 +28,12 @@ def read_rows(path) -> list[dict]:
     return rows
 
 
+def main_site(metric: str) -> str:
+    """The site a metric's headline row is read at: gradients with MXFP4 in the forward and backward GEMMs
+    (``both``), rollouts and entropy in the forward pass, weight statistics on the weights."""
+    return "both" if metric.startswith("grad_") else "weights" if metric.startswith("weight_") else "forward"
+
+
 def estimate(r: dict, flip: bool = False) -> tuple[float, float | None, float | None]:
     """(mean, ci_low, ci_high) of a pathways.csv row; ``flip`` turns a cosine into 1 - cosine (the
     interval's ends swap)."""
@@ -60,7 +66,7 @@ def markdown(rows: list[dict]) -> str:
                 hit = [
                     r
                     for r in mine
-                    if r["injection"] == arm and r["metric"] == metric and r["site"] in ("both", "forward", "weights")
+                    if r["injection"] == arm and r["metric"] == metric and r["site"] == main_site(metric)
                 ]
                 cells.append(_cell(hit[0] if hit else None, flip))
             out.append(f"| {model} | {ckpt} | {arm} | " + " | ".join(cells) + " |")
@@ -112,8 +118,34 @@ def attribution_markdown(rows: list[dict]) -> str:
             + "\n")
 
 
+def sites_markdown(rows: list[dict]) -> str:
+    """Per model and checkpoint with more than one gradient site: 1 - gradient cosine of each arm at each
+    site (forward only, backward only, both), total and per layer by depth (input side first)."""
+    grad = [r for r in rows if r["metric"] == "grad_cosine" and r["mean"] not in ("", None)]
+    out = []
+    for model, ckpt in dict.fromkeys((r["model"], r["checkpoint"]) for r in grad):
+        mine = [r for r in grad if (r["model"], r["checkpoint"]) == (model, ckpt)]
+        sites = list(dict.fromkeys(r["site"] for r in mine))
+        if len(sites) < 2:
+            continue
+        layers = sorted({r["layer"] for r in mine if r["layer"].startswith("layer")}, key=lambda x: int(x[5:]))
+        out += [f"\n### {model} ({ckpt})\n", "| arm | site | total | " + " | ".join(layers) + " |",
+                "| --- | --- | --- | " + " | ".join("---" for _ in layers) + " |"]
+        for arm in dict.fromkeys(r["injection"] for r in mine if r["site"] != "both"):
+            for site in sites:
+                hit = {r["layer"]: r for r in mine if r["injection"] == arm and r["site"] == site}
+                if hit:
+                    out.append(f"| {arm} | {site} | " + " | ".join(_cell(hit.get(x), True) for x in ["total", *layers])
+                               + " |")
+    if not out:
+        return ""
+    return ("\n## Gradient accuracy by site and depth\n\n1 - gradient cosine against the unquantized gradient, "
+            "with MXFP4's component injected in the forward GEMMs only, the backward GEMMs only, or both; per layer "
+            "from the input side (95% intervals over the gradient batches).\n" + "\n".join(out) + "\n")
+
+
 def run(pathways_csv, out_md) -> str:
     rows = read_rows(pathways_csv)
-    text = markdown(rows) + attribution_markdown(rows)
+    text = markdown(rows) + attribution_markdown(rows) + sites_markdown(rows)
     write_text_atomic(out_md, text)
     return text

@@ -285,7 +285,7 @@ def pathway_matrix(pathways_csv: Path | str, out_stem: Path | str) -> list[Path]
     """The pathway matrix: rows the injection arms, columns the three pathways (effects against the
     unquantized arm with 95% intervals; one marker per model and checkpoint), and the gradient
     cosine by layer depth per injected component."""
-    from .pathway_table import estimate, read_rows
+    from .pathway_table import estimate, main_site, read_rows
 
     rows = read_rows(pathways_csv)
     arms = ["+scale", "+dead", "+grid", "all", "-scale", "-dead", "-grid"]
@@ -304,7 +304,7 @@ def pathway_matrix(pathways_csv: Path | str, out_stem: Path | str) -> list[Path]
                     and r["injection"] == arm
                     and r["metric"] == metric
                     and r["layer"] == "total"
-                    and r["site"] in ("both", "forward")
+                    and r["site"] == main_site(metric)
                     and r["mean"]
                 ]
                 if not sel:

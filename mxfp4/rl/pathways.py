@@ -60,6 +60,7 @@ CONTRAST_METHOD = (
     "paired over {units}: harm(+{a}) - harm(+{b}), harm = {harm}; 95% t interval, two-sided p (scipy.stats.ttest_rel)"
 )
 SCALE_RULES = ("floor", "ceil", "even", "rceil")
+SITE_ARMS = ("+scale", "+dead", "+grid", "all")  # the arms measured at sites forward and backward
 GRAD_METHOD = "mean over batches, 95% t interval"
 PAIRED_METHOD = (
     "paired difference from the unquantized arm, mean over prompts, 95% t interval (same prompts and sampling seed)"
@@ -414,7 +415,10 @@ def measure_gradients(m: Measured, trainer, model, batches, settings, form: str,
             return [compare(batch_gradient(trainer, b), ref) for b, ref in zip(batches, reference)]
 
     for site in settings.sites:
-        for row in (*ROWS[1:], *(control_rows(settings.controls) if site == "both" else ())):
+        # site both: every arm and control; forward or backward alone: each component injected and full
+        # MXFP4 (the per-site, per-layer view of each component; the removals and controls at site both)
+        arms = (*ROWS[1:], *control_rows(settings.controls)) if site == "both" else SITE_ARMS
+        for row in arms:
             m.grad.setdefault((row, site), []).extend(grads_under(row_quantizer(row, site, form=form)))
     for rule in settings.scale_rules if form == "canonical" else ():  # full MXFP4 has no form
         q = row_quantizer("all", "both", rule)
@@ -521,10 +525,10 @@ def seed_problems(train: list[dict], settings, seed: int) -> tuple[list[dict], l
 
 
 def run_pathways(profile_name: str | Profile, model_name: str, results="results", out_csv=None,
-                 progress=print) -> list[dict]:
-    """The pathway matrix of one model on every seed of the profile: per checkpoint, each seed's
-    policy measured on its own batches and prompts, the rows estimated with the policy as the outer
-    unit (``stats.nested_mean``)."""
+                 progress=print, checkpoint: str | None = None) -> list[dict]:
+    """The pathway matrix of one model on every seed of the profile: per checkpoint (all the profile
+    names, or the one given), each seed's policy measured on its own batches and prompts, the rows
+    estimated with the policy as the outer unit (``stats.nested_mean``)."""
     from .models import load
 
     profile = profile_name if isinstance(profile_name, Profile) else load_profile(profile_name)
@@ -534,6 +538,11 @@ def run_pathways(profile_name: str | Profile, model_name: str, results="results"
             f"profile {profile.name!r} has no pathways section; add one (see experiments/profiles/embedded.yaml)"
         )
     spec = profile.model(model_name)
+    if checkpoint is not None:
+        if checkpoint not in settings.checkpoints:
+            raise ValueError(f"checkpoint {checkpoint!r} is not one the profile measures; accepted: "
+                             f"{', '.join(settings.checkpoints)} (pathways.checkpoints)")
+        profile = profile.model_copy(update={"pathways": settings.model_copy(update={"checkpoints": [checkpoint]})})
     ckpts = checkpoints(profile, model_name, results)
     if spec.arch:
         warm_start_folder(results, profile.name, model_name)

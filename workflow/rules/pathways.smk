@@ -1,27 +1,33 @@
-rule pathways_model:
-    """The pathway matrix of one model: each error component injected alone (or removed) on the
-    warm-started policy and on every seed's bf16 policy after GRPO, paired on the same data; every
-    seed draws its own batches and prompts."""
+def checkpoint_inputs(wc):
+    """The warm start is measured as soon as it exists; the policies after GRPO need every seed's bf16 cell."""
+    return [cell_path(wc.model, REFERENCE_RECIPE, s) for s in SEEDS] if wc.checkpoint == "grpo" else []
+
+
+rule pathways_checkpoint:
+    """The pathway matrix of one model at one checkpoint: each error component injected alone (or
+    removed), with its energy-matched controls, on the warm-started policy or on every seed's bf16 policy
+    after GRPO; every seed draws its own batches and prompts, every arm of a seed the same."""
     input:
         model_input,
-        # the policies after GRPO, when the profile measures that checkpoint
-        bf16_policies=lambda wc: [cell_path(wc.model, REFERENCE_RECIPE, s) for s in SEEDS]
-        if P.pathways and "grpo" in P.pathways.checkpoints else [],
+        checkpoint_inputs,
     output:
-        str(L.pathways("{model}")),
+        str(L.pathways("{model}", "{checkpoint}")),
     log:
-        f"{LOGS}/pathways_{{model}}.log",
+        f"{LOGS}/pathways_{{model}}_{{checkpoint}}.log",
+    wildcard_constraints:
+        checkpoint="warm|grpo",
     threads: 1
     # the longest jobs of the DAG: start them as soon as their inputs exist, so the cells fill the other core
     priority: 10
     shell:
-        "MXFP4_THREADS={threads} {MXFP4} pathways --profile {PROFILE} --model {wildcards.model} --out {output} > {log} 2>&1"
+        "MXFP4_THREADS={threads} {MXFP4} pathways --profile {PROFILE} --model {wildcards.model} "
+        "--checkpoint {wildcards.checkpoint} --out {output} > {log} 2>&1"
 
 
 rule pathways_table:
-    """Every model's pathway rows in one tidy CSV, and the matrix as a markdown table."""
+    """Every model's and checkpoint's pathway rows in one tidy CSV, and the matrix as a markdown table."""
     input:
-        [str(L.pathways(m)) for m in MODELS],
+        [str(L.pathways(m, c)) for m in MODELS for c in (P.pathways.checkpoints if P.pathways else [])],
     output:
         csv=str(L.pathways()),
         md=report(str(L.pathways().with_suffix(".md")), caption="../report/pathways_table.rst", category="Pathway matrix"),
