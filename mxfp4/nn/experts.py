@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .linear import gemm_context
+from .linear import _autocast_dtype, _gemm_precision, gemm_context
 
 
 class DispatchPlan:
@@ -88,28 +88,54 @@ class GroupedQuantLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, xq, w_fwd, w_bwd, plan: DispatchPlan, gemm):
-        if xq is None:
-            xq = gemm.act(x, -1, "activation", gemm.gemms["forward"])
-        y = F.grouped_mm(xq, w_fwd.transpose(-2, -1).to(xq.dtype), offs=plan.offsets)
+        ctx.autocast, ctx.device_type = _autocast_dtype(x), x.device.type
+        ctx.exact = gemm.quantizer.exact_in_bf16
+
+        def run(cast):
+            q = xq if xq is not None else gemm.act(x if cast is None else x.to(cast), -1, "activation",
+                                                   gemm.gemms["forward"])
+            dtype = _operand_dtype(ctx, cast, q)
+            y = F.grouped_mm(q.to(dtype), w_fwd.transpose(-2, -1).to(dtype), offs=plan.offsets)
+            return y if cast is None else y.to(ctx.autocast)
+
+        y = _gemm_precision(ctx, run)
         ctx.save_for_backward(x, w_bwd)
         ctx.plan, ctx.gemm = plan, gemm
         return y
 
     @staticmethod
     def backward(ctx, dy):
+        return _gemm_precision(ctx, lambda cast: GroupedQuantLinear._backward(ctx, dy, cast))
+
+    @staticmethod
+    def _backward(ctx, dy, cast):
         x, w_bwd = ctx.saved_tensors
+        if cast is not None:
+            dy, x, w_bwd = dy.to(cast), x.to(cast), w_bwd.to(cast)
         plan, gemm = ctx.plan, ctx.gemm
         dx = dw = None
         if ctx.needs_input_grad[0]:
             dyq = gemm.act(dy, -1, "grad", gemm.gemms["input_grad"])
-            dx = F.grouped_mm(dyq, w_bwd.to(dy.dtype), offs=plan.offsets)
+            dtype = _operand_dtype(ctx, cast, dyq)
+            dx = F.grouped_mm(dyq.to(dtype), w_bwd.to(dtype), offs=plan.offsets)
         if ctx.needs_input_grad[1]:
             on = gemm.gemms["weight_grad"]
             valid = plan.valid_padded
             dy_t = gemm.act(plan.pad(dy), 0, "grad_t", on, valid=valid)
             x_t = gemm.act(plan.pad(x), 0, "activation_t", on, valid=valid)
-            dw = F.grouped_mm(dy_t.T.contiguous(), x_t, offs=plan.padded_offsets)
+            dtype = _operand_dtype(ctx, cast, dy_t)
+            dw = F.grouped_mm(dy_t.T.contiguous().to(dtype), x_t.to(dtype), offs=plan.padded_offsets)
         return dx, dw, None, None, None, None, None
+
+
+def _operand_dtype(ctx, cast, q: torch.Tensor) -> torch.dtype:
+    """The dtype of a grouped GEMM's quantized operands, as ``linear.QuantLinearFunction`` chooses it
+    (grouped_mm is not on autocast's list, so the cast is explicit): the autocast dtype when its values
+    are bf16 numbers (exact, and CUDA's grouped_mm is fast only in bf16), float32 when they are not,
+    the operand's own dtype without autocast."""
+    if cast is not None:
+        return cast
+    return ctx.autocast if ctx.autocast is not None else q.dtype
 
 
 def grouped_experts_forward(self, hidden_states, top_k_index, top_k_weights):
