@@ -27,6 +27,13 @@ def test_two_cpu_processes_train_one_cell_to_identical_weights(smoke_results, tm
         "--results", str(tmp_path)]
     assert "torch.distributed.run" in command and "--nproc_per_node" in command
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MXFP4_THREADS": "1"}
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+    assert refused.returncode != 0 and "mxfp4 probe-batch" in refused.stderr  # never a hang: say what to run
+    # the probe batch comes first, from one process (the snakemake rule probe_batch)
+    made = subprocess.run([sys.executable, "-m", "mxfp4", "probe-batch", "--profile", "smoke-ddp", "--model",
+                           "tiny-dense", "--seed", "0", "--results", str(tmp_path)], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert made.returncode == 0, made.stderr[-3000:]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     cell = tmp_path / "smoke-ddp" / "cells" / "tiny-dense" / "mxfp4" / "seed0"

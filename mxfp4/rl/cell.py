@@ -308,10 +308,15 @@ def prepare(plan: CellPlan, dist) -> CellRun:
             shutil.rmtree(checkpoints, ignore_errors=True)  # another configuration's, or a run that never saved
     probe_batch = None
     if profile.probe_every and recipe.quantize:  # the batch every recipe of this model and seed is probed on
-        if dist.is_main_process:
-            ensure_probe_batch(profile, plan.model, seed, plan.results)  # made by its snakemake rule, or now
-        dist.wait_for_everyone()
-        probe_batch = load_probe_batch(plan.layout.probe_batch(plan.model, seed))
+        stored = plan.layout.probe_batch(plan.model, seed)
+        if dist.num_processes > 1 and not stored.exists():  # sampling it is one process's work (TRL gathers)
+            raise ValueError(
+                f"the probe batch {stored} is missing; a launch of {dist.num_processes} processes cannot sample "
+                f"it: make it first (mxfp4 probe-batch --profile {profile.name} --model {plan.model} --seed {seed}"
+                f" --results {plan.results}; the snakemake rule probe_batch does)"
+            )
+        ensure_probe_batch(profile, plan.model, seed, plan.results)  # made by its snakemake rule, or now
+        probe_batch = load_probe_batch(stored)
     set_seed(seed)  # after the probe batch, whose making draws random numbers
 
     model, tokenizer = load(plan.model_ref, dtype=torch.float32)  # fp32 master weights on every device
@@ -412,7 +417,6 @@ def record(run: CellRun, trained: dict, scores: dict) -> dict | None:
             weight_digests=trained["weight_digests"],
             resumed_from_step=run.resumed_from,
             weight_update=trained["weight_update"],
-            probe_batches=sorted(set(run.trainer.mx_probe_digests)),
             config={
                 "recipe": recipe.to_dict(),
                 "grpo": profile.grpo.model_dump(),
@@ -523,6 +527,7 @@ def summarize(log_path: Path, scores: dict, model, quantizer, corrections, probe
         "mean_grad_rel_norm_error": mean("grad/rel_norm_error"),
         "mean_step_time": mean("step_time"),
         "mean_probe_time": mean("probe_time"),
+        "probe_batches": sorted({r["probe/batch"] for r in rows if r.get("probe/batch")}),  # digests, from the log
         "mean_mismatch_kl": mean("mismatch/kl"),
         "mean_mismatch_log_ratio": mean("mismatch/log_ratio_mean"),
         "correction_costs": {c.name: c.cost() for c in corrections},

@@ -176,7 +176,6 @@ class MXGRPOTrainer(GRPOTrainer):
                  **kwargs):
         super().__init__(*args, **kwargs)
         self.mx_probe_batch = probe_batch
-        self.mx_probe_digests: list[str] = []  # the batch of each probe taken (prompt and completion ids)
         state = patch_state(self.model)
         self.mx_corrections = list(corrections)
         self.mx_quantizer = state.quantizer if state is not None else None
@@ -326,9 +325,9 @@ class MXGRPOTrainer(GRPOTrainer):
         if self.mx_probe_batch is not None:
             device = self.accelerator.device
             probed = {k: v.to(device) if torch.is_tensor(v) else v for k, v in self.mx_probe_batch.items()}
-        self.mx_probe_digests.append(batch_digest(probed))
         with observer_rng():
             self._probe(model, probed, num_items_in_batch)
+        self.mx_step_metrics["probe/batch"] = batch_digest(probed)  # which batch this probe scored
         self.mx_probe_seconds += synced_clock() - t0  # the probe's time is not the step's
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 

@@ -6,8 +6,8 @@ and completions, so "paired by seed" would pair different batches. Instead one G
 and seed is sampled once, by the warm-started policy unquantized (TRL's own generation, reward and
 advantages, through ``MXGRPOTrainer.scored_batch``), stored, and every cell of that model and seed
 scores those same prompts and completions under its own policy and quantization at every probe.
-The batch's digest (prompt and completion token ids) goes into each probe's log line, so a cell
-shows which batch it probed.
+Each cell records the digests (prompt and completion token ids) of the batches it probed in its
+metrics.json (``probe_batches``), so a reader sees that two recipes of a seed probed the same batch.
 """
 
 from __future__ import annotations
