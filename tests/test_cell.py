@@ -185,3 +185,15 @@ def test_recipes_are_probed_on_one_common_batch(results):
     strip = lambda m: {k: v for k, v in m.items() if k not in TIMING}  # noqa: E731
     assert strip(made) == strip(again)
     assert run_cell("smoke", "tiny-dense", "bf16", 2, results=results)["probe_batches"] == []  # no probes
+
+
+def test_a_policy_that_never_solves_still_gets_a_probe_batch(results, monkeypatch):
+    """Random weights (the GPU smoke runs) earn no reward: no group has non-zero advantages. The probe
+    batch is then the first batch, said so, never an error that would stop every quantized cell."""
+    import mxfp4.rl.pathways as pathways
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.rl.probe_batch import make_probe_batch
+
+    monkeypatch.setattr(pathways, "accuracy_reward", lambda completions, **kw: [0.0] * len(completions))
+    batch = make_probe_batch(load_profile("smoke"), "tiny-dense", 3, results)
+    assert batch["advantages"].abs().max() == 0 and batch["completion_ids"].shape[0] == 2 * 4

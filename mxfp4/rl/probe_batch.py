@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import random
+import sys
 from pathlib import Path
 
 import torch
 
 from ..config.profiles import Profile
 from ..layout import Layout
+from . import data as gsm
 
 
 def batch_digest(batch: dict) -> str:
@@ -60,10 +62,16 @@ def _sample(profile: Profile, model, tokenizer, seed: int, results, model_name: 
     train, _ = cell_data(profile, results)
     problems = random.Random(seed).sample(train, len(train))
     batches, _ = gradient_batches(trainer, problems, profile, 1, seed, size=size)
-    if not batches:
-        raise ValueError(f"no batch of {size} training problems with non-zero advantages for {model_name} seed "
-                         f"{seed}: every group was all right or all wrong")
-    batch = batches[0]
+    if batches:
+        batch = batches[0]
+    else:  # a policy that never (or always) solves, e.g. random weights on a GPU smoke run: rewards all equal
+        print(f"probe batch of {model_name} seed {seed}: no group of the {len(problems)} training problems has "
+              "non-zero advantages; the first batch is kept (its policy-gradient term is zero: the probes' "
+              "gradient cosines are undefined)", file=sys.stderr, flush=True)
+        g = profile.grpo
+        torch.manual_seed(seed)
+        batch = trainer.scored_batch([{"prompt": gsm.PROMPT.format(question=r["question"]), "answer": r["answer"]}
+                                      for r in problems[:size] for _ in range(g.num_generations)])
     if profile.grpo.beta:  # the KL term's reference is the starting policy: the one that sampled
         batch["ref_per_token_logps"] = trainer._completion_logps(batch)
     return {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in batch.items()}
