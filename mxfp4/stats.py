@@ -26,6 +26,11 @@ def _clean(values) -> list[float]:
     return [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
 
 
+def _no_spread(x: np.ndarray) -> bool:
+    """Every value equal up to round-off (scipy would warn of catastrophic cancellation)."""
+    return float(x.std(ddof=1)) <= 16 * np.finfo(float).eps * float(np.abs(x).max())
+
+
 def mean_ci(values: list[float]) -> dict:
     """Mean, sample std and 95% t interval of the mean (interval undefined for one value)."""
     vals = _clean(values)
@@ -78,7 +83,7 @@ def paired_diff(a: list, b: list, level: float = 0.95) -> dict:
     if n < 2:
         return out
     out["sd"] = float(d.std(ddof=1))
-    if out["sd"] <= 16 * np.finfo(float).eps * float(np.abs(d).max()):  # equal differences, up to round-off
+    if _no_spread(d):  # equal differences, up to round-off
         out.update(sd=0.0, ci_low=out["diff"], ci_high=out["diff"], p=1.0 if out["diff"] == 0 else 0.0)
         return out
     res = stats.ttest_rel([x for x, _ in pairs], [y for _, y in pairs])
@@ -214,7 +219,7 @@ def nested_mean(values: list, groups: list, level: float = 0.95) -> dict:
     out["mean"] = float(y.mean())
     if n < 2:
         return out
-    if float(y.std(ddof=1)) <= 16 * np.finfo(float).eps * float(np.abs(y).max()):  # every unit equal
+    if _no_spread(y):  # every unit equal
         out.update(ci_low=out["mean"], ci_high=out["mean"], p=1.0 if out["mean"] == 0 else 0.0, interval="constant")
         return out
     if k < 2:

@@ -92,8 +92,7 @@ class GroupedQuantLinear(torch.autograd.Function):
         ctx.exact = gemm.quantizer.exact_in_bf16
 
         def run(cast):
-            q = xq if xq is not None else gemm.act(x if cast is None else x.to(cast), -1, "activation",
-                                                   gemm.gemms["forward"])
+            q = xq if xq is not None else gemm.act(x, -1, "activation", gemm.gemms["forward"])
             dtype = _operand_dtype(ctx, cast, q)
             y = F.grouped_mm(q.to(dtype), w_fwd.transpose(-2, -1).to(dtype), offs=plan.offsets)
             return y if cast is None else y.to(ctx.autocast)

@@ -21,7 +21,6 @@ import torch
 
 from ..config.profiles import Profile
 from ..layout import Layout
-from . import data as gsm
 
 
 def batch_digest(batch: dict) -> str:
@@ -61,17 +60,15 @@ def _sample(profile: Profile, model, tokenizer, seed: int, results, model_name: 
     trainer = _trainer(model, tokenizer, profile, seed, prompts=size)
     train, _ = cell_data(profile, results)
     problems = random.Random(seed).sample(train, len(train))
-    batches, _ = gradient_batches(trainer, problems, profile, 1, seed, size=size)
-    if batches:
-        batch = batches[0]
-    else:  # a policy that never (or always) solves, e.g. random weights on a GPU smoke run: rewards all equal
+    batches, _ = gradient_batches(trainer, problems, profile, 1, seed, size=size, keep_first=True)
+    if not batches:
+        raise ValueError(f"the probe batch needs grpo.prompts_per_step = {size} training problems; the profile's data "
+                         f"has {len(problems)}")
+    batch = batches[0]
+    if batch["advantages"].abs().max() == 0:  # a policy that never (or always) solves: random weights on a GPU
         print(f"probe batch of {model_name} seed {seed}: no group of the {len(problems)} training problems has "
               "non-zero advantages; the first batch is kept (its policy-gradient term is zero: the probes' "
               "gradient cosines are undefined)", file=sys.stderr, flush=True)
-        g = profile.grpo
-        torch.manual_seed(seed)
-        batch = trainer.scored_batch([{"prompt": gsm.PROMPT.format(question=r["question"]), "answer": r["answer"]}
-                                      for r in problems[:size] for _ in range(g.num_generations)])
     if profile.grpo.beta:  # the KL term's reference is the starting policy: the one that sampled
         batch["ref_per_token_logps"] = trainer._completion_logps(batch)
     return {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in batch.items()}
