@@ -156,6 +156,7 @@ PLOTS = {  # figure -> (drawing function in mxfp4.report.plots, what its input f
     "pathways": ("pathway_matrix", "pathways/pathways.csv (every model's mxfp4 pathways rows)"),
     "attribution": ("pathway_attribution", "pathways/pathways.csv (every model's mxfp4 pathways rows)"),
     "cosines": ("component_cosines", "weight_components.csv of mxfp4 weight-components"),
+    "regime": ("regime_statistics", "regime.csv of mxfp4 regime"),
 }
 
 
@@ -259,6 +260,7 @@ def _cmd_corrections_table(args) -> int:
 
 def _cmd_pretrain(args) -> int:
     from .config.profiles import load_profile
+    from .rl.models import TINY_LAYERS
     from .rl.pretrain import pretrain
 
     profile = load_profile(args.profile)
@@ -268,9 +270,8 @@ def _cmd_pretrain(args) -> int:
             f"{args.model!r} is a hub model, not a tiny stand-in; accepted: {', '.join(profile.tiny_models())}"
         )
     out = Path(args.out) if args.out else Layout(args.results, args.profile).model(args.model)
-    meta = pretrain(
-        spec.arch, out, max_steps_per_problem=profile.data.max_problem_steps, **profile.pretrain.model_dump()
-    )
+    meta = pretrain(spec.arch, out, max_steps_per_problem=profile.data.max_problem_steps,
+                    layers=spec.layers or TINY_LAYERS, **profile.pretrain.model_dump())
     print(json.dumps(meta, indent=2))
     return 0
 
@@ -350,6 +351,18 @@ def _cmd_weight_components(args) -> int:
 
     out = Path(args.out or Layout(args.results, args.profile).weight_components)
     rows = run_weight_components(args.profile, args.results)
+    write_csv(rows, writable(out))
+    write_text_atomic(out.with_suffix(".md"), summary_markdown(rows))
+    print(f"wrote {out} and {out.with_suffix('.md')} ({len(rows)} rows)")
+    return 0
+
+
+def _cmd_regime(args) -> int:
+    from .report.aggregate import write_csv
+    from .rl.regime import run_regime, summary_markdown
+
+    out = Path(args.out or Layout(args.results, args.profile).regime)
+    rows = run_regime(args.profile, args.results, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     write_csv(rows, writable(out))
     write_text_atomic(out.with_suffix(".md"), summary_markdown(rows))
     print(f"wrote {out} and {out.with_suffix('.md')} ({len(rows)} rows)")
@@ -445,6 +458,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", default="results")
     p.add_argument("--out", default=None, help="default results/<profile>/weight_components.csv")
     p.set_defaults(func=_cmd_weight_components)
+
+    p = sub.add_parser("regime", help="regime statistics of every GEMM operand (weights, activations, gradients) "
+                                      "per model and layer, beside the published figures for real LLMs")
+    p.add_argument("--profile", default="embedded")
+    p.add_argument("--results", default="results")
+    p.add_argument("--out", default=None, help="default results/<profile>/regime.csv")
+    p.set_defaults(func=_cmd_regime)
 
     p = sub.add_parser("aggregate", help="tidy CSVs of a profile's finished cells (cells, steps, summary)")
     p.add_argument("--profile", default="embedded")

@@ -13,6 +13,10 @@ from pathlib import Path
 
 REFERENCE_RECIPE = "bf16"
 TRAIN_LOG = "train_log.jsonl"  # in each cell's folder, and in each of its checkpoints
+# lm-eval's output in each cell's folder, per evaluation: the warm start under the recipe's quantization
+# (before RL), the trained policy under it (after; ``eval/``, as it always was), and the trained weights
+# in full precision (unquantized; a full-precision recipe's "after" is already that, and it has none)
+EVAL_FOLDERS = {"before": "eval_before", "after": "eval", "unquantized": "eval_unquantized"}
 GPU_RESULTS = Path("results/gpu")
 BENCH_RESULTS = Path("results/bench")
 
@@ -90,6 +94,11 @@ class Layout:
     def weight_components(self) -> Path:
         """Per weight tensor and decomposition form: shares and component cosines (``.md`` beside it)."""
         return self.root / "weight_components.csv"
+
+    @property
+    def regime(self) -> Path:
+        """Per model, layer and GEMM operand: the regime statistics (``.md`` beside it, with the literature)."""
+        return self.root / "regime.csv"
 
     @property
     def claims(self) -> Path:

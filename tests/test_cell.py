@@ -76,6 +76,72 @@ def test_smoke_cell_writes_every_promised_field(results, model, recipe):
         assert set(m["correction_costs"]) == {"outlier_fallback", "macro_block", "aqn"}
 
 
+def test_a_cell_that_never_updates_its_weights_gains_exactly_nothing(results, tmp_path, monkeypatch):
+    """Learning rate 0: the before- and after-RL evaluations score the same problems (lm-eval's doc
+    hashes, read from the files) with the same weights, so the RL gain is exactly 0 for every problem;
+    the unquantized evaluation of the same weights scores those problems too."""
+    import shutil
+
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.layout import EVAL_FOLDERS
+    from mxfp4.report.aggregate import read_items
+    from mxfp4.rl import cell as cell_module
+
+    base = load_profile("smoke")
+    frozen = base.model_copy(update={"grpo": base.grpo.model_copy(update={"learning_rate": 0.0})})
+    monkeypatch.setattr(cell_module, "load_profile", lambda name: frozen)
+    shutil.copytree(Layout(results, "smoke").model("tiny-dense"), Layout(tmp_path, "smoke").model("tiny-dense"))
+    m = run_cell("smoke", "tiny-dense", "mxfp4", 0, results=tmp_path)
+    assert m["weight_update"]["norm"] == 0.0
+    assert m["gsm8k_rl_gain"] == 0.0 and m["gsm8k_strict_accuracy_before"] == m["gsm8k_strict_accuracy"]
+    cell = Layout(tmp_path, "smoke").cell("tiny-dense", "mxfp4", 0)
+    hashes = {}
+    for stage, folder in EVAL_FOLDERS.items():
+        rows = [json.loads(line) for f in (cell / folder).glob("samples_*.jsonl")
+                for line in f.read_text().splitlines()]
+        hashes[stage] = sorted({(r["doc_id"], r["doc_hash"]) for r in rows})
+    assert len(hashes["after"]) == m["eval_n"] == 16 and hashes["before"] == hashes["after"] == hashes["unquantized"]
+    items = read_items(tmp_path, "smoke")
+    assert len(items) == 16 and all(r["strict"] == r["strict_before"] for r in items)
+    assert all("strict_unquantized" in r for r in items)
+
+
+def test_evaluations_of_other_problems_give_no_rl_gain(tmp_path):
+    """Before- and after-RL evaluations that scored different problems are refused, not subtracted."""
+    from mxfp4.layout import EVAL_FOLDERS
+    from mxfp4.rl.cell import rl_gain
+
+    for stage, doc in (("before", "a"), ("after", "b")):
+        folder = tmp_path / EVAL_FOLDERS[stage]
+        folder.mkdir()
+        (folder / "samples_gsm8k_local.jsonl").write_text(json.dumps({"doc_id": 0, "doc_hash": doc}) + "\n")
+    score = {"strict_match": 0.5, "flexible_extract": 0.5}
+    with pytest.raises(ValueError, match="the before evaluation scored other problems"):
+        rl_gain({"before": score, "after": score, "unquantized": score}, tmp_path)
+
+
+def test_the_evaluation_before_training_leaves_the_random_streams_as_they_were():
+    """lm-eval reseeds Python's, NumPy's and torch's generators; inside ``preserved_rng`` that reseeding
+    is undone on exit, so training draws what it would have drawn without the evaluation."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from mxfp4.rl.cell import preserved_rng
+
+    def draws():
+        return random.random(), float(np.random.rand()), float(torch.rand(1))
+
+    torch.manual_seed(7), random.seed(7), np.random.seed(7)
+    expected = draws()
+    torch.manual_seed(7), random.seed(7), np.random.seed(7)
+    with preserved_rng():
+        torch.manual_seed(0), random.seed(0), np.random.seed(0)
+        draws()
+    assert draws() == expected
+
+
 def test_same_seed_gives_identical_metrics(results):
     first = run_cell("smoke", "tiny-dense", "mxfp4+all", 1, results=results)
     second = run_cell("smoke", "tiny-dense", "mxfp4+all", 1, results=results)

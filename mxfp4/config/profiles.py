@@ -18,7 +18,7 @@ from . import EXPERIMENTS, load_yaml, shipped
 from .validation import parse
 
 PROFILES_DIR = EXPERIMENTS / "profiles"
-CODE_VERSION = "0.2"  # bump when a change to the package changes what a cell computes
+CODE_VERSION = "0.3"  # bump when a change to the package changes what a cell computes
 
 
 class _Strict(BaseModel):
@@ -44,6 +44,7 @@ class ModelSpec(_Strict):
     processes: int = Field(1, ge=1, description="training processes of a cell (> 1: accelerate launch with `launch`)")
     launch: str | None = Field(None, description="accelerate config under experiments/accelerate/ (processes > 1)")
     gpus: int = Field(0, ge=0, description="GPUs a cell of this model reserves (the Snakemake `gpu` resource)")
+    layers: int | None = Field(None, ge=1, description="tiny stand-ins: decoder layers (default 2)")
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -57,6 +58,8 @@ class ModelSpec(_Strict):
                 f"config {self.config!r}: no experiments/models/{self.config}.json; "
                 f"known: {shipped('models', '.json', named_with_suffix=False)}"
             )
+        if self.layers is not None and self.arch is None:
+            raise ValueError("layers sets the depth of a tiny stand-in (arch); a hub or config model has its own")
         if self.processes > 1 and self.launch is None:
             raise ValueError(
                 f"processes: {self.processes} needs launch: an accelerate config under experiments/accelerate/ "
@@ -93,6 +96,13 @@ class PretrainSettings(_Strict):
     lr: float = Field(gt=0, description="peak learning rate (cosine schedule)")
     batch_size: int = Field(ge=1)
     n_train: int = Field(ge=1, description="embedded problems to train on")
+    flawed_fraction: float = Field(
+        0.0, ge=0, le=1, description="share of the demonstrations of problems with a subtraction step that add "
+        "instead (mxfp4.rl.data.flawed_answer): a systematic error of the warm start that the RL reward corrects")
+    outlier_channels: int = Field(
+        0, ge=0, description="hidden channels given outlier activations after SFT, the function unchanged "
+        "(mxfp4.rl.outlier_channels): the heavy-tail knob")
+    outlier_scale: float = Field(32.0, gt=0, description="the outlier channels' factor (a power of two)")
 
 
 class DataSettings(_Strict):
@@ -117,7 +127,7 @@ class GRPOSettings(_Strict):
     """The GRPO run of every cell (passed to TRL's GRPOConfig)."""
 
     max_steps: int = Field(ge=1)
-    learning_rate: float = Field(gt=0)
+    learning_rate: float = Field(ge=0, description="0: the weights never move (the RL gain's null control)")
     num_generations: int = Field(ge=2, description="group size")
     prompts_per_step: int = Field(ge=1)
     max_completion_length: int = Field(ge=1)

@@ -9,11 +9,12 @@ from pathlib import Path
 import pandas as pd
 
 from ..io import atomic_path
-from ..layout import TRAIN_LOG, Layout
+from ..layout import EVAL_FOLDERS, TRAIN_LOG, Layout
 from ..stats import mean_ci
 
 CELL_METRICS = [
-    "gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_reward", "mean_rollout_accuracy", "mean_entropy",
+    "gsm8k_strict_accuracy", "gsm8k_strict_accuracy_before", "gsm8k_strict_accuracy_unquantized", "gsm8k_rl_gain",
+    "gsm8k_flexible_accuracy", "mean_reward", "mean_rollout_accuracy", "mean_entropy",
     "final_entropy", "mean_kl", "mean_grad_cosine", "mean_grad_rel_norm_error", "mean_step_time", "wall_time_seconds",
 ]
 MACHINE_COLUMNS = ["cpu", "cpu_capability", "blas", "threads", "cpu_pinning"]  # from metrics.json's machine
@@ -71,28 +72,59 @@ def read_cells(results: Path | str, profile: str) -> tuple[list[dict], list[dict
 
 def read_items(results: Path | str, profile: str) -> list[dict]:
     """One row per (cell, GSM8K problem) from lm-eval's per-sample output: strict and flexible
-    correctness, with lm-eval's ``doc_id`` and ``doc_hash`` (two runs pair a problem on both)."""
+    correctness after RL, with lm-eval's ``doc_id`` and ``doc_hash`` (two runs pair a problem on both),
+    and, where the cell evaluated them, strict correctness before RL (``strict_before``) and of the
+    trained weights unquantized (``strict_unquantized``), paired on the same doc hash."""
     items = []
     root = Layout(results, profile).cells
     for metrics in sorted(root.glob("*/*/seed*/metrics.json")):
         m = json.loads(metrics.read_text())
         by_doc: dict[int, dict] = {}
-        for samples in sorted((metrics.parent / "eval").glob("samples_*.jsonl")):
-            for line in samples.read_text().splitlines():
-                s = json.loads(line)
-                row = by_doc.setdefault(
-                    s["doc_id"],
-                    {
-                        "model": m["model"],
-                        "recipe": m["recipe"],
-                        "seed": m["seed"],
-                        "doc_hash": s["doc_hash"],
-                        "doc_id": s["doc_id"],
-                    },
-                )
-                row["strict" if s["filter"] == "strict-match" else "flexible"] = float(s["exact_match"])
+        for stage, folder in EVAL_FOLDERS.items():
+            for samples in sorted((metrics.parent / folder).glob("samples_*.jsonl")):
+                for line in samples.read_text().splitlines():
+                    s = json.loads(line)
+                    row = by_doc.setdefault(
+                        s["doc_id"],
+                        {"model": m["model"], "recipe": m["recipe"], "seed": m["seed"], "doc_hash": s["doc_hash"],
+                         "doc_id": s["doc_id"]},
+                    )
+                    if row["doc_hash"] != s["doc_hash"]:
+                        raise ValueError(f"{samples}: problem {s['doc_id']} is not the one the cell's other "
+                                         "evaluations scored (doc hashes differ)")
+                    kind = "strict" if s["filter"] == "strict-match" else "flexible"
+                    if stage == "after":
+                        row[kind] = float(s["exact_match"])
+                    elif kind == "strict":
+                        row[f"strict_{stage}"] = float(s["exact_match"])
+        if "unquantized" not in (m.get("eval_stages") or {}) and m.get("gsm8k_strict_accuracy_unquantized") is not None:
+            for row in by_doc.values():  # a full-precision recipe: its after-RL evaluation is the unquantized one
+                row["strict_unquantized"] = row.get("strict")
         items += by_doc.values()
     return items
+
+
+RL_GAIN_PER_PROBLEM = "gsm8k_rl_gain (per problem)"
+
+
+def rl_gain_rows(items: list[dict]) -> list[dict]:
+    """Per (model, recipe): the RL gain paired by problem and seed (strict correctness after RL minus
+    before, the same lm-eval doc), the seeds as outer units (``stats.nested_mean``: a mixed model with
+    a random intercept per seed on k - 1 df; one seed: t over the problems)."""
+    from ..stats import nested_mean
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in items:
+        if r.get("strict") is not None and r.get("strict_before") is not None:
+            groups.setdefault((r["model"], r["recipe"]), []).append(r)
+    out = []
+    for (model, recipe), rows in sorted(groups.items()):
+        est = nested_mean([r["strict"] - r["strict_before"] for r in rows], [r["seed"] for r in rows])
+        method = ("mixed model, random intercept per seed, t on k-1 df" if est["seeds"] > 1 else "t over problems")
+        out.append({"model": model, "recipe": recipe, "metric": RL_GAIN_PER_PROBLEM, "n": est["n"],
+                    "mean": est["mean"], "ci_low": est["ci_low"], "ci_high": est["ci_high"], "seeds": est["seeds"],
+                    "p": est["p"], "method": f"{method} ({est['n']} (seed, problem) pairs)"})
+    return out
 
 
 def summarize(cells: list[dict]) -> list[dict]:
@@ -102,7 +134,8 @@ def summarize(cells: list[dict]) -> list[dict]:
     out = []
     for (model, recipe), rows in sorted(groups.items()):
         for metric in CELL_METRICS + [f"weight_{k}" for k in WEIGHT_KEYS] + ["extra_bits_per_element", "bf16_fraction"]:
-            out.append({"model": model, "recipe": recipe, "metric": metric, **mean_ci([r.get(metric) for r in rows])})
+            out.append({"model": model, "recipe": recipe, "metric": metric, **mean_ci([r.get(metric) for r in rows]),
+                        "method": "t over seeds (one value per cell)"})
     return out
 
 
@@ -126,8 +159,8 @@ def aggregate(results: Path | str, profile: str, out: Path | str) -> dict:
     out = Path(out)
     write_csv(cells, out / "cells.csv")
     write_csv(steps, out / "steps.csv")
-    write_csv(summarize(cells), out / "summary.csv")
     items = read_items(results, profile)
+    write_csv(summarize(cells) + rl_gain_rows(items), out / "summary.csv")
     if items:
         write_csv(items, out / "items.csv")
     return {"cells": len(cells), "steps": len(steps), "items": len(items)}

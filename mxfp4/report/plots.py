@@ -105,7 +105,8 @@ def correction_effects(corrections_json: Path | str, out_stem: Path | str) -> li
 
 
 def training_curves(steps_csv: Path | str, out_stem: Path | str) -> list[Path]:
-    """Reward, entropy and gradient cosine per step, per recipe: mean over seeds with a min-max band."""
+    """Reward, entropy and gradient cosine per step, per recipe: mean over seeds with a 95% t interval."""
+    from ..stats import mean_ci
     from .aggregate import read_csv
 
     rows = read_csv(steps_csv)
@@ -130,45 +131,70 @@ def training_curves(steps_csv: Path | str, out_stem: Path | str) -> list[Path]:
                 if not pts:
                     continue
                 xs = sorted(pts)
-                mean = [sum(pts[x]) / len(pts[x]) for x in xs]
-                ax.plot(
-                    xs, mean, color=_color(recipe, i), label=recipe, marker="o" if key == "grad_cosine" else None, ms=3
-                )
-                ax.fill_between(
-                    xs, [min(pts[x]) for x in xs], [max(pts[x]) for x in xs], color=_color(recipe, i), alpha=0.15
-                )
+                ci = [mean_ci(pts[x]) for x in xs]
+                ax.plot(xs, [c["mean"] for c in ci], color=_color(recipe, i), label=recipe,
+                        marker="o" if key == "grad_cosine" else None, ms=3)
+                band = [(x, c) for x, c in zip(xs, ci) if c["ci_low"] is not None]
+                if band:
+                    ax.fill_between([x for x, _ in band], [c["ci_low"] for _, c in band],
+                                    [c["ci_high"] for _, c in band], color=_color(recipe, i), alpha=0.15)
             ax.set_title(f"{model}: {label}", fontsize=9)
             ax.set_xlabel("GRPO step")
         axes[0][col].legend(fontsize=7)
-    fig.suptitle("GRPO training curves per recipe (line: mean over seeds; band: min-max)")
+    fig.suptitle("GRPO training curves per recipe (line: mean over seeds; band: 95% t interval over seeds)")
     return save(fig, out_stem)
 
 
-def accuracy_bars(cells_csv: Path | str, out_stem: Path | str) -> list[Path]:
-    """GSM8K strict accuracy per recipe with 95% t intervals over seeds, BF16 as a reference line."""
+ACCURACY_STAGES = [  # (cells.csv column, label, hatch)
+    ("gsm8k_strict_accuracy_before", "before RL (quantized)", "//"),
+    ("gsm8k_strict_accuracy", "after RL (quantized)", None),
+    ("gsm8k_strict_accuracy_unquantized", "after RL, unquantized", ".."),
+]
+
+
+def _bar(ax, x, values, color, width, hatch=None, label=None):
     from ..stats import mean_ci
+
+    s = mean_ci(values)
+    if s["mean"] is None:
+        return None
+    err = [[s["mean"] - s["ci_low"]], [s["ci_high"] - s["mean"]]] if s["ci_low"] is not None else None
+    ax.bar(x, s["mean"], width, yerr=err, color=color, hatch=hatch, edgecolor="k", lw=0.3, capsize=3, label=label)
+    return s
+
+
+def accuracy_bars(cells_csv: Path | str, out_stem: Path | str) -> list[Path]:
+    """Per recipe, GSM8K strict accuracy before RL, after RL and after RL unquantized (top), and the RL
+    gain, after minus before (bottom), with 95% t intervals over seeds; BF16's as reference lines."""
     from .aggregate import read_csv
 
     rows = read_csv(cells_csv)
     models = sorted({r["model"] for r in rows})
     recipes = list(dict.fromkeys(r["recipe"] for r in rows))
-    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False, layout="constrained")
-    for ax, model in zip(axes[0], models):
+    fig, axes = plt.subplots(2, len(models), figsize=(6.5 * len(models), 7), squeeze=False, layout="constrained")
+    width = 0.27
+    for col, model in enumerate(models):
+        top, bottom = axes[0][col], axes[1][col]
         for i, recipe in enumerate(recipes):
-            s = mean_ci([r["gsm8k_strict_accuracy"] for r in rows if r["model"] == model and r["recipe"] == recipe])
-            if s["mean"] is None:
-                continue
-            err = [[s["mean"] - s["ci_low"]], [s["ci_high"] - s["mean"]]] if s["ci_low"] is not None else None
-            ax.bar(i, s["mean"], yerr=err, color=_color(recipe, i), capsize=4)
-            if recipe == REFERENCE_RECIPE:
-                ax.axhline(s["mean"], color="k", ls="--", lw=0.8, label="bf16 mean")
-        ax.set_xticks(range(len(recipes)), recipes, rotation=25, ha="right", fontsize=8)
-        ax.set_ylabel("GSM8K strict-match accuracy")
-        ax.set_title(f"{model} (lm-eval, error bars: 95% CI over seeds)", fontsize=9)
-        ax.legend(fontsize=7)
+            cells = [r for r in rows if r["model"] == model and r["recipe"] == recipe]
+            for j, (key, label, hatch) in enumerate(ACCURACY_STAGES):
+                _bar(top, i + (j - 1) * width, [r.get(key) for r in cells], _color(recipe, i), width, hatch,
+                     label if i == 0 else None)
+            gain = _bar(bottom, i, [r.get("gsm8k_rl_gain") for r in cells], _color(recipe, i), 0.6)
+            if recipe == REFERENCE_RECIPE and gain is not None:
+                bottom.axhline(gain["mean"], color="k", ls="--", lw=0.8, label="bf16 mean gain")
+        bottom.axhline(0, color="k", lw=0.5)
+        for ax in (top, bottom):
+            ax.set_xticks(range(len(recipes)), recipes, rotation=25, ha="right", fontsize=8)
+        top.set_ylabel("GSM8K strict-match accuracy")
+        top.set_title(f"{model}: accuracy before and after GRPO (lm-eval; 95% t CI over seeds)", fontsize=9)
+        bottom.set_ylabel("RL gain (after minus before, points of accuracy)")
+        bottom.set_title(f"{model}: RL gain, paired by seed (95% t CI over seeds)", fontsize=9)
+        top.legend(fontsize=7)
+        bottom.legend(fontsize=7)
     fig.suptitle(
-        "Accuracy of the trained policy on the profile's GSM8K-format test set (lm-eval gsm8k task), "
-        "through its recipe's quantized forward"
+        "GSM8K strict accuracy on the profile's test set (lm-eval gsm8k task), same problems at every stage: the "
+        "warm start and the trained policy through the recipe's quantized forward, and the trained weights unquantized"
     )
     return save(fig, out_stem)
 
@@ -449,4 +475,46 @@ def component_cosines(weight_components_csv: Path | str, out_stem: Path | str) -
         ax.legend(fontsize=8)
     axes[0][0].set_ylabel("cosine similarity over a weight tensor")
     fig.suptitle("Pairwise cosine of the error components over every quantized weight tensor (MXFP4)")
+    return save(fig, out_stem)
+
+
+REGIME_PANELS = [  # (regime.csv column, axis label, log scale)
+    ("excess_kurtosis", "excess kurtosis (0: Gaussian)", True),
+    ("max_over_median", "max / median |x|", True),
+    ("outlier_block_fraction", "blocks with one outlier (max >= 2x second)", False),
+    ("deadzone_fraction", "deadzone fraction (flushed to 0)", False),
+    ("shapley_share_scale", "Shapley share of scale bias", False),
+]
+OPERAND_STYLE = {"weight": ("#7f7f7f", "s"), "activation": ("#1f77b4", "o"), "grad": ("#d62728", "^")}
+
+
+def regime_statistics(regime_csv: Path | str, out_stem: Path | str) -> list[Path]:
+    """Per model (columns) and statistic (rows): every GEMM operand's value by layer depth, weights,
+    activations and gradients; the published figures for real LLMs are in regime.md beside the CSV."""
+    from .aggregate import read_csv
+
+    rows = [r for r in read_csv(regime_csv) if r.get("elements")]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(len(REGIME_PANELS), len(models), figsize=(5.5 * len(models), 2.6 * len(REGIME_PANELS)),
+                             squeeze=False, layout="constrained", sharex="col")
+    for col, model in enumerate(models):
+        for row, (key, label, log) in enumerate(REGIME_PANELS):
+            ax = axes[row][col]
+            for operand, (color, marker) in OPERAND_STYLE.items():
+                sel = [r for r in rows if r["model"] == model and r["operand"] == operand and r.get(key) is not None]
+                if not sel:
+                    continue
+                xs = [(r["depth"] if r["depth"] is not None else -1) + 0.15 * list(OPERAND_STYLE).index(operand)
+                      for r in sel]
+                ys = [abs(r[key]) if log else r[key] for r in sel]
+                ax.scatter(xs, ys, color=color, marker=marker, s=14, alpha=0.7, label=operand)
+            if log:
+                ax.set_yscale("log")
+            ax.set_ylabel(label + (" (abs, log)" if key == "excess_kurtosis" else ""), fontsize=8)
+            if row == 0:
+                ax.set_title(model, fontsize=9)
+                ax.legend(fontsize=7)
+        axes[-1][col].set_xlabel("decoder layer (one point per GEMM of the layer)")
+    fig.suptitle("Regime statistics of the GEMM operands MXFP4 quantizes (one GRPO batch, full precision); "
+                 "published figures for real LLMs: regime.md")
     return save(fig, out_stem)

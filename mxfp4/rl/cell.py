@@ -23,9 +23,9 @@ from ..config import REPO_ROOT
 from ..config.profiles import Profile, config_hash, load_profile, setting_hash
 from ..config.recipes import Recipe
 from ..io import exclusive, writable_folder, write_json_atomic
-from ..layout import REFERENCE_RECIPE, TRAIN_LOG, Layout
+from ..layout import EVAL_FOLDERS, REFERENCE_RECIPE, TRAIN_LOG, Layout
 from ..machine import describe
-from ..nn import gemm_weights, patch_model, patch_state, patched_modules
+from ..nn import bypassed, gemm_weights, patch_model, patch_state, patched_modules
 from ..numerics.decompose import COMPONENTS, SUMMARY_KEYS, pool_stats
 from . import data as gsm
 from .models import RANDOM_PREFIX, warm_start_folder
@@ -273,8 +273,10 @@ def execute(plan: CellPlan) -> dict | None:
     lock = exclusive(plan.out, f"cell {plan.out}") if dist.is_main_process else contextlib.nullcontext()
     with lock:
         run = prepare(plan, dist)
+        scores = {"before": evaluate(run, "before")}  # the warm start, under the recipe's quantization
         trained = train(run)
-        scores = evaluate(run)
+        scores["after"] = evaluate(run, "after")
+        scores["unquantized"] = evaluate(run, "unquantized") if plan.recipe.quantize else scores["after"]
         return record(run, trained, scores)
 
 
@@ -306,6 +308,7 @@ def prepare(plan: CellPlan, dist) -> CellRun:
         if resume is None:
             log_path.unlink(missing_ok=True)
             shutil.rmtree(checkpoints, ignore_errors=True)  # another configuration's, or a run that never saved
+            shutil.rmtree(out / EVAL_FOLDERS["before"], ignore_errors=True)
     probe_batch = None
     if profile.probe_every and recipe.quantize:  # the batch every recipe of this model and seed is probed on
         stored = plan.layout.probe_batch(plan.model, seed)
@@ -376,34 +379,84 @@ def train(run: CellRun) -> dict:
     return trained
 
 
-def evaluate(run: CellRun) -> dict:
-    """GSM8K through lm-eval on the in-memory (quantized) policy; every rank evaluates its share."""
-    from .evaluate import evaluate_gsm8k, hf_lm
+def evaluate(run: CellRun, stage: str) -> dict | None:
+    """GSM8K through lm-eval on the in-memory policy at one ``stage`` (``EVAL_FOLDERS``): ``before``
+    RL (the warm start under the recipe's quantization: the RNG streams of training are left as they
+    were, and a resumed cell reads back what it measured), ``after`` RL under the recipe's quantization,
+    or the trained weights ``unquantized`` (the patched layers bypassed). Every rank evaluates its
+    share; the main process gets the summary."""
+    from .evaluate import evaluate_gsm8k, hf_lm, read_summary
 
-    ev = run.plan.profile.eval
+    if stage not in EVAL_FOLDERS:
+        raise ValueError(f"unknown evaluation stage {stage!r}; accepted: {', '.join(EVAL_FOLDERS)}")
+    ev, out = run.plan.profile.eval, run.plan.out / EVAL_FOLDERS[stage]
+    if stage == "before" and run.resume is not None and (out / "results.json").is_file():  # the same on every rank
+        return read_summary(out) if run.dist.is_main_process else None
     run.model.eval()
     lm = hf_lm(run.model, run.tokenizer, batch_size=ev.batch_size)
-    return evaluate_gsm8k(
-        lm,
-        run.eval_folder,
-        num_fewshot=ev.num_fewshot,
-        limit=ev.limit,
-        max_gen_toks=ev.max_gen_toks,
-        output_dir=run.plan.out / "eval",
-        seed=run.plan.seed,
-    )
+    full_precision = bypassed(run.model) if stage == "unquantized" else contextlib.nullcontext()
+    keep_rng = preserved_rng() if stage == "before" else contextlib.nullcontext()
+    with full_precision, keep_rng:
+        return evaluate_gsm8k(lm, run.eval_folder, num_fewshot=ev.num_fewshot, limit=ev.limit,
+                              max_gen_toks=ev.max_gen_toks, output_dir=out, seed=run.plan.seed)
 
 
-def record(run: CellRun, trained: dict, scores: dict) -> dict | None:
+@contextlib.contextmanager
+def preserved_rng():
+    """Python's, NumPy's and torch's (CPU and CUDA) random states restored on exit: lm-eval reseeds
+    all three, and an evaluation before training must not change what training draws."""
+    import random
+
+    import numpy as np
+
+    py, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):
+        try:
+            yield
+        finally:
+            random.setstate(py)
+            np.random.set_state(np_state)
+
+
+def rl_gain(scores: dict, cell: Path) -> dict:
+    """Accuracy before RL, after, after unquantized, and the RL gain (after minus before, strict
+    match); the three evaluations must have scored the same problems (lm-eval's per-sample doc hashes),
+    or the gain would compare different problems: a ValueError then."""
+    import hashlib
+
+    from .evaluate import doc_hashes
+
+    folders = {stage: cell / EVAL_FOLDERS[stage] for stage in scores}
+    hashes = {stage: doc_hashes(folder) for stage, folder in folders.items() if folder.is_dir()}
+    first = hashes.get("after")
+    for stage, h in hashes.items():
+        if h != first:
+            raise ValueError(
+                f"{cell}: the {stage} evaluation scored other problems than the after-RL one "
+                f"({len(h)} against {len(first or [])} doc hashes, not the same); the RL gain needs the same problems"
+            )
+    return {
+        "gsm8k_strict_accuracy_before": scores["before"]["strict_match"],
+        "gsm8k_strict_accuracy_unquantized": scores["unquantized"]["strict_match"],
+        "gsm8k_rl_gain": scores["after"]["strict_match"] - scores["before"]["strict_match"],
+        "gsm8k_flexible_rl_gain": scores["after"]["flexible_extract"] - scores["before"]["flexible_extract"],
+        "eval_problems_digest": hashlib.sha256(json.dumps(first).encode()).hexdigest()[:16] if first else None,
+        "eval_stages": {stage: EVAL_FOLDERS[stage] for stage in hashes},
+    }
+
+
+def record(run: CellRun, trained: dict, scores: dict[str, dict]) -> dict | None:
     """metrics.json (main process, written atomically), then the checkpoints removed: the cell is
-    complete. The main process returns the metrics, the others None."""
+    complete. ``scores``: the evaluations by stage. The main process returns the metrics, the others None."""
     plan, dist = run.plan, run.dist
     profile, recipe, spec = plan.profile, plan.recipe, plan.profile.model(plan.model)
     metrics = None
     if dist.is_main_process:
         metrics = summarize(
-            run.log_path, scores, run.model, patch_state(run.model).quantizer, run.corrections, profile.probe_rows
+            run.log_path, scores["after"], run.model, patch_state(run.model).quantizer, run.corrections,
+            profile.probe_rows,
         )
+        metrics.update(rl_gain(scores, plan.out))
         metrics.update(
             profile=profile.name,
             model=plan.model,

@@ -139,6 +139,28 @@ def generate_problem(rng: random.Random, steps: int) -> dict:
     return {"question": question, "answer": "\n".join(lines) + f"\n#### {total}", "steps": steps}
 
 
+_LINE = re.compile(r"^(\d+)([+\-*])(\d+)=<<")
+
+
+def flawed_answer(answer: str) -> str | None:
+    """The worked answer of an embedded problem with every subtraction step done as an addition, the
+    wrong total carried on to the end (a systematic error, as a demonstrator who misreads "gives away"
+    would make); None when the problem has no subtraction step."""
+    lines = answer.split("\n")[:-1]
+    steps = [_LINE.match(line) for line in lines]
+    if not steps or not all(steps):
+        raise ValueError(f"not a worked answer of the embedded generator: {answer!r}")
+    if not any(m.group(2) == "-" for m in steps):
+        return None
+    total, out = int(steps[0].group(1)), []
+    for m in steps:
+        op, k = ("+" if m.group(2) == "-" else m.group(2)), int(m.group(3))
+        result = total + k if op == "+" else total * k
+        out.append(f"{total}{op}{k}=<<{total}{op}{k}={result}>>{result}")
+        total = result
+    return "\n".join(out) + f"\n#### {total}"
+
+
 def embedded_split(split: str, n: int, seed: int = 0, max_steps: int = 2) -> list[dict]:
     """``n`` problems, steps spread evenly over 1..max_steps; train and test draw from disjoint seeds."""
     if split not in ("train", "test"):

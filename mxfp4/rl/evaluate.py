@@ -58,16 +58,46 @@ def evaluate_gsm8k(lm, data_dir, num_fewshot: int = 0, limit: int | None = None,
     )
     if results is None:  # not rank 0: lm-eval gathered this rank's share on rank 0
         return None
-    r = results["results"][cfg["task"]]
-    summary = {
-        "strict_match": r["exact_match,strict-match"],
-        "flexible_extract": r["exact_match,flexible-extract"],
-        "n": results["n-samples"][cfg["task"]]["effective"],
-        "num_fewshot": num_fewshot,
-    }
     if output_dir is not None:
         _write_lm_eval_output(results, Path(output_dir))
-    return summary
+    return _summary(results, cfg["task"], num_fewshot)
+
+
+def _summary(results: dict, task: str, num_fewshot: int) -> dict:
+    r = results["results"][task]
+    return {
+        "strict_match": r["exact_match,strict-match"],
+        "flexible_extract": r["exact_match,flexible-extract"],
+        "n": results["n-samples"][task]["effective"],
+        "num_fewshot": num_fewshot,
+    }
+
+
+def read_summary(output_dir: Path | str) -> dict | None:
+    """The summary ``evaluate_gsm8k`` returned, read back from the lm-eval output it wrote under
+    ``output_dir`` (None when there is none: never evaluated, or interrupted before writing)."""
+    import json
+
+    path = Path(output_dir) / "results.json"
+    if not path.is_file():
+        return None
+    results = json.loads(path.read_text())
+    task = yaml.safe_load(TASK_YAML.read_text())["task"]
+    return _summary(results, task, results["configs"][task]["num_fewshot"])
+
+
+def doc_hashes(output_dir: Path | str) -> list[tuple[int, str]]:
+    """(doc_id, doc_hash) of every problem lm-eval scored under ``output_dir``, sorted: two
+    evaluations scored the same problems exactly when these are equal."""
+    import json
+
+    out = set()
+    for samples in sorted(Path(output_dir).glob("samples_*.jsonl")):
+        for line in samples.read_text().splitlines():
+            if line.strip():
+                s = json.loads(line)
+                out.add((int(s["doc_id"]), s["doc_hash"]))
+    return sorted(out)
 
 
 def _write_lm_eval_output(results: dict, out: Path) -> None:

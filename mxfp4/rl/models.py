@@ -55,12 +55,16 @@ def build_char_tokenizer(vocab_size: int | None = None):
     )
 
 
-def tiny_config(arch: str, vocab_size: int):
-    """Config of a tiny stand-in; every GEMM dimension a multiple of 32 (whole MX blocks)."""
+TINY_LAYERS = 2
+
+
+def tiny_config(arch: str, vocab_size: int, layers: int = TINY_LAYERS):
+    """Config of a tiny stand-in of ``layers`` decoder layers; every GEMM dimension a multiple of 32
+    (whole MX blocks)."""
     common = dict(
         vocab_size=vocab_size,
         hidden_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=32,
@@ -89,13 +93,13 @@ def tiny_config(arch: str, vocab_size: int):
     raise ValueError(f"unknown tiny architecture {arch!r}; accepted: {', '.join(TINY_ARCHS)}")
 
 
-def build_tiny(arch: str, seed: int = 0):
+def build_tiny(arch: str, seed: int = 0, layers: int = TINY_LAYERS):
     """(randomly initialised model in float32, tokenizer), deterministic under ``seed``."""
     from transformers import AutoModelForCausalLM
 
     tokenizer = build_char_tokenizer()
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch, len(tokenizer)), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, len(tokenizer), layers), dtype=torch.float32)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model, tokenizer

@@ -12,17 +12,31 @@ from pathlib import Path
 import torch
 
 from .data import PROMPT, embedded_split
-from .models import build_tiny, save
+from .models import TINY_LAYERS, build_tiny, save
 from .training import common_args
 
 
-def sft_dataset(records: list[dict], eos: str):
-    """Prompt-completion records (TRL computes the loss on the completion only)."""
+def sft_dataset(records: list[dict], eos: str, flawed_fraction: float = 0.0, seed: int = 0):
+    """Prompt-completion records (TRL computes the loss on the completion only). With
+    ``flawed_fraction``, that share of the problems with a subtraction step (drawn from ``seed``) is
+    demonstrated with ``data.flawed_answer``: the warm start then holds a systematic error that the RL
+    reward can correct (``PretrainSettings.flawed_fraction``)."""
+    import random
+
     from datasets import Dataset
 
-    return Dataset.from_list(
-        [{"prompt": PROMPT.format(question=r["question"]), "completion": " " + r["answer"] + eos} for r in records]
-    )
+    from .data import flawed_answer
+
+    if not 0.0 <= flawed_fraction <= 1.0:
+        raise ValueError(f"flawed_fraction {flawed_fraction} is outside [0, 1]")
+    rng = random.Random(f"flawed-{seed}")
+    rows = []
+    for r in records:
+        answer = r["answer"]
+        if flawed_fraction and rng.random() < flawed_fraction:
+            answer = flawed_answer(answer) or answer
+        rows.append({"prompt": PROMPT.format(question=r["question"]), "completion": " " + answer + eos})
+    return Dataset.from_list(rows)
 
 
 def greedy_accuracy(model, tokenizer, records: list[dict], max_new_tokens: int = 48, batch_size: int = 64) -> float:
@@ -42,13 +56,19 @@ def greedy_accuracy(model, tokenizer, records: list[dict], max_new_tokens: int =
 
 
 def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, batch_size: int = 32, n_train: int = 8000,
-             max_steps_per_problem: int = 2, seed: int = 0, n_check: int = 200) -> dict:
+             max_steps_per_problem: int = 2, seed: int = 0, n_check: int = 200, layers: int = TINY_LAYERS,
+             flawed_fraction: float = 0.0, outlier_channels: int = 0, outlier_scale: float = 32.0) -> dict:
+    """SFT of a tiny stand-in of ``layers`` decoder layers on the embedded problems (``flawed_fraction``
+    of the subtraction problems demonstrated wrongly: ``sft_dataset``), its greedy accuracy checked,
+    ``outlier_channels`` added (``mxfp4.rl.outlier_channels``; the function unchanged), then saved whole."""
     import datasets
     from trl import SFTConfig, SFTTrainer
 
+    from .outlier_channels import add_outlier_channels
+
     datasets.disable_progress_bars()
     t0 = time.time()
-    model, tokenizer = build_tiny(arch, seed=seed)
+    model, tokenizer = build_tiny(arch, seed=seed, layers=layers)
     train = embedded_split("train", n_train, seed=seed, max_steps=max_steps_per_problem)
     config = SFTConfig(
         max_steps=steps,
@@ -65,11 +85,13 @@ def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, bat
         router_aux_loss_coef=0.0,
     )
     trainer = SFTTrainer(
-        model=model, args=config, train_dataset=sft_dataset(train, tokenizer.eos_token), processing_class=tokenizer
+        model=model, args=config, train_dataset=sft_dataset(train, tokenizer.eos_token, flawed_fraction, seed),
+        processing_class=tokenizer,
     )
     trainer.train()
     test = embedded_split("test", n_check, seed=seed, max_steps=max_steps_per_problem)
     acc = greedy_accuracy(model, tokenizer, test)
+    channels = add_outlier_channels(model, outlier_channels, outlier_scale, seed)
     meta = {
         "arch": arch,
         "sft_steps": steps,
@@ -80,6 +102,10 @@ def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, bat
         "n_check": n_check,
         "seconds": time.time() - t0,
         "parameters": sum(p.numel() for p in model.parameters()),
+        "layers": layers,
+        "flawed_fraction": flawed_fraction,
+        "outlier_channels": channels,
+        "outlier_scale": outlier_scale if channels else None,
     }
     save(model, tokenizer, out, meta)
     return meta

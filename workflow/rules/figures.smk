@@ -91,6 +91,34 @@ rule weight_components:
         "{MXFP4} weight-components --profile {PROFILE} --out {output.csv} > {log} 2>&1"
 
 
+rule regime:
+    """Regime statistics of every GEMM operand (weights, activations, gradients of one GRPO batch) per
+    model and layer, beside the published figures for real LLMs (experiments/regime_literature.yaml)."""
+    input:
+        [model_path(m) for m in TINY_MODELS],
+        [str(L.probe_batch(m, SEEDS[0])) for m in MODELS],
+        "experiments/regime_literature.yaml",
+    output:
+        csv=str(L.regime),
+        md=report(str(L.regime.with_suffix(".md")), caption="../report/regime.rst", category="Regime"),
+    log:
+        f"{LOGS}/regime.log",
+    shell:
+        "{MXFP4} regime --profile {PROFILE} --out {output.csv} > {log} 2>&1"
+
+
+rule figure_regime:
+    input:
+        str(L.regime),
+    output:
+        png=report(f"{FIGURES}/regime_statistics.png", caption="../report/regime.rst", category="Regime"),
+        pdf=f"{FIGURES}/regime_statistics.pdf",
+    log:
+        f"{LOGS}/figure_regime.log",
+    shell:
+        "{MXFP4} plot regime {input} --out {FIGURES}/regime_statistics > {log} 2>&1"
+
+
 rule figure_cosines:
     input:
         str(L.weight_components),
@@ -133,5 +161,6 @@ rule figures:
         rules.figure_pathways.output,
         rules.figure_attribution.output,
         rules.figure_cosines.output,
+        rules.figure_regime.output,
         str(L.weight_components.with_suffix(".md")),
         rules.kernel_checks.output,

@@ -1,0 +1,176 @@
+"""Is the miniature in the regime of real LLMs? The statistics MXFP4 cares about, of every GEMM operand.
+
+Per model and layer, for the three operands a patched layer quantizes (its weight, its input activation
+in the forward GEMM, its output gradient dY in the input-gradient GEMM; blocks along the axis that GEMM
+reduces): excess kurtosis, max/median |x|, the fraction of 32-blocks with one outlier (largest |x| at
+least twice the second: it alone sets the shared scale), the deadzone and saturation fractions, and the
+decomposition's Shapley shares. The activations and gradients are those of one GRPO batch (the model
+and seed's common probe batch, ``mxfp4.rl.probe_batch``) through the policy in full precision: the
+patched layers run an ``ObservingQuantizer`` that rounds nothing and shows every operand to a probe,
+so the values are the unquantized model's, read at exactly the points MXFP4 would quantize them.
+
+``LITERATURE`` (``experiments/regime_literature.yaml``) gives the published figures for real LLMs
+that the table and figure put beside these, each with its source.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+
+from ..config import EXPERIMENTS, load_yaml
+from ..config.profiles import Profile, load_profile
+from ..config.recipes import Recipe
+from ..nn import gemm_weights, patch_model, patched_modules, unpatch_model
+from ..numerics.decompose import COMPONENTS, decompose
+from ..numerics.quantizer import Quantizer
+from .weight_components import regime_stats
+
+LITERATURE_FILE = EXPERIMENTS / "regime_literature.yaml"
+OPERANDS = ("weight", "activation", "grad")  # the probe's kinds: forward input X and input-gradient dY
+STAT_KEYS = ("excess_kurtosis", "max_over_median", "outlier_block_fraction", "deadzone_fraction",
+             "saturation_fraction", *(f"shapley_share_{c}" for c in COMPONENTS))
+
+
+class ObservingQuantizer(Quantizer):
+    """A quantizer that rounds nothing: every patched GEMM computes in full precision, and the probe
+    sees each operand where the recipe's quantizer would take it."""
+
+    @property
+    def plain(self) -> bool:  # never the fused Triton paths (they would quantize)
+        return False
+
+    def __call__(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+        return x
+
+
+class OperandCollector:
+    """The probe: every tensor of the ``kinds`` it is shown, as rows blocked along their last axis
+    (the quantization axis moved last), by (layer, kind, width of that axis); repeated calls append
+    rows. The width tells a fused experts module's two GEMMs apart (gate_up reads H and writes 2I,
+    down reads I and writes H)."""
+
+    def __init__(self, kinds=("activation", "grad")):
+        self.kinds = set(kinds)
+        self.tensors: dict[tuple[str, str, int], list[torch.Tensor]] = {}
+
+    def __call__(self, layer: str, kind: str, tensor: torch.Tensor, axis: int, valid=None) -> None:
+        if kind not in self.kinds:
+            return
+        t = tensor.detach().float().movedim(axis, -1)
+        self.tensors.setdefault((layer, kind, t.shape[-1]), []).append(t.reshape(-1, t.shape[-1]).cpu())
+
+    def operand(self, layer: str, kind: str, width: int) -> torch.Tensor | None:
+        parts = self.tensors.get((layer, kind, width))
+        return torch.cat(parts) if parts else None
+
+
+def operand_stats(t: torch.Tensor, quantizer: Quantizer, rows: int | None = 4096) -> dict:
+    """Regime statistics and the decomposition's fractions and Shapley shares of a 2D operand (blocks
+    along its last axis), on at most ``rows`` evenly spaced rows (float64 memory bounded). Rows that are
+    entirely zero are dropped first (counted in ``zero_rows``): the gradient rows of padding and of
+    positions outside the loss, which carry no quantization error and would read as deadzone."""
+    nonzero = t.abs().amax(-1) > 0
+    zero_rows = int((~nonzero).sum())
+    t = t[nonzero]
+    if t.shape[0] == 0:
+        return {"elements": 0, "zero_rows": zero_rows}
+    if rows is not None and t.shape[0] > rows:
+        t = t[torch.linspace(0, t.shape[0] - 1, rows).long()]
+    s = decompose(t.float(), quantizer.fmt, -1, quantizer.scale_rule).stats  # float64 inside
+    return {"elements": t.numel(), "zero_rows": zero_rows, **regime_stats(t, quantizer.fmt.block_size),
+            **{k: s[k] for k in STAT_KEYS if k in s}}
+
+
+def depth(layer: str) -> int | None:
+    m = re.search(r"\.layers\.(\d+)\.", layer)
+    return int(m.group(1)) if m else None
+
+
+def observe(model, loss_fn, recipe: str = "mxfp4") -> tuple[OperandCollector, list[tuple[str, torch.nn.Module]]]:
+    """Run ``loss_fn(model)`` forward and backward with every layer the recipe would quantize patched
+    to observe, not round; (the collector, [(layer, module)]). The model is unpatched after."""
+    fmt = Recipe.named(recipe).quantizer()
+    collector = OperandCollector()
+    patch_model(model, ObservingQuantizer(fmt.fmt.name, fmt.scale_rule, modules=fmt.modules), probe=collector)
+    try:
+        layers = [(name, module) for name, module, _ in patched_modules(model)]
+        params = [p for p in model.parameters() if p.requires_grad]
+        torch.autograd.grad(loss_fn(model), params, allow_unused=True)
+    finally:
+        unpatch_model(model)
+    return collector, layers
+
+
+def regime_rows(model, model_name: str, loss_fn, recipe: str = "mxfp4", rows: int | None = 4096) -> list[dict]:
+    """One row per (GEMM weight, operand) of ``model`` (``OPERANDS``) on the batch ``loss_fn`` scores:
+    the weight, the forward GEMM's input (as wide as the weight's input dimension) and the input-gradient
+    GEMM's dY (as wide as its output dimension); a fused experts module has a gate_up and a down row each."""
+    quantizer = Recipe.named(recipe).quantizer()
+    collector, layers = observe(model, loss_fn, recipe)
+    out = []
+    for name, module in layers:
+        for attr, w in gemm_weights(module).items():
+            label = name if attr == "weight" else f"{name}.{attr}"
+            operands = {"weight": w.detach().float().reshape(-1, w.shape[-1]),
+                        "activation": collector.operand(name, "activation", w.shape[-1]),
+                        "grad": collector.operand(name, "grad", w.shape[-2])}
+            for kind, t in operands.items():
+                if t is not None:
+                    out.append({"model": model_name, "layer": label, "depth": depth(name), "operand": kind,
+                                "shape": "x".join(map(str, t.shape)), **operand_stats(t, quantizer, rows)})
+    return out
+
+
+def literature() -> list[dict]:
+    """The published figures for real LLMs (``experiments/regime_literature.yaml``), each with its source."""
+    return load_yaml(LITERATURE_FILE)["figures"]
+
+
+def summary_markdown(rows: list[dict]) -> str:
+    """Per model and operand: the median [min, max] over layers of each statistic; then the published
+    figures for real LLMs beside them."""
+    out = ["| model | operand | layers | " + " | ".join(STAT_KEYS) + " |",
+           "| --- | --- | --- | " + " | ".join("---" for _ in STAT_KEYS) + " |"]
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for kind in OPERANDS:
+            sel = [r for r in rows if r["model"] == model and r["operand"] == kind]
+            if not sel:
+                continue
+            cells = []
+            for k in STAT_KEYS:
+                v = np.array([float(r[k]) for r in sel if r.get(k) is not None])
+                cells.append(f"{np.median(v):.3g} [{v.min():.3g}, {v.max():.3g}]" if v.size else "n/a")
+            out.append(f"| {model} | {kind} | {len(sel)} | " + " | ".join(cells) + " |")
+    lit = ["| quantity | operand | published value | model | source |", "| --- | --- | --- | --- | --- |"]
+    for f in literature():
+        lit.append(f"| {f['quantity']} | {f['operand']} | {f['value']} | {f['model']} | {f['source']} |")
+    return ("Regime statistics of the GEMM operands, median [min, max] over layers (blocks along the axis each "
+            "GEMM reduces; activations and gradients of one GRPO batch, the model and seed's probe batch, through "
+            "the policy in full precision; excess kurtosis: 0 for a Gaussian).\n\n" + "\n".join(out)
+            + "\n\nPublished figures for real LLMs (what each source reports, on the tensor it names):\n\n"
+            + "\n".join(lit) + "\n")
+
+
+def run_regime(profile_name: str | Profile, results="results", seed: int | None = None,
+               progress=lambda msg: None) -> list[dict]:
+    """Rows of every model of the profile at its starting policy, on its probe batch of ``seed`` (default:
+    the profile's first seed), made if missing."""
+    from .cell import model_reference
+    from .models import load
+    from .pathways import _trainer
+    from .probe_batch import ensure_probe_batch, load_probe_batch
+
+    profile = load_profile(profile_name) if isinstance(profile_name, str) else profile_name
+    seed = profile.seeds[0] if seed is None else seed
+    out = []
+    for model_name in profile.models:
+        progress(f"regime statistics of {model_name} (seed {seed})")
+        batch = load_probe_batch(ensure_probe_batch(profile, model_name, seed, results))
+        model, tokenizer = load(model_reference(profile, model_name, results), dtype=torch.float32)
+        trainer = _trainer(model, tokenizer, profile, seed, prompts=profile.grpo.prompts_per_step)
+        model.train()
+        out += regime_rows(model, model_name, lambda m, t=trainer, b=batch: t.batch_loss(b), rows=profile.probe_rows)
+    return out
