@@ -110,11 +110,14 @@ def training_curves(steps_csv: Path | str, out_stem: Path | str) -> list[Path]:
     from .aggregate import read_csv
 
     rows = read_csv(steps_csv)
+    cells_csv = Path(steps_csv).with_name("cells.csv")  # aggregate writes both: held-out accuracy before and after
+    cells = read_csv(cells_csv) if cells_csv.is_file() else []
     models = sorted({r["model"] for r in rows})
     recipes = list(dict.fromkeys(r["recipe"] for r in rows))
     metrics = [
-        ("reward", "reward (rollout accuracy)"),
-        ("entropy", "policy entropy (nats/token)"),
+        ("heldout", "held-out accuracy (lm-eval, greedy): before and after RL"),
+        ("reward", "reward (rollout accuracy), 5-step running mean"),
+        ("entropy", "policy entropy (nats/token), 5-step running mean"),
         ("grad_cosine", "gradient cosine vs BF16 shadow"),
     ]
     fig, axes = plt.subplots(
@@ -124,10 +127,12 @@ def training_curves(steps_csv: Path | str, out_stem: Path | str) -> list[Path]:
         for row, (key, label) in enumerate(metrics):
             ax = axes[row][col]
             for i, recipe in enumerate(recipes):
-                pts: dict[int, list[float]] = {}
-                for r in rows:
-                    if r["model"] == model and r["recipe"] == recipe and r.get(key) is not None:
-                        pts.setdefault(r["step"], []).append(r[key])
+                if key == "heldout":
+                    _heldout(ax, [c for c in cells if c["model"] == model and c["recipe"] == recipe],
+                             max((r["step"] for r in rows if r["model"] == model), default=1), _color(recipe, i),
+                             recipe, 0.15 * (i - (len(recipes) - 1) / 2))
+                    continue
+                pts = _per_step(rows, model, recipe, key, SMOOTHED.get(key, 1))
                 if not pts:
                     continue
                 xs = sorted(pts)
@@ -145,21 +150,58 @@ def training_curves(steps_csv: Path | str, out_stem: Path | str) -> list[Path]:
     return save(fig, out_stem)
 
 
-ACCURACY_STAGES = [  # (cells.csv column, label, hatch)
-    ("gsm8k_strict_accuracy_before", "before RL (quantized)", "//"),
-    ("gsm8k_strict_accuracy", "after RL (quantized)", None),
-    ("gsm8k_strict_accuracy_unquantized", "after RL, unquantized", ".."),
+ACCURACY_STAGES = [  # (cells.csv column, label, style: how the recipe's colour fills the bar)
+    ("gsm8k_strict_accuracy_before", "before RL (quantized)", "faded"),
+    ("gsm8k_strict_accuracy", "after RL (quantized)", "solid"),
+    ("gsm8k_strict_accuracy_unquantized", "after RL, unquantized", "hatched"),
 ]
 
 
-def _bar(ax, x, values, color, width, hatch=None, label=None):
+SMOOTHED = {"reward": 5, "entropy": 5}  # noisy per-step values (4 prompts a step): a trailing running mean
+
+
+def _per_step(rows, model, recipe, key, window: int = 1) -> dict[int, list[float]]:
+    """{step: [value of each seed]} of one model and recipe; with ``window`` > 1 each seed's series is
+    first replaced by its trailing running mean over that many steps."""
+    import pandas as pd
+
+    series: dict = {}
+    for r in rows:
+        if r["model"] == model and r["recipe"] == recipe and r.get(key) is not None:
+            series.setdefault(r["seed"], {})[r["step"]] = r[key]
+    pts: dict[int, list[float]] = {}
+    for by_step in series.values():
+        s = pd.Series(by_step).sort_index().rolling(window, min_periods=1).mean()
+        for step, v in s.items():
+            pts.setdefault(int(step), []).append(float(v))
+    return pts
+
+
+def _heldout(ax, cells, last_step, color, label, shift):
+    """Held-out strict accuracy before RL (step 0) and after (the last step): mean and 95% t interval
+    over seeds, joined by a line."""
+    from ..stats import mean_ci
+
+    pts = [(x, mean_ci([c.get(key) for c in cells]))
+           for x, key in ((0, "gsm8k_strict_accuracy_before"), (last_step, "gsm8k_strict_accuracy"))]
+    pts = [(x + shift, s) for x, s in pts if s["mean"] is not None]
+    if not pts:
+        return
+    ax.errorbar([x for x, _ in pts], [s["mean"] for _, s in pts], fmt="o-", color=color, label=label, capsize=3,
+                yerr=[[s["mean"] - (s["ci_low"] if s["ci_low"] is not None else s["mean"]) for _, s in pts],
+                      [(s["ci_high"] if s["ci_high"] is not None else s["mean"]) - s["mean"] for _, s in pts]])
+
+
+def _bar(ax, x, values, color, width, style="solid", label=None):
     from ..stats import mean_ci
 
     s = mean_ci(values)
     if s["mean"] is None:
         return None
     err = [[s["mean"] - s["ci_low"]], [s["ci_high"] - s["mean"]]] if s["ci_low"] is not None else None
-    ax.bar(x, s["mean"], width, yerr=err, color=color, hatch=hatch, edgecolor="k", lw=0.3, capsize=3, label=label)
+    fill = {"solid": {"color": color}, "faded": {"color": color, "alpha": 0.35},
+            "hatched": {"facecolor": "white", "edgecolor": color, "hatch": "///"}}[style]
+    ax.bar(x, s["mean"], width, yerr=err, capsize=3, label=label, **fill)
     return s
 
 
@@ -177,8 +219,8 @@ def accuracy_bars(cells_csv: Path | str, out_stem: Path | str) -> list[Path]:
         top, bottom = axes[0][col], axes[1][col]
         for i, recipe in enumerate(recipes):
             cells = [r for r in rows if r["model"] == model and r["recipe"] == recipe]
-            for j, (key, label, hatch) in enumerate(ACCURACY_STAGES):
-                _bar(top, i + (j - 1) * width, [r.get(key) for r in cells], _color(recipe, i), width, hatch,
+            for j, (key, label, style) in enumerate(ACCURACY_STAGES):
+                _bar(top, i + (j - 1) * width, [r.get(key) for r in cells], _color(recipe, i), width, style,
                      label if i == 0 else None)
             gain = _bar(bottom, i, [r.get("gsm8k_rl_gain") for r in cells], _color(recipe, i), 0.6)
             if recipe == REFERENCE_RECIPE and gain is not None:
@@ -186,6 +228,7 @@ def accuracy_bars(cells_csv: Path | str, out_stem: Path | str) -> list[Path]:
         bottom.axhline(0, color="k", lw=0.5)
         for ax in (top, bottom):
             ax.set_xticks(range(len(recipes)), recipes, rotation=25, ha="right", fontsize=8)
+            ax.set_xlim(-0.6, len(recipes) - 0.4)
         top.set_ylabel("GSM8K strict-match accuracy")
         top.set_title(f"{model}: accuracy before and after GRPO (lm-eval; 95% t CI over seeds)", fontsize=9)
         bottom.set_ylabel("RL gain (after minus before, points of accuracy)")
@@ -193,8 +236,8 @@ def accuracy_bars(cells_csv: Path | str, out_stem: Path | str) -> list[Path]:
         top.legend(fontsize=7)
         bottom.legend(fontsize=7)
     fig.suptitle(
-        "GSM8K strict accuracy on the profile's test set (lm-eval gsm8k task), same problems at every stage: the "
-        "warm start and the trained policy through the recipe's quantized forward, and the trained weights unquantized"
+        "GSM8K strict accuracy (lm-eval gsm8k task), the same held-out problems at every stage:\nthe warm start and "
+        "the trained policy through the recipe's quantized forward, and the trained weights unquantized"
     )
     return save(fig, out_stem)
 

@@ -1,5 +1,6 @@
 BASELINE_FIGURES = ["decomposition_shares", "correction_effects", "training_curves", "gsm8k_accuracy",
-                    "kernel_throughput", "pathway_matrix", "pathway_attribution", "component_cosines"]
+                    "kernel_throughput", "pathway_matrix", "pathway_attribution", "component_cosines",
+                    "regime_statistics"]
 
 
 rule store_baselines:
@@ -13,6 +14,7 @@ rule store_baselines:
         str(L.claims),
         str(L.pathways()),
         str(L.pathways().with_suffix(".md")),
+        str(L.regime.with_suffix(".md")),
         [f"{FIGURES}/{name}{ext}" for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
     output:
         # The stored files are sources of the DAG (committed), not outputs: a rule that reads them (compare)
@@ -20,7 +22,7 @@ rule store_baselines:
         touch(str(L.root / "baselines_stored.flag")),
     params:
         stored=[f"{BASELINES}/{name}" for name in ("cells.csv", "summary.csv", "items.csv", "claims.md", "pathways.csv",
-                                                    "pathways.md")]
+                                                    "pathways.md", "regime.md")]
         + [f"{BASELINES}/figures/{name}{ext}" for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
     run:
         from mxfp4.io import copy_atomic

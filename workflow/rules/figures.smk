@@ -24,7 +24,8 @@ rule figure_corrections:
 
 rule figure_training:
     input:
-        f"{AGGREGATE}/steps.csv",
+        steps=f"{AGGREGATE}/steps.csv",
+        cells=f"{AGGREGATE}/cells.csv",  # held-out accuracy before and after RL, read beside steps.csv
     output:
         png=report(f"{FIGURES}/training_curves.png", caption="../report/training_curves.rst", category="Cells"),
         pdf=f"{FIGURES}/training_curves.pdf",
@@ -34,7 +35,7 @@ rule figure_training:
     log:
         f"{LOGS}/figure_training.log",
     shell:
-        "{MXFP4} plot training {input} --out {FIGURES}/training_curves > {log} 2>&1"
+        "{MXFP4} plot training {input.steps} --out {FIGURES}/training_curves > {log} 2>&1"
 
 
 rule figure_accuracy:
