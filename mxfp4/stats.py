@@ -263,6 +263,50 @@ def nested_paired(a: list, b: list, groups: list, level: float = 0.95) -> dict:
     return {"diff": est.pop("mean"), **est}
 
 
+def crossed_mean(values: list, rows: list, cols: list, level: float = 0.95) -> dict:
+    """Mean of a complete two-way crossed design, every row (problem) measured under every column (seed)
+    once, both random factors: the grand mean with Var = (MS_rows + MS_cols - MS_error) / (r c) (the
+    two-way random-effects ANOVA; never below MS_error / (r c)) on Satterthwaite's df, and the two-sided
+    p of the mean against 0. An incomplete or repeated cell is a ValueError; None values are dropped
+    with their whole row (problem) so that the design stays complete."""
+    table: dict = {}
+    for v, r, c in zip(values, rows, cols, strict=True):
+        if (r, c) in table:
+            raise ValueError(f"crossed_mean: row {r!r} and column {c!r} measured twice; accepted: one value per cell")
+        table[(r, c)] = v
+    row_ids, col_ids = sorted({r for r, _ in table}, key=str), sorted({c for _, c in table}, key=str)
+    missing = [(r, c) for r in row_ids for c in col_ids if (r, c) not in table]
+    if missing:
+        raise ValueError(f"crossed_mean: the design is not complete ({len(missing)} of {len(row_ids) * len(col_ids)} "
+                         f"cells missing, e.g. {missing[0]}); accepted: every row measured under every column")
+    kept = [r for r in row_ids if all(_clean([table[(r, c)]]) for c in col_ids)]
+    y = np.array([[float(table[(r, c)]) for c in col_ids] for r in kept])
+    n_r, n_c = y.shape if y.size else (0, len(col_ids))
+    out = {"mean": None, "ci_low": None, "ci_high": None, "n": int(y.size), "rows": n_r, "cols": n_c, "p": None,
+           "df": None, "interval": None}
+    if not y.size:
+        return out
+    m = float(y.mean())
+    out["mean"] = m
+    if n_r < 2 or n_c < 2:
+        raise ValueError(f"crossed_mean needs at least 2 rows and 2 columns, got {n_r} x {n_c}")
+    if _no_spread(y.ravel()):
+        out.update(ci_low=m, ci_high=m, p=1.0 if m == 0 else 0.0, interval="constant")
+        return out
+    r_means, c_means = y.mean(1), y.mean(0)
+    ms_r = n_c * float(((r_means - m) ** 2).sum()) / (n_r - 1)
+    ms_c = n_r * float(((c_means - m) ** 2).sum()) / (n_c - 1)
+    resid = y - r_means[:, None] - c_means[None, :] + m
+    ms_e = float((resid ** 2).sum()) / ((n_r - 1) * (n_c - 1))
+    combo = max(ms_r + ms_c - ms_e, ms_e)
+    df = combo ** 2 / (ms_r ** 2 / (n_r - 1) + ms_c ** 2 / (n_c - 1) + ms_e ** 2 / ((n_r - 1) * (n_c - 1)))
+    se = math.sqrt(combo / y.size)
+    q = stats.t.ppf(0.5 + level / 2, df)
+    out.update(ci_low=m - q * se, ci_high=m + q * se, p=float(2 * stats.t.sf(abs(m) / se, df)), df=float(df),
+               interval=f"two-way crossed random effects ({n_r} x {n_c}), Satterthwaite df {df:.1f}")
+    return out
+
+
 def hierarchical_bootstrap(values_by_seed: dict, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
     """Mean over all units, with a percentile interval from a two-stage bootstrap: seeds (the outer
     unit) resampled with replacement, then the units (batches, prompts) within each drawn seed. With

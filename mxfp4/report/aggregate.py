@@ -109,9 +109,9 @@ RL_GAIN_PER_PROBLEM = "gsm8k_rl_gain (per problem)"
 
 def rl_gain_rows(items: list[dict]) -> list[dict]:
     """Per (model, recipe): the RL gain paired by problem and seed (strict correctness after RL minus
-    before, the same lm-eval doc), the seeds as outer units (``stats.nested_mean``: a mixed model with
-    a random intercept per seed on k - 1 df; one seed: t over the problems)."""
-    from ..stats import nested_mean
+    before, the same lm-eval doc), problems and seeds crossed random factors (``stats.crossed_mean``:
+    every problem is evaluated under every seed, so the problems pair across seeds too)."""
+    from ..stats import crossed_mean
 
     groups: dict[tuple, list[dict]] = {}
     for r in items:
@@ -119,11 +119,11 @@ def rl_gain_rows(items: list[dict]) -> list[dict]:
             groups.setdefault((r["model"], r["recipe"]), []).append(r)
     out = []
     for (model, recipe), rows in sorted(groups.items()):
-        est = nested_mean([r["strict"] - r["strict_before"] for r in rows], [r["seed"] for r in rows])
-        method = ("mixed model, random intercept per seed, t on k-1 df" if est["seeds"] > 1 else "t over problems")
+        est = crossed_mean([r["strict"] - r["strict_before"] for r in rows], [(r["doc_id"], r["doc_hash"]) for r in rows],
+                           [r["seed"] for r in rows])
         out.append({"model": model, "recipe": recipe, "metric": RL_GAIN_PER_PROBLEM, "n": est["n"],
-                    "mean": est["mean"], "ci_low": est["ci_low"], "ci_high": est["ci_high"], "seeds": est["seeds"],
-                    "p": est["p"], "method": f"{method} ({est['n']} (seed, problem) pairs)"})
+                    "mean": est["mean"], "ci_low": est["ci_low"], "ci_high": est["ci_high"], "seeds": est["cols"],
+                    "p": est["p"], "method": f"{est['interval']}: {est['rows']} problems x {est['cols']} seeds"})
     return out
 
 

@@ -282,8 +282,32 @@ def _interval_at(r: dict, level: float) -> tuple[float | None, float | None]:
     return r["diff"] - half, r["diff"] + half
 
 
+PRECONDITION_GAIN = 0.05  # issue 24: BF16 GRPO gains at least +5 points of held-out accuracy
+
+
+def precondition_rows(items: list[dict]) -> list[dict]:
+    """Per model: does BF16 GRPO train? Its RL gain paired by problem and seed (problems and seeds crossed,
+    ``aggregate.rl_gain_rows``), met when the 95% interval excludes 0 and the estimate reaches
+    ``PRECONDITION_GAIN``. A check of the miniature, not a claim of the paper: outside the Holm family."""
+    from .aggregate import rl_gain_rows
+
+    out = []
+    for r in rl_gain_rows([i for i in items if i["recipe"] == REFERENCE_RECIPE]):
+        met = r["ci_low"] is not None and r["ci_low"] > 0 and r["mean"] >= PRECONDITION_GAIN
+        out.append({
+            "claim": f"BF16 GRPO improves held-out accuracy by at least +{PRECONDITION_GAIN:.0%} (the miniature trains)",
+            "model": r["model"], "test": "precondition (not a claim of the paper; outside Holm)",
+            "measure": "RL gain of bf16: strict accuracy after GRPO minus before, same problems",
+            "diff": r["mean"], "ci_low": r["ci_low"], "ci_high": r["ci_high"], "n": r["n"], "p": r["p"],
+            "p_holm": r["p"], "level": 0.95, "method": r["method"], "mde80": None, "n_needed": None,
+            "verdict": "met" if met else (f"not met (interval {'excludes' if r['ci_low'] > 0 else 'includes'} 0, "
+                                          f"estimate {r['mean']:+.3f})"),
+        })
+    return out
+
+
 def build_claims(cells: list[dict], proofs: dict, corrections: list[dict], pathways: list[dict],
-                 problems: int | None = None) -> list[dict]:
+                 problems: int | None = None, items: list[dict] = ()) -> list[dict]:
     tested = direct_rows(pathways)
     for model in sorted({c["model"] for c in cells}):
         tested += indirect_rows(cells, model)
@@ -299,7 +323,7 @@ def build_claims(cells: list[dict], proofs: dict, corrections: list[dict], pathw
         if r["level"] != 0.95:
             r["ci_low"], r["ci_high"] = _interval_at(r, r["level"])
         r["verdict"] = _verdict(r)
-    return construction_rows(proofs, corrections) + tested
+    return construction_rows(proofs, corrections) + precondition_rows(list(items)) + tested
 
 
 def _g(v, fmt="{:+.3g}"):
@@ -352,12 +376,16 @@ def eval_problems(profile: str) -> int | None:
 
 
 def run_claims(cells_csv, proofs_json, corrections_json, out_md, profile: str, pathways_csv=None) -> list[dict]:
+    """The claims table of a profile; the per-problem evaluations (``items.csv``, written by aggregate
+    beside ``cells.csv``) give the precondition rows."""
+    items_csv = Path(cells_csv).with_name("items.csv")
     rows = build_claims(
         read_csv(cells_csv),
         json.loads(Path(proofs_json).read_text()),
         json.loads(Path(corrections_json).read_text()),
         read_pathways(pathways_csv),
         eval_problems(profile),
+        read_csv(items_csv) if items_csv.is_file() else [],
     )
     write_text_atomic(out_md, markdown(rows, profile))
     return rows
