@@ -119,8 +119,8 @@ def rl_gain_rows(items: list[dict]) -> list[dict]:
             groups.setdefault((r["model"], r["recipe"]), []).append(r)
     out = []
     for (model, recipe), rows in sorted(groups.items()):
-        est = crossed_mean([r["strict"] - r["strict_before"] for r in rows], [(r["doc_id"], r["doc_hash"]) for r in rows],
-                           [r["seed"] for r in rows])
+        est = crossed_mean([r["strict"] - r["strict_before"] for r in rows],
+                           [(r["doc_id"], r["doc_hash"]) for r in rows], [r["seed"] for r in rows])
         out.append({"model": model, "recipe": recipe, "metric": RL_GAIN_PER_PROBLEM, "n": est["n"],
                     "mean": est["mean"], "ci_low": est["ci_low"], "ci_high": est["ci_high"], "seeds": est["cols"],
                     "p": est["p"], "method": f"{est['interval']}: {est['rows']} problems x {est['cols']} seeds"})

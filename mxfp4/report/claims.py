@@ -295,7 +295,8 @@ def precondition_rows(items: list[dict]) -> list[dict]:
     for r in rl_gain_rows([i for i in items if i["recipe"] == REFERENCE_RECIPE]):
         met = r["ci_low"] is not None and r["ci_low"] > 0 and r["mean"] >= PRECONDITION_GAIN
         out.append({
-            "claim": f"BF16 GRPO improves held-out accuracy by at least +{PRECONDITION_GAIN:.0%} (the miniature trains)",
+            "claim": f"BF16 GRPO improves held-out accuracy by at least +{PRECONDITION_GAIN:.0%} "
+                     "(the miniature trains)",
             "model": r["model"], "test": "precondition (not a claim of the paper; outside Holm)",
             "measure": "RL gain of bf16: strict accuracy after GRPO minus before, same problems",
             "diff": r["mean"], "ci_low": r["ci_low"], "ci_high": r["ci_high"], "n": r["n"], "p": r["p"],
