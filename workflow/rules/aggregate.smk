@@ -33,7 +33,7 @@ rule claims:
     """The paper's claims against what this profile measured, with seeds and intervals."""
     input:
         cells=f"{AGGREGATE}/cells.csv",
-        items=f"{AGGREGATE}/items.csv",  # the precondition rows (read beside cells.csv)
+        problems=f"{AGGREGATE}/items.csv",  # the precondition rows (read beside cells.csv)
         proofs=str(L.proofs),
         corrections=str(L.corrections),
         pathways=str(L.pathways()),
