@@ -175,7 +175,7 @@ def test_a_over_a_by_seed_keeps_the_familywise_rate_of_false_verdicts_at_the_sta
         judged = [r for r in rows if r["p_adj"] is not None]
         any_fired += any(r["verdict"] in FIRED for r in judged)
         any_unadjusted += any(r["p"] < ALPHA for r in judged)
-    assert len(judged) > 50 and all(r["method"] == "Welch (seeds differ)" for r in judged)
+    assert len(judged) >= 20 and all(r["method"] == "Welch (seeds differ)" for r in judged)
     # one-sided binomial test of H0: rate <= 0.05 must not reject at 1%
     assert stats.binomtest(any_fired, reps, ALPHA, alternative="greater").pvalue > 0.01, any_fired
     assert any_unadjusted / reps > 0.5, any_unadjusted  # the check has teeth: without the family it fails

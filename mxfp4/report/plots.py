@@ -557,6 +557,8 @@ def regime_statistics(regime_csv: Path | str, out_stem: Path | str) -> list[Path
             if row == 0:
                 ax.set_title(model, fontsize=9)
                 ax.legend(fontsize=7)
+        depths = sorted({r["depth"] for r in rows if r["model"] == model and r["depth"] is not None})
+        axes[-1][col].set_xticks(depths)
         axes[-1][col].set_xlabel("decoder layer (one point per GEMM of the layer)")
     fig.suptitle("Regime statistics of the GEMM operands MXFP4 quantizes (one GRPO batch, full precision); "
                  "published figures for real LLMs: regime.md")

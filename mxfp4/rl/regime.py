@@ -130,9 +130,9 @@ def literature() -> list[dict]:
 
 
 def summary_markdown(rows: list[dict]) -> str:
-    """Per model and operand: the median [min, max] over layers of each statistic; then the published
-    figures for real LLMs beside them."""
-    out = ["| model | operand | layers | " + " | ".join(STAT_KEYS) + " |",
+    """Per model and operand: the median [min, max] over the model's GEMMs (every layer's) of each
+    statistic; then the published figures for real LLMs beside them."""
+    out = ["| model | operand | GEMMs | " + " | ".join(STAT_KEYS) + " |",
            "| --- | --- | --- | " + " | ".join("---" for _ in STAT_KEYS) + " |"]
     for model in dict.fromkeys(r["model"] for r in rows):
         for kind in OPERANDS:
@@ -147,9 +147,9 @@ def summary_markdown(rows: list[dict]) -> str:
     lit = ["| quantity | operand | published value | model | source |", "| --- | --- | --- | --- | --- |"]
     for f in literature():
         lit.append(f"| {f['quantity']} | {f['operand']} | {f['value']} | {f['model']} | {f['source']} |")
-    return ("Regime statistics of the GEMM operands, median [min, max] over layers (blocks along the axis each "
-            "GEMM reduces; activations and gradients of one GRPO batch, the model and seed's probe batch, through "
-            "the policy in full precision; excess kurtosis: 0 for a Gaussian).\n\n" + "\n".join(out)
+    return ("Regime statistics of the GEMM operands, median [min, max] over every layer's GEMMs (blocks along the "
+            "axis each GEMM reduces; activations and gradients of one GRPO batch, the model and seed's probe "
+            "batch, through the policy in full precision; excess kurtosis: 0 for a Gaussian).\n\n" + "\n".join(out)
             + "\n\nPublished figures for real LLMs (what each source reports, on the tensor it names):\n\n"
             + "\n".join(lit) + "\n")
 

@@ -1,0 +1,142 @@
+"""The memory plan of one GRPO training step per recipe at a real configuration, computed on CPU.
+
+Nothing is allocated: the model (the profile's real configuration, e.g. Qwen2.5-3B with all 36 layers),
+the recipe's patched layers with their quantized-weight caches, AdamW, and the step's micro-batches run
+under torch's ``FakeTensorMode``, and torch's ``MemTracker`` (``torch.distributed._tools.mem_tracker``)
+accounts every tensor the real code creates, by category: parameters, gradients, optimizer state,
+activations, temporaries and other (the weight caches live there). The step is the cell's: fp32 masters
+under bf16 autocast, gradient checkpointing as the profile sets it, one micro-batch of the profile's
+shape (sequences x prompt + completion tokens) forward and backward with its gradients accumulated, the
+optimizer step (Adam's state), then a probe as ``MXGRPOTrainer._probe`` takes it: the recipe's quantized
+gradients and the full-precision shadow gradients held together, on top of the accumulated gradients.
+Rollout generation is not in the plan (inference, no gradients; it frees before the step).
+
+    python kernels/memory_plan.py --profile gpu-smoke-quick --out results/gpu/memory_plan_qwen2.5-3b.json
+
+Writes JSON per recipe after each one (a timeout keeps what was computed), with the device's limit beside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+GIB = 2**30
+DEVICE_LIMIT_GIB = {"nvidia-h100-x1": 78.0, "nvidia-h200": 139.0}  # what the device tool lends (its README)
+PROMPT_TOKENS = 96  # an embedded GSM8K-format prompt is 70-95 characters (one token each)
+
+
+def step_plan(config_name: str, recipe_name: str, micro: int, seq: int, checkpointing: bool, layers: int | None = None):
+    """Peak bytes by category of one training step of ``recipe_name`` (MemTracker's peak snapshot)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from transformers import AutoModelForCausalLM
+
+    from mxfp4.config.recipes import Recipe
+    from mxfp4.nn import bypassed, patch_model
+    from mxfp4.rl.models import real_config
+
+    recipe = Recipe.named(recipe_name)
+    with FakeTensorMode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the weight cache keys on data_ptr, which fake tensors warn on
+        config = real_config(config_name)
+        if layers is not None:
+            config.num_hidden_layers = layers
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        corrections = recipe.build_corrections()
+        for c in corrections:
+            c.bind(total_steps=3, seed=0)
+        if recipe.quantize:
+            patch_model(model, recipe.quantizer(corrections), cache_weights=True)
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=1e-6)
+        ids = torch.randint(0, config.vocab_size, (micro, seq))
+        tracker = MemTracker()
+        tracker.track_external(model, opt)
+        advantages = torch.randn(micro, 1)
+
+        def loss_of():
+            tracker.reset_mod_stats()  # MemTracker follows one forward per module; the peak is kept across
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                logits = model(input_ids=ids).logits
+            logp = torch.log_softmax(logits.float(), -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+            return -(logp * advantages).mean()
+
+        with tracker:
+            loss_of().backward()  # a micro-batch: gradients accumulated
+            opt.step()  # Adam's two moments exist from here on
+            loss_of().backward()  # the next step's first micro-batch
+            g_q = torch.autograd.grad(loss_of(), params, allow_unused=True)  # the probe, quantized
+            with bypassed(model):
+                g_r = torch.autograd.grad(loss_of(), params, allow_unused=True)  # its full-precision shadow
+            del g_q, g_r
+        peak = tracker.get_tracker_snapshot("peak")
+    out = {}
+    for device, by_kind in peak.items():
+        out[str(device)] = {str(getattr(k, "value", k)): v for k, v in by_kind.items()}
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", default="gpu-smoke-quick")
+    parser.add_argument("--model", default=None, help="a model of the profile with a real config (default: the first)")
+    parser.add_argument("--recipes", nargs="*", default=None, help="default: the profile's")
+    parser.add_argument("--layers", type=int, default=None, help="fewer layers (a quick check; the plan uses all)")
+    parser.add_argument("--device", default="nvidia-h100-x1", choices=sorted(DEVICE_LIMIT_GIB))
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.machine import describe
+
+    profile = load_profile(args.profile)
+    name = args.model or next(n for n, s in profile.models.items() if s.config)
+    spec, grpo = profile.model(name), profile.grpo
+    if not spec.config:
+        raise ValueError(f"{name!r} has no real configuration (config:); accepted: "
+                         f"{[n for n, s in profile.models.items() if s.config]}")
+    micro, accumulation = grpo.accumulation(spec.processes)
+    seq = PROMPT_TOKENS + grpo.max_completion_length
+    limit = DEVICE_LIMIT_GIB[args.device]
+    report = {
+        "method": "torch FakeTensorMode + MemTracker on CPU (no memory allocated): the real model, patched layers, "
+                  "weight caches, AdamW; one micro-batch forward and backward, the optimizer step, a second "
+                  "micro-batch's gradients, then the probe's quantized and full-precision gradient sets together",
+        "profile": profile.name, "model": name, "config": spec.config, "layers": args.layers or "all",
+        "micro_batch": micro, "accumulation": accumulation, "sequence_tokens": seq,
+        "gradient_checkpointing": grpo.gradient_checkpointing, "compute": spec.compute,
+        "device": args.device, "limit_gib": limit, "machine": describe(), "recipes": {},
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for recipe in args.recipes or list(profile.recipes):
+        t0 = time.time()
+        by_device = step_plan(spec.config, recipe, micro, seq, grpo.gradient_checkpointing, args.layers)
+        kinds = next(iter(by_device.values()))
+        total = kinds.get("Total", sum(v for k, v in kinds.items() if k != "Total"))
+        report["recipes"][recipe] = {
+            "peak_gib_by_category": {k: v / GIB for k, v in kinds.items()},
+            "peak_gib": total / GIB,
+            "fits": total / GIB < limit,
+            "seconds": time.time() - t0,
+        }
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(report, indent=2))
+        tmp.replace(out)
+        print(f"{recipe}: peak {total / GIB:.1f} GiB of {limit:g} ({time.time() - t0:.0f} s)", file=sys.stderr,
+              flush=True)
+    return 0 if all(r["fits"] for r in report["recipes"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
