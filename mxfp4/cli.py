@@ -301,6 +301,15 @@ def _cmd_cell(args) -> int:
     return 0
 
 
+def _cmd_memory_plan(args) -> int:
+    from .rl.memory_plan import write_plan
+
+    report = write_plan(args.profile, args.out, args.model, args.recipes, args.layers, args.device)
+    peaks = {r: round(v["peak_gib"], 1) for r, v in report["recipes"].items()}
+    print(f"peak GiB {json.dumps(peaks)} of {report['limit_gib']} ({args.out})")
+    return 0 if all(r["fits"] for r in report["recipes"].values()) else 1
+
+
 def _cmd_gpu_smoke_report(args) -> int:
     from .report.gpu_smoke import run
 
@@ -505,6 +514,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baselines", default=None, help="default results/baselines/<profile>/cells.csv")
     p.add_argument("--out", required=True)
     p.set_defaults(func=_cmd_reproduction)
+
+    p = sub.add_parser("memory-plan", help="peak memory of one GRPO step per recipe at a real configuration, "
+                                           "computed on CPU under FakeTensorMode (nothing allocated)")
+    p.add_argument("--profile", default="gpu-smoke-quick")
+    p.add_argument("--model", default=None, help="a model of the profile with a real config (default: the first)")
+    p.add_argument("--recipes", nargs="*", default=None, help="default: the profile's")
+    p.add_argument("--layers", type=int, default=None, help="fewer layers (a quick check; the plan uses all)")
+    p.add_argument("--device", default="nvidia-h100-x1", help="whose memory limit is beside the plan")
+    p.add_argument("--out", required=True)
+    p.set_defaults(func=_cmd_memory_plan)
 
     p = sub.add_parser(
         "gpu-smoke-report", help="per recipe: step and generation time vs BF16, peak memory, weight update"

@@ -382,20 +382,16 @@ def test_the_memory_plan_accounts_weights_and_adam_state_exactly_and_writes_each
     times 4 (fp32 masters), Adam's state twice that (to its step counters); the probe's two gradient sets
     make the gradients exceed one set; a quantized recipe's weight caches and saved operands add to
     BF16's peak."""
-    import importlib.util
     import json
 
     import torch
     from transformers import AutoModelForCausalLM
 
+    from mxfp4.rl import memory_plan as plan
     from mxfp4.rl.models import real_config
 
-    spec = importlib.util.spec_from_file_location("memory_plan", Path(__file__).resolve().parent.parent /
-                                                  "kernels" / "memory_plan.py")
-    plan = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plan)
     out = tmp_path / "plan.json"
-    plan.main(["--profile", "gpu-smoke-quick", "--layers", "1", "--recipes", "bf16", "mxfp4", "--out", str(out)])
+    plan.write_plan("gpu-smoke-quick", out, layers=1, recipes=["bf16", "mxfp4"])
     report = json.loads(out.read_text())
     config = real_config("qwen2.5-3b")
     config.num_hidden_layers = 1

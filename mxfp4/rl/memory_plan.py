@@ -11,14 +11,13 @@ optimizer step (Adam's state), then a probe as ``MXGRPOTrainer._probe`` takes it
 gradients and the full-precision shadow gradients held together, on top of the accumulated gradients.
 Rollout generation is not in the plan (inference, no gradients; it frees before the step).
 
-    python kernels/memory_plan.py --profile gpu-smoke-quick --out results/gpu/memory_plan_qwen2.5-3b.json
+    mxfp4 memory-plan --profile gpu-smoke-quick --out results/gpu/memory_plan_qwen2.5-3b.json
 
 Writes JSON per recipe after each one (a timeout keeps what was computed), with the device's limit beside.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -38,9 +37,9 @@ def step_plan(config_name: str, recipe_name: str, micro: int, seq: int, checkpoi
     from torch.distributed._tools.mem_tracker import MemTracker
     from transformers import AutoModelForCausalLM
 
-    from mxfp4.config.recipes import Recipe
-    from mxfp4.nn import bypassed, patch_model
-    from mxfp4.rl.models import real_config
+    from ..config.recipes import Recipe
+    from ..nn import bypassed, patch_model
+    from .models import real_config
 
     recipe = Recipe.named(recipe_name)
     with FakeTensorMode(), warnings.catch_warnings():
@@ -86,42 +85,38 @@ def step_plan(config_name: str, recipe_name: str, micro: int, seq: int, checkpoi
     return out
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--profile", default="gpu-smoke-quick")
-    parser.add_argument("--model", default=None, help="a model of the profile with a real config (default: the first)")
-    parser.add_argument("--recipes", nargs="*", default=None, help="default: the profile's")
-    parser.add_argument("--layers", type=int, default=None, help="fewer layers (a quick check; the plan uses all)")
-    parser.add_argument("--device", default="nvidia-h100-x1", choices=sorted(DEVICE_LIMIT_GIB))
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
+def write_plan(profile_name: str, out, model: str | None = None, recipes: list[str] | None = None,
+               layers: int | None = None, device: str = "nvidia-h100-x1") -> dict:
+    """The plan of every recipe (default: the profile's) for ``model`` (default: the profile's first with a
+    real configuration), written to ``out`` after each recipe; returns the report."""
+    from ..config.profiles import load_profile
+    from ..machine import describe
 
-    from mxfp4.config.profiles import load_profile
-    from mxfp4.machine import describe
-
-    profile = load_profile(args.profile)
-    name = args.model or next(n for n, s in profile.models.items() if s.config)
+    if device not in DEVICE_LIMIT_GIB:
+        raise ValueError(f"unknown device {device!r}; accepted: {', '.join(sorted(DEVICE_LIMIT_GIB))}")
+    profile = load_profile(profile_name)
+    real = [n for n, s in profile.models.items() if s.config]
+    name = model or (real[0] if real else None)
+    if name not in real:
+        raise ValueError(f"profile {profile.name!r}: {name!r} has no real configuration (config:); accepted: {real}")
     spec, grpo = profile.model(name), profile.grpo
-    if not spec.config:
-        raise ValueError(f"{name!r} has no real configuration (config:); accepted: "
-                         f"{[n for n, s in profile.models.items() if s.config]}")
     micro, accumulation = grpo.accumulation(spec.processes)
     seq = PROMPT_TOKENS + grpo.max_completion_length
-    limit = DEVICE_LIMIT_GIB[args.device]
+    limit = DEVICE_LIMIT_GIB[device]
     report = {
         "method": "torch FakeTensorMode + MemTracker on CPU (no memory allocated): the real model, patched layers, "
                   "weight caches, AdamW; one micro-batch forward and backward, the optimizer step, a second "
                   "micro-batch's gradients, then the probe's quantized and full-precision gradient sets together",
-        "profile": profile.name, "model": name, "config": spec.config, "layers": args.layers or "all",
+        "profile": profile.name, "model": name, "config": spec.config, "layers": layers or "all",
         "micro_batch": micro, "accumulation": accumulation, "sequence_tokens": seq,
         "gradient_checkpointing": grpo.gradient_checkpointing, "compute": spec.compute,
-        "device": args.device, "limit_gib": limit, "machine": describe(), "recipes": {},
+        "device": device, "limit_gib": limit, "machine": describe(), "recipes": {},
     }
-    out = Path(args.out)
+    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for recipe in args.recipes or list(profile.recipes):
+    for recipe in recipes or list(profile.recipes):
         t0 = time.time()
-        by_device = step_plan(spec.config, recipe, micro, seq, grpo.gradient_checkpointing, args.layers)
+        by_device = step_plan(spec.config, recipe, micro, seq, grpo.gradient_checkpointing, layers)
         kinds = next(iter(by_device.values()))
         total = kinds.get("Total", sum(v for k, v in kinds.items() if k != "Total"))
         report["recipes"][recipe] = {
@@ -135,8 +130,4 @@ def main(argv=None) -> int:
         tmp.replace(out)
         print(f"{recipe}: peak {total / GIB:.1f} GiB of {limit:g} ({time.time() - t0:.0f} s)", file=sys.stderr,
               flush=True)
-    return 0 if all(r["fits"] for r in report["recipes"].values()) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return report
