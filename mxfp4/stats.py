@@ -267,8 +267,9 @@ def crossed_mean(values: list, rows: list, cols: list, level: float = 0.95) -> d
     """Mean of a complete two-way crossed design, every row (problem) measured under every column (seed)
     once, both random factors: the grand mean with Var = (MS_rows + MS_cols - MS_error) / (r c) (the
     two-way random-effects ANOVA; never below MS_error / (r c)) on Satterthwaite's df, and the two-sided
-    p of the mean against 0. An incomplete or repeated cell is a ValueError; None values are dropped
-    with their whole row (problem) so that the design stays complete."""
+    p of the mean against 0; with one column (one seed) or one row, a t interval over the other factor's
+    values. An incomplete or repeated cell is a ValueError; None values are dropped with their whole row
+    (problem) so that the design stays complete."""
     table: dict = {}
     for v, r, c in zip(values, rows, cols, strict=True):
         if (r, c) in table:
@@ -288,10 +289,16 @@ def crossed_mean(values: list, rows: list, cols: list, level: float = 0.95) -> d
         return out
     m = float(y.mean())
     out["mean"] = m
-    if n_r < 2 or n_c < 2:
-        raise ValueError(f"crossed_mean needs at least 2 rows and 2 columns, got {n_r} x {n_c}")
+    if y.size < 2:
+        return out
     if _no_spread(y.ravel()):
         out.update(ci_low=m, ci_high=m, p=1.0 if m == 0 else 0.0, interval="constant")
+        return out
+    if n_r < 2 or n_c < 2:  # one level of a factor: the other's values are the replicates (one seed: t over problems)
+        res = stats.ttest_1samp(y.ravel(), 0.0)
+        ci = res.confidence_interval(level)
+        out.update(ci_low=float(ci.low), ci_high=float(ci.high), p=float(res.pvalue), df=float(y.size - 1),
+                   interval=f"t over {y.size} {'problems' if n_c == 1 else 'seeds'} (one level of the other factor)")
         return out
     r_means, c_means = y.mean(1), y.mean(0)
     ms_r = n_c * float(((r_means - m) ** 2).sum()) / (n_r - 1)

@@ -116,3 +116,13 @@ def test_an_incomplete_crossed_design_is_refused():
         crossed_mean([1.0, 2.0, 3.0], ["p", "p", "q"], [0, 1, 0])
     with pytest.raises(ValueError, match="measured twice"):
         crossed_mean([1.0, 2.0], ["p", "p"], [0, 0])
+
+
+def test_one_seed_gives_the_t_interval_over_problems():
+    """A crossed design with one seed is one sample of problems: scipy's one-sample t over them."""
+    from mxfp4.stats import crossed_mean
+
+    y = [0.0, 1.0, 1.0, 0.0, 1.0, -1.0, 1.0]
+    got = crossed_mean(y, list(range(7)), [0] * 7)
+    ci = stats.ttest_1samp(y, 0.0).confidence_interval(0.95)
+    assert (got["ci_low"], got["ci_high"]) == pytest.approx((ci.low, ci.high)) and got["df"] == 6

@@ -38,12 +38,12 @@ def planned_jobs(output: str) -> dict[str, int]:
 @pytest.mark.parametrize("profile", ["embedded", "smoke", "paper"])
 def test_dry_run_resolves_the_full_dag(workdir, profile):
     jobs = planned_jobs(snakemake(workdir, "-n", "all", "--config", f"profile={profile}"))
-    n_cells = {"embedded": 2 * 6 * 3, "smoke": 2 * 3, "paper": 2 * 7 * 3}[profile]
+    n_cells = {"embedded": 2 * 2 * 3, "smoke": 2 * 3, "paper": 2 * 7 * 3}[profile]
     assert jobs["cell"] == n_cells
     assert jobs.get("pretrain_model", 0) == (0 if profile == "paper" else 2)
     checkpoints = {"embedded": 1, "smoke": 2, "paper": 2}[profile]  # pathways.checkpoints: a job per model each
     assert jobs["pathways_checkpoint"] == 2 * checkpoints
-    assert jobs["probe_batch"] == n_cells // {"embedded": 6, "smoke": 3, "paper": 7}[profile]  # one per model, seed
+    assert jobs["probe_batch"] == n_cells // {"embedded": 2, "smoke": 3, "paper": 7}[profile]  # one per model, seed
     for rule in ("aggregate", "claims", "figure_training", "figure_accuracy", "kernel_checks", "prove_decomposition",
                  "pathways_table", "figure_pathways"):
         assert jobs[rule] == 1, rule
