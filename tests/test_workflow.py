@@ -72,7 +72,7 @@ def test_smoke_profile_runs_to_figures_and_reruns_exactly(workdir):
     snakemake(workdir, "--report", "report.html", "--config", "profile=smoke")
     html = (workdir / "report.html").read_text()
     for name in ("training_curves.png", "pathway_matrix.png", "claims.md", "cells.csv", "summary.csv",
-                 "The line is the mean over 1 seed(s)", "Each correction's effect on each error component"):
+                 "Lines are the mean over 1 seed(s)", "Each correction's effect on each error component"):
         assert name in html, name
     # a finished target does nothing
     assert "Nothing to be done" in snakemake(workdir, "-n", "all", "--config", "profile=smoke")
