@@ -354,35 +354,41 @@ def _cmd_pathways(args) -> int:
     return 0
 
 
-def _cmd_weight_components(args) -> int:
+def _write_table(rows: list[dict], out: Path, markdown: str) -> int:
+    """A command's rows as a CSV at ``out`` and its markdown summary beside it (``.md``)."""
     from .report.aggregate import write_csv
-    from .rl.weight_components import run_weight_components, summary_markdown
 
-    out = Path(args.out or Layout(args.results, args.profile).weight_components)
-    rows = run_weight_components(args.profile, args.results)
     write_csv(rows, writable(out))
-    write_text_atomic(out.with_suffix(".md"), summary_markdown(rows))
+    write_text_atomic(out.with_suffix(".md"), markdown)
     print(f"wrote {out} and {out.with_suffix('.md')} ({len(rows)} rows)")
     return 0
+
+
+def _cmd_weight_components(args) -> int:
+    from .rl.weight_components import run_weight_components, summary_markdown
+
+    rows = run_weight_components(args.profile, args.results)
+    return _write_table(rows, Path(args.out or Layout(args.results, args.profile).weight_components),
+                        summary_markdown(rows))
 
 
 def _cmd_regime(args) -> int:
-    from .report.aggregate import write_csv
     from .rl.regime import run_regime, summary_markdown
 
-    out = Path(args.out or Layout(args.results, args.profile).regime)
     rows = run_regime(args.profile, args.results, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    write_csv(rows, writable(out))
-    write_text_atomic(out.with_suffix(".md"), summary_markdown(rows))
-    print(f"wrote {out} and {out.with_suffix('.md')} ({len(rows)} rows)")
-    return 0
+    return _write_table(rows, Path(args.out or Layout(args.results, args.profile).regime), summary_markdown(rows))
+
+
+def _profile_args(p) -> None:
+    """The arguments of a command that works on a profile's results."""
+    p.add_argument("--profile", default="embedded")
+    p.add_argument("--results", default="results")
 
 
 def _model_args(p) -> None:
     """The arguments of a command that works on one model of a profile."""
-    p.add_argument("--profile", default="embedded")
+    _profile_args(p)
     p.add_argument("--model", required=True)
-    p.add_argument("--results", default="results")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -463,27 +469,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("weight-components", help="the decomposition of every weight tensor in both forms: shares "
                                                  "and pairwise component cosines (the paper's Figure 1)")
-    p.add_argument("--profile", default="embedded")
-    p.add_argument("--results", default="results")
+    _profile_args(p)
     p.add_argument("--out", default=None, help="default results/<profile>/weight_components.csv")
     p.set_defaults(func=_cmd_weight_components)
 
     p = sub.add_parser("regime", help="regime statistics of every GEMM operand (weights, activations, gradients) "
                                       "per model and layer, beside the published figures for real LLMs")
-    p.add_argument("--profile", default="embedded")
-    p.add_argument("--results", default="results")
+    _profile_args(p)
     p.add_argument("--out", default=None, help="default results/<profile>/regime.csv")
     p.set_defaults(func=_cmd_regime)
 
     p = sub.add_parser("aggregate", help="tidy CSVs of a profile's finished cells (cells, steps, summary)")
-    p.add_argument("--profile", default="embedded")
-    p.add_argument("--results", default="results")
+    _profile_args(p)
     p.add_argument("--out", default=None)
     p.set_defaults(func=_cmd_aggregate)
 
     p = sub.add_parser("claims", help="the paper's claims against a profile's measurements (markdown)")
-    p.add_argument("--profile", default="embedded")
-    p.add_argument("--results", default="results")
+    _profile_args(p)
     p.add_argument("--cells", default=None, help="default results/<profile>/aggregate/cells.csv")
     p.add_argument("--proofs", default=None, help="default results/<profile>/proofs/proofs.json")
     p.add_argument("--corrections", default=None, help="default results/<profile>/corrections.json")

@@ -293,7 +293,8 @@ def precondition_rows(items: list[dict]) -> list[dict]:
 
     out = []
     for r in rl_gain_rows([i for i in items if i["recipe"] == REFERENCE_RECIPE]):
-        met = r["ci_low"] is not None and r["ci_low"] > 0 and r["mean"] >= PRECONDITION_GAIN
+        excludes_0 = r["ci_low"] is not None and r["ci_low"] > 0
+        met = excludes_0 and r["mean"] >= PRECONDITION_GAIN
         out.append({
             "claim": f"BF16 GRPO improves held-out accuracy by at least +{PRECONDITION_GAIN:.0%} "
                      "(the miniature trains)",
@@ -301,7 +302,7 @@ def precondition_rows(items: list[dict]) -> list[dict]:
             "measure": "RL gain of bf16: strict accuracy after GRPO minus before, same problems",
             "diff": r["mean"], "ci_low": r["ci_low"], "ci_high": r["ci_high"], "n": r["n"], "p": r["p"],
             "p_holm": r["p"], "level": 0.95, "method": r["method"], "mde80": None, "n_needed": None,
-            "verdict": "met" if met else (f"not met (interval {'excludes' if r['ci_low'] > 0 else 'includes'} 0, "
+            "verdict": "met" if met else (f"not met (interval {'excludes' if excludes_0 else 'includes'} 0, "
                                           f"estimate {r['mean']:+.3f})"),
         })
     return out

@@ -187,9 +187,16 @@ def _heldout(ax, cells, last_step, color, label, shift):
     pts = [(x + shift, s) for x, s in pts if s["mean"] is not None]
     if not pts:
         return
+    bars = [_yerr(s) for _, s in pts]
     ax.errorbar([x for x, _ in pts], [s["mean"] for _, s in pts], fmt="o-", color=color, label=label, capsize=3,
-                yerr=[[s["mean"] - (s["ci_low"] if s["ci_low"] is not None else s["mean"]) for _, s in pts],
-                      [(s["ci_high"] if s["ci_high"] is not None else s["mean"]) - s["mean"] for _, s in pts]])
+                yerr=[[b[0][0] for b in bars], [b[1][0] for b in bars]])
+
+
+def _yerr(s: dict) -> list[list[float]]:
+    """Matplotlib's [[below], [above]] error bar of a ``mean_ci`` summary (zero without an interval)."""
+    if s["ci_low"] is None:
+        return [[0.0], [0.0]]
+    return [[s["mean"] - s["ci_low"]], [s["ci_high"] - s["mean"]]]
 
 
 def _bar(ax, x, values, color, width, style="solid", label=None):
@@ -198,7 +205,7 @@ def _bar(ax, x, values, color, width, style="solid", label=None):
     s = mean_ci(values)
     if s["mean"] is None:
         return None
-    err = [[s["mean"] - s["ci_low"]], [s["ci_high"] - s["mean"]]] if s["ci_low"] is not None else None
+    err = _yerr(s) if s["ci_low"] is not None else None
     fill = {"solid": {"color": color}, "faded": {"color": color, "alpha": 0.35},
             "hatched": {"facecolor": "white", "edgecolor": color, "hatch": "///"}}[style]
     ax.bar(x, s["mean"], width, yerr=err, capsize=3, label=label, **fill)

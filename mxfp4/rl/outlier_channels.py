@@ -25,6 +25,7 @@ READERS = {
                                  "mlp.experts.gate_up_proj"),
 }
 NOT_READERS = ("self_attn.o_proj.weight", "mlp.down_proj.weight", "mlp.experts.down_proj")
+KNOWN = {n for names in READERS.values() for n in names} | set(NOT_READERS)
 
 
 def outlier_channel_indices(hidden: int, count: int, seed: int = 0) -> list[int]:
@@ -48,15 +49,15 @@ def add_outlier_channels(model, count: int, scale: float, seed: int = 0) -> list
     hidden = model.config.hidden_size
     channels = outlier_channel_indices(hidden, count, seed)
     idx = torch.tensor(channels)
+    layers = [dict(layer.named_parameters()) for layer in model.model.layers]
+    for i, params in enumerate(layers):  # every layer checked before any is changed
+        unknown = [n for n, p in params.items()  # a matrix reading the hidden width (biases read nothing)
+                   if p.dim() >= 2 and p.shape[-1] == hidden and n not in KNOWN]
+        if unknown:
+            raise ValueError(f"outlier channels: layer {i} has parameters {unknown} of the hidden width whose role "
+                             "is unknown; accepted: Qwen2 dense and Qwen3-MoE decoder layers")
     with torch.no_grad():
-        for i, layer in enumerate(model.model.layers):
-            params = dict(layer.named_parameters())
-            known = {n for names in READERS.values() for n in names} | set(NOT_READERS)
-            unknown = [n for n, p in params.items()  # a matrix reading the hidden width (biases read nothing)
-                       if p.dim() >= 2 and p.shape[-1] == hidden and n not in known]
-            if unknown:
-                raise ValueError(f"outlier channels: layer {i} has parameters {unknown} of the hidden width whose role "
-                                 "is unknown; accepted: Qwen2 dense and Qwen3-MoE decoder layers")
+        for params in layers:
             for norm, readers in READERS.items():
                 params[f"{norm}.weight"][idx] *= scale
                 for name in readers:

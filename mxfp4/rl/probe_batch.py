@@ -35,21 +35,15 @@ def make_probe_batch(profile: Profile, model_name: str, seed: int, results="resu
     """One GRPO batch (``grpo.prompts_per_step`` prompts x ``num_generations``, non-zero advantages)
     sampled by the starting policy (the warm start; a random initialisation from the seed), unquantized,
     from a seed's own order of the training problems. The caller's random streams are left as they were."""
-    import numpy as np
     from transformers import set_seed
 
-    from .cell import model_reference
+    from .cell import model_reference, preserved_rng
     from .models import load
 
-    with torch.random.fork_rng(devices=[]):
-        state, np_state = random.getstate(), np.random.get_state()
-        try:
-            set_seed(seed)  # as the cell does before loading its starting policy
-            model, tokenizer = load(model_reference(profile, model_name, results), dtype=torch.float32)
-            return _sample(profile, model, tokenizer, seed, results, model_name)
-        finally:
-            random.setstate(state)
-            np.random.set_state(np_state)
+    with preserved_rng():
+        set_seed(seed)  # as the cell does before loading its starting policy
+        model, tokenizer = load(model_reference(profile, model_name, results), dtype=torch.float32)
+        return _sample(profile, model, tokenizer, seed, results, model_name)
 
 
 def _sample(profile: Profile, model, tokenizer, seed: int, results, model_name: str) -> dict:

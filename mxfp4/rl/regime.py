@@ -89,12 +89,13 @@ def depth(layer: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def observe(model, loss_fn, recipe: str = "mxfp4") -> tuple[OperandCollector, list[tuple[str, torch.nn.Module]]]:
-    """Run ``loss_fn(model)`` forward and backward with every layer the recipe would quantize patched
-    to observe, not round; (the collector, [(layer, module)]). The model is unpatched after."""
-    fmt = Recipe.named(recipe).quantizer()
+def observe(model, loss_fn, quantizer: Quantizer | None = None) -> tuple[OperandCollector, list]:
+    """Run ``loss_fn(model)`` forward and backward with every layer ``quantizer`` (default: the mxfp4
+    recipe's) would quantize patched to observe, not round; (the collector, [(layer, module)]). The
+    model is unpatched after."""
+    q = quantizer or Recipe.named("mxfp4").quantizer()
     collector = OperandCollector()
-    patch_model(model, ObservingQuantizer(fmt.fmt.name, fmt.scale_rule, modules=fmt.modules), probe=collector)
+    patch_model(model, ObservingQuantizer(q.fmt.name, q.scale_rule, modules=q.modules), probe=collector)
     try:
         layers = [(name, module) for name, module, _ in patched_modules(model)]
         params = [p for p in model.parameters() if p.requires_grad]
@@ -109,7 +110,7 @@ def regime_rows(model, model_name: str, loss_fn, recipe: str = "mxfp4", rows: in
     the weight, the forward GEMM's input (as wide as the weight's input dimension) and the input-gradient
     GEMM's dY (as wide as its output dimension); a fused experts module has a gate_up and a down row each."""
     quantizer = Recipe.named(recipe).quantizer()
-    collector, layers = observe(model, loss_fn, recipe)
+    collector, layers = observe(model, loss_fn, quantizer)
     out = []
     for name, module in layers:
         for attr, w in gemm_weights(module).items():
