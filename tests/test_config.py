@@ -8,6 +8,7 @@ import yaml
 
 import mxfp4
 from mxfp4.cli import main
+from mxfp4.config import profiles
 from mxfp4.config.profiles import PROFILES_DIR, Profile, config_hash, load_profile, setting_hash
 from mxfp4.config.recipes import Recipe
 from mxfp4.config.validation import parse
@@ -25,8 +26,30 @@ def bad(mutate):
 
 
 def test_every_shipped_profile_validates():
-    for name in ("embedded", "embedded-large", "smoke", "paper", "smoke-ddp", "gpu-smoke", "gpu-smoke-quick"):
+    for name in ("embedded", "embedded-large", "embedded-large-outliers", "smoke", "paper", "smoke-ddp", "gpu-smoke",
+                 "gpu-smoke-quick"):
         assert load_profile(name).name == name
+
+
+def test_a_derived_profile_is_its_base_with_only_the_keys_it_gives_changed(tmp_path, monkeypatch):
+    monkeypatch.setattr(profiles, "PROFILES_DIR", tmp_path)
+    (tmp_path / "embedded.yaml").write_text(yaml.safe_dump(EMBEDDED))
+    (tmp_path / "child.yaml").write_text("base: embedded\nname: child\npretrain: {outlier_channels: 3}\n"
+                                         "seeds: [7]\n")
+    base, child = load_profile("embedded").model_dump(), load_profile("child").model_dump()
+    assert child["pretrain"]["outlier_channels"] == 3 and child["seeds"] == [7] and child["name"] == "child"
+    # a nested mapping merges key by key: the rest of pretrain is the base's, as written in its YAML
+    assert {k: v for k, v in child["pretrain"].items() if k != "outlier_channels"} == \
+        {k: v for k, v in base["pretrain"].items() if k != "outlier_channels"}
+    assert child["pretrain"]["steps"] == EMBEDDED["pretrain"]["steps"]
+    assert {k for k in base if base[k] != child[k]} == {"name", "pretrain", "seeds"}
+    (tmp_path / "loop.yaml").write_text("base: knot\nname: loop\n")
+    (tmp_path / "knot.yaml").write_text("base: loop\nname: knot\n")
+    with pytest.raises(ValueError, match=r"cycle \(loop -> knot -> loop\)"):
+        load_profile("loop")
+    (tmp_path / "orphan.yaml").write_text("base: nowhere\nname: orphan\n")
+    with pytest.raises(ValueError, match="unknown profile 'nowhere'; known: .*embedded"):
+        load_profile("orphan")
 
 
 def test_missing_unknown_wrong_type_and_out_of_range_keys_name_the_key():

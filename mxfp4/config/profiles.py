@@ -283,11 +283,37 @@ def available() -> list[str]:
     return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
 
 
-def load_profile(name: str) -> Profile:
+def _merged(base: dict, override: dict) -> dict:
+    """``base`` with ``override`` laid over it: mappings merge key by key, anything else is replaced."""
+    out = dict(base)
+    for key, value in override.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def profile_data(name: str, _children: tuple[str, ...] = ()) -> dict:
+    """A profile's settings as written, with ``base: <profile>`` resolved: a profile may name another
+    and give only what differs from it (``experiments/profiles/embedded-large-outliers.yaml``)."""
     path = PROFILES_DIR / f"{name}.yaml"
     if not path.exists():
         raise ValueError(f"unknown profile {name!r}; known: {', '.join(available())}")
-    profile = parse(Profile, load_yaml(path), f"profile {path.name}")
+    data = load_yaml(path)
+    if not isinstance(data, dict):
+        raise ValueError(f"profile {path.name}: expected a mapping of keys, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ValueError(f"profile {path.name}: base: {base!r} is not a profile name; known: {', '.join(available())}")
+    if base in (name, *_children):
+        chain = " -> ".join((*_children, name, base))
+        raise ValueError(f"profile {path.name}: base: profiles derive from each other in a cycle ({chain})")
+    return _merged(profile_data(base, (*_children, name)), data)
+
+
+def load_profile(name: str) -> Profile:
+    path = PROFILES_DIR / f"{name}.yaml"
+    profile = parse(Profile, profile_data(name), f"profile {path.name}")
     if profile.name != name:
         raise ValueError(f"profile {path.name}: name: {profile.name!r} differs from the file name; accepted: {name!r}")
     from .recipes import load_recipe_table
