@@ -7,6 +7,7 @@
 #   snakemake --cores all gpu_smoke --config profile=gpu-smoke   # on a GPU: results/gpu/gpu_smoke_dense.json
 #   snakemake --cores 1 results/embedded/cells/tiny-dense/mxfp4/seed0/metrics.json   # one cell alone
 #   snakemake --cores all compare --config compare_recipe=mxfp4+macro              # against stored baselines
+import os
 import sys
 
 from snakemake.utils import validate

@@ -220,6 +220,17 @@ def _cmd_compare(args) -> int:
     return 0
 
 
+def _cmd_profile_contrast(args) -> int:
+    from .report.profile_contrast import run_profile_contrast
+
+    rows = run_profile_contrast(args.results, args.a, args.b, args.out)
+    out = args.out or Layout(args.results, args.b).contrast(args.a)
+    tested = [r for r in rows if r.get("p_holm") is not None]
+    print(f"wrote {out} and its .csv: {len(rows)} rows, {len(tested)} tested (Holm), "
+          f"{sum(r['p_holm'] < 0.05 for r in tested)} differ")
+    return 0
+
+
 def _cmd_reproduction(args) -> int:
     from .report.compare import check_reproduction
 
@@ -341,7 +352,9 @@ def _cmd_probe_batch(args) -> int:
 def _cmd_pathways(args) -> int:
     from .rl.pathways import run_pathways
 
-    out = args.out or Layout(args.results, args.profile).pathways(args.model, args.checkpoint)
+    layout = Layout(args.results, args.profile)
+    out = args.out or layout.pathways(args.model, args.checkpoint)
+    units = args.units or (layout.pathway_units(args.model, args.checkpoint) if args.checkpoint else None)
     rows = run_pathways(
         args.profile,
         args.model,
@@ -349,8 +362,9 @@ def _cmd_pathways(args) -> int:
         out_csv=out,
         progress=lambda msg: print(msg, file=sys.stderr, flush=True),
         checkpoint=args.checkpoint,
+        out_units=units,
     )
-    print(f"wrote {out} ({len(rows)} rows)")
+    print(f"wrote {out} ({len(rows)} rows)" + (f" and {units}" if units else ""))
     return 0
 
 
@@ -459,6 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one checkpoint only (default: every one the profile's pathways.checkpoints names)")
     p.add_argument("--out", default=None, help="default results/<profile>/pathways/<model>/<checkpoint>.csv, or "
                                                "pathways.csv for every checkpoint")
+    p.add_argument("--units", default=None, help="every unit's harm per pathway and arm; default, with --checkpoint: "
+                                                 "results/<profile>/pathways/<model>/<checkpoint>_units.csv")
     p.set_defaults(func=_cmd_pathways)
 
     p = sub.add_parser("probe-batch", help="the GRPO batch every recipe's gradient probes of a model and seed are "
@@ -492,6 +508,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pathways", default=None, help="default results/<profile>/pathways/pathways.csv")
     p.add_argument("--out", default=None, help="default results/<profile>/claims.md")
     p.set_defaults(func=_cmd_claims)
+
+    p = sub.add_parser("profile-contrast", help="two profiles' runs that differ in one setting, side by side: operand "
+                       "statistics, the pathway matrix (paired unit by unit at the warm start) and the recovery rows")
+    p.add_argument("a", help="the reference profile (e.g. embedded-large)")
+    p.add_argument("b", help="the profile that changes one setting (e.g. embedded-large-outliers)")
+    p.add_argument("--results", default="results")
+    p.add_argument("--out", default=None, help="default results/<b>/contrast/<a>.md (and .csv)")
+    p.set_defaults(func=_cmd_profile_contrast)
 
     p = sub.add_parser("compare", help="a recipe's cells against stored baselines, with intervals and verdicts")
     p.add_argument("--profile", default="embedded")

@@ -90,6 +90,10 @@ class Layout:
             return self.root / "pathways" / "pathways.csv"
         return self.root / "pathways" / model / (f"{checkpoint}.csv" if checkpoint else "pathways.csv")
 
+    def pathway_units(self, model: str, checkpoint: str) -> Path:
+        """Every unit's harm behind one model's pathway rows at one checkpoint (``pathways.unit_rows``)."""
+        return self.root / "pathways" / model / f"{checkpoint}_units.csv"
+
     @property
     def weight_components(self) -> Path:
         """Per weight tensor and decomposition form: shares and component cosines (``.md`` beside it)."""
@@ -106,6 +110,10 @@ class Layout:
 
     def compare(self, recipe: str) -> Path:
         return self.root / "compare" / f"{recipe}.md"
+
+    def contrast(self, other: str) -> Path:
+        """This run set beside profile ``other``'s (``mxfp4 profile-contrast``; ``.csv`` beside it)."""
+        return self.root / "contrast" / f"{other}.md"
 
     # committed and drawn elsewhere
     @property

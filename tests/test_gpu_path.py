@@ -403,3 +403,31 @@ def test_the_memory_plan_accounts_weights_and_adam_state_exactly_and_writes_each
     assert bf16["Gradient"] > bf16["Parameter"]
     assert report["recipes"]["mxfp4"]["peak_gib"] > report["recipes"]["bf16"]["peak_gib"]
     assert report["limit_gib"] == 78.0 and all(r["fits"] for r in report["recipes"].values())
+    assert report["recipes"]["mxfp4"]["weight_cache"] and not report["recipes"]["bf16"]["weight_cache"]
+    # another process's recipe joins the file; a recipe computed under other settings does not survive
+    plan.write_plan("gpu-smoke-quick", out, layers=1, recipes=["bf16"])
+    assert set(json.loads(out.read_text())["recipes"]) == {"bf16", "mxfp4"}
+    plan.write_plan("gpu-smoke-quick", out, layers=2, recipes=["bf16"])
+    assert set(json.loads(out.read_text())["recipes"]) == {"bf16"}
+
+
+def test_the_weight_cache_is_kept_for_small_models_and_dropped_at_billions_of_parameters():
+    """The cache bound counted independently: 2 axes x 4 bytes x the patched weights' elements, here the
+    decoder's linear layers (lm_head is not a quantized module of the default recipe)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from mxfp4.config.recipes import Recipe
+    from mxfp4.nn import patch
+    from mxfp4.rl.models import build_tiny, real_config
+
+    q = Recipe.named("mxfp4+macro").quantizer(Recipe.named("mxfp4+macro").build_corrections())
+    tiny, _ = build_tiny("tiny-dense", seed=0)
+    linear = sum(m.weight.numel() for n, m in tiny.named_modules()
+                 if isinstance(m, torch.nn.Linear) and not n.endswith("lm_head"))
+    assert patch.weight_cache_bytes(tiny, q) == 8 * linear
+    assert patch.weight_cache_pays(tiny, q) and not patch.weight_cache_pays(tiny, q, sharded=True)
+    assert not patch.weight_cache_pays(tiny, None)
+    with torch.device("meta"):
+        big = AutoModelForCausalLM.from_config(real_config("qwen2.5-3b"))
+    assert patch.weight_cache_bytes(big, q) > 20 * 2**30 and not patch.weight_cache_pays(big, q)

@@ -20,7 +20,8 @@ def pathway_rows(smoke_results):
     if not (Layout(smoke_results, "smoke").policy("tiny-dense", 0) / "config.json").exists():
         run_cell("smoke", "tiny-dense", "bf16", 0, results=smoke_results)
     out = smoke_results / "smoke" / "pathways" / "tiny-dense" / "pathways.csv"
-    rows = run_pathways("smoke", "tiny-dense", results=smoke_results, out_csv=out, progress=lambda m: None)
+    rows = run_pathways("smoke", "tiny-dense", results=smoke_results, out_csv=out, progress=lambda m: None,
+                        out_units=out.with_name("units.csv"))
     return rows, out
 
 
@@ -62,6 +63,37 @@ def test_the_unquantized_arm_reproduces_its_own_rollouts(smoke_results):
 
 def _varied_reward(completions, **kw):
     return [float(len(c) % 2) for c in completions]
+
+
+def test_the_unit_harms_reproduce_the_rows_and_name_their_data(pathway_rows):
+    """Every row's estimate is recomputed from the units file alone (the plain mean where one policy is
+    the only outer unit: the warm start), and each unit's data digest is the same in every arm."""
+    rows, out = pathway_rows
+    with out.with_name("units.csv").open() as f:
+        units = list(csv.DictReader(f))
+    warm = [u for u in units if u["checkpoint"] == "warm" and u["form"] == "canonical"]
+    assert {u["pathway"] for u in warm} >= {"rollout", "entropy"} and {u["group"] for u in warm} == {"warm"}
+
+    def harms(pathway, arm):
+        return [float(u["harm"]) for u in sorted(warm, key=lambda u: int(u["unit"]))
+                if u["pathway"] == pathway and u["arm"] == arm]
+
+    for arm in ROWS:
+        row = next(r for r in rows if r["checkpoint"] == "warm" and r["injection"] == arm
+                   and r["metric"] == "entropy" and r["form"] == "canonical")
+        assert sum(harms("entropy", arm)) / len(harms("entropy", arm)) == pytest.approx(row["mean"], abs=1e-12)
+        assert len(harms("rollout", arm)) == row["n"]
+        if arm != "none":
+            diff = next(r for r in rows if r["checkpoint"] == "warm" and r["injection"] == arm
+                        and r["metric"] == "rollout_accuracy_diff")
+            d = [-(a - b) for a, b in zip(harms("rollout", arm), harms("rollout", "none"))]
+            assert sum(d) / len(d) == pytest.approx(diff["mean"], abs=1e-12)
+    for pathway in {u["pathway"] for u in units}:
+        keys = {}
+        for u in units:
+            if u["pathway"] == pathway:
+                keys.setdefault((u["checkpoint"], u["unit"]), set()).add(u["key"])
+        assert all(len(k) == 1 for k in keys.values()), pathway  # every arm measured the same unit
 
 
 def test_gradient_arms_differ_from_the_unquantized_gradient_only_by_the_injection():

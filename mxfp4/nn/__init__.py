@@ -15,6 +15,7 @@ from .patch import (
     set_probe,
     targets,
     unpatch_model,
+    weight_cache_pays,
 )
 
 __all__ = [
@@ -36,4 +37,5 @@ __all__ = [
     "set_probe",
     "targets",
     "unpatch_model",
+    "weight_cache_pays",
 ]

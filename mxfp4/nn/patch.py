@@ -96,13 +96,34 @@ def _extra_repr(self) -> str:
     return f"{base}, {tag}" if base else tag
 
 
+# The quantized-weight cache saves re-quantizing each weight at every GEMM that reads it: worth it on
+# CPU-sized models (kilobytes to megabytes), not at billions of parameters, where it would hold 11-22 GB
+# (both axes) to save a memory-bound pass of a few milliseconds per micro-batch on a GPU, and pushes a
+# Qwen2.5-3B GRPO step past an H100's 78 GiB (results/gpu/memory_plan_qwen2.5-3b.json).
+WEIGHT_CACHE_LIMIT_BYTES = 2 * 1024**3
+
+
+def weight_cache_bytes(model, quantizer: Quantizer) -> int:
+    """An upper bound on the cache ``patch_model(model, quantizer)`` would fill: every weight of every
+    module it patches, quantized along both GEMM axes (forward and input gradient), in float32."""
+    return sum(2 * 4 * p.numel() for _, module, _ in targets(model, quantizer.modules)
+               for p in module.parameters(recurse=False) if p.dim() >= 2)
+
+
+def weight_cache_pays(model, quantizer: Quantizer | None, sharded: bool = False) -> bool:
+    """Whether to cache quantized weights: not under sharded training (FSDP2, ZeRO-3: the cache would
+    hold every layer's gathered weights) and only while the cache stays within
+    ``WEIGHT_CACHE_LIMIT_BYTES``; a full-precision recipe caches nothing."""
+    return quantizer is not None and not sharded and weight_cache_bytes(model, quantizer) <= WEIGHT_CACHE_LIMIT_BYTES
+
+
 def patch_model(model, quantizer: Quantizer | None, probe=None, cache_weights: bool = True) -> list[str]:
     """Patch ``model`` in place so that the modules of ``quantizer.modules`` compute their GEMMs
     through ``quantizer`` (``Recipe.quantizer()``); returns the patched module names.
 
     ``cache_weights=False`` quantizes a weight at every use instead of once per version: for sharded
     training (FSDP2, ZeRO-3), where a per-layer cache of gathered weights would hold the whole model
-    unsharded on every rank.
+    unsharded on every rank, and for models too large for the cache (``weight_cache_pays``).
 
     ``None`` (a full-precision recipe) patches nothing but records the state. A tied lm_head is
     refused: quantizing it would also quantize the input embeddings.

@@ -25,7 +25,7 @@ from ..config.recipes import Recipe
 from ..io import exclusive, writable_folder, write_json_atomic
 from ..layout import EVAL_FOLDERS, REFERENCE_RECIPE, TRAIN_LOG, Layout
 from ..machine import describe
-from ..nn import bypassed, gemm_weights, patch_model, patch_state, patched_modules
+from ..nn import bypassed, gemm_weights, patch_model, patch_state, patched_modules, weight_cache_pays
 from ..numerics.decompose import COMPONENTS, SUMMARY_KEYS, pool_stats
 from . import data as gsm
 from .models import RANDOM_PREFIX, warm_start_folder
@@ -335,7 +335,8 @@ def prepare(plan: CellPlan, dist) -> CellRun:
             )
         for c in corrections:
             c.bind_reference(json.loads(reference.read_text()))
-    patch_model(model, recipe.quantizer(corrections), cache_weights=not spec.sharded)
+    quantizer = recipe.quantizer(corrections)
+    patch_model(model, quantizer, cache_weights=weight_cache_pays(model, quantizer, spec.sharded))
     run = CellRun(plan, dist, started, c_hash, log_path, checkpoints, resume, model, tokenizer, corrections)
 
     train_rows, run.eval_folder = cell_data(profile, plan.results)

@@ -13,11 +13,19 @@ Rollout generation is not in the plan (inference, no gradients; it frees before 
 
     mxfp4 memory-plan --profile gpu-smoke-quick --out results/gpu/memory_plan_qwen2.5-3b.json
 
-Writes JSON per recipe after each one (a timeout keeps what was computed), with the device's limit beside.
+Writes JSON per recipe after each one (a timeout keeps what was computed), with the device's limit beside;
+recipes already in the file under the same settings are kept, so several processes may each compute some
+recipes into one file (the file is rewritten under a lock). Whether a recipe caches its quantized weights
+is the cell's rule (``mxfp4.nn.weight_cache_pays``), recorded per recipe.
+
+Conservative by one gradient set: the plan holds a second micro-batch's accumulated gradients while the
+probe's two gradient sets exist, whereas ``MXGRPOTrainer`` probes on a step's first micro-batch, after the
+optimizer has set the gradients to None.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import sys
 import time
@@ -32,13 +40,14 @@ PROMPT_TOKENS = 96  # an embedded GSM8K-format prompt is 70-95 characters (one t
 
 
 def step_plan(config_name: str, recipe_name: str, micro: int, seq: int, checkpointing: bool, layers: int | None = None):
-    """Peak bytes by category of one training step of ``recipe_name`` (MemTracker's peak snapshot)."""
+    """(peak bytes by category per device of one training step of ``recipe_name`` (MemTracker's peak
+    snapshot), whether the patched layers cache their quantized weights)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
     from transformers import AutoModelForCausalLM
 
     from ..config.recipes import Recipe
-    from ..nn import bypassed, patch_model
+    from ..nn import bypassed, patch_model, weight_cache_pays
     from .models import real_config
 
     recipe = Recipe.named(recipe_name)
@@ -54,8 +63,10 @@ def step_plan(config_name: str, recipe_name: str, micro: int, seq: int, checkpoi
         corrections = recipe.build_corrections()
         for c in corrections:
             c.bind(total_steps=3, seed=0)
-        if recipe.quantize:
-            patch_model(model, recipe.quantizer(corrections), cache_weights=True)
+        quantizer = recipe.quantizer(corrections) if recipe.quantize else None
+        cached = weight_cache_pays(model, quantizer)  # the cell's rule (single-process cells)
+        if quantizer is not None:
+            patch_model(model, quantizer, cache_weights=cached)
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=1e-6)
         ids = torch.randint(0, config.vocab_size, (micro, seq))
@@ -82,7 +93,25 @@ def step_plan(config_name: str, recipe_name: str, micro: int, seq: int, checkpoi
     out = {}
     for device, by_kind in peak.items():
         out[str(device)] = {str(getattr(k, "value", k)): v for k, v in by_kind.items()}
-    return out
+    return out, cached
+
+
+SETTINGS = ("profile", "model", "config", "layers", "micro_batch", "accumulation", "sequence_tokens",
+            "gradient_checkpointing", "compute", "device")
+
+
+def _store(out: Path, report: dict) -> dict:
+    """Write ``report`` to ``out`` with the recipes another process stored there under the same settings
+    kept (those of ``report`` win), under an exclusive lock; returns what was written."""
+    with open(out.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stored = json.loads(out.read_text()) if out.exists() else {}
+        kept = stored.get("recipes", {}) if all(stored.get(k) == report[k] for k in SETTINGS) else {}
+        merged = {**report, "recipes": {**kept, **report["recipes"]}}
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(merged, indent=2))
+        tmp.replace(out)
+    return merged
 
 
 def write_plan(profile_name: str, out, model: str | None = None, recipes: list[str] | None = None,
@@ -106,7 +135,8 @@ def write_plan(profile_name: str, out, model: str | None = None, recipes: list[s
     report = {
         "method": "torch FakeTensorMode + MemTracker on CPU (no memory allocated): the real model, patched layers, "
                   "weight caches, AdamW; one micro-batch forward and backward, the optimizer step, a second "
-                  "micro-batch's gradients, then the probe's quantized and full-precision gradient sets together",
+                  "micro-batch's gradients, then the probe's quantized and full-precision gradient sets together "
+                  "(conservative by one gradient set: the trainer probes after the optimizer has freed them)",
         "profile": profile.name, "model": name, "config": spec.config, "layers": layers or "all",
         "micro_batch": micro, "accumulation": accumulation, "sequence_tokens": seq,
         "gradient_checkpointing": grpo.gradient_checkpointing, "compute": spec.compute,
@@ -114,20 +144,20 @@ def write_plan(profile_name: str, out, model: str | None = None, recipes: list[s
     }
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    written = report
     for recipe in recipes or list(profile.recipes):
         t0 = time.time()
-        by_device = step_plan(spec.config, recipe, micro, seq, grpo.gradient_checkpointing, layers)
+        by_device, cached = step_plan(spec.config, recipe, micro, seq, grpo.gradient_checkpointing, layers)
         kinds = next(iter(by_device.values()))
         total = kinds.get("Total", sum(v for k, v in kinds.items() if k != "Total"))
         report["recipes"][recipe] = {
             "peak_gib_by_category": {k: v / GIB for k, v in kinds.items()},
             "peak_gib": total / GIB,
             "fits": total / GIB < limit,
+            "weight_cache": cached,
             "seconds": time.time() - t0,
         }
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(report, indent=2))
-        tmp.replace(out)
+        written = _store(out, report)
         print(f"{recipe}: peak {total / GIB:.1f} GiB of {limit:g} ({time.time() - t0:.0f} s)", file=sys.stderr,
               flush=True)
-    return report
+    return written

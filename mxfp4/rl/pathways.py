@@ -10,12 +10,16 @@ Every seed of the profile measures its own batches and prompts on its own policy
 one policy for every seed; after GRPO each seed's bf16 policy): the rows pool the seeds with the
 policy as the outer unit (``stats.nested_mean``: a mixed model over the seeds' policies).
 The design is docs/design.md, "The pathway matrix". Output: a tidy CSV (model, checkpoint,
-injection, site, layer, metric, mean, ci_low, ci_high, n, seeds, policies, p, method, form).
+injection, site, layer, metric, mean, ci_low, ci_high, n, seeds, policies, p, method, form), and beside
+it every unit's harm per pathway and arm (``UNIT_FIELDS``), with a digest of the unit's data (the batch's
+prompt and completion tokens, the prompt's question and sampling seed), so that two runs measured on the
+same data can be paired unit by unit (``mxfp4.report.profile_contrast``).
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import random
 import time
 from dataclasses import dataclass, field
@@ -53,6 +57,7 @@ FIELDS = [
     "method",
     "form",
 ]
+UNIT_FIELDS = ["model", "checkpoint", "form", "pathway", "arm", "unit", "group", "key", "harm"]
 # The paper's mapping: which component dominates which pathway, and the harm measure of that pathway
 # (larger = worse), per unit (gradient batch or prompt).
 MAPPING = {"gradient": "scale", "rollout": "dead", "entropy": "grid"}
@@ -254,9 +259,54 @@ class Measured:
     roll_groups: list = field(default_factory=list)
     shares: list = field(default_factory=list)  # per policy: e_c's weight energy / MXFP4 error energy
     seeds: set = field(default_factory=set)
+    grad_keys: list = field(default_factory=list)  # per gradient batch: digest of its tokens
+    roll_keys: list = field(default_factory=list)  # per rollout prompt: digest of its question and seed
 
     def groups(self, pathway: str) -> list:
         return self.grad_groups if pathway == "gradient" else self.roll_groups
+
+    def keys(self, pathway: str) -> list:
+        return self.grad_keys if pathway == "gradient" else self.roll_keys
+
+    def harms(self, sites) -> dict[str, dict[str, list]]:
+        """Per pathway and arm, the harm of every unit (larger = worse, ``HARMS``): 1 - the gradient's
+        cosine per batch at site both (none: 0), - rollout accuracy and mean token entropy per prompt."""
+        harms: dict[str, dict[str, list]] = {}
+        if len(self.grad_groups) >= 2 and "both" in sites:
+            harms["gradient"] = {"none": [0.0] * len(self.grad_groups)}
+            for (row, site), per_batch in self.grad.items():
+                if site == "both":
+                    harms["gradient"][row] = [None if b["total"]["cosine"] is None else 1 - b["total"]["cosine"]
+                                              for b in per_batch]
+        if self.scores:
+            harms["rollout"] = {row: [-v for v in acc] for row, (acc, _) in self.scores.items()}
+            harms["entropy"] = {row: ent for row, (_, ent) in self.scores.items()}
+        return harms
+
+
+def _digest(*parts) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.numpy().tobytes() if isinstance(part, torch.Tensor) else str(part).encode())
+        h.update(b"|")
+    return h.hexdigest()[:16]
+
+
+def batch_key(batch: dict) -> str:
+    """A gradient batch's identity: its prompt and completion tokens."""
+    return _digest(batch["prompt_ids"], batch["completion_ids"])
+
+
+def unit_rows(model: str, checkpoint: str, form: str, m: Measured, sites) -> list[dict]:
+    """Every unit's harm, per pathway and arm (``UNIT_FIELDS``), with its outer unit and data digest."""
+    rows = []
+    for pathway, per_arm in m.harms(sites).items():
+        groups, keys = m.groups(pathway), m.keys(pathway)
+        for arm, values in per_arm.items():
+            rows += [{"model": model, "checkpoint": checkpoint, "form": form, "pathway": pathway, "arm": arm,
+                      "unit": i, "group": g, "key": k, "harm": v}
+                     for i, (g, k, v) in enumerate(zip(groups, keys, values, strict=True))]
+    return rows
 
 
 def contrast_rows(model, checkpoint, harms: dict[str, dict[str, list]], m: Measured) -> list[dict]:
@@ -428,6 +478,7 @@ def measure_gradients(m: Measured, trainer, model, batches, settings, form: str,
         with Arm(model, q):
             m.rule_weights.setdefault(rule, []).append(weight_decomposition(model, q))
     m.grad_groups.extend([group] * len(batches))
+    m.grad_keys.extend(batch_key(b) for b in batches)
 
 
 def measure_rollouts(m: Measured, model, tokenizer, problems, profile: Profile, form: str, group, seed: int) -> None:
@@ -442,6 +493,7 @@ def measure_rollouts(m: Measured, model, tokenizer, problems, profile: Profile, 
         have[0].extend(acc)
         have[1].extend(ent)
     m.roll_groups.extend([group] * len(problems))
+    m.roll_keys.extend(_digest(r["question"], seed) for r in problems)
     full = row_quantizer("all")
     with Arm(model, full):
         weights = weight_decomposition(model, full, form=form)
@@ -454,14 +506,10 @@ def form_rows(model_name: str, ckpt: str, m: Measured, settings, seed: int) -> l
     scale-rule group), rollout and entropy rows, the contrasts, the Shapley rows and the excess harm
     over the matched controls."""
     rows: list[dict] = []
-    harms: dict[str, dict[str, list]] = {}
+    harms = m.harms(settings.sites)
     if len(m.grad_groups) >= 2:
-        harms["gradient"] = {"none": [0.0] * len(m.grad_groups)} if "both" in settings.sites else {}
         for (row, site), per_batch in m.grad.items():
             rows += _grad_rows(model_name, ckpt, row, site, per_batch, m.grad_groups)
-            if site == "both":
-                harms["gradient"][row] = [None if b["total"]["cosine"] is None else 1 - b["total"]["cosine"]
-                                          for b in per_batch]
         for rule, per_batch in m.rules.items():
             rows += [r for r in _grad_rows(model_name, ckpt, f"rule:{rule}", "both", per_batch, m.grad_groups)
                      if r["layer"] == "total"]
@@ -479,9 +527,6 @@ def form_rows(model_name: str, ckpt: str, m: Measured, settings, seed: int) -> l
             if row != "none":
                 rows.append(_row(model_name, ckpt, row, "forward", "total", f"{metric}_diff",
                                  _paired(scores[row][i], scores["none"][i], m.roll_groups), PAIRED_METHOD))
-    if scores:
-        harms["rollout"] = {row: [-v for v in scores[row][0]] for row in scores}
-        harms["entropy"] = {row: scores[row][1] for row in scores}
     rows += contrast_rows(model_name, ckpt, harms, m)
     rows += shapley_rows(model_name, ckpt, harms, m, seed)
     rows += excess_rows(model_name, ckpt, harms, settings.controls, m)
@@ -524,10 +569,11 @@ def seed_problems(train: list[dict], settings, seed: int) -> tuple[list[dict], l
 
 
 def run_pathways(profile_name: str | Profile, model_name: str, results="results", out_csv=None,
-                 progress=print, checkpoint: str | None = None) -> list[dict]:
+                 progress=print, checkpoint: str | None = None, out_units=None) -> list[dict]:
     """The pathway matrix of one model on every seed of the profile: per checkpoint (all the profile
     names, or the one given), each seed's policy measured on its own batches and prompts, the rows
-    estimated with the policy as the outer unit (``stats.nested_mean``)."""
+    estimated with the policy as the outer unit (``stats.nested_mean``). With ``out_units``, every
+    unit's harm is written there too (``unit_rows``)."""
     from .models import load
 
     profile = profile_name if isinstance(profile_name, Profile) else load_profile(profile_name)
@@ -547,6 +593,7 @@ def run_pathways(profile_name: str | Profile, model_name: str, results="results"
         warm_start_folder(results, profile.name, model_name)
     train, _ = cell_data(profile, results)
     rows: list[dict] = []
+    units: list[dict] = []
     t0 = time.time()
 
     def say(msg):
@@ -584,19 +631,22 @@ def run_pathways(profile_name: str | Profile, model_name: str, results="results"
                 say(f"{model_name}/{ckpt}: fewer than 2 usable gradient batches: no gradient rows")
             for r in form_rows(model_name, ckpt, m, settings, profile.seeds[0]):
                 rows.append({**r, "form": form})
+            units += unit_rows(model_name, ckpt, form, m, settings.sites)
     for r in rows:
         r.setdefault("form", "canonical")  # rows that no decomposition form shapes (counts, full MXFP4)
         if r["seeds"] is None:
             r["seeds"] = len(profile.seeds)
     if out_csv is not None:
         write_csv(rows, out_csv)
+    if out_units is not None:
+        write_csv(units, out_units, UNIT_FIELDS)
     return rows
 
-def write_csv(rows: list[dict], path) -> None:
+def write_csv(rows: list[dict], path, fields: list[str] = FIELDS) -> None:
     import io
 
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=FIELDS)
+    w = csv.DictWriter(buf, fieldnames=fields)
     w.writeheader()
     w.writerows(rows)
     write_text_atomic(path, buf.getvalue())

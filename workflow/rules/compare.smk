@@ -94,3 +94,38 @@ rule compare:
         "{MXFP4} compare --profile {PROFILE} --recipe '{COMPARE_RECIPE}' --baselines {input.baselines} "
         "--reproduction {input.reproduction} --out {output.md} --figure {FIGURES}/compare_{COMPARE_RECIPE} "
         "--adjust {params.adjust} > {log} 2>&1"
+
+
+rule profile_contrast:
+    """This run beside another profile's run that differs from it in one setting (typically the profile it
+    derives from with base:): operand statistics, the pathway matrix paired unit by unit at the warm
+    start, the recovery rows. The other profile's files must exist (run its figures first):
+        snakemake --cores all results/embedded-large-outliers/contrast/embedded-large.md \
+            --config profile=embedded-large-outliers"""
+    input:
+        f"{AGGREGATE}/cells.csv",
+        str(L.pathways()),
+        str(L.regime),
+        [str(L.pathway_units(m, "warm")) for m in MODELS if P.pathways and "warm" in P.pathways.checkpoints],
+        lambda wc: [str(Layout("results", wc.other).aggregate / "cells.csv"), str(Layout("results", wc.other).regime)],
+    output:
+        md=str(L.contrast("{other}")),
+        csv=str(L.contrast("{other}").with_suffix(".csv")),
+    log:
+        f"{LOGS}/contrast_{{other}}.log",
+    shell:
+        "{MXFP4} profile-contrast {wildcards.other} {PROFILE} --out {output.md} > {log} 2>&1"
+
+
+rule store_contrast:
+    """Store a profile contrast with this profile's baselines (results/baselines/<profile>/contrast/)."""
+    input:
+        md=str(L.contrast("{other}")),
+        csv=str(L.contrast("{other}").with_suffix(".csv")),
+    output:
+        touch(str(L.root / "contrast" / "{other}.stored.flag")),
+    run:
+        from mxfp4.io import copy_atomic
+
+        for src in (input.md, input.csv):
+            copy_atomic(src, f"{BASELINES}/contrast/{os.path.basename(src)}")

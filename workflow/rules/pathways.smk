@@ -11,7 +11,8 @@ rule pathways_checkpoint:
         model_input,
         checkpoint_inputs,
     output:
-        str(L.pathways("{model}", "{checkpoint}")),
+        rows=str(L.pathways("{model}", "{checkpoint}")),
+        units=str(L.pathway_units("{model}", "{checkpoint}")),
     log:
         f"{LOGS}/pathways_{{model}}_{{checkpoint}}.log",
     wildcard_constraints:
@@ -21,7 +22,7 @@ rule pathways_checkpoint:
     priority: 10
     shell:
         "MXFP4_THREADS={threads} {MXFP4} pathways --profile {PROFILE} --model {wildcards.model} "
-        "--checkpoint {wildcards.checkpoint} --out {output} > {log} 2>&1"
+        "--checkpoint {wildcards.checkpoint} --out {output.rows} --units {output.units} > {log} 2>&1"
 
 
 rule pathways_table:
