@@ -104,10 +104,12 @@ rule profile_contrast:
             --config profile=embedded-large-outliers"""
     input:
         f"{AGGREGATE}/cells.csv",
+        f"{AGGREGATE}/items.csv",
         str(L.pathways()),
         str(L.regime),
         [str(L.pathway_units(m, "warm")) for m in MODELS if P.pathways and "warm" in P.pathways.checkpoints],
-        lambda wc: [str(Layout("results", wc.other).aggregate / "cells.csv"), str(Layout("results", wc.other).regime)],
+        lambda wc: [str(Layout("results", wc.other).aggregate / f) for f in ("cells.csv", "items.csv")]
+        + [str(Layout("results", wc.other).regime)],
     output:
         md=str(L.contrast("{other}")),
         csv=str(L.contrast("{other}").with_suffix(".csv")),
