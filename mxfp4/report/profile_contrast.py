@@ -33,7 +33,6 @@ REGIME_COLUMNS = ("excess_kurtosis", "max_over_median", "outlier_block_fraction"
                   "shapley_share_scale", "shapley_share_dead", "shapley_share_grid")
 PATHWAY_ARMS = ("+scale", "+dead", "+grid", "all", "+scale~gaussian", "+dead~gaussian", "+grid~gaussian")
 HARM = {"gradient": "1 - gradient cosine", "rollout": "- rollout accuracy", "entropy": "mean token entropy"}
-RECOVERY_METRICS = ("gsm8k_rl_gain", "gsm8k_strict_accuracy")
 FIELDS = ("section", "model", "checkpoint", "pathway", "arm", "measure", "a", "b", "diff", "ci_low", "ci_high", "n",
           "p", "p_holm", "method")
 

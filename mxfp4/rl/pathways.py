@@ -287,7 +287,7 @@ class Measured:
 def _digest(*parts) -> str:
     h = hashlib.sha256()
     for part in parts:
-        h.update(part.numpy().tobytes() if isinstance(part, torch.Tensor) else str(part).encode())
+        h.update(part.detach().cpu().numpy().tobytes() if isinstance(part, torch.Tensor) else str(part).encode())
         h.update(b"|")
     return h.hexdigest()[:16]
 
