@@ -223,8 +223,8 @@ def _cmd_compare(args) -> int:
 def _cmd_profile_contrast(args) -> int:
     from .report.profile_contrast import run_profile_contrast
 
-    rows = run_profile_contrast(args.results, args.a, args.b, args.out)
     out = args.out or Layout(args.results, args.b).contrast(args.a)
+    rows = run_profile_contrast(args.results, args.a, args.b, out)
     tested = [r for r in rows if r.get("p_holm") is not None]
     print(f"wrote {out} and its .csv: {len(rows)} rows, {len(tested)} tested (Holm), "
           f"{sum(r['p_holm'] < 0.05 for r in tested)} differ")

@@ -7,6 +7,8 @@ into place only when the block finishes without error. The writers below use it.
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import json
 import os
 import tempfile
@@ -65,6 +67,15 @@ def write_text_atomic(path: Path | str, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
     return Path(path)
+
+
+def write_csv_atomic(path: Path | str, rows: list[dict], fields) -> Path:
+    """Rows (dicts with no keys outside ``fields``) as a CSV with the columns ``fields``, in that order."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(fields))
+    writer.writeheader()
+    writer.writerows(rows)
+    return write_text_atomic(path, buf.getvalue())
 
 
 def write_json_atomic(path: Path | str, obj) -> Path:

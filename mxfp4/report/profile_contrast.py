@@ -18,21 +18,20 @@ says where the setting changes a measurement, not which claim of the paper holds
 from __future__ import annotations
 
 import csv
-import io
 import statistics
 from pathlib import Path
 
 from statsmodels.stats.multitest import multipletests
 
-from ..io import write_text_atomic
+from ..io import write_csv_atomic, write_text_atomic
 from ..layout import REFERENCE_RECIPE, Layout
-from ..stats import ALPHA, crossed_mean, nested_paired
+from ..rl.pathways import HARMS
+from ..stats import ALPHA, crossed_mean, mean_ci, nested_paired
 from .pathway_table import COLUMNS, estimate, main_site
 
 REGIME_COLUMNS = ("excess_kurtosis", "max_over_median", "outlier_block_fraction", "deadzone_fraction",
                   "shapley_share_scale", "shapley_share_dead", "shapley_share_grid")
 PATHWAY_ARMS = ("+scale", "+dead", "+grid", "all", "+scale~gaussian", "+dead~gaussian", "+grid~gaussian")
-HARM = {"gradient": "1 - gradient cosine", "rollout": "- rollout accuracy", "entropy": "mean token entropy"}
 FIELDS = ("section", "model", "checkpoint", "pathway", "arm", "measure", "a", "b", "diff", "ci_low", "ci_high", "n",
           "p", "p_holm", "method")
 
@@ -68,9 +67,9 @@ def _units(rows: list[dict]) -> dict[tuple, dict[int, dict]]:
     return out
 
 
-def _mean(values: list) -> float | None:
-    kept = [v for v in values if v is not None]
-    return sum(kept) / len(kept) if kept else None
+def _harm(unit: dict) -> float | None:
+    """A units-file row's harm (empty where the arm had no value, e.g. an undefined cosine)."""
+    return None if unit["harm"] in ("", "None") else float(unit["harm"])
 
 
 def paired_pathway_rows(a: list[dict], b: list[dict], checkpoint: str = "warm") -> list[dict]:
@@ -87,14 +86,10 @@ def paired_pathway_rows(a: list[dict], b: list[dict], checkpoint: str = "warm") 
             raise ValueError(f"profile contrast: {model}/{ckpt} {pathway} unit(s) {differ[:5]} measured different "
                              "data in the two runs (their digests differ); pairing is only valid on the same "
                              "batches and prompts (the same seeds and a function-preserving change)")
-
-        def harm(r):
-            return None if r["harm"] in ("", "None") else float(r["harm"])
-
-        ha, hb = [harm(ua[key][i]) for i in common], [harm(ub[key][i]) for i in common]
+        ha, hb = [_harm(ua[key][i]) for i in common], [_harm(ub[key][i]) for i in common]
         d = nested_paired(hb, ha, [ua[key][i]["group"] for i in common])
         rows.append({"section": "pathways", "model": model, "checkpoint": ckpt, "pathway": pathway, "arm": arm,
-                     "measure": HARM[pathway], "a": _mean(ha), "b": _mean(hb), "diff": d["diff"],
+                     "measure": HARMS[pathway], "a": mean_ci(ha)["mean"], "b": mean_ci(hb)["mean"], "diff": d["diff"],
                      "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n": d["n"],
                      "p": None if arm == "none" else d["p"],  # the unquantized arm is a check, not a test
                      "method": f"harm(b) - harm(a), paired over the same units (same data digests), "
@@ -228,15 +223,10 @@ def markdown(rows: list[dict], profile_a: str, profile_b: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_profile_contrast(results, profile_a: str, profile_b: str, out_md=None) -> list[dict]:
-    """The contrast as a CSV (``FIELDS``) and a markdown report, by default at
-    ``results/<profile_b>/contrast/<profile_a>.{csv,md}``."""
+def run_profile_contrast(results, profile_a: str, profile_b: str, out_md) -> list[dict]:
+    """The contrast as a markdown report at ``out_md`` (``Layout.contrast``) and a CSV (``FIELDS``) beside it."""
     rows = contrast(results, profile_a, profile_b)
-    out_md = Path(out_md or Layout(results, profile_b).contrast(profile_a))
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=FIELDS, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(rows)
-    write_text_atomic(out_md.with_suffix(".csv"), buf.getvalue())
+    out_md = Path(out_md)
+    write_csv_atomic(out_md.with_suffix(".csv"), rows, FIELDS)
     write_text_atomic(out_md, markdown(rows, profile_a, profile_b))
     return rows

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from ..io import write_json_atomic
+
 GIB = 2**30
 DEVICE_LIMIT_GIB = {"nvidia-h100-x1": 78.0, "nvidia-h200": 139.0}  # what the device tool lends (its README)
 PROMPT_TOKENS = 96  # an embedded GSM8K-format prompt is 70-95 characters (one token each)
@@ -108,9 +110,7 @@ def _store(out: Path, report: dict) -> dict:
         stored = json.loads(out.read_text()) if out.exists() else {}
         kept = stored.get("recipes", {}) if all(stored.get(k) == report[k] for k in SETTINGS) else {}
         merged = {**report, "recipes": {**kept, **report["recipes"]}}
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(merged, indent=2))
-        tmp.replace(out)
+        write_json_atomic(out, merged)
     return merged
 
 

@@ -18,7 +18,6 @@ same data can be paired unit by unit (``mxfp4.report.profile_contrast``).
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import random
 import time
@@ -29,7 +28,7 @@ import torch
 
 from ..config.profiles import Profile, load_profile
 from ..config.recipes import Recipe
-from ..io import write_text_atomic
+from ..io import write_csv_atomic
 from ..layout import Layout
 from ..nn import patch_model, unpatch_model
 from ..numerics.decompose import COMPONENTS, interaction, shapley_values
@@ -637,16 +636,7 @@ def run_pathways(profile_name: str | Profile, model_name: str, results="results"
         if r["seeds"] is None:
             r["seeds"] = len(profile.seeds)
     if out_csv is not None:
-        write_csv(rows, out_csv)
+        write_csv_atomic(out_csv, rows, FIELDS)
     if out_units is not None:
-        write_csv(units, out_units, UNIT_FIELDS)
+        write_csv_atomic(out_units, units, UNIT_FIELDS)
     return rows
-
-def write_csv(rows: list[dict], path, fields: list[str] = FIELDS) -> None:
-    import io
-
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=fields)
-    w.writeheader()
-    w.writerows(rows)
-    write_text_atomic(path, buf.getvalue())
