@@ -3,7 +3,7 @@
 # carried (kernels/fetch_gpu_wheels.sh makes it). Every step writes JSON into $OUT as it goes (the
 # device tool's return folder), so a step stopped at its time limit keeps what it measured:
 #
-#   bash kernels/gpu_session.sh stack          # versions, free disk, the GPU, imports of trl and lm-eval
+#   bash kernels/gpu_session.sh stack          # versions, free disk, the GPU, imports of trl and lm-eval, unmet requirements
 #   bash kernels/gpu_session.sh tests          # MXFP4_TEST_CUDA=1 pytest -m gpu: the compiled CUDA paths
 #   bash kernels/gpu_session.sh smoke-dense1   # gpu-smoke-quick cells bf16, mxfp4, mxfp4+macro  -> gpu_smoke_dense.json
 #   bash kernels/gpu_session.sh smoke-dense2   # gpu-smoke-quick cells mxfp4+fallback, mxfp4+aqn, mxfp4+all
@@ -54,7 +54,8 @@ import torch
 out["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
 print(json.dumps(out, indent=1))
 PY
-               cat "$OUT/stack.json" ;;
+               cat "$OUT/stack.json"
+               python3 kernels/gpu_bundle.py --installed --out "$OUT/stack_requirements.json" ;;
         tests) MXFP4_TEST_CUDA=1 timeout 400 python3 -m pytest -m gpu -q -p no:cacheprovider \
                    --junitxml="$OUT/tests_gpu.xml" tests > "$OUT/tests_gpu.log" 2>&1
                tail -3 "$OUT/tests_gpu.log" ;;

@@ -1,7 +1,9 @@
 """The paper profile's GPU path, checked on CPU: precision, the rollout backend and its ledger,
 gradient checkpointing, bounded probes, the weight cache under sharded writes, vLLM's Qwen2 names."""
 
+import importlib.metadata
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -341,22 +343,62 @@ def test_the_gpu_smoke_checkpoints_fit_the_stated_disk_budget():
         check_checkpoint_disk(saving, "qwen2.5-3b-random")
 
 
-def _pins(path) -> dict[str, str]:
-    out = {}
-    for line in Path(path).read_text().splitlines():
-        line = line.split("#")[0].strip()
-        if "==" in line:
-            name, version = line.split("==")
-            out[name.strip().lower().replace("_", "-")] = version.strip()
-    return out
+def _gpu_bundle():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_bundle", Path(__file__).resolve().parent.parent /
+                                                  "kernels" / "gpu_bundle.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_the_gpu_wheel_bundle_pins_the_versions_the_harness_is_tested_with():
-    root = Path(__file__).resolve().parent.parent
-    wheels, pins = _pins(root / "kernels" / "gpu_wheels.txt"), _pins(root / "constraints.txt")
+    bundle = _gpu_bundle()
+    wheels, pins = bundle.read_packages(bundle.WHEELS), bundle.read_packages(bundle.ROOT / "constraints.txt")
     assert {"transformers", "trl", "lm-eval", "datasets", "pydantic", "pydantic-core", "torchao"} <= set(wheels)
     assert {name: v for name, v in wheels.items() if name in pins and pins[name] != v} == {}
     assert "torch" not in wheels and "triton" not in wheels  # the machines' own CUDA builds stay
+
+
+def test_the_requirement_walk_reads_markers_for_the_gpu_python_and_finds_absent_and_outdated_packages():
+    bundle = _gpu_bundle()
+    roots = {"a": ["b>=2", "c", "d>=1.0", "e",
+                   "tomli; python_version < '3.11'",     # false on the GPU's 3.12
+                   "pywin32; sys_platform == 'win32'",   # false on Linux
+                   "newer; python_version >= '3.12'"]}  # true there, false on this 3.11 interpreter
+    present = {"b": "1.5", "c": "1.0", "d": None, "e": "2.0", "f": "0.9"}
+    requires = {"c": ["f>=1"], "e": ["c"]}.get
+    unmet, unverified = bundle.check(roots, present, requires, walk_into=lambda name: name in {"c", "e"})
+    found = {(f.requirer, f.requirement, f.found) for f in unmet}
+    assert found == {("a", "b>=2", "version 1.5"), ("a", "newer; python_version >= '3.12'", "absent"),
+                     ("c", "f>=1", "version 0.9")}  # c is walked once though required twice
+    assert [(f.requirer, f.requirement) for f in unverified] == [("a", "d>=1.0")]
+
+
+def test_the_carried_wheels_and_the_gpu_image_meet_every_requirement_of_the_harness(tmp_path):
+    bundle = _gpu_bundle()
+    unmet, _, unread = bundle.check_here()
+    assert unmet == []
+    for name in unread:  # read from the wheel where .whl/ holds it, else from the installed copy
+        with pytest.raises(importlib.metadata.PackageNotFoundError):
+            importlib.metadata.version(name)
+    # The walk reads the carried packages' real requirements: without httpx2 (the bundle before issue 26's
+    # first GPU contact) huggingface-hub 2, and so `import transformers`, would fail on the machine.
+    without = tmp_path / "wheels.txt"
+    without.write_text("".join(line + "\n" for line in bundle.WHEELS.read_text().splitlines()
+                               if not line.startswith("httpx2==")))
+    unmet, _, _ = bundle.check_here(wheels=without)
+    assert [(f.requirer, f.found) for f in unmet if f.requirement.startswith("httpx2")] == [
+        ("huggingface-hub", "absent")]
+    with pytest.raises(ValueError, match=r"'torch==' is neither 'name' nor 'name==version'"):
+        bundle.read_packages(_written(tmp_path / "bad.txt", "torch==\n"))
+
+
+def _written(path, text):
+    path.write_text(text)
+    return path
 
 
 def test_the_moe_bench_times_the_unquantized_grouped_and_per_expert_paths_and_writes_as_it_goes(tmp_path):
