@@ -19,11 +19,13 @@ copy bandwidth.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -333,6 +335,39 @@ def gpu_ratios(rows) -> dict:
     return out
 
 
+def targets(rows) -> list[dict]:
+    """Issue 26's kernel targets on an H100, each met or missed: quantize and fake-quant at >= 85% of the
+    copy bandwidth on both axes; W4A16 decode (the path the harness takes, at M <= 64) >= 2.5x cuBLAS BF16."""
+    out = []
+    for r in rows:
+        if r["kind"] == "memory" and r["path"] in ("triton quantize", "triton fake_quantize") and r["axis"] in (-1, 0):
+            name, value, threshold = f"{r['path']} (axis {r['axis']}) / copy bandwidth", r["fraction"], 0.85
+        elif r["kind"] == "gemm" and r["path"].startswith("w4a16_matmul (auto") and r["shape"][0] <= 64:
+            name, value, threshold = "W4A16 decode / cuBLAS bf16", r["speedup_vs_cublas_bf16"], 2.5
+        else:
+            continue
+        out.append({"target": name, "shape": r["shape"], "value": value, "threshold": threshold,
+                    "met": value >= threshold})
+    return out
+
+
+def merge(reports: list[dict], sources: list[str]) -> dict:
+    """Several calls' reports of one device as one: rows concatenated (each keeps the call it was measured
+    in, with its ceiling from that call), ratios as each call computed them, the targets over all rows.
+    Refused across devices or versions: such rows are not comparable."""
+    for key in ("device", "versions"):
+        seen = {json.dumps(r.get(key), sort_keys=True) for r in reports}
+        if len(seen) > 1:
+            raise ValueError(f"the reports differ in {key}: {sorted(seen)}; merge only one device's calls")
+    rows = [{**row, "call": i} for i, r in enumerate(reports) for row in r["rows"]]
+    return {"device": reports[0]["device"], "device_type": reports[0].get("device_type"),
+            "versions": reports[0]["versions"], "commands": [r.get("command") for r in reports],
+            "sources": sources, "method": reports[0]["method"] + "; rows of several calls, each against the "
+            "ceiling measured in its own call", "partial": any(r.get("partial", False) for r in reports),
+            "rows": rows, "ratios": {k: v for r in reports for k, v in r.get("ratios", {}).items()},
+            "targets": targets(rows)}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
@@ -343,7 +378,17 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5, help="CPU: calls per timing (the best is kept)")
     p.add_argument("--runs", type=int, default=5, help="CPU: independent repetitions of every path")
     p.add_argument("--only", choices=("memory", "gemm"), help="CUDA: only the memory-bound rows, or only the GEMM rows")
+    p.add_argument("--merge", nargs="+", metavar="JSON",
+                   help="measure nothing: join these reports of one device's calls (gpu_session.sh memory1, "
+                        "memory2, gemm) into --out, with the targets met or missed")
     args = p.parse_args(argv)
+    if args.merge:
+        merged = merge([json.loads(Path(f).read_text()) for f in args.merge], args.merge)
+        write_json_atomic(args.out, merged)
+        for row in merged["targets"]:
+            print(f"{row['target']:<45} {'x'.join(map(str, row['shape'])):>16} {row['value']:6.2f} "
+                  f"(target {row['threshold']}): {'met' if row['met'] else 'missed'}")
+        return 0
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     elif args.device == "cuda":
@@ -375,7 +420,7 @@ def main(argv=None) -> int:
         if args.only != "memory":
             done += gemm_rows("cuda", gemm_problems(), sink)
         rows = done
-        report.update(rows=rows, ratios=gpu_ratios(rows))
+        report.update(rows=rows, ratios=gpu_ratios(rows), targets=targets(rows))
     else:
         rows, ratios = cpu_rows(shapes, args.reps, args.runs)
         report.update(rows=rows, ratios=ratios)

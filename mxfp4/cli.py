@@ -324,7 +324,7 @@ def _cmd_memory_plan(args) -> int:
 def _cmd_gpu_smoke_report(args) -> int:
     from .report.gpu_smoke import run
 
-    rec = run(args.results, args.profile, args.out)
+    rec = run(args.results or ["results"], args.profile, args.out, args.plan)
     print(
         json.dumps(
             {
@@ -555,7 +555,10 @@ def build_parser() -> argparse.ArgumentParser:
         "gpu-smoke-report", help="per recipe: step and generation time vs BF16, peak memory, weight update"
     )
     p.add_argument("--profile", default="gpu-smoke")
-    p.add_argument("--results", default="results")
+    p.add_argument("--results", action="append",
+                   help="a run's results folder (repeat to join runs, each against its own bf16; default results)")
+    p.add_argument("--plan", default="results/gpu/memory_plan_qwen2.5-3b.json",
+                   help="the memory plan whose peaks go beside the measured ones (skipped where absent)")
     p.add_argument("--out", default="results/gpu/gpu_smoke_dense.json")
     p.set_defaults(func=_cmd_gpu_smoke_report)
 

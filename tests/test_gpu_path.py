@@ -2,6 +2,7 @@
 gradient checkpointing, bounded probes, the weight cache under sharded writes, vLLM's Qwen2 names."""
 
 import importlib.metadata
+import json
 import math
 import sys
 from pathlib import Path
@@ -473,3 +474,84 @@ def test_the_weight_cache_is_kept_for_small_models_and_dropped_at_billions_of_pa
     with torch.device("meta"):
         big = AutoModelForCausalLM.from_config(real_config("qwen2.5-3b"))
     assert patch.weight_cache_bytes(big, q) > 20 * 2**30 and not patch.weight_cache_pays(big, q)
+
+
+def _smoke_cell(results, recipe, step_times, peak=None, log=None):
+    from mxfp4.layout import TRAIN_LOG, Layout
+
+    layout = Layout(results, "gpu-smoke-quick")
+    if log is not None:  # a cell that died before its metrics: only its log
+        layout.cell_log("qwen2.5-3b-random", recipe, 0).parent.mkdir(parents=True, exist_ok=True)
+        layout.cell_log("qwen2.5-3b-random", recipe, 0).write_text(log)
+        return
+    cell = layout.cell("qwen2.5-3b-random", recipe, 0)
+    cell.mkdir(parents=True)
+    (cell / "metrics.json").write_text(json.dumps({"steps": len(step_times), "device": "NVIDIA H100 80GB HBM3",
+                                                   "versions": {"torch": "2.11.0"}}))
+    (cell / TRAIN_LOG).write_text("".join(json.dumps({"step": i + 1, "step_time": s, "rollout_time": s / 2,
+                                                      "peak_memory_gib": peak}) + "\n"
+                                          for i, s in enumerate(step_times)))
+
+
+def test_the_gpu_smoke_report_times_each_recipe_against_its_own_runs_bf16(tmp_path):
+    from mxfp4.report.gpu_smoke import report
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    _smoke_cell(a, "bf16", [50.0, 2.0, 4.0], peak=40.0)     # median after the first step: 3.0
+    _smoke_cell(a, "mxfp4", [90.0, 3.6, 3.6], peak=60.0)    # 3.6 / 3.0 = 1.2 <= 1.3
+    _smoke_cell(a, "mxfp4+macro", [], log="Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory")
+    _smoke_cell(b, "bf16", [50.0, 4.0, 4.0])                # a slower machine: 4.0
+    _smoke_cell(b, "mxfp4+fallback", [90.0, 6.8, 6.8])      # 6.8 / 4.0 = 1.7 > 1.6 (against a's bf16: 2.27)
+    plan = {"profile": "gpu-smoke-quick", "method": "FakeTensorMode", "recipes": {"mxfp4": {"peak_gib": 71.3}}}
+    recipes = ["bf16", "mxfp4", "mxfp4+macro", "mxfp4+fallback", "mxfp4+aqn"]
+    rec = report([a, b], "gpu-smoke-quick", "qwen2.5-3b-random", recipes, 0, plan)
+    got = rec["recipes"]
+    assert got["mxfp4"]["step_time_vs_bf16"] == pytest.approx(1.2) and got["mxfp4"]["meets_target"] is True
+    assert got["mxfp4+fallback"]["step_time_vs_bf16"] == pytest.approx(1.7)
+    assert got["mxfp4+fallback"]["meets_target"] is False and got["mxfp4+fallback"]["run"] == 1
+    assert got["mxfp4"]["rollout_time_vs_bf16"] == pytest.approx(1.2)
+    assert got["mxfp4"]["measured_over_planned_peak"] == pytest.approx(60.0 / 71.3)
+    assert "OutOfMemoryError" in got["mxfp4+macro"]["log_tail"] and rec["failed"] == ["mxfp4+macro"]
+    assert rec["not_run"] == ["mxfp4+aqn"] and got["bf16"]["run"] == 0
+    assert rec["bf16_step_time_a_a"] == {"step_time_s": [3.0, 4.0], "max_over_min": pytest.approx(4 / 3)}
+    assert rec["device"] == "NVIDIA H100 80GB HBM3"
+    other = report([a], "gpu-smoke-quick", "qwen2.5-3b-random", recipes, 0, {**plan, "profile": "gpu-smoke"})
+    assert "planned_peak_gib" not in other["recipes"]["mxfp4"] and "not compared" in other["memory_plan"]
+
+
+def _bench_kernels():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_kernels", Path(__file__).resolve().parent.parent /
+                                                  "kernels" / "bench_kernels.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_calls_of_one_device_merge_with_every_target_met_or_missed(tmp_path):
+    bench = _bench_kernels()
+
+    def memory(path, axis, fraction, shape=(8192, 4096)):
+        return {"kind": "memory", "path": path, "shape": list(shape), "axis": axis, "seconds": 1.0,
+                "fraction": fraction}
+
+    def call(rows, **over):
+        return {"device": "NVIDIA H100 80GB HBM3", "versions": {"torch": "2.11.0", "triton": "3.6.0"},
+                "method": "CUDA graphs", "command": "python kernels/bench_kernels.py", "rows": rows, "ratios": {},
+                **over}
+
+    one = call([memory("triton quantize", -1, 0.86), memory("triton quantize", 0, 0.84),
+                memory("triton fake_quantize_with_stats", -1, 0.5), memory("triton fake_quantize", "both", 0.9)])
+    two = call([{"kind": "gemm", "path": "w4a16_matmul (auto: fused at M<=64, else dequantize + cuBLAS)",
+                 "shape": [64, 2048, 2048], "seconds": 1.0, "speedup_vs_cublas_bf16": 2.6},
+                {"kind": "gemm", "path": "w4a16_matmul (auto: fused at M<=64, else dequantize + cuBLAS)",
+                 "shape": [8192, 2048, 2048], "seconds": 1.0, "speedup_vs_cublas_bf16": 0.9}], partial=True)
+    merged = bench.merge([one, two], ["a.json", "b.json"])
+    assert [(t["target"], t["shape"], t["met"]) for t in merged["targets"]] == [
+        ("triton quantize (axis -1) / copy bandwidth", [8192, 4096], True),
+        ("triton quantize (axis 0) / copy bandwidth", [8192, 4096], False),
+        ("W4A16 decode / cuBLAS bf16", [64, 2048, 2048], True)]  # prefill (M = 8192) has no such target
+    assert [r["call"] for r in merged["rows"]] == [0, 0, 0, 0, 1, 1] and merged["partial"] is True
+    with pytest.raises(ValueError, match="differ in device"):
+        bench.merge([one, call([], device="NVIDIA H200")], ["a.json", "c.json"])

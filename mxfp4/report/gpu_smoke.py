@@ -1,6 +1,9 @@
 """The GPU smoke report (``results/gpu/gpu_smoke_dense.json``): per recipe of a profile's cells, the step
-and generation times as ratios to the bf16 cell of the same run, peak memory, the weight update and
-the rollout backend; a recipe whose cell did not finish is reported as failed, with its log's tail.
+and generation times as ratios to the bf16 cell of the same run, peak memory (beside the memory plan's),
+the weight update and the rollout backend; a recipe whose cell did not finish is reported as failed, with
+its log's tail. Several runs (results folders, e.g. the two halves of ``kernels/gpu_session.sh``, each
+with its own bf16 cell) are joined: each recipe is timed within its run, and the bf16 cells of the runs
+against each other.
 
 Times are medians over the steps after the first (the first pays Triton autotuning and CUDA
 warm-up); ``step_time`` excludes the probe (logged apart as ``probe_time``); ``rollout_time``
@@ -42,9 +45,12 @@ def recipe_record(cell: Path, log: Path | None) -> dict:
             "mean_mismatch_kl": m.get("mean_mismatch_kl"), "device": m.get("device")}
 
 
-def report(results: Path | str, profile: str, model: str, recipes: list[str], seed: int = 0) -> dict:
+def run_records(results: Path | str, profile: str, model: str, recipes: list[str], seed: int = 0) -> dict:
+    """The recipes run under one results folder (one device call), each timed against that run's bf16 cell;
+    a recipe with neither a cell nor a log was not run there and is left out."""
     layout = Layout(results, profile)
-    per = {r: recipe_record(layout.cell(model, r, seed), layout.cell_log(model, r, seed)) for r in recipes}
+    per = {r: recipe_record(layout.cell(model, r, seed), layout.cell_log(model, r, seed)) for r in recipes
+           if layout.cell(model, r, seed).exists() or layout.cell_log(model, r, seed).exists()}
     base = per.get(REFERENCE_RECIPE, {})
     for name, rec in per.items():
         if rec["status"] != "ok" or base.get("status") != "ok":
@@ -55,23 +61,57 @@ def report(results: Path | str, profile: str, model: str, recipes: list[str], se
         if name in TARGETS and "step_time_vs_bf16" in rec:
             rec["target_step_time_vs_bf16"] = TARGETS[name]
             rec["meets_target"] = rec["step_time_vs_bf16"] <= TARGETS[name]
-    some = next((json.loads((layout.cell(model, r, seed) / "metrics.json").read_text())
-                 for r in recipes if per[r]["status"] == "ok"), {})
+    return per
+
+
+def report(runs: list[Path | str], profile: str, model: str, recipes: list[str], seed: int = 0,
+           plan: dict | None = None) -> dict:
+    """Every run's records, and per recipe the record of the first run that has it; the bf16 cells of
+    different runs timed against each other (an A/A check of the machines); the memory plan's peak beside
+    each measured one."""
+    if not runs:
+        raise ValueError("the GPU smoke report needs at least one results folder")
+    per_run = [run_records(results, profile, model, recipes, seed) for results in runs]
+    merged: dict[str, dict] = {}
+    for index, per in enumerate(per_run):
+        for name, rec in per.items():
+            merged.setdefault(name, {**rec, "run": index})
+    for name in recipes:
+        merged.setdefault(name, {"status": "not run"})
+    if plan is not None and plan.get("profile") != profile:
+        plan = {"method": f"not compared: the memory plan is of profile {plan.get('profile')!r}, not {profile!r}"}
+    planned = (plan or {}).get("recipes", {})
+    for name, rec in merged.items():
+        if name in planned and rec.get("peak_memory_gib") is not None:
+            rec["planned_peak_gib"] = planned[name]["peak_gib"]
+            rec["measured_over_planned_peak"] = rec["peak_memory_gib"] / planned[name]["peak_gib"]
+    bf16 = [per[REFERENCE_RECIPE]["step_time_s"] for per in per_run
+            if per.get(REFERENCE_RECIPE, {}).get("status") == "ok" and per[REFERENCE_RECIPE]["step_time_s"]]
+    ok = [(index, r) for index, per in enumerate(per_run) for r in recipes if per.get(r, {}).get("status") == "ok"]
+    some = (json.loads((Layout(runs[ok[0][0]], profile).cell(model, ok[0][1], seed) / "metrics.json").read_text())
+            if ok else {})
     return {"profile": profile, "model": model, "seed": seed, "device": some.get("device"),
             "versions": some.get("versions"), "git_commit": some.get("git_commit"),
             "method": "median over steps 2..N of each cell (step 1 excluded: autotuning and warm-up); ratios to the "
-                      "bf16 cell of the same run; step_time excludes the probe",
-            "failed": [r for r, rec in per.items() if rec["status"] != "ok"], "recipes": per}
+                      "bf16 cell of the same run (results folder, one device call); step_time excludes the probe; "
+                      "peak memory: torch.cuda.max_memory_allocated over each step, probes included",
+            "runs": [{"results": str(results), "recipes": per} for results, per in zip(runs, per_run)],
+            "bf16_step_time_a_a": {"step_time_s": bf16, "max_over_min": max(bf16) / min(bf16)} if len(bf16) > 1
+            else None,
+            "memory_plan": (plan or {}).get("method"),
+            "failed": [r for r, rec in merged.items() if rec["status"] == "failed"],
+            "not_run": [r for r, rec in merged.items() if rec["status"] == "not run"], "recipes": merged}
 
 
-def run(results: Path | str, profile: str, out: Path | str) -> dict:
+def run(results: list[Path | str], profile: str, out: Path | str, plan: Path | str | None = None) -> dict:
     from ..config.profiles import load_profile
 
     p = load_profile(profile)
     if len(p.models) != 1 or len(p.seeds) != 1:
         raise ValueError(f"the GPU smoke report reads one model and one seed; profile {profile!r} has "
                          f"{len(p.models)} models and {len(p.seeds)} seeds")
-    rec = report(results, profile, next(iter(p.models)), list(p.recipes), p.seeds[0])
+    plan_data = json.loads(Path(plan).read_text()) if plan is not None and Path(plan).exists() else None
+    rec = report(results, profile, next(iter(p.models)), list(p.recipes), p.seeds[0], plan_data)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rec, indent=2) + "\n")
