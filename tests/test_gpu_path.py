@@ -415,8 +415,10 @@ def test_the_moe_bench_times_the_unquantized_grouped_and_per_expert_paths_and_wr
     assert bench.main(["--out", str(out), "--reps", "1", "--device", "cpu", "--compute", "bfloat16"]) == 0
     report = json.loads(out.read_text())
     row = report["rows"][0]
-    assert report["complete"] and set(row["seconds_fwd_bwd"]) == {"bf16", "grouped", "per-expert loop"}
-    assert row["grouped_over_bf16"] > 0 and "compute bfloat16" in report["method"]
+    paths = {"bf16", "grouped", "per-expert loop"}
+    assert report["complete"] and set(row["seconds_fwd_bwd"]) == set(row["seconds_generate"]) == paths
+    assert row["grouped_over_bf16"] > 0 and row["generate_grouped_over_bf16"] > 0
+    assert "compute bfloat16" in report["method"] and row["weight_cache"] is True and row["decode_tokens"] == 64
 
 
 def test_the_memory_plan_accounts_weights_and_adam_state_exactly_and_writes_each_recipe(tmp_path):
