@@ -557,3 +557,14 @@ def test_bench_calls_of_one_device_merge_with_every_target_met_or_missed(tmp_pat
     assert [r["call"] for r in merged["rows"]] == [0, 0, 0, 0, 1, 1] and merged["partial"] is True
     with pytest.raises(ValueError, match="differ in device"):
         bench.merge([one, call([], device="NVIDIA H200")], ["a.json", "c.json"])
+
+
+def test_random_weights_are_drawn_on_the_gpu_that_trains_them_and_loaded_weights_on_the_cpu(monkeypatch):
+    from mxfp4.rl.models import initial_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert initial_device("random:qwen2.5-3b") == "cuda:1"   # each rank on its own GPU, not all on cuda:0
+    assert initial_device("Qwen/Qwen2.5-3B") == "cpu" and initial_device("results/x/models/tiny") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert initial_device("random:qwen2.5-3b") == "cpu"
