@@ -568,3 +568,9 @@ def test_random_weights_are_drawn_on_the_gpu_that_trains_them_and_loaded_weights
     assert initial_device("Qwen/Qwen2.5-3B") == "cpu" and initial_device("results/x/models/tiny") == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert initial_device("random:qwen2.5-3b") == "cpu"
+    # load() places by initial_device unless told, so a cell and its probe batch draw on the same device
+    from mxfp4.rl import models
+
+    monkeypatch.setattr(models, "initial_device", lambda ref: "meta")
+    model, _ = models.load("random:qwen2.5-3b")
+    assert {p.device.type for p in model.parameters()} == {"meta"}

@@ -28,7 +28,7 @@ from ..machine import describe
 from ..nn import bypassed, gemm_weights, patch_model, patch_state, patched_modules, weight_cache_pays
 from ..numerics.decompose import COMPONENTS, SUMMARY_KEYS, pool_stats
 from . import data as gsm
-from .models import RANDOM_PREFIX, initial_device, warm_start_folder
+from .models import RANDOM_PREFIX, warm_start_folder
 from .training import grpo_config
 
 
@@ -322,8 +322,7 @@ def prepare(plan: CellPlan, dist) -> CellRun:
         probe_batch = load_probe_batch(stored)
     set_seed(seed)  # after the probe batch, whose making draws random numbers
 
-    # fp32 master weights on every device
-    model, tokenizer = load(plan.model_ref, dtype=torch.float32, device=initial_device(plan.model_ref))
+    model, tokenizer = load(plan.model_ref, dtype=torch.float32)  # fp32 master weights on every device
     corrections = recipe.build_corrections()
     for c in corrections:
         c.bind(total_steps=grpo.max_steps, seed=seed)

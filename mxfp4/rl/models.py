@@ -202,15 +202,18 @@ def initial_device(name_or_path: str) -> str:
     return "cpu"
 
 
-def load(name_or_path: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+def load(name_or_path: str, dtype: torch.dtype = torch.float32, device: str | None = None):
     """(model, tokenizer) from a hub id, a short name of PAPER_MODELS, a local folder, or
-    ``random:<config>`` (random weights of a real configuration, seeded by the caller's RNG).
+    ``random:<config>`` (random weights of a real configuration, seeded by the caller's RNG), on
+    ``device`` (default ``initial_device``: the same for a cell and for its probe batch, which must draw
+    the same random weights).
 
     A local folder whose tokenizer we built is loaded as ``PreTrainedTokenizerFast``: ``AutoTokenizer``
     on a folder whose model type is qwen2 silently substitutes a byte-level BPE tokenizer.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
+    device = initial_device(name_or_path) if device is None else device
     if name_or_path.startswith(RANDOM_PREFIX):
         return build_random(name_or_path[len(RANDOM_PREFIX) :], dtype=dtype, device=device)
     ref = PAPER_MODELS.get(name_or_path, name_or_path)
