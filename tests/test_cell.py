@@ -263,3 +263,26 @@ def test_a_policy_that_never_solves_still_gets_a_probe_batch(results, monkeypatc
     monkeypatch.setattr(pathways, "accuracy_reward", lambda completions, **kw: [0.0] * len(completions))
     batch = make_probe_batch(load_profile("smoke"), "tiny-dense", 3, results)
     assert batch["advantages"].abs().max() == 0 and batch["completion_ids"].shape[0] == 2 * 4
+
+
+def test_the_probe_batch_frees_its_policy_before_the_cell_loads_its_own(results, monkeypatch):
+    """The probe batch samples with its own copy of the starting policy; at 3B on a GPU a copy kept
+    alive by reference cycles (trainer <-> callbacks) would sit beside the cell's model (12 GB)."""
+    import weakref
+
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.layout import Layout
+    from mxfp4.rl import models
+    from mxfp4.rl.probe_batch import ensure_probe_batch
+
+    loaded, real_load = [], models.load
+
+    def tracked(*args, **kw):
+        model, tokenizer = real_load(*args, **kw)
+        loaded.append(weakref.ref(model))
+        return model, tokenizer
+
+    monkeypatch.setattr(models, "load", tracked)
+    Layout(results, "smoke").probe_batch("tiny-dense", 4).unlink(missing_ok=True)
+    ensure_probe_batch(load_profile("smoke"), "tiny-dense", 4, results)
+    assert len(loaded) == 1 and loaded[0]() is None

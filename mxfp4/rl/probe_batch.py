@@ -12,6 +12,7 @@ metrics.json (``probe_batches``), so a reader sees that two recipes of a seed pr
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import random
 import sys
@@ -73,6 +74,9 @@ def ensure_probe_batch(profile: Profile, model_name: str, seed: int, results="re
     path = Layout(results, profile.name).probe_batch(model_name, seed)
     if not path.exists():
         batch = make_probe_batch(profile, model_name, seed, results)
+        gc.collect()  # its policy and trainer hold each other (callbacks): free them before the cell's own load
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         torch.save(batch, tmp)
