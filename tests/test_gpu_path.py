@@ -574,3 +574,12 @@ def test_random_weights_are_drawn_on_the_gpu_that_trains_them_and_loaded_weights
     monkeypatch.setattr(models, "initial_device", lambda ref: "meta")
     model, _ = models.load("random:qwen2.5-3b")
     assert {p.device.type for p in model.parameters()} == {"meta"}
+
+
+def test_the_gpu_session_runs_every_gpu_smoke_recipe_each_half_against_its_own_bf16():
+    import re
+
+    script = (Path(__file__).resolve().parent.parent / "kernels" / "gpu_session.sh").read_text()
+    halves = [line.split() for line in re.findall(r"smoke-dense\d\) smoke_dense ([^;]+);;", script)]
+    assert len(halves) == 2 and all(half[0] == "bf16" for half in halves)
+    assert set().union(*halves) == set(load_profile("gpu-smoke-quick").recipes)
