@@ -141,3 +141,13 @@ def test_public_api_rejects_non_tensors_clearly():
         mxfp4.quantize([1.0])
     with pytest.raises(ValueError, match="dequantize takes a QuantizedTensor"):
         mxfp4.dequantize(torch.ones(4))
+
+
+def test_bf16_cells_keep_their_policy_only_where_the_pathway_matrix_reads_it():
+    from mxfp4.config.profiles import load_profile
+
+    keeps = {name: load_profile(name).keeps_reference_policy
+             for name in ("smoke", "embedded", "embedded-large", "gpu-smoke-quick", "paper")}
+    # smoke and paper measure both checkpoints (the default), embedded the warm start only, gpu-smoke none
+    assert keeps == {"smoke": True, "embedded": False, "embedded-large": True, "gpu-smoke-quick": False,
+                     "paper": True}

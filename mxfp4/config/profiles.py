@@ -257,6 +257,12 @@ class Profile(_Strict):
     def tiny_models(self) -> list[str]:
         return [m for m, s in self.models.items() if s.arch]
 
+    @property
+    def keeps_reference_policy(self) -> bool:
+        """Whether the bf16 cells save their trained policy: only the pathway matrix's ``grpo`` checkpoint
+        reads it (at 3B it is 12 GB to write, which gpu-smoke has no use for)."""
+        return self.pathways is not None and "grpo" in self.pathways.checkpoints
+
     def setting(self, model: str) -> dict:
         """Everything of this profile that determines a cell of ``model`` besides recipe and seed."""
         return {

@@ -375,7 +375,7 @@ def train(run: CellRun) -> dict:
         "weight_update": weight_update(run.model, snapshot),
         "weight_digests": weight_digests(run.trainer),
     }
-    if not run.plan.recipe.quantize:
+    if not run.plan.recipe.quantize and run.plan.profile.keeps_reference_policy:
         save_policy(run.trainer, run.tokenizer, run.plan.out / "policy")
     return trained
 
