@@ -14,10 +14,16 @@
 #   bash kernels/gpu_session.sh gemm           # W4A16 decode and prefill, tl.dot_scaled, dequantize + cuBLAS, cuBLAS BF16
 #   bash kernels/gpu_session.sh stats-patch    # memory rows with kernels/patches/stats_fewer_instructions.patch applied
 #
+# What comes back from the device tool's $OUT is limited (8 files, 16 MiB each, two folders deep, names of
+# letters, digits, '.', '_', '-': no '+', so no recipe-named files). So every step works in $WORK (a folder
+# of this call) and, after each step, `publish` copies the headline files flat into $OUT (steps.tsv,
+# stack.json, gpu_smoke_dense.json, gpu_smoke_moe.json, checks.json, bench_*.json, tests_gpu.log) and packs
+# the rest (cell results and logs, lm-eval outputs, every log) into $OUT/session.tgz, leaving out weights.
+#
 # Each dense half runs its own bf16 cell: a call may land on a fresh machine, and times are compared only
 # within one run (`mxfp4 gpu-smoke-report --results A --results B` joins the halves, each recipe against its
-# own run's bf16, and the two bf16 cells against each other as an A/A check). The cells' results are
-# written under $OUT/results so that they come back.
+# own run's bf16, and the two bf16 cells against each other as an A/A check; unpack each call's
+# session.tgz and pass its results/ folder).
 #
 # A call's steps share one deadline, DEADLINE_S seconds after the script starts (default 540, inside the
 # device tool's 600 s): each step's timeout is its own cap or the time left, whichever is less, and a step
@@ -31,22 +37,41 @@
 # kernels/NOTES.md says what each kernel step predicts.
 set -uo pipefail
 OUT=${OUT:-results/gpu/session}
-RESULTS=${RESULTS:-$OUT/results}
+WORK=${WORK:-/tmp/gpu-session-$(date +%s)}   # this call's own: a warm machine keeps earlier calls' folders
+RESULTS=$WORK/results
 DEADLINE_S=${DEADLINE_S:-540}
-mkdir -p "$OUT" "$RESULTS"
+mkdir -p "$OUT" "$WORK" "$RESULTS"
 export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then   # the packages the machine lacks (kernels/gpu_wheels.txt)
-    bundle=$(ls .whl | sha1sum)
+WHEELS=${WHEELS:-.whl}   # the packages the machine lacks (kernels/gpu_wheels.txt)
+if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+    bundle=$(ls "$WHEELS" | sha1sum)
     if [ "$(cat /tmp/site/.bundle 2>/dev/null)" != "$bundle" ]; then   # a warm machine keeps them
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-            .whl/*.whl || { echo "installing the carried wheels failed" >&2; exit 3; }
+            "$WHEELS"/*.whl || { echo "installing the carried wheels failed" >&2; exit 3; }
         echo "$bundle" > /tmp/site/.bundle
     fi
     export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 else
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
-nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv > "$OUT/device.csv" 2>/dev/null || true
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv > "$WORK/device.csv" 2>/dev/null || true
+
+HEADLINE="steps.tsv stack.json gpu_smoke_dense.json gpu_smoke_moe.json checks.json bench_memory1.json bench_memory2.json
+          bench_gemm.json tests_gpu.log"
+publish() {   # after every step: the headline files flat into $OUT (at most 6 of them), the rest packed
+    local n=0 f
+    for f in $HEADLINE; do
+        if [ -f "$WORK/$f" ] && (( n < 6 )); then cp "$WORK/$f" "$OUT/$f"; n=$((n + 1)); fi
+    done
+    local packed="$WORK.tgz"   # beside $WORK, not in $OUT: a kill mid-pack leaves no extra file there
+    tar czf "$packed" -C "$WORK" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
+        --exclude='*.lock' . 2>/dev/null
+    if [ "$(stat -c %s "$packed")" -gt 15000000 ]; then   # over the 16 MiB a file: JSON and logs only
+        (cd "$WORK" && find . \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' -o -name '*.tsv' \) -size -2M \
+            -print0 | tar czf "$packed" --null -T -)
+    fi
+    cp "$packed" "$OUT/session.tgz.part" && mv "$OUT/session.tgz.part" "$OUT/session.tgz"
+}
 
 left() { echo $(( DEADLINE_S - SECONDS )); }   # SECONDS: since the script started
 cap() { local l; l=$(left); (( l > 1 )) || l=1; echo $(( $1 < l ? $1 : l )); }   # its own cap or the time left
@@ -60,18 +85,18 @@ smoke_dense() {   # the given recipes' gpu-smoke-quick cells, the report rewritt
             --recipe "$recipe" --seed 0 --results "$RESULTS" > "$log" 2>&1 \
             || echo "cell $recipe stopped with exit status $?" >&2
         python3 -m mxfp4 gpu-smoke-report --profile gpu-smoke-quick --results "$RESULTS" \
-            --out "$OUT/gpu_smoke_dense.json" >> "$OUT/gpu_smoke_report.log" 2>&1 || true
+            --out "$WORK/gpu_smoke_dense.json" >> "$WORK/gpu_smoke_report.log" 2>&1 || true
     done
 }
 
 for step in "$@"; do
     if (( $(left) < 30 )); then
         echo "step $step skipped: $(left) s left before the deadline (DEADLINE_S=$DEADLINE_S)" >&2
-        printf '%s\tskipped\t0\n' "$step" >> "$OUT/steps.tsv"; continue
+        printf '%s\tskipped\t0\n' "$step" >> "$WORK/steps.tsv"; publish; continue
     fi
     began=$SECONDS
     case "$step" in
-        stack) python3 - > "$OUT/stack.json" <<'PY'
+        stack) python3 - > "$WORK/stack.json" <<'PY'
 import importlib, json, shutil
 out = {"disk_free_gib": shutil.disk_usage(".").free / 2**30, "tmp_free_gib": shutil.disk_usage("/tmp").free / 2**30}
 for name in ("torch", "triton", "transformers", "accelerate", "trl", "lm_eval", "datasets", "pydantic", "torchao"):
@@ -83,31 +108,33 @@ import torch
 out["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else None
 print(json.dumps(out, indent=1))
 PY
-               cat "$OUT/stack.json"
-               python3 kernels/gpu_bundle.py --installed --out "$OUT/stack_requirements.json" \
-                   || echo "unmet requirements: $OUT/stack_requirements.json names them" >&2 ;;
+               cat "$WORK/stack.json"
+               python3 kernels/gpu_bundle.py --installed --out "$WORK/stack_requirements.json" \
+                   || echo "unmet requirements: stack_requirements.json (in session.tgz) names them" >&2 ;;
         tests) MXFP4_TEST_CUDA=1 timeout "$(cap 400)" python3 -m pytest -m gpu -q -p no:cacheprovider \
-                   --junitxml="$OUT/tests_gpu.xml" tests > "$OUT/tests_gpu.log" 2>&1
-               tail -3 "$OUT/tests_gpu.log" ;;
+                   --junitxml="$WORK/tests_gpu.xml" tests > "$WORK/tests_gpu.log" 2>&1
+               tail -3 "$WORK/tests_gpu.log" ;;
         smoke-dense1) smoke_dense bf16 mxfp4 mxfp4+macro ;;
         smoke-dense2) smoke_dense bf16 mxfp4+fallback mxfp4+aqn mxfp4+all ;;
         smoke-moe) timeout "$(cap 150)" python3 kernels/bench_moe.py --device cuda --compute bfloat16 --cases all --reps 3 \
-                       --out "$OUT/gpu_smoke_moe.json" ;;
-        checks)  MXFP4_AUTOTUNE=0 timeout "$(cap 280)" python3 kernels/check_kernels.py --out "$OUT/checks.json" ;;
+                       --out "$WORK/gpu_smoke_moe.json" ;;
+        checks)  MXFP4_AUTOTUNE=0 timeout "$(cap 280)" python3 kernels/check_kernels.py --out "$WORK/checks.json" ;;
         memory1) TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench_kernels.py --only memory \
-                     --shapes 16384x8192,8192x4096 --out "$OUT/bench_memory1.json" ;;
+                     --shapes 16384x8192,8192x4096 --out "$WORK/bench_memory1.json" ;;
         memory2) TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench_kernels.py --only memory \
-                     --shapes 8192x11008,128x768x2048,64x2048 --out "$OUT/bench_memory2.json" ;;
-        gemm)    TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench_kernels.py --only gemm --out "$OUT/bench_gemm.json" ;;
+                     --shapes 8192x11008,128x768x2048,64x2048 --out "$WORK/bench_memory2.json" ;;
+        gemm)    TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench_kernels.py --only gemm --out "$WORK/bench_gemm.json" ;;
         stats-patch) patch -p1 --forward --quiet < kernels/patches/stats_fewer_instructions.patch
-                 MXFP4_AUTOTUNE=0 timeout "$(cap 120)" python3 kernels/check_kernels.py --out "$OUT/checks_stats_patch.json" || true
+                 MXFP4_AUTOTUNE=0 timeout "$(cap 120)" python3 kernels/check_kernels.py --out "$WORK/checks_stats_patch.json" || true
                  TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench_kernels.py --only memory \
-                     --shapes 16384x8192 --out "$OUT/bench_memory_stats_patch.json" || true
+                     --shapes 16384x8192 --out "$WORK/bench_memory_stats_patch.json" || true
                  patch -p1 -R --quiet < kernels/patches/stats_fewer_instructions.patch ;;
         *) echo "unknown step '$step': stack, tests, smoke-dense1, smoke-dense2, smoke-moe, checks, memory1, memory2," \
                 "gemm or stats-patch" >&2; exit 2 ;;
-    esac
+    esac 2> "$WORK/$step.err"   # progress bars and warnings: the whole in session.tgz, the tail here
     status=$?
+    tail -c 1500 "$WORK/$step.err" | tr '\r' '\n' | tail -n 6 >&2
     (( status == 0 )) || echo "step $step stopped with exit status $status (its JSON keeps what it measured)" >&2
-    printf '%s\t%s\t%s\n' "$step" "$status" "$(( SECONDS - began ))" >> "$OUT/steps.tsv"
+    printf '%s\t%s\t%s\n' "$step" "$status" "$(( SECONDS - began ))" >> "$WORK/steps.tsv"
+    publish
 done

@@ -583,3 +583,31 @@ def test_the_gpu_session_runs_every_gpu_smoke_recipe_each_half_against_its_own_b
     halves = [line.split() for line in re.findall(r"smoke-dense\d\) smoke_dense ([^;]+);;", script)]
     assert len(halves) == 2 and all(half[0] == "bf16" for half in halves)
     assert set().union(*halves) == set(load_profile("gpu-smoke-quick").recipes)
+
+
+def test_the_gpu_session_returns_what_the_device_tool_can_bring_back(tmp_path):
+    """The device tool brings back at most 8 files of $OUT, 16 MiB each, two folders deep, named in letters,
+    digits, '.', '_' and '-': the session keeps its work apart and publishes flat files and one archive."""
+    import os
+    import re
+    import subprocess
+    import tarfile
+
+    root = Path(__file__).resolve().parent.parent
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "OUT": str(out), "WORK": str(work), "DEADLINE_S": "120", "WHEELS": str(tmp_path),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "kernels/gpu_session.sh", "stack", "checks"], cwd=root,
+                          env={**env, "DEADLINE_S": "1"}, capture_output=True, text=True,
+                          timeout=60)  # a deadline already past: both skipped
+    assert "step stack skipped" in done.stderr and "step checks skipped" in done.stderr
+    subprocess.run(["bash", "kernels/gpu_session.sh", "stack"], cwd=root, env=env, capture_output=True, text=True,
+                   timeout=300, check=True)
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["session.tgz", "stack.json", "steps.tsv"] and all(p.is_file() for p in out.iterdir())
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", name) for name in files)
+    assert json.loads((out / "stack.json").read_text())["torch"] == torch.__version__
+    with tarfile.open(out / "session.tgz") as archive:
+        assert {"./stack_requirements.json", "./stack.err", "./steps.tsv"} <= set(archive.getnames())
+    steps = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()]
+    assert [s[:2] for s in steps] == [["stack", "skipped"], ["checks", "skipped"], ["stack", "0"]]
