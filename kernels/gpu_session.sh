@@ -86,6 +86,7 @@ smoke_dense() {   # the given recipes' gpu-smoke-quick cells, the report rewritt
             || echo "cell $recipe stopped with exit status $?" >&2
         python3 -m mxfp4 gpu-smoke-report --profile gpu-smoke-quick --results "$RESULTS" \
             --out "$WORK/gpu_smoke_dense.json" >> "$WORK/gpu_smoke_report.log" 2>&1 || true
+        publish   # after every cell, not only every step
     done
 }
 
