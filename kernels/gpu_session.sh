@@ -4,7 +4,8 @@
 # device tool's return folder), so a step stopped at its time limit keeps what it measured:
 #
 #   bash kernels/gpu_session.sh stack          # versions, free disk, the GPU, imports of trl and lm-eval, unmet requirements
-#   bash kernels/gpu_session.sh tests          # MXFP4_TEST_CUDA=1 pytest -m gpu: the compiled CUDA paths
+#   bash kernels/gpu_session.sh tests          # MXFP4_TEST_CUDA=1 pytest -m gpu: the compiled CUDA paths (first configs;
+#                                              # the benchmark checks the tuned ones bit for bit before timing)
 #   bash kernels/gpu_session.sh smoke-dense1   # gpu-smoke-quick cells bf16, mxfp4, mxfp4+macro  -> gpu_smoke_dense.json
 #   bash kernels/gpu_session.sh smoke-dense2   # gpu-smoke-quick cells bf16, mxfp4+fallback, mxfp4+aqn, mxfp4+all
 #   bash kernels/gpu_session.sh smoke-moe      # Qwen3-30B-A3B expert layers: bf16 vs grouped MXFP4 vs per-expert -> gpu_smoke_moe.json
@@ -112,7 +113,7 @@ PY
                cat "$WORK/stack.json"
                python3 kernels/gpu_bundle.py --installed --out "$WORK/stack_requirements.json" \
                    || echo "unmet requirements: stack_requirements.json (in session.tgz) names them" >&2 ;;
-        tests) MXFP4_TEST_CUDA=1 timeout "$(cap 400)" python3 -m pytest -m gpu -q -p no:cacheprovider \
+        tests) MXFP4_TEST_CUDA=1 MXFP4_AUTOTUNE=0 timeout "$(cap 400)" python3 -m pytest -m gpu -q -p no:cacheprovider \
                    --junitxml="$WORK/tests_gpu.xml" tests > "$WORK/tests_gpu.log" 2>&1
                tail -3 "$WORK/tests_gpu.log" ;;
         smoke-dense1) smoke_dense bf16 mxfp4 mxfp4+macro ;;
