@@ -41,6 +41,8 @@ OUT=${OUT:-results/gpu/session}
 WORK=${WORK:-/tmp/gpu-session-$(date +%s)}   # this call's own: a warm machine keeps earlier calls' folders
 RESULTS=$WORK/results
 DEADLINE_S=${DEADLINE_S:-540}
+SMOKE_PROFILE=${SMOKE_PROFILE:-gpu-smoke-quick}   # the dense cells' profile and model (one model, one seed)
+SMOKE_MODEL=${SMOKE_MODEL:-qwen2.5-3b-random}
 mkdir -p "$OUT" "$WORK" "$RESULTS"
 export PYTHONUNBUFFERED=1
 WHEELS=${WHEELS:-.whl}   # the packages the machine lacks (kernels/gpu_wheels.txt)
@@ -80,12 +82,12 @@ cap() { local l; l=$(left); (( l > 1 )) || l=1; echo $(( $1 < l ? $1 : l )); }  
 smoke_dense() {   # the given recipes' gpu-smoke-quick cells, the report rewritten after each
     for recipe in "$@"; do
         if (( $(left) < 60 )); then echo "cell $recipe skipped: $(left) s left before the deadline" >&2; continue; fi
-        log="$RESULTS/gpu-smoke-quick/logs/cell_qwen2.5-3b-random_${recipe}_seed0.log"   # Layout.cell_log
+        log="$RESULTS/$SMOKE_PROFILE/logs/cell_${SMOKE_MODEL}_${recipe}_seed0.log"   # Layout.cell_log
         mkdir -p "$(dirname "$log")"
-        timeout "$(cap 290)" python3 -m mxfp4 cell --profile gpu-smoke-quick --model qwen2.5-3b-random \
+        timeout "$(cap 290)" python3 -m mxfp4 cell --profile "$SMOKE_PROFILE" --model "$SMOKE_MODEL" \
             --recipe "$recipe" --seed 0 --results "$RESULTS" > "$log" 2>&1 \
             || echo "cell $recipe stopped with exit status $?" >&2
-        python3 -m mxfp4 gpu-smoke-report --profile gpu-smoke-quick --results "$RESULTS" \
+        python3 -m mxfp4 gpu-smoke-report --profile "$SMOKE_PROFILE" --results "$RESULTS" \
             --out "$WORK/gpu_smoke_dense.json" >> "$WORK/gpu_smoke_report.log" 2>&1 || true
         publish   # after every cell, not only every step
     done
