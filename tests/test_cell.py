@@ -286,3 +286,20 @@ def test_the_probe_batch_frees_its_policy_before_the_cell_loads_its_own(results,
     Layout(results, "smoke").probe_batch("tiny-dense", 4).unlink(missing_ok=True)
     ensure_probe_batch(load_profile("smoke"), "tiny-dense", 4, results)
     assert len(loaded) == 1 and loaded[0]() is None
+
+
+def test_weight_digests_are_sha256_of_names_and_float32_bytes_in_name_order():
+    import hashlib
+    import types
+
+    from accelerate import Accelerator
+
+    from mxfp4.rl.cell import weight_digests
+    from mxfp4.rl.models import build_tiny
+
+    model, _ = build_tiny("tiny-dense", seed=0)
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters()):
+        h.update(name.encode() + p.detach().numpy().astype("float32").tobytes())
+    trainer = types.SimpleNamespace(accelerator=Accelerator(cpu=True), model=model)
+    assert weight_digests(trainer) == [h.hexdigest()]
