@@ -151,7 +151,8 @@ def check_installed() -> tuple[list[Finding], list[Finding], list[str]]:
     path, so the carried copy over the image's), the whole closure walked."""
     present: dict[str, str | None] = {}
     for dist in metadata.distributions():  # sys.path order: the first of a name is the one imported
-        present.setdefault(canonicalize_name(dist.metadata["Name"]), dist.version)
+        if dist.metadata["Name"]:  # a broken install's metadata can lack it
+            present.setdefault(canonicalize_name(dist.metadata["Name"]), dist.version)
     unmet, unverified = check({"mxfp4": harness_requirements()}, present, _installed_requirements,
                               walk_into=lambda name: True)
     return unmet, unverified, []
