@@ -37,6 +37,11 @@
 #   1. stack smoke-moe smoke-dense1     2. smoke-dense2 tests     3. checks memory1 gemm memory2
 # kernels/NOTES.md says what each kernel step predicts.
 set -uo pipefail
+STEPS="stack tests smoke-dense1 smoke-dense2 smoke-moe checks memory1 memory2 gemm stats-patch"
+for step in "$@"; do   # every name checked before any device time is spent
+    [[ " $STEPS " == *" $step "* ]] || { echo "unknown step '$step'; the steps: $STEPS" >&2; exit 2; }
+done
+
 OUT=${OUT:-results/gpu/session}
 WORK=${WORK:-/tmp/gpu-session-$(date +%s)}   # this call's own: a warm machine keeps earlier calls' folders
 RESULTS=$WORK/results
@@ -133,10 +138,9 @@ PY
                  TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench_kernels.py --only memory \
                      --shapes 16384x8192 --out "$WORK/bench_memory_stats_patch.json" || true
                  patch -p1 -R --quiet < kernels/patches/stats_fewer_instructions.patch ;;
-        *) echo "unknown step '$step': stack, tests, smoke-dense1, smoke-dense2, smoke-moe, checks, memory1, memory2," \
-                "gemm or stats-patch" >&2; exit 2 ;;
-    esac 2> "$WORK/$step.err"   # progress bars and warnings: the whole in session.tgz, the tail here
+    esac > "$WORK/$step.out" 2> "$WORK/$step.err"   # progress bars, autotuning: whole in session.tgz, tails here
     status=$?
+    tail -n 25 "$WORK/$step.out"
     tail -c 1500 "$WORK/$step.err" | tr '\r' '\n' | tail -n 6 >&2
     (( status == 0 )) || echo "step $step stopped with exit status $status (its JSON keeps what it measured)" >&2
     printf '%s\t%s\t%s\n' "$step" "$status" "$(( SECONDS - began ))" >> "$WORK/steps.tsv"

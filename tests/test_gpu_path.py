@@ -601,6 +601,9 @@ def test_the_gpu_session_returns_what_the_device_tool_can_bring_back(tmp_path):
                           env={**env, "DEADLINE_S": "1"}, capture_output=True, text=True,
                           timeout=60)  # a deadline already past: both skipped
     assert "step stack skipped" in done.stderr and "step checks skipped" in done.stderr
+    typo = subprocess.run(["bash", "kernels/gpu_session.sh", "stack", "smoke-dense"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert typo.returncode == 2 and "unknown step 'smoke-dense'" in typo.stderr  # refused before any step runs
     subprocess.run(["bash", "kernels/gpu_session.sh", "stack"], cwd=root, env=env, capture_output=True, text=True,
                    timeout=300, check=True)
     files = sorted(p.name for p in out.iterdir())
