@@ -50,6 +50,8 @@ SMOKE_PROFILE=${SMOKE_PROFILE:-gpu-smoke-quick}   # the dense cells' profile and
 SMOKE_MODEL=${SMOKE_MODEL:-qwen2.5-3b-random}
 mkdir -p "$OUT" "$WORK" "$RESULTS"
 export PYTHONUNBUFFERED=1
+# No network there: libraries that would ask the hub fail at once instead of waiting on a timeout
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
 WHEELS=${WHEELS:-.whl}   # the packages the machine lacks (kernels/gpu_wheels.txt)
 if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
     bundle=$(ls "$WHEELS" | sha1sum)
