@@ -112,11 +112,16 @@ def check(roots: dict[str, list[str]], present: dict[str, str | None], requires:
     return sorted(unmet, key=key), sorted(unverified, key=key)
 
 
-def _installed_requirements(name: str) -> list[str]:
+def installed_requirements(name: str) -> list[str] | None:
+    """Requires-Dist of this environment's installed copy of ``name``; None where it is not installed."""
     try:
         return metadata.requires(name) or []
     except metadata.PackageNotFoundError:
-        return []
+        return None
+
+
+def _installed_or_empty(name: str) -> list[str]:
+    return installed_requirements(name) or []
 
 
 def wheel_requirements(name: str, version: str, folder: Path = ROOT / ".whl") -> list[str] | None:
@@ -127,10 +132,7 @@ def wheel_requirements(name: str, version: str, folder: Path = ROOT / ".whl") ->
             with zipfile.ZipFile(wheel) as archive:
                 info = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
                 return email.parser.Parser().parsestr(archive.read(info).decode()).get_all("Requires-Dist") or []
-    try:
-        return metadata.requires(name) or []
-    except metadata.PackageNotFoundError:
-        return None
+    return installed_requirements(name)
 
 
 def check_here(image: Path = IMAGE, wheels: Path = WHEELS) -> tuple[list[Finding], list[Finding], list[str]]:
@@ -142,7 +144,7 @@ def check_here(image: Path = IMAGE, wheels: Path = WHEELS) -> tuple[list[Finding
     present = {**read_packages(image), **carried}  # a carried wheel shadows the image's copy (--target first)
     requirements = {name: wheel_requirements(name, version) for name, version in carried.items()}
     roots = {"mxfp4": harness_requirements(), **{name: r for name, r in requirements.items() if r is not None}}
-    unmet, unverified = check(roots, present, _installed_requirements, walk_into=lambda name: False)
+    unmet, unverified = check(roots, present, _installed_or_empty, walk_into=lambda name: False)
     return unmet, unverified, sorted(name for name, r in requirements.items() if r is None)
 
 
@@ -153,7 +155,7 @@ def check_installed() -> tuple[list[Finding], list[Finding], list[str]]:
     for dist in metadata.distributions():  # sys.path order: the first of a name is the one imported
         if dist.metadata["Name"]:  # a broken install's metadata can lack it
             present.setdefault(canonicalize_name(dist.metadata["Name"]), dist.version)
-    unmet, unverified = check({"mxfp4": harness_requirements()}, present, _installed_requirements,
+    unmet, unverified = check({"mxfp4": harness_requirements()}, present, _installed_or_empty,
                               walk_into=lambda name: True)
     return unmet, unverified, []
 

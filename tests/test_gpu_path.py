@@ -344,19 +344,20 @@ def test_the_gpu_smoke_checkpoints_fit_the_stated_disk_budget():
         check_checkpoint_disk(saving, "qwen2.5-3b-random")
 
 
-def _gpu_bundle():
+def _kernels_script(name: str):
+    """A script of kernels/ (not a package) as a module."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gpu_bundle", Path(__file__).resolve().parent.parent /
-                                                  "kernels" / "gpu_bundle.py")
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / "kernels" /
+                                                  f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
 
 def test_the_gpu_wheel_bundle_pins_the_versions_the_harness_is_tested_with():
-    bundle = _gpu_bundle()
+    bundle = _kernels_script("gpu_bundle")
     wheels, pins = bundle.read_packages(bundle.WHEELS), bundle.read_packages(bundle.ROOT / "constraints.txt")
     assert {"transformers", "trl", "lm-eval", "datasets", "pydantic", "pydantic-core", "torchao"} <= set(wheels)
     assert {name: v for name, v in wheels.items() if name in pins and pins[name] != v} == {}
@@ -364,7 +365,7 @@ def test_the_gpu_wheel_bundle_pins_the_versions_the_harness_is_tested_with():
 
 
 def test_the_requirement_walk_reads_markers_for_the_gpu_python_and_finds_absent_and_outdated_packages():
-    bundle = _gpu_bundle()
+    bundle = _kernels_script("gpu_bundle")
     roots = {"a": ["b>=2", "c", "d>=1.0", "e",
                    "tomli; python_version < '3.11'",     # false on the GPU's 3.12
                    "pywin32; sys_platform == 'win32'",   # false on Linux
@@ -379,7 +380,7 @@ def test_the_requirement_walk_reads_markers_for_the_gpu_python_and_finds_absent_
 
 
 def test_the_carried_wheels_and_the_gpu_image_meet_every_requirement_of_the_harness(tmp_path):
-    bundle = _gpu_bundle()
+    bundle = _kernels_script("gpu_bundle")
     unmet, _, unread = bundle.check_here()
     assert unmet == []
     for name in unread:  # read from the wheel where .whl/ holds it, else from the installed copy
@@ -394,22 +395,12 @@ def test_the_carried_wheels_and_the_gpu_image_meet_every_requirement_of_the_harn
     assert [(f.requirer, f.found) for f in unmet if f.requirement.startswith("httpx2")] == [
         ("huggingface-hub", "absent")]
     with pytest.raises(ValueError, match=r"'torch==' is neither 'name' nor 'name==version'"):
-        bundle.read_packages(_written(tmp_path / "bad.txt", "torch==\n"))
-
-
-def _written(path, text):
-    path.write_text(text)
-    return path
+        (tmp_path / "bad.txt").write_text("torch==\n")
+        bundle.read_packages(tmp_path / "bad.txt")
 
 
 def test_the_moe_bench_times_the_unquantized_grouped_and_per_expert_paths_and_writes_as_it_goes(tmp_path):
-    import importlib.util
-    import json
-
-    spec = importlib.util.spec_from_file_location("bench_moe", Path(__file__).resolve().parent.parent /
-                                                  "kernels" / "bench_moe.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _kernels_script("bench_moe")
     bench.CASES = {"tiny": (8, 2, 64, 32, 1, 64)}  # the smallest case: this checks the report, not speed
     out = tmp_path / "moe.json"
     assert bench.main(["--out", str(out), "--reps", "1", "--device", "cpu", "--compute", "bfloat16"]) == 0
@@ -521,18 +512,8 @@ def test_the_gpu_smoke_report_times_each_recipe_against_its_own_runs_bf16(tmp_pa
     assert "planned_peak_gib" not in other["recipes"]["mxfp4"] and "not compared" in other["memory_plan"]
 
 
-def _bench_kernels():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("bench_kernels", Path(__file__).resolve().parent.parent /
-                                                  "kernels" / "bench_kernels.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_bench_calls_of_one_device_merge_with_every_target_met_or_missed(tmp_path):
-    bench = _bench_kernels()
+    bench = _kernels_script("bench_kernels")
 
     def memory(path, axis, fraction, shape=(8192, 4096)):
         return {"kind": "memory", "path": path, "shape": list(shape), "axis": axis, "seconds": 1.0,
