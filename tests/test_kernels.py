@@ -126,6 +126,39 @@ def test_fused_w4a16_kernel_is_refused_above_decode_m_and_bad_input_is_named():
         tg.pack_weight(reference.quantize(torch.randn(8, 64), axis=0))
 
 
+# The causes as triton 3.6.0's interpreter raised them on this machine (numpy 2.4.6, then numpy 2.3.5)
+INDEX_FAULT = "only 0-dimensional arrays can be converted to Python scalars"
+NO_DOT_SCALED = "'InterpreterBuilder' object has no attribute 'create_dot_scaled'"
+FORMAT_STR = "'str' object has no attribute 'value'"
+
+
+@pytest.mark.parametrize(
+    "error, triton_version, numpy_version, remedy",
+    [
+        (INDEX_FAULT, "3.6.0", "2.4.6", "triton-lang/triton#9171"),
+        (INDEX_FAULT, "3.6.0", "2.5.2", "triton-lang/triton#9171"),  # the GPU machines' own pair
+        (INDEX_FAULT, "3.3.1", "2.4.0rc1", "triton-lang/triton#9171"),
+        (INDEX_FAULT, "3.6.0", "2.3.5", None),  # numpy before 2.4 only warned: not this fault
+        (INDEX_FAULT, "3.7.0", "2.4.6", None),  # fixed (triton-lang/triton#9172)
+        (INDEX_FAULT, "3.10.0", "2.4.0", None),  # versions compare as numbers, not strings
+        (FORMAT_STR, "3.6.0", "2.3.5", "no tl.dot_scaled"),
+        (NO_DOT_SCALED, "3.7.1", "2.4.6", "no tl.dot_scaled"),
+        (NO_DOT_SCALED, "3.8.0", "2.4.6", None),  # the interpreter has it from 3.8
+        ("KeyError('_bf16_bits_rne')", "3.6.0", "2.4.6", None),  # any other error passes unchanged
+    ],
+)
+def test_known_faults_of_older_triton_interpreters_are_named_with_their_remedy(
+    error, triton_version, numpy_version, remedy
+):
+    from mxfp4.numerics import triton_kernels as tk
+
+    message = tk.known_interpreter_fault(error, triton_version, numpy_version)
+    if remedy is None:
+        assert message is None
+    else:
+        assert remedy in message and f"triton {triton_version}" in message and "triton>=3.8" in message
+
+
 def test_w4a16_direct_path_stores_the_output_dtype_exactly_as_split_k_adds_float32(monkeypatch):
     """The whole-K path (taken on a device with enough weight tiles) forced at a small shape: no
     zeroed buffer, one float32 accumulation per output stored as float32 or rounded once to bfloat16."""

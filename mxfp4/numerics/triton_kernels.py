@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 import os
 
+import numpy
 import torch
 import triton
 import triton.language as tl
@@ -523,11 +524,51 @@ def autotuning() -> bool:
     return os.environ.get("MXFP4_AUTOTUNE", "1") != "0"
 
 
+def _major_minor(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def known_interpreter_fault(error: str, triton_version: str, numpy_version: str) -> str | None:
+    """What went wrong, and the remedy, when a kernel launch under Triton's interpreter failed with
+    ``error`` (its text and its cause's) for a fault of older interpreters; None for any other error. Both were seen
+    with the GPU machines' triton 3.6.0 on CPU; compiled CUDA kernels have neither.
+
+    - Before triton 3.7 the interpreter passes a scalar argument as a one-element array and takes its
+      ``__index__`` as ``int(array)``, which numpy 2.4 made a TypeError (triton-lang/triton#9171, fixed
+      by #9172): kernels whose loop bound is a runtime argument (the W4A16 and MXFP4 GEMMs) stop there.
+    - Before triton 3.8 the interpreter has no ``tl.dot_scaled`` (``mx_matmul``): it fails on the
+      format string, or with a constexpr format on the missing ``create_dot_scaled``."""
+    where = "For CPU runs (TRITON_INTERPRET=1) install"
+    int_of_array_fails = _major_minor(triton_version) < (3, 7) and _major_minor(numpy_version) >= (2, 4)
+    if "0-dimensional arrays" in error and int_of_array_fails:
+        return (
+            f"Triton's interpreter in triton {triton_version} cannot run this kernel with numpy {numpy_version}: it "
+            "converts scalar kernel arguments with int() on a one-element array, which numpy 2.4 made a TypeError "
+            f"(triton-lang/triton#9171, fixed in triton 3.7). {where} triton>=3.8 (or numpy<2.4 for the kernels "
+            "without tl.dot_scaled); compiled CUDA kernels are not affected"
+        )
+    no_dot_scaled = "create_dot_scaled" in error or "'str' object has no attribute 'value'" in error
+    if no_dot_scaled and _major_minor(triton_version) < (3, 8):
+        return (
+            f"Triton's interpreter in triton {triton_version} has no tl.dot_scaled (added in triton 3.8), which this "
+            f"kernel (mx_matmul) uses. {where} triton>=3.8; compiled CUDA kernels are not affected"
+        )
+    return None
+
+
 def launch_tuned(kernel, tuned, grid_of, interp_meta: dict, args: tuple, **constexprs):
     """Launch ``tuned`` (an autotuner over ``kernel``) on CUDA, its first config when autotuning is
     off, or ``kernel`` with ``interp_meta`` under the interpreter."""
     if triton_interpreting():
-        kernel[grid_of(interp_meta)](*args, **interp_meta, **constexprs)
+        try:
+            kernel[grid_of(interp_meta)](*args, **interp_meta, **constexprs)
+        except Exception as err:  # a known fault of older interpreters: cause and remedy named
+            text = " ".join(str(e) for e in (err, err.__cause__) if e is not None)
+            known = known_interpreter_fault(text, triton.__version__, numpy.__version__)
+            if known:
+                raise RuntimeError(known) from err
+            raise
     elif autotuning():
         tuned[grid_of](*args, **constexprs)
     else:
