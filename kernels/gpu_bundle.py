@@ -10,6 +10,7 @@ import time, on device time. This walks the requirements instead, the way pip's 
                                             # checked against gpu_image_packages.txt + gpu_wheels.txt
     python kernels/gpu_bundle.py --installed --out stack_requirements.json
                                             # on the GPU machine (gpu_session.sh stack): every version known
+    python kernels/gpu_bundle.py --image-pins   # the image's packages the harness needs, for a CPU stand-in
 
 A requirement is "unmet" when its package is absent or present at a version outside its specifier, and
 "unverified" when the image holds the package at a version nobody has read (checked on the machine).
@@ -160,12 +161,37 @@ def check_installed() -> tuple[list[Finding], list[Finding], list[str]]:
     return unmet, unverified, []
 
 
+def required_from_image(image: Path = IMAGE, wheels: Path = WHEELS) -> dict[str, str | None]:
+    """The image's packages that the harness or a carried package requires directly, not carried themselves
+    ({name: version, or None where unread}): what a CPU stand-in for the image must hold
+    (kernels/emulate_gpu_image.sh installs them, each at the image's version where it is known)."""
+    carried = read_packages(wheels)
+    in_image = read_packages(image)
+    specs = harness_requirements() + [spec for name, version in carried.items()
+                                      for spec in wheel_requirements(name, version) or []]
+    needed: dict[str, str | None] = {}
+    for spec in specs:
+        requirement = Requirement(spec)
+        name = canonicalize_name(requirement.name)
+        applies = requirement.marker is None or requirement.marker.evaluate(GPU_PYTHON)
+        if applies and name in in_image and name not in carried:
+            needed[name] = in_image[name]
+    return dict(sorted(needed.items()))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--installed", action="store_true",
                         help="check this machine's installed packages (on the GPU machine), not the lists")
     parser.add_argument("--out", type=Path, help="write the findings as JSON here")
+    parser.add_argument("--image-pins", action="store_true",
+                        help="print the image's packages the harness and the bundle need, as pip requirements "
+                             "(name==version where the image's version is known), and nothing else")
     args = parser.parse_args(argv)
+    if args.image_pins:
+        for name, version in required_from_image().items():
+            print(f"{name}=={version}" if version else name)
+        return 0
     unmet, unverified, unread = check_installed() if args.installed else check_here()
     report = {"method": "installed metadata on sys.path" if args.installed
               else f"{IMAGE.name} + {WHEELS.name}, requirements from the wheels in .whl/ or installed copies",

@@ -379,6 +379,21 @@ def test_the_requirement_walk_reads_markers_for_the_gpu_python_and_finds_absent_
     assert [(f.requirer, f.requirement) for f in unverified] == [("a", "d>=1.0")]
 
 
+def test_the_stand_in_for_the_gpu_image_takes_the_image_packages_required_at_the_image_versions(tmp_path):
+    """What kernels/emulate_gpu_image.sh installs: the image's packages that the harness or a carried package
+    requires, pinned where the image's version is known; never a carried one (the bundle shadows it) nor one
+    nobody requires."""
+    bundle = _kernels_script("gpu_bundle")
+    image, wheels = tmp_path / "image.txt", tmp_path / "wheels.txt"
+    image.write_text("torch==2.11.0\ntriton==3.6.0\nnumpy==2.5.2\npyyaml\njax==0.11.2\npydantic==2.9.0\n")
+    wheels.write_text("pydantic==2.14.3  # carried: shadows the image's copy\n")
+    needed = bundle.required_from_image(image=image, wheels=wheels)
+    # triton's requirement carries a marker (Linux): true on the GPU machines
+    assert needed == {"numpy": "2.5.2", "pyyaml": None, "torch": "2.11.0", "triton": "3.6.0"}
+    real = bundle.required_from_image()
+    assert real["torch"] == "2.11.0" and real["triton"] == "3.6.0" and "transformers" not in real  # 5.23 carried
+
+
 def test_the_carried_wheels_and_the_gpu_image_meet_every_requirement_of_the_harness(tmp_path):
     bundle = _kernels_script("gpu_bundle")
     unmet, _, unread = bundle.check_here()
