@@ -91,6 +91,9 @@ smoke_dense() {   # the given recipes' gpu-smoke-quick cells, the report rewritt
         if (( $(left) < 60 )); then echo "cell $recipe skipped: $(left) s left before the deadline" >&2; continue; fi
         log="$RESULTS/$SMOKE_PROFILE/logs/cell_${SMOKE_MODEL}_${recipe}_seed0.log"   # Layout.cell_log
         mkdir -p "$(dirname "$log")"
+        # autotuning kept on disk: a call's later cells read what its first mxfp4 cell tuned; each tuned key
+        # printed into the cell's log (steps are timed net of tuning: mxfp4.report.gpu_smoke)
+        TRITON_CACHE_AUTOTUNING=1 TRITON_PRINT_AUTOTUNING=1 \
         timeout "$(cap 290)" python3 -m mxfp4 cell --profile "$SMOKE_PROFILE" --model "$SMOKE_MODEL" \
             --recipe "$recipe" --seed 0 --results "$RESULTS" > "$log" 2>&1 \
             || echo "cell $recipe stopped with exit status $?" >&2

@@ -71,6 +71,23 @@ def test_cuda_tensors_dispatch_to_triton():
     assert torch.equal(mxfp4.fake_quantize(x).cpu(), reference.fake_quantize(x.cpu()))
 
 
+@pytest.mark.gpu
+def test_on_cuda_each_new_shape_bucket_is_tuned_once_and_counted(monkeypatch):
+    """Triton's own autotuner (the device's version): a shape in a bucket not yet seen tunes and counts one
+    key; the same bucket again counts nothing; the next power of two counts one more."""
+    from mxfp4.numerics import triton_kernels as tk
+
+    monkeypatch.setenv("MXFP4_AUTOTUNE", "1")  # the session's tests step turns it off for the other tests
+    counted = []
+    for rows in (300, 300, 400, 600):  # buckets 512, 512, 512, 1024; K = 352 (11 blocks), used nowhere else
+        before = tk.autotune_spent()
+        out = mxfp4.fake_quantize(torch.randn(rows, 352, device="cuda"))
+        torch.cuda.synchronize()
+        counted.append(tk.autotune_spent()[1] - before[1])
+        assert out.shape == (rows, 352)
+    assert counted == [1, 0, 0, 1]
+
+
 def test_stats_kernel_returns_device_tensors_that_match_the_float64_reference():
     from mxfp4.numerics import triton_kernels as tk
     from mxfp4.numerics.decompose import decompose
@@ -157,6 +174,38 @@ def test_known_faults_of_older_triton_interpreters_are_named_with_their_remedy(
         assert message is None
     else:
         assert remedy in message and f"triton {triton_version}" in message and "triton>=3.8" in message
+
+
+def test_only_launches_that_tune_a_new_key_count_as_autotuning(monkeypatch):
+    """The CUDA branch of launch_tuned against a stand-in autotuner (its ``cache`` as Triton's: one entry a key
+    tuned): a launch that tunes counts its time and one key, a launch of a tuned key counts nothing."""
+    import time
+
+    from mxfp4.numerics import dispatch
+    from mxfp4.numerics import triton_kernels as tk
+
+    class Tuner:
+        def __init__(self):
+            self.cache = {}
+
+        def __getitem__(self, grid):
+            def launch(n, **constexprs):
+                if n not in self.cache:
+                    time.sleep(0.2)  # compiling and benchmarking the space
+                    self.cache[n] = "best config"
+                else:
+                    time.sleep(0.3)  # a launch that waits (as one does behind a full queue): not tuning
+
+            return launch
+
+    monkeypatch.setattr(tk, "triton_interpreting", lambda: False)
+    monkeypatch.setenv("MXFP4_AUTOTUNE", "1")
+    tuner, (seconds0, keys0) = Tuner(), tk.autotune_spent()
+    for n in (4096, 4096, 8192, 4096):
+        tk.launch_tuned(None, tuner, lambda meta: (1,), {}, (n,))
+    seconds, keys = tk.autotune_spent()
+    assert keys - keys0 == 2 and 0.4 <= seconds - seconds0 < 0.9  # 1.0 or more if the other two counted
+    assert dispatch.autotune_spent() == (seconds, keys)  # the kernels are loaded: the same account
 
 
 def test_w4a16_direct_path_stores_the_output_dtype_exactly_as_split_k_adds_float32(monkeypatch):

@@ -17,6 +17,7 @@ import contextlib
 import functools
 import math
 import os
+import sys
 
 import torch
 
@@ -74,6 +75,13 @@ def _kernels():
     from . import triton_kernels
 
     return triton_kernels
+
+
+def autotune_spent() -> tuple[float, int]:
+    """(seconds, keys) the Triton kernels' autotuning has taken in this process (``triton_kernels.autotune_spent``);
+    (0.0, 0) while they are not loaded (importing them here would fix the interpreter choice too early)."""
+    loaded = sys.modules.get(f"{__package__}.triton_kernels")
+    return loaded.autotune_spent() if loaded is not None else (0.0, 0)
 
 
 @functools.cache

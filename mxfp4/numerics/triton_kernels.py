@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 import numpy
 import torch
@@ -557,6 +558,18 @@ def known_interpreter_fault(error: str, triton_version: str, numpy_version: str)
     return None
 
 
+_AUTOTUNED = [0.0, 0]  # host seconds of the launches that tuned a new key, and how many keys, in this process
+
+
+def autotune_spent() -> tuple[float, int]:
+    """(seconds, keys) that autotuning has taken in this process so far: the host time of every launch that
+    tuned a key its autotuner had not seen (compiling and benchmarking the space's configs, or reading them
+    from Triton's disk cache under TRITON_CACHE_AUTOTUNING=1), and how many. Such a launch synchronizes, so
+    its time also holds the wait for GPU work queued before it (at most the pass in flight). Subtract
+    differences of it from a step's time to get the step's own (``mxfp4.rl.grpo.StepLogger``)."""
+    return _AUTOTUNED[0], _AUTOTUNED[1]
+
+
 def launch_tuned(kernel, tuned, grid_of, interp_meta: dict, args: tuple, **constexprs):
     """Launch ``tuned`` (an autotuner over ``kernel``) on CUDA, its first config when autotuning is
     off, or ``kernel`` with ``interp_meta`` under the interpreter."""
@@ -570,7 +583,11 @@ def launch_tuned(kernel, tuned, grid_of, interp_meta: dict, args: tuple, **const
                 raise RuntimeError(known) from err
             raise
     elif autotuning():
+        keys, t0 = len(tuned.cache), time.perf_counter()
         tuned[grid_of](*args, **constexprs)
+        if len(tuned.cache) > keys:  # this launch tuned a new key: timed apart from the work it launched
+            _AUTOTUNED[0] += time.perf_counter() - t0
+            _AUTOTUNED[1] += 1
     else:
         cfg = tuned.configs[0]
         kernel[grid_of(cfg.kwargs)](

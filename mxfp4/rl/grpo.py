@@ -26,6 +26,7 @@ from trl import GRPOTrainer
 from ..layout import TRAIN_LOG
 from ..nn import bypassed, clear_weight_caches, gemm_weights, patch_state, patched_modules, quantized_weights, set_probe
 from ..numerics.decompose import SUMMARY_KEYS, pool_stats
+from ..numerics.dispatch import autotune_spent
 from .grad_accuracy import compare
 from .probe_batch import batch_digest
 from .vllm_weights import vllm_named_weights
@@ -183,16 +184,17 @@ class MXGRPOTrainer(GRPOTrainer):
         self.mx_probe_rows = probe_rows
         self.mx_probe_layers = probe_layers(self.model)
         self.mx_step_metrics: dict = {}
-        self.mx_probe_seconds = 0.0
-        self.mx_rollout_seconds = 0.0
+        self.mx_probe_seconds = self.mx_rollout_seconds = 0.0
+        self.mx_probe_autotune = self.mx_rollout_autotune = 0.0  # the autotuning inside each (seconds)
         self._mx_probed_step = None
         self.add_callback(WeightCacheReset(self))
         if self.uses_vllm and self.mx_quantizer is not None:
             self._push_quantized_weights_to_vllm()
 
     def begin_step(self) -> None:
-        """Start a step's accounting: probe and rollout seconds from zero."""
+        """Start a step's accounting: probe and rollout seconds, and the autotuning inside each, from zero."""
         self.mx_probe_seconds = self.mx_rollout_seconds = 0.0
+        self.mx_probe_autotune = self.mx_rollout_autotune = 0.0
 
     def take_step_metrics(self) -> dict:
         """The metrics the probes and the ledger gathered since the last call (then forgotten)."""
@@ -253,9 +255,10 @@ class MXGRPOTrainer(GRPOTrainer):
         with contextlib.ExitStack() as stack:
             for c in self.mx_corrections:
                 stack.enter_context(c.rollout_context(self.model, step))
-            t0 = synced_clock()
+            t0, tuned0 = synced_clock(), autotune_spent()[0]
             output = super()._generate_and_score_completions(inputs)
             self.mx_rollout_seconds += synced_clock() - t0
+            self.mx_rollout_autotune += autotune_spent()[0] - tuned0
             rollout = output.get("sampling_per_token_logps")  # vLLM's own log-probs of what it sampled
             if rollout is None and perturbed:
                 rollout = self._completion_logps(output)  # the policy that sampled: under the rollout context
@@ -320,7 +323,7 @@ class MXGRPOTrainer(GRPOTrainer):
         if not probing:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         self._mx_probed_step = step
-        t0 = synced_clock()
+        t0, tuned0 = synced_clock(), autotune_spent()[0]
         probed = inputs
         if self.mx_probe_batch is not None:
             device = self.accelerator.device
@@ -329,6 +332,7 @@ class MXGRPOTrainer(GRPOTrainer):
             self._probe(model, probed, num_items_in_batch)
         self.mx_step_metrics["probe/batch"] = batch_digest(probed)  # which batch this probe scored
         self.mx_probe_seconds += synced_clock() - t0  # the probe's time is not the step's
+        self.mx_probe_autotune += autotune_spent()[0] - tuned0
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def _probe(self, model, inputs, num_items_in_batch):
@@ -390,18 +394,21 @@ STATE_FILE = "mxfp4_state.json"
 class StepLogger(TrainerCallback):
     """Writes one JSON line per step (TRL's logs, the probes' metrics, the ledger, the corrections'
     metrics, ``step_time`` without the probe, ``probe_time``, ``rollout_time`` (generation and
-    scoring, inside ``step_time``) and on GPU the step's ``peak_memory_gib``), passes the step's metrics to every
-    correction's ``observe``, and adds to every checkpoint what a resumed cell needs (``on_save``).
-    Only the main process writes."""
+    scoring, inside ``step_time``), the Triton autotuning inside them (``autotune_time`` of ``step_time``,
+    ``rollout_autotune_time`` of ``rollout_time``, ``autotune_keys`` new keys in the step, probe included:
+    a step that meets a new shape bucket tunes it, on CUDA only) and on GPU the step's ``peak_memory_gib``),
+    passes the step's metrics to every correction's ``observe``, and adds to every checkpoint what a
+    resumed cell needs (``on_save``). Only the main process writes."""
 
     def __init__(self, trainer: MXGRPOTrainer, path: Path, progress=None, config_hash: str | None = None):
         self.trainer, self.path, self.progress, self.config_hash = trainer, Path(path), progress, config_hash
-        self.t0 = None
+        self.t0 = self.tuned0 = None
         self.step_time = self.peak_memory = None
         self.probe_time = self.rollout_time = 0.0
+        self.autotune = {"autotune_time": 0.0, "rollout_autotune_time": 0.0, "autotune_keys": 0}
 
     def on_step_begin(self, args, state, control, **kw):
-        self.t0 = synced_clock()
+        self.t0, self.tuned0 = synced_clock(), autotune_spent()
         self.trainer.begin_step()
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
@@ -410,6 +417,12 @@ class StepLogger(TrainerCallback):
         self.probe_time = self.trainer.mx_probe_seconds
         self.rollout_time = self.trainer.mx_rollout_seconds
         self.step_time = synced_clock() - self.t0 - self.probe_time
+        seconds, keys = autotune_spent()
+        self.autotune = {
+            "autotune_time": seconds - self.tuned0[0] - self.trainer.mx_probe_autotune,
+            "rollout_autotune_time": self.trainer.mx_rollout_autotune,
+            "autotune_keys": keys - self.tuned0[1],
+        }
         self.peak_memory = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
 
     def on_log(self, args, state, control, logs=None, **kw):
@@ -420,6 +433,7 @@ class StepLogger(TrainerCallback):
             "step_time": self.step_time,
             "probe_time": self.probe_time,
             "rollout_time": self.rollout_time,
+            **self.autotune,
             "peak_memory_gib": self.peak_memory,
             **logs,
             **self.trainer.take_step_metrics(),
