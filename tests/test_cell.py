@@ -109,6 +109,48 @@ def test_a_cell_that_never_updates_its_weights_gains_exactly_nothing(results, tm
     assert all("strict_unquantized" in r for r in items)
 
 
+def test_a_frozen_bf16_compute_cell_evaluates_every_stage_in_the_precision_it_trains_in(results, tmp_path, monkeypatch):
+    """Learning rate 0 under bf16 compute (the GPU profiles' setting): accelerate wraps the model's forward in
+    bf16 autocast when training starts, so an evaluation before training would run in float32 and the RL
+    gain would measure the change of precision. Every stage must compute as training does: each reaches
+    the layers under bf16 autocast, and the frozen weights answer every problem the same before and after."""
+    import shutil
+
+    import torch
+
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.layout import EVAL_FOLDERS
+    from mxfp4.rl import cell as cell_module
+
+    base = load_profile("smoke")
+    frozen = base.model_copy(update={
+        "grpo": base.grpo.model_copy(update={"learning_rate": 0.0}),
+        "models": {"tiny-dense": base.models["tiny-dense"].model_copy(update={"compute": "bfloat16"})},
+    })
+    monkeypatch.setattr(cell_module, "load_profile", lambda name: frozen)
+    shutil.copytree(Layout(results, "smoke").model("tiny-dense"), Layout(tmp_path, "smoke").model("tiny-dense"))
+    autocast, evaluate = {}, cell_module.evaluate
+
+    def recording(run, stage):
+        layer = next(m for name, m in run.model.named_modules() if name.endswith("q_proj"))
+        hook = layer.register_forward_pre_hook(
+            lambda m, args: autocast.setdefault(stage, set()).add(torch.get_autocast_dtype("cpu")
+                                                                  if torch.is_autocast_enabled("cpu") else None))
+        try:
+            return evaluate(run, stage)
+        finally:
+            hook.remove()
+
+    monkeypatch.setattr(cell_module, "evaluate", recording)
+    m = run_cell("smoke", "tiny-dense", "mxfp4", 0, results=tmp_path)
+    assert autocast == {stage: {torch.bfloat16} for stage in ("before", "after", "unquantized")}
+    cell = Layout(tmp_path, "smoke").cell("tiny-dense", "mxfp4", 0)
+    answers = {stage: {r["doc_id"]: r["resps"] for f in (cell / EVAL_FOLDERS[stage]).glob("samples_*.jsonl")
+                       for r in map(json.loads, f.read_text().splitlines())} for stage in ("before", "after")}
+    assert len(answers["before"]) == 16 and answers["before"] == answers["after"]
+    assert m["gsm8k_rl_gain"] == 0.0
+
+
 def test_evaluations_of_other_problems_give_no_rl_gain(tmp_path):
     """Before- and after-RL evaluations that scored different problems are refused, not subtracted."""
     from mxfp4.layout import EVAL_FOLDERS

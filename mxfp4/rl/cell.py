@@ -394,12 +394,20 @@ def evaluate(run: CellRun, stage: str) -> dict | None:
     if stage == "before" and run.resume is not None and (out / "results.json").is_file():  # the same on every rank
         return read_summary(out) if run.dist.is_main_process else None
     run.model.eval()
-    lm = hf_lm(run.model, run.tokenizer, batch_size=ev.batch_size)
+    lm = hf_lm(run.model, run.tokenizer, batch_size=ev.batch_size, compute_dtype=compute_dtype(run))
     full_precision = bypassed(run.model) if stage == "unquantized" else contextlib.nullcontext()
     keep_rng = preserved_rng() if stage == "before" else contextlib.nullcontext()
     with full_precision, keep_rng:
         return evaluate_gsm8k(lm, run.eval_folder, num_fewshot=ev.num_fewshot, limit=ev.limit,
                               max_gen_toks=ev.max_gen_toks, output_dir=out, seed=run.plan.seed)
+
+
+def compute_dtype(run: CellRun) -> torch.dtype | None:
+    """The autocast dtype the policy trains and samples in (None: no autocast), for the evaluations.
+    Accelerate wraps the model's own forward in bf16 autocast only when training starts, and lm-eval's
+    HFLM turns autocast off around its calls unless told a dtype: without it, under bf16 compute the
+    evaluation before RL ran in float32 and the one after RL in bf16, and the RL gain held the change."""
+    return torch.bfloat16 if run.plan.profile.model(run.plan.model).compute == "bfloat16" else None
 
 
 @contextlib.contextmanager

@@ -23,11 +23,14 @@ def task_config(data_dir: Path | str, num_fewshot: int, max_gen_toks: int | None
     return cfg
 
 
-def hf_lm(model, tokenizer, batch_size: int = 32, max_length: int | None = None):
-    """lm-eval's HFLM around an in-memory (possibly patched, quantized) model."""
+def hf_lm(model, tokenizer, batch_size: int = 32, max_length: int | None = None, compute_dtype=None):
+    """lm-eval's HFLM around an in-memory (possibly patched, quantized) model; ``compute_dtype``: the
+    autocast dtype of its forward passes and generation (HFLM's ``mixed_precision_dtype``; None: HFLM turns
+    autocast off, whatever encloses it)."""
     from lm_eval.models.huggingface import HFLM
 
-    kwargs = {"pretrained": model, "tokenizer": tokenizer, "batch_size": batch_size}
+    kwargs = {"pretrained": model, "tokenizer": tokenizer, "batch_size": batch_size,
+              "mixed_precision_dtype": compute_dtype}
     if max_length is not None:
         kwargs["max_length"] = max_length
     return HFLM(**kwargs)
