@@ -136,6 +136,14 @@ def wheel_requirements(name: str, version: str, folder: Path = ROOT / ".whl") ->
     return installed_requirements(name)
 
 
+def bundle_roots(carried: dict[str, str | None]) -> tuple[dict[str, list[str]], list[str]]:
+    """({requirer: requirement strings} of the harness and of every carried package, the carried packages
+    whose requirements could not be read here): where both checks of the bundle start."""
+    requirements = {name: wheel_requirements(name, version) for name, version in carried.items()}
+    roots = {"mxfp4": harness_requirements(), **{name: r for name, r in requirements.items() if r is not None}}
+    return roots, sorted(name for name, r in requirements.items() if r is None)
+
+
 def check_here(image: Path = IMAGE, wheels: Path = WHEELS) -> tuple[list[Finding], list[Finding], list[str]]:
     """Static: the image's list and the bundle's pins; the carried packages' requirements read from their
     wheels, else from this environment's installed copies (setup.sh installs most of them). Returns
@@ -143,10 +151,9 @@ def check_here(image: Path = IMAGE, wheels: Path = WHEELS) -> tuple[list[Finding
     packages are not walked into: the image was installed whole, so their requirements hold among themselves."""
     carried = read_packages(wheels)
     present = {**read_packages(image), **carried}  # a carried wheel shadows the image's copy (--target first)
-    requirements = {name: wheel_requirements(name, version) for name, version in carried.items()}
-    roots = {"mxfp4": harness_requirements(), **{name: r for name, r in requirements.items() if r is not None}}
+    roots, unread = bundle_roots(carried)
     unmet, unverified = check(roots, present, _installed_or_empty, walk_into=lambda name: False)
-    return unmet, unverified, sorted(name for name, r in requirements.items() if r is None)
+    return unmet, unverified, unread
 
 
 def check_installed() -> tuple[list[Finding], list[Finding], list[str]]:
@@ -167,10 +174,9 @@ def required_from_image(image: Path = IMAGE, wheels: Path = WHEELS) -> dict[str,
     (kernels/emulate_gpu_image.sh installs them, each at the image's version where it is known)."""
     carried = read_packages(wheels)
     in_image = read_packages(image)
-    specs = harness_requirements() + [spec for name, version in carried.items()
-                                      for spec in wheel_requirements(name, version) or []]
+    roots, _ = bundle_roots(carried)
     needed: dict[str, str | None] = {}
-    for spec in specs:
+    for spec in (spec for specs in roots.values() for spec in specs):
         requirement = Requirement(spec)
         name = canonicalize_name(requirement.name)
         applies = requirement.marker is None or requirement.marker.evaluate(GPU_PYTHON)

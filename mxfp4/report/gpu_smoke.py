@@ -20,6 +20,7 @@ import json
 import statistics
 from pathlib import Path
 
+from ..io import write_json_atomic
 from ..layout import REFERENCE_RECIPE, TRAIN_LOG, Layout
 
 TARGETS = {"mxfp4": 1.3, "mxfp4+fallback": 1.6, "mxfp4+macro": 1.4}
@@ -121,7 +122,5 @@ def run(results: list[Path | str], profile: str, out: Path | str, plan: Path | s
                          f"{len(p.models)} models and {len(p.seeds)} seeds")
     plan_data = json.loads(Path(plan).read_text()) if plan is not None and Path(plan).exists() else None
     rec = report(results, profile, next(iter(p.models)), list(p.recipes), p.seeds[0], plan_data)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rec, indent=2) + "\n")
+    write_json_atomic(out, rec)  # rewritten after every cell of a GPU session: never half-written at a timeout
     return rec
