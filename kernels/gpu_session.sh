@@ -92,8 +92,11 @@ smoke_dense() {   # the given recipes' gpu-smoke-quick cells, the report rewritt
         log="$RESULTS/$SMOKE_PROFILE/logs/cell_${SMOKE_MODEL}_${recipe}_seed0.log"   # Layout.cell_log
         mkdir -p "$(dirname "$log")"
         # autotuning kept on disk: a call's later cells read what its first mxfp4 cell tuned; each tuned key
-        # printed into the cell's log (steps are timed net of tuning: mxfp4.report.gpu_smoke)
+        # printed into the cell's log (steps are timed net of tuning: mxfp4.report.gpu_smoke). Expandable
+        # segments: the memory plan's peak leaves about 7 GiB of the H100's 78 for the allocator's fragments
+        # (the log's peak_reserved_gib says what it held)
         TRITON_CACHE_AUTOTUNING=1 TRITON_PRINT_AUTOTUNING=1 \
+        PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
         timeout "$(cap 290)" python3 -m mxfp4 cell --profile "$SMOKE_PROFILE" --model "$SMOKE_MODEL" \
             --recipe "$recipe" --seed 0 --results "$RESULTS" > "$log" 2>&1 \
             || echo "cell $recipe stopped with exit status $?" >&2

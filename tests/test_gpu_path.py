@@ -500,7 +500,9 @@ def _smoke_cell(results, recipe, step_times, peak=None, log=None, autotune=None)
                                                    "versions": {"torch": "2.11.0"}}))
     tuned = [dict(zip(("autotune_time", "rollout_autotune_time", "autotune_keys"), t)) for t in autotune or []]
     (cell / TRAIN_LOG).write_text("".join(json.dumps({"step": i + 1, "step_time": s, "rollout_time": s / 2,
-                                                      "peak_memory_gib": peak, **(tuned[i] if tuned else {})}) + "\n"
+                                                      "peak_memory_gib": peak,
+                                                      "peak_reserved_gib": None if peak is None else peak + i,
+                                                      **(tuned[i] if tuned else {})}) + "\n"
                                           for i, s in enumerate(step_times)))
 
 
@@ -522,6 +524,7 @@ def test_the_gpu_smoke_report_times_each_recipe_against_its_own_runs_bf16(tmp_pa
     assert got["mxfp4+fallback"]["meets_target"] is False and got["mxfp4+fallback"]["run"] == 1
     assert got["mxfp4"]["rollout_time_vs_bf16"] == pytest.approx(1.2)
     assert got["mxfp4"]["measured_over_planned_peak"] == pytest.approx(60.0 / 71.3)
+    assert got["mxfp4"]["peak_reserved_gib"] == 62.0 and got["mxfp4+fallback"]["peak_reserved_gib"] is None
     assert "OutOfMemoryError" in got["mxfp4+macro"]["log_tail"] and rec["failed"] == ["mxfp4+macro"]
     assert rec["not_run"] == ["mxfp4+aqn"] and got["bf16"]["run"] == 0
     assert rec["bf16_step_time_a_a"] == {"step_time_s": [3.0, 4.0], "max_over_min": pytest.approx(4 / 3)}

@@ -47,9 +47,11 @@ def recipe_record(cell: Path, log: Path | None) -> dict:
              "keys": sum(r.get("autotune_keys") or 0 for r in rows[1:])}
     probe = [r["probe_time"] for r in rows if r.get("probe_time")]
     peaks = [r["peak_memory_gib"] for r in rows if r.get("peak_memory_gib") is not None]
+    held = [r["peak_reserved_gib"] for r in rows if r.get("peak_reserved_gib") is not None]
     return {"status": "ok", "steps": m["steps"], "timed_steps": n, "step_time_s": step, "rollout_time_s": gen,
             "autotuning_in_timed_steps": tuned,
             "probe_time_s": max(probe) if probe else None, "peak_memory_gib": max(peaks) if peaks else None,
+            "peak_reserved_gib": max(held) if held else None,
             "weight_update": m.get("weight_update"), "rollout": m.get("rollout"), "precision": m.get("precision"),
             "mean_mismatch_kl": m.get("mean_mismatch_kl"), "device": m.get("device")}
 
@@ -104,7 +106,8 @@ def report(runs: list[Path | str], profile: str, model: str, recipes: list[str],
             "method": "median over steps 2..N of each cell (step 1 excluded: autotuning and warm-up), each step net "
                       "of the Triton autotuning inside it (host time of the launches that tuned a new key); ratios to "
                       "the bf16 cell of the same run (results folder, one device call); step_time excludes the probe; "
-                      "peak memory: torch.cuda.max_memory_allocated over each step, probes included",
+                      "peak memory: torch.cuda.max_memory_allocated over each step, probes included (the plan's "
+                      "measure); peak reserved: torch.cuda.max_memory_reserved, what the caching allocator held",
             "runs": [{"results": str(results), "recipes": per} for results, per in zip(runs, per_run)],
             "bf16_step_time_a_a": {"step_time_s": bf16, "max_over_min": max(bf16) / min(bf16)} if len(bf16) > 1
             else None,

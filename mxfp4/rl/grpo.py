@@ -396,14 +396,16 @@ class StepLogger(TrainerCallback):
     metrics, ``step_time`` without the probe, ``probe_time``, ``rollout_time`` (generation and
     scoring, inside ``step_time``), the Triton autotuning inside them (``autotune_time`` of ``step_time``,
     ``rollout_autotune_time`` of ``rollout_time``, ``autotune_keys`` new keys in the step, probe included:
-    a step that meets a new shape bucket tunes it, on CUDA only) and on GPU the step's ``peak_memory_gib``),
+    a step that meets a new shape bucket tunes it, on CUDA only) and on GPU the step's ``peak_memory_gib``
+    (the most bytes in tensors) and ``peak_reserved_gib`` (the most the caching allocator held: the margin to
+    an out-of-memory error that fragmentation eats)),
     passes the step's metrics to every correction's ``observe``, and adds to every checkpoint what a
     resumed cell needs (``on_save``). Only the main process writes."""
 
     def __init__(self, trainer: MXGRPOTrainer, path: Path, progress=None, config_hash: str | None = None):
         self.trainer, self.path, self.progress, self.config_hash = trainer, Path(path), progress, config_hash
         self.t0 = self.tuned0 = None
-        self.step_time = self.peak_memory = None
+        self.step_time = self.peak_memory = self.peak_reserved = None
         self.probe_time = self.rollout_time = 0.0
         self.autotune = {"autotune_time": 0.0, "rollout_autotune_time": 0.0, "autotune_keys": 0}
 
@@ -423,7 +425,9 @@ class StepLogger(TrainerCallback):
             "rollout_autotune_time": self.trainer.mx_rollout_autotune,
             "autotune_keys": keys - self.tuned0[1],
         }
-        self.peak_memory = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+        cuda = torch.cuda.is_available()
+        self.peak_memory = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+        self.peak_reserved = torch.cuda.max_memory_reserved() / 2**30 if cuda else None
 
     def on_log(self, args, state, control, logs=None, **kw):
         if logs is None or "train_runtime" in logs:
@@ -435,6 +439,7 @@ class StepLogger(TrainerCallback):
             "rollout_time": self.rollout_time,
             **self.autotune,
             "peak_memory_gib": self.peak_memory,
+            "peak_reserved_gib": self.peak_reserved,
             **logs,
             **self.trainer.take_step_metrics(),
         }
