@@ -328,7 +328,8 @@ def _cmd_gpu_smoke_report(args) -> int:
     print(
         json.dumps(
             {
-                r: {k: v.get(k) for k in ("status", "step_time_vs_bf16", "rollout_time_vs_bf16", "peak_memory_gib")}
+                r: {k: v.get(k) for k in ("status", "step_time_vs_bf16", "rollout_time_vs_bf16", "peak_memory_gib",
+                                          "peak_reserved_gib")}
                 for r, v in rec["recipes"].items()
             },
             indent=2,
