@@ -33,6 +33,12 @@ def _median_after_first(rows: list[dict], key: str, less: str) -> tuple[float | 
     return (statistics.median(vals), len(vals)) if vals else (None, 0)
 
 
+def _most(rows: list[dict], key: str) -> float | None:
+    """The largest ``key`` over the steps that logged one (on GPU only), or None."""
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return max(vals) if vals else None
+
+
 def recipe_record(cell: Path, log: Path | None) -> dict:
     """What one cell measured, or why it has no metrics."""
     metrics = cell / "metrics.json"
@@ -46,12 +52,10 @@ def recipe_record(cell: Path, log: Path | None) -> dict:
     tuned = {"seconds": sum(r.get("autotune_time") or 0.0 for r in rows[1:]),
              "keys": sum(r.get("autotune_keys") or 0 for r in rows[1:])}
     probe = [r["probe_time"] for r in rows if r.get("probe_time")]
-    peaks = [r["peak_memory_gib"] for r in rows if r.get("peak_memory_gib") is not None]
-    held = [r["peak_reserved_gib"] for r in rows if r.get("peak_reserved_gib") is not None]
     return {"status": "ok", "steps": m["steps"], "timed_steps": n, "step_time_s": step, "rollout_time_s": gen,
             "autotuning_in_timed_steps": tuned,
-            "probe_time_s": max(probe) if probe else None, "peak_memory_gib": max(peaks) if peaks else None,
-            "peak_reserved_gib": max(held) if held else None,
+            "probe_time_s": max(probe) if probe else None, "peak_memory_gib": _most(rows, "peak_memory_gib"),
+            "peak_reserved_gib": _most(rows, "peak_reserved_gib"),
             "weight_update": m.get("weight_update"), "rollout": m.get("rollout"), "precision": m.get("precision"),
             "mean_mismatch_kl": m.get("mean_mismatch_kl"), "device": m.get("device")}
 

@@ -405,9 +405,10 @@ class StepLogger(TrainerCallback):
     def __init__(self, trainer: MXGRPOTrainer, path: Path, progress=None, config_hash: str | None = None):
         self.trainer, self.path, self.progress, self.config_hash = trainer, Path(path), progress, config_hash
         self.t0 = self.tuned0 = None
-        self.step_time = self.peak_memory = self.peak_reserved = None
+        self.step_time = None
         self.probe_time = self.rollout_time = 0.0
         self.autotune = {"autotune_time": 0.0, "rollout_autotune_time": 0.0, "autotune_keys": 0}
+        self.memory = {"peak_memory_gib": None, "peak_reserved_gib": None}  # on GPU only
 
     def on_step_begin(self, args, state, control, **kw):
         self.t0, self.tuned0 = synced_clock(), autotune_spent()
@@ -425,9 +426,9 @@ class StepLogger(TrainerCallback):
             "rollout_autotune_time": self.trainer.mx_rollout_autotune,
             "autotune_keys": keys - self.tuned0[1],
         }
-        cuda = torch.cuda.is_available()
-        self.peak_memory = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
-        self.peak_reserved = torch.cuda.max_memory_reserved() / 2**30 if cuda else None
+        if torch.cuda.is_available():
+            self.memory = {"peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+                           "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
 
     def on_log(self, args, state, control, logs=None, **kw):
         if logs is None or "train_runtime" in logs:
@@ -438,8 +439,7 @@ class StepLogger(TrainerCallback):
             "probe_time": self.probe_time,
             "rollout_time": self.rollout_time,
             **self.autotune,
-            "peak_memory_gib": self.peak_memory,
-            "peak_reserved_gib": self.peak_reserved,
+            **self.memory,
             **logs,
             **self.trainer.take_step_metrics(),
         }
