@@ -35,6 +35,8 @@
 # Planned calls for a 30-minute session, in this order (issue each as soon as the previous returns, within
 # the tool's 30 s idle release, so that the warm machine keeps /tmp/site and the Triton cache):
 #   1. stack smoke-moe smoke-dense1     2. smoke-dense2 tests     3. checks memory1 gemm memory2
+# Back here, `python kernels/collect_gpu_session.py CALL1 CALL2 CALL3` (the folders each call brought back)
+# unpacks the calls into results/gpu/calls/<device>/, writes the issue's files and prints every target.
 # kernels/NOTES.md says what each kernel step predicts.
 set -uo pipefail
 STEPS="stack tests smoke-dense1 smoke-dense2 smoke-moe checks memory1 memory2 gemm stats-patch"

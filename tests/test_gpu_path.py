@@ -575,6 +575,61 @@ def test_bench_calls_of_one_device_merge_with_every_target_met_or_missed(tmp_pat
         bench.merge([one, call([], device="NVIDIA H200")], ["a.json", "c.json"])
 
 
+def test_a_sessions_calls_are_collected_into_the_issues_files_with_every_target_met_or_missed(tmp_path):
+    """Three calls' $OUT as the device tool brings them back: two dense halves with the MoE slice on an H100, the
+    kernel call on an H200 (the tool starts one where no H100 opens). Each device keeps its own files; a recipe
+    that died, or was not run, misses its target with no number instead of vanishing from the list."""
+    import tarfile
+
+    collect = _kernels_script("collect_gpu_session")
+    root = tmp_path / "repo"
+
+    def call(name, files, cells=(), device="NVIDIA H100 80GB HBM3"):
+        out, work = tmp_path / name / "out", tmp_path / name / "work"
+        out.mkdir(parents=True)
+        work.mkdir()
+        for recipe, times in cells:   # a finished cell, or (recipe, log text) one that died
+            _smoke_cell(work / "results", recipe, *((times,) if isinstance(times, list) else ([], None, times)))
+        (work / "steps.tsv").write_text("stack\t0\t7\n")
+        with tarfile.open(out / "session.tgz", "w:gz") as tar:
+            tar.add(work, arcname=".")
+        for f, content in {"stack.json": {"device": device, "torch": "2.11.0"}, **files}.items():
+            (out / f).write_text(json.dumps(content))
+        return out
+
+    moe = {"device": "cuda: NVIDIA H100 80GB HBM3", "complete": True, "rows": [
+        {"case": "tiny-moe", "grouped_over_bf16": 3.0},
+        {"case": "qwen3-30b-a3b layers", "grouped_over_bf16": 1.4, "target_grouped_over_bf16": 1.5,
+         "meets_target": True}]}
+    memory = {"kind": "memory", "path": "triton quantize", "shape": [8192, 4096], "axis": -1, "seconds": 1.0,
+              "fraction": 0.9}
+    bench = {"device": "NVIDIA H200", "versions": {"torch": "2.11.0"}, "method": "do_bench", "rows": [memory],
+             "ratios": {}}
+    one = call("one", {"gpu_smoke_moe.json": moe},
+               [("bf16", [50.0, 2.0, 2.0]), ("mxfp4", [90.0, 2.4, 2.4]), ("mxfp4+macro", "torch.OutOfMemoryError")])
+    two = call("two", {}, [("bf16", [50.0, 4.0, 4.0]), ("mxfp4+fallback", [90.0, 7.0, 7.0])])
+    three = call("three", {"bench_memory1.json": bench}, device="NVIDIA H200")
+    got = collect.collect([one, two, three], root)
+
+    h100 = {t["target"]: (t["value"], t["met"]) for t in got["h100"]}
+    assert h100["no gpu-smoke-quick recipe fails"] == (["mxfp4+macro", "mxfp4+aqn", "mxfp4+all"], False)
+    assert h100["mxfp4 step / bf16 step"] == (pytest.approx(1.2), True)
+    assert h100["mxfp4+fallback step / bf16 step"] == (pytest.approx(1.75), False)   # against its own call's bf16
+    assert h100["mxfp4+macro step / bf16 step"] == (None, False)
+    assert h100["MoE grouped MXFP4 step / bf16 step, qwen3-30b-a3b layers"] == (1.4, True)
+    assert [t["met"] for t in got["h200"]] == [True] and got["h200"][0]["source"] == "results/bench/bench_h200.json"
+    dense = json.loads((root / "results/gpu/gpu_smoke_dense.json").read_text())
+    assert [r["results"] for r in dense["runs"]] == ["results/gpu/calls/h100/call1/results",
+                                                     "results/gpu/calls/h100/call2/results"]
+    assert (root / "results/gpu/gpu_smoke_moe.json").is_file() and (root / "results/gpu/targets_h200.json").is_file()
+    assert (root / "results/gpu/calls/h200/call1/steps.tsv").is_file()
+    assert sorted(p.name for p in (root / "results/gpu/calls").iterdir()) == ["h100", "h200"]  # no staging left
+    with pytest.raises(FileExistsError, match="h100/call1 exists"):   # a second collection overwrites nothing
+        collect.collect([one], root)
+    with pytest.raises(FileNotFoundError, match="not a gpu_session.sh call"):
+        collect.collect([tmp_path / "one" / "work" / "results"], root)
+
+
 def test_random_weights_are_drawn_on_the_gpu_that_trains_them_and_loaded_weights_on_the_cpu(monkeypatch):
     from mxfp4.rl.models import initial_device
 

@@ -1,0 +1,204 @@
+"""Collect the device calls of one GPU session (kernels/gpu_session.sh) into the files issue 26 asks for, with
+every target met or missed; run here, after the calls, on the folders the device tool brought back.
+
+    python kernels/collect_gpu_session.py CALL1 CALL2 CALL3      # each: what one call left in $OUT
+
+Each call's ``session.tgz`` is unpacked into ``results/gpu/calls/<device>/call<N>/`` (cell logs and results,
+lm-eval outputs, stack.json, steps.tsv, each step's stderr; weights were left out on the device), and from
+those folders:
+- ``results/gpu/gpu_smoke_dense.json``: ``mxfp4 gpu-smoke-report`` over every call that ran gpu-smoke-quick
+  cells, each recipe against its own call's bf16, the memory plan's peaks beside;
+- ``results/gpu/gpu_smoke_moe.json``: the MoE slice (the call that ran ``smoke-moe``);
+- ``results/bench/bench_<device>.json``: the kernel calls (memory1, memory2, gemm) of one device merged;
+- ``results/gpu/targets_<device>.json``: every issue-26 target with its number, met or missed.
+Calls that landed on different devices (the device tool may start an H200 where no H100 opens) are kept
+apart: each device gets its own folder, benchmark file and targets; times are compared only within a call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from mxfp4.io import write_json_atomic  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE_PROFILE = "gpu-smoke-quick"
+PLAN = "results/gpu/memory_plan_qwen2.5-3b.json"
+BENCH_STEPS = ("bench_memory1.json", "bench_memory2.json", "bench_gemm.json")
+
+
+def device_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100', 'cuda: NVIDIA H200' -> 'h200'; else the name in lower-case words."""
+    model = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", name)
+    return model.group(1).lower() if model else re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def _json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def unpack(call: Path, into: Path) -> Path:
+    """One call's session.tgz unpacked (its flat headline files, the newest copies, laid over it)."""
+    if not call.is_dir():
+        raise FileNotFoundError(f"{call} is not a folder; pass the folders the device tool brought back")
+    archive = call / "session.tgz"
+    if not archive.is_file() and not any(call.glob("*.json")):
+        raise FileNotFoundError(f"{call} holds neither session.tgz nor any JSON: not a gpu_session.sh call")
+    into.mkdir(parents=True, exist_ok=True)
+    if archive.is_file():
+        with tarfile.open(archive) as tar:
+            tar.extractall(into, filter="data")  # refuses absolute paths and links out of the folder
+    for f in call.iterdir():
+        if f.is_file() and f.name != "session.tgz":
+            (into / f.name).write_bytes(f.read_bytes())
+    return into
+
+
+def call_device(folder: Path) -> str:
+    """The device a call ran on, as torch named it: stack.json, else any report of the call."""
+    stack = _json(folder / "stack.json") or {}
+    if stack.get("device"):
+        return stack["device"]
+    for name in ("gpu_smoke_moe.json", *BENCH_STEPS, "checks.json"):
+        device = (_json(folder / name) or {}).get("device")
+        if device:
+            return device.removeprefix("cuda: ")
+    for metrics in sorted(folder.glob(f"results/{SMOKE_PROFILE}/cells/*/*/*/metrics.json")):
+        if json.loads(metrics.read_text()).get("device"):
+            return json.loads(metrics.read_text())["device"]
+    raise ValueError(f"{folder}: no file of this call names its device (stack.json, a report or a cell's metrics)")
+
+
+def collect(calls: list[Path], root: Path = ROOT) -> dict[str, list[dict]]:
+    """Unpack, report, merge and check every target; returns the targets per device slug."""
+    from mxfp4.report.gpu_smoke import run as smoke_report
+
+    folders = place(calls, root)
+    named: set[str] = set()
+
+    def name(path: str, slug: str) -> str:  # the issue's name for the first device, suffixed for another
+        if path in named:
+            return path.replace(".json", f"_{slug}.json")
+        named.add(path)
+        return path
+
+    out: dict[str, list[dict]] = {}
+    for slug, rel in folders.items():
+        targets: list[dict] = []
+        smoke = [f / "results" for f in rel if (root / f / "results" / SMOKE_PROFILE).is_dir()]
+        if smoke:
+            dense_out = name("results/gpu/gpu_smoke_dense.json", slug)
+            rec = smoke_report([root / s for s in smoke], SMOKE_PROFILE, root / dense_out, root / PLAN)
+            for run, results in zip(rec["runs"], smoke):  # paths as the repository sees them
+                run["results"] = str(results)
+            write_json_atomic(root / dense_out, rec)
+            targets += dense_targets(rec, dense_out)
+        moe = [f / "gpu_smoke_moe.json" for f in rel if (root / f / "gpu_smoke_moe.json").is_file()]
+        if moe:
+            moe_out = name("results/gpu/gpu_smoke_moe.json", slug)
+            report = _json(root / moe[-1])
+            write_json_atomic(root / moe_out, {**report, "source": str(moe[-1])})
+            targets += moe_targets(report, moe_out)
+        kernel_calls = [f / step for f in rel for step in BENCH_STEPS if (root / f / step).is_file()]
+        if kernel_calls:
+            bench_out = f"results/bench/bench_{slug}.json"
+            merged = _script("bench_kernels").merge([_json(root / k) for k in kernel_calls],
+                                                    [str(k) for k in kernel_calls])
+            write_json_atomic(root / bench_out, merged)
+            targets += [{"source": bench_out, "target": f"{t['target']} at {'x'.join(map(str, t['shape']))}",
+                         "value": t["value"], "threshold": f">= {t['threshold']}", "met": t["met"]}
+                        for t in merged["targets"]]
+        write_json_atomic(root / f"results/gpu/targets_{slug}.json",
+                          {"device_calls": [str(f) for f in rel], "targets": targets})
+        out[slug] = targets
+    return out
+
+
+def place(calls: list[Path], root: Path) -> dict[str, list[Path]]:
+    """Each call unpacked into results/gpu/calls/<device>/call<N>/ (N counted per device, in call order);
+    nothing moved into place unless every call unpacks and no destination exists. Folders relative to root."""
+    staging = root / "results/gpu/calls/.staging"
+    try:
+        unpacked = [unpack(call, staging / str(i)) for i, call in enumerate(calls)]
+        by_device: dict[str, list[Path]] = {}
+        for folder in unpacked:
+            slug = device_slug(call_device(folder))
+            by_device.setdefault(slug, []).append(folder)
+        moves = {folder: Path("results/gpu/calls") / slug / f"call{n}"
+                 for slug, group in by_device.items() for n, folder in enumerate(group, start=1)}
+        for dest in moves.values():
+            if (root / dest).exists():
+                raise FileExistsError(f"{root / dest} exists: move it away or delete it before collecting again")
+        for folder, dest in moves.items():
+            (root / dest).parent.mkdir(parents=True, exist_ok=True)
+            folder.rename(root / dest)
+        return {slug: [moves[f] for f in group] for slug, group in by_device.items()}
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def dense_targets(rec: dict, source: str) -> list[dict]:
+    """No recipe fails (every recipe of the profile finished), and each targeted recipe's step time against its
+    call's BF16: missed, with no number, where either cell did not finish."""
+    from mxfp4.report.gpu_smoke import TARGETS
+
+    unfinished = rec["failed"] + rec["not_run"]
+    rows = [{"source": source, "target": "no gpu-smoke-quick recipe fails", "value": unfinished or "all finished",
+             "threshold": "none failed or not run", "met": not unfinished}]
+    for name, threshold in TARGETS.items():
+        ratio = rec["recipes"].get(name, {}).get("step_time_vs_bf16")
+        rows.append({"source": source, "target": f"{name} step / bf16 step", "value": ratio,
+                     "threshold": f"<= {threshold}", "met": ratio is not None and ratio <= threshold})
+    return rows
+
+
+def moe_targets(report: dict, source: str) -> list[dict]:
+    rows = [{"source": source, "target": f"MoE grouped MXFP4 step / bf16 step, {r['case']}",
+             "value": r["grouped_over_bf16"], "threshold": f"<= {r['target_grouped_over_bf16']}",
+             "met": r["meets_target"]} for r in report["rows"] if "meets_target" in r]
+    if not rows:  # the call stopped before the real layers: the target is missed, not silently absent
+        rows.append({"source": source, "target": "MoE grouped MXFP4 step / bf16 step, real layers",
+                     "value": None, "threshold": f"<= {_script('bench_moe').TARGET_GROUPED_OVER_BF16}",
+                     "met": False})
+    return rows
+
+
+def _script(name: str):
+    """A script of kernels/ as a module (they are run as scripts, not installed)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("calls", nargs="+", type=Path, help="the folders of the calls' $OUT, in the order they ran")
+    p.add_argument("--root", type=Path, default=ROOT, help="the repository the files go into (default: this one)")
+    args = p.parse_args(argv)
+    collected = collect(args.calls, args.root)
+    for slug, targets in collected.items():
+        print(f"{slug}: results/gpu/targets_{slug}.json")
+        for t in targets:
+            value = f"{t['value']:.3f}" if isinstance(t["value"], float) else str(t["value"])
+            print(f"  {'met   ' if t['met'] else 'MISSED'} {t['target']:<70} {value:>14} (target {t['threshold']})")
+    sources = {t["source"] for targets in collected.values() for t in targets}
+    for what, prefix in (("the dense gpu-smoke-quick cells", "results/gpu/gpu_smoke_dense"),
+                         ("the MoE slice", "results/gpu/gpu_smoke_moe"), ("the kernel benchmarks", "results/bench/")):
+        if not any(s.startswith(prefix) for s in sources):
+            print(f"NOT MEASURED in any call: {what} (their targets are missed)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
