@@ -10,7 +10,8 @@ those folders:
   cells, each recipe against its own call's bf16, the memory plan's peaks beside;
 - ``results/gpu/gpu_smoke_moe.json``: the MoE slice (the call that ran ``smoke-moe``);
 - ``results/bench/bench_<device>.json``: the kernel calls (memory1, memory2, gemm) of one device merged;
-- ``results/gpu/targets_<device>.json``: every issue-26 target with its number, met or missed.
+- ``results/gpu/targets_<device>.json``: every issue-26 target with its number, met or missed, and the two
+  checks of correctness on the device (every kernel bit-exact; the suite's CUDA tests).
 Calls that landed on different devices (the device tool may start an H200 where no H100 opens) are kept
 apart: each device gets its own folder, benchmark file and targets; times are compared only within a call.
 """
@@ -27,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from mxfp4.io import write_json_atomic  # noqa: E402
+from mxfp4.layout import Layout  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE_PROFILE = "gpu-smoke-quick"
@@ -70,7 +72,7 @@ def call_device(folder: Path) -> str:
         device = (_json(folder / name) or {}).get("device")
         if device:
             return device.removeprefix("cuda: ")
-    for metrics in sorted(folder.glob(f"results/{SMOKE_PROFILE}/cells/*/*/*/metrics.json")):
+    for metrics in sorted(Layout(folder / "results", SMOKE_PROFILE).cells.glob("*/*/*/metrics.json")):
         if json.loads(metrics.read_text()).get("device"):
             return json.loads(metrics.read_text())["device"]
     raise ValueError(f"{folder}: no file of this call names its device (stack.json, a report or a cell's metrics)")
@@ -115,6 +117,7 @@ def collect(calls: list[Path], root: Path = ROOT) -> dict[str, list[dict]]:
             targets += [{"source": bench_out, "target": f"{t['target']} at {'x'.join(map(str, t['shape']))}",
                          "value": t["value"], "threshold": f">= {t['threshold']}", "met": t["met"]}
                         for t in merged["targets"]]
+        targets += device_checks(root, rel)
         write_json_atomic(root / f"results/gpu/targets_{slug}.json",
                           {"device_calls": [str(f) for f in rel], "targets": targets})
         out[slug] = targets
@@ -156,6 +159,30 @@ def dense_targets(rec: dict, source: str) -> list[dict]:
         ratio = rec["recipes"].get(name, {}).get("step_time_vs_bf16")
         rows.append({"source": source, "target": f"{name} step / bf16 step", "value": ratio,
                      "threshold": f"<= {threshold}", "met": ratio is not None and ratio <= threshold})
+    return rows
+
+
+def device_checks(root: Path, rel: list[Path]) -> list[dict]:
+    """The two checks of correctness a call may have run on this device: every kernel bit-exact
+    (``checks``: kernels/check_kernels.py) and the suite's CUDA tests (``tests``: pytest -m gpu, its JUnit XML)."""
+    import xml.etree.ElementTree as ET
+
+    rows = []
+    for f in [f / "checks.json" for f in rel if (root / f / "checks.json").is_file()][-1:]:
+        c = _json(root / f)
+        matmul = "ok" if all(m["passed"] for m in c["matmul"].values()) else "FAILED"
+        rows.append({"source": str(f), "target": "every kernel bit-exact on the device (check_kernels.py)",
+                     "value": f"{c['n_checks'] - c['n_failed']}/{c['n_checks']} checks, matmul {matmul}"
+                              f"{'' if c['complete'] else ', cut off before the end'}",
+                     "threshold": "all passed, complete", "met": c["passed"]})
+    for f in [f / "tests_gpu.xml" for f in rel if (root / f / "tests_gpu.xml").is_file()][-1:]:
+        suite = ET.parse(root / f).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+        rows.append({"source": str(f), "target": "the suite's CUDA tests pass (pytest -m gpu)",
+                     "value": f"{n['tests'] - n['failures'] - n['errors'] - n['skipped']} passed, {n['failures']} "
+                              f"failed, {n['errors']} errors, {n['skipped']} skipped",
+                     "threshold": "none failed", "met": n["tests"] > n["skipped"] and not n["failures"] + n["errors"]})
     return rows
 
 

@@ -579,6 +579,7 @@ def test_a_sessions_calls_are_collected_into_the_issues_files_with_every_target_
     """Three calls' $OUT as the device tool brings them back: two dense halves with the MoE slice on an H100, the
     kernel call on an H200 (the tool starts one where no H100 opens). Each device keeps its own files; a recipe
     that died, or was not run, misses its target with no number instead of vanishing from the list."""
+    import subprocess
     import tarfile
 
     collect = _kernels_script("collect_gpu_session")
@@ -605,9 +606,18 @@ def test_a_sessions_calls_are_collected_into_the_issues_files_with_every_target_
               "fraction": 0.9}
     bench = {"device": "NVIDIA H200", "versions": {"torch": "2.11.0"}, "method": "do_bench", "rows": [memory],
              "ratios": {}}
+    checks = {"device": "NVIDIA H100 80GB HBM3", "complete": True, "n_checks": 3, "n_failed": 1, "passed": False,
+              "matmul": {"w4a16": {"passed": True}}}
+    suite = tmp_path / "test_three.py"   # a real JUnit XML, as the tests step writes it: 1 passed, 1 failed, 1 skipped
+    suite.write_text("import pytest\ndef test_a(): pass\ndef test_b(): assert False\n"
+                     "@pytest.mark.skip\ndef test_c(): pass\n")
+    junit = tmp_path / "tests_gpu.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", str(suite)],
+                   cwd=tmp_path, capture_output=True, timeout=120)
     one = call("one", {"gpu_smoke_moe.json": moe},
                [("bf16", [50.0, 2.0, 2.0]), ("mxfp4", [90.0, 2.4, 2.4]), ("mxfp4+macro", "torch.OutOfMemoryError")])
-    two = call("two", {}, [("bf16", [50.0, 4.0, 4.0]), ("mxfp4+fallback", [90.0, 7.0, 7.0])])
+    two = call("two", {"checks.json": checks}, [("bf16", [50.0, 4.0, 4.0]), ("mxfp4+fallback", [90.0, 7.0, 7.0])])
+    (two / "tests_gpu.xml").write_text(junit.read_text())
     three = call("three", {"bench_memory1.json": bench}, device="NVIDIA H200")
     got = collect.collect([one, two, three], root)
 
@@ -617,6 +627,8 @@ def test_a_sessions_calls_are_collected_into_the_issues_files_with_every_target_
     assert h100["mxfp4+fallback step / bf16 step"] == (pytest.approx(1.75), False)   # against its own call's bf16
     assert h100["mxfp4+macro step / bf16 step"] == (None, False)
     assert h100["MoE grouped MXFP4 step / bf16 step, qwen3-30b-a3b layers"] == (1.4, True)
+    assert h100["every kernel bit-exact on the device (check_kernels.py)"] == ("2/3 checks, matmul ok", False)
+    assert h100["the suite's CUDA tests pass (pytest -m gpu)"] == ("1 passed, 1 failed, 0 errors, 1 skipped", False)
     assert [t["met"] for t in got["h200"]] == [True] and got["h200"][0]["source"] == "results/bench/bench_h200.json"
     dense = json.loads((root / "results/gpu/gpu_smoke_dense.json").read_text())
     assert [r["results"] for r in dense["runs"]] == ["results/gpu/calls/h100/call1/results",
