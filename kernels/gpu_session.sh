@@ -78,8 +78,9 @@ publish() {   # after every step: the headline files flat into $OUT (at most 6 o
     local packed="$WORK.tgz"   # beside $WORK, not in $OUT: a kill mid-pack leaves no extra file there
     tar czf "$packed" -C "$WORK" --exclude='*.safetensors' --exclude='*.pt' --exclude='*.bin' \
         --exclude='*.lock' . 2>/dev/null
-    if [ "$(stat -c %s "$packed")" -gt 15000000 ]; then   # over the 16 MiB a file: JSON and logs only
-        (cd "$WORK" && find . \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' -o -name '*.tsv' \) -size -2M \
+    if [ "$(stat -c %s "$packed")" -gt 15000000 ]; then   # over the 16 MiB a file: reports and logs only
+        (cd "$WORK" && find . \( -name '*.json' -o -name '*.jsonl' -o -name '*.log' -o -name '*.tsv' -o -name '*.xml' \
+            -o -name '*.csv' -o -name '*.out' -o -name '*.err' \) -size -2M \
             -print0 | tar czf "$packed" --null -T -)
     fi
     cp "$packed" "$OUT/session.tgz.part" && mv "$OUT/session.tgz.part" "$OUT/session.tgz"

@@ -575,6 +575,29 @@ def test_bench_calls_of_one_device_merge_with_every_target_met_or_missed(tmp_pat
         bench.merge([one, call([], device="NVIDIA H200")], ["a.json", "c.json"])
 
 
+def test_a_session_over_the_device_tools_file_limit_still_brings_back_its_reports_and_logs(tmp_path):
+    """Past 16 MiB packed, session.tgz keeps the reports and logs only: the tests step's JUnit XML, the
+    steps' stdout and stderr and the device's CSV among them (kernels/collect_gpu_session.py reads them)."""
+    import os
+    import subprocess
+    import tarfile
+
+    root = Path(__file__).resolve().parent.parent
+    out, work = tmp_path / "out", tmp_path / "work"
+    work.mkdir()
+    (work / "activations.dat").write_bytes(os.urandom(16 << 20))   # incompressible, over the limit alone
+    (work / "tests_gpu.xml").write_text("<testsuites/>")
+    env = {**os.environ, "OUT": str(out), "WORK": str(work), "DEADLINE_S": "120", "WHEELS": str(tmp_path),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(["bash", "kernels/gpu_session.sh", "stack"], cwd=root, env=env, capture_output=True, text=True,
+                   timeout=300, check=True)
+    assert (out / "session.tgz").stat().st_size < 16 << 20
+    with tarfile.open(out / "session.tgz") as archive:
+        names = {Path(n).name for n in archive.getnames()}
+    assert {"tests_gpu.xml", "stack.out", "stack.err", "stack.json", "steps.tsv"} <= names
+    assert "activations.dat" not in names
+
+
 def test_a_sessions_calls_are_collected_into_the_issues_files_with_every_target_met_or_missed(tmp_path):
     """Three calls' $OUT as the device tool brings them back: two dense halves with the MoE slice on an H100, the
     kernel call on an H200 (the tool starts one where no H100 opens). Each device keeps its own files; a recipe
