@@ -27,8 +27,11 @@ import tarfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts: bench_kernels, bench_moe
 from mxfp4.io import write_json_atomic  # noqa: E402
 from mxfp4.layout import Layout  # noqa: E402
+from mxfp4.report.gpu_smoke import TARGETS  # noqa: E402
+from mxfp4.report.gpu_smoke import run as smoke_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE_PROFILE = "gpu-smoke-quick"
@@ -46,6 +49,11 @@ def _json(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def _in_calls(root: Path, rel: list[Path], name: str) -> list[Path]:
+    """``name`` in each of these calls' folders that has it, in call order (relative to root)."""
+    return [f / name for f in rel if (root / f / name).is_file()]
+
+
 def unpack(call: Path, into: Path) -> Path:
     """One call's session.tgz unpacked (its flat headline files, the newest copies, laid over it)."""
     if not call.is_dir():
@@ -59,7 +67,7 @@ def unpack(call: Path, into: Path) -> Path:
             tar.extractall(into, filter="data")  # refuses absolute paths and links out of the folder
     for f in call.iterdir():
         if f.is_file() and f.name != "session.tgz":
-            (into / f.name).write_bytes(f.read_bytes())
+            shutil.copyfile(f, into / f.name)
     return into
 
 
@@ -80,7 +88,7 @@ def call_device(folder: Path) -> str:
 
 def collect(calls: list[Path], root: Path = ROOT) -> dict[str, list[dict]]:
     """Unpack, report, merge and check every target; returns the targets per device slug."""
-    from mxfp4.report.gpu_smoke import run as smoke_report
+    import bench_kernels
 
     folders = place(calls, root)
     named: set[str] = set()
@@ -97,22 +105,21 @@ def collect(calls: list[Path], root: Path = ROOT) -> dict[str, list[dict]]:
         smoke = [f / "results" for f in rel if (root / f / "results" / SMOKE_PROFILE).is_dir()]
         if smoke:
             dense_out = name("results/gpu/gpu_smoke_dense.json", slug)
-            rec = smoke_report([root / s for s in smoke], SMOKE_PROFILE, root / dense_out, root / PLAN)
+            rec = smoke_report([root / s for s in smoke], SMOKE_PROFILE, out=None, plan=root / PLAN)
             for run, results in zip(rec["runs"], smoke):  # paths as the repository sees them
                 run["results"] = str(results)
             write_json_atomic(root / dense_out, rec)
             targets += dense_targets(rec, dense_out)
-        moe = [f / "gpu_smoke_moe.json" for f in rel if (root / f / "gpu_smoke_moe.json").is_file()]
+        moe = _in_calls(root, rel, "gpu_smoke_moe.json")
         if moe:
             moe_out = name("results/gpu/gpu_smoke_moe.json", slug)
             report = _json(root / moe[-1])
             write_json_atomic(root / moe_out, {**report, "source": str(moe[-1])})
             targets += moe_targets(report, moe_out)
-        kernel_calls = [f / step for f in rel for step in BENCH_STEPS if (root / f / step).is_file()]
+        kernel_calls = [k for step in BENCH_STEPS for k in _in_calls(root, rel, step)]
         if kernel_calls:
             bench_out = f"results/bench/bench_{slug}.json"
-            merged = _script("bench_kernels").merge([_json(root / k) for k in kernel_calls],
-                                                    [str(k) for k in kernel_calls])
+            merged = bench_kernels.merge([_json(root / k) for k in kernel_calls], [str(k) for k in kernel_calls])
             write_json_atomic(root / bench_out, merged)
             targets += [{"source": bench_out, "target": f"{t['target']} at {'x'.join(map(str, t['shape']))}",
                          "value": t["value"], "threshold": f">= {t['threshold']}", "met": t["met"]}
@@ -150,8 +157,6 @@ def place(calls: list[Path], root: Path) -> dict[str, list[Path]]:
 def dense_targets(rec: dict, source: str) -> list[dict]:
     """No recipe fails (every recipe of the profile finished), and each targeted recipe's step time against its
     call's BF16: missed, with no number, where either cell did not finish."""
-    from mxfp4.report.gpu_smoke import TARGETS
-
     unfinished = rec["failed"] + rec["not_run"]
     rows = [{"source": source, "target": "no gpu-smoke-quick recipe fails", "value": unfinished or "all finished",
              "threshold": "none failed or not run", "met": not unfinished}]
@@ -168,14 +173,14 @@ def device_checks(root: Path, rel: list[Path]) -> list[dict]:
     import xml.etree.ElementTree as ET
 
     rows = []
-    for f in [f / "checks.json" for f in rel if (root / f / "checks.json").is_file()][-1:]:
+    for f in _in_calls(root, rel, "checks.json")[-1:]:  # the last call that ran it
         c = _json(root / f)
         matmul = "ok" if all(m["passed"] for m in c["matmul"].values()) else "FAILED"
         rows.append({"source": str(f), "target": "every kernel bit-exact on the device (check_kernels.py)",
                      "value": f"{c['n_checks'] - c['n_failed']}/{c['n_checks']} checks, matmul {matmul}"
                               f"{'' if c['complete'] else ', cut off before the end'}",
                      "threshold": "all passed, complete", "met": c["passed"]})
-    for f in [f / "tests_gpu.xml" for f in rel if (root / f / "tests_gpu.xml").is_file()][-1:]:
+    for f in _in_calls(root, rel, "tests_gpu.xml")[-1:]:
         suite = ET.parse(root / f).getroot()
         suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
         n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
@@ -191,21 +196,12 @@ def moe_targets(report: dict, source: str) -> list[dict]:
              "value": r["grouped_over_bf16"], "threshold": f"<= {r['target_grouped_over_bf16']}",
              "met": r["meets_target"]} for r in report["rows"] if "meets_target" in r]
     if not rows:  # the call stopped before the real layers: the target is missed, not silently absent
+        from bench_moe import TARGET_GROUPED_OVER_BF16  # (imports transformers)
+
         rows.append({"source": source, "target": "MoE grouped MXFP4 step / bf16 step, real layers",
-                     "value": None, "threshold": f"<= {_script('bench_moe').TARGET_GROUPED_OVER_BF16}",
+                     "value": None, "threshold": f"<= {TARGET_GROUPED_OVER_BF16}",
                      "met": False})
     return rows
-
-
-def _script(name: str):
-    """A script of kernels/ as a module (they are run as scripts, not installed)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def main(argv=None) -> int:

@@ -120,7 +120,8 @@ def report(runs: list[Path | str], profile: str, model: str, recipes: list[str],
             "not_run": [r for r, rec in merged.items() if rec["status"] == "not run"], "recipes": merged}
 
 
-def run(results: list[Path | str], profile: str, out: Path | str, plan: Path | str | None = None) -> dict:
+def run(results: list[Path | str], profile: str, out: Path | str | None, plan: Path | str | None = None) -> dict:
+    """The report of a one-model, one-seed profile's runs, written to ``out`` (None: returned only)."""
     from ..config.profiles import load_profile
 
     p = load_profile(profile)
@@ -129,5 +130,6 @@ def run(results: list[Path | str], profile: str, out: Path | str, plan: Path | s
                          f"{len(p.models)} models and {len(p.seeds)} seeds")
     plan_data = json.loads(Path(plan).read_text()) if plan is not None and Path(plan).exists() else None
     rec = report(results, profile, next(iter(p.models)), list(p.recipes), p.seeds[0], plan_data)
-    write_json_atomic(out, rec)  # rewritten after every cell of a GPU session: never half-written at a timeout
+    if out is not None:  # rewritten after every cell of a GPU session: never half-written at a timeout
+        write_json_atomic(out, rec)
     return rec
