@@ -88,6 +88,27 @@ def test_on_cuda_each_new_shape_bucket_is_tuned_once_and_counted(monkeypatch):
     assert counted == [1, 0, 0, 1]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_on_cuda_the_stats_of_a_call_that_tunes_equal_the_float64_reference(monkeypatch, axis):
+    """The device's autotuner benchmarks every config into the stats partials before the chosen one runs
+    (the CPU test above runs Triton's Autotuner under the interpreter; this one, the device's timer and
+    configs). A shape used nowhere else, so this call tunes."""
+    from mxfp4.numerics import triton_kernels as tk
+    from mxfp4.numerics.decompose import decompose
+
+    monkeypatch.setenv("MXFP4_AUTOTUNE", "1")
+    x = torch.randn(1000, 2080, generator=torch.Generator().manual_seed(7)).bfloat16()
+    keys = tk.autotune_spent()[1]
+    _, stats = tk.fake_quantize_with_stats(x.cuda(), axis)
+    torch.cuda.synchronize()
+    assert tk.autotune_spent()[1] == keys + 1
+    ref = decompose(x, "mxfp4", axis)
+    assert int(stats["deadzone_count"]) == int(ref.dead.sum())
+    for k in kernel_checks.ENERGY_KEYS:
+        assert abs(float(stats[k]) - ref.stats[k]) <= kernel_checks.ENERGY_RTOL * ref.stats["energy_total"], k
+
+
 def test_stats_kernel_returns_device_tensors_that_match_the_float64_reference():
     from mxfp4.numerics import triton_kernels as tk
     from mxfp4.numerics.decompose import decompose
@@ -99,6 +120,39 @@ def test_stats_kernel_returns_device_tensors_that_match_the_float64_reference():
     assert int(stats["deadzone_count"]) == int(ref["deadzone_fraction"] * x.numel() + 0.5)
     for k in kernel_checks.ENERGY_KEYS:
         assert abs(float(stats[k]) - ref[k]) <= kernel_checks.ENERGY_RTOL * ref["energy_total"], k
+
+
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_the_stats_of_a_call_that_autotunes_count_only_the_chosen_configs_programs(monkeypatch, axis):
+    """On CUDA the first call of a new shape runs Triton's autotuner: every config of the space is
+    benchmarked into the same per-program partials buffer (sized for the config with the most programs)
+    before the best one runs. Rows the best config does not write must be zero then, or the energies and
+    counts of that call add other configs' partials. Triton's real Autotuner runs here, its kernels under
+    the interpreter and its timer replaced (each config run once; the last config, with fewer programs than
+    the first ones, wins), so the check runs without a GPU. It failed before the fix: twice the counts."""
+    from mxfp4.numerics import triton_kernels as tk
+    from mxfp4.numerics.decompose import decompose
+
+    tuned = tk._quant_rows_tuned if axis == -1 else tk._quant_cols_tuned
+    shape = (64, 1024) if axis == -1 else (256, 64)  # rows mode; column mode with B = 1, R = 256, C = 64
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(5)).bfloat16()
+    runs = []
+
+    def one_run_each(kernel_call, quantiles):  # each config run once, each faster than the last: the last wins,
+        kernel_call()  # and the last config of both spaces launches fewer programs than the first ones
+        runs.append(None)
+        return [1.0 / len(runs)] * len(quantiles)
+
+    monkeypatch.setattr(tk, "triton_interpreting", lambda: False)
+    monkeypatch.setenv("MXFP4_AUTOTUNE", "1")
+    monkeypatch.setattr(tuned, "cache", {})
+    monkeypatch.setattr(tuned, "_do_bench", one_run_each)
+    _, stats = tk.fake_quantize_with_stats(x, axis)
+    ref = decompose(x, "mxfp4", axis)
+    assert len(tuned.cache) == 1  # this call tuned: every config ran before the chosen one
+    assert int(stats["deadzone_count"]) == int(ref.dead.sum())
+    for k in kernel_checks.ENERGY_KEYS:
+        assert abs(float(stats[k]) - ref.stats[k]) <= kernel_checks.ENERGY_RTOL * ref.stats["energy_total"], k
 
 
 def test_a_tensor_stored_transposed_is_read_in_place_and_3d_along_a_middle_axis_without_a_copy():

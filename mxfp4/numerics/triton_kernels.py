@@ -625,12 +625,14 @@ COL_TILES = [
 BOTH_TILES = [(32, 128, 4), (32, 64, 2), (32, 256, 4), (32, 256, 8), (64, 64, 4)]
 _VARIANT = ["RULE", "WRITE_CODES", "WRITE_FAKE", "WITH_STATS", "IN_BF16", "IN_FP32", "OUT_BF16"]
 
-_quant_rows_tuned = triton.autotune(_configs(ROW_TILES, ("BLOCK_R", "BLOCK_K")), key=["K", "R_BUCKET", *_VARIANT])(
-    _quant_rows_kernel
-)
-_quant_cols_tuned = triton.autotune(_configs(COL_TILES, ("BLOCK_R", "BLOCK_C")), key=["C", "R_BUCKET", *_VARIANT])(
-    _quant_cols_kernel
-)
+# The stats partials are one row per program, in a buffer sized for the config with the most programs:
+# zeroed after the autotuner's benchmark runs (reset_to_zero), or a call that tunes sums their rows too.
+_quant_rows_tuned = triton.autotune(
+    _configs(ROW_TILES, ("BLOCK_R", "BLOCK_K")), key=["K", "R_BUCKET", *_VARIANT], reset_to_zero=["stats_ptr"]
+)(_quant_rows_kernel)
+_quant_cols_tuned = triton.autotune(
+    _configs(COL_TILES, ("BLOCK_R", "BLOCK_C")), key=["C", "R_BUCKET", *_VARIANT], reset_to_zero=["stats_ptr"]
+)(_quant_cols_kernel)
 _fake_both_tuned = triton.autotune(
     _configs(BOTH_TILES, ("BLOCK_R", "BLOCK_C")), key=["C", "R_BUCKET", "RULE", "IN_BF16", "OUT_BF16"]
 )(_fake_both_kernel)
