@@ -1,8 +1,11 @@
 """Kernel unit checks: every Triton kernel bit-exact against the reference; writes a JSON report.
 
 On a machine without CUDA the kernels run under TRITON_INTERPRET=1 (set here, before triton loads).
+``--every-config``: instead, each config of every autotune space forced in turn and checked (on CUDA the
+autotuner may pick any of them; the default checks run each space's first config there).
 
     python kernels/check_kernels.py --out results/embedded/kernels/checks.json
+    python kernels/check_kernels.py --every-config --out checks_configs.json
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ def main(argv=None) -> int:
     p.add_argument("--kernel", action="append", choices=kernel_checks.KERNELS, help="only these kernels (repeatable)")
     p.add_argument("--no-matmul", action="store_true", help="skip the GEMM checks")
     p.add_argument(
+        "--every-config",
+        action="store_true",
+        help="check each config of every autotune space (kernels and GEMMs) instead of the cases",
+    )
+    p.add_argument(
         "--interpreter-dtype",
         action="append",
         choices=[str(d).removeprefix("torch.") for d in kernel_checks.DTYPES],
@@ -46,6 +54,7 @@ def main(argv=None) -> int:
         measured (``complete``: false)."""
         out = {
             "device": device_name,
+            "mode": "every config of every autotune space" if args.every_config else "cases",
             "complete": complete,
             "n_checks": len(results),
             "n_failed": sum(not r["passed"] for r in results),
@@ -57,15 +66,20 @@ def main(argv=None) -> int:
         return out
 
     with tqdm(desc="bit-exact kernel checks", unit="check", file=sys.stderr) as bar:
-        for r in kernel_checks.check_cases(device, kernels=tuple(args.kernel or kernel_checks.KERNELS), dtypes=dtypes):
+        if args.every_config:
+            checks = kernel_checks.check_every_config(device)
+        else:
+            kernels = tuple(args.kernel or kernel_checks.KERNELS)
+            checks = kernel_checks.check_cases(device, kernels=kernels, dtypes=dtypes)
+        for r in checks:
             results.append(r)
             if not r["passed"]:
                 tqdm.write(f"FAIL {r}", file=sys.stderr)
-            bar.set_postfix_str(r["case"])
+            bar.set_postfix_str(r["space"] if args.every_config else r["case"])
             bar.update(1)
             if device == "cuda" or len(results) % 64 == 0:
                 report(complete=False)
-    matmul.update({} if args.no_matmul else kernel_checks.check_matmul(device))
+    matmul.update({} if args.no_matmul or args.every_config else kernel_checks.check_matmul(device))
     final = report(complete=True)
     passed = final["passed"]
     print(

@@ -11,7 +11,7 @@ those folders:
 - ``results/gpu/gpu_smoke_moe.json``: the MoE slice (the call that ran ``smoke-moe``);
 - ``results/bench/bench_<device>.json``: the kernel calls (memory1, memory2, gemm) of one device merged;
 - ``results/gpu/targets_<device>.json``: every issue-26 target with its number, met or missed, and the two
-  checks of correctness on the device (every kernel bit-exact; the suite's CUDA tests).
+  checks of correctness on the device (every kernel bit-exact; every autotune config; the suite's CUDA tests).
 Calls that landed on different devices (the device tool may start an H200 where no H100 opens) are kept
 apart: each device gets its own folder, benchmark file and targets; times are compared only within a call.
 """
@@ -168,18 +168,22 @@ def dense_targets(rec: dict, source: str) -> list[dict]:
 
 
 def device_checks(root: Path, rel: list[Path]) -> list[dict]:
-    """The two checks of correctness a call may have run on this device: every kernel bit-exact
-    (``checks``: kernels/check_kernels.py) and the suite's CUDA tests (``tests``: pytest -m gpu, its JUnit XML)."""
+    """The checks of correctness a call may have run on this device: every kernel bit-exact (``checks``:
+    kernels/check_kernels.py), every config of every autotune space (``configs``: its --every-config) and
+    the suite's CUDA tests (``tests``: pytest -m gpu, its JUnit XML)."""
     import xml.etree.ElementTree as ET
 
     rows = []
-    for f in _in_calls(root, rel, "checks.json")[-1:]:  # the last call that ran it
-        c = _json(root / f)
-        matmul = "ok" if all(m["passed"] for m in c["matmul"].values()) else "FAILED"
-        rows.append({"source": str(f), "target": "every kernel bit-exact on the device (check_kernels.py)",
-                     "value": f"{c['n_checks'] - c['n_failed']}/{c['n_checks']} checks, matmul {matmul}"
-                              f"{'' if c['complete'] else ', cut off before the end'}",
-                     "threshold": "all passed, complete", "met": c["passed"]})
+    for name, target in (("checks.json", "every kernel bit-exact on the device (check_kernels.py)"),
+                         ("checks_configs.json", "every autotune config checked on the device (--every-config)")):
+        for f in _in_calls(root, rel, name)[-1:]:  # the last call that ran it
+            c = _json(root / f)
+            matmul = "" if not c["matmul"] else (
+                ", matmul ok" if all(m["passed"] for m in c["matmul"].values()) else ", matmul FAILED")
+            rows.append({"source": str(f), "target": target,
+                         "value": f"{c['n_checks'] - c['n_failed']}/{c['n_checks']} checks{matmul}"
+                                  f"{'' if c['complete'] else ', cut off before the end'}",
+                         "threshold": "all passed, complete", "met": c["passed"]})
     for f in _in_calls(root, rel, "tests_gpu.xml")[-1:]:
         suite = ET.parse(root / f).getroot()
         suite = suite if suite.tag == "testsuite" else suite.find("testsuite")

@@ -10,6 +10,7 @@
 #   bash kernels/gpu_session.sh smoke-dense2   # gpu-smoke-quick cells bf16, mxfp4+fallback, mxfp4+aqn, mxfp4+all
 #   bash kernels/gpu_session.sh smoke-moe      # Qwen3-30B-A3B expert layers: bf16 vs grouped MXFP4 vs per-expert -> gpu_smoke_moe.json
 #   bash kernels/gpu_session.sh checks         # bit-exact on the device: every kernel, dtype, rule, layout; the GEMMs
+#   bash kernels/gpu_session.sh configs        # each config of every autotune space forced and checked (the tuner may pick any)
 #   bash kernels/gpu_session.sh memory1        # memory-bound rows at 16384x8192 and 8192x4096, copy bandwidth beside
 #   bash kernels/gpu_session.sh memory2        # 8192x11008, the Qwen3-30B-A3B expert stack, a decode shape
 #   bash kernels/gpu_session.sh gemm           # W4A16 decode and prefill, tl.dot_scaled, dequantize + cuBLAS, cuBLAS BF16
@@ -34,12 +35,12 @@
 #
 # Planned calls for a 30-minute session, in this order (issue each as soon as the previous returns, within
 # the tool's 30 s idle release, so that the warm machine keeps /tmp/site and the Triton cache):
-#   1. stack smoke-moe smoke-dense1     2. smoke-dense2 tests     3. checks memory1 gemm memory2
+#   1. stack smoke-moe smoke-dense1     2. smoke-dense2 tests     3. checks memory1 gemm memory2 configs
 # Back here, `python kernels/collect_gpu_session.py CALL1 CALL2 CALL3` (the folders each call brought back)
 # unpacks the calls into results/gpu/calls/<device>/, writes the issue's files and prints every target.
 # kernels/NOTES.md says what each kernel step predicts.
 set -uo pipefail
-STEPS="stack tests smoke-dense1 smoke-dense2 smoke-moe checks memory1 memory2 gemm stats-patch"
+STEPS="stack tests smoke-dense1 smoke-dense2 smoke-moe checks configs memory1 memory2 gemm stats-patch"
 for step in "$@"; do   # every name checked before any device time is spent
     [[ " $STEPS " == *" $step "* ]] || { echo "unknown step '$step'; the steps: $STEPS" >&2; exit 2; }
 done
@@ -86,6 +87,12 @@ publish() {   # after every step: the headline files flat into $OUT (at most 6 o
     cp "$packed" "$OUT/session.tgz.part" && mv "$OUT/session.tgz.part" "$OUT/session.tgz"
 }
 
+apply_patch() {   # apply_patch [-R] FILE: every hunk or none (git apply where git is, else patch(1) after a dry run)
+    if command -v git > /dev/null; then git apply "$@"; return; fi
+    local reverse=; [ "$1" = -R ] && { reverse=-R; shift; }
+    patch -p1 --force --quiet --no-backup-if-mismatch --dry-run $reverse < "$1" > /dev/null \
+        && patch -p1 --force --quiet --no-backup-if-mismatch $reverse < "$1"
+}
 left() { echo $(( DEADLINE_S - SECONDS )); }   # SECONDS: since the script started
 cap() { local l; l=$(left); (( l > 1 )) || l=1; echo $(( $1 < l ? $1 : l )); }   # its own cap or the time left
 
@@ -139,16 +146,18 @@ PY
         smoke-moe) timeout "$(cap 150)" python3 kernels/bench_moe.py --device cuda --compute bfloat16 --cases all --reps 3 \
                        --out "$WORK/gpu_smoke_moe.json" ;;
         checks)  MXFP4_AUTOTUNE=0 timeout "$(cap 280)" python3 kernels/check_kernels.py --out "$WORK/checks.json" ;;
+        configs) timeout "$(cap 280)" python3 kernels/check_kernels.py --every-config --out "$WORK/checks_configs.json" ;;
         memory1) TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench_kernels.py --only memory \
                      --shapes 16384x8192,8192x4096 --out "$WORK/bench_memory1.json" ;;
         memory2) TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench_kernels.py --only memory \
                      --shapes 8192x11008,128x768x2048,64x2048 --out "$WORK/bench_memory2.json" ;;
         gemm)    TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench_kernels.py --only gemm --out "$WORK/bench_gemm.json" ;;
-        stats-patch) patch -p1 --forward --quiet < kernels/patches/stats_fewer_instructions.patch
+        stats-patch) if apply_patch kernels/patches/stats_fewer_instructions.patch; then
                  MXFP4_AUTOTUNE=0 timeout "$(cap 120)" python3 kernels/check_kernels.py --out "$WORK/checks_stats_patch.json" || true
                  TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench_kernels.py --only memory \
                      --shapes 16384x8192 --out "$WORK/bench_memory_stats_patch.json" || true
-                 patch -p1 -R --quiet < kernels/patches/stats_fewer_instructions.patch ;;
+                 apply_patch -R kernels/patches/stats_fewer_instructions.patch
+                 else echo "kernels/patches/stats_fewer_instructions.patch does not apply to this tree: nothing run" >&2; false; fi ;;
     esac > "$WORK/$step.out" 2> "$WORK/$step.err"   # progress bars, autotuning: whole in session.tgz, tails here
     status=$?
     tail -n 25 "$WORK/$step.out"

@@ -134,20 +134,22 @@ def sass_profile(cubin: bytes, sass: str | None = None) -> dict:
 
 
 @contextlib.contextmanager
-def intercepted_launches(module=tk):
-    """Record (kernel, tuned, grid_of, args, constexprs) of every ``launch_tuned`` that ``module``'s
-    host wrappers make, instead of launching."""
+def intercepted_launches():
+    """Record (kernel, tuned, grid_of, args, constexprs) of every ``launch_tuned`` that the host
+    wrappers (``triton_kernels``, ``triton_gemm``) make, instead of launching."""
+    from mxfp4.numerics import triton_gemm as tg
+
     calls = []
-    saved = module.launch_tuned
+    saved = tk.launch_tuned, tg.launch_tuned
 
     def record(kernel, tuned, grid_of, interp_meta, args, **constexprs):
         calls.append((kernel, tuned, grid_of, args, constexprs))
 
-    module.launch_tuned = record
+    tk.launch_tuned = tg.launch_tuned = record
     try:
         yield calls
     finally:
-        module.launch_tuned = saved
+        tk.launch_tuned, tg.launch_tuned = saved
 
 
 def cases(shape: tuple, dtype: torch.dtype):
@@ -211,7 +213,7 @@ def report_gemm(name: str, n: int, k: int, m: int) -> list[dict]:
     from mxfp4.numerics import triton_gemm as tg
 
     w = tg.pack_weight(reference.quantize(torch.randn(n, k)))
-    with intercepted_launches(tg) as calls:
+    with intercepted_launches() as calls:
         tg.w4a16_matmul(torch.randn(m, k).bfloat16(), w)
     kernel, tuned, grid_of, args, constexprs = calls[0]
     space = "direct" if any(tuned is t for t in tg._w4a16_direct.values()) else "split-K"
@@ -247,6 +249,72 @@ def report_gemm(name: str, n: int, k: int, m: int) -> list[dict]:
     return rows
 
 
+def every_launch(shape: tuple = (256, 1024)):
+    """(name, thunk) for every variant the host wrappers launch: each input dtype, scale rule and
+    layout of the memory kernels (rows, axis 0, a 3D middle axis), their float32 and bfloat16 outputs,
+    the W4A16 decode spaces (split-K and whole-K at BLOCK_M 16, 32, 64) and both operand formats of
+    the ``tl.dot_scaled`` GEMM."""
+    from mxfp4.numerics import reference
+    from mxfp4.numerics import triton_gemm as tg
+
+    thunks = []
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        x, x3 = torch.empty(shape, dtype=dtype), torch.empty((4, 64, 96), dtype=dtype)
+        for rule in tk.RULE_IDS:
+            for axis, xx in ((-1, x), (0, x), (1, x3)):
+                thunks += [
+                    (f"quantize {dtype} {rule} axis {axis}", lambda xx=xx, a=axis, r=rule: tk.quantize(xx, a, r)),
+                    (f"fake-quant {dtype} {rule} axis {axis}",
+                     lambda xx=xx, a=axis, r=rule: tk.fake_quantize(xx, a, r)),
+                    (f"fake-quant + stats {dtype} {rule} axis {axis}",
+                     lambda xx=xx, a=axis, r=rule: tk.fake_quantize_with_stats(xx, a, r)),
+                ]
+            thunks.append((f"fake-quant both axes {dtype} {rule}", lambda x=x, r=rule: tk.fake_quantize_both(x, r)))
+        for out in (torch.bfloat16, torch.float32):
+            thunks.append((f"fake-quant {dtype} to {out}", lambda x=x, o=out: tk.fake_quantize(x, -1, dtype=o)))
+        for axis in (-1, 0):
+            qt = mxfp4.quantize(torch.zeros(shape, dtype=dtype), axis=axis)
+            thunks.append((f"dequantize {dtype} axis {axis}", lambda qt=qt: tk.dequantize(qt)))
+    weight = reference.quantize(torch.randn(tg.DIRECT_MIN_TILES * 64, 1024))
+    for n in (512, tg.DIRECT_MIN_TILES * 64):  # split-K, whole-K
+        packed = tg.pack_weight(reference.quantize(torch.randn(n, 1024)))
+        for m in (1, 16, 32, 64):
+            x = torch.randn(m, 1024).bfloat16()
+            thunks.append((f"w4a16 N {n} M {m}", lambda p=packed, x=x: tg.w4a16_matmul(x, p)))
+    a = reference.quantize(torch.randn(64, 1024))
+    thunks += [("tl.dot_scaled mxfp4 x mxfp4", lambda: tg.mx_matmul(a, weight)),
+               ("tl.dot_scaled bf16 x mxfp4", lambda: tg.mx_matmul(torch.randn(64, 1024), weight))]
+    return thunks
+
+
+def compile_every_variant(first_config: bool = False, only: list[str] | None = None) -> dict:
+    """Every launch of ``every_launch`` compiled for sm_90a under each config of its autotune space (or
+    the first; ``only``: launches whose name contains one of these): a compile error of the device's
+    Triton found at no device time. Each distinct (kernel, specialisation, config) compiled once."""
+    seen, failures = set(), []
+    for name, thunk in every_launch():
+        if only and not any(o in name for o in only):
+            continue
+        with intercepted_launches() as calls:
+            thunk()
+        for kernel, tuned, _, args, constexprs in calls:
+            for cfg in tuned.configs[:1] if first_config else tuned.configs:
+                consts = {**constexprs, **cfg.kwargs}
+                key = (kernel.__name__, repr(specialise(kernel, args, consts)), cfg.num_warps, cfg.num_stages)
+                if key in seen:
+                    continue
+                seen.add(key)
+                try:
+                    compile_hopper(kernel, args, consts, cfg.num_warps, cfg.num_stages)
+                except Exception as err:  # every failure listed, not only the first
+                    failures.append({"launch": name, "kernel": kernel.__name__, "config": str(cfg),
+                                     "error": f"{type(err).__name__}: {str(err)[:500]}"})
+                    print(f"FAILED {name} {cfg}: {type(err).__name__}", flush=True)
+        print(f"{name}: {len(seen)} compiled, {len(failures)} failed", flush=True)
+    return {"compiled": len(seen), "failed": len(failures), "failures": failures,
+            "configs": "first of each space" if first_config else "every config of each space"}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
@@ -254,7 +322,21 @@ def main(argv=None) -> int:
     p.add_argument("--only", action="append", help="paths whose name contains this (repeatable)")
     p.add_argument("--first-config", action="store_true", help="only each autotune space's first config")
     p.add_argument("--no-gemm", action="store_true", help="skip the W4A16 decode kernel")
+    p.add_argument(
+        "--compile-all",
+        action="store_true",
+        help="instead: compile every launch variant (dtypes, rules, layouts, GEMM spaces) under every config "
+        "(--first-config: the first) and report what failed",
+    )
     args = p.parse_args(argv)
+    if args.compile_all:
+        report = compile_every_variant(args.first_config, args.only)
+        write_json_atomic(args.out, {
+            "method": "static: triton.compile for sm_90a on CPU (no device); compiles, not runs",
+            "triton": triton.__version__, "torch": torch.__version__, **report,
+        })
+        print(f"{report['compiled']} compiled for sm_90a, {report['failed']} failed -> {args.out}")
+        return 1 if report["failed"] else 0
     shape = tuple(int(s) for s in args.shape.split("x"))
     elements = math.prod(shape)
     if args.first_config:

@@ -639,7 +639,10 @@ def test_a_sessions_calls_are_collected_into_the_issues_files_with_every_target_
                    cwd=tmp_path, capture_output=True, timeout=120)
     one = call("one", {"gpu_smoke_moe.json": moe},
                [("bf16", [50.0, 2.0, 2.0]), ("mxfp4", [90.0, 2.4, 2.4]), ("mxfp4+macro", "torch.OutOfMemoryError")])
-    two = call("two", {"checks.json": checks}, [("bf16", [50.0, 4.0, 4.0]), ("mxfp4+fallback", [90.0, 7.0, 7.0])])
+    configs = {"device": "NVIDIA H100 80GB HBM3", "complete": True, "n_checks": 132, "n_failed": 0, "passed": True,
+               "matmul": {}}
+    two = call("two", {"checks.json": checks, "checks_configs.json": configs},
+               [("bf16", [50.0, 4.0, 4.0]), ("mxfp4+fallback", [90.0, 7.0, 7.0])])
     (two / "tests_gpu.xml").write_text(junit.read_text())
     three = call("three", {"bench_memory1.json": bench}, device="NVIDIA H200")
     got = collect.collect([one, two, three], root)
@@ -651,6 +654,7 @@ def test_a_sessions_calls_are_collected_into_the_issues_files_with_every_target_
     assert h100["mxfp4+macro step / bf16 step"] == (None, False)
     assert h100["MoE grouped MXFP4 step / bf16 step, qwen3-30b-a3b layers"] == (1.4, True)
     assert h100["every kernel bit-exact on the device (check_kernels.py)"] == ("2/3 checks, matmul ok", False)
+    assert h100["every autotune config checked on the device (--every-config)"] == ("132/132 checks", True)
     assert h100["the suite's CUDA tests pass (pytest -m gpu)"] == ("1 passed, 1 failed, 0 errors, 1 skipped", False)
     assert [t["met"] for t in got["h200"]] == [True] and got["h200"][0]["source"] == "results/bench/bench_h200.json"
     dense = json.loads((root / "results/gpu/gpu_smoke_dense.json").read_text())
@@ -663,6 +667,26 @@ def test_a_sessions_calls_are_collected_into_the_issues_files_with_every_target_
         collect.collect([one], root)
     with pytest.raises(FileNotFoundError, match="not a gpu_session.sh call"):
         collect.collect([tmp_path / "one" / "work" / "results"], root)
+
+
+def test_the_stats_patch_the_device_times_applies_to_this_tree_whole(tmp_path):
+    """gpu_session.sh's stats-patch step applies kernels/patches/stats_fewer_instructions.patch, times it and
+    reverts it. The patch had stopped applying when the kernels were reformatted (two of its three hunks
+    failed, and patch(1) would have left the first one applied); now the step applies all or nothing, and
+    this holds the patch to the tree, both ways."""
+    import shutil
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    patch = root / "kernels" / "patches" / "stats_fewer_instructions.patch"
+    kernels = tmp_path / "mxfp4" / "numerics" / "triton_kernels.py"
+    kernels.parent.mkdir(parents=True)
+    shutil.copyfile(root / "mxfp4" / "numerics" / "triton_kernels.py", kernels)
+    original = kernels.read_text()
+    subprocess.run(["git", "apply", str(patch)], cwd=tmp_path, check=True, capture_output=True)
+    assert "_run_energy" in kernels.read_text()
+    subprocess.run(["git", "apply", "-R", str(patch)], cwd=tmp_path, check=True, capture_output=True)
+    assert kernels.read_text() == original
 
 
 def test_random_weights_are_drawn_on_the_gpu_that_trains_them_and_loaded_weights_on_the_cpu(monkeypatch):

@@ -155,6 +155,38 @@ def test_the_stats_of_a_call_that_autotunes_count_only_the_chosen_configs_progra
         assert abs(float(stats[k]) - ref.stats[k]) <= kernel_checks.ENERGY_RTOL * ref.stats["energy_total"], k
 
 
+def test_every_config_the_autotuner_may_pick_is_bit_exact(monkeypatch):
+    """Under the interpreter a kernel runs the interpreter's tiles, and the device's checks run each space's
+    first config: the other configs of an autotune space (other tiles, so other masks and program
+    counts) ran nowhere until the autotuner picked one in training. Each is forced here and checked
+    (memory kernels bit for bit, GEMMs within the float32 accumulation bound). The whole-K W4A16 spaces
+    are taken from two weight tiles on, not 96 as on the device (the configs are the same; the split-K
+    ones still at one tile)."""
+    from mxfp4.numerics import triton_gemm as tg
+
+    monkeypatch.setattr(tg, "DIRECT_MIN_TILES", 2)
+    results = list(kernel_checks.check_every_config())
+    spaces = {r["space"] for r in results}
+    assert len(spaces) == 12 and len(results) == sum(
+        len(tuned.configs) * len(checks) for _, tuned, checks in kernel_checks.autotune_spaces()
+    )
+    assert [r for r in results if not r["passed"]] == []
+
+
+def test_a_forced_config_must_belong_to_the_space_and_a_check_that_launches_nothing_fails():
+    from mxfp4.numerics import triton_kernels as tk
+
+    with pytest.raises(ValueError, match="not a config of this autotune space"):
+        with tk.forced_config(tk._quant_rows_tuned, tk._quant_cols_tuned.configs[1]):
+            pass
+    with tk.forced_config(tk._quant_rows_tuned, tk._quant_rows_tuned.configs[1]) as forced:
+        tk.quantize(torch.randn(8, 64), axis=0)  # column mode: another space
+    assert forced.launches == 0 and not tk._FORCED
+    with tk.forced_config(tk._quant_rows_tuned, tk._quant_rows_tuned.configs[1]) as forced:
+        tk.quantize(torch.randn(8, 64), axis=-1)
+    assert forced.launches == 1
+
+
 def test_a_tensor_stored_transposed_is_read_in_place_and_3d_along_a_middle_axis_without_a_copy():
     from mxfp4.numerics.triton_kernels import _Geometry
 
@@ -355,6 +387,32 @@ def test_every_bfloat16_value_rounds_and_decomposes_as_the_reference(rule):
             for k in kernel_checks.ENERGY_KEYS:
                 bound = kernel_checks.ENERGY_RTOL * dec.stats["energy_total"]
                 assert abs(float(stats[k]) - dec.stats[k]) <= bound, (anchor, axis, k)
+
+
+def test_every_kernel_variant_compiles_for_hopper_without_a_gpu(tmp_path):
+    """kernels/inspect_sass.py --compile-all (a subprocess, the interpreter flag off): the memory kernels' bfloat16
+    launches under every scale rule and layout, the W4A16 decode spaces and both tl.dot_scaled operand formats,
+    each at its space's first config, compiled for sm_90a with this machine's Triton. The whole sweep (every
+    dtype and config, with the device's Triton) is kernels/NOTES.md's; the interpreter does not compile, so a
+    kernel that only the compiler refuses would otherwise first fail on the device."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "compile.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = Path(__file__).parents[1] / "kernels" / "inspect_sass.py"
+    only = ["torch.bfloat16 floor", "torch.bfloat16 ceil", "w4a16", "dot_scaled", "dequantize torch.bfloat16"]
+    done = subprocess.run(
+        [sys.executable, str(script), "--compile-all", "--first-config", "--out", str(out),
+         *(a for o in only for a in ("--only", o))],
+        env=env, capture_output=True, text=True,
+    )
+    report = json.loads(out.read_text())
+    assert done.returncode == 0 and report["failed"] == 0, report["failures"]
+    assert report["compiled"] >= 20, report
 
 
 def test_hopper_compile_report_keeps_the_quantize_under_the_issue_budget_and_w4a16_loads_pipelined(tmp_path):

@@ -176,3 +176,80 @@ def _check_w4a16_direct(device: str, k: int, g: torch.Generator) -> dict:
             "shape": [16, n, k],
         }
     return results
+
+
+def autotune_spaces(device: str = "cpu", seed: int = 0) -> list[tuple[str, object, list]]:
+    """(name, autotuner, checks) per autotune space: each check a (what, thunk) whose thunk calls the
+    public wrapper at a shape that launches that space and returns (passed, detail). bfloat16 inputs
+    (training's dtype), ragged last blocks, tile-unaligned extents."""
+    from . import triton_gemm as tg
+    from . import triton_kernels as tk
+
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randn(40, 1000, generator=g).bfloat16().to(device)  # 31 blocks + 8 along K
+    cols = torch.randn(3, 70, 100, generator=g).bfloat16().to(device)  # blocked along R = 70, C = 100
+
+    def memory(x, axis, kernels):
+        return [(f"{k} axis {axis}", lambda k=k, a=axis: check_one(k, x, a, "floor")) for k in kernels]
+
+    quantizing = ("quantize", "fake_quantize", "fake_quantize_with_stats")
+    spaces = [
+        ("quantize rows", tk._quant_rows_tuned, memory(rows, -1, quantizing)),
+        ("quantize columns", tk._quant_cols_tuned, memory(cols, 1, quantizing)),
+        ("fake-quant both axes", tk._fake_both_tuned, memory(cols[0], -1, ["fake_quantize_both"])
+         + memory(cols[0], 0, ["fake_quantize_both"])),
+        ("dequantize rows", tk._dequant_rows_tuned, memory(rows, -1, ["dequantize"])),
+        ("dequantize columns", tk._dequant_cols_tuned, memory(cols, 1, ["dequantize"])),
+    ]
+    k = 200  # a ragged last chunk of 128 and a ragged last block
+    a, w = torch.randn(48, k, generator=g), torch.randn(40, k, generator=g)
+    qa, qw = reference.quantize(a), reference.quantize(w)
+    exact_w = reference.dequantize(qw).double()
+
+    def gemm(lhs, lhs_exact):
+        worst = _error_over_bound(tg.mx_matmul(lhs, qw.to(device)).cpu(), lhs_exact, exact_w)
+        return worst <= 1.0, f"max error over bound {worst:.3g}"
+
+    spaces.append(("tl.dot_scaled GEMM", tg._mx_matmul_tuned, [
+        ("mxfp4 x mxfp4", lambda: gemm(qa.to(device), reference.dequantize(qa).double())),
+        ("bf16 x mxfp4", lambda: gemm(a.bfloat16().to(device), a.bfloat16().double())),
+    ]))
+    # W4A16 decode: the split-K spaces at a small N, the whole-K ones at the least N that takes them
+    for direct, n in ((False, 40), (True, tg.DIRECT_MIN_TILES * 64)):
+        qt = reference.quantize(torch.randn(n, k, generator=g))
+        packed, deq = tg.pack_weight(qt.to(device)), reference.dequantize(qt, torch.bfloat16).double()
+        for bm, m in ((16, 3), (32, 20), (64, 50)):
+            x = torch.randn(m, k, generator=g).bfloat16()
+
+            def decode(out_dtype, x=x, packed=packed, deq=deq):
+                c = tg.w4a16_matmul(x.to(device), packed, out_dtype).cpu()
+                worst = _error_over_bound(c, x.double(), deq, 2.0**-8 if out_dtype == torch.bfloat16 else 0.0)
+                return c.dtype == out_dtype and worst <= 1.0, f"max error over bound {worst:.3g}"
+
+            outputs = (torch.float32, torch.bfloat16) if direct else (torch.float32,)  # split K adds float32
+            spaces.append((
+                f"W4A16 decode {'whole-K' if direct else 'split-K'}, BLOCK_M {bm}",
+                (tg._w4a16_direct if direct else tg._w4a16_split)[bm],
+                [(f"M {m}, {str(o).removeprefix('torch.')} out", lambda o=o, d=decode: d(o)) for o in outputs],
+            ))
+    return spaces
+
+
+def check_every_config(device: str = "cpu", seed: int = 0):
+    """Yield one result per (autotune space, config, check): each config of each space forced
+    (``triton_kernels.forced_config``) and checked against the reference as the other checks are
+    (memory kernels bit for bit, GEMMs within the float32 accumulation bound). On CUDA the autotuner
+    may pick any config of a space at a shape; the other checks run only the first one (MXFP4_AUTOTUNE=0)
+    or, under the interpreter, the interpreter's own tiles. A check that launches no kernel of its
+    space fails (it would check nothing)."""
+    from . import triton_kernels as tk
+
+    for space, tuned, checks in autotune_spaces(device, seed):
+        for config in tuned.configs:
+            described = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+            for what, check in checks:
+                with tk.forced_config(tuned, config) as forced:
+                    ok, detail = check()
+                if not forced.launches:
+                    ok, detail = False, f"the check launched no kernel of this space ({detail})"
+                yield {"space": space, "config": described, "check": what, "passed": ok, "detail": detail}

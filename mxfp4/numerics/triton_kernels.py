@@ -36,9 +36,11 @@ subnormal), bfloat16 outputs by truncation (exact for MXFP4 values). The GEMMs a
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
+from dataclasses import dataclass
 
 import numpy
 import torch
@@ -570,26 +572,57 @@ def autotune_spent() -> tuple[float, int]:
     return _AUTOTUNED[0], _AUTOTUNED[1]
 
 
+@dataclass
+class Forced:
+    """A config forced on an autotune space, and how many launches have run it."""
+
+    config: triton.Config
+    launches: int = 0
+
+
+_FORCED: dict[int, Forced] = {}  # id(autotuner) -> the config its launches run
+
+
+@contextlib.contextmanager
+def forced_config(tuned, config: triton.Config):
+    """Within the block, every launch of the autotune space ``tuned`` runs ``config`` (its tiles; on CUDA
+    also its warps and stages) instead of the autotuner's choice, the space's first config or the
+    interpreter's tiles; yields the ``Forced`` record that counts those launches. How
+    ``kernel_checks.check_every_config`` checks each config the autotuner may pick, bit for bit."""
+    if config not in tuned.configs:
+        raise ValueError(f"{config} is not a config of this autotune space (its configs: {tuned.configs})")
+    forced = _FORCED[id(tuned)] = Forced(config)
+    try:
+        yield forced
+    finally:
+        del _FORCED[id(tuned)]
+
+
 def launch_tuned(kernel, tuned, grid_of, interp_meta: dict, args: tuple, **constexprs):
     """Launch ``tuned`` (an autotuner over ``kernel``) on CUDA, its first config when autotuning is
-    off, or ``kernel`` with ``interp_meta`` under the interpreter."""
+    off, or ``kernel`` with ``interp_meta`` under the interpreter; a config forced on the space
+    (``forced_config``) in every mode."""
+    forced = _FORCED.get(id(tuned))
+    if forced:
+        forced.launches += 1
     if triton_interpreting():
+        meta = forced.config.kwargs if forced else interp_meta
         try:
-            kernel[grid_of(interp_meta)](*args, **interp_meta, **constexprs)
+            kernel[grid_of(meta)](*args, **meta, **constexprs)
         except Exception as err:  # a known fault of older interpreters: cause and remedy named
             text = " ".join(str(e) for e in (err, err.__cause__) if e is not None)
             known = known_interpreter_fault(text, triton.__version__, numpy.__version__)
             if known:
                 raise RuntimeError(known) from err
             raise
-    elif autotuning():
+    elif autotuning() and not forced:
         keys, t0 = len(tuned.cache), time.perf_counter()
         tuned[grid_of](*args, **constexprs)
         if len(tuned.cache) > keys:  # this launch tuned a new key: timed apart from the work it launched
             _AUTOTUNED[0] += time.perf_counter() - t0
             _AUTOTUNED[1] += 1
     else:
-        cfg = tuned.configs[0]
+        cfg = forced.config if forced else tuned.configs[0]
         kernel[grid_of(cfg.kwargs)](
             *args, **cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **constexprs
         )
@@ -679,9 +712,9 @@ def _cols_tiling(b: int, r: int, c: int, min_c: int = 16):
 
 
 def _stats_buffer(grid, interp: dict, tuned, dev) -> torch.Tensor:
-    """Zeroed per-program partials, sized for the most programs any config of the space launches."""
-    metas = [interp] if triton_interpreting() else [cfg.kwargs for cfg in tuned.configs]
-    n_programs = max(math.prod(grid(m)) for m in metas)
+    """Zeroed per-program partials, sized for the most programs that the interpreter's tiles or any
+    config of the space launch."""
+    n_programs = max(math.prod(grid(m)) for m in (interp, *(cfg.kwargs for cfg in tuned.configs)))
     return torch.zeros((n_programs, N_STATS), dtype=torch.float64, device=dev)
 
 
