@@ -173,6 +173,35 @@ def test_every_config_the_autotuner_may_pick_is_bit_exact(monkeypatch):
     assert [r for r in results if not r["passed"]] == []
 
 
+def test_a_config_the_device_cannot_run_is_skipped_as_the_autotuner_skips_it_and_an_error_fails_only_its_check(
+    monkeypatch,
+):
+    """On the device a forced config may not fit (shared memory, registers): Triton's autotuner skips such a
+    config, so it is never picked, and the check says so instead of failing. Any other error fails that
+    check alone; the other configs are still checked."""
+    from triton.runtime.errors import OutOfResources
+
+    from mxfp4.numerics import triton_kernels as tk
+
+    tuned = tk._dequant_rows_tuned
+    qt = reference.quantize(torch.randn(8, 64))
+
+    def too_big():
+        tk.dequantize(qt)
+        raise OutOfResources(300000, 232448, "shared memory")
+
+    def broken():
+        tk.dequantize(qt)
+        raise ValueError("a fault of this config")
+
+    space = [("dequantize rows", tuned, [("too big", too_big), ("broken", broken)])]
+    monkeypatch.setattr(kernel_checks, "autotune_spaces", lambda device, seed: space)
+    rows = list(kernel_checks.check_every_config())
+    assert len(rows) == 2 * len(tuned.configs)
+    assert all(r["passed"] and r["skipped"] and "shared memory" in r["detail"] for r in rows[::2])
+    assert all(not r["passed"] and not r["skipped"] and "a fault of this config" in r["detail"] for r in rows[1::2])
+
+
 def test_a_forced_config_must_belong_to_the_space_and_a_check_that_launches_nothing_fails():
     from mxfp4.numerics import triton_kernels as tk
 

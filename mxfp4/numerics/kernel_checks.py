@@ -241,15 +241,28 @@ def check_every_config(device: str = "cpu", seed: int = 0):
     (memory kernels bit for bit, GEMMs within the float32 accumulation bound). On CUDA the autotuner
     may pick any config of a space at a shape; the other checks run only the first one (MXFP4_AUTOTUNE=0)
     or, under the interpreter, the interpreter's own tiles. A check that launches no kernel of its
-    space fails (it would check nothing)."""
+    space fails (it would check nothing); one that raises fails with the error, and the rest still run.
+    A config this device cannot run (out of shared memory or registers, refused by the compiler) is
+    skipped, not failed: Triton's autotuner skips it for the same errors, so it is never picked."""
+    from triton.compiler.errors import CompileTimeAssertionFailure
+    from triton.runtime.errors import OutOfResources, PTXASError
+
     from . import triton_kernels as tk
 
     for space, tuned, checks in autotune_spaces(device, seed):
         for config in tuned.configs:
-            described = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+            row = {"space": space, "config": {**config.kwargs, "num_warps": config.num_warps,
+                                              "num_stages": config.num_stages}}
             for what, check in checks:
+                skipped = False
                 with tk.forced_config(tuned, config) as forced:
-                    ok, detail = check()
+                    try:
+                        ok, detail = check()
+                    except (OutOfResources, CompileTimeAssertionFailure, PTXASError) as err:
+                        ok, skipped = True, True
+                        detail = f"not runnable here, so never picked by the autotuner: {type(err).__name__}: {err}"
+                    except Exception as err:  # a fault of one config, recorded: the other configs still run
+                        ok, detail = False, f"{type(err).__name__}: {err}"
                 if not forced.launches:
                     ok, detail = False, f"the check launched no kernel of this space ({detail})"
-                yield {"space": space, "config": described, "check": what, "passed": ok, "detail": detail}
+                yield {**row, "check": what, "passed": ok, "skipped": skipped, "detail": detail}
