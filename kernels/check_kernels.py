@@ -58,6 +58,7 @@ def main(argv=None) -> int:
             "complete": complete,
             "n_checks": len(results),
             "n_failed": sum(not r["passed"] for r in results),
+            "n_skipped": sum(r.get("skipped", False) for r in results),  # --every-config: not runnable here
             "matmul": matmul,
             "passed": complete and all(r["passed"] for r in results) and all(m["passed"] for m in matmul.values()),
             "checks": results,

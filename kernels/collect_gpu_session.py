@@ -180,8 +180,9 @@ def device_checks(root: Path, rel: list[Path]) -> list[dict]:
             c = _json(root / f)
             matmul = "" if not c["matmul"] else (
                 ", matmul ok" if all(m["passed"] for m in c["matmul"].values()) else ", matmul FAILED")
+            skipped = f", {c['n_skipped']} not runnable here (never picked)" if c.get("n_skipped") else ""
             rows.append({"source": str(f), "target": target,
-                         "value": f"{c['n_checks'] - c['n_failed']}/{c['n_checks']} checks{matmul}"
+                         "value": f"{c['n_checks'] - c['n_failed']}/{c['n_checks']} checks{matmul}{skipped}"
                                   f"{'' if c['complete'] else ', cut off before the end'}",
                          "threshold": "all passed, complete", "met": c["passed"]})
     for f in _in_calls(root, rel, "tests_gpu.xml")[-1:]:

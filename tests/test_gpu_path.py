@@ -639,8 +639,8 @@ def test_a_sessions_calls_are_collected_into_the_issues_files_with_every_target_
                    cwd=tmp_path, capture_output=True, timeout=120)
     one = call("one", {"gpu_smoke_moe.json": moe},
                [("bf16", [50.0, 2.0, 2.0]), ("mxfp4", [90.0, 2.4, 2.4]), ("mxfp4+macro", "torch.OutOfMemoryError")])
-    configs = {"device": "NVIDIA H100 80GB HBM3", "complete": True, "n_checks": 132, "n_failed": 0, "passed": True,
-               "matmul": {}}
+    configs = {"device": "NVIDIA H100 80GB HBM3", "complete": True, "n_checks": 132, "n_failed": 0, "n_skipped": 2,
+               "passed": True, "matmul": {}}
     two = call("two", {"checks.json": checks, "checks_configs.json": configs},
                [("bf16", [50.0, 4.0, 4.0]), ("mxfp4+fallback", [90.0, 7.0, 7.0])])
     (two / "tests_gpu.xml").write_text(junit.read_text())
@@ -654,7 +654,8 @@ def test_a_sessions_calls_are_collected_into_the_issues_files_with_every_target_
     assert h100["mxfp4+macro step / bf16 step"] == (None, False)
     assert h100["MoE grouped MXFP4 step / bf16 step, qwen3-30b-a3b layers"] == (1.4, True)
     assert h100["every kernel bit-exact on the device (check_kernels.py)"] == ("2/3 checks, matmul ok", False)
-    assert h100["every autotune config checked on the device (--every-config)"] == ("132/132 checks", True)
+    assert h100["every autotune config checked on the device (--every-config)"] == (
+        "132/132 checks, 2 not runnable here (never picked)", True)
     assert h100["the suite's CUDA tests pass (pytest -m gpu)"] == ("1 passed, 1 failed, 0 errors, 1 skipped", False)
     assert [t["met"] for t in got["h200"]] == [True] and got["h200"][0]["source"] == "results/bench/bench_h200.json"
     dense = json.loads((root / "results/gpu/gpu_smoke_dense.json").read_text())
