@@ -113,6 +113,24 @@ def _error_over_bound(c: torch.Tensor, lhs: torch.Tensor, rhs: torch.Tensor, hal
     return float(((c.double() - exact).abs() / bound.clamp(min=1e-30)).max())
 
 
+def _mx_matmul_error(lhs, lhs_exact: torch.Tensor, qw, w_exact: torch.Tensor, device: str) -> float:
+    """``mx_matmul(lhs, qw)`` on ``device`` (``lhs`` already there) over the bound: <= 1 passes."""
+    from . import triton_gemm as tg
+
+    return _error_over_bound(tg.mx_matmul(lhs, qw.to(device)).cpu(), lhs_exact, w_exact)
+
+
+def _w4a16_error(x: torch.Tensor, packed, deq: torch.Tensor, out_dtype: torch.dtype, device: str):
+    """``w4a16_matmul`` of the bfloat16 ``x`` by ``packed`` (whose bfloat16 values are ``deq``) in
+    ``out_dtype`` on ``device``: (passed, error over the bound), the bound plus half a bfloat16 ulp (at
+    most 2**-8 relative) for a bfloat16 output."""
+    from . import triton_gemm as tg
+
+    c = tg.w4a16_matmul(x.to(device), packed, out_dtype).cpu()
+    worst = _error_over_bound(c, x.double(), deq, 2.0**-8 if out_dtype == torch.bfloat16 else 0.0)
+    return c.dtype == out_dtype and worst <= 1.0, worst
+
+
 def check_matmul(device: str = "cpu", m: int = 48, n: int = 40, k: int = 200, seed: int = 0) -> dict:
     """The GEMMs against float64 products of the dequantized operands (the products are exact;
     only the float32 accumulation order differs): ``mx_matmul`` for MXFP4 and bf16 activations,
@@ -129,7 +147,7 @@ def check_matmul(device: str = "cpu", m: int = 48, n: int = 40, k: int = 200, se
         ("mxfp4_x_mxfp4", qa.to(device), reference.dequantize(qa).double()),
         ("bf16_x_mxfp4", a.bfloat16().to(device), a.bfloat16().double()),
     ):
-        worst = _error_over_bound(tg.mx_matmul(lhs, qw.to(device)).cpu(), lhs_exact, wq)
+        worst = _mx_matmul_error(lhs, lhs_exact, qw, wq, device)
         results[name] = {"passed": worst <= 1.0, "max_error_over_bound": worst, "shape": [m, n, k]}
     extreme = (
         w * torch.logspace(-44, 30, n, dtype=torch.float64).float()[:, None]
@@ -143,10 +161,9 @@ def check_matmul(device: str = "cpu", m: int = 48, n: int = 40, k: int = 200, se
         deq = reference.dequantize(qt, torch.bfloat16).double()  # the bf16 values the kernel upcasts to
         for rows in (3, 64, 96):  # decode (the fused kernel, split K) and above (dequantize + BLAS)
             x = torch.randn(rows, k, generator=g).bfloat16()
-            c = tg.w4a16_matmul(x.to(device), packed, torch.float32).cpu()
-            worst = _error_over_bound(c, x.double(), deq)
+            passed, worst = _w4a16_error(x, packed, deq, torch.float32, device)
             results[f"{wname}_m{rows}"] = {
-                "passed": worst <= 1.0,
+                "passed": passed,
                 "max_error_over_bound": worst,
                 "shape": [rows, n, k],
                 "fast_upcast": packed.fast_upcast,
@@ -167,11 +184,10 @@ def _check_w4a16_direct(device: str, k: int, g: torch.Generator) -> dict:
     deq = reference.dequantize(qt, torch.bfloat16).double()
     x = torch.randn(16, k, generator=g).bfloat16()
     results = {}
-    for out_dtype, half_ulp in ((torch.float32, 0.0), (torch.bfloat16, 2.0**-8)):
-        c = tg.w4a16_matmul(x.to(device), packed, out_dtype).cpu()
-        worst = _error_over_bound(c, x.double(), deq, half_ulp)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        passed, worst = _w4a16_error(x, packed, deq, out_dtype, device)
         results[f"w4a16_direct_{str(out_dtype).removeprefix('torch.')}"] = {
-            "passed": c.dtype == out_dtype and worst <= 1.0,
+            "passed": passed,
             "max_error_over_bound": worst,
             "shape": [16, n, k],
         }
@@ -207,7 +223,7 @@ def autotune_spaces(device: str = "cpu", seed: int = 0) -> list[tuple[str, objec
     exact_w = reference.dequantize(qw).double()
 
     def gemm(lhs, lhs_exact):
-        worst = _error_over_bound(tg.mx_matmul(lhs, qw.to(device)).cpu(), lhs_exact, exact_w)
+        worst = _mx_matmul_error(lhs, lhs_exact, qw, exact_w, device)
         return worst <= 1.0, f"max error over bound {worst:.3g}"
 
     spaces.append(("tl.dot_scaled GEMM", tg._mx_matmul_tuned, [
@@ -222,9 +238,8 @@ def autotune_spaces(device: str = "cpu", seed: int = 0) -> list[tuple[str, objec
             x = torch.randn(m, k, generator=g).bfloat16()
 
             def decode(out_dtype, x=x, packed=packed, deq=deq):
-                c = tg.w4a16_matmul(x.to(device), packed, out_dtype).cpu()
-                worst = _error_over_bound(c, x.double(), deq, 2.0**-8 if out_dtype == torch.bfloat16 else 0.0)
-                return c.dtype == out_dtype and worst <= 1.0, f"max error over bound {worst:.3g}"
+                passed, worst = _w4a16_error(x, packed, deq, out_dtype, device)
+                return passed, f"max error over bound {worst:.3g}"
 
             outputs = (torch.float32, torch.bfloat16) if direct else (torch.float32,)  # split K adds float32
             spaces.append((
