@@ -88,6 +88,18 @@ def test_on_cuda_each_new_shape_bucket_is_tuned_once_and_counted(monkeypatch):
     assert counted == [1, 0, 0, 1]
 
 
+def assert_stats_match_the_float64_reference(stats: dict, x: torch.Tensor, axis: int, rule: str = "floor", label=()):
+    """The stats kernel's counts equal the float64 decomposition's exactly; its energies (float32 partials)
+    within ENERGY_RTOL of the total error energy."""
+    from mxfp4.numerics.decompose import decompose
+
+    ref = decompose(x.cpu(), "mxfp4", axis, rule)
+    assert int(stats["deadzone_count"]) == int(ref.dead.sum()), label
+    assert int(stats["saturation_count"]) == int(ref.saturated.sum()), label
+    for k in kernel_checks.ENERGY_KEYS:
+        assert abs(float(stats[k]) - ref.stats[k]) <= kernel_checks.ENERGY_RTOL * ref.stats["energy_total"], (*label, k)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("axis", [-1, 0])
 def test_on_cuda_the_stats_of_a_call_that_tunes_equal_the_float64_reference(monkeypatch, axis):
@@ -95,7 +107,6 @@ def test_on_cuda_the_stats_of_a_call_that_tunes_equal_the_float64_reference(monk
     (the CPU test above runs Triton's Autotuner under the interpreter; this one, the device's timer and
     configs). A shape used nowhere else, so this call tunes."""
     from mxfp4.numerics import triton_kernels as tk
-    from mxfp4.numerics.decompose import decompose
 
     monkeypatch.setenv("MXFP4_AUTOTUNE", "1")
     x = torch.randn(1000, 2080, generator=torch.Generator().manual_seed(7)).bfloat16()
@@ -103,23 +114,16 @@ def test_on_cuda_the_stats_of_a_call_that_tunes_equal_the_float64_reference(monk
     _, stats = tk.fake_quantize_with_stats(x.cuda(), axis)
     torch.cuda.synchronize()
     assert tk.autotune_spent()[1] == keys + 1
-    ref = decompose(x, "mxfp4", axis)
-    assert int(stats["deadzone_count"]) == int(ref.dead.sum())
-    for k in kernel_checks.ENERGY_KEYS:
-        assert abs(float(stats[k]) - ref.stats[k]) <= kernel_checks.ENERGY_RTOL * ref.stats["energy_total"], k
+    assert_stats_match_the_float64_reference(stats, x, axis)
 
 
 def test_stats_kernel_returns_device_tensors_that_match_the_float64_reference():
     from mxfp4.numerics import triton_kernels as tk
-    from mxfp4.numerics.decompose import decompose
 
     x = torch.randn(40, 96, generator=torch.Generator().manual_seed(3)).bfloat16()
     _, stats = tk.fake_quantize_with_stats(x, 0)
     assert all(isinstance(stats[k], torch.Tensor) and stats[k].dim() == 0 for k in kernel_checks.ENERGY_KEYS)
-    ref = decompose(x, "mxfp4", 0).stats
-    assert int(stats["deadzone_count"]) == int(ref["deadzone_fraction"] * x.numel() + 0.5)
-    for k in kernel_checks.ENERGY_KEYS:
-        assert abs(float(stats[k]) - ref[k]) <= kernel_checks.ENERGY_RTOL * ref["energy_total"], k
+    assert_stats_match_the_float64_reference(stats, x, 0)
 
 
 @pytest.mark.parametrize("axis", [-1, 0])
@@ -131,7 +135,6 @@ def test_the_stats_of_a_call_that_autotunes_count_only_the_chosen_configs_progra
     the interpreter and its timer replaced (each config run once; the last config, with fewer programs than
     the first ones, wins), so the check runs without a GPU. It failed before the fix: twice the counts."""
     from mxfp4.numerics import triton_kernels as tk
-    from mxfp4.numerics.decompose import decompose
 
     tuned = tk._quant_rows_tuned if axis == -1 else tk._quant_cols_tuned
     shape = (64, 1024) if axis == -1 else (256, 64)  # rows mode; column mode with B = 1, R = 256, C = 64
@@ -148,11 +151,8 @@ def test_the_stats_of_a_call_that_autotunes_count_only_the_chosen_configs_progra
     monkeypatch.setattr(tuned, "cache", {})
     monkeypatch.setattr(tuned, "_do_bench", one_run_each)
     _, stats = tk.fake_quantize_with_stats(x, axis)
-    ref = decompose(x, "mxfp4", axis)
     assert len(tuned.cache) == 1  # this call tuned: every config ran before the chosen one
-    assert int(stats["deadzone_count"]) == int(ref.dead.sum())
-    for k in kernel_checks.ENERGY_KEYS:
-        assert abs(float(stats[k]) - ref.stats[k]) <= kernel_checks.ENERGY_RTOL * ref.stats["energy_total"], k
+    assert_stats_match_the_float64_reference(stats, x, axis)
 
 
 def test_every_config_the_autotuner_may_pick_is_bit_exact(monkeypatch):
@@ -398,7 +398,6 @@ def test_every_bfloat16_value_rounds_and_decomposes_as_the_reference(rule):
     along either axis) equal the reference's, and so do the deadzone and saturation counts and,
     to the stated float32 tolerance, the energies."""
     from mxfp4.numerics import triton_kernels as tk
-    from mxfp4.numerics.decompose import decompose
 
     every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
     for anchor in (7.9375, 5.625):
@@ -410,12 +409,7 @@ def test_every_bfloat16_value_rounds_and_decomposes_as_the_reference(rule):
             assert torch.equal(q.codes, ref.codes) and torch.equal(q.scales, ref.scales)
             assert kernel_checks.same(tk.fake_quantize(xx, axis, rule), reference.dequantize(ref))
             _, stats = tk.fake_quantize_with_stats(xx, axis, rule)
-            dec = decompose(xx, "mxfp4", axis, rule)
-            assert int(stats["deadzone_count"]) == int(dec.dead.sum())
-            assert int(stats["saturation_count"]) == int(dec.saturated.sum())
-            for k in kernel_checks.ENERGY_KEYS:
-                bound = kernel_checks.ENERGY_RTOL * dec.stats["energy_total"]
-                assert abs(float(stats[k]) - dec.stats[k]) <= bound, (anchor, axis, k)
+            assert_stats_match_the_float64_reference(stats, xx, axis, rule, label=(anchor, axis))
 
 
 def test_every_kernel_variant_compiles_for_hopper_without_a_gpu(tmp_path):
