@@ -342,15 +342,7 @@ def main(argv=None) -> int:
     if args.first_config:
         from mxfp4.numerics import triton_gemm as tg
 
-        spaces = [*tg._w4a16_direct.values(), *tg._w4a16_split.values()]
-        for t in (
-            tk._quant_rows_tuned,
-            tk._quant_cols_tuned,
-            tk._fake_both_tuned,
-            tk._dequant_rows_tuned,
-            tk._dequant_cols_tuned,
-            *spaces,
-        ):
+        for t in tg.autotune_spaces().values():
             t.configs = t.configs[:1]
     rows = []
     for name, thunk in cases(shape, torch.bfloat16):

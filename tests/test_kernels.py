@@ -166,11 +166,29 @@ def test_every_config_the_autotuner_may_pick_is_bit_exact(monkeypatch):
 
     monkeypatch.setattr(tg, "DIRECT_MIN_TILES", 2)
     results = list(kernel_checks.check_every_config())
-    spaces = {r["space"] for r in results}
-    assert len(spaces) == 12 and len(results) == sum(
+    assert {r["space"] for r in results} == set(tg.autotune_spaces()) and len(results) == sum(
         len(tuned.configs) * len(checks) for _, tuned, checks in kernel_checks.autotune_spaces()
     )
     assert [r for r in results if not r["passed"]] == []
+
+
+def test_the_list_of_autotune_spaces_holds_every_autotuner_of_the_kernel_modules():
+    """The every-config check and the compile reports walk ``triton_gemm.autotune_spaces``: an autotuner the
+    kernel modules define outside it would be neither checked nor compiled config by config. Found here
+    independently, by scanning the modules' globals (and the dictionaries among them) for Autotuner objects."""
+    from triton.runtime.autotuner import Autotuner
+
+    from mxfp4.numerics import triton_gemm as tg
+    from mxfp4.numerics import triton_kernels as tk
+
+    found = set()
+    for module in (tk, tg):
+        for value in vars(module).values():
+            for v in value.values() if isinstance(value, dict) else (value,):
+                if isinstance(v, Autotuner):
+                    found.add(id(v))
+    listed = [id(t) for t in tg.autotune_spaces().values()]
+    assert len(set(listed)) == len(listed) == 12 and set(listed) == found
 
 
 def test_a_config_the_device_cannot_run_is_skipped_as_the_autotuner_skips_it_and_an_error_fails_only_its_check(
@@ -273,6 +291,7 @@ FORMAT_STR = "'str' object has no attribute 'value'"
         (INDEX_FAULT, "3.6.0", "2.3.5", None),  # numpy before 2.4 only warned: not this fault
         (INDEX_FAULT, "3.7.0", "2.4.6", None),  # fixed (triton-lang/triton#9172)
         (INDEX_FAULT, "3.10.0", "2.4.0", None),  # versions compare as numbers, not strings
+        (INDEX_FAULT, "3.6.0+git9f3a1c2", "2.4.0.dev0", "triton-lang/triton#9171"),  # local and dev builds
         (FORMAT_STR, "3.6.0", "2.3.5", "no tl.dot_scaled"),
         (NO_DOT_SCALED, "3.7.1", "2.4.6", "no tl.dot_scaled"),
         (NO_DOT_SCALED, "3.8.0", "2.4.6", None),  # the interpreter has it from 3.8

@@ -195,11 +195,10 @@ def _check_w4a16_direct(device: str, k: int, g: torch.Generator) -> dict:
 
 
 def autotune_spaces(device: str = "cpu", seed: int = 0) -> list[tuple[str, object, list]]:
-    """(name, autotuner, checks) per autotune space: each check a (what, thunk) whose thunk calls the
-    public wrapper at a shape that launches that space and returns (passed, detail). bfloat16 inputs
-    (training's dtype), ragged last blocks, tile-unaligned extents."""
+    """(name, autotuner, checks) per autotune space of ``triton_gemm.autotune_spaces``: each check a (what,
+    thunk) whose thunk calls the public wrapper at a shape that launches that space and returns (passed,
+    detail). bfloat16 inputs (training's dtype), ragged last blocks, tile-unaligned extents."""
     from . import triton_gemm as tg
-    from . import triton_kernels as tk
 
     g = torch.Generator().manual_seed(seed)
     rows = torch.randn(40, 1000, generator=g).bfloat16().to(device)  # 31 blocks + 8 along K
@@ -209,14 +208,14 @@ def autotune_spaces(device: str = "cpu", seed: int = 0) -> list[tuple[str, objec
         return [(f"{k} axis {axis}", lambda k=k, a=axis: check_one(k, x, a, "floor")) for k in kernels]
 
     quantizing = ("quantize", "fake_quantize", "fake_quantize_with_stats")
-    spaces = [
-        ("quantize rows", tk._quant_rows_tuned, memory(rows, -1, quantizing)),
-        ("quantize columns", tk._quant_cols_tuned, memory(cols, 1, quantizing)),
-        ("fake-quant both axes", tk._fake_both_tuned, memory(cols[0], -1, ["fake_quantize_both"])
-         + memory(cols[0], 0, ["fake_quantize_both"])),
-        ("dequantize rows", tk._dequant_rows_tuned, memory(rows, -1, ["dequantize"])),
-        ("dequantize columns", tk._dequant_cols_tuned, memory(cols, 1, ["dequantize"])),
-    ]
+    checks = {
+        "quantize rows": memory(rows, -1, quantizing),
+        "quantize columns": memory(cols, 1, quantizing),
+        "fake-quant both axes": memory(cols[0], -1, ["fake_quantize_both"])
+        + memory(cols[0], 0, ["fake_quantize_both"]),
+        "dequantize rows": memory(rows, -1, ["dequantize"]),
+        "dequantize columns": memory(cols, 1, ["dequantize"]),
+    }
     k = 200  # a ragged last chunk of 128 and a ragged last block
     a, w = torch.randn(48, k, generator=g), torch.randn(40, k, generator=g)
     qa, qw = reference.quantize(a), reference.quantize(w)
@@ -226,10 +225,10 @@ def autotune_spaces(device: str = "cpu", seed: int = 0) -> list[tuple[str, objec
         worst = _mx_matmul_error(lhs, lhs_exact, qw, exact_w, device)
         return worst <= 1.0, f"max error over bound {worst:.3g}"
 
-    spaces.append(("tl.dot_scaled GEMM", tg._mx_matmul_tuned, [
+    checks["tl.dot_scaled GEMM"] = [
         ("mxfp4 x mxfp4", lambda: gemm(qa.to(device), reference.dequantize(qa).double())),
         ("bf16 x mxfp4", lambda: gemm(a.bfloat16().to(device), a.bfloat16().double())),
-    ]))
+    ]
     # W4A16 decode: the split-K spaces at a small N, the whole-K ones at the least N that takes them
     for direct, n in ((False, 40), (True, tg.DIRECT_MIN_TILES * 64)):
         qt = reference.quantize(torch.randn(n, k, generator=g))
@@ -242,12 +241,14 @@ def autotune_spaces(device: str = "cpu", seed: int = 0) -> list[tuple[str, objec
                 return passed, f"max error over bound {worst:.3g}"
 
             outputs = (torch.float32, torch.bfloat16) if direct else (torch.float32,)  # split K adds float32
-            spaces.append((
-                f"W4A16 decode {'whole-K' if direct else 'split-K'}, BLOCK_M {bm}",
-                (tg._w4a16_direct if direct else tg._w4a16_split)[bm],
-                [(f"M {m}, {str(o).removeprefix('torch.')} out", lambda o=o, d=decode: d(o)) for o in outputs],
-            ))
-    return spaces
+            checks[f"W4A16 decode {'whole-K' if direct else 'split-K'}, BLOCK_M {bm}"] = [
+                (f"M {m}, {str(o).removeprefix('torch.')} out", lambda o=o, d=decode: d(o)) for o in outputs
+            ]
+    spaces = tg.autotune_spaces()
+    if set(checks) != set(spaces):  # a space added without checks would go unchecked on the device
+        raise RuntimeError(f"autotune spaces without checks: {sorted(set(spaces) - set(checks))}; "
+                           f"checks without a space: {sorted(set(checks) - set(spaces))}")
+    return [(name, tuned, checks[name]) for name, tuned in spaces.items()]
 
 
 def check_every_config(device: str = "cpu", seed: int = 0):

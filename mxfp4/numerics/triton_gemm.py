@@ -443,3 +443,21 @@ def mx_matmul(a: QuantizedTensor | torch.Tensor, b: QuantizedTensor) -> torch.Te
     )
     launch_tuned(_mx_matmul_kernel, _mx_matmul_tuned, grid, interp, args, A_FORMAT=a_format)
     return c
+
+
+def autotune_spaces() -> dict[str, triton.runtime.Autotuner]:
+    """Every autotune space of the package's kernels, by name: the one list that the device's every-config
+    check (``kernel_checks.check_every_config``) and the compile and SASS reports (``kernels/inspect_sass.py``)
+    walk. Here because this module sees both kernel modules."""
+    from . import triton_kernels as tk
+
+    return {
+        "quantize rows": tk._quant_rows_tuned,
+        "quantize columns": tk._quant_cols_tuned,
+        "fake-quant both axes": tk._fake_both_tuned,
+        "dequantize rows": tk._dequant_rows_tuned,
+        "dequantize columns": tk._dequant_cols_tuned,
+        "tl.dot_scaled GEMM": _mx_matmul_tuned,
+        **{f"W4A16 decode split-K, BLOCK_M {bm}": t for bm, t in _w4a16_split.items()},
+        **{f"W4A16 decode whole-K, BLOCK_M {bm}": t for bm, t in _w4a16_direct.items()},
+    }

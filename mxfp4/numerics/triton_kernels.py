@@ -46,6 +46,7 @@ import numpy
 import torch
 import triton
 import triton.language as tl
+from packaging.version import Version
 
 from .formats import FORMATS
 from .reference import QuantizedTensor, check_input
@@ -527,9 +528,9 @@ def autotuning() -> bool:
     return os.environ.get("MXFP4_AUTOTUNE", "1") != "0"
 
 
-def _major_minor(version: str) -> tuple[int, int]:
-    major, minor = version.split(".")[:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+def _major_minor(version: str) -> tuple[int, ...]:
+    """(major, minor) of a release, pre-releases and local tags included: 2.4.0rc1 and 2.11.0+cu130 are 2.4, 2.11."""
+    return Version(version).release[:2]
 
 
 def known_interpreter_fault(error: str, triton_version: str, numpy_version: str) -> str | None:
