@@ -30,7 +30,7 @@ echo "the image's packages: $(tr '\n' ' ' <<< "$pins")"
 "$python" -m pip install --quiet --no-deps triton==3.6.0
 grep -v '^\s*#' kernels/gpu_wheels.txt | grep -v '^\s*$' > "$DIR/wheels.txt"
 "$python" -m pip wheel --quiet --no-deps -w "$DIR/whl" -r "$DIR/wheels.txt"   # sdist-only ones built, as there
-"$python" -m pip install --quiet --no-index --no-deps --no-compile --upgrade --target "$DIR/site" "$DIR/whl"/*.whl
+PYTHON=$python bash kernels/install_carried_wheels.sh "$DIR/whl" "$DIR/site"   # as gpu_session.sh installs them
 cat > "$DIR/run" <<EOF
 #!/usr/bin/env bash
 # Run a command under the stand-in of the GPU machines' stack, as gpu_session.sh runs it there: its python

@@ -56,14 +56,15 @@ export PYTHONUNBUFFERED=1
 # No network there: libraries that would ask the hub fail at once instead of waiting on a timeout
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
 WHEELS=${WHEELS:-.whl}   # the packages the machine lacks (kernels/gpu_wheels.txt)
+SITE=${SITE:-/tmp/site}  # where they go: outside the work tree, so a warm machine's next call finds them
 if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
     bundle=$(ls "$WHEELS" | sha1sum)
-    if [ "$(cat /tmp/site/.bundle 2>/dev/null)" != "$bundle" ]; then   # a warm machine keeps them
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-            "$WHEELS"/*.whl || { echo "installing the carried wheels failed" >&2; exit 3; }
-        echo "$bundle" > /tmp/site/.bundle
+    if [ "$(cat "$SITE/.bundle" 2>/dev/null)" != "$bundle" ]; then   # a warm machine keeps them
+        bash kernels/install_carried_wheels.sh "$WHEELS" "$SITE" \
+            || { echo "installing the carried wheels failed" >&2; exit 3; }
+        echo "$bundle" > "$SITE/.bundle"
     fi
-    export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+    export PYTHONPATH=$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}
 else
     export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi

@@ -575,6 +575,53 @@ def test_bench_calls_of_one_device_merge_with_every_target_met_or_missed(tmp_pat
         bench.merge([one, call([], device="NVIDIA H200")], ["a.json", "c.json"])
 
 
+def _session_env(out: Path, work: Path, wheels: Path, **extra: str) -> dict:
+    """The environment of a kernels/gpu_session.sh run here: this Python first on PATH (python3 there),
+    ``wheels`` as the carried bundle, a deadline that leaves the step room."""
+    import os
+
+    return {**os.environ, "OUT": str(out), "WORK": str(work), "DEADLINE_S": "120", "WHEELS": str(wheels),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **extra}
+
+
+def _wheel(folder: Path, name: str, version: str, module_text: str) -> Path:
+    """A minimal pure-Python wheel of package ``name`` (one ``__init__.py``), as pip builds one."""
+    import zipfile
+
+    dist = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": module_text,
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{dist}/RECORD"] = "".join(f"{f},,\n" for f in [*files, f"{dist}/RECORD"])
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for f, text in files.items():
+            archive.writestr(f, text)
+    return path
+
+
+def test_the_carried_wheels_are_installed_once_and_shadow_the_images_own_packages(tmp_path):
+    """On the device the carried wheels must win over the image's copies (transformers 5.23 over its 5.17), and a
+    warm machine's next call must not install them again. A carried torchao 99.0 over this environment's own: the
+    stack step reports the carried one, and a second call finds the bundle in place and leaves it."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    wheels, site = tmp_path / "whl", tmp_path / "site"
+    wheels.mkdir()
+    _wheel(wheels, "torchao", "99.0", "__version__ = '99.0'\n")
+    for call in ("one", "two"):
+        out = tmp_path / call
+        env = _session_env(out, tmp_path / f"work-{call}", wheels, SITE=str(site))
+        done = subprocess.run(["bash", "kernels/gpu_session.sh", "stack"], cwd=root, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert json.loads((out / "stack.json").read_text())["torchao"] == "99.0"
+        if call == "one":
+            installed = (site / "torchao" / "__init__.py").stat().st_mtime_ns
+    assert (site / "torchao" / "__init__.py").stat().st_mtime_ns == installed and (site / ".bundle").is_file()
+
+
 def test_a_session_over_the_device_tools_file_limit_still_brings_back_its_reports_and_logs(tmp_path):
     """Past 16 MiB packed, session.tgz keeps the reports and logs only: the tests step's JUnit XML, the
     steps' stdout and stderr and the device's CSV among them (kernels/collect_gpu_session.py reads them)."""
@@ -587,8 +634,7 @@ def test_a_session_over_the_device_tools_file_limit_still_brings_back_its_report
     work.mkdir()
     (work / "activations.dat").write_bytes(os.urandom(16 << 20))   # incompressible, over the limit alone
     (work / "tests_gpu.xml").write_text("<testsuites/>")
-    env = {**os.environ, "OUT": str(out), "WORK": str(work), "DEADLINE_S": "120", "WHEELS": str(tmp_path),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = _session_env(out, work, wheels=tmp_path)
     subprocess.run(["bash", "kernels/gpu_session.sh", "stack"], cwd=root, env=env, capture_output=True, text=True,
                    timeout=300, check=True)
     assert (out / "session.tgz").stat().st_size < 16 << 20
@@ -719,15 +765,13 @@ def test_the_gpu_session_runs_every_gpu_smoke_recipe_each_half_against_its_own_b
 def test_the_gpu_session_returns_what_the_device_tool_can_bring_back(tmp_path):
     """The device tool brings back at most 8 files of $OUT, 16 MiB each, two folders deep, named in letters,
     digits, '.', '_' and '-': the session keeps its work apart and publishes flat files and one archive."""
-    import os
     import re
     import subprocess
     import tarfile
 
     root = Path(__file__).resolve().parent.parent
     out, work = tmp_path / "out", tmp_path / "work"
-    env = {**os.environ, "OUT": str(out), "WORK": str(work), "DEADLINE_S": "120", "WHEELS": str(tmp_path),
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env = _session_env(out, work, wheels=tmp_path)
     done = subprocess.run(["bash", "kernels/gpu_session.sh", "stack", "checks"], cwd=root,
                           env={**env, "DEADLINE_S": "1"}, capture_output=True, text=True,
                           timeout=60)  # a deadline already past: both skipped
