@@ -287,10 +287,10 @@ def every_launch(shape: tuple = (256, 1024)):
     return thunks
 
 
-def compile_every_variant(first_config: bool = False, only: list[str] | None = None) -> dict:
-    """Every launch of ``every_launch`` compiled for sm_90a under each config of its autotune space (or
-    the first; ``only``: launches whose name contains one of these): a compile error of the device's
-    Triton found at no device time. Each distinct (kernel, specialisation, config) compiled once."""
+def compile_every_variant(only: list[str] | None = None) -> dict:
+    """Every launch of ``every_launch`` compiled for sm_90a under each config of its autotune space
+    (``only``: launches whose name contains one of these): a compile error of the device's Triton found
+    at no device time. Each distinct (kernel, specialisation, config) compiled once."""
     seen, failures = set(), []
     for name, thunk in every_launch():
         if only and not any(o in name for o in only):
@@ -298,7 +298,7 @@ def compile_every_variant(first_config: bool = False, only: list[str] | None = N
         with intercepted_launches() as calls:
             thunk()
         for kernel, tuned, _, args, constexprs in calls:
-            for cfg in tuned.configs[:1] if first_config else tuned.configs:
+            for cfg in tuned.configs:
                 consts = {**constexprs, **cfg.kwargs}
                 key = (kernel.__name__, repr(specialise(kernel, args, consts)), cfg.num_warps, cfg.num_stages)
                 if key in seen:
@@ -311,8 +311,7 @@ def compile_every_variant(first_config: bool = False, only: list[str] | None = N
                                      "error": f"{type(err).__name__}: {str(err)[:500]}"})
                     print(f"FAILED {name} {cfg}: {type(err).__name__}", flush=True)
         print(f"{name}: {len(seen)} compiled, {len(failures)} failed", flush=True)
-    return {"compiled": len(seen), "failed": len(failures), "failures": failures,
-            "configs": "first of each space" if first_config else "every config of each space"}
+    return {"compiled": len(seen), "failed": len(failures), "failures": failures}
 
 
 def main(argv=None) -> int:
@@ -329,21 +328,22 @@ def main(argv=None) -> int:
         "(--first-config: the first) and report what failed",
     )
     args = p.parse_args(argv)
+    if args.first_config:  # both modes: every autotune space cut to its first config
+        from mxfp4.numerics import triton_gemm as tg
+
+        for t in tg.autotune_spaces().values():
+            t.configs = t.configs[:1]
     if args.compile_all:
-        report = compile_every_variant(args.first_config, args.only)
+        report = compile_every_variant(args.only)
         write_json_atomic(args.out, {
             "method": "static: triton.compile for sm_90a on CPU (no device); compiles, not runs",
             "triton": triton.__version__, "torch": torch.__version__, **report,
+            "configs": "first of each space" if args.first_config else "every config of each space",
         })
         print(f"{report['compiled']} compiled for sm_90a, {report['failed']} failed -> {args.out}")
         return 1 if report["failed"] else 0
     shape = tuple(int(s) for s in args.shape.split("x"))
     elements = math.prod(shape)
-    if args.first_config:
-        from mxfp4.numerics import triton_gemm as tg
-
-        for t in tg.autotune_spaces().values():
-            t.configs = t.configs[:1]
     rows = []
     for name, thunk in cases(shape, torch.bfloat16):
         if args.only and not any(o in name for o in args.only):
