@@ -167,7 +167,7 @@ def test_every_config_the_autotuner_may_pick_is_bit_exact(monkeypatch):
     monkeypatch.setattr(tg, "DIRECT_MIN_TILES", 2)
     results = list(kernel_checks.check_every_config())
     assert {r["space"] for r in results} == set(tg.autotune_spaces()) and len(results) == sum(
-        len(tuned.configs) * len(checks) for _, tuned, checks in kernel_checks.autotune_spaces()
+        len(tuned.configs) * len(checks) for _, tuned, checks in kernel_checks.checks_per_autotune_space()
     )
     assert [r for r in results if not r["passed"]] == []
 
@@ -213,7 +213,7 @@ def test_a_config_the_device_cannot_run_is_skipped_as_the_autotuner_skips_it_and
         raise ValueError("a fault of this config")
 
     space = [("dequantize rows", tuned, [("too big", too_big), ("broken", broken)])]
-    monkeypatch.setattr(kernel_checks, "autotune_spaces", lambda device, seed: space)
+    monkeypatch.setattr(kernel_checks, "checks_per_autotune_space", lambda device, seed: space)
     rows = list(kernel_checks.check_every_config())
     assert len(rows) == 2 * len(tuned.configs)
     assert all(r["passed"] and r["skipped"] and "shared memory" in r["detail"] for r in rows[::2])

@@ -194,7 +194,7 @@ def _check_w4a16_direct(device: str, k: int, g: torch.Generator) -> dict:
     return results
 
 
-def autotune_spaces(device: str = "cpu", seed: int = 0) -> list[tuple[str, object, list]]:
+def checks_per_autotune_space(device: str = "cpu", seed: int = 0) -> list[tuple[str, object, list]]:
     """(name, autotuner, checks) per autotune space of ``triton_gemm.autotune_spaces``: each check a (what,
     thunk) whose thunk calls the public wrapper at a shape that launches that space and returns (passed,
     detail). bfloat16 inputs (training's dtype), ragged last blocks, tile-unaligned extents."""
@@ -265,7 +265,7 @@ def check_every_config(device: str = "cpu", seed: int = 0):
 
     from . import triton_kernels as tk
 
-    for space, tuned, checks in autotune_spaces(device, seed):
+    for space, tuned, checks in checks_per_autotune_space(device, seed):
         for config in tuned.configs:
             row = {"space": space, "config": {**config.kwargs, "num_warps": config.num_warps,
                                               "num_stages": config.num_stages}}
