@@ -81,8 +81,9 @@ def call_device(folder: Path) -> str:
         if device:
             return device.removeprefix("cuda: ")
     for metrics in sorted(Layout(folder / "results", SMOKE_PROFILE).cells.glob("*/*/*/metrics.json")):
-        if json.loads(metrics.read_text()).get("device"):
-            return json.loads(metrics.read_text())["device"]
+        device = _json(metrics).get("device")
+        if device:
+            return device
     raise ValueError(f"{folder}: no file of this call names its device (stack.json, a report or a cell's metrics)")
 
 
