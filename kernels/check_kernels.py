@@ -83,9 +83,7 @@ def main(argv=None) -> int:
     matmul.update({} if args.no_matmul or args.every_config else kernel_checks.check_matmul(device))
     final = report(complete=True)
     passed = final["passed"]
-    matmul_said = "" if not matmul else "; matmul " + ("ok" if all(m["passed"] for m in matmul.values()) else "FAILED")
-    skipped = f", {final['n_skipped']} configs not runnable here" if final["n_skipped"] else ""
-    print(f"{final['n_checks']} checks, {final['n_failed']} failed{skipped}{matmul_said} -> {args.out}")
+    print(f"{kernel_checks.summary(final)} -> {args.out}")
     return 0 if passed else 1
 
 

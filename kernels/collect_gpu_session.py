@@ -174,17 +174,14 @@ def device_checks(root: Path, rel: list[Path]) -> list[dict]:
     the suite's CUDA tests (``tests``: pytest -m gpu, its JUnit XML)."""
     import xml.etree.ElementTree as ET
 
+    from mxfp4.numerics.kernel_checks import summary  # (imports torch, as collect's bench_kernels does)
+
     rows = []
     for name, target in (("checks.json", "every kernel bit-exact on the device (check_kernels.py)"),
                          ("checks_configs.json", "every autotune config checked on the device (--every-config)")):
         for f in _in_calls(root, rel, name)[-1:]:  # the last call that ran it
             c = _json(root / f)
-            matmul = "" if not c["matmul"] else (
-                ", matmul ok" if all(m["passed"] for m in c["matmul"].values()) else ", matmul FAILED")
-            skipped = f", {c['n_skipped']} not runnable here (never picked)" if c.get("n_skipped") else ""
-            rows.append({"source": str(f), "target": target,
-                         "value": f"{c['n_checks'] - c['n_failed']}/{c['n_checks']} checks{matmul}{skipped}"
-                                  f"{'' if c['complete'] else ', cut off before the end'}",
+            rows.append({"source": str(f), "target": target, "value": summary(c),
                          "threshold": "all passed, complete", "met": c["passed"]})
     for f in _in_calls(root, rel, "tests_gpu.xml")[-1:]:
         suite = ET.parse(root / f).getroot()

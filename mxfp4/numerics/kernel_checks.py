@@ -282,3 +282,13 @@ def check_every_config(device: str = "cpu", seed: int = 0):
                 if not forced.launches:
                     ok, detail = False, f"the check launched no kernel of this space ({detail})"
                 yield {**row, "check": what, "passed": ok, "skipped": skipped, "detail": detail}
+
+
+def summary(report: dict) -> str:
+    """One line for a ``kernels/check_kernels.py`` report: the checks passed of those run, the GEMMs'
+    verdict (where they ran), the configs this device could not run, and whether it was cut off."""
+    matmul = report["matmul"]
+    said = "" if not matmul else ", matmul " + ("ok" if all(m["passed"] for m in matmul.values()) else "FAILED")
+    skipped = f", {report['n_skipped']} not runnable here (never picked)" if report.get("n_skipped") else ""
+    cut = "" if report["complete"] else ", cut off before the end"
+    return f"{report['n_checks'] - report['n_failed']}/{report['n_checks']} checks{said}{skipped}{cut}"
