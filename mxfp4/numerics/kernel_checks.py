@@ -241,7 +241,7 @@ def checks_per_autotune_space(device: str = "cpu", seed: int = 0) -> list[tuple[
                 return passed, f"max error over bound {worst:.3g}"
 
             outputs = (torch.float32, torch.bfloat16) if direct else (torch.float32,)  # split K adds float32
-            checks[f"W4A16 decode {'whole-K' if direct else 'split-K'}, BLOCK_M {bm}"] = [
+            checks[tg.w4a16_space_name(direct, bm)] = [
                 (f"M {m}, {str(o).removeprefix('torch.')} out", lambda o=o, d=decode: d(o)) for o in outputs
             ]
     spaces = tg.autotune_spaces()

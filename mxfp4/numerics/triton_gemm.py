@@ -458,6 +458,11 @@ def autotune_spaces() -> dict[str, triton.runtime.Autotuner]:
         "dequantize rows": tk._dequant_rows_tuned,
         "dequantize columns": tk._dequant_cols_tuned,
         "tl.dot_scaled GEMM": _mx_matmul_tuned,
-        **{f"W4A16 decode split-K, BLOCK_M {bm}": t for bm, t in _w4a16_split.items()},
-        **{f"W4A16 decode whole-K, BLOCK_M {bm}": t for bm, t in _w4a16_direct.items()},
+        **{w4a16_space_name(False, bm): t for bm, t in _w4a16_split.items()},
+        **{w4a16_space_name(True, bm): t for bm, t in _w4a16_direct.items()},
     }
+
+
+def w4a16_space_name(direct: bool, block_m: int) -> str:
+    """The name in ``autotune_spaces`` of the W4A16 decode space of one path (whole-K or split-K) and BLOCK_M."""
+    return f"W4A16 decode {'whole-K' if direct else 'split-K'}, BLOCK_M {block_m}"
