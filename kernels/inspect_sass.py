@@ -51,6 +51,8 @@ from triton.runtime.jit import native_specialize_impl  # noqa: E402
 
 import mxfp4  # noqa: E402
 from mxfp4.io import write_json_atomic  # noqa: E402
+from mxfp4.numerics import reference  # noqa: E402
+from mxfp4.numerics import triton_gemm as tg  # noqa: E402
 from mxfp4.numerics import triton_kernels as tk  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -137,8 +139,6 @@ def sass_profile(cubin: bytes, sass: str | None = None) -> dict:
 def intercepted_launches():
     """Record (kernel, tuned, grid_of, args, constexprs) of every ``launch_tuned`` that the host
     wrappers (``triton_kernels``, ``triton_gemm``) make, instead of launching."""
-    from mxfp4.numerics import triton_gemm as tg
-
     calls = []
     saved = tk.launch_tuned, tg.launch_tuned
 
@@ -209,9 +209,6 @@ DECODE_SHAPES = {  # name: (N, K, M)
 def report_gemm(name: str, n: int, k: int, m: int) -> list[dict]:
     """The W4A16 decode kernel's configs at one shape, launched through ``w4a16_matmul`` on CPU
     tensors with the launch intercepted (as on CUDA: this script runs with the interpreter off)."""
-    from mxfp4.numerics import reference
-    from mxfp4.numerics import triton_gemm as tg
-
     w = tg.pack_weight(reference.quantize(torch.randn(n, k)))
     with intercepted_launches() as calls:
         tg.w4a16_matmul(torch.randn(m, k).bfloat16(), w)
@@ -254,9 +251,6 @@ def every_launch(shape: tuple = (256, 1024)):
     layout of the memory kernels (rows, axis 0, a 3D middle axis), their float32 and bfloat16 outputs,
     the W4A16 decode spaces (split-K and whole-K at BLOCK_M 16, 32, 64) and both operand formats of
     the ``tl.dot_scaled`` GEMM."""
-    from mxfp4.numerics import reference
-    from mxfp4.numerics import triton_gemm as tg
-
     thunks = []
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         x, x3 = torch.empty(shape, dtype=dtype), torch.empty((4, 64, 96), dtype=dtype)
@@ -329,8 +323,6 @@ def main(argv=None) -> int:
     )
     args = p.parse_args(argv)
     if args.first_config:  # both modes: every autotune space cut to its first config
-        from mxfp4.numerics import triton_gemm as tg
-
         for t in tg.autotune_spaces().values():
             t.configs = t.configs[:1]
     if args.compile_all:
