@@ -113,7 +113,7 @@ def _row(kind, path, shape, seconds, **extra) -> dict:
 def verify(x, q_rows, q_cols) -> None:
     """The autotuned kernels at this shape, bit for bit against the reference on the same device."""
     from mxfp4.numerics import triton_kernels as tk
-    from mxfp4.numerics.kernel_checks import same
+    from mxfp4.verify.kernel_checks import same
 
     axes = (-1, 0) if x.dim() == 2 else (-1, 1, 0)
     for axis in axes:

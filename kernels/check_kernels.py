@@ -21,7 +21,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from mxfp4.io import write_json_atomic  # noqa: E402
-from mxfp4.numerics import kernel_checks  # noqa: E402
+from mxfp4.verify import kernel_checks  # noqa: E402
 
 
 def main(argv=None) -> int:

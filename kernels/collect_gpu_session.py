@@ -174,7 +174,7 @@ def device_checks(root: Path, rel: list[Path]) -> list[dict]:
     the suite's CUDA tests (``tests``: pytest -m gpu, its JUnit XML)."""
     import xml.etree.ElementTree as ET
 
-    from mxfp4.numerics.kernel_checks import summary  # (imports torch, as collect's bench_kernels does)
+    from mxfp4.verify.kernel_checks import summary  # (imports torch, as collect's bench_kernels does)
 
     rows = []
     for name, target in (("checks.json", "every kernel bit-exact on the device (check_kernels.py)"),

@@ -44,7 +44,7 @@ def _cmd_formats(args) -> int:
 def _load_tensor(args):
     import torch
 
-    from .numerics.distributions import sample
+    from .verify.distributions import sample
 
     if args.tensor:
         given = [f"--{k}" for k in SAMPLE_DEFAULTS if getattr(args, k) is not None]
@@ -125,7 +125,7 @@ def _cmd_prove(args) -> int:
 
     writable(args.out)
 
-    from .numerics.prove import run_proofs
+    from .verify.prove import run_proofs
 
     bar = tqdm(desc="proofs", unit="case", file=sys.stderr)
 
@@ -250,7 +250,7 @@ def _cmd_reproduction(args) -> int:
 
 
 def _cmd_corrections_table(args) -> int:
-    from .report import correction_table as ct
+    from .analysis import correction_table as ct
 
     models = {}
     for item in args.model or []:
@@ -313,7 +313,7 @@ def _cmd_cell(args) -> int:
 
 
 def _cmd_memory_plan(args) -> int:
-    from .rl.memory_plan import write_plan
+    from .analysis.memory_plan import write_plan
 
     report = write_plan(args.profile, args.out, args.model, args.recipes, args.layers, args.device)
     peaks = {r: round(v["peak_gib"], 1) for r, v in report["recipes"].items()}
@@ -340,7 +340,8 @@ def _cmd_gpu_smoke_report(args) -> int:
 
 def _cmd_probe_batch(args) -> int:
     from .config.profiles import load_profile
-    from .rl.probe_batch import batch_digest, ensure_probe_batch, load_probe_batch
+    from .rl.grpo import batch_digest
+    from .rl.probe_batch import ensure_probe_batch, load_probe_batch
 
     profile = load_profile(args.profile)
     if args.seed < 0:
@@ -351,7 +352,7 @@ def _cmd_probe_batch(args) -> int:
 
 
 def _cmd_pathways(args) -> int:
-    from .rl.pathways import run_pathways
+    from .analysis.pathways import run_pathways
 
     layout = Layout(args.results, args.profile)
     out = args.out or layout.pathways(args.model, args.checkpoint)
@@ -380,7 +381,7 @@ def _write_table(rows: list[dict], out: Path, markdown: str) -> int:
 
 
 def _cmd_weight_components(args) -> int:
-    from .rl.weight_components import run_weight_components, summary_markdown
+    from .analysis.weight_components import run_weight_components, summary_markdown
 
     rows = run_weight_components(args.profile, args.results)
     return _write_table(rows, Path(args.out or Layout(args.results, args.profile).weight_components),
@@ -388,7 +389,7 @@ def _cmd_weight_components(args) -> int:
 
 
 def _cmd_regime(args) -> int:
-    from .rl.regime import run_regime, summary_markdown
+    from .analysis.regime import run_regime, summary_markdown
 
     rows = run_regime(args.profile, args.results, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     return _write_table(rows, Path(args.out or Layout(args.results, args.profile).regime), summary_markdown(rows))
@@ -408,8 +409,8 @@ def _model_args(p) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
-    from .numerics.distributions import DISTRIBUTIONS
     from .numerics.formats import FORMATS
+    from .verify.distributions import DISTRIBUTIONS
 
     parser = argparse.ArgumentParser(prog="mxfp4", description=__doc__)
     parser.add_argument("--version", action="version", version=f"mxfp4 {__version__}")

@@ -12,10 +12,10 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "mxfp4"
 
 # Each layer may import itself and the layers listed before it; the leaf modules import no mxfp4 layer.
-LAYERS = ["numerics", "corrections", "config", "nn", "rl", "report", "cli"]
+LAYERS = ["numerics", "verify", "corrections", "config", "nn", "rl", "analysis", "report", "cli"]
 LEAVES = {"io", "stats", "layout", "machine"}
 KERNEL_WRAPPERS = {"mxfp4.numerics.triton_kernels", "mxfp4.numerics.triton_gemm"}
-KERNEL_CALLERS = {"mxfp4.numerics.dispatch", "mxfp4.numerics.kernel_checks", *KERNEL_WRAPPERS}
+KERNEL_CALLERS = {"mxfp4.numerics.dispatch", "mxfp4.verify.kernel_checks", *KERNEL_WRAPPERS}
 
 
 def _module_name(path: Path) -> str:
@@ -23,9 +23,10 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> set[str]:
-    """Every mxfp4 module that ``path`` imports (relative imports resolved; ``from x import y``
-    counted as x.y, which is what a submodule import names)."""
+def _imports(path: Path, names: bool = False) -> set[str]:
+    """Every mxfp4 module that ``path`` imports, at the top or inside a function (relative imports
+    resolved; ``from x import y`` counted as x.y, which is what a submodule import names); with
+    ``names``, the imported names themselves (``y`` of ``from x import y``)."""
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     out = set()
@@ -39,7 +40,7 @@ def _imports(path: Path) -> set[str]:
             else:
                 target = node.module or ""
             if target.startswith("mxfp4"):
-                out |= {f"{target}.{a.name}" for a in node.names}
+                out |= {a.name if names else f"{target}.{a.name}" for a in node.names}
     return out
 
 
@@ -50,6 +51,73 @@ def _layer(module: str) -> str | None:
 
 def _graph() -> dict[str, set[str]]:
     return {_module_name(p): _imports(p) for p in PACKAGE.rglob("*.py")}
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the mxfp4 modules it imports (``x.y`` of ``from x import y`` read as module x when y is
+    a name in x, not a submodule)."""
+    graph = _graph()
+    modules = set(graph)
+
+    def module_of(target: str) -> str:
+        while target not in modules and "." in target:
+            target = target.rsplit(".", 1)[0]
+        return target
+
+    return {m: {module_of(t) for t in targets} - {m} for m, targets in graph.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iteratively)."""
+    index, low, stack, on_stack, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(root):
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            for w in children:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                    break
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    component = []
+                    while True:
+                        w = stack.pop()
+                        on_stack.discard(w)
+                        component.append(w)
+                        if w == v:
+                            break
+                    if len(component) > 1:
+                        out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for w in graph.get(todo.pop(), ()):
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    return seen
 
 
 def test_the_import_reader_resolves_relative_imports():
@@ -74,6 +142,31 @@ def test_every_layer_imports_only_the_layers_below_it():
             elif there not in LEAVES and there in LAYERS and LAYERS.index(there) > LAYERS.index(here):
                 bad.append(f"{module} -> {target} (upward)")
     assert not bad, "\n".join(bad)
+
+
+def test_the_cycle_finder_finds_a_cycle_and_only_a_cycle():
+    """The check below means something: a three-module loop is found, a chain and a self-edge are not."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"d"}}) == []
+
+
+def test_no_module_imports_itself_back_through_a_cycle():
+    """No import cycle anywhere in the package, within a layer too, function-local imports counted."""
+    assert not _cycles(_module_graph()), _cycles(_module_graph())
+
+
+def test_the_reports_never_reach_the_rl_harness():
+    """Tables, figures and claims read files; none of them loads TRL, directly or through another module."""
+    graph = _module_graph()
+    bad = {m: sorted(t for t in _reachable(graph, m) if t.startswith("mxfp4.rl"))
+           for m in graph if m.startswith("mxfp4.report")}
+    assert not any(bad.values()), {m: t for m, t in bad.items() if t}
+
+
+def test_no_private_name_is_imported_from_another_module():
+    bad = {_module_name(p): sorted(n for n in _imports(p, names=True) if n.startswith("_") and not n.startswith("__"))
+           for p in PACKAGE.rglob("*.py")}
+    assert not any(bad.values()), {m: n for m, n in bad.items() if n}
 
 
 def test_the_quantized_layers_and_the_kernel_scripts_do_not_reach_into_rl():

@@ -173,7 +173,7 @@ def test_the_evaluation_before_training_leaves_the_random_streams_as_they_were()
     import numpy as np
     import torch
 
-    from mxfp4.rl.cell import preserved_rng
+    from mxfp4.rl.training import preserved_rng
 
     def draws():
         return random.random(), float(np.random.rand()), float(torch.rand(1))
@@ -213,7 +213,7 @@ def test_the_readme_plugin_correction_gets_the_step_count_in_a_real_cell(results
     try:
         m = run_cell("smoke", "tiny-dense", "mxfp4+clip", 0, results=results)
     finally:
-        corr._REGISTRY.pop("clip_outliers", None)
+        corr.REGISTRY.pop("clip_outliers", None)
         sys.modules.pop("my_corrections", None)  # other tests import their own my_corrections
     rows = [
         json.loads(line)
@@ -270,7 +270,7 @@ def test_saving_a_model_is_all_or_nothing(tmp_path, monkeypatch):
 
 def test_cached_problems_are_remade_when_the_settings_that_made_them_change(tmp_path):
     from mxfp4.config.profiles import load_profile
-    from mxfp4.rl.cell import cell_data
+    from mxfp4.rl.data import cell_data
 
     profile = load_profile("smoke")
     _, folder = cell_data(profile, tmp_path)
@@ -284,7 +284,8 @@ def test_cached_problems_are_remade_when_the_settings_that_made_them_change(tmp_
 def test_recipes_are_probed_on_one_common_batch(results):
     """Every quantized recipe of a model and seed takes its gradient probes on the same stored batch
     (made by the first cell that needs it); making it leaves the cell's own random stream untouched."""
-    from mxfp4.rl.probe_batch import batch_digest, load_probe_batch
+    from mxfp4.rl.grpo import batch_digest
+    from mxfp4.rl.probe_batch import load_probe_batch
 
     path = Layout(results, "smoke").probe_batch("tiny-dense", 2)
     path.unlink(missing_ok=True)
@@ -301,11 +302,11 @@ def test_recipes_are_probed_on_one_common_batch(results):
 def test_a_policy_that_never_solves_still_gets_a_probe_batch(results, monkeypatch):
     """Random weights (the GPU smoke runs) earn no reward: no group has non-zero advantages. The probe
     batch is then the first batch, said so, never an error that would stop every quantized cell."""
-    import mxfp4.rl.pathways as pathways
     from mxfp4.config.profiles import load_profile
+    from mxfp4.rl import data
     from mxfp4.rl.probe_batch import make_probe_batch
 
-    monkeypatch.setattr(pathways, "accuracy_reward", lambda completions, **kw: [0.0] * len(completions))
+    monkeypatch.setattr(data, "accuracy_reward", lambda completions, **kw: [0.0] * len(completions))
     batch = make_probe_batch(load_profile("smoke"), "tiny-dense", 3, results)
     assert batch["advantages"].abs().max() == 0 and batch["completion_ids"].shape[0] == 2 * 4
 

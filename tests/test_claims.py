@@ -68,12 +68,12 @@ def test_energy_controlled_contrasts_are_direct_rows_of_their_own():
     assert row["test"] == "direct, energy-controlled (pathway matrix)" and "higher is the harm" in row["measure"]
 
 
-# ---- Shapley attribution of outcomes (mxfp4.rl.pathways.shapley_rows) ----
+# ---- Shapley attribution of outcomes (mxfp4.analysis.pathways.shapley_rows) ----
 
 
 def _harms(v, n=40, noise=0.0, seed=0):
     """Per-unit harms of the 8 arms from a set function v over coalitions of the components."""
-    from mxfp4.rl.pathways import COALITIONS
+    from mxfp4.analysis.pathway_spec import COALITIONS
 
     rng = np.random.default_rng(seed)
     unit = rng.normal(0, noise, n)
@@ -81,13 +81,13 @@ def _harms(v, n=40, noise=0.0, seed=0):
 
 
 def _one_policy(n):
-    from mxfp4.rl.pathways import Measured
+    from mxfp4.analysis.pathways import Measured
 
     return Measured(grad_groups=["warm"] * n, roll_groups=["warm"] * n, seeds={0})
 
 
 def test_shapley_of_an_additive_outcome_returns_each_components_contribution():
-    from mxfp4.rl.pathways import shapley_rows
+    from mxfp4.analysis.pathways import shapley_rows
 
     contribution = {"scale": 0.30, "dead": 0.05, "grid": 0.10}
     rows = shapley_rows("m", "warm", {"rollout": _harms(lambda t: sum(contribution[c] for c in t), noise=0.1)},
@@ -100,7 +100,7 @@ def test_shapley_of_an_additive_outcome_returns_each_components_contribution():
 
 
 def test_a_synthetic_interaction_lands_in_the_interaction_term():
-    from mxfp4.rl.pathways import shapley_rows
+    from mxfp4.analysis.pathways import shapley_rows
 
     def v(t):  # the three together do 0.4 more than their parts; alone each does 0.1
         return 0.1 * len(t) + (0.4 if len(t) == 3 else 0.0)

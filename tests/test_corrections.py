@@ -8,9 +8,9 @@ import torch
 from mxfp4 import corrections as corr
 from mxfp4.config.recipes import Recipe, load_recipe_table
 from mxfp4.corrections import AdaptiveQuantizationNoise
-from mxfp4.numerics.distributions import sample
-from mxfp4.numerics.prove import IDENTITY_TOL_REL
 from mxfp4.numerics.quantizer import Quantizer
+from mxfp4.verify.distributions import sample
+from mxfp4.verify.prove import IDENTITY_TOL_REL
 
 DISTS = ["gaussian", "laplace", "student_t3", "llm_rows"]
 
@@ -135,7 +135,7 @@ def test_a_correction_registered_from_outside_plugs_into_a_recipe():
         y = Quantizer(corrections=[c])(x, -1)
         assert torch.equal(y[x.abs() > 3], x[x.abs() > 3].bfloat16().float())
     finally:
-        corr._REGISTRY.pop("test_halve_outliers")
+        corr.REGISTRY.pop("test_halve_outliers")
 
 
 def test_outside_correction_and_recipe_files_plug_in_through_the_environment(tmp_path, monkeypatch):
@@ -161,7 +161,7 @@ def test_outside_correction_and_recipe_files_plug_in_through_the_environment(tmp
         assert r.format == "mxfp4" and r.corrections == [{"name": "test_clip", "limit": 2.5}]
         assert r.build_corrections()[0].limit == 2.5
     finally:
-        corr._REGISTRY.pop("test_clip", None)
+        corr.REGISTRY.pop("test_clip", None)
         sys.modules.pop("my_corrections", None)
 
 

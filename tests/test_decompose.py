@@ -13,7 +13,7 @@ from mxfp4.cli import main
 from mxfp4.numerics import reference
 from mxfp4.numerics.decompose import decompose
 from mxfp4.numerics.formats import FORMATS
-from mxfp4.numerics.prove import IDENTITY_TOL_REL
+from mxfp4.verify.prove import IDENTITY_TOL_REL
 from oracle import oracle_decode, oracle_quantize
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

@@ -15,9 +15,9 @@ from mxfp4.config.recipes import Recipe
 from mxfp4.corrections.macro_block import MacroBlockScaling
 from mxfp4.corrections.outlier_fallback import OutlierFallback
 from mxfp4.numerics import dispatch, reference
-from mxfp4.numerics.device_audit import DeviceLeak, audit_devices
 from mxfp4.numerics.formats import FORMATS
 from mxfp4.numerics.quantizer import Quantizer
+from mxfp4.verify.device_audit import DeviceLeak, audit_devices
 
 FORMAT_RULES = [(f, r) for f, fmt in FORMATS.items() for r in fmt.scale_rules]
 CORRECTIONS = {

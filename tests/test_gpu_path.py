@@ -438,7 +438,7 @@ def test_the_memory_plan_accounts_weights_and_adam_state_exactly_and_writes_each
     import torch
     from transformers import AutoModelForCausalLM
 
-    from mxfp4.rl import memory_plan as plan
+    from mxfp4.analysis import memory_plan as plan
     from mxfp4.rl.models import real_config
 
     out = tmp_path / "plan.json"

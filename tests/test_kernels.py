@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import mxfp4
-from mxfp4.numerics import dispatch, kernel_checks, reference
-from mxfp4.numerics.adversarial import adversarial_rows
+from mxfp4.numerics import dispatch, reference
+from mxfp4.verify import kernel_checks
+from mxfp4.verify.adversarial import adversarial_rows
 
 DEVICES = [pytest.param("cpu", id="interpreter"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 
@@ -295,7 +296,7 @@ FORMAT_STR = "'str' object has no attribute 'value'"
         (FORMAT_STR, "3.6.0", "2.3.5", "no tl.dot_scaled"),
         (NO_DOT_SCALED, "3.7.1", "2.4.6", "no tl.dot_scaled"),
         (NO_DOT_SCALED, "3.8.0", "2.4.6", None),  # the interpreter has it from 3.8
-        ("KeyError('_bf16_bits_rne')", "3.6.0", "2.4.6", None),  # any other error passes unchanged
+        ("KeyError('bf16_bits_rne')", "3.6.0", "2.4.6", None),  # any other error passes unchanged
     ],
 )
 def test_known_faults_of_older_triton_interpreters_are_named_with_their_remedy(
@@ -346,7 +347,7 @@ def test_w4a16_direct_path_stores_the_output_dtype_exactly_as_split_k_adds_float
     """The whole-K path (taken on a device with enough weight tiles) forced at a small shape: no
     zeroed buffer, one float32 accumulation per output stored as float32 or rounded once to bfloat16."""
     from mxfp4.numerics import triton_gemm as tg
-    from mxfp4.numerics.kernel_checks import _error_over_bound
+    from mxfp4.verify.kernel_checks import _error_over_bound
 
     g = torch.Generator().manual_seed(3)
     qt = reference.quantize(torch.randn(40, 200, generator=g))
@@ -382,7 +383,7 @@ def test_w4a16_direct_path_stores_the_output_dtype_exactly_as_split_k_adds_float
 def test_device_check_of_the_w4a16_direct_path_runs_and_passes_under_the_interpreter():
     """check_matmul adds it on CUDA only (6144 weight rows); here it runs once so that the device's
     check is itself checked (it fails a truncating bfloat16 store: max error over bound 1.9)."""
-    from mxfp4.numerics.kernel_checks import _check_w4a16_direct
+    from mxfp4.verify.kernel_checks import _check_w4a16_direct
 
     results = _check_w4a16_direct("cpu", 200, torch.Generator().manual_seed(1))
     assert sorted(results) == ["w4a16_direct_bfloat16", "w4a16_direct_float32"]

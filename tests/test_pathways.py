@@ -1,4 +1,4 @@
-"""The pathway matrix (mxfp4.rl.pathways): every arm measured on the same data, the rows it promises,
+"""The pathway matrix (mxfp4.analysis.pathways): every arm measured on the same data, the rows it promises,
 gradient arms that differ from the unquantized one only by the injected error."""
 
 import csv
@@ -6,13 +6,15 @@ import csv
 import pytest
 import torch
 
+from mxfp4.analysis.pathway_spec import FIELDS
+from mxfp4.analysis.pathways import Arm, row_quantizer, run_pathways
 from mxfp4.config.profiles import load_profile
 from mxfp4.layout import Layout
 from mxfp4.numerics.injection import ROWS
+from mxfp4.rl.batches import batch_gradient, probe_trainer
 from mxfp4.rl.cell import run_cell
 from mxfp4.rl.grad_accuracy import compare
 from mxfp4.rl.models import build_tiny
-from mxfp4.rl.pathways import FIELDS, Arm, _trainer, batch_gradient, row_quantizer, run_pathways
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +50,9 @@ def test_both_checkpoints_every_arm_and_a_tidy_csv(pathway_rows):
 def test_the_unquantized_arm_reproduces_its_own_rollouts(smoke_results):
     """Same prompts, same seed: two runs of one arm give the same per-prompt scores, so every
     difference between arms is the injected error's."""
+    from mxfp4.analysis.pathways import rollout_scores
     from mxfp4.rl.data import embedded_split
     from mxfp4.rl.models import load
-    from mxfp4.rl.pathways import rollout_scores
 
     model, tok = load(str(smoke_results / "smoke" / "models" / "tiny-dense"))
     problems = embedded_split("train", 3, seed=0, max_steps=1)
@@ -99,7 +101,7 @@ def test_the_unit_harms_reproduce_the_rows_and_name_their_data(pathway_rows):
 def test_gradient_arms_differ_from_the_unquantized_gradient_only_by_the_injection():
     model, tok = build_tiny("tiny-dense", seed=0)
     profile = load_profile("smoke")
-    trainer = _trainer(model, tok, profile, seed=0)
+    trainer = probe_trainer(model, tok, profile, seed=0)
     trainer.reward_funcs = [_varied_reward]
     torch.manual_seed(0)
     inputs = [
@@ -188,13 +190,13 @@ def test_control_arms_excess_harm_and_shapley_rows_come_with_every_checkpoint(pa
 
 
 def test_every_seed_measures_its_own_data_and_the_rows_pool_the_seeds(smoke_results, monkeypatch):
-    import mxfp4.rl.pathways as pathways
-    from mxfp4.rl.cell import cell_data
-    from mxfp4.rl.pathways import seed_problems
+    from mxfp4.analysis.pathways import seed_problems
+    from mxfp4.rl import data
+    from mxfp4.rl.data import cell_data
 
     # the smoke model rarely solves a problem: a reward that varies within each group gives every seed
     # gradient batches (the arms are what is tested here, not the model)
-    monkeypatch.setattr(pathways, "accuracy_reward", _varied_reward)
+    monkeypatch.setattr(data, "accuracy_reward", _varied_reward)
 
     base = load_profile("smoke")
     settings = base.pathways.model_copy(update={"checkpoints": ["warm"], "additivity_steps": [],
@@ -229,7 +231,8 @@ def test_policies_after_grpo_are_the_outer_unit():
     the policies, not from the pooled prompts."""
     import random
 
-    from mxfp4.rl.pathways import Measured, control_rows, form_rows
+    from mxfp4.analysis.pathway_spec import control_rows
+    from mxfp4.analysis.pathways import Measured, form_rows
 
     settings = load_profile("smoke").pathways
     rng = random.Random(0)
@@ -243,7 +246,7 @@ def test_policies_after_grpo_are_the_outer_unit():
 
 
 def test_grpo_checkpoints_need_every_seeds_policy(tmp_path):
-    from mxfp4.rl.pathways import checkpoints
+    from mxfp4.analysis.pathways import checkpoints
 
     base = load_profile("smoke")
     profile = base.model_copy(update={"seeds": [0, 7], "pathways": base.pathways.model_copy(

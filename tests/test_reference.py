@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from mxfp4.numerics import reference
-from mxfp4.numerics.adversarial import adversarial_rows
 from mxfp4.numerics.formats import FORMATS
 from mxfp4.numerics.reference import pack_fp4, unpack_fp4
+from mxfp4.verify.adversarial import adversarial_rows
 from oracle import oracle_decode, oracle_quantize
 
 FORMAT_RULES = [(f, r) for f in FORMATS for r in FORMATS[f].scale_rules]

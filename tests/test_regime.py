@@ -1,4 +1,4 @@
-"""The regime statistics of GEMM operands (mxfp4.rl.regime), the heavy-tail knob (outlier channels) and
+"""The regime statistics of GEMM operands (mxfp4.analysis.regime), the heavy-tail knob (outlier channels) and
 the warm start's flawed demonstrations, each against an independent computation."""
 
 import re
@@ -9,10 +9,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mxfp4.analysis.regime import observe, operand_stats, regime_rows
+from mxfp4.analysis.weight_components import regime_stats
 from mxfp4.rl.models import build_tiny
 from mxfp4.rl.outlier_channels import add_outlier_channels
-from mxfp4.rl.regime import observe, operand_stats, regime_rows
-from mxfp4.rl.weight_components import regime_stats
 
 
 def _loss(model, ids):

@@ -1,4 +1,4 @@
-"""Regime statistics of a tensor (mxfp4.rl.weight_components) against independent computations, and the
+"""Regime statistics of a tensor (mxfp4.analysis.weight_components) against independent computations, and the
 per-tensor table of a tiny model."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy import stats
 
-from mxfp4.rl.weight_components import OUTLIER_RATIO, regime_stats, tensor_rows
+from mxfp4.analysis.weight_components import OUTLIER_RATIO, regime_stats, tensor_rows
 
 
 @pytest.mark.parametrize(("name", "draw", "kurtosis"), [

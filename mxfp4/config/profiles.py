@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from . import EXPERIMENTS, load_yaml, shipped
+from .recipes import load_recipe_table
 from .validation import parse
 
 PROFILES_DIR = EXPERIMENTS / "profiles"
@@ -322,7 +323,6 @@ def load_profile(name: str) -> Profile:
     profile = parse(Profile, profile_data(name), f"profile {path.name}")
     if profile.name != name:
         raise ValueError(f"profile {path.name}: name: {profile.name!r} differs from the file name; accepted: {name!r}")
-    from .recipes import load_recipe_table
 
     known = load_recipe_table()
     unknown = [r for r in profile.recipes if r not in known]

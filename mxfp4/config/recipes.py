@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from .. import corrections as corr
 from ..numerics.formats import get_format
+from ..numerics.injection import ComponentQuantizer
 from ..numerics.quantizer import DEFAULT_MODULES, GEMMS, Quantizer, normalize_gemms
 from . import EXPERIMENTS, load_yaml
 from .validation import parse
@@ -111,7 +112,6 @@ class Recipe(BaseModel):
             return None
         corrections = self.build_corrections() if corrections is None else corrections
         if self.inject or self.remove:
-            from ..numerics.injection import ComponentQuantizer
 
             return ComponentQuantizer(
                 self.format,

@@ -12,7 +12,7 @@ from .aqn import AdaptiveQuantizationNoise
 from .base import Correction
 from .macro_block import MacroBlockScaling
 from .outlier_fallback import OutlierFallback
-from .registry import _REGISTRY, ENTRY_POINT_GROUP, available, build, register
+from .registry import ENTRY_POINT_GROUP, REGISTRY, available, build, register
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -20,7 +20,7 @@ __all__ = [
     "Correction",
     "MacroBlockScaling",
     "OutlierFallback",
-    "_REGISTRY",
+    "REGISTRY",
     "available",
     "build",
     "register",

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..numerics import dispatch
 from ..numerics.formats import get_format
-from ..numerics.reference import quantize_blocks
+from ..numerics.reference import from_blocks, quantize_blocks, to_blocks
 from .base import Correction
 from .registry import register
 
@@ -111,8 +112,6 @@ class MacroBlockScaling(Correction):
         mantissa are exact in float32). ``candidates: all`` returns None (use the block path)."""
         if self.candidates != "max":
             return None
-        from ..numerics import dispatch
-        from ..numerics.reference import from_blocks, to_blocks
 
         fmt = get_format(fmt)
         ax = axis % x.dim()

@@ -13,7 +13,7 @@ import pydantic
 
 from .base import Correction
 
-_REGISTRY: dict[str, type] = {}
+REGISTRY: dict[str, type] = {}
 ENTRY_POINT_GROUP = "mxfp4.corrections"
 
 
@@ -22,7 +22,7 @@ def register(name: str):
 
     def deco(cls):
         cls.name = name
-        _REGISTRY[name] = cls
+        REGISTRY[name] = cls
         return cls
 
     return deco
@@ -41,11 +41,11 @@ def available() -> dict[str, type]:
                 "accepted: importable module paths, comma-separated (PYTHONPATH=. for local files)"
             ) from None
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name not in _REGISTRY:
+        if ep.name not in REGISTRY:
             cls = ep.load()
-            _REGISTRY.setdefault(ep.name, cls)
+            REGISTRY.setdefault(ep.name, cls)
             cls.name = ep.name
-    return dict(_REGISTRY)
+    return dict(REGISTRY)
 
 
 @functools.cache

@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .linear import _autocast_dtype, _gemm_precision, gemm_context
+from .linear import autocast_dtype, gemm_context, gemm_precision
 
 
 class DispatchPlan:
@@ -88,7 +88,7 @@ class GroupedQuantLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, xq, w_fwd, w_bwd, plan: DispatchPlan, gemm):
-        ctx.autocast, ctx.device_type = _autocast_dtype(x), x.device.type
+        ctx.autocast, ctx.device_type = autocast_dtype(x), x.device.type
         ctx.exact = gemm.quantizer.exact_in_bf16
 
         def run(cast):
@@ -97,14 +97,14 @@ class GroupedQuantLinear(torch.autograd.Function):
             y = F.grouped_mm(q.to(dtype), w_fwd.transpose(-2, -1).to(dtype), offs=plan.offsets)
             return y if cast is None else y.to(ctx.autocast)
 
-        y = _gemm_precision(ctx, run)
+        y = gemm_precision(ctx, run)
         ctx.save_for_backward(x, w_bwd)
         ctx.plan, ctx.gemm = plan, gemm
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        return _gemm_precision(ctx, lambda cast: GroupedQuantLinear._backward(ctx, dy, cast))
+        return gemm_precision(ctx, lambda cast: GroupedQuantLinear._backward(ctx, dy, cast))
 
     @staticmethod
     def _backward(ctx, dy, cast):

@@ -44,7 +44,7 @@ class GemmContext:
         def quantized():
             with torch.no_grad():
                 q = self.quantizer(param.detach(), axis)
-            if self.quantizer.exact_in_bf16 and _autocast_dtype(param) == torch.bfloat16:
+            if self.quantizer.exact_in_bf16 and autocast_dtype(param) == torch.bfloat16:
                 q = q.to(torch.bfloat16)  # what the bf16 GEMM takes; lossless: every value is a bf16 number
             return q
 
@@ -95,13 +95,13 @@ class GemmContext:
         return self.quantizer(x, axis, valid)
 
 
-def _autocast_dtype(x: torch.Tensor):
+def autocast_dtype(x: torch.Tensor):
     """The autocast dtype in force for x's device type, or None."""
     kind = x.device.type
     return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
 
 
-def _gemm_precision(ctx, fn):
+def gemm_precision(ctx, fn):
     """Run ``fn`` under the autocast state the forward saw (autograd runs backward outside autocast),
     or with autocast off and float32 operands when the quantized values are not all bf16 numbers:
     a bf16 GEMM would round them (docs/design.md, "On GPUs": bf16 compute, exact quantized operands)."""
@@ -124,7 +124,7 @@ class QuantLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, w_fwd, w_bwd, gemm: GemmContext):
-        ctx.autocast, ctx.device_type = _autocast_dtype(x), x.device.type
+        ctx.autocast, ctx.device_type = autocast_dtype(x), x.device.type
         ctx.exact = gemm.quantizer.exact_in_bf16
 
         def run(cast):
@@ -134,7 +134,7 @@ class QuantLinearFunction(torch.autograd.Function):
             b = None if bias is None else bias.to(cast)
             return F.linear(a.to(cast), w_fwd.to(cast), b).to(ctx.autocast)
 
-        y = _gemm_precision(ctx, run)
+        y = gemm_precision(ctx, run)
         ctx.save_for_backward(x, w_bwd)
         ctx.gemm = gemm
         ctx.has_bias = bias is not None
@@ -142,7 +142,7 @@ class QuantLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        return _gemm_precision(ctx, lambda cast: QuantLinearFunction._backward(ctx, dy, cast))
+        return gemm_precision(ctx, lambda cast: QuantLinearFunction._backward(ctx, dy, cast))
 
     @staticmethod
     def _backward(ctx, dy, cast):
@@ -172,7 +172,7 @@ def quant_linear(x, weight, bias, gemm: GemmContext, w_fwd=None, w_bwd=None):
         w_fwd = gemm.weight(weight, 1, gemm.gemms["forward"])
     if w_bwd is None:
         w_bwd = gemm.weight(weight, 0, gemm.gemms["input_grad"])
-    if _autocast_dtype(x) is None:  # under autocast the GEMM casts them itself (float32 when not exact in bf16)
+    if autocast_dtype(x) is None:  # under autocast the GEMM casts them itself (float32 when not exact in bf16)
         w_fwd, w_bwd = w_fwd.to(x.dtype), w_bwd.to(x.dtype)
     return QuantLinearFunction.apply(x, weight, bias, w_fwd, w_bwd, gemm)
 

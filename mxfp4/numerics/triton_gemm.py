@@ -33,7 +33,7 @@ import triton.language as tl
 
 from .reference import QuantizedTensor
 from .reference import dequantize as reference_dequantize
-from .triton_kernels import _bf16_bits_rne, _decode, launch_tuned, triton_interpreting
+from .triton_kernels import bf16_bits_rne, decode_e2m1, launch_tuned, triton_interpreting
 
 K_ALIGN = 256  # packed K is padded to this (a multiple of the 128-element chunk)
 CHUNK = 128  # K elements per chunk of the packed layout: 64 bytes of codes and one 32-bit word of scales per row
@@ -119,7 +119,7 @@ def _upcast(codes4, factor, FAST: tl.constexpr, INTERPRET: tl.constexpr):
         f, _ = _lanes(factor, INTERPRET)
         return _in_element_order(e0, e1, e2, e3) * f
     codes = _in_element_order(codes4 & 0xFF, (codes4 >> 8) & 0xFF, (codes4 >> 16) & 0xFF, (codes4 >> 24) & 0xFF)
-    values = _decode(codes, factor)
+    values = decode_e2m1(codes, factor)
     return values if INTERPRET else values.to(tl.bfloat16)
 
 
@@ -212,7 +212,7 @@ def _w4a16_kernel(
     mask = n_ok[:, None] & m_ok[None, :]
     if SPLIT_K == 1:
         if OUT_BF16:  # y_ptr: the bfloat16 output viewed as int16
-            tl.store(y_offs, _bf16_bits_rne(acc), mask=mask)
+            tl.store(y_offs, bf16_bits_rne(acc), mask=mask)
         else:
             tl.store(y_offs, acc, mask=mask)
     else:

@@ -83,7 +83,7 @@ def _narrow(bits, out_ptr, OUT_BF16: tl.constexpr):
 
 
 @triton.jit
-def _bf16_bits_rne(x):
+def bf16_bits_rne(x):
     """int16 bits of float32 x rounded to bfloat16, nearest with ties to even, by integer arithmetic,
     for values that are not exact in bfloat16 (``_narrow`` is for those that are): the device's
     conversion rounds so, the interpreter's truncates, so CI checks this one. NaN stays NaN (the
@@ -417,7 +417,7 @@ def _decode_bits(codes, sbytes):
 
 
 @triton.jit
-def _decode(codes, sbytes):
+def decode_e2m1(codes, sbytes):
     """float32 values of E2M1 codes (int32, one each) times E8M0 scales from their bytes."""
     return _decode_bits(codes, sbytes).to(tl.float32, bitcast=True)
 

@@ -10,7 +10,7 @@ import pandas as pd
 
 from ..io import atomic_path
 from ..layout import EVAL_FOLDERS, TRAIN_LOG, Layout
-from ..stats import mean_ci
+from ..stats import crossed_mean, mean_ci
 
 CELL_METRICS = [
     "gsm8k_strict_accuracy", "gsm8k_strict_accuracy_before", "gsm8k_strict_accuracy_unquantized", "gsm8k_rl_gain",
@@ -111,8 +111,6 @@ def rl_gain_rows(items: list[dict]) -> list[dict]:
     """Per (model, recipe): the RL gain paired by problem and seed (strict correctness after RL minus
     before, the same lm-eval doc), problems and seeds crossed random factors (``stats.crossed_mean``:
     every problem is evaluated under every seed, so the problems pair across seeds too)."""
-    from ..stats import crossed_mean
-
     groups: dict[tuple, list[dict]] = {}
     for r in items:
         if r.get("strict") is not None and r.get("strict_before") is not None:

@@ -23,10 +23,12 @@ from pathlib import Path
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
+from ..config.profiles import load_profile
 from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE
 from ..stats import ALPHA, min_detectable_effect, n_needed, paired_diff, verdict_level
-from .aggregate import read_csv
+from .aggregate import read_csv, rl_gain_rows
+from .pathway_table import read_rows
 
 NONINFERIORITY_MARGIN = 0.007  # dense: "BF16 accuracy recovered to within 0.7%"
 MOE_REPORTED_GAIN = 0.010  # MoE: "+1.0% above BF16" (tested as superiority, diff > 0)
@@ -289,8 +291,6 @@ def precondition_rows(items: list[dict]) -> list[dict]:
     """Per model: does BF16 GRPO train? Its RL gain paired by problem and seed (problems and seeds crossed,
     ``aggregate.rl_gain_rows``), met when the 95% interval excludes 0 and the estimate reaches
     ``PRECONDITION_GAIN``. A check of the miniature, not a claim of the paper: outside the Holm family."""
-    from .aggregate import rl_gain_rows
-
     out = []
     for r in rl_gain_rows([i for i in items if i["recipe"] == REFERENCE_RECIPE]):
         excludes_0 = r["ci_low"] is not None and r["ci_low"] > 0
@@ -363,7 +363,6 @@ def markdown(rows: list[dict], profile: str) -> str:
 
 
 def read_pathways(path) -> list[dict]:
-    from .pathway_table import read_rows
 
     return read_rows(path) if path and Path(path).exists() else []
 
@@ -371,8 +370,6 @@ def read_pathways(path) -> list[dict]:
 def eval_problems(profile: str) -> int | None:
     """GSM8K problems a cell of the profile evaluates (per seed): the eval limit, else the embedded
     set's size, else GSM8K test's 1319."""
-    from ..config.profiles import load_profile
-
     p = load_profile(profile)
     return p.eval.limit or (p.data.n_eval if p.data.source == "embedded" else 1319)
 

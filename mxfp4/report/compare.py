@@ -31,6 +31,7 @@ from pathlib import Path
 
 from statsmodels.stats.multitest import multipletests
 
+from ..config.recipes import recipe_base
 from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE
 from ..stats import (
@@ -377,8 +378,6 @@ def references_note(check: dict, references: list[str]) -> str:
 
 def primary_references(recipe: str) -> list[str]:
     """The recipes a recipe's primary contrasts are against: its base (if any), then ``bf16``."""
-    from ..config.recipes import recipe_base
-
     return [r for r in dict.fromkeys([recipe_base(recipe), REFERENCE_RECIPE]) if r is not None and r != recipe]
 
 

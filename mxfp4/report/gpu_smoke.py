@@ -20,6 +20,7 @@ import json
 import statistics
 from pathlib import Path
 
+from ..config.profiles import load_profile
 from ..io import write_json_atomic
 from ..layout import REFERENCE_RECIPE, TRAIN_LOG, Layout
 
@@ -122,8 +123,6 @@ def report(runs: list[Path | str], profile: str, model: str, recipes: list[str],
 
 def run(results: list[Path | str], profile: str, out: Path | str | None, plan: Path | str | None = None) -> dict:
     """The report of a one-model, one-seed profile's runs, written to ``out`` (None: returned only)."""
-    from ..config.profiles import load_profile
-
     p = load_profile(profile)
     if len(p.models) != 1 or len(p.seeds) != 1:
         raise ValueError(f"the GPU smoke report reads one model and one seed; profile {profile!r} has "

@@ -11,6 +11,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from ..layout import REFERENCE_RECIPE  # noqa: E402
+from ..numerics.decompose import PAIRS  # noqa: E402
+from ..stats import mean_ci  # noqa: E402
+from .aggregate import read_csv  # noqa: E402
+from .pathway_table import estimate, main_site, read_rows  # noqa: E402
 
 COLORS = {"scale": "#d62728", "dead": "#1f77b4", "grid": "#2ca02c", "cross": "#7f7f7f"}
 
@@ -106,9 +110,6 @@ def correction_effects(corrections_json: Path | str, out_stem: Path | str) -> li
 
 def training_curves(steps_csv: Path | str, out_stem: Path | str) -> list[Path]:
     """Reward, entropy and gradient cosine per step, per recipe: mean over seeds with a 95% t interval."""
-    from ..stats import mean_ci
-    from .aggregate import read_csv
-
     rows = read_csv(steps_csv)
     cells_csv = Path(steps_csv).with_name("cells.csv")  # aggregate writes both: held-out accuracy before and after
     cells = read_csv(cells_csv) if cells_csv.is_file() else []
@@ -180,8 +181,6 @@ def _per_step(rows, model, recipe, key, window: int = 1) -> dict[int, list[float
 def _heldout(ax, cells, last_step, color, label, shift):
     """Held-out strict accuracy before RL (step 0) and after (the last step): mean and 95% t interval
     over seeds, joined by a line."""
-    from ..stats import mean_ci
-
     pts = [(x, mean_ci([c.get(key) for c in cells]))
            for x, key in ((0, "gsm8k_strict_accuracy_before"), (last_step, "gsm8k_strict_accuracy"))]
     pts = [(x + shift, s) for x, s in pts if s["mean"] is not None]
@@ -200,8 +199,6 @@ def _yerr(s: dict) -> list[list[float]]:
 
 
 def _bar(ax, x, values, color, width, style="solid", label=None):
-    from ..stats import mean_ci
-
     s = mean_ci(values)
     if s["mean"] is None:
         return None
@@ -215,8 +212,6 @@ def _bar(ax, x, values, color, width, style="solid", label=None):
 def accuracy_bars(cells_csv: Path | str, out_stem: Path | str) -> list[Path]:
     """Per recipe, GSM8K strict accuracy before RL, after RL and after RL unquantized (top), and the RL
     gain, after minus before (bottom), with 95% t intervals over seeds; BF16's as reference lines."""
-    from .aggregate import read_csv
-
     rows = read_csv(cells_csv)
     models = sorted({r["model"] for r in rows})
     recipes = list(dict.fromkeys(r["recipe"] for r in rows))
@@ -361,8 +356,6 @@ def pathway_matrix(pathways_csv: Path | str, out_stem: Path | str) -> list[Path]
     """The pathway matrix: rows the injection arms, columns the three pathways (effects against the
     unquantized arm with 95% intervals; one marker per model and checkpoint), and the gradient
     cosine by layer depth per injected component."""
-    from .pathway_table import estimate, main_site, read_rows
-
     rows = read_rows(pathways_csv)
     arms = ["+scale", "+dead", "+grid", "all", "-scale", "-dead", "-grid"]
     series = list(dict.fromkeys((r["model"], r["checkpoint"]) for r in rows))
@@ -452,8 +445,6 @@ def pathway_attribution(pathways_csv: Path | str, out_stem: Path | str) -> list[
     """Top: each component's excess harm over its energy-matched controls (paired, 95% t intervals);
     bottom: the Shapley values of the eight-arm game and its interaction (bootstrap intervals). One
     marker per model and checkpoint; harm = 1 - gradient cosine, - rollout accuracy, token entropy."""
-    from .pathway_table import read_rows
-
     rows = [r for r in read_rows(pathways_csv) if r["mean"] not in ("", None)]
     series = list(dict.fromkeys((r["model"], r["checkpoint"]) for r in rows))
     fig, axes = plt.subplots(2, 3, figsize=(16, 7), layout="constrained")
@@ -491,7 +482,6 @@ def pathway_attribution(pathways_csv: Path | str, out_stem: Path | str) -> list[
 
 
 def _errorbar(ax, r: dict, y: float, color: str, marker: str, fill: bool) -> None:
-    from .pathway_table import estimate
 
     m, lo, hi = estimate(r)
     err = None if lo is None else [[m - lo], [hi - m]]
@@ -503,8 +493,6 @@ def component_cosines(weight_components_csv: Path | str, out_stem: Path | str) -
     distribution over weight tensors of the pairwise cosine similarity of the three components."""
     import csv
 
-    from ..numerics.decompose import PAIRS as pairs
-
     rows = list(csv.DictReader(Path(weight_components_csv).open()))
     forms = list(dict.fromkeys(r["form"] for r in rows))
     models = list(dict.fromkeys(r["model"] for r in rows))
@@ -513,13 +501,13 @@ def component_cosines(weight_components_csv: Path | str, out_stem: Path | str) -
     for ax, form in zip(axes[0], forms):
         for k, model in enumerate(models):
             sel = [r for r in rows if r["form"] == form and r["model"] == model]
-            data = [[float(r[f"cosine_{a}_{b}"]) for r in sel] for a, b in pairs]
-            pos = [i + (k - (len(models) - 1) / 2) * 0.3 for i in range(len(pairs))]
+            data = [[float(r[f"cosine_{a}_{b}"]) for r in sel] for a, b in PAIRS]
+            pos = [i + (k - (len(models) - 1) / 2) * 0.3 for i in range(len(PAIRS))]
             parts = ax.violinplot(data, positions=pos, widths=0.25, showmedians=True)
             for body in parts["bodies"]:
                 body.set_color(("#1f77b4", "#ff7f0e", "#2ca02c")[k % 3])
             ax.plot([], [], color=("#1f77b4", "#ff7f0e", "#2ca02c")[k % 3], label=f"{model} ({len(sel)} tensors)")
-        ax.set_xticks(range(len(pairs)), [f"cos(e_{a}, e_{b})" for a, b in pairs])
+        ax.set_xticks(range(len(PAIRS)), [f"cos(e_{a}, e_{b})" for a, b in PAIRS])
         ax.axhline(0, color="gray", lw=0.6)
         ax.set_title(f"{form} form", fontsize=10)
         ax.legend(fontsize=8)
@@ -541,8 +529,6 @@ OPERAND_STYLE = {"weight": ("#7f7f7f", "s"), "activation": ("#1f77b4", "o"), "gr
 def regime_statistics(regime_csv: Path | str, out_stem: Path | str) -> list[Path]:
     """Per model (columns) and statistic (rows): every GEMM operand's value by layer depth, weights,
     activations and gradients; the published figures for real LLMs are in regime.md beside the CSV."""
-    from .aggregate import read_csv
-
     rows = [r for r in read_csv(regime_csv) if r.get("elements")]
     models = list(dict.fromkeys(r["model"] for r in rows))
     fig, axes = plt.subplots(len(REGIME_PANELS), len(models), figsize=(5.5 * len(models), 2.6 * len(REGIME_PANELS)),

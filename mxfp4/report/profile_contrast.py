@@ -23,9 +23,9 @@ from pathlib import Path
 
 from statsmodels.stats.multitest import multipletests
 
+from ..analysis.pathway_spec import HARMS
 from ..io import write_csv_atomic, write_text_atomic
 from ..layout import REFERENCE_RECIPE, Layout
-from ..rl.pathways import HARMS
 from ..stats import ALPHA, crossed_mean, mean_ci, nested_paired
 from .pathway_table import COLUMNS, estimate, main_site
 

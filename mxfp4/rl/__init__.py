@@ -1,2 +1,1 @@
-"""The RL harness: models, GSM8K data, the GRPO trainer, the cell, lm-eval evaluation, pretraining,
-the pathway matrix."""
+"""The RL harness: models, GSM8K data, the GRPO trainer, the cell, lm-eval evaluation, pretraining."""

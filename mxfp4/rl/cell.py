@@ -8,6 +8,7 @@ a cell writes, and where (``mxfp4.layout``), is in docs/design.md ("Outputs", "T
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import platform
@@ -18,6 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from accelerate import PartialState
+from accelerate.utils import gather_object
+from datasets import Dataset
+from transformers import set_seed
 
 from ..config import REPO_ROOT
 from ..config.profiles import Profile, config_hash, load_profile, setting_hash
@@ -25,16 +30,13 @@ from ..config.recipes import Recipe
 from ..io import exclusive, writable_folder, write_json_atomic
 from ..layout import EVAL_FOLDERS, REFERENCE_RECIPE, TRAIN_LOG, Layout
 from ..machine import describe
-from ..nn import bypassed, gemm_weights, patch_model, patch_state, patched_modules, weight_cache_pays
-from ..numerics.decompose import COMPONENTS, SUMMARY_KEYS, pool_stats
+from ..nn import bypassed, patch_model, patch_state, weight_cache_pays
 from . import data as gsm
-from .models import RANDOM_PREFIX, warm_start_folder
-from .training import grpo_config
-
-
-def accuracy_reward(completions, answer, **kwargs) -> list[float]:
-    """1 when the completion's ``#### n`` is the reference answer, else 0 (TRL reward signature)."""
-    return [1.0 if gsm.is_correct(c, a) else 0.0 for c, a in zip(completions, answer)]
+from .evaluate import doc_hashes, evaluate_gsm8k, hf_lm, read_summary
+from .grpo import StepLogger, build_trainer, last_checkpoint, resume_state, weight_decomposition
+from .models import load, model_reference, parameter_count
+from .probe_batch import ensure_probe_batch, load_probe_batch
+from .training import checkpoint_disk, grpo_config, preserved_rng
 
 
 def rollout_settings(grpo, recipe) -> dict:
@@ -127,15 +129,6 @@ class CellPlan:
         return self.layout.cell(self.model, self.recipe.name, self.seed)
 
 
-def model_reference(profile, model_name: str, results: Path | str = "results") -> str:
-    """What ``models.load`` loads as a model's starting policy: the warm-started tiny model's folder
-    (checked whole), a random initialisation of a real configuration, or the hub id."""
-    spec = profile.model(model_name)
-    if spec.arch:
-        return str(warm_start_folder(results, profile.name, model_name))
-    return f"{RANDOM_PREFIX}{spec.config}" if spec.config else spec.hub
-
-
 def plan_cell(
     profile_name: str,
     model_name: str,
@@ -151,7 +144,7 @@ def plan_cell(
     recipe = Recipe.named(recipe_name, recipes_file)
     model_ref = model_reference(profile, model_name, results)
     if profile.data.source == "gsm8k":
-        gsm.validate_gsm8k_dir(gsm8k_folder(profile))
+        gsm.validate_gsm8k_dir(gsm.gsm8k_folder(profile))
     check_checkpoint_disk(profile, model_name)
     out = Layout(results, profile_name).cell(model_name, recipe_name, seed)  # every input checked: make it
     try:
@@ -169,9 +162,6 @@ def check_checkpoint_disk(profile: Profile, model_name: str) -> dict | None:
     budget, spec = profile.grpo.checkpoint_disk_gib, profile.model(model_name)
     if budget is None or not spec.config:
         return None
-    from .models import parameter_count
-    from .training import checkpoint_disk
-
     plan = checkpoint_disk(parameter_count(spec.config), profile.grpo.save_steps)
     if plan["gib"] > budget:
         raise ValueError(
@@ -180,37 +170,6 @@ def check_checkpoint_disk(profile: Profile, model_name: str) -> dict | None:
             f"{budget:g}; accepted: a save_steps that writes none (null), or a larger budget on a larger disk"
         )
     return plan
-
-
-def gsm8k_folder(profile: Profile) -> Path:
-    folder = gsm.default_gsm8k_dir() if profile.data.dir is None else Path(profile.data.dir)
-    if folder is None:
-        raise ValueError(
-            "the gsm8k data source needs the GSM8K jsonl folder: set data.dir in the profile or "
-            "MXFP4_GSM8K_DIR (a folder with train.jsonl and test.jsonl)"
-        )
-    return folder
-
-
-def cell_data(profile: Profile, results: Path | str) -> tuple[list[dict], Path]:
-    """(training problems, folder with train/test jsonl for lm-eval) for the profile's data source."""
-    d = profile.data
-    if d.source == "embedded":
-        train = gsm.embedded_split("train", d.n_train, seed=0, max_steps=d.max_problem_steps)
-        folder = Layout(results, profile.name).data
-        made_by = {"n_eval": d.n_eval, "max_problem_steps": d.max_problem_steps, "fewshot_pool": 64}
-        stamp = folder / "settings.json"  # written last: the settings that made the files beside it
-        if not stamp.is_file() or json.loads(stamp.read_text()) != made_by:  # missing, or made by other settings
-            gsm.write_jsonl(
-                gsm.embedded_split("train", 64, seed=1, max_steps=d.max_problem_steps), folder / "train.jsonl"
-            )
-            gsm.write_jsonl(
-                gsm.embedded_split("test", d.n_eval, seed=0, max_steps=d.max_problem_steps), folder / "test.jsonl"
-            )
-            write_json_atomic(stamp, made_by)
-        return train, folder
-    folder = gsm8k_folder(profile)
-    return gsm.load_gsm8k("train", folder), folder
 
 
 def run_cell(
@@ -267,8 +226,6 @@ class CellRun:
 def execute(plan: CellPlan) -> dict | None:
     """Run a planned cell: prepare, train, evaluate, record (the main process returns the metrics),
     the cell's folder locked by the main process throughout: a second writer fails at once."""
-    from accelerate import PartialState
-
     dist = PartialState(cpu=not torch.cuda.is_available())  # one process, or the ranks the launcher started
     lock = exclusive(plan.out, f"cell {plan.out}") if dist.is_main_process else contextlib.nullcontext()
     with lock:
@@ -283,13 +240,6 @@ def execute(plan: CellPlan) -> dict | None:
 def prepare(plan: CellPlan, dist) -> CellRun:
     """The resume point, the seeded model patched with the recipe, its corrections bound, the data,
     and TRL's trainer (``dist``: accelerate's PartialState of this process)."""
-    from datasets import Dataset
-    from transformers import set_seed
-
-    from .grpo import MXGRPOTrainer, StepLogger, last_checkpoint, resume_state
-    from .models import load
-    from .probe_batch import ensure_probe_batch, load_probe_batch
-
     started = time.time()
     profile, recipe, seed, out = plan.profile, plan.recipe, plan.seed, plan.out
     spec, grpo = profile.model(plan.model), profile.grpo
@@ -339,16 +289,15 @@ def prepare(plan: CellPlan, dist) -> CellRun:
     patch_model(model, quantizer, cache_weights=weight_cache_pays(model, quantizer, spec.sharded))
     run = CellRun(plan, dist, started, c_hash, log_path, checkpoints, resume, model, tokenizer, corrections)
 
-    train_rows, run.eval_folder = cell_data(profile, plan.results)
+    train_rows, run.eval_folder = gsm.cell_data(profile, plan.results)
     dataset = Dataset.from_list(
         [{"prompt": gsm.PROMPT.format(question=r["question"]), "answer": r["answer"]} for r in train_rows]
     )
-    run.trainer = MXGRPOTrainer(
-        model=model,
-        reward_funcs=[accuracy_reward],
-        args=grpo_args(plan, checkpoints, dist.num_processes),
-        train_dataset=dataset,
-        processing_class=tokenizer,
+    run.trainer = build_trainer(
+        model,
+        tokenizer,
+        grpo_args(plan, checkpoints, dist.num_processes),
+        dataset,
         corrections=corrections,
         probe_every=profile.probe_every,
         probe_rows=profile.probe_rows,
@@ -386,8 +335,6 @@ def evaluate(run: CellRun, stage: str) -> dict | None:
     were, and a resumed cell reads back what it measured), ``after`` RL under the recipe's quantization,
     or the trained weights ``unquantized`` (the patched layers bypassed). Every rank evaluates its
     share; the main process gets the summary."""
-    from .evaluate import evaluate_gsm8k, hf_lm, read_summary
-
     if stage not in EVAL_FOLDERS:
         raise ValueError(f"unknown evaluation stage {stage!r}; accepted: {', '.join(EVAL_FOLDERS)}")
     ev, out = run.plan.profile.eval, run.plan.out / EVAL_FOLDERS[stage]
@@ -410,31 +357,10 @@ def compute_dtype(run: CellRun) -> torch.dtype | None:
     return torch.bfloat16 if run.plan.profile.model(run.plan.model).compute == "bfloat16" else None
 
 
-@contextlib.contextmanager
-def preserved_rng():
-    """Python's, NumPy's and torch's (CPU and CUDA) random states restored on exit: lm-eval reseeds
-    all three, and an evaluation before training must not change what training draws."""
-    import random
-
-    import numpy as np
-
-    py, np_state = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):
-        try:
-            yield
-        finally:
-            random.setstate(py)
-            np.random.set_state(np_state)
-
-
 def rl_gain(scores: dict, cell: Path) -> dict:
     """Accuracy before RL, after, after unquantized, and the RL gain (after minus before, strict
     match); the three evaluations must have scored the same problems (lm-eval's per-sample doc hashes),
     or the gain would compare different problems: a ValueError then."""
-    import hashlib
-
-    from .evaluate import doc_hashes
-
     folders = {stage: cell / EVAL_FOLDERS[stage] for stage in scores}
     hashes = {stage: doc_hashes(folder) for stage, folder in folders.items() if folder.is_dir()}
     first = hashes.get("after")
@@ -540,10 +466,6 @@ def weight_update(model, snapshot: dict[str, torch.Tensor]) -> dict:
 def weight_digests(trainer) -> list[str] | None:
     """SHA-256 of every rank's trained weights (gathered; identical under DDP), or None when the
     parameters are sharded (FSDP / ZeRO-3: no rank holds them whole)."""
-    import hashlib
-
-    from accelerate.utils import gather_object
-
     model = trainer.accelerator.unwrap_model(trainer.model)
     if any(_is_shard(p) for p in model.parameters()):
         return None
@@ -598,24 +520,3 @@ def summarize(log_path: Path, scores: dict, model, quantizer, corrections, probe
     return out
 
 
-def weight_decomposition(model, quantizer, rows: int | None = None, form: str = "canonical") -> dict:
-    """Pooled decomposition shares of every quantized weight, as the recipe's quantizer sees it, in the
-    decomposition ``form``; with ``rows``, on at most that many evenly spaced rows and 128 blocks of
-    each weight (float64 memory bounded at any model size)."""
-    from .grpo import sample_blocks
-
-    def view(p):
-        t = p.detach().float()
-        return sample_blocks(t, -1, rows, quantizer)[0] if rows else t
-
-    stats = [
-        quantizer.decompose(view(p), -1, form=form).stats
-        for _, module, _ in patched_modules(model)
-        for p in gemm_weights(module).values()
-    ]
-    pooled = pool_stats(stats)
-    return (
-        {k: pooled[k] for k in SUMMARY_KEYS}
-        | {f"energy_{c}": pooled[f"energy_{c}"] for c in COMPONENTS}
-        | {"energy_total": pooled["energy_total"]}
-    )

@@ -14,7 +14,9 @@ import re
 from pathlib import Path
 
 from ..config import REPO_ROOT
-from ..io import write_jsonl_atomic
+from ..config.profiles import Profile
+from ..io import write_json_atomic, write_jsonl_atomic
+from ..layout import Layout
 
 HUB_ID = ("openai/gsm8k", "main")
 SHARED_GSM8K = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
@@ -171,3 +173,39 @@ def embedded_split(split: str, n: int, seed: int = 0, max_steps: int = 2) -> lis
 
 def write_jsonl(records: list[dict], path: Path | str) -> Path:
     return write_jsonl_atomic(path, ({"question": r["question"], "answer": r["answer"]} for r in records))
+
+
+def accuracy_reward(completions, answer, **kwargs) -> list[float]:
+    """1 when the completion's ``#### n`` is the reference answer, else 0 (TRL reward signature)."""
+    return [1.0 if is_correct(c, a) else 0.0 for c, a in zip(completions, answer)]
+
+
+def gsm8k_folder(profile: Profile) -> Path:
+    folder = default_gsm8k_dir() if profile.data.dir is None else Path(profile.data.dir)
+    if folder is None:
+        raise ValueError(
+            "the gsm8k data source needs the GSM8K jsonl folder: set data.dir in the profile or "
+            "MXFP4_GSM8K_DIR (a folder with train.jsonl and test.jsonl)"
+        )
+    return folder
+
+
+def cell_data(profile: Profile, results: Path | str) -> tuple[list[dict], Path]:
+    """(training problems, folder with train/test jsonl for lm-eval) for the profile's data source."""
+    d = profile.data
+    if d.source == "embedded":
+        train = embedded_split("train", d.n_train, seed=0, max_steps=d.max_problem_steps)
+        folder = Layout(results, profile.name).data
+        made_by = {"n_eval": d.n_eval, "max_problem_steps": d.max_problem_steps, "fewshot_pool": 64}
+        stamp = folder / "settings.json"  # written last: the settings that made the files beside it
+        if not stamp.is_file() or json.loads(stamp.read_text()) != made_by:  # missing, or made by other settings
+            write_jsonl(
+                embedded_split("train", 64, seed=1, max_steps=d.max_problem_steps), folder / "train.jsonl"
+            )
+            write_jsonl(
+                embedded_split("test", d.n_eval, seed=0, max_steps=d.max_problem_steps), folder / "test.jsonl"
+            )
+            write_json_atomic(stamp, made_by)
+        return train, folder
+    folder = gsm8k_folder(profile)
+    return load_gsm8k("train", folder), folder

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import json
 import math
 import shutil
@@ -25,11 +26,19 @@ from trl import GRPOTrainer
 
 from ..layout import TRAIN_LOG
 from ..nn import bypassed, clear_weight_caches, gemm_weights, patch_state, patched_modules, quantized_weights, set_probe
-from ..numerics.decompose import SUMMARY_KEYS, pool_stats
+from ..numerics.decompose import COMPONENTS, SUMMARY_KEYS, pool_stats
 from ..numerics.dispatch import autotune_spent
+from . import data as gsm
 from .grad_accuracy import compare
-from .probe_batch import batch_digest
 from .vllm_weights import vllm_named_weights
+
+
+def batch_digest(batch: dict) -> str:
+    """sha256 (first 16 hex digits) of a batch's prompt and completion token ids and masks."""
+    h = hashlib.sha256()
+    for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask"):
+        h.update(batch[key].detach().cpu().to(torch.int64).numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def synced_clock() -> float:
@@ -80,6 +89,27 @@ def sample_blocks(t: torch.Tensor, axis: int, rows: int, quantizer=None, groups:
         t2 = t2.index_select(1, cols)
         v2 = None if v2 is None else v2.index_select(1, cols)
     return t2, v2
+
+
+def weight_decomposition(model, quantizer, rows: int | None = None, form: str = "canonical") -> dict:
+    """Pooled decomposition shares of every quantized weight, as the recipe's quantizer sees it, in the
+    decomposition ``form``; with ``rows``, on at most that many evenly spaced rows and 128 blocks of
+    each weight (float64 memory bounded at any model size)."""
+    def view(p):
+        t = p.detach().float()
+        return sample_blocks(t, -1, rows, quantizer)[0] if rows else t
+
+    stats = [
+        quantizer.decompose(view(p), -1, form=form).stats
+        for _, module, _ in patched_modules(model)
+        for p in gemm_weights(module).values()
+    ]
+    pooled = pool_stats(stats)
+    return (
+        {k: pooled[k] for k in SUMMARY_KEYS}
+        | {f"energy_{c}": pooled[f"energy_{c}"] for c in COMPONENTS}
+        | {"energy_total": pooled["energy_total"]}
+    )
 
 
 class DecompositionProbe:
@@ -375,6 +405,14 @@ class MXGRPOTrainer(GRPOTrainer):
             metrics[f"grad/{layer}/rel_norm_error"] = v["rel_norm_error"]
         metrics.update(probe.summary())
         self.mx_step_metrics.update(metrics)
+
+
+def build_trainer(model, tokenizer, args, train_dataset, **probes) -> MXGRPOTrainer:
+    """TRL's GRPO trainer of this harness: the policy ``model``, the GSM8K accuracy reward, ``args`` (a
+    ``GRPOConfig``, ``training.grpo_config``) and the prompts of ``train_dataset``; ``probes`` are
+    ``MXGRPOTrainer``'s own arguments (corrections, probe_every, probe_rows, probe_batch)."""
+    return MXGRPOTrainer(model=model, reward_funcs=[gsm.accuracy_reward], args=args, train_dataset=train_dataset,
+                         processing_class=tokenizer, **probes)
 
 
 class WeightCacheReset(TrainerCallback):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import EXPERIMENTS, shipped
 from ..layout import Layout
 
 PAPER_MODELS = {"qwen2.5-3b": "Qwen/Qwen2.5-3B", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B-Base"}
@@ -112,8 +113,6 @@ RANDOM_PREFIX = "random:"
 def real_config(name: str):
     """The transformers config of ``experiments/models/<name>.json`` (a real model's architecture)."""
     from transformers import AutoConfig
-
-    from ..config import EXPERIMENTS, shipped
 
     path = EXPERIMENTS / "models" / f"{name}.json"
     if not path.exists():
@@ -232,3 +231,12 @@ def load(name_or_path: str, dtype: torch.dtype = torch.float32, device: str | No
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     return model, tokenizer
+
+
+def model_reference(profile, model_name: str, results: Path | str = "results") -> str:
+    """What ``models.load`` loads as a model's starting policy: the warm-started tiny model's folder
+    (checked whole), a random initialisation of a real configuration, or the hub id."""
+    spec = profile.model(model_name)
+    if spec.arch:
+        return str(warm_start_folder(results, profile.name, model_name))
+    return f"{RANDOM_PREFIX}{spec.config}" if spec.config else spec.hub

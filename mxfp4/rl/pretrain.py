@@ -11,8 +11,9 @@ from pathlib import Path
 
 import torch
 
-from .data import PROMPT, embedded_split
+from .data import PROMPT, embedded_split, flawed_answer, is_correct
 from .models import TINY_LAYERS, build_tiny, save
+from .outlier_channels import add_outlier_channels
 from .training import common_args
 
 
@@ -24,8 +25,6 @@ def sft_dataset(records: list[dict], eos: str, flawed_fraction: float = 0.0, see
     import random
 
     from datasets import Dataset
-
-    from .data import flawed_answer
 
     if not 0.0 <= flawed_fraction <= 1.0:
         raise ValueError(f"flawed_fraction {flawed_fraction} is outside [0, 1]")
@@ -41,8 +40,6 @@ def sft_dataset(records: list[dict], eos: str, flawed_fraction: float = 0.0, see
 
 def greedy_accuracy(model, tokenizer, records: list[dict], max_new_tokens: int = 48, batch_size: int = 64) -> float:
     """Share of problems whose greedy completion ends in the right ``#### n`` (quick check, not the eval)."""
-    from .data import is_correct
-
     model.eval()
     correct = 0
     with torch.no_grad():
@@ -63,8 +60,6 @@ def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, bat
     ``outlier_channels`` added (``mxfp4.rl.outlier_channels``; the function unchanged), then saved whole."""
     import datasets
     from trl import SFTConfig, SFTTrainer
-
-    from .outlier_channels import add_outlier_channels
 
     datasets.disable_progress_bars()
     t0 = time.time()

@@ -13,34 +13,25 @@ metrics.json (``probe_batches``), so a reader sees that two recipes of a seed pr
 from __future__ import annotations
 
 import gc
-import hashlib
 import random
 import sys
 from pathlib import Path
 
 import torch
+from transformers import set_seed
 
 from ..config.profiles import Profile
 from ..layout import Layout
-
-
-def batch_digest(batch: dict) -> str:
-    """sha256 (first 16 hex digits) of a batch's prompt and completion token ids and masks."""
-    h = hashlib.sha256()
-    for key in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask"):
-        h.update(batch[key].detach().cpu().to(torch.int64).numpy().tobytes())
-    return h.hexdigest()[:16]
+from .batches import gradient_batches, probe_trainer
+from .data import cell_data
+from .models import load, model_reference
+from .training import preserved_rng
 
 
 def make_probe_batch(profile: Profile, model_name: str, seed: int, results="results") -> dict:
     """One GRPO batch (``grpo.prompts_per_step`` prompts x ``num_generations``, non-zero advantages)
     sampled by the starting policy (the warm start; a random initialisation from the seed), unquantized,
     from a seed's own order of the training problems. The caller's random streams are left as they were."""
-    from transformers import set_seed
-
-    from .cell import model_reference, preserved_rng
-    from .models import load
-
     with preserved_rng():
         set_seed(seed)  # as the cell does before loading its starting policy
         model, tokenizer = load(model_reference(profile, model_name, results), dtype=torch.float32)
@@ -48,11 +39,8 @@ def make_probe_batch(profile: Profile, model_name: str, seed: int, results="resu
 
 
 def _sample(profile: Profile, model, tokenizer, seed: int, results, model_name: str) -> dict:
-    from .cell import cell_data
-    from .pathways import _trainer, gradient_batches
-
     size = profile.grpo.prompts_per_step
-    trainer = _trainer(model, tokenizer, profile, seed, prompts=size)
+    trainer = probe_trainer(model, tokenizer, profile, seed, prompts=size)
     train, _ = cell_data(profile, results)
     problems = random.Random(seed).sample(train, len(train))
     batches, _ = gradient_batches(trainer, problems, profile, 1, seed, size=size, keep_first=True)

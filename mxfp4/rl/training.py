@@ -8,9 +8,12 @@ default, float32 compute, is what every CPU profile runs (TRL 1.x defaults would
 
 from __future__ import annotations
 
+import contextlib
+import random
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 
@@ -98,3 +101,16 @@ def grpo_config(grpo, seed: int, *, micro_batch: int, accumulation: int = 1, max
         **common_args(seed, **common),
         **(rollout or {"use_vllm": False}),
     )
+
+
+@contextlib.contextmanager
+def preserved_rng():
+    """Python's, NumPy's and torch's (CPU and CUDA) random states restored on exit: lm-eval reseeds
+    all three, and an evaluation before training must not change what training draws."""
+    py, np_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=list(range(torch.cuda.device_count()))):
+        try:
+            yield
+        finally:
+            random.setstate(py)
+            np.random.set_state(np_state)

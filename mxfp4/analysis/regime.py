@@ -26,6 +26,9 @@ from ..config.recipes import Recipe
 from ..nn import gemm_weights, patch_model, patched_modules, unpatch_model
 from ..numerics.decompose import COMPONENTS, decompose
 from ..numerics.quantizer import Quantizer
+from ..rl.batches import probe_trainer
+from ..rl.models import load, model_reference
+from ..rl.probe_batch import ensure_probe_batch, load_probe_batch
 from .weight_components import regime_stats
 
 LITERATURE_FILE = EXPERIMENTS / "regime_literature.yaml"
@@ -159,10 +162,6 @@ def run_regime(profile_name: str | Profile, results="results", seed: int | None 
                progress=lambda msg: None) -> list[dict]:
     """Rows of every model of the profile at its starting policy, on its probe batch of ``seed`` (default:
     the profile's first seed), made if missing."""
-    from .cell import model_reference
-    from .models import load
-    from .pathways import _trainer
-    from .probe_batch import ensure_probe_batch, load_probe_batch
 
     profile = load_profile(profile_name) if isinstance(profile_name, str) else profile_name
     seed = profile.seeds[0] if seed is None else seed
@@ -171,7 +170,7 @@ def run_regime(profile_name: str | Profile, results="results", seed: int | None 
         progress(f"regime statistics of {model_name} (seed {seed})")
         batch = load_probe_batch(ensure_probe_batch(profile, model_name, seed, results))
         model, tokenizer = load(model_reference(profile, model_name, results), dtype=torch.float32)
-        trainer = _trainer(model, tokenizer, profile, seed, prompts=profile.grpo.prompts_per_step)
+        trainer = probe_trainer(model, tokenizer, profile, seed, prompts=profile.grpo.prompts_per_step)
         model.train()
         out += regime_rows(model, model_name, lambda m, t=trainer, b=batch: t.batch_loss(b), rows=profile.probe_rows)
     return out

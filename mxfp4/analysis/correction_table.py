@@ -7,9 +7,9 @@ import torch
 from ..corrections import build
 from ..nn import gemm_weights, targets
 from ..numerics.decompose import pool_stats
-from ..numerics.distributions import sample
 from ..numerics.quantizer import Quantizer
-from ..rl.models import TINY_ARCHS
+from ..rl.models import TINY_ARCHS, build_tiny, load
+from ..verify.distributions import sample
 
 TABLE_CORRECTIONS = [
     {"name": "macro_block", "blocks": 4},
@@ -23,7 +23,6 @@ TABLE_DISTS = ["gaussian", "laplace", "student_t3", "llm_rows"]
 def model_weights(source: str) -> dict[str, tuple[torch.Tensor, int]]:
     """(weight, reduction axis) of every GEMM weight the mxfp4 recipe quantizes, of a checkpoint
     folder or hub id, or of a randomly initialised tiny stand-in when ``source`` is its name."""
-    from ..rl.models import build_tiny, load
 
     model = build_tiny(source)[0] if source in TINY_ARCHS else load(source)[0]
     out = {}

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from .decompose import FORMS, PAIRS, decompose
+from ..numerics.decompose import FORMS, PAIRS, decompose
+from ..numerics.formats import FORMATS, SCALE_RULES_E8M0
 from .distributions import DISTRIBUTIONS, sample
-from .formats import FORMATS, SCALE_RULES_E8M0
 
 # Residual per element relative to max(|x|, |MX(x)|): a few float64 operations deep.
 IDENTITY_TOL_REL = 64 * torch.finfo(torch.float64).eps

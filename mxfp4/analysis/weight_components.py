@@ -14,7 +14,7 @@ from ..config.profiles import load_profile
 from ..config.recipes import Recipe
 from ..nn import gemm_weights, patch_model, patched_modules
 from ..numerics.decompose import COMPONENTS, FORMS, PAIRS, decompose
-from .models import warm_start_folder
+from ..rl.models import load, warm_start_folder
 
 KEYS = ("n", "energy_total", *(f"{k}_{c}" for k in ("energy", "share", "shapley_share") for c in COMPONENTS),
         "cross_share", *(f"cosine_{a}_{b}" for a, b in PAIRS), "deadzone_fraction", "saturation_fraction")
@@ -97,7 +97,6 @@ def summary_markdown(rows: list[dict]) -> str:
 
 def run_weight_components(profile_name: str, results="results") -> list[dict]:
     """Rows of every tiny warm-started model (or hub model) of the profile."""
-    from .models import load
 
     profile = load_profile(profile_name)
     rows = []

@@ -34,7 +34,12 @@ from pathlib import Path
 
 import torch
 
+from ..config.profiles import load_profile
+from ..config.recipes import Recipe
 from ..io import write_json_atomic
+from ..machine import describe
+from ..nn import bypassed, patch_model, weight_cache_pays
+from ..rl.models import real_config
 
 GIB = 2**30
 DEVICE_LIMIT_GIB = {"nvidia-h100-x1": 78.0, "nvidia-h200": 139.0}  # what the device tool lends (its README)
@@ -48,9 +53,6 @@ def step_plan(config_name: str, recipe_name: str, micro: int, seq: int, checkpoi
     from torch.distributed._tools.mem_tracker import MemTracker
     from transformers import AutoModelForCausalLM
 
-    from ..config.recipes import Recipe
-    from ..nn import bypassed, patch_model, weight_cache_pays
-    from .models import real_config
 
     recipe = Recipe.named(recipe_name)
     with FakeTensorMode(), warnings.catch_warnings():
@@ -118,8 +120,6 @@ def write_plan(profile_name: str, out, model: str | None = None, recipes: list[s
                layers: int | None = None, device: str = "nvidia-h100-x1") -> dict:
     """The plan of every recipe (default: the profile's) for ``model`` (default: the profile's first with a
     real configuration), written to ``out`` after each recipe; returns the report."""
-    from ..config.profiles import load_profile
-    from ..machine import describe
 
     if device not in DEVICE_LIMIT_GIB:
         raise ValueError(f"unknown device {device!r}; accepted: {', '.join(sorted(DEVICE_LIMIT_GIB))}")

@@ -9,9 +9,9 @@ import itertools
 
 import torch
 
-from . import reference
+from ..numerics import reference
+from ..numerics.formats import SCALE_RULES_E8M0
 from .adversarial import adversarial_rows
-from .formats import SCALE_RULES_E8M0
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 KERNELS = ("quantize", "dequantize", "fake_quantize", "fake_quantize_with_stats", "fake_quantize_both")
@@ -38,7 +38,7 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def check_one(kernel: str, x: torch.Tensor, axis: int, rule: str) -> tuple[bool, str]:
-    from . import triton_kernels as tk
+    from ..numerics import triton_kernels as tk
 
     ref_q = reference.quantize(x.cpu(), "mxfp4", axis, rule)
     if kernel == "quantize":
@@ -62,7 +62,7 @@ def check_one(kernel: str, x: torch.Tensor, axis: int, rule: str) -> tuple[bool,
         out, stats = tk.fake_quantize_with_stats(x, axis, rule)
         out = out.cpu()
         stats = {k: float(v) for k, v in stats.items()}
-        from .decompose import decompose
+        from ..numerics.decompose import decompose
 
         ref = decompose(x.cpu(), "mxfp4", axis, rule)
         exact = stats["deadzone_count"] == int(ref.dead.sum()) and stats["saturation_count"] == int(ref.saturated.sum())
@@ -115,7 +115,7 @@ def _error_over_bound(c: torch.Tensor, lhs: torch.Tensor, rhs: torch.Tensor, hal
 
 def _mx_matmul_error(lhs, lhs_exact: torch.Tensor, qw, w_exact: torch.Tensor, device: str) -> float:
     """``mx_matmul(lhs, qw)`` on ``device`` (``lhs`` already there) over the bound: <= 1 passes."""
-    from . import triton_gemm as tg
+    from ..numerics import triton_gemm as tg
 
     return _error_over_bound(tg.mx_matmul(lhs, qw.to(device)).cpu(), lhs_exact, w_exact)
 
@@ -124,7 +124,7 @@ def _w4a16_error(x: torch.Tensor, packed, deq: torch.Tensor, out_dtype: torch.dt
     """``w4a16_matmul`` of the bfloat16 ``x`` by ``packed`` (whose bfloat16 values are ``deq``) in
     ``out_dtype`` on ``device``: (passed, error over the bound), the bound plus half a bfloat16 ulp (at
     most 2**-8 relative) for a bfloat16 output."""
-    from . import triton_gemm as tg
+    from ..numerics import triton_gemm as tg
 
     c = tg.w4a16_matmul(x.to(device), packed, out_dtype).cpu()
     worst = _error_over_bound(c, x.double(), deq, 2.0**-8 if out_dtype == torch.bfloat16 else 0.0)
@@ -136,7 +136,7 @@ def check_matmul(device: str = "cpu", m: int = 48, n: int = 40, k: int = 200, se
     only the float32 accumulation order differs): ``mx_matmul`` for MXFP4 and bf16 activations,
     ``w4a16_matmul`` at a decode and a prefill M, for weights on the bit-built upcast path and
     for weights with extreme scales (the exact float32 decode path)."""
-    from . import triton_gemm as tg
+    from ..numerics import triton_gemm as tg
 
     g = torch.Generator().manual_seed(seed)
     a, w = torch.randn(m, k, generator=g), torch.randn(n, k, generator=g)
@@ -176,7 +176,7 @@ def check_matmul(device: str = "cpu", m: int = 48, n: int = 40, k: int = 200, se
 def _check_w4a16_direct(device: str, k: int, g: torch.Generator) -> dict:
     """``w4a16_matmul`` on the whole-K path at the smallest N that takes it, float32 output against
     the bound and bfloat16 output against it plus half a bfloat16 ulp (at most 2**-8 relative)."""
-    from . import triton_gemm as tg
+    from ..numerics import triton_gemm as tg
 
     n = tg.DIRECT_MIN_TILES * 64
     qt = reference.quantize(torch.randn(n, k, generator=g))
@@ -198,7 +198,7 @@ def checks_per_autotune_space(device: str = "cpu", seed: int = 0) -> list[tuple[
     """(name, autotuner, checks) per autotune space of ``triton_gemm.autotune_spaces``: each check a (what,
     thunk) whose thunk calls the public wrapper at a shape that launches that space and returns (passed,
     detail). bfloat16 inputs (training's dtype), ragged last blocks, tile-unaligned extents."""
-    from . import triton_gemm as tg
+    from ..numerics import triton_gemm as tg
 
     g = torch.Generator().manual_seed(seed)
     rows = torch.randn(40, 1000, generator=g).bfloat16().to(device)  # 31 blocks + 8 along K
@@ -263,7 +263,7 @@ def check_every_config(device: str = "cpu", seed: int = 0):
     from triton.compiler.errors import CompileTimeAssertionFailure
     from triton.runtime.errors import OutOfResources, PTXASError
 
-    from . import triton_kernels as tk
+    from ..numerics import triton_kernels as tk
 
     for space, tuned, checks in checks_per_autotune_space(device, seed):
         for config in tuned.configs:

@@ -1,0 +1,56 @@
+"""What the pathway matrix measures, by name: the columns of its CSVs, the paper's mapping of components
+to pathways, each pathway's harm and unit, the arms as coalitions of the three-player game, and the
+wording of each estimate's method. The measurement (``analysis.pathways``) and the reports (tables,
+figures, claims, profile contrasts) all read these names from here."""
+
+from __future__ import annotations
+
+from ..numerics.decompose import COMPONENTS
+
+FIELDS = [
+    "model",
+    "checkpoint",
+    "injection",
+    "site",
+    "layer",
+    "metric",
+    "mean",
+    "ci_low",
+    "ci_high",
+    "n",
+    "seeds",
+    "policies",
+    "p",
+    "method",
+    "form",
+]
+UNIT_FIELDS = ["model", "checkpoint", "form", "pathway", "arm", "unit", "group", "key", "harm"]
+# The paper's mapping: which component dominates which pathway, and the harm measure of that pathway
+# (larger = worse), per unit (gradient batch or prompt).
+MAPPING = {"gradient": "scale", "rollout": "dead", "entropy": "grid"}
+CONTRAST_METHOD = (
+    "paired over {units}: harm(+{a}) - harm(+{b}), harm = {harm}; 95% t interval, two-sided p (scipy.stats.ttest_rel)"
+)
+SCALE_RULES = ("floor", "ceil", "even", "rceil")
+SITE_ARMS = ("+scale", "+dead", "+grid", "all")  # the arms measured at sites forward and backward
+GRAD_METHOD = "mean over batches, 95% t interval"
+PAIRED_METHOD = (
+    "paired difference from the unquantized arm, mean over prompts, 95% t interval (same prompts and sampling seed)"
+)
+
+
+# The arms as coalitions of the three-player game: +c = {c}, all = every component, -c = the other two.
+COALITIONS = {"none": frozenset(), "all": frozenset(COMPONENTS),
+              **{f"+{c}": frozenset({c}) for c in COMPONENTS},
+              **{f"-{c}": frozenset(COMPONENTS) - {c} for c in COMPONENTS}}
+HARMS = {"gradient": "1 - gradient cosine", "rollout": "- rollout accuracy", "entropy": "mean token entropy"}
+UNITS = {"gradient": "gradient batches", "rollout": "prompts", "entropy": "prompts"}
+SHAPLEY_METHOD = ("per {unit}: Shapley value over the 8 arms none/+c/all/-c (harm = {harm}), mean with a 95% "
+                  "percentile bootstrap interval (seeds outer, {unit} within; 2000 draws)")
+EXCESS_METHOD = ("paired over {unit}: harm(+{c}) - harm(+{c}~{k}), harm = {harm}; the control has the same energy in "
+                 "every block and no alignment with x; 95% t interval, two-sided p")
+
+
+def control_rows(controls) -> list[str]:
+    """The control arms of a profile: +c~k for every component c and control kind k."""
+    return [f"+{c}~{k}" for k in controls for c in COMPONENTS]
