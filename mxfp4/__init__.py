@@ -37,6 +37,10 @@ _PUBLIC = {
     "ElementFormat": "numerics.formats",
     "get_format": "numerics.formats",
     "Quantizer": "numerics.quantizer",
+    "Recipe": "config.recipes",
+    "MXLinear": "nn.linear",
+    "quantize_": "nn.patch",
+    "unpatch_model": "nn.patch",
     "QuantizedTensor": "numerics.reference",
 }
 __all__ = sorted(_PUBLIC)

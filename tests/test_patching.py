@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from mxfp4.config.recipes import Recipe
-from mxfp4.nn import patch_model, targets, unpatch_model
+from mxfp4.nn import MXGroupedExperts, MXLinear, bypassed, patch_model, targets, unpatch_model
 from mxfp4.numerics import reference
 from mxfp4.rl.grad_accuracy import gradient_accuracy
 from mxfp4.rl.models import build_tiny
@@ -52,6 +52,40 @@ def test_mxfp4_forward_and_backward_run_and_unpatch_restores_exactly(tiny):
     unpatch_model(model)
     assert torch.equal(model(**batch).logits, ref)
     assert not any(hasattr(m, "_mxfp4_gemm") for m in model.modules())
+
+
+def test_quantize_swaps_each_decoder_linear_to_a_named_class_with_the_same_state_dict(tiny):
+    """``quantize_`` swaps classes as torchao does: every decoder Linear becomes an MXLinear (the MoE
+    experts an MXQwen3MoeExperts), print(model) shows them, the state dict keeps every name and tensor,
+    and ``bypassed`` computes exactly as the unpatched model."""
+    import mxfp4
+
+    arch, model, batch = tiny
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    linears = [n for n, m in model.named_modules() if type(m) is torch.nn.Linear and not n.endswith("lm_head")]
+    ref = model(**batch).logits
+    mxfp4.quantize_(model, "mxfp4")
+    try:
+        swapped = {n: type(m).__name__ for n, m in model.named_modules() if isinstance(m, MXLinear)}
+        assert sorted(swapped) == sorted(linears) and set(swapped.values()) == {"MXLinear"}
+        assert type(model.lm_head) is torch.nn.Linear
+        experts = [type(m).__name__ for m in model.modules() if isinstance(m, MXGroupedExperts)]
+        assert experts == (["MXQwen3MoeExperts"] * model.config.num_hidden_layers if arch == "tiny-moe" else [])
+        assert print_model_shows(model, "MXLinear(", "mxfp4=Quantizer(")
+        after = model.state_dict()
+        assert list(after) == list(state) and all(torch.equal(after[k], v) for k, v in state.items())
+        assert not torch.equal(model(**batch).logits, ref)
+        with bypassed(model):
+            assert torch.equal(model(**batch).logits, ref)
+    finally:
+        unpatch_model(model)
+    assert not any(isinstance(m, (MXLinear, MXGroupedExperts)) for m in model.modules())
+    assert torch.equal(model(**batch).logits, ref)
+
+
+def print_model_shows(model, *parts: str) -> bool:
+    text = repr(model)
+    return all(p in text for p in parts)
 
 
 def test_patched_linear_equals_a_hand_composed_fake_quant_layer(tiny):

@@ -112,7 +112,6 @@ class Recipe(BaseModel):
             return None
         corrections = self.build_corrections() if corrections is None else corrections
         if self.inject or self.remove:
-
             return ComponentQuantizer(
                 self.format,
                 self.scale_rule,

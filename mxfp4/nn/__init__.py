@@ -1,8 +1,8 @@
 """Quantized layers: GEMMs through the recipe's quantizer (``linear``), grouped MoE experts
 (``experts``), and swapping them into a transformers model (``patch``)."""
 
-from .experts import DispatchPlan, grouped_experts_forward
-from .linear import GemmContext, QuantLinearFunction, gemm_context, linear_forward, quant_linear
+from .experts import DispatchPlan, MXGroupedExperts, grouped_experts_forward
+from .linear import GemmContext, MXLinear, QuantLinearFunction, gemm_context, linear_forward, quant_linear
 from .patch import (
     PatchState,
     bypassed,
@@ -11,6 +11,8 @@ from .patch import (
     patch_model,
     patch_state,
     patched_modules,
+    quantize_,
+    quantized_class,
     quantized_weights,
     set_probe,
     targets,
@@ -21,6 +23,8 @@ from .patch import (
 __all__ = [
     "DispatchPlan",
     "GemmContext",
+    "MXGroupedExperts",
+    "MXLinear",
     "PatchState",
     "QuantLinearFunction",
     "bypassed",
@@ -33,6 +37,8 @@ __all__ = [
     "patch_state",
     "patched_modules",
     "quant_linear",
+    "quantize_",
+    "quantized_class",
     "quantized_weights",
     "set_probe",
     "targets",

@@ -137,6 +137,21 @@ def _operand_dtype(ctx, cast, q: torch.Tensor) -> torch.dtype:
     return ctx.autocast if ctx.autocast is not None else q.dtype
 
 
+class MXGroupedExperts(torch.nn.Module):
+    """Mixed into a fused-experts class (Qwen3-MoE's) by ``patch_model`` as ``MX<its name>``: its GEMMs
+    run grouped through the recipe's quantizer (``grouped_experts_forward``); parameter names unchanged."""
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        if gemm_context(self).bypassed:
+            return super().forward(hidden_states, top_k_index, top_k_weights)
+        return grouped_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+
+    def extra_repr(self) -> str:
+        base = super().extra_repr()
+        tag = f"mxfp4={gemm_context(self).quantizer!r}"
+        return f"{base}, {tag}" if base else tag
+
+
 def grouped_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """Drop-in forward of a patched Qwen3-MoE experts module (see the module docstring)."""
     gemm = gemm_context(self)

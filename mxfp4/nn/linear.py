@@ -27,6 +27,7 @@ class GemmContext:
     name: str = ""
     probe: object = None  # called as probe(layer_name, kind, tensor, axis) when set
     cache: bool = True  # False under FSDP / ZeRO-3: a cache would hold every layer's gathered weights
+    bypassed: bool = False  # True: the layer computes as its unpatched class (``patch.bypassed``)
     _cache: dict = field(default_factory=dict)
 
     @property
@@ -185,6 +186,22 @@ def linear_forward(self, x: torch.Tensor) -> torch.Tensor:
         y = dispatch.w4a16_matmul(x, gemm.packed(self.weight))
         return y if self.bias is None else y + self.bias.to(y.dtype)
     return quant_linear(x, self.weight, self.bias, gemm)
+
+
+class MXLinear(torch.nn.Linear):
+    """An ``nn.Linear`` whose GEMMs run through its recipe's quantizer (``GemmContext``, set by
+    ``patch_model``, which swaps a Linear's ``__class__`` to this one: parameters and their names are
+    unchanged). A subclass of Linear gets ``MX<its name>`` with this class first in its MRO."""
+
+    base_class = torch.nn.Linear  # what ``unpatch_model`` restores
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if gemm_context(self).bypassed:
+            return super().forward(x)
+        return linear_forward(self, x)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, mxfp4={gemm_context(self).quantizer!r}"
 
 
 GEMM_ATTR = "_mxfp4_gemm"

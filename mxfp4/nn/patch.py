@@ -1,24 +1,24 @@
 """Swap the quantized layers into a Hugging Face model, and undo it.
 
-``patch_model(model, quantizer)`` makes every module of the quantizer's kinds (``nn.Linear`` but
-``lm_head`` by default; Qwen3-MoE's fused experts) compute through ``mxfp4.nn.linear`` /
-``mxfp4.nn.experts``. Parameter names do not change (the forwards are swapped on the instances), so
-TRL's and vLLM's weight sync keep working; ``unpatch_model`` restores the model exactly. A patched
-module shows its recipe in ``print(model)``; ``patch_state(model)`` gives the quantizer and the
-patched module names.
+``patch_model(model, quantizer)`` swaps the class of every module of the quantizer's kinds
+(``nn.Linear`` but ``lm_head`` by default; Qwen3-MoE's fused experts) to a quantized one
+(``MXLinear``, ``MX<experts class>``), as torchao's module swap does. Parameter names do not change,
+so TRL's, accelerate's and vLLM's view of the state dict is the same; ``unpatch_model`` restores the
+classes. ``quantize_(model, recipe)`` does it from a recipe name; ``print(model)`` shows each
+quantized module with its recipe; ``patch_state(model)`` gives the quantizer and the patched names.
 """
 
 from __future__ import annotations
 
 import contextlib
-import types
 from dataclasses import dataclass
 
 import torch
 
+from ..config.recipes import Recipe
 from ..numerics.quantizer import Quantizer
-from .experts import grouped_experts_forward
-from .linear import GEMM_ATTR, GemmContext, gemm_context, linear_forward
+from .experts import MXGroupedExperts
+from .linear import GEMM_ATTR, GemmContext, MXLinear, gemm_context
 
 
 def _is_experts(module) -> bool:
@@ -90,10 +90,19 @@ def patched_modules(model):
             yield name, module, gemm
 
 
-def _extra_repr(self) -> str:
-    base = type(self).extra_repr(self)
-    tag = f"mxfp4={gemm_context(self).quantizer!r}"
-    return f"{base}, {tag}" if base else tag
+_QUANTIZED_CLASSES: dict[type, type] = {torch.nn.Linear: MXLinear}
+
+
+def quantized_class(cls: type, kind: str) -> type:
+    """The class a module of class ``cls`` and kind ``kind`` is swapped to: ``MXLinear`` for an
+    ``nn.Linear``, else ``MX<cls name>`` with the quantized forward first in its MRO (made once per class)."""
+    hit = _QUANTIZED_CLASSES.get(cls)
+    if hit is None:
+        mixin = MXGroupedExperts if kind == "experts" else MXLinear
+        hit = type(f"MX{cls.__name__}", (mixin, cls), {"__module__": __name__, "__doc__": mixin.__doc__,
+                                                         "base_class": cls})
+        _QUANTIZED_CLASSES[cls] = hit
+    return hit
 
 
 # The quantized-weight cache saves re-quantizing each weight at every GEMM that reads it: worth it on
@@ -137,18 +146,45 @@ def patch_model(model, quantizer: Quantizer | None, probe=None, cache_weights: b
         if kind == "lm_head" and getattr(model.config, "tie_word_embeddings", False):
             raise ValueError("lm_head is tied to the input embeddings; quantizing it would quantize both")
         setattr(module, GEMM_ATTR, GemmContext(quantizer, name=name, probe=probe, cache=cache_weights))
-        module.forward = types.MethodType(grouped_experts_forward if kind == "experts" else linear_forward, module)
-        module.extra_repr = types.MethodType(_extra_repr, module)
+        module.__class__ = quantized_class(type(module), kind)
         patched.append(name)
     setattr(model, _STATE_ATTR, PatchState(quantizer, patched))
     return patched
 
 
+def quantize_(model, recipe: Recipe | str, cache_weights: bool | None = None):
+    """Quantize a Hugging Face model in place with a recipe, as torchao's ``quantize_(model, config)``:
+
+        model = AutoModelForCausalLM.from_pretrained("Qwen/Qwen2.5-3B")
+        mxfp4.quantize_(model, "mxfp4+all")   # every decoder Linear is now an MXLinear
+        print(model)                          # ... MXLinear(in_features=2048, ..., mxfp4=Quantizer(...))
+
+    Args:
+        model: the model to patch (a ``PreTrainedModel`` or any module with ``nn.Linear`` layers).
+        recipe: a ``Recipe`` or the name of one (``experiments/recipes.yaml``, plugins included); its
+            corrections are built fresh.
+        cache_weights: cache each weight's quantized values per version; default: when the cache is
+            small enough (``weight_cache_pays``).
+
+    Returns:
+        The same model (patched in place; ``unpatch_model`` undoes it).
+    """
+    recipe = Recipe.named(recipe) if isinstance(recipe, str) else recipe
+    quantizer = recipe.quantizer()
+    if cache_weights is None:
+        cache_weights = weight_cache_pays(model, quantizer)
+    patch_model(model, quantizer, cache_weights=cache_weights)
+    return model
+
+
 def unpatch_model(model) -> None:
-    """Undo ``patch_model``: instance forwards removed, the class forwards back in force."""
-    for _, module, _ in list(patched_modules(model)):
-        for attr in ("forward", "extra_repr", GEMM_ATTR):
-            module.__dict__.pop(attr, None)
+    """Undo ``patch_model``: every quantized module back to its own class, its GEMM context removed."""
+    for name, module, _ in list(patched_modules(model)):
+        if not isinstance(module, (MXLinear, MXGroupedExperts)):
+            raise ValueError(f"{name} is a {type(module).__name__}, no longer the class patch_model gave it "
+                             "(wrapped again after patching?); unpatch before wrapping")
+        module.__class__ = type(module).base_class
+        module.__dict__.pop(GEMM_ATTR, None)
     model.__dict__.pop(_STATE_ATTR, None)
 
 
@@ -173,14 +209,14 @@ class bypassed:
         self.saved = []
 
     def __enter__(self):
-        for _, module, _ in patched_modules(self.model):
-            if "forward" in module.__dict__:
-                self.saved.append((module, module.__dict__.pop("forward")))
+        self.saved = [gemm for _, _, gemm in patched_modules(self.model) if not gemm.bypassed]
+        for gemm in self.saved:
+            gemm.bypassed = True
         return self.model
 
     def __exit__(self, *exc):
-        for module, fwd in self.saved:
-            module.forward = fwd
+        for gemm in self.saved:
+            gemm.bypassed = False
         self.saved = []
         return False
 

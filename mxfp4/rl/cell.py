@@ -276,7 +276,7 @@ def prepare(plan: CellPlan, dist) -> CellRun:
     corrections = recipe.build_corrections()
     for c in corrections:
         c.bind(total_steps=grpo.max_steps, seed=seed)
-    if recipe.needs_reference:
+    if any(c.needs_reference for c in corrections):
         reference = plan.layout.cell(plan.model, REFERENCE_RECIPE, seed) / "metrics.json"
         if not reference.exists():
             raise ValueError(
