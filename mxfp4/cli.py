@@ -152,7 +152,7 @@ PLOTS = {  # figure -> (drawing function in mxfp4.report.plots, what its input f
     "corrections": ("correction_effects", "corrections.json of mxfp4 corrections-table"),
     "training": ("training_curves", "aggregate/steps.csv of mxfp4 aggregate"),
     "accuracy": ("accuracy_bars", "aggregate/cells.csv of mxfp4 aggregate"),
-    "kernels": ("kernel_throughput", "bench.json of kernels/bench_kernels.py"),
+    "kernels": ("kernel_throughput", "bench.json of kernels/bench/bench_kernels.py"),
     "pathways": ("pathway_matrix", "pathways/pathways.csv (every model's mxfp4 pathways rows)"),
     "attribution": ("pathway_attribution", "pathways/pathways.csv (every model's mxfp4 pathways rows)"),
     "cosines": ("component_cosines", "weight_components.csv of mxfp4 weight-components"),

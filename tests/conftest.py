@@ -9,7 +9,7 @@ pin_cpu_numerics()
 # Two modes, because triton decides at import time whether its kernels are compiled or interpreted:
 # - the suite (default, CI and every machine, a GPU machine too): the Triton kernels run under the
 #   interpreter on CPU tensors; tests marked gpu are skipped;
-# - MXFP4_TEST_CUDA=1 (a GPU machine; kernels/gpu_session.sh tests): the kernels compiled for CUDA;
+# - MXFP4_TEST_CUDA=1 (a GPU machine; kernels/gpu/gpu_session.sh tests): the kernels compiled for CUDA;
 #   only the tests marked gpu run (the CUDA paths: kernels, formats, corrections, training steps).
 CUDA_TESTS = os.environ.get("MXFP4_TEST_CUDA") == "1"
 if not CUDA_TESTS:

@@ -172,7 +172,7 @@ def test_no_private_name_is_imported_from_another_module():
 def test_the_quantized_layers_and_the_kernel_scripts_do_not_reach_into_rl():
     nn = [t for m, ts in _graph().items() if m.startswith("mxfp4.nn") for t in ts if t.startswith("mxfp4.rl")]
     assert not nn, nn
-    for script in (REPO / "kernels").glob("*.py"):
+    for script in (REPO / "kernels").rglob("*.py"):
         assert "mxfp4.rl" not in script.read_text(), script.name
 
 

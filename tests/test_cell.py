@@ -318,17 +318,17 @@ def test_the_probe_batch_frees_its_policy_before_the_cell_loads_its_own(results,
 
     from mxfp4.config.profiles import load_profile
     from mxfp4.layout import Layout
-    from mxfp4.rl import models
+    from mxfp4.rl import probe_batch
     from mxfp4.rl.probe_batch import ensure_probe_batch
 
-    loaded, real_load = [], models.load
+    loaded, real_load = [], probe_batch.load
 
     def tracked(*args, **kw):
         model, tokenizer = real_load(*args, **kw)
         loaded.append(weakref.ref(model))
         return model, tokenizer
 
-    monkeypatch.setattr(models, "load", tracked)
+    monkeypatch.setattr(probe_batch, "load", tracked)
     Layout(results, "smoke").probe_batch("tiny-dense", 4).unlink(missing_ok=True)
     ensure_probe_batch(load_profile("smoke"), "tiny-dense", 4, results)
     assert len(loaded) == 1 and loaded[0]() is None

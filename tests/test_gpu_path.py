@@ -345,11 +345,12 @@ def test_the_gpu_smoke_checkpoints_fit_the_stated_disk_budget():
 
 
 def _kernels_script(name: str):
-    """A script of kernels/ (not a package) as a module."""
+    """A script of kernels/bench/ or kernels/gpu/ (not packages) as a module."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / "kernels" /
-                                                  f"{name}.py")
+    kernels = Path(__file__).resolve().parent.parent / "kernels"
+    [path] = [p for p in (kernels / "bench" / f"{name}.py", kernels / "gpu" / f"{name}.py") if p.is_file()]
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -380,7 +381,7 @@ def test_the_requirement_walk_reads_markers_for_the_gpu_python_and_finds_absent_
 
 
 def test_the_stand_in_for_the_gpu_image_takes_the_image_packages_required_at_the_image_versions(tmp_path):
-    """What kernels/emulate_gpu_image.sh installs: the image's packages that the harness or a carried package
+    """What kernels/gpu/emulate_gpu_image.sh installs: the image's packages that the harness or a carried package
     requires, pinned where the image's version is known; never a carried one (the bundle shadows it) nor one
     nobody requires."""
     bundle = _kernels_script("gpu_bundle")
@@ -556,7 +557,7 @@ def test_bench_calls_of_one_device_merge_with_every_target_met_or_missed(tmp_pat
 
     def call(rows, **over):
         return {"device": "NVIDIA H100 80GB HBM3", "versions": {"torch": "2.11.0", "triton": "3.6.0"},
-                "method": "CUDA graphs", "command": "python kernels/bench_kernels.py", "rows": rows, "ratios": {},
+                "method": "CUDA graphs", "command": "python kernels/bench/bench_kernels.py", "rows": rows, "ratios": {},
                 **over}
 
     one = call([memory("triton quantize", -1, 0.86), memory("triton quantize", 0, 0.84),
@@ -576,7 +577,7 @@ def test_bench_calls_of_one_device_merge_with_every_target_met_or_missed(tmp_pat
 
 
 def _session_env(out: Path, work: Path, wheels: Path, **extra: str) -> dict:
-    """The environment of a kernels/gpu_session.sh run here: this Python first on PATH (python3 there),
+    """The environment of a kernels/gpu/gpu_session.sh run here: this Python first on PATH (python3 there),
     ``wheels`` as the carried bundle, a deadline that leaves the step room."""
     import os
 
@@ -613,7 +614,7 @@ def test_the_carried_wheels_are_installed_once_and_shadow_the_images_own_package
     for call in ("one", "two"):
         out = tmp_path / call
         env = _session_env(out, tmp_path / f"work-{call}", wheels, SITE=str(site))
-        done = subprocess.run(["bash", "kernels/gpu_session.sh", "stack"], cwd=root, env=env, capture_output=True,
+        done = subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack"], cwd=root, env=env, capture_output=True,
                               text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert json.loads((out / "stack.json").read_text())["torchao"] == "99.0"
@@ -624,7 +625,7 @@ def test_the_carried_wheels_are_installed_once_and_shadow_the_images_own_package
 
 def test_a_session_over_the_device_tools_file_limit_still_brings_back_its_reports_and_logs(tmp_path):
     """Past 16 MiB packed, session.tgz keeps the reports and logs only: the tests step's JUnit XML, the
-    steps' stdout and stderr and the device's CSV among them (kernels/collect_gpu_session.py reads them)."""
+    steps' stdout and stderr and the device's CSV among them (kernels/gpu/collect_gpu_session.py reads them)."""
     import os
     import subprocess
     import tarfile
@@ -635,7 +636,7 @@ def test_a_session_over_the_device_tools_file_limit_still_brings_back_its_report
     (work / "activations.dat").write_bytes(os.urandom(16 << 20))   # incompressible, over the limit alone
     (work / "tests_gpu.xml").write_text("<testsuites/>")
     env = _session_env(out, work, wheels=tmp_path)
-    subprocess.run(["bash", "kernels/gpu_session.sh", "stack"], cwd=root, env=env, capture_output=True, text=True,
+    subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack"], cwd=root, env=env, capture_output=True, text=True,
                    timeout=300, check=True)
     assert (out / "session.tgz").stat().st_size < 16 << 20
     with tarfile.open(out / "session.tgz") as archive:
@@ -717,7 +718,7 @@ def test_a_sessions_calls_are_collected_into_the_issues_files_with_every_target_
 
 
 def test_the_stats_patch_the_device_times_applies_to_this_tree_whole(tmp_path):
-    """gpu_session.sh's stats-patch step applies kernels/patches/stats_fewer_instructions.patch, times it and
+    """gpu_session.sh's stats-patch step applies kernels/gpu/patches/stats_fewer_instructions.patch, times it and
     reverts it. The patch had stopped applying when the kernels were reformatted (two of its three hunks
     failed, and patch(1) would have left the first one applied); now the step applies all or nothing, and
     this holds the patch to the tree, both ways."""
@@ -725,7 +726,7 @@ def test_the_stats_patch_the_device_times_applies_to_this_tree_whole(tmp_path):
     import subprocess
 
     root = Path(__file__).resolve().parent.parent
-    patch = root / "kernels" / "patches" / "stats_fewer_instructions.patch"
+    patch = root / "kernels" / "gpu" / "patches" / "stats_fewer_instructions.patch"
     kernels = tmp_path / "mxfp4" / "numerics" / "triton_kernels.py"
     kernels.parent.mkdir(parents=True)
     shutil.copyfile(root / "mxfp4" / "numerics" / "triton_kernels.py", kernels)
@@ -756,7 +757,7 @@ def test_random_weights_are_drawn_on_the_gpu_that_trains_them_and_loaded_weights
 def test_the_gpu_session_runs_every_gpu_smoke_recipe_each_half_against_its_own_bf16():
     import re
 
-    script = (Path(__file__).resolve().parent.parent / "kernels" / "gpu_session.sh").read_text()
+    script = (Path(__file__).resolve().parent.parent / "kernels" / "gpu" / "gpu_session.sh").read_text()
     halves = [line.split() for line in re.findall(r"smoke-dense\d\) smoke_dense ([^;]+);;", script)]
     assert len(halves) == 2 and all(half[0] == "bf16" for half in halves)
     assert set().union(*halves) == set(load_profile("gpu-smoke-quick").recipes)
@@ -772,14 +773,14 @@ def test_the_gpu_session_returns_what_the_device_tool_can_bring_back(tmp_path):
     root = Path(__file__).resolve().parent.parent
     out, work = tmp_path / "out", tmp_path / "work"
     env = _session_env(out, work, wheels=tmp_path)
-    done = subprocess.run(["bash", "kernels/gpu_session.sh", "stack", "checks"], cwd=root,
+    done = subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack", "checks"], cwd=root,
                           env={**env, "DEADLINE_S": "1"}, capture_output=True, text=True,
                           timeout=60)  # a deadline already past: both skipped
     assert "step stack skipped" in done.stderr and "step checks skipped" in done.stderr
-    typo = subprocess.run(["bash", "kernels/gpu_session.sh", "stack", "smoke-dense"], cwd=root, env=env,
+    typo = subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack", "smoke-dense"], cwd=root, env=env,
                           capture_output=True, text=True, timeout=60)
     assert typo.returncode == 2 and "unknown step 'smoke-dense'" in typo.stderr  # refused before any step runs
-    subprocess.run(["bash", "kernels/gpu_session.sh", "stack"], cwd=root, env=env, capture_output=True, text=True,
+    subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack"], cwd=root, env=env, capture_output=True, text=True,
                    timeout=300, check=True)
     files = sorted(p.name for p in out.iterdir())
     assert files == ["session.tgz", "stack.json", "steps.tsv"] and all(p.is_file() for p in out.iterdir())

@@ -433,8 +433,8 @@ def test_every_bfloat16_value_rounds_and_decomposes_as_the_reference(rule):
 
 
 def test_every_kernel_variant_compiles_for_hopper_without_a_gpu(tmp_path):
-    """kernels/inspect_sass.py --compile-all (a subprocess, the interpreter flag off): the memory kernels' bfloat16
-    launches under every scale rule and layout, the W4A16 decode spaces and both tl.dot_scaled operand formats,
+    """kernels/bench/inspect_sass.py --compile-all (a subprocess, the interpreter flag off): the memory kernels'
+    bfloat16 launches under every scale rule and layout, the W4A16 decode spaces and both tl.dot_scaled operand formats,
     each at its space's first config, compiled for sm_90a with this machine's Triton. The whole sweep (every
     dtype and config, with the device's Triton) is kernels/NOTES.md's; the interpreter does not compile, so a
     kernel that only the compiler refuses would otherwise first fail on the device."""
@@ -446,7 +446,7 @@ def test_every_kernel_variant_compiles_for_hopper_without_a_gpu(tmp_path):
 
     out = tmp_path / "compile.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = Path(__file__).parents[1] / "kernels" / "inspect_sass.py"
+    script = Path(__file__).parents[1] / "kernels" / "bench" / "inspect_sass.py"
     only = ["torch.bfloat16 floor", "torch.bfloat16 ceil", "w4a16", "dot_scaled", "dequantize torch.bfloat16"]
     done = subprocess.run(
         [sys.executable, str(script), "--compile-all", "--first-config", "--out", str(out),
@@ -459,7 +459,7 @@ def test_every_kernel_variant_compiles_for_hopper_without_a_gpu(tmp_path):
 
 
 def test_hopper_compile_report_keeps_the_quantize_under_the_issue_budget_and_w4a16_loads_pipelined(tmp_path):
-    """kernels/inspect_sass.py compiles for sm_90a without a GPU (a subprocess: it must not see the
+    """kernels/bench/inspect_sass.py compiles for sm_90a without a GPU (a subprocess: it must not see the
     interpreter flag). The row quantize must stay under the issue budget (24.8 SASS instructions a
     bf16 element at 3 TB/s; version 2 took 40), and the W4A16 decode loop must load nothing outside
     its cp.async pipeline (version 2 loaded scale bytes there) and run on tensor cores."""
@@ -471,7 +471,7 @@ def test_hopper_compile_report_keeps_the_quantize_under_the_issue_budget_and_w4a
 
     out = tmp_path / "sass.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = Path(__file__).parents[1] / "kernels" / "inspect_sass.py"
+    script = Path(__file__).parents[1] / "kernels" / "bench" / "inspect_sass.py"
     subprocess.run(
         [
             sys.executable,

@@ -233,7 +233,7 @@ def _w4a16_configs(tiles):
 # rows and stores its tile in the output dtype (no zeroed buffer, no atomics, no conversion after).
 # Fewer tiles split K over programs that add float32 partials into a zeroed output. BLOCK_N = 64 and 128
 # tiles take wgmma; 32 takes mma.sync at about twice the loop instructions per weight element
-# (kernels/inspect_sass.py), kept for the smallest N only.
+# (kernels/bench/inspect_sass.py), kept for the smallest N only.
 DIRECT_TILES = [(64, 1, 1, 4, 4), (64, 2, 1, 4, 3), (128, 1, 1, 8, 3), (128, 2, 1, 8, 3), (32, 1, 1, 4, 4)]
 SPLIT_TILES = [
     (64, 1, 4, 4, 4),
@@ -447,7 +447,7 @@ def mx_matmul(a: QuantizedTensor | torch.Tensor, b: QuantizedTensor) -> torch.Te
 
 def autotune_spaces() -> dict[str, triton.runtime.Autotuner]:
     """Every autotune space of the package's kernels, by name: the one list that the device's every-config
-    check (``kernel_checks.check_every_config``) and the compile and SASS reports (``kernels/inspect_sass.py``)
+    check (``kernel_checks.check_every_config``) and the compile and SASS reports (``kernels/bench/inspect_sass.py``)
     walk. Here because this module sees both kernel modules."""
     from . import triton_kernels as tk
 

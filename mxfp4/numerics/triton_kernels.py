@@ -27,7 +27,7 @@ Kernels:
 On CUDA the tiles and warps are autotuned (key: the blocked length, a power-of-two bucket of the
 other extent, and the variant); under ``TRITON_INTERPRET=1`` on CPU (how CI checks bit-exactness)
 large fixed tiles keep the number of programs small. The arithmetic restates the reference
-exactly with few instructions an element (``kernels/inspect_sass.py`` counts them for Hopper): the
+exactly with few instructions an element (``kernels/bench/inspect_sass.py`` counts them for Hopper): the
 block max and a non-finite element from one integer max of the |x| bits, shared exponents from the
 float32 bits of the block max, element rounding by one float add of a power of two whose ulp is
 the grid's spacing (``_grid_round``), powers of two built from bits (2**-127 as a float32
@@ -633,7 +633,7 @@ def _configs(tiles, names):
     return [triton.Config(dict(zip(names, t[:2])), num_warps=t[2]) for t in tiles]
 
 
-# Autotune spaces (tile extents, warps), first config = the pinned default; kernels/inspect_sass.py reports
+# Autotune spaces (tile extents, warps), first config = the pinned default; kernels/bench/inspect_sass.py reports
 # each config compiled for sm_90a (column mode: 32-row tiles keep a block in one thread, so the block max
 # needs no shuffles), the autotuner measures them on CUDA.
 ROW_TILES = [

@@ -1,7 +1,7 @@
 """The GPU smoke report (``results/gpu/gpu_smoke_dense.json``): per recipe of a profile's cells, the step
 and generation times as ratios to the bf16 cell of the same run, peak memory (beside the memory plan's),
 the weight update and the rollout backend; a recipe whose cell did not finish is reported as failed, with
-its log's tail. Several runs (results folders, e.g. the two halves of ``kernels/gpu_session.sh``, each
+its log's tail. Several runs (results folders, e.g. the two halves of ``kernels/gpu/gpu_session.sh``, each
 with its own bf16 cell) are joined: each recipe is timed within its run, and the bf16 cells of the runs
 against each other.
 

@@ -21,5 +21,5 @@ rule kernel_bench:
         shapes=P.bench_shapes,
     threads: workflow.cores
     shell:
-        "{PYTHON} kernels/bench_kernels.py --out {output} --runs 1 --reps 3 "
+        "{PYTHON} kernels/bench/bench_kernels.py --out {output} --runs 1 --reps 3 "
         "$( [ -n '{params.shapes}' ] && echo --shapes {params.shapes} ) > {log} 2>&1"

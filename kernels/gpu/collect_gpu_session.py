@@ -1,7 +1,7 @@
-"""Collect the device calls of one GPU session (kernels/gpu_session.sh) into the files issue 26 asks for, with
+"""Collect the device calls of one GPU session (kernels/gpu/gpu_session.sh) into the files issue 26 asks for, with
 every target met or missed; run here, after the calls, on the folders the device tool brought back.
 
-    python kernels/collect_gpu_session.py CALL1 CALL2 CALL3      # each: what one call left in $OUT
+    python kernels/gpu/collect_gpu_session.py CALL1 CALL2 CALL3      # each: what one call left in $OUT
 
 Each call's ``session.tgz`` is unpacked into ``results/gpu/calls/<device>/call<N>/`` (cell logs and results,
 lm-eval outputs, stack.json, steps.tsv, each step's stderr; weights were left out on the device), and from
@@ -26,14 +26,14 @@ import sys
 import tarfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts: bench_kernels, bench_moe
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # bench_kernels, bench_moe
 from mxfp4.io import write_json_atomic  # noqa: E402
 from mxfp4.layout import Layout  # noqa: E402
 from mxfp4.report.gpu_smoke import TARGETS  # noqa: E402
 from mxfp4.report.gpu_smoke import run as smoke_report  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SMOKE_PROFILE = "gpu-smoke-quick"
 PLAN = "results/gpu/memory_plan_qwen2.5-3b.json"
 BENCH_STEPS = ("bench_memory1.json", "bench_memory2.json", "bench_gemm.json")

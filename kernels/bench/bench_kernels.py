@@ -12,8 +12,8 @@ On CPU: the eager reference and its torch.compile against torchao's ``to_mx`` + 
 ``--runs`` independent repetitions in one process (the claim is a minimum over runs), and the CPU's
 copy bandwidth.
 
-    python kernels/bench_kernels.py --out results/bench/bench_cpu.json
-    python kernels/bench_kernels.py --out results/bench/bench_h100.json     # on a GPU
+    python kernels/bench/bench_kernels.py --out results/bench/bench_cpu.json
+    python kernels/bench/bench_kernels.py --out results/bench/bench_h100.json     # on a GPU
 """
 
 from __future__ import annotations
@@ -400,7 +400,8 @@ def main(argv=None) -> int:
         "device": device_name(args.device),
         "device_type": args.device,
         "versions": {"torch": torch.__version__, "mxfp4": mxfp4.__version__},
-        "command": " ".join(["python", "kernels/bench_kernels.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python", "kernels/bench/bench_kernels.py",
+                             *(argv if argv is not None else sys.argv[1:])]),
         "method": "CUDA: median of triton.testing.do_bench (CUDA events, L2 flushed, 100 ms of repeats); "
         "CPU: best of --reps calls, per run, --runs runs in one process",
     }

@@ -25,7 +25,7 @@ instructions per byte it moves and stay memory-bound: 24.8 per bfloat16 element 
 bytes), 38.8 of a fake-quant (4 bytes). Version 2's measured fractions of copy bandwidth followed this
 budget over its counts (kernels/NOTES.md).
 
-    python kernels/inspect_sass.py --out results/bench/sass_sm90.json
+    python kernels/bench/inspect_sass.py --out results/bench/sass_sm90.json
 """
 
 from __future__ import annotations

@@ -6,11 +6,11 @@ nothing. So a requirement of a carried package that neither the image nor the bu
 import time, on device time. This walks the requirements instead, the way pip's resolver reads them
 (`packaging`'s requirement and marker grammar, the GPU machines' Python for the markers):
 
-    python kernels/gpu_bundle.py            # here: requirements read from this environment's metadata,
+    python kernels/gpu/gpu_bundle.py            # here: requirements read from this environment's metadata,
                                             # checked against gpu_image_packages.txt + gpu_wheels.txt
-    python kernels/gpu_bundle.py --installed --out stack_requirements.json
+    python kernels/gpu/gpu_bundle.py --installed --out stack_requirements.json
                                             # on the GPU machine (gpu_session.sh stack): every version known
-    python kernels/gpu_bundle.py --image-pins   # the image's packages the harness needs, for a CPU stand-in
+    python kernels/gpu/gpu_bundle.py --image-pins   # the image's packages the harness needs, for a CPU stand-in
 
 A requirement is "unmet" when its package is absent or present at a version outside its specifier, and
 "unverified" when the image holds the package at a version nobody has read (checked on the machine).
@@ -33,9 +33,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
-ROOT = Path(__file__).resolve().parent.parent
-WHEELS = ROOT / "kernels" / "gpu_wheels.txt"
-IMAGE = ROOT / "kernels" / "gpu_image_packages.txt"
+ROOT = Path(__file__).resolve().parents[2]
+WHEELS = ROOT / "kernels" / "gpu" / "gpu_wheels.txt"
+IMAGE = ROOT / "kernels" / "gpu" / "gpu_image_packages.txt"
 
 # The GPU machines' interpreter, for environment markers (python3 there is CPython 3.12.3, x86-64 Linux).
 GPU_PYTHON = {
@@ -171,7 +171,7 @@ def check_installed() -> tuple[list[Finding], list[Finding], list[str]]:
 def required_from_image(image: Path = IMAGE, wheels: Path = WHEELS) -> dict[str, str | None]:
     """The image's packages that the harness or a carried package requires directly, not carried themselves
     ({name: version, or None where unread}): what a CPU stand-in for the image must hold
-    (kernels/emulate_gpu_image.sh installs them, each at the image's version where it is known)."""
+    (kernels/gpu/emulate_gpu_image.sh installs them, each at the image's version where it is known)."""
     carried = read_packages(wheels)
     in_image = read_packages(image)
     roots, _ = bundle_roots(carried)
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         for f in findings:
             print(f"  {f.requirer}: {f.requirement} ({f.found})")
     if unread:
-        print(f"requirements not read (no wheel in .whl/, not installed here; kernels/fetch_gpu_wheels.sh "
+        print(f"requirements not read (no wheel in .whl/, not installed here; kernels/gpu/fetch_gpu_wheels.sh "
               f"fetches them): {', '.join(unread)}")
     return 1 if unmet or unread else 0
 

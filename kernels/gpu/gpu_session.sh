@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
 # The one entry point on a GPU machine (issue 26): run from the repository root with the .whl bundle
-# carried (kernels/fetch_gpu_wheels.sh makes it). Every step writes JSON into $OUT as it goes (the
+# carried (kernels/gpu/fetch_gpu_wheels.sh makes it). Every step writes JSON into $OUT as it goes (the
 # device tool's return folder), so a step stopped at its time limit keeps what it measured:
 #
-#   bash kernels/gpu_session.sh stack          # versions, free disk, the GPU, imports of trl and lm-eval, unmet requirements
-#   bash kernels/gpu_session.sh tests          # MXFP4_TEST_CUDA=1 pytest -m gpu: the compiled CUDA paths (first configs;
+#   bash kernels/gpu/gpu_session.sh stack          # versions, free disk, the GPU, imports of trl and lm-eval, unmet requirements
+#   bash kernels/gpu/gpu_session.sh tests          # MXFP4_TEST_CUDA=1 pytest -m gpu: the compiled CUDA paths (first configs;
 #                                              # the benchmark checks the tuned ones bit for bit before timing)
-#   bash kernels/gpu_session.sh smoke-dense1   # gpu-smoke-quick cells bf16, mxfp4, mxfp4+macro  -> gpu_smoke_dense.json
-#   bash kernels/gpu_session.sh smoke-dense2   # gpu-smoke-quick cells bf16, mxfp4+fallback, mxfp4+aqn, mxfp4+all
-#   bash kernels/gpu_session.sh smoke-moe      # Qwen3-30B-A3B expert layers: bf16 vs grouped MXFP4 vs per-expert -> gpu_smoke_moe.json
-#   bash kernels/gpu_session.sh checks         # bit-exact on the device: every kernel, dtype, rule, layout; the GEMMs
-#   bash kernels/gpu_session.sh configs        # each config of every autotune space forced and checked (the tuner may pick any)
-#   bash kernels/gpu_session.sh memory1        # memory-bound rows at 16384x8192 and 8192x4096, copy bandwidth beside
-#   bash kernels/gpu_session.sh memory2        # 8192x11008, the Qwen3-30B-A3B expert stack, a decode shape
-#   bash kernels/gpu_session.sh gemm           # W4A16 decode and prefill, tl.dot_scaled, dequantize + cuBLAS, cuBLAS BF16
-#   bash kernels/gpu_session.sh stats-patch    # memory rows with kernels/patches/stats_fewer_instructions.patch applied
+#   bash kernels/gpu/gpu_session.sh smoke-dense1   # gpu-smoke-quick cells bf16, mxfp4, mxfp4+macro  -> gpu_smoke_dense.json
+#   bash kernels/gpu/gpu_session.sh smoke-dense2   # gpu-smoke-quick cells bf16, mxfp4+fallback, mxfp4+aqn, mxfp4+all
+#   bash kernels/gpu/gpu_session.sh smoke-moe      # Qwen3-30B-A3B expert layers: bf16 vs grouped MXFP4 vs per-expert -> gpu_smoke_moe.json
+#   bash kernels/gpu/gpu_session.sh checks         # bit-exact on the device: every kernel, dtype, rule, layout; the GEMMs
+#   bash kernels/gpu/gpu_session.sh configs        # each config of every autotune space forced and checked (the tuner may pick any)
+#   bash kernels/gpu/gpu_session.sh memory1        # memory-bound rows at 16384x8192 and 8192x4096, copy bandwidth beside
+#   bash kernels/gpu/gpu_session.sh memory2        # 8192x11008, the Qwen3-30B-A3B expert stack, a decode shape
+#   bash kernels/gpu/gpu_session.sh gemm           # W4A16 decode and prefill, tl.dot_scaled, dequantize + cuBLAS, cuBLAS BF16
+#   bash kernels/gpu/gpu_session.sh stats-patch    # memory rows with kernels/gpu/patches/stats_fewer_instructions.patch applied
 #
 # What comes back from the device tool's $OUT is limited (8 files, 16 MiB each, two folders deep, names of
 # letters, digits, '.', '_', '-': no '+', so no recipe-named files). So every step works in $WORK (a folder
@@ -36,7 +36,7 @@
 # Planned calls for a 30-minute session, in this order (issue each as soon as the previous returns, within
 # the tool's 30 s idle release, so that the warm machine keeps /tmp/site and the Triton cache):
 #   1. stack smoke-moe smoke-dense1     2. smoke-dense2 tests     3. checks memory1 gemm memory2 configs
-# Back here, `python kernels/collect_gpu_session.py CALL1 CALL2 CALL3` (the folders each call brought back)
+# Back here, `python kernels/gpu/collect_gpu_session.py CALL1 CALL2 CALL3` (the folders each call brought back)
 # unpacks the calls into results/gpu/calls/<device>/, writes the issue's files and prints every target.
 # kernels/NOTES.md says what each kernel step predicts.
 set -uo pipefail
@@ -55,12 +55,12 @@ mkdir -p "$OUT" "$WORK" "$RESULTS"
 export PYTHONUNBUFFERED=1
 # No network there: libraries that would ask the hub fail at once instead of waiting on a timeout
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
-WHEELS=${WHEELS:-.whl}   # the packages the machine lacks (kernels/gpu_wheels.txt)
+WHEELS=${WHEELS:-.whl}   # the packages the machine lacks (kernels/gpu/gpu_wheels.txt)
 SITE=${SITE:-/tmp/site}  # where they go: outside the work tree, so a warm machine's next call finds them
 if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
     bundle=$(ls "$WHEELS" | sha1sum)
     if [ "$(cat "$SITE/.bundle" 2>/dev/null)" != "$bundle" ]; then   # a warm machine keeps them
-        bash kernels/install_carried_wheels.sh "$WHEELS" "$SITE" \
+        bash kernels/gpu/install_carried_wheels.sh "$WHEELS" "$SITE" \
             || { echo "installing the carried wheels failed" >&2; exit 3; }
         echo "$bundle" > "$SITE/.bundle"
     fi
@@ -137,28 +137,28 @@ out["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else N
 print(json.dumps(out, indent=1))
 PY
                cat "$WORK/stack.json"
-               python3 kernels/gpu_bundle.py --installed --out "$WORK/stack_requirements.json" \
+               python3 kernels/gpu/gpu_bundle.py --installed --out "$WORK/stack_requirements.json" \
                    || echo "unmet requirements: stack_requirements.json (in session.tgz) names them" >&2 ;;
         tests) MXFP4_TEST_CUDA=1 MXFP4_AUTOTUNE=0 timeout "$(cap 400)" python3 -m pytest -m gpu -q -p no:cacheprovider \
                    --junitxml="$WORK/tests_gpu.xml" tests > "$WORK/tests_gpu.log" 2>&1
                tail -3 "$WORK/tests_gpu.log" ;;
         smoke-dense1) smoke_dense bf16 mxfp4 mxfp4+macro ;;
         smoke-dense2) smoke_dense bf16 mxfp4+fallback mxfp4+aqn mxfp4+all ;;
-        smoke-moe) timeout "$(cap 150)" python3 kernels/bench_moe.py --device cuda --compute bfloat16 --cases all --reps 3 \
+        smoke-moe) timeout "$(cap 150)" python3 kernels/bench/bench_moe.py --device cuda --compute bfloat16 --cases all --reps 3 \
                        --out "$WORK/gpu_smoke_moe.json" ;;
         checks)  MXFP4_AUTOTUNE=0 timeout "$(cap 280)" python3 kernels/check_kernels.py --out "$WORK/checks.json" ;;
         configs) timeout "$(cap 280)" python3 kernels/check_kernels.py --every-config --out "$WORK/checks_configs.json" ;;
-        memory1) TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench_kernels.py --only memory \
+        memory1) TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench/bench_kernels.py --only memory \
                      --shapes 16384x8192,8192x4096 --out "$WORK/bench_memory1.json" ;;
-        memory2) TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench_kernels.py --only memory \
+        memory2) TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench/bench_kernels.py --only memory \
                      --shapes 8192x11008,128x768x2048,64x2048 --out "$WORK/bench_memory2.json" ;;
-        gemm)    TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench_kernels.py --only gemm --out "$WORK/bench_gemm.json" ;;
-        stats-patch) if apply_patch kernels/patches/stats_fewer_instructions.patch; then
+        gemm)    TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench/bench_kernels.py --only gemm --out "$WORK/bench_gemm.json" ;;
+        stats-patch) if apply_patch kernels/gpu/patches/stats_fewer_instructions.patch; then
                  MXFP4_AUTOTUNE=0 timeout "$(cap 120)" python3 kernels/check_kernels.py --out "$WORK/checks_stats_patch.json" || true
-                 TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench_kernels.py --only memory \
+                 TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench/bench_kernels.py --only memory \
                      --shapes 16384x8192 --out "$WORK/bench_memory_stats_patch.json" || true
-                 apply_patch -R kernels/patches/stats_fewer_instructions.patch
-                 else echo "kernels/patches/stats_fewer_instructions.patch does not apply to this tree: nothing run" >&2; false; fi ;;
+                 apply_patch -R kernels/gpu/patches/stats_fewer_instructions.patch
+                 else echo "kernels/gpu/patches/stats_fewer_instructions.patch does not apply to this tree: nothing run" >&2; false; fi ;;
     esac > "$WORK/$step.out" 2> "$WORK/$step.err"   # progress bars, autotuning: whole in session.tgz, tails here
     status=$?
     tail -n 25 "$WORK/$step.out"

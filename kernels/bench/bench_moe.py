@@ -2,8 +2,8 @@
 the grouped MXFP4 path and the per-expert loop (the oracle it equals bit for bit, tests/moe_oracle.py),
 same run, same inputs; writes JSON after every case (a timeout keeps what was measured).
 
-    python kernels/bench_moe.py --out results/bench/moe_cpu.json
-    python kernels/bench_moe.py --device cuda --compute bfloat16 --cases all --out $OUT/gpu_smoke_moe.json
+    python kernels/bench/bench_moe.py --out results/bench/moe_cpu.json
+    python kernels/bench/bench_moe.py --device cuda --compute bfloat16 --cases all --out $OUT/gpu_smoke_moe.json
 
 Shapes: the tiny MoE (8 experts, top-2, H 128, I 96) and a 2-layer slice with Qwen3-30B-A3B's
 routing (128 experts, top-8) at H 256, I 128 (the real H 2048, I 768 puts 400M-element expert
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from transformers import Qwen3MoeConfig  # noqa: E402
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts  # noqa: E402
 
