@@ -210,6 +210,13 @@ def _cmd_claims(args) -> int:
     return 0
 
 
+def _cmd_report(args) -> int:
+    from .report.profile_report import run
+
+    print(run(args.profile, args.results, args.out, stored=args.stored))
+    return 0
+
+
 def _cmd_compare(args) -> int:
     from .report.compare import answer_line, run_compare
 
@@ -510,6 +517,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pathways", default=None, help="default results/<profile>/pathways/pathways.csv")
     p.add_argument("--out", default=None, help="default results/<profile>/claims.md")
     p.set_defaults(func=_cmd_claims)
+
+    p = sub.add_parser("report", help="REPORT.md of a profile's run: held-out accuracy, the pathway matrix's "
+                       "headline, the claims' verdicts")
+    _profile_args(p)
+    p.add_argument("--stored", action="store_true",
+                   help="report the stored baselines (results/baselines/<profile>/) instead of the run")
+    p.add_argument("--out", default=None, help="default REPORT.md beside the run's (or the baselines') claims.md")
+    p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("profile-contrast", help="two profiles' runs that differ in one setting, side by side: operand "
                        "statistics, the pathway matrix (paired unit by unit at the warm start) and the recovery rows")

@@ -14,7 +14,7 @@ from pathlib import Path
 REFERENCE_RECIPE = "bf16"
 TRAIN_LOG = "train_log.jsonl"  # in each cell's folder, and in each of its checkpoints
 # lm-eval's output in each cell's folder, per evaluation: the warm start under the recipe's quantization
-# (before RL), the trained policy under it (after; ``eval/``, as it always was), and the trained weights
+# (before RL), the trained policy under it (after; ``eval/``), and the trained weights
 # in full precision (unquantized; a full-precision recipe's "after" is already that, and it has none)
 EVAL_FOLDERS = {"before": "eval_before", "after": "eval", "unquantized": "eval_unquantized"}
 GPU_RESULTS = Path("results/gpu")
@@ -107,6 +107,11 @@ class Layout:
     @property
     def claims(self) -> Path:
         return self.root / "claims.md"
+
+    @property
+    def report(self) -> Path:
+        """The run's results in one page (``mxfp4 report``); the stored baselines have their own."""
+        return self.root / "REPORT.md"
 
     def compare(self, recipe: str) -> Path:
         return self.root / "compare" / f"{recipe}.md"

@@ -1,6 +1,7 @@
 """The package's layering, read from its imports, and the house style (ruff)."""
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -189,6 +190,35 @@ def test_no_module_cites_a_design_file_outside_the_repository():
                  *(REPO / "experiments").rglob("*.yaml"), *(REPO / "tests").glob("*.py")]:
         if path.name != Path(__file__).name:
             assert "DESIGN.md" not in path.read_text(), path
+
+
+# What a work log says and a reference harness's code and docs must not: issue numbers, dates, rounds and
+# sessions, and words that narrate a change instead of describing what is.
+HISTORY = re.compile(r"\bissues? #?\d+|\bissue-\d+|\b20\d\d-[01]\d-[0-3]\d\b|\b(?:this|last|next) (?:round|session)\b"
+                     r"|\bsessions? \d+|\bas it always was\b|\bpreviously\b", re.IGNORECASE)
+TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".smk", ".sh", ".rst", ".toml", ".txt", ".cfg"}
+
+
+def _sources() -> list[Path]:
+    """Code, tests, docs and configs: every text file of the repository but the generated and stored results."""
+    roots = ["mxfp4", "tests", "docs", "kernels", "workflow", "experiments", "figures"]
+    files = [p for root in roots for p in (REPO / root).rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES]
+    return [*files, REPO / "README.md", REPO / "Snakefile", REPO / "pyproject.toml", REPO / "setup.sh"]
+
+
+def test_the_history_guard_finds_what_a_work_log_would_say():
+    for text in ("fixed in issue 24", "see Issue #26", "issue-26 targets", "measured 2026-11-24", "in this round",
+                 "session 4's plan", "as it always was", "previously it failed"):
+        assert HISTORY.search(text), text
+    for text in ("the issue budget of 24.8 instructions", "arXiv 2605.20402", "seeds 10-12", "issue rate"):
+        assert not HISTORY.search(text), text
+
+
+def test_code_tests_and_docs_never_mention_their_history():
+    """Issue numbers, dates and work-log words belong in commit messages, not in what a newcomer reads."""
+    bad = [f"{p.relative_to(REPO)}:{i}: {line.strip()[:100]}" for p in _sources() if p.name != Path(__file__).name
+           for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1) if HISTORY.search(line)]
+    assert not bad, "\n".join(bad)
 
 
 def test_the_code_passes_ruff():

@@ -203,7 +203,7 @@ def test_gain_form_identity_holds_and_its_parts_are_what_they_claim(case):
 
 
 def test_gain_form_counts_the_stored_scale_deadzone_and_keeps_a_small_cross_term():
-    """The issue's numbers on Gaussian data: the canonical split counts the deadzone at the ideal scale
+    """On Gaussian data: the canonical split counts the deadzone at the ideal scale
     and carries a cross term of about -1.5x the error energy; the gain form counts what MXFP4 flushes
     (about 3% of the error energy) and its components are nearly orthogonal (dead is exactly
     orthogonal to both: disjoint supports)."""

@@ -402,8 +402,8 @@ def test_the_carried_wheels_and_the_gpu_image_meet_every_requirement_of_the_harn
     for name in unread:  # read from the wheel where .whl/ holds it, else from the installed copy
         with pytest.raises(importlib.metadata.PackageNotFoundError):
             importlib.metadata.version(name)
-    # The walk reads the carried packages' real requirements: without httpx2 (the bundle before issue 26's
-    # first GPU contact) huggingface-hub 2, and so `import transformers`, would fail on the machine.
+    # The walk reads the carried packages' real requirements: without httpx2, huggingface-hub 2 (and so
+    # `import transformers`) would fail on the machine.
     without = tmp_path / "wheels.txt"
     without.write_text("".join(line + "\n" for line in bundle.WHEELS.read_text().splitlines()
                                if not line.startswith("httpx2==")))
@@ -645,7 +645,7 @@ def test_a_session_over_the_device_tools_file_limit_still_brings_back_its_report
     assert "activations.dat" not in names
 
 
-def test_a_sessions_calls_are_collected_into_the_issues_files_with_every_target_met_or_missed(tmp_path):
+def test_a_sessions_calls_are_collected_into_the_gpu_files_with_every_target_met_or_missed(tmp_path):
     """Three calls' $OUT as the device tool brings them back: two dense halves with the MoE slice on an H100, the
     kernel call on an H200 (the tool starts one where no H100 opens). Each device keeps its own files; a recipe
     that died, or was not run, misses its target with no number instead of vanishing from the list."""

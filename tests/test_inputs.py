@@ -1,4 +1,4 @@
-"""Every bad input that once passed silently, or failed late or as a traceback (issue 25), is one clear
+"""Every bad input of this table is one clear
 error line naming what was wrong and what is accepted, raised before any model loads."""
 
 import contextlib

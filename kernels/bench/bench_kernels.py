@@ -336,7 +336,7 @@ def gpu_ratios(rows) -> dict:
 
 
 def targets(rows) -> list[dict]:
-    """Issue 26's kernel targets on an H100, each met or missed: quantize and fake-quant at >= 85% of the
+    """The kernel targets on an H100, each met or missed: quantize and fake-quant at >= 85% of the
     copy bandwidth on both axes; W4A16 decode (the path the harness takes, at M <= 64) >= 2.5x cuBLAS BF16."""
     out = []
     for r in rows:

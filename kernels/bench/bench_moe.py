@@ -13,7 +13,7 @@ weights through the CPU reference quantizer: minutes per step), under the mxfp4 
 - generation: one forward without gradients of ``DECODE_TOKENS`` tokens (a decode step of that many
   sequences), the cache kept across calls (the weights do not change while generating).
 The real layers run as Qwen3-30B-A3B would: its ~30B expert weights put the cache far over
-``mxfp4.nn.WEIGHT_CACHE_LIMIT_BYTES``, so there every GEMM quantizes its weight (no cache). Issue 26's
+``mxfp4.nn.WEIGHT_CACHE_LIMIT_BYTES``, so there every GEMM quantizes its weight (no cache). The
 target on an H100: the grouped MXFP4 training step <= 1.5x the unquantized one on the real layers.
 """
 
@@ -45,7 +45,7 @@ CASES = {  # name: (experts, top_k, hidden, moe_intermediate, layers, tokens)
 # Qwen3-30B-A3B's real expert layers (random init): for CUDA (minutes a step through the CPU reference)
 REAL = {"qwen3-30b-a3b layers (128 experts, top-8, H2048, I768), 2 layers, 4096 tokens": (128, 8, 2048, 768, 2, 4096)}
 DECODE_TOKENS = 64
-TARGET_GROUPED_OVER_BF16 = 1.5  # issue 26, the real layers' training step on an H100
+TARGET_GROUPED_OVER_BF16 = 1.5  # the real layers' training step on an H100
 
 
 def _sync(device: str) -> None:

@@ -1,4 +1,4 @@
-"""Collect the device calls of one GPU session (kernels/gpu/gpu_session.sh) into the files issue 26 asks for, with
+"""Collect the device calls of one GPU session (kernels/gpu/gpu_session.sh) into the GPU result files, with
 every target met or missed; run here, after the calls, on the folders the device tool brought back.
 
     python kernels/gpu/collect_gpu_session.py CALL1 CALL2 CALL3      # each: what one call left in $OUT
@@ -10,7 +10,7 @@ those folders:
   cells, each recipe against its own call's bf16, the memory plan's peaks beside;
 - ``results/gpu/gpu_smoke_moe.json``: the MoE slice (the call that ran ``smoke-moe``);
 - ``results/bench/bench_<device>.json``: the kernel calls (memory1, memory2, gemm) of one device merged;
-- ``results/gpu/targets_<device>.json``: every issue-26 target with its number, met or missed, and the two
+- ``results/gpu/targets_<device>.json``: every GPU target with its number, met or missed, and the two
   checks of correctness on the device (every kernel bit-exact; every autotune config; the suite's CUDA tests).
 Calls that landed on different devices (the device tool may start an H200 where no H100 opens) are kept
 apart: each device gets its own folder, benchmark file and targets; times are compared only within a call.
@@ -94,7 +94,7 @@ def collect(calls: list[Path], root: Path = ROOT) -> dict[str, list[dict]]:
     folders = place(calls, root)
     named: set[str] = set()
 
-    def name(path: str, slug: str) -> str:  # the issue's name for the first device, suffixed for another
+    def name(path: str, slug: str) -> str:  # the plain name for the first device, suffixed for another
         if path in named:
             return path.replace(".json", f"_{slug}.json")
         named.add(path)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A CPU stand-in for the GPU machines' Python stack (issue 26), to rehearse at no device time what runs
+# A CPU stand-in for the GPU machines' Python stack, to rehearse at no device time what runs
 # there: the image's packages that the harness needs, at the image's versions where they are known
 # (`kernels/gpu/gpu_bundle.py --image-pins`), and the carried wheels (kernels/gpu/gpu_wheels.txt) installed over
 # them as kernels/gpu/gpu_session.sh installs them (pip --no-deps --target: nothing resolved). Under it run the

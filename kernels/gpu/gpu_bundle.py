@@ -1,4 +1,4 @@
-"""Does the carried wheel bundle complete the GPU machines' image? (issue 26)
+"""Does the carried wheel bundle complete the GPU machines' image?
 
 The GPU machines have no network: what the harness needs beyond their image ('cuda', CPython 3.12 on x86-64
 Linux) travels as the wheels of `gpu_wheels.txt`, installed there with `pip --no-deps --target`, which resolves

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one entry point on a GPU machine (issue 26): run from the repository root with the .whl bundle
+# The one entry point on a GPU machine: run from the repository root with the .whl bundle
 # carried (kernels/gpu/fetch_gpu_wheels.sh makes it). Every step writes JSON into $OUT as it goes (the
 # device tool's return folder), so a step stopped at its time limit keeps what it measured:
 #
@@ -33,11 +33,11 @@
 # each step's wall time and exit status for planning the next call. Set DEADLINE_S lower when the session
 # has less device time left than a full call.
 #
-# Planned calls for a 30-minute session, in this order (issue each as soon as the previous returns, within
+# Planned calls for a 30-minute session, in this order (send each as soon as the previous returns, within
 # the tool's 30 s idle release, so that the warm machine keeps /tmp/site and the Triton cache):
 #   1. stack smoke-moe smoke-dense1     2. smoke-dense2 tests     3. checks memory1 gemm memory2 configs
 # Back here, `python kernels/gpu/collect_gpu_session.py CALL1 CALL2 CALL3` (the folders each call brought back)
-# unpacks the calls into results/gpu/calls/<device>/, writes the issue's files and prints every target.
+# unpacks the calls into results/gpu/calls/<device>/, writes the GPU result files and prints every target.
 # kernels/NOTES.md says what each kernel step predicts.
 set -uo pipefail
 STEPS="stack tests smoke-dense1 smoke-dense2 smoke-moe checks configs memory1 memory2 gemm stats-patch"

@@ -10,7 +10,7 @@ autotuning), each net of the autotuning inside it: a later step that meets a new
 prompt, a larger micro-batch) tunes it, and with three steps one such retune would move a median by
 seconds (``autotune_time`` and ``rollout_autotune_time`` of the step log; their sums over the timed steps
 are reported). ``step_time`` excludes the probe (logged apart as ``probe_time``); ``rollout_time``
-(generation and reward scoring) is part of ``step_time``. The targets of issue 11 on an H100 are
+(generation and reward scoring) is part of ``step_time``. The targets on an H100 are
 checked and recorded: W4A4 (``mxfp4``) step <= 1.3x BF16, outlier fallback <= 1.6x, macro-block <= 1.4x.
 """
 

@@ -1,7 +1,7 @@
 """Two runs of one experiment that differ in one setting, side by side: what the setting changes in the
 operands' statistics, in the pathway matrix and in the recovery rows.
 
-Written for the heavy-tail knob (``embedded-large`` against ``embedded-large-outliers``, issue 24): the
+Written for the heavy-tail knob (``embedded-large`` against ``embedded-large-outliers``): the
 second profile's warm starts are the first's with outlier channels added, a transform that leaves the
 full-precision function bit for bit as it was. At the warm checkpoint the two pathway matrices then
 measure the same function on the same batches and prompts, and every arm's harm is paired unit by unit

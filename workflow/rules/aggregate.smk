@@ -44,3 +44,17 @@ rule claims:
     shell:
         "{MXFP4} claims --profile {PROFILE} --cells {input.cells} --proofs {input.proofs} "
         "--corrections {input.corrections} --pathways {input.pathways} --out {output} > {log} 2>&1"
+
+
+rule report_md:
+    """The run's results in one page: held-out accuracy, the pathway matrix's headline, the claims."""
+    input:
+        summary=f"{AGGREGATE}/summary.csv",
+        claims=str(L.claims),
+        pathways=str(L.pathways()),
+    output:
+        str(L.report),
+    log:
+        f"{LOGS}/report.log",
+    shell:
+        "{MXFP4} report --profile {PROFILE} > {log} 2>&1"

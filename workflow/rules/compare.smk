@@ -26,9 +26,11 @@ rule store_baselines:
         + [f"{BASELINES}/figures/{name}{ext}" for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
     run:
         from mxfp4.io import copy_atomic
+        from mxfp4.report.profile_report import run as write_report
 
         for src, dst in zip(input, params.stored):
             copy_atomic(src, dst)
+        write_report(PROFILE, "results", stored=True)  # the stored REPORT.md, linking the stored tables
 
 
 def compare_references():

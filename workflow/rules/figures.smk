@@ -165,3 +165,4 @@ rule figures:
         rules.figure_regime.output,
         str(L.weight_components.with_suffix(".md")),
         rules.kernel_checks.output,
+        str(L.report),
