@@ -195,7 +195,7 @@ def test_same_seed_gives_identical_metrics(results):
 
 
 def _readme_block(header: str) -> str:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     start = readme.index(header)
     return readme[start : readme.index("```", start)]
 

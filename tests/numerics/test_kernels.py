@@ -446,7 +446,7 @@ def test_every_kernel_variant_compiles_for_hopper_without_a_gpu(tmp_path):
 
     out = tmp_path / "compile.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = Path(__file__).parents[1] / "kernels" / "bench" / "inspect_sass.py"
+    script = Path(__file__).parents[2] / "kernels" / "bench" / "inspect_sass.py"
     only = ["torch.bfloat16 floor", "torch.bfloat16 ceil", "w4a16", "dot_scaled", "dequantize torch.bfloat16"]
     done = subprocess.run(
         [sys.executable, str(script), "--compile-all", "--first-config", "--out", str(out),
@@ -471,7 +471,7 @@ def test_hopper_compile_report_keeps_the_quantize_under_the_issue_budget_and_w4a
 
     out = tmp_path / "sass.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    script = Path(__file__).parents[1] / "kernels" / "bench" / "inspect_sass.py"
+    script = Path(__file__).parents[2] / "kernels" / "bench" / "inspect_sass.py"
     subprocess.run(
         [
             sys.executable,

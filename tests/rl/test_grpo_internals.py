@@ -16,7 +16,7 @@ from mxfp4.rl.grpo import MXGRPOTrainer, StepLogger
 from mxfp4.rl.models import build_tiny
 from mxfp4.rl.training import common_args
 
-CONSTRAINTS = Path(__file__).resolve().parent.parent / "constraints.txt"
+CONSTRAINTS = Path(__file__).resolve().parents[2] / "constraints.txt"
 
 
 def test_installed_trl_is_the_pinned_version():
@@ -113,7 +113,7 @@ PRIVATE_TRL = ("_generate_and_score_completions", "_get_per_token_logps_and_entr
 
 
 def test_private_trl_names_appear_only_inside_the_fenced_block():
-    package = Path(__file__).resolve().parent.parent / "mxfp4"
+    package = Path(__file__).resolve().parents[2] / "mxfp4"
     grpo = package / "rl" / "grpo.py"
     text = grpo.read_text()
     begin, end = text.index("TRL INTERNALS (begin)"), text.index("TRL INTERNALS (end)")

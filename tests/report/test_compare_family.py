@@ -17,7 +17,7 @@ from mxfp4.stats import mcnemar_diff, mcnemar_pairs_needed, n_needed
 FIRED = ("better", "worse", "higher", "lower")
 METRICS = ["gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_rollout_accuracy", "mean_entropy",
            "mean_grad_cosine", "mean_grad_rel_norm_error"]
-STORED = Path(__file__).resolve().parents[1] / "results" / "baselines" / "embedded" / "cells.csv"
+STORED = Path(__file__).resolve().parents[2] / "results" / "baselines" / "embedded" / "cells.csv"
 
 
 def _cell(model, recipe, seed, **values):

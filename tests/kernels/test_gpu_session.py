@@ -1,0 +1,246 @@
+"""The GPU session's scripts, rehearsed on CPU: the benchmarks' output, the session's steps and what it
+brings back, the collector, and the stats patch the device times."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mxfp4.config.profiles import load_profile
+
+
+def _kernels_script(name: str):
+    """A script of kernels/bench/ or kernels/gpu/ (not packages) as a module."""
+    import importlib.util
+
+    kernels = Path(__file__).resolve().parents[2] / "kernels"
+    [path] = [p for p in (kernels / "bench" / f"{name}.py", kernels / "gpu" / f"{name}.py") if p.is_file()]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+def _smoke_cell(results, recipe, step_times, peak=None, log=None, autotune=None):
+    """A finished gpu-smoke-quick cell (rollout_time half of each step_time), or only the log of one that died;
+    ``autotune``: per step (autotune_time, rollout_autotune_time, autotune_keys) as StepLogger logs them."""
+    from mxfp4.layout import TRAIN_LOG, Layout
+
+    layout = Layout(results, "gpu-smoke-quick")
+    if log is not None:  # a cell that died before its metrics: only its log
+        layout.cell_log("qwen2.5-3b-random", recipe, 0).parent.mkdir(parents=True, exist_ok=True)
+        layout.cell_log("qwen2.5-3b-random", recipe, 0).write_text(log)
+        return
+    cell = layout.cell("qwen2.5-3b-random", recipe, 0)
+    cell.mkdir(parents=True)
+    (cell / "metrics.json").write_text(json.dumps({"steps": len(step_times), "device": "NVIDIA H100 80GB HBM3",
+                                                   "versions": {"torch": "2.11.0"}}))
+    tuned = [dict(zip(("autotune_time", "rollout_autotune_time", "autotune_keys"), t)) for t in autotune or []]
+    (cell / TRAIN_LOG).write_text("".join(json.dumps({"step": i + 1, "step_time": s, "rollout_time": s / 2,
+                                                      "peak_memory_gib": peak,
+                                                      "peak_reserved_gib": None if peak is None else peak + i,
+                                                      **(tuned[i] if tuned else {})}) + "\n"
+                                          for i, s in enumerate(step_times)))
+
+def _session_env(out: Path, work: Path, wheels: Path, **extra: str) -> dict:
+    """The environment of a kernels/gpu/gpu_session.sh run here: this Python first on PATH (python3 there),
+    ``wheels`` as the carried bundle, a deadline that leaves the step room."""
+    import os
+
+    return {**os.environ, "OUT": str(out), "WORK": str(work), "DEADLINE_S": "120", "WHEELS": str(wheels),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **extra}
+
+
+def test_the_moe_bench_times_the_unquantized_grouped_and_per_expert_paths_and_writes_as_it_goes(tmp_path):
+    bench = _kernels_script("bench_moe")
+    bench.CASES = {"tiny": (8, 2, 64, 32, 1, 64)}  # the smallest case: this checks the report, not speed
+    out = tmp_path / "moe.json"
+    assert bench.main(["--out", str(out), "--reps", "1", "--device", "cpu", "--compute", "bfloat16"]) == 0
+    report = json.loads(out.read_text())
+    row = report["rows"][0]
+    paths = {"bf16", "grouped", "per-expert loop"}
+    assert report["complete"] and set(row["seconds_fwd_bwd"]) == set(row["seconds_generate"]) == paths
+    assert row["grouped_over_bf16"] > 0 and row["generate_grouped_over_bf16"] > 0
+    assert "compute bfloat16" in report["method"] and row["weight_cache"] is True and row["decode_tokens"] == 64
+
+
+def test_bench_calls_of_one_device_merge_with_every_target_met_or_missed(tmp_path):
+    bench = _kernels_script("bench_kernels")
+
+    def memory(path, axis, fraction, shape=(8192, 4096)):
+        return {"kind": "memory", "path": path, "shape": list(shape), "axis": axis, "seconds": 1.0,
+                "fraction": fraction}
+
+    def call(rows, **over):
+        return {"device": "NVIDIA H100 80GB HBM3", "versions": {"torch": "2.11.0", "triton": "3.6.0"},
+                "method": "CUDA graphs", "command": "python kernels/bench/bench_kernels.py", "rows": rows, "ratios": {},
+                **over}
+
+    one = call([memory("triton quantize", -1, 0.86), memory("triton quantize", 0, 0.84),
+                memory("triton fake_quantize_with_stats", -1, 0.5), memory("triton fake_quantize", "both", 0.9)])
+    two = call([{"kind": "gemm", "path": "w4a16_matmul (auto: fused at M<=64, else dequantize + cuBLAS)",
+                 "shape": [64, 2048, 2048], "seconds": 1.0, "speedup_vs_cublas_bf16": 2.6},
+                {"kind": "gemm", "path": "w4a16_matmul (auto: fused at M<=64, else dequantize + cuBLAS)",
+                 "shape": [8192, 2048, 2048], "seconds": 1.0, "speedup_vs_cublas_bf16": 0.9}], partial=True)
+    merged = bench.merge([one, two], ["a.json", "b.json"])
+    assert [(t["target"], t["shape"], t["met"]) for t in merged["targets"]] == [
+        ("triton quantize (axis -1) / copy bandwidth", [8192, 4096], True),
+        ("triton quantize (axis 0) / copy bandwidth", [8192, 4096], False),
+        ("W4A16 decode / cuBLAS bf16", [64, 2048, 2048], True)]  # prefill (M = 8192) has no such target
+    assert [r["call"] for r in merged["rows"]] == [0, 0, 0, 0, 1, 1] and merged["partial"] is True
+    with pytest.raises(ValueError, match="differ in device"):
+        bench.merge([one, call([], device="NVIDIA H200")], ["a.json", "c.json"])
+
+
+def test_a_session_over_the_device_tools_file_limit_still_brings_back_its_reports_and_logs(tmp_path):
+    """Past 16 MiB packed, session.tgz keeps the reports and logs only: the tests step's JUnit XML, the
+    steps' stdout and stderr and the device's CSV among them (kernels/gpu/collect_gpu_session.py reads them)."""
+    import os
+    import subprocess
+    import tarfile
+
+    root = Path(__file__).resolve().parents[2]
+    out, work = tmp_path / "out", tmp_path / "work"
+    work.mkdir()
+    (work / "activations.dat").write_bytes(os.urandom(16 << 20))   # incompressible, over the limit alone
+    (work / "tests_gpu.xml").write_text("<testsuites/>")
+    env = _session_env(out, work, wheels=tmp_path)
+    subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack"], cwd=root, env=env, capture_output=True, text=True,
+                   timeout=300, check=True)
+    assert (out / "session.tgz").stat().st_size < 16 << 20
+    with tarfile.open(out / "session.tgz") as archive:
+        names = {Path(n).name for n in archive.getnames()}
+    assert {"tests_gpu.xml", "stack.out", "stack.err", "stack.json", "steps.tsv"} <= names
+    assert "activations.dat" not in names
+
+
+def test_a_sessions_calls_are_collected_into_the_gpu_files_with_every_target_met_or_missed(tmp_path):
+    """Three calls' $OUT as the device tool brings them back: two dense halves with the MoE slice on an H100, the
+    kernel call on an H200 (the tool starts one where no H100 opens). Each device keeps its own files; a recipe
+    that died, or was not run, misses its target with no number instead of vanishing from the list."""
+    import subprocess
+    import tarfile
+
+    collect = _kernels_script("collect_gpu_session")
+    root = tmp_path / "repo"
+
+    def call(name, files, cells=(), device="NVIDIA H100 80GB HBM3"):
+        out, work = tmp_path / name / "out", tmp_path / name / "work"
+        out.mkdir(parents=True)
+        work.mkdir()
+        for recipe, times in cells:   # a finished cell, or (recipe, log text) one that died
+            _smoke_cell(work / "results", recipe, *((times,) if isinstance(times, list) else ([], None, times)))
+        (work / "steps.tsv").write_text("stack\t0\t7\n")
+        with tarfile.open(out / "session.tgz", "w:gz") as tar:
+            tar.add(work, arcname=".")
+        for f, content in {"stack.json": {"device": device, "torch": "2.11.0"}, **files}.items():
+            (out / f).write_text(json.dumps(content))
+        return out
+
+    moe = {"device": "cuda: NVIDIA H100 80GB HBM3", "complete": True, "rows": [
+        {"case": "tiny-moe", "grouped_over_bf16": 3.0},
+        {"case": "qwen3-30b-a3b layers", "grouped_over_bf16": 1.4, "target_grouped_over_bf16": 1.5,
+         "meets_target": True}]}
+    memory = {"kind": "memory", "path": "triton quantize", "shape": [8192, 4096], "axis": -1, "seconds": 1.0,
+              "fraction": 0.9}
+    bench = {"device": "NVIDIA H200", "versions": {"torch": "2.11.0"}, "method": "do_bench", "rows": [memory],
+             "ratios": {}}
+    checks = {"device": "NVIDIA H100 80GB HBM3", "complete": True, "n_checks": 3, "n_failed": 1, "passed": False,
+              "matmul": {"w4a16": {"passed": True}}}
+    suite = tmp_path / "test_three.py"   # a real JUnit XML, as the tests step writes it: 1 passed, 1 failed, 1 skipped
+    suite.write_text("import pytest\ndef test_a(): pass\ndef test_b(): assert False\n"
+                     "@pytest.mark.skip\ndef test_c(): pass\n")
+    junit = tmp_path / "tests_gpu.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", str(suite)],
+                   cwd=tmp_path, capture_output=True, timeout=120)
+    one = call("one", {"gpu_smoke_moe.json": moe},
+               [("bf16", [50.0, 2.0, 2.0]), ("mxfp4", [90.0, 2.4, 2.4]), ("mxfp4+macro", "torch.OutOfMemoryError")])
+    configs = {"device": "NVIDIA H100 80GB HBM3", "complete": True, "n_checks": 132, "n_failed": 0, "n_skipped": 2,
+               "passed": True, "matmul": {}}
+    two = call("two", {"checks.json": checks, "checks_configs.json": configs},
+               [("bf16", [50.0, 4.0, 4.0]), ("mxfp4+fallback", [90.0, 7.0, 7.0])])
+    (two / "tests_gpu.xml").write_text(junit.read_text())
+    three = call("three", {"bench_memory1.json": bench}, device="NVIDIA H200")
+    got = collect.collect([one, two, three], root)
+
+    h100 = {t["target"]: (t["value"], t["met"]) for t in got["h100"]}
+    assert h100["no gpu-smoke-quick recipe fails"] == (["mxfp4+macro", "mxfp4+aqn", "mxfp4+all"], False)
+    assert h100["mxfp4 step / bf16 step"] == (pytest.approx(1.2), True)
+    assert h100["mxfp4+fallback step / bf16 step"] == (pytest.approx(1.75), False)   # against its own call's bf16
+    assert h100["mxfp4+macro step / bf16 step"] == (None, False)
+    assert h100["MoE grouped MXFP4 step / bf16 step, qwen3-30b-a3b layers"] == (1.4, True)
+    assert h100["every kernel bit-exact on the device (check_kernels.py)"] == ("2/3 checks, matmul ok", False)
+    assert h100["every autotune config checked on the device (--every-config)"] == (
+        "132/132 checks, 2 not runnable here (never picked)", True)
+    assert h100["the suite's CUDA tests pass (pytest -m gpu)"] == ("1 passed, 1 failed, 0 errors, 1 skipped", False)
+    assert [t["met"] for t in got["h200"]] == [True] and got["h200"][0]["source"] == "results/bench/bench_h200.json"
+    dense = json.loads((root / "results/gpu/gpu_smoke_dense.json").read_text())
+    assert [r["results"] for r in dense["runs"]] == ["results/gpu/calls/h100/call1/results",
+                                                     "results/gpu/calls/h100/call2/results"]
+    assert (root / "results/gpu/gpu_smoke_moe.json").is_file() and (root / "results/gpu/targets_h200.json").is_file()
+    assert (root / "results/gpu/calls/h200/call1/steps.tsv").is_file()
+    assert sorted(p.name for p in (root / "results/gpu/calls").iterdir()) == ["h100", "h200"]  # no staging left
+    with pytest.raises(FileExistsError, match="h100/call1 exists"):   # a second collection overwrites nothing
+        collect.collect([one], root)
+    with pytest.raises(FileNotFoundError, match="not a gpu_session.sh call"):
+        collect.collect([tmp_path / "one" / "work" / "results"], root)
+
+
+def test_the_stats_patch_the_device_times_applies_to_this_tree_whole(tmp_path):
+    """gpu_session.sh's stats-patch step applies kernels/gpu/patches/stats_fewer_instructions.patch, times it and
+    reverts it. The patch had stopped applying when the kernels were reformatted (two of its three hunks
+    failed, and patch(1) would have left the first one applied); now the step applies all or nothing, and
+    this holds the patch to the tree, both ways."""
+    import shutil
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    patch = root / "kernels" / "gpu" / "patches" / "stats_fewer_instructions.patch"
+    kernels = tmp_path / "mxfp4" / "numerics" / "triton_kernels.py"
+    kernels.parent.mkdir(parents=True)
+    shutil.copyfile(root / "mxfp4" / "numerics" / "triton_kernels.py", kernels)
+    original = kernels.read_text()
+    subprocess.run(["git", "apply", str(patch)], cwd=tmp_path, check=True, capture_output=True)
+    assert "_run_energy" in kernels.read_text()
+    subprocess.run(["git", "apply", "-R", str(patch)], cwd=tmp_path, check=True, capture_output=True)
+    assert kernels.read_text() == original
+
+
+def test_the_gpu_session_runs_every_gpu_smoke_recipe_each_half_against_its_own_bf16():
+    import re
+
+    script = (Path(__file__).resolve().parents[2] / "kernels" / "gpu" / "gpu_session.sh").read_text()
+    halves = [line.split() for line in re.findall(r"smoke-dense\d\) smoke_dense ([^;]+);;", script)]
+    assert len(halves) == 2 and all(half[0] == "bf16" for half in halves)
+    assert set().union(*halves) == set(load_profile("gpu-smoke-quick").recipes)
+
+
+def test_the_gpu_session_returns_what_the_device_tool_can_bring_back(tmp_path):
+    """The device tool brings back at most 8 files of $OUT, 16 MiB each, two folders deep, named in letters,
+    digits, '.', '_' and '-': the session keeps its work apart and publishes flat files and one archive."""
+    import re
+    import subprocess
+    import tarfile
+
+    root = Path(__file__).resolve().parents[2]
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = _session_env(out, work, wheels=tmp_path)
+    done = subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack", "checks"], cwd=root,
+                          env={**env, "DEADLINE_S": "1"}, capture_output=True, text=True,
+                          timeout=60)  # a deadline already past: both skipped
+    assert "step stack skipped" in done.stderr and "step checks skipped" in done.stderr
+    typo = subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack", "smoke-dense"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert typo.returncode == 2 and "unknown step 'smoke-dense'" in typo.stderr  # refused before any step runs
+    subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack"], cwd=root, env=env, capture_output=True, text=True,
+                   timeout=300, check=True)
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["session.tgz", "stack.json", "steps.tsv"] and all(p.is_file() for p in out.iterdir())
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+", name) for name in files)
+    assert json.loads((out / "stack.json").read_text())["torch"] == torch.__version__
+    with tarfile.open(out / "session.tgz") as archive:
+        assert {"./stack_requirements.json", "./stack.err", "./steps.tsv"} <= set(archive.getnames())
+    steps = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()]
+    assert [s[:2] for s in steps] == [["stack", "skipped"], ["checks", "skipped"], ["stack", "0"]]

@@ -1,0 +1,62 @@
+"""REPORT.md of a profile: its numbers against the per-cell values they summarise, its verdict counts
+against a claims table of known verdicts, and a clear error where the run has not aggregated."""
+
+import csv
+import statistics
+from pathlib import Path
+
+import pytest
+
+from mxfp4.report.profile_report import accuracy_table, claims_summary, run
+
+STORED = Path(__file__).resolve().parents[2] / "results" / "baselines" / "embedded"
+
+
+def _table(text: str) -> list[dict]:
+    lines = [ln for ln in text.splitlines() if ln.startswith("| ")]
+    header = [h.strip() for h in lines[0].strip("|").split("|")]
+    return [dict(zip(header, (c.strip() for c in ln.strip("|").split("|")))) for ln in lines[2:]]
+
+
+def test_the_accuracy_table_is_the_mean_over_each_recipes_cells():
+    """Before, after and unquantized accuracy equal the mean of the stored cells' values (cells.csv, one
+    row per seed), to the table's three decimals; the RL gain carries its interval and its n."""
+    cells = list(csv.DictReader((STORED / "cells.csv").open()))
+    text = accuracy_table(STORED / "summary.csv")
+    rows = _table(text)
+    assert {(r["model"], r["recipe"]) for r in rows} == {(c["model"], c["recipe"]) for c in cells}
+    for r in rows:
+        mine = [c for c in cells if (c["model"], c["recipe"]) == (r["model"], r["recipe"])]
+        for key, header in (("gsm8k_strict_accuracy_before", "before RL"), ("gsm8k_strict_accuracy", "after RL"),
+                            ("gsm8k_strict_accuracy_unquantized", "after RL, unquantized")):
+            assert float(r[header]) == pytest.approx(statistics.mean(float(c[key]) for c in mine), abs=5.01e-4)
+        gain, interval = r["RL gain [95% CI]"].split(" [")
+        low, high = (float(x) for x in interval.rstrip("]").split(", "))
+        assert low < float(gain) < high
+    assert "n = 1200" in text and f"mean over {len(cells) // len(rows)} seed(s)" in text
+
+
+def test_the_claims_summary_counts_each_verdict_and_lists_the_rows_that_resolved(tmp_path):
+    header = "| claim | model | value | verdict |\n| --- | --- | --- | --- |\n"
+    rows = [("A", "held"), ("B", "held"), ("C", "contradicted"), ("D", "not shown"), ("E", "not shown"),
+            ("F", "not shown"), ("G", "by construction")]
+    claims = tmp_path / "claims.md"
+    claims.write_text("# Claims\n\nprose | with a bar\n\n" + header
+                      + "".join(f"| {c} | m | +0.1 | {v} |\n" for c, v in rows))
+    text = claims_summary(claims)
+    assert text.startswith("7 rows (by construction: 1, contradicted: 1, held: 2, not shown: 3).")
+    resolved = _table(text.split("Rows that resolved:")[1])
+    assert [r["claim"] for r in resolved] == ["A", "B", "C"]
+
+
+def test_a_run_without_its_aggregate_is_refused_with_the_step_that_makes_it(tmp_path):
+    with pytest.raises(ValueError, match=r"summary.csv is missing: run the profile's aggregate step"):
+        run("embedded", tmp_path)
+
+
+def test_the_stored_reports_are_the_ones_their_baselines_make(tmp_path):
+    """Each committed REPORT.md is what ``mxfp4 report --stored`` writes from the stored tables beside it."""
+    for folder in sorted(STORED.parent.iterdir()):
+        if (folder / "summary.csv").is_file():
+            out = run(folder.name, STORED.parents[1], tmp_path / f"{folder.name}.md", stored=True)
+            assert out.read_text() == (folder / "REPORT.md").read_text(), folder.name
