@@ -17,7 +17,7 @@ from mxfp4.machine import pin_cpu_numerics
 pin_cpu_numerics()  # before torch loads, here and in every rule's process (mxfp4/machine.py)
 
 from mxfp4.config.profiles import load_profile
-from mxfp4.layout import REFERENCE_RECIPE, TRAIN_LOG, Layout
+from mxfp4.layout import GPU_SMOKE_DENSE, METRICS, REFERENCE_RECIPE, TRAIN_LOG, Layout
 
 configfile: "experiments/config.yaml"
 validate(config, "workflow/schemas/config.schema.yaml")
@@ -33,11 +33,6 @@ PYTHON = sys.executable
 PROFILE = config.get("profile", "embedded")
 P = load_profile(PROFILE)
 L = Layout("results", PROFILE)  # every path of the run (mxfp4/layout.py)
-LOGS = str(L.logs)
-AGGREGATE = str(L.aggregate)
-KERNELS = str(L.kernels)
-FIGURES = str(L.figures)
-BASELINES = str(L.baselines)
 MODELS = list(P.models)
 TINY_MODELS = P.tiny_models()
 RECIPES = list(P.recipes)
@@ -45,7 +40,7 @@ SEEDS = list(P.seeds)
 COMPARE_RECIPE = config.get("compare_recipe", "mxfp4+all")
 
 
-def cell_path(model, recipe, seed, leaf="metrics.json"):
+def cell_path(model, recipe, seed, leaf=METRICS):
     return str(L.cell(model, recipe, seed) / leaf)
 
 
@@ -54,7 +49,7 @@ def model_path(model):
 
 
 ALL_CELLS = [cell_path(m, r, s) for m in MODELS for r in RECIPES for s in SEEDS]
-ALL_EVALS = [cell_path(m, r, s, "eval/results.json") for m in MODELS for r in RECIPES for s in SEEDS]
+ALL_EVALS = [str(L.evaluation(m, r, s)) for m in MODELS for r in RECIPES for s in SEEDS]
 
 include: "workflow/rules/kernels.smk"
 include: "workflow/rules/proofs.smk"

@@ -175,7 +175,7 @@ def _cmd_plot(args) -> int:
 def _cmd_aggregate(args) -> int:
     from .report.aggregate import aggregate
 
-    counts = aggregate(args.results, args.profile, args.out or Layout(args.results, args.profile).aggregate)
+    counts = aggregate(args.layout, args.out)
     print(f"aggregated {counts['cells']} cells, {counts['steps']} steps")
     return 0
 
@@ -183,9 +183,9 @@ def _cmd_aggregate(args) -> int:
 def _cmd_claims(args) -> int:
     from .report.claims import run_claims
 
-    layout = Layout(args.results, args.profile)
+    layout = args.layout
     inputs = {
-        "cells": args.cells or layout.aggregate / "cells.csv",
+        "cells": args.cells or layout.table("cells"),
         "proofs": args.proofs or layout.proofs,
         "corrections": args.corrections or layout.corrections,
     }
@@ -213,16 +213,15 @@ def _cmd_claims(args) -> int:
 def _cmd_report(args) -> int:
     from .report.profile_report import run
 
-    print(run(args.profile, args.results, args.out, stored=args.stored))
+    print(run(args.layout, args.out, stored=args.stored))
     return 0
 
 
 def _cmd_compare(args) -> int:
     from .report.compare import answer_line, run_compare
 
-    baselines = args.baselines or Layout(args.results, args.profile).baselines / "cells.csv"
-    rows = run_compare(args.results, args.profile, args.recipe, baselines, args.out, args.figure, args.reproduction,
-                       args.adjust)
+    baselines = args.baselines or args.layout.stored(args.layout.table("cells"))
+    rows = run_compare(args.layout, args.recipe, baselines, args.out, args.figure, args.reproduction, args.adjust)
     print(answer_line(rows, args.recipe))
     return 0
 
@@ -230,8 +229,9 @@ def _cmd_compare(args) -> int:
 def _cmd_profile_contrast(args) -> int:
     from .report.profile_contrast import run_profile_contrast
 
-    out = args.out or Layout(args.results, args.b).contrast(args.a)
-    rows = run_profile_contrast(args.results, args.a, args.b, out)
+    la, lb = Layout(args.results, args.a), Layout(args.results, args.b)
+    out = args.out or lb.contrast(args.a)
+    rows = run_profile_contrast(la, lb, out)
     tested = [r for r in rows if r.get("p_holm") is not None]
     print(f"wrote {out} and its .csv: {len(rows)} rows, {len(tested)} tested (Holm), "
           f"{sum(r['p_holm'] < 0.05 for r in tested)} differ")
@@ -247,8 +247,8 @@ def _cmd_reproduction(args) -> int:
         if len(parts) != 3 or not parts[2].startswith("seed") or not parts[2][4:].isdigit():
             raise ValueError(f"--cell {cell!r}; accepted: MODEL/RECIPE/seedN")
         cells.append((parts[0], parts[1], int(parts[2][4:])))
-    baselines = args.baselines or Layout(args.results, args.profile).baselines / "cells.csv"
-    check = check_reproduction(args.results, args.profile, baselines, cells)
+    baselines = args.baselines or args.layout.stored(args.layout.table("cells"))
+    check = check_reproduction(args.layout, baselines, cells)
     write_json_atomic(writable(args.out), check)
     for c in check["cells"]:
         print(f"{c['cell']}: {len(c['differing'])} of {c['compared']} values differ from the stored row")
@@ -277,17 +277,16 @@ def _cmd_corrections_table(args) -> int:
 
 
 def _cmd_pretrain(args) -> int:
-    from .config.profiles import load_profile
     from .rl.models import TINY_LAYERS
     from .rl.pretrain import pretrain
 
-    profile = load_profile(args.profile)
+    profile = _profile(args)
     spec = profile.model(args.model)
     if not spec.arch:
         raise ValueError(
             f"{args.model!r} is a hub model, not a tiny stand-in; accepted: {', '.join(profile.tiny_models())}"
         )
-    out = Path(args.out) if args.out else Layout(args.results, args.profile).model(args.model)
+    out = Path(args.out) if args.out else args.layout.model(args.model)
     meta = pretrain(spec.arch, out, max_steps_per_problem=profile.data.max_problem_steps,
                     layers=spec.layers or TINY_LAYERS, **profile.pretrain.model_dump())
     print(json.dumps(meta, indent=2))
@@ -297,7 +296,7 @@ def _cmd_pretrain(args) -> int:
 def _cmd_cell(args) -> int:
     from .rl.cell import run_cell
 
-    m = run_cell(args.profile, args.model, args.recipe, args.seed, results=args.results, recipes_file=args.recipes)
+    m = run_cell(_profile(args), args.model, args.recipe, args.seed, results=args.results, recipes_file=args.recipes)
     if m is None:  # a rank other than the main process of a multi-process cell: the main one reports
         return 0
     print(
@@ -322,7 +321,7 @@ def _cmd_cell(args) -> int:
 def _cmd_memory_plan(args) -> int:
     from .analysis.memory_plan import write_plan
 
-    report = write_plan(args.profile, args.out, args.model, args.recipes, args.layers, args.device)
+    report = write_plan(_profile(args), args.out, args.model, args.recipes, args.layers, args.device)
     peaks = {r: round(v["peak_gib"], 1) for r, v in report["recipes"].items()}
     print(f"peak GiB {json.dumps(peaks)} of {report['limit_gib']} ({args.out})")
     return 0 if all(r["fits"] for r in report["recipes"].values()) else 1
@@ -346,11 +345,10 @@ def _cmd_gpu_smoke_report(args) -> int:
 
 
 def _cmd_probe_batch(args) -> int:
-    from .config.profiles import load_profile
     from .rl.grpo import batch_digest
     from .rl.probe_batch import ensure_probe_batch, load_probe_batch
 
-    profile = load_profile(args.profile)
+    profile = _profile(args)
     if args.seed < 0:
         raise ValueError(f"--seed must be an integer >= 0, got {args.seed}")
     path = ensure_probe_batch(profile, args.model, args.seed, args.results)
@@ -361,11 +359,11 @@ def _cmd_probe_batch(args) -> int:
 def _cmd_pathways(args) -> int:
     from .analysis.pathways import run_pathways
 
-    layout = Layout(args.results, args.profile)
+    layout = args.layout
     out = args.out or layout.pathways(args.model, args.checkpoint)
     units = args.units or (layout.pathway_units(args.model, args.checkpoint) if args.checkpoint else None)
     rows = run_pathways(
-        args.profile,
+        _profile(args),
         args.model,
         results=args.results,
         out_csv=out,
@@ -390,16 +388,23 @@ def _write_table(rows: list[dict], out: Path, markdown: str) -> int:
 def _cmd_weight_components(args) -> int:
     from .analysis.weight_components import run_weight_components, summary_markdown
 
-    rows = run_weight_components(args.profile, args.results)
-    return _write_table(rows, Path(args.out or Layout(args.results, args.profile).weight_components),
+    rows = run_weight_components(_profile(args), args.results)
+    return _write_table(rows, Path(args.out or args.layout.weight_components),
                         summary_markdown(rows))
 
 
 def _cmd_regime(args) -> int:
     from .analysis.regime import run_regime, summary_markdown
 
-    rows = run_regime(args.profile, args.results, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    return _write_table(rows, Path(args.out or Layout(args.results, args.profile).regime), summary_markdown(rows))
+    rows = run_regime(_profile(args), args.results, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    return _write_table(rows, Path(args.out or args.layout.regime), summary_markdown(rows))
+
+
+def _profile(args):
+    """The command's profile, loaded and validated once (every layer below takes the ``Profile``)."""
+    from .config.profiles import load_profile
+
+    return load_profile(args.profile)
 
 
 def _profile_args(p) -> None:
@@ -582,7 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plot", help="draw a figure from result files")
     p.add_argument("figure", choices=list(PLOTS), help="; ".join(f"{k}: {v[1]}" for k, v in PLOTS.items()))
     p.add_argument("input", help="the figure's input file")
-    p.add_argument("--out", required=True, help="output path without suffix; writes .png and .pdf")
+    p.add_argument("--out", required=True, help="output path (a suffix is replaced): writes .png and .pdf")
     p.set_defaults(func=_cmd_plot)
     return parser
 
@@ -606,6 +611,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(int(threads))
     if args.command in MODEL_COMMANDS:
         hide_torchao_from_transformers()
+    if isinstance(getattr(args, "results", None), str) and isinstance(getattr(args, "profile", None), str):
+        args.layout = Layout(args.results, args.profile)  # every path of the command's run
     try:
         return args.func(args)
     except ValueError as err:  # bad input: say what was wrong, no traceback

@@ -12,13 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REFERENCE_RECIPE = "bf16"
+METRICS = "metrics.json"  # a finished cell's record, written last: its presence marks the cell complete
 TRAIN_LOG = "train_log.jsonl"  # in each cell's folder, and in each of its checkpoints
 # lm-eval's output in each cell's folder, per evaluation: the warm start under the recipe's quantization
 # (before RL), the trained policy under it (after; ``eval/``), and the trained weights
 # in full precision (unquantized; a full-precision recipe's "after" is already that, and it has none)
 EVAL_FOLDERS = {"before": "eval_before", "after": "eval", "unquantized": "eval_unquantized"}
+EVAL_RESULTS = "results.json"  # lm-eval's aggregate scores in each evaluation folder
 GPU_RESULTS = Path("results/gpu")
 BENCH_RESULTS = Path("results/bench")
+GPU_SMOKE_DENSE = GPU_RESULTS / "gpu_smoke_dense.json"
+# The aggregate tables of a run (``aggregate/``), stored under the same names with the baselines
+TABLES = {"cells": "cells.csv", "steps": "steps.csv", "summary": "summary.csv", "items": "items.csv"}
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,18 @@ class Layout:
     def cells(self) -> Path:
         return self.root / "cells"
 
+    def metrics(self, model: str, recipe: str, seed: int | str) -> Path:
+        """A cell's ``metrics.json``: the file that says the cell finished."""
+        return self.cell(model, recipe, seed) / METRICS
+
+    def evaluation(self, model: str, recipe: str, seed: int | str, stage: str = "after") -> Path:
+        """lm-eval's results of one evaluation of a cell (``EVAL_FOLDERS``: before, after, unquantized)."""
+        return self.cell(model, recipe, seed) / EVAL_FOLDERS[stage] / EVAL_RESULTS
+
+    def finished_cells(self) -> list[Path]:
+        """The ``metrics.json`` of every finished cell of the run, sorted (model, recipe, seed folder)."""
+        return sorted(self.cells.glob(f"*/*/seed*/{METRICS}"))
+
     def policy(self, model: str, seed: int | str) -> Path:
         """The reference cell's policy after GRPO (the pathway matrix's second checkpoint)."""
         return self.cell(model, REFERENCE_RECIPE, seed) / "policy"
@@ -66,9 +83,17 @@ class Layout:
     def logs(self) -> Path:
         return self.root / "logs"
 
+    def log(self, name: str) -> Path:
+        """The log of one rule's job (``name`` may hold Snakemake wildcards)."""
+        return self.logs / f"{name}.log"
+
     @property
     def aggregate(self) -> Path:
         return self.root / "aggregate"
+
+    def table(self, name: str) -> Path:
+        """One aggregate table of the run (``TABLES``: cells, steps, summary, items)."""
+        return self.aggregate / TABLES[name]
 
     @property
     def proofs(self) -> Path:
@@ -82,6 +107,14 @@ class Layout:
     @property
     def kernels(self) -> Path:
         return self.root / "kernels"
+
+    @property
+    def kernel_checks(self) -> Path:
+        return self.kernels / "checks.json"
+
+    @property
+    def kernel_bench(self) -> Path:
+        return self.kernels / "bench.json"
 
     def pathways(self, model: str | None = None, checkpoint: str | None = None) -> Path:
         """One model's pathway rows at one checkpoint (``warm``, ``grpo``), every checkpoint's (no
@@ -126,7 +159,21 @@ class Layout:
         """The stored baselines of this profile (committed)."""
         return Path(self.results) / "baselines" / self.profile
 
+    def stored(self, path: Path) -> Path:
+        """Where the stored baselines keep one of the run's files (``path``, a file of this layout): the
+        aggregate tables, claims, pathway and regime tables side by side, figures under ``figures/``, the
+        profile contrasts under ``contrast/``."""
+        path = Path(path)
+        if path.parent == self.figures:
+            return self.baselines / "figures" / path.name
+        relative = path.relative_to(self.root)
+        flat = len(relative.parts) == 1 or relative.parts[0] in ("aggregate", "pathways")
+        return self.baselines / (path.name if flat else relative)
+
     @property
     def figures(self) -> Path:
         """The figures this run draws (``figures/<profile>/``, beside ``results/``)."""
         return Path(self.results).parent / "figures" / self.profile
+
+    def figure(self, name: str, suffix: str = ".png") -> Path:
+        return self.figures / f"{name}{suffix}"

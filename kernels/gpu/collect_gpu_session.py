@@ -80,7 +80,7 @@ def call_device(folder: Path) -> str:
         device = (_json(folder / name) or {}).get("device")
         if device:
             return device.removeprefix("cuda: ")
-    for metrics in sorted(Layout(folder / "results", SMOKE_PROFILE).cells.glob("*/*/*/metrics.json")):
+    for metrics in Layout(folder / "results", SMOKE_PROFILE).finished_cells():
         device = _json(metrics).get("device")
         if device:
             return device

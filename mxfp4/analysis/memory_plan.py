@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from ..config.profiles import load_profile
+from ..config.profiles import Profile
 from ..config.recipes import Recipe
 from ..io import write_json_atomic
 from ..machine import describe
@@ -116,14 +116,12 @@ def _store(out: Path, report: dict) -> dict:
     return merged
 
 
-def write_plan(profile_name: str, out, model: str | None = None, recipes: list[str] | None = None,
+def write_plan(profile: Profile, out, model: str | None = None, recipes: list[str] | None = None,
                layers: int | None = None, device: str = "nvidia-h100-x1") -> dict:
     """The plan of every recipe (default: the profile's) for ``model`` (default: the profile's first with a
     real configuration), written to ``out`` after each recipe; returns the report."""
-
     if device not in DEVICE_LIMIT_GIB:
         raise ValueError(f"unknown device {device!r}; accepted: {', '.join(sorted(DEVICE_LIMIT_GIB))}")
-    profile = load_profile(profile_name)
     real = [n for n, s in profile.models.items() if s.config]
     name = model or (real[0] if real else None)
     if name not in real:

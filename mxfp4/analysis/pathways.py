@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ..config.profiles import Profile, load_profile
+from ..config.profiles import Profile
 from ..config.recipes import Recipe
 from ..io import write_csv_atomic
 from ..layout import Layout
@@ -473,13 +473,12 @@ def seed_problems(train: list[dict], settings, seed: int) -> tuple[list[dict], l
     return rng.sample(train[:half], half), rng.sample(train[half:], min(settings.prompts, len(train) - half))
 
 
-def run_pathways(profile_name: str | Profile, model_name: str, results="results", out_csv=None,
+def run_pathways(profile: Profile, model_name: str, results="results", out_csv=None,
                  progress=print, checkpoint: str | None = None, out_units=None) -> list[dict]:
     """The pathway matrix of one model on every seed of the profile: per checkpoint (all the profile
     names, or the one given), each seed's policy measured on its own batches and prompts, the rows
     estimated with the policy as the outer unit (``stats.nested_mean``). With ``out_units``, every
     unit's harm is written there too (``unit_rows``)."""
-    profile = profile_name if isinstance(profile_name, Profile) else load_profile(profile_name)
     settings = profile.pathways
     if settings is None:
         raise ValueError(
@@ -493,7 +492,7 @@ def run_pathways(profile_name: str | Profile, model_name: str, results="results"
         profile = profile.model_copy(update={"pathways": settings.model_copy(update={"checkpoints": [checkpoint]})})
     ckpts = checkpoints(profile, model_name, results)
     if spec.arch:
-        warm_start_folder(results, profile.name, model_name)
+        warm_start_folder(Layout(results, profile.name), model_name)
     train, _ = gsm.cell_data(profile, results)
     rows: list[dict] = []
     units: list[dict] = []

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..config import EXPERIMENTS, load_yaml
-from ..config.profiles import Profile, load_profile
+from ..config.profiles import Profile
 from ..config.recipes import Recipe
 from ..nn import gemm_weights, patch_model, patched_modules, unpatch_model
 from ..numerics.decompose import COMPONENTS, decompose
@@ -158,12 +158,10 @@ def summary_markdown(rows: list[dict]) -> str:
             + "\n".join(lit) + "\n")
 
 
-def run_regime(profile_name: str | Profile, results="results", seed: int | None = None,
+def run_regime(profile: Profile, results="results", seed: int | None = None,
                progress=lambda msg: None) -> list[dict]:
     """Rows of every model of the profile at its starting policy, on its probe batch of ``seed`` (default:
     the profile's first seed), made if missing."""
-
-    profile = load_profile(profile_name) if isinstance(profile_name, str) else profile_name
     seed = profile.seeds[0] if seed is None else seed
     out = []
     for model_name in profile.models:

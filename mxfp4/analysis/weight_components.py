@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..config.profiles import load_profile
+from ..config.profiles import Profile
 from ..config.recipes import Recipe
+from ..layout import Layout
 from ..nn import gemm_weights, patch_model, patched_modules
 from ..numerics.decompose import COMPONENTS, FORMS, PAIRS, decompose
 from ..rl.models import load, warm_start_folder
@@ -95,13 +96,11 @@ def summary_markdown(rows: list[dict]) -> str:
             "mxfp4).\n\n" + "\n".join(out) + "\n")
 
 
-def run_weight_components(profile_name: str, results="results") -> list[dict]:
+def run_weight_components(profile: Profile, results="results") -> list[dict]:
     """Rows of every tiny warm-started model (or hub model) of the profile."""
-
-    profile = load_profile(profile_name)
     rows = []
     for model_name, spec in profile.models.items():
-        path = warm_start_folder(results, profile_name, model_name) if spec.arch else spec.hub
+        path = warm_start_folder(Layout(results, profile.name), model_name) if spec.arch else spec.hub
         model, _ = load(str(path), dtype=torch.float32)
         rows += tensor_rows(model, model_name)
     return rows

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..io import atomic_path
-from ..layout import EVAL_FOLDERS, TRAIN_LOG, Layout
+from ..layout import EVAL_FOLDERS, TABLES, TRAIN_LOG, Layout
 from ..stats import crossed_mean, mean_ci
 
 CELL_METRICS = [
@@ -35,13 +35,13 @@ STEP_KEYS = {
 }
 
 
-def read_cells(results: Path | str, profile: str) -> tuple[list[dict], list[dict]]:
-    """(one row per cell, one row per cell-step) from every metrics.json and train_log.jsonl."""
+def read_cells(layout: Layout) -> tuple[list[dict], list[dict]]:
+    """(one row per cell, one row per cell-step) of a run, from every finished cell's metrics.json and
+    train_log.jsonl."""
     cells, steps = [], []
-    root = Layout(results, profile).cells
-    for metrics in sorted(root.glob("*/*/seed*/metrics.json")):
+    for metrics in layout.finished_cells():
         m = json.loads(metrics.read_text())
-        row = {"profile": profile, "model": m["model"], "recipe": m["recipe"], "seed": m["seed"]}
+        row = {"profile": layout.profile, "model": m["model"], "recipe": m["recipe"], "seed": m["seed"]}
         row.update({k: m.get(k) for k in CELL_METRICS})
         w = m.get("decomposition_weights") or {}
         row.update({f"weight_{k}": w.get(k) for k in WEIGHT_KEYS})
@@ -70,14 +70,13 @@ def read_cells(results: Path | str, profile: str) -> tuple[list[dict], list[dict
     return cells, steps
 
 
-def read_items(results: Path | str, profile: str) -> list[dict]:
+def read_items(layout: Layout) -> list[dict]:
     """One row per (cell, GSM8K problem) from lm-eval's per-sample output: strict and flexible
     correctness after RL, with lm-eval's ``doc_id`` and ``doc_hash`` (two runs pair a problem on both),
     and, where the cell evaluated them, strict correctness before RL (``strict_before``) and of the
     trained weights unquantized (``strict_unquantized``), paired on the same doc hash."""
     items = []
-    root = Layout(results, profile).cells
-    for metrics in sorted(root.glob("*/*/seed*/metrics.json")):
+    for metrics in layout.finished_cells():
         m = json.loads(metrics.read_text())
         by_doc: dict[int, dict] = {}
         for stage, folder in EVAL_FOLDERS.items():
@@ -150,15 +149,17 @@ def read_csv(path: Path | str) -> list[dict]:
     return df.astype(object).where(df.notna(), None).to_dict("records")
 
 
-def aggregate(results: Path | str, profile: str, out: Path | str) -> dict:
-    cells, steps = read_cells(results, profile)
+def aggregate(layout: Layout, out: Path | str | None = None) -> dict:
+    """The run's aggregate tables (``layout.table``), written to ``out`` (default: the run's aggregate
+    folder) under their own names."""
+    cells, steps = read_cells(layout)
     if not cells:
-        raise ValueError(f"no finished cells under {Path(results) / profile / 'cells'}")
-    out = Path(out)
-    write_csv(cells, out / "cells.csv")
-    write_csv(steps, out / "steps.csv")
-    items = read_items(results, profile)
-    write_csv(summarize(cells) + rl_gain_rows(items), out / "summary.csv")
+        raise ValueError(f"no finished cells under {layout.cells}")
+    out = layout.aggregate if out is None else Path(out)
+    write_csv(cells, out / TABLES["cells"])
+    write_csv(steps, out / TABLES["steps"])
+    items = read_items(layout)
+    write_csv(summarize(cells) + rl_gain_rows(items), out / TABLES["summary"])
     if items:
-        write_csv(items, out / "items.csv")
+        write_csv(items, out / TABLES["items"])
     return {"cells": len(cells), "steps": len(steps), "items": len(items)}

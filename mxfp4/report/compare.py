@@ -33,7 +33,7 @@ from statsmodels.stats.multitest import multipletests
 
 from ..config.recipes import recipe_base
 from ..io import write_text_atomic
-from ..layout import REFERENCE_RECIPE
+from ..layout import REFERENCE_RECIPE, TABLES, Layout
 from ..stats import (
     ALPHA,
     HIGHER_IS_BETTER,
@@ -348,10 +348,10 @@ def reproduction(rerun: dict, stored: list[dict]) -> dict:
             "machine_stored": {k: row.get(k) for k in MACHINE_COLUMNS}}
 
 
-def check_reproduction(results, profile: str, baselines_csv, cells: list[tuple[str, str, int]]) -> dict:
+def check_reproduction(layout: Layout, baselines_csv, cells: list[tuple[str, str, int]]) -> dict:
     """Rerun-here check: this run's ``cells`` (model, recipe, seed) against their stored rows; the
     stored baselines reproduce only if every one of them does."""
-    mine, _ = read_cells(results, profile)
+    mine, _ = read_cells(layout)
     stored = read_csv(baselines_csv)
     checks = []
     for model, recipe, seed in cells:
@@ -381,7 +381,7 @@ def primary_references(recipe: str) -> list[str]:
     return [r for r in dict.fromkeys([recipe_base(recipe), REFERENCE_RECIPE]) if r is not None and r != recipe]
 
 
-def run_compare(results, profile: str, recipe: str, baselines_csv, out_md, figure_stem=None,
+def run_compare(layout: Layout, recipe: str, baselines_csv, out_md, figure_stem=None,
                 reproduction_json=None, adjust: str = "holm") -> list[dict]:
     """The report of ``recipe``'s cells against references: the stored baselines when
     ``reproduction_json`` (from ``check_reproduction``) says they reproduce here, or when no check is
@@ -389,11 +389,11 @@ def run_compare(results, profile: str, recipe: str, baselines_csv, out_md, figur
     the family's multiplicity adjustment (``ADJUSTMENTS``)."""
     if adjust not in ADJUSTMENTS:
         raise ValueError(f"adjust={adjust!r}; accepted: {', '.join(ADJUSTMENTS)}")
-    cells = with_time_ratio(read_cells(results, profile)[0])
-    items = read_items(results, profile)
+    cells = with_time_ratio(read_cells(layout)[0])
+    items = read_items(layout)
     new = [c for c in cells if c["recipe"] == recipe]
     if not new:
-        raise ValueError(f"no finished cells of recipe {recipe!r} in profile {profile!r}; run them first")
+        raise ValueError(f"no finished cells of recipe {recipe!r} in profile {layout.profile!r}; run them first")
     check = None if reproduction_json is None else json.loads(Path(reproduction_json).read_text())
     if check is not None and not check["reproduces"]:
         baselines = [c for c in cells if c["recipe"] != recipe]
@@ -403,7 +403,7 @@ def run_compare(results, profile: str, recipe: str, baselines_csv, out_md, figur
         note = references_note(check, sorted({b["recipe"] for b in baselines}))
     else:
         baselines = with_time_ratio(read_csv(baselines_csv))
-        items_csv = Path(baselines_csv).with_name("items.csv")
+        items_csv = Path(baselines_csv).with_name(TABLES["items"])
         base_items = read_csv(items_csv) if items_csv.exists() else []
         note = references_note(check, []) if check is not None else (
             "References: the stored baselines, unchecked on this machine (no reproduction check given): "

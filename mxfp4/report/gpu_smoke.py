@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..config.profiles import load_profile
 from ..io import write_json_atomic
-from ..layout import REFERENCE_RECIPE, TRAIN_LOG, Layout
+from ..layout import METRICS, REFERENCE_RECIPE, TRAIN_LOG, Layout
 
 TARGETS = {"mxfp4": 1.3, "mxfp4+fallback": 1.6, "mxfp4+macro": 1.4}
 
@@ -42,7 +42,7 @@ def _most(rows: list[dict], key: str) -> float | None:
 
 def recipe_record(cell: Path, log: Path | None) -> dict:
     """What one cell measured, or why it has no metrics."""
-    metrics = cell / "metrics.json"
+    metrics = cell / METRICS
     if not metrics.exists():
         tail = log.read_text()[-2000:] if log is not None and log.exists() else "no log"
         return {"status": "failed", "log_tail": tail}
@@ -61,10 +61,9 @@ def recipe_record(cell: Path, log: Path | None) -> dict:
             "mean_mismatch_kl": m.get("mean_mismatch_kl"), "device": m.get("device")}
 
 
-def run_records(results: Path | str, profile: str, model: str, recipes: list[str], seed: int = 0) -> dict:
+def run_records(layout: Layout, model: str, recipes: list[str], seed: int = 0) -> dict:
     """The recipes run under one results folder (one device call), each timed against that run's bf16 cell;
     a recipe with neither a cell nor a log was not run there and is left out."""
-    layout = Layout(results, profile)
     per = {r: recipe_record(layout.cell(model, r, seed), layout.cell_log(model, r, seed)) for r in recipes
            if layout.cell(model, r, seed).exists() or layout.cell_log(model, r, seed).exists()}
     base = per.get(REFERENCE_RECIPE, {})
@@ -87,7 +86,8 @@ def report(runs: list[Path | str], profile: str, model: str, recipes: list[str],
     each measured one."""
     if not runs:
         raise ValueError("the GPU smoke report needs at least one results folder")
-    per_run = [run_records(results, profile, model, recipes, seed) for results in runs]
+    layouts = [Layout(results, profile) for results in runs]
+    per_run = [run_records(layout, model, recipes, seed) for layout in layouts]
     merged: dict[str, dict] = {}
     for index, per in enumerate(per_run):
         for name, rec in per.items():
@@ -104,8 +104,7 @@ def report(runs: list[Path | str], profile: str, model: str, recipes: list[str],
     bf16 = [per[REFERENCE_RECIPE]["step_time_s"] for per in per_run
             if per.get(REFERENCE_RECIPE, {}).get("status") == "ok" and per[REFERENCE_RECIPE]["step_time_s"]]
     ok = [(index, r) for index, per in enumerate(per_run) for r in recipes if per.get(r, {}).get("status") == "ok"]
-    some = (json.loads((Layout(runs[ok[0][0]], profile).cell(model, ok[0][1], seed) / "metrics.json").read_text())
-            if ok else {})
+    some = json.loads(layouts[ok[0][0]].metrics(model, ok[0][1], seed).read_text()) if ok else {}
     return {"profile": profile, "model": model, "seed": seed, "device": some.get("device"),
             "versions": some.get("versions"), "git_commit": some.get("git_commit"),
             "method": "median over steps 2..N of each cell (step 1 excluded: autotuning and warm-up), each step net "

@@ -168,17 +168,17 @@ def adjust(rows: list[dict]) -> None:
             r["p_holm"] = float(q)
 
 
-def contrast(results, profile_a: str, profile_b: str) -> list[dict]:
-    """Every section's rows, Holm-adjusted as one family."""
-    la, lb = Layout(results, profile_a), Layout(results, profile_b)
-    cells_a, cells_b = _read(la.aggregate / "cells.csv", profile_a), _read(lb.aggregate / "cells.csv", profile_b)
+def contrast(la: Layout, lb: Layout) -> list[dict]:
+    """Every section's rows of run ``lb`` against run ``la``, Holm-adjusted as one family."""
+    profile_a, profile_b = la.profile, lb.profile
+    cells_a, cells_b = _read(la.table("cells"), profile_a), _read(lb.table("cells"), profile_b)
     models = sorted({r["model"] for r in cells_a} & {r["model"] for r in cells_b})
     units_a = [u for m in models for u in _read(la.pathway_units(m, "warm"), profile_a)]
     units_b = [u for m in models for u in _read(lb.pathway_units(m, "warm"), profile_b)]
     rows = regime_rows(_read(la.regime, profile_a), _read(lb.regime, profile_b))
     rows += paired_pathway_rows(units_a, units_b, "warm")
     rows += side_by_side_rows(_read(la.pathways(), profile_a), _read(lb.pathways(), profile_b), "grpo")
-    rows += recovery_rows(_read(la.aggregate / "items.csv", profile_a), _read(lb.aggregate / "items.csv", profile_b))
+    rows += recovery_rows(_read(la.table("items"), profile_a), _read(lb.table("items"), profile_b))
     adjust(rows)
     return rows
 
@@ -223,10 +223,11 @@ def markdown(rows: list[dict], profile_a: str, profile_b: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_profile_contrast(results, profile_a: str, profile_b: str, out_md) -> list[dict]:
-    """The contrast as a markdown report at ``out_md`` (``Layout.contrast``) and a CSV (``FIELDS``) beside it."""
-    rows = contrast(results, profile_a, profile_b)
-    out_md = Path(out_md)
+def run_profile_contrast(la: Layout, lb: Layout, out_md=None) -> list[dict]:
+    """The contrast as a markdown report at ``out_md`` (default ``lb.contrast(la.profile)``) and a CSV
+    (``FIELDS``) beside it."""
+    rows = contrast(la, lb)
+    out_md = Path(out_md) if out_md is not None else lb.contrast(la.profile)
     write_csv_atomic(out_md.with_suffix(".csv"), rows, FIELDS)
-    write_text_atomic(out_md, markdown(rows, profile_a, profile_b))
+    write_text_atomic(out_md, markdown(rows, la.profile, lb.profile))
     return rows

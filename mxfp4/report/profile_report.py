@@ -5,6 +5,7 @@ from the files the run wrote; nothing here is measured again."""
 from __future__ import annotations
 
 import csv
+import os
 import re
 from pathlib import Path
 
@@ -105,26 +106,24 @@ def build(profile: str, summary_csv, pathways_csv=None, claims_md=None, links: d
     return "\n".join(parts)
 
 
-def run(profile: str, results: Path | str = "results", out: Path | str | None = None,
-        stored: bool = False) -> Path:
-    """Write REPORT.md of a profile's run (``results/<profile>/``), or with ``stored`` of its stored
-    baselines (``results/baselines/<profile>/``, whose files sit side by side)."""
-    layout = Layout(results, profile)
-    if stored:
-        root = layout.baselines
-        files = {"summary": root / "summary.csv", "pathways": root / "pathways.csv", "claims": root / "claims.md"}
-        links = {"claims": "claims.md", "pathway matrix": "pathways.md", "regime statistics": "regime.md",
-                 "cells": "cells.csv", "figures": "figures/"}
-    else:
-        root = layout.root
-        files = {"summary": layout.aggregate / "summary.csv", "pathways": layout.pathways(), "claims": layout.claims}
-        links = {"claims": "claims.md", "pathway matrix": "pathways/pathways.md", "regime statistics": "regime.md",
-                 "cells": "aggregate/cells.csv", "figures": f"../../figures/{profile}/"}
-    links |= {f"contrast with {f.stem}": f"contrast/{f.name}" for f in sorted((root / "contrast").glob("*.md"))}
+def run(layout: Layout, out: Path | str | None = None, stored: bool = False) -> Path:
+    """Write REPORT.md of a run (``layout.report``), or with ``stored`` of its stored baselines (where
+    ``layout.stored`` keeps each file), linking the other tables relative to it."""
+    where = layout.stored if stored else Path
+    files = {"summary": layout.table("summary"), "pathways": layout.pathways(), "claims": layout.claims}
+    files = {k: where(v) for k, v in files.items()}
     if not files["summary"].is_file():
         raise ValueError(f"{files['summary']} is missing: run the profile's aggregate step first "
-                         f"(snakemake --cores all aggregate --config profile={profile})")
-    text = build(profile, files["summary"], files["pathways"], files["claims"], links)
-    target = Path(out) if out is not None else root / "REPORT.md"
-    write_text_atomic(target, text)
+                         f"(snakemake --cores all aggregate --config profile={layout.profile})")
+    tables = {"claims": layout.claims, "pathway matrix": layout.pathways().with_suffix(".md"),
+              "regime statistics": layout.regime.with_suffix(".md"), "cells": layout.table("cells")}
+    tables = {label: where(path) for label, path in tables.items()}
+    tables["figures"] = where(layout.figure("any")).parent
+    contrasts = where(layout.contrast("any")).parent
+    tables |= {f"contrast with {f.stem}": f for f in sorted(contrasts.glob("*.md"))}
+    home = where(layout.report)  # links are relative to where the report belongs, wherever ``out`` puts it
+    target = Path(out) if out is not None else home
+    links = {label: os.path.relpath(path, home.parent) + ("/" if label == "figures" else "")
+             for label, path in tables.items()}
+    write_text_atomic(target, build(layout.profile, files["summary"], files["pathways"], files["claims"], links))
     return target

@@ -25,10 +25,10 @@ from datasets import Dataset
 from transformers import set_seed
 
 from ..config import REPO_ROOT
-from ..config.profiles import Profile, config_hash, load_profile, setting_hash
+from ..config.profiles import Profile, config_hash, setting_hash
 from ..config.recipes import Recipe
 from ..io import exclusive, writable_folder, write_json_atomic
-from ..layout import EVAL_FOLDERS, REFERENCE_RECIPE, TRAIN_LOG, Layout
+from ..layout import EVAL_FOLDERS, EVAL_RESULTS, METRICS, REFERENCE_RECIPE, TRAIN_LOG, Layout
 from ..machine import describe
 from ..nn import bypassed, patch_model, patch_state, weight_cache_pays
 from . import data as gsm
@@ -130,23 +130,23 @@ class CellPlan:
 
 
 def plan_cell(
-    profile_name: str,
+    profile: Profile,
     model_name: str,
     recipe_name: str,
     seed: int,
     results: Path | str = "results",
     recipes_file: str | None = None,
 ) -> CellPlan:
-    """Check every input of a cell; a bad one is a ValueError saying what is wrong and what is accepted."""
+    """Check every input of a cell of ``profile`` (``config.load_profile``); a bad one is a ValueError saying
+    what is wrong and what is accepted."""
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-    profile = load_profile(profile_name)
     recipe = Recipe.named(recipe_name, recipes_file)
     model_ref = model_reference(profile, model_name, results)
     if profile.data.source == "gsm8k":
         gsm.validate_gsm8k_dir(gsm.gsm8k_folder(profile))
     check_checkpoint_disk(profile, model_name)
-    out = Layout(results, profile_name).cell(model_name, recipe_name, seed)  # every input checked: make it
+    out = Layout(results, profile.name).cell(model_name, recipe_name, seed)  # every input checked: make it
     try:
         writable_folder(out)
     except OSError as err:
@@ -173,7 +173,7 @@ def check_checkpoint_disk(profile: Profile, model_name: str) -> dict | None:
 
 
 def run_cell(
-    profile_name: str,
+    profile: Profile,
     model_name: str,
     recipe_name: str,
     seed: int,
@@ -181,7 +181,7 @@ def run_cell(
     recipes_file: str | None = None,
 ) -> dict | None:
     """Run one cell; its metrics (None on the ranks other than the main process of a multi-process cell)."""
-    plan = plan_cell(profile_name, model_name, recipe_name, seed, results, recipes_file)
+    plan = plan_cell(profile, model_name, recipe_name, seed, results, recipes_file)
     return execute(plan)
 
 
@@ -277,7 +277,7 @@ def prepare(plan: CellPlan, dist) -> CellRun:
     for c in corrections:
         c.bind(total_steps=grpo.max_steps, seed=seed)
     if any(c.needs_reference for c in corrections):
-        reference = plan.layout.cell(plan.model, REFERENCE_RECIPE, seed) / "metrics.json"
+        reference = plan.layout.metrics(plan.model, REFERENCE_RECIPE, seed)
         if not reference.exists():
             raise ValueError(
                 f"recipe {recipe.name!r} steers toward the {REFERENCE_RECIPE} cell of the same model and "
@@ -338,7 +338,7 @@ def evaluate(run: CellRun, stage: str) -> dict | None:
     if stage not in EVAL_FOLDERS:
         raise ValueError(f"unknown evaluation stage {stage!r}; accepted: {', '.join(EVAL_FOLDERS)}")
     ev, out = run.plan.profile.eval, run.plan.out / EVAL_FOLDERS[stage]
-    if stage == "before" and run.resume is not None and (out / "results.json").is_file():  # the same on every rank
+    if stage == "before" and run.resume is not None and (out / EVAL_RESULTS).is_file():  # the same on every rank
         return read_summary(out) if run.dist.is_main_process else None
     run.model.eval()
     lm = hf_lm(run.model, run.tokenizer, batch_size=ev.batch_size, compute_dtype=compute_dtype(run))
@@ -419,7 +419,7 @@ def record(run: CellRun, trained: dict, scores: dict[str, dict]) -> dict | None:
             device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             machine=describe(),
         )
-        write_json_atomic(plan.out / "metrics.json", metrics)
+        write_json_atomic(plan.out / METRICS, metrics)
         shutil.rmtree(run.checkpoints, ignore_errors=True)  # the cell is complete: nothing to resume
     dist.wait_for_everyone()
     return metrics

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import yaml
 
+from ..layout import EVAL_RESULTS
+
 TASK_YAML = Path(__file__).resolve().parent / "tasks" / "gsm8k_local.yaml"
 
 
@@ -81,7 +83,7 @@ def read_summary(output_dir: Path | str) -> dict | None:
     ``output_dir`` (None when there is none: never evaluated, or interrupted before writing)."""
     import json
 
-    path = Path(output_dir) / "results.json"
+    path = Path(output_dir) / EVAL_RESULTS
     if not path.is_file():
         return None
     results = json.loads(path.read_text())
@@ -111,7 +113,7 @@ def _write_lm_eval_output(results: dict, out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     samples = results.pop("samples", {})
-    (out / "results.json").write_text(json.dumps(results, indent=2, default=handle_non_serializable))
+    (out / EVAL_RESULTS).write_text(json.dumps(results, indent=2, default=handle_non_serializable))
     for task, rows in samples.items():
         with (out / f"samples_{task}.jsonl").open("w") as f:
             for row in rows:

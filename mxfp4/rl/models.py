@@ -177,10 +177,10 @@ def missing_warm_start_files(folder: Path | str) -> list[str]:
     return [f for f in WARM_START_FILES if not (Path(folder) / f).is_file()]
 
 
-def warm_start_folder(results: Path | str, profile_name: str, model_name: str) -> Path:
-    """The folder of a tiny model's warm start; a ValueError saying how to make it when it is missing
-    or partial."""
-    folder = Layout(results, profile_name).model(model_name)
+def warm_start_folder(layout: Layout, model_name: str) -> Path:
+    """The folder of a tiny model's warm start in a run's ``layout``; a ValueError saying how to make it
+    when it is missing or partial."""
+    profile_name, folder = layout.profile, layout.model(model_name)
     missing = missing_warm_start_files(folder)
     if missing:
         raise ValueError(
@@ -238,5 +238,5 @@ def model_reference(profile, model_name: str, results: Path | str = "results") -
     (checked whole), a random initialisation of a real configuration, or the hub id."""
     spec = profile.model(model_name)
     if spec.arch:
-        return str(warm_start_folder(results, profile.name, model_name))
+        return str(warm_start_folder(Layout(results, profile.name), model_name))
     return f"{RANDOM_PREFIX}{spec.config}" if spec.config else spec.hub

@@ -4,6 +4,8 @@ import json
 
 import torch
 
+from mxfp4.config.profiles import load_profile
+
 
 def test_the_memory_plan_accounts_weights_and_adam_state_exactly_and_writes_each_recipe(tmp_path):
     """One layer of the real Qwen2.5-3B configuration under FakeTensorMode (nothing allocated): the
@@ -18,7 +20,7 @@ def test_the_memory_plan_accounts_weights_and_adam_state_exactly_and_writes_each
     from mxfp4.rl.models import real_config
 
     out = tmp_path / "plan.json"
-    plan.write_plan("gpu-smoke-quick", out, layers=1, recipes=["bf16", "mxfp4"])
+    plan.write_plan(load_profile("gpu-smoke-quick"), out, layers=1, recipes=["bf16", "mxfp4"])
     report = json.loads(out.read_text())
     config = real_config("qwen2.5-3b")
     config.num_hidden_layers = 1
@@ -32,7 +34,7 @@ def test_the_memory_plan_accounts_weights_and_adam_state_exactly_and_writes_each
     assert report["limit_gib"] == 78.0 and all(r["fits"] for r in report["recipes"].values())
     assert report["recipes"]["mxfp4"]["weight_cache"] and not report["recipes"]["bf16"]["weight_cache"]
     # another process's recipe joins the file; a recipe computed under other settings does not survive
-    plan.write_plan("gpu-smoke-quick", out, layers=1, recipes=["bf16"])
+    plan.write_plan(load_profile("gpu-smoke-quick"), out, layers=1, recipes=["bf16"])
     assert set(json.loads(out.read_text())["recipes"]) == {"bf16", "mxfp4"}
-    plan.write_plan("gpu-smoke-quick", out, layers=2, recipes=["bf16"])
+    plan.write_plan(load_profile("gpu-smoke-quick"), out, layers=2, recipes=["bf16"])
     assert set(json.loads(out.read_text())["recipes"]) == {"bf16"}

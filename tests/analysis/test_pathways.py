@@ -20,10 +20,10 @@ from mxfp4.rl.models import build_tiny
 @pytest.fixture(scope="module")
 def pathway_rows(smoke_results):
     if not (Layout(smoke_results, "smoke").policy("tiny-dense", 0) / "config.json").exists():
-        run_cell("smoke", "tiny-dense", "bf16", 0, results=smoke_results)
+        run_cell(load_profile("smoke"), "tiny-dense", "bf16", 0, results=smoke_results)
     out = smoke_results / "smoke" / "pathways" / "tiny-dense" / "pathways.csv"
-    rows = run_pathways("smoke", "tiny-dense", results=smoke_results, out_csv=out, progress=lambda m: None,
-                        out_units=out.with_name("units.csv"))
+    rows = run_pathways(load_profile("smoke"), "tiny-dense", results=smoke_results, out_csv=out,
+                        progress=lambda m: None, out_units=out.with_name("units.csv"))
     return rows, out
 
 

@@ -4,6 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mxfp4.config.profiles import load_profile
+from mxfp4.layout import Layout
 from mxfp4.report.claims import build_claims
 from mxfp4.report.compare import compare_rows
 from mxfp4.stats import mean_ci, verdict, welch_diff
@@ -173,7 +175,7 @@ def _store(results, profile, where):
     """Aggregate a results folder's cells as stored baselines (cells.csv, items.csv) under ``where``."""
     from mxfp4.report.aggregate import aggregate
 
-    aggregate(results, profile, where)
+    aggregate(Layout(results, profile), where)
     return where / "cells.csv"
 
 
@@ -199,13 +201,14 @@ def test_a_over_a_comparisons_fire_no_verdict_on_the_same_machine_or_another_ins
         shutil.copytree(smoke_results / "smoke" / "models", root / "smoke" / "models")
     grid = [(recipe, seed) for recipe in ("bf16", "mxfp4") for seed in (0, 1)]
     for recipe, seed in grid:
-        run_cell("smoke", "tiny-dense", recipe, seed, results=here)
+        run_cell(load_profile("smoke"), "tiny-dense", recipe, seed, results=here)
     stored = _store(here, "smoke", tmp_path / "stored")
 
     def report(results, name):
-        check = check_reproduction(results, "smoke", stored, [("tiny-dense", "bf16", 0), ("tiny-dense", "mxfp4", 0)])
+        cells = [("tiny-dense", "bf16", 0), ("tiny-dense", "mxfp4", 0)]
+        check = check_reproduction(Layout(results, "smoke"), stored, cells)
         (tmp_path / f"{name}.json").write_text(json.dumps(check))
-        rows = run_compare(results, "smoke", "mxfp4", stored, tmp_path / f"{name}.md",
+        rows = run_compare(Layout(results, "smoke"), "mxfp4", stored, tmp_path / f"{name}.md",
                            reproduction_json=tmp_path / f"{name}.json")
         return check, [r for r in rows if r["baseline"] == "mxfp4"], (tmp_path / f"{name}.md").read_text()
 
@@ -215,8 +218,9 @@ def test_a_over_a_comparisons_fire_no_verdict_on_the_same_machine_or_another_ins
     assert all(r["diff"] in (0, None) for r in aa)
     assert "References: the stored baselines, which reproduce on this machine" in text
 
-    code = ("from mxfp4.rl.cell import run_cell\n"
-            f"for recipe, seed in {grid!r}:\n    run_cell('smoke', 'tiny-dense', recipe, seed, results={str(other)!r})")
+    code = ("from mxfp4.config.profiles import load_profile\nfrom mxfp4.rl.cell import run_cell\n"
+            f"for recipe, seed in {grid!r}:\n    run_cell(load_profile('smoke'), 'tiny-dense', recipe, seed, "
+            f"results={str(other)!r})")
     # the libraries' own choice (AVX-512 where the CPU has it) instead of the AVX2 pins
     env = {k: v for k, v in os.environ.items() if k not in PINNED} | {"MXFP4_CPU_ISA": "native"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from mxfp4.layout import Layout
 from mxfp4.report.profile_report import accuracy_table, claims_summary, run
 
 STORED = Path(__file__).resolve().parents[2] / "results" / "baselines" / "embedded"
@@ -51,12 +52,12 @@ def test_the_claims_summary_counts_each_verdict_and_lists_the_rows_that_resolved
 
 def test_a_run_without_its_aggregate_is_refused_with_the_step_that_makes_it(tmp_path):
     with pytest.raises(ValueError, match=r"summary.csv is missing: run the profile's aggregate step"):
-        run("embedded", tmp_path)
+        run(Layout(tmp_path, "embedded"))
 
 
 def test_the_stored_reports_are_the_ones_their_baselines_make(tmp_path):
     """Each committed REPORT.md is what ``mxfp4 report --stored`` writes from the stored tables beside it."""
     for folder in sorted(STORED.parent.iterdir()):
         if (folder / "summary.csv").is_file():
-            out = run(folder.name, STORED.parents[1], tmp_path / f"{folder.name}.md", stored=True)
+            out = run(Layout(STORED.parents[1], folder.name), tmp_path / f"{folder.name}.md", stored=True)
             assert out.read_text() == (folder / "REPORT.md").read_text(), folder.name

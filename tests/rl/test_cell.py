@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerFast
 
+from mxfp4.config.profiles import load_profile
 from mxfp4.layout import Layout
 from mxfp4.rl.cell import run_cell
 from mxfp4.rl.models import load
@@ -53,7 +54,7 @@ def test_saved_tiny_model_loads_like_a_checkpoint(results, model):
 @pytest.mark.parametrize("model", ["tiny-dense", "tiny-moe"])
 @pytest.mark.parametrize("recipe", ["bf16", "mxfp4+all"])
 def test_smoke_cell_writes_every_promised_field(results, model, recipe):
-    m = run_cell("smoke", model, recipe, 0, results=results)
+    m = run_cell(load_profile("smoke"), model, recipe, 0, results=results)
     for key in PROMISED_METRICS:
         assert key in m, key
     assert 0 <= m["gsm8k_strict_accuracy"] <= 1 and m["eval_n"] == 16
@@ -85,16 +86,13 @@ def test_a_cell_that_never_updates_its_weights_gains_exactly_nothing(results, tm
     the unquantized evaluation of the same weights scores those problems too."""
     import shutil
 
-    from mxfp4.config.profiles import load_profile
     from mxfp4.layout import EVAL_FOLDERS
     from mxfp4.report.aggregate import read_items
-    from mxfp4.rl import cell as cell_module
 
     base = load_profile("smoke")
     frozen = base.model_copy(update={"grpo": base.grpo.model_copy(update={"learning_rate": 0.0})})
-    monkeypatch.setattr(cell_module, "load_profile", lambda name: frozen)
     shutil.copytree(Layout(results, "smoke").model("tiny-dense"), Layout(tmp_path, "smoke").model("tiny-dense"))
-    m = run_cell("smoke", "tiny-dense", "mxfp4", 0, results=tmp_path)
+    m = run_cell(frozen, "tiny-dense", "mxfp4", 0, results=tmp_path)
     assert m["weight_update"]["norm"] == 0.0
     assert m["gsm8k_rl_gain"] == 0.0 and m["gsm8k_strict_accuracy_before"] == m["gsm8k_strict_accuracy"]
     cell = Layout(tmp_path, "smoke").cell("tiny-dense", "mxfp4", 0)
@@ -104,7 +102,7 @@ def test_a_cell_that_never_updates_its_weights_gains_exactly_nothing(results, tm
                 for line in f.read_text().splitlines()]
         hashes[stage] = sorted({(r["doc_id"], r["doc_hash"]) for r in rows})
     assert len(hashes["after"]) == m["eval_n"] == 16 and hashes["before"] == hashes["after"] == hashes["unquantized"]
-    items = read_items(tmp_path, "smoke")
+    items = read_items(Layout(tmp_path, "smoke"))
     assert len(items) == 16 and all(r["strict"] == r["strict_before"] for r in items)
     assert all("strict_unquantized" in r for r in items)
 
@@ -118,7 +116,6 @@ def test_a_frozen_bf16_compute_cell_evaluates_every_stage_in_the_precision_it_tr
 
     import torch
 
-    from mxfp4.config.profiles import load_profile
     from mxfp4.layout import EVAL_FOLDERS
     from mxfp4.rl import cell as cell_module
 
@@ -127,7 +124,6 @@ def test_a_frozen_bf16_compute_cell_evaluates_every_stage_in_the_precision_it_tr
         "grpo": base.grpo.model_copy(update={"learning_rate": 0.0}),
         "models": {"tiny-dense": base.models["tiny-dense"].model_copy(update={"compute": "bfloat16"})},
     })
-    monkeypatch.setattr(cell_module, "load_profile", lambda name: frozen)
     shutil.copytree(Layout(results, "smoke").model("tiny-dense"), Layout(tmp_path, "smoke").model("tiny-dense"))
     autocast, evaluate = {}, cell_module.evaluate
 
@@ -142,7 +138,7 @@ def test_a_frozen_bf16_compute_cell_evaluates_every_stage_in_the_precision_it_tr
             hook.remove()
 
     monkeypatch.setattr(cell_module, "evaluate", recording)
-    m = run_cell("smoke", "tiny-dense", "mxfp4", 0, results=tmp_path)
+    m = run_cell(frozen, "tiny-dense", "mxfp4", 0, results=tmp_path)
     assert autocast == {stage: {torch.bfloat16} for stage in ("before", "after", "unquantized")}
     cell = Layout(tmp_path, "smoke").cell("tiny-dense", "mxfp4", 0)
     answers = {stage: {r["doc_id"]: r["resps"] for f in (cell / EVAL_FOLDERS[stage]).glob("samples_*.jsonl")
@@ -188,8 +184,8 @@ def test_the_evaluation_before_training_leaves_the_random_streams_as_they_were()
 
 
 def test_same_seed_gives_identical_metrics(results):
-    first = run_cell("smoke", "tiny-dense", "mxfp4+all", 1, results=results)
-    second = run_cell("smoke", "tiny-dense", "mxfp4+all", 1, results=results)
+    first = run_cell(load_profile("smoke"), "tiny-dense", "mxfp4+all", 1, results=results)
+    second = run_cell(load_profile("smoke"), "tiny-dense", "mxfp4+all", 1, results=results)
     strip = lambda m: {k: v for k, v in m.items() if k not in TIMING}  # noqa: E731
     assert strip(first) == strip(second)
 
@@ -211,7 +207,7 @@ def test_the_readme_plugin_correction_gets_the_step_count_in_a_real_cell(results
     monkeypatch.setenv("MXFP4_PLUGINS", "my_corrections")
     monkeypatch.setenv("MXFP4_RECIPES", str(tmp_path / "my_recipes.yaml"))
     try:
-        m = run_cell("smoke", "tiny-dense", "mxfp4+clip", 0, results=results)
+        m = run_cell(load_profile("smoke"), "tiny-dense", "mxfp4+clip", 0, results=results)
     finally:
         corr.REGISTRY.pop("clip_outliers", None)
         sys.modules.pop("my_corrections", None)  # other tests import their own my_corrections
@@ -246,7 +242,7 @@ def test_a_partial_warm_start_is_refused_before_any_model_loads(tmp_path):
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="lacks model.safetensors, tokenizer.json, mxfp4_meta.json"):
-        plan_cell("smoke", "tiny-dense", "mxfp4", 0, results=tmp_path)
+        plan_cell(load_profile("smoke"), "tiny-dense", "mxfp4", 0, results=tmp_path)
 
 
 def test_saving_a_model_is_all_or_nothing(tmp_path, monkeypatch):
@@ -269,7 +265,6 @@ def test_saving_a_model_is_all_or_nothing(tmp_path, monkeypatch):
 
 
 def test_cached_problems_are_remade_when_the_settings_that_made_them_change(tmp_path):
-    from mxfp4.config.profiles import load_profile
     from mxfp4.rl.data import cell_data
 
     profile = load_profile("smoke")
@@ -289,20 +284,19 @@ def test_recipes_are_probed_on_one_common_batch(results):
 
     path = Layout(results, "smoke").probe_batch("tiny-dense", 2)
     path.unlink(missing_ok=True)
-    made = run_cell("smoke", "tiny-dense", "mxfp4", 2, results=results)  # makes the batch on the way
+    made = run_cell(load_profile("smoke"), "tiny-dense", "mxfp4", 2, results=results)  # makes the batch on the way
     digest = batch_digest(load_probe_batch(path))
-    again = run_cell("smoke", "tiny-dense", "mxfp4", 2, results=results)  # finds it stored
-    other = run_cell("smoke", "tiny-dense", "mxfp4+all", 2, results=results)
+    again = run_cell(load_profile("smoke"), "tiny-dense", "mxfp4", 2, results=results)  # finds it stored
+    other = run_cell(load_profile("smoke"), "tiny-dense", "mxfp4+all", 2, results=results)
     assert made["probe_batches"] == other["probe_batches"] == [digest]
     strip = lambda m: {k: v for k, v in m.items() if k not in TIMING}  # noqa: E731
     assert strip(made) == strip(again)
-    assert run_cell("smoke", "tiny-dense", "bf16", 2, results=results)["probe_batches"] == []  # no probes
+    assert run_cell(load_profile("smoke"), "tiny-dense", "bf16", 2, results=results)["probe_batches"] == []  # no probes
 
 
 def test_a_policy_that_never_solves_still_gets_a_probe_batch(results, monkeypatch):
     """Random weights (the GPU smoke runs) earn no reward: no group has non-zero advantages. The probe
     batch is then the first batch, said so, never an error that would stop every quantized cell."""
-    from mxfp4.config.profiles import load_profile
     from mxfp4.rl import data
     from mxfp4.rl.probe_batch import make_probe_batch
 
@@ -316,7 +310,6 @@ def test_the_probe_batch_frees_its_policy_before_the_cell_loads_its_own(results,
     alive by reference cycles (trainer <-> callbacks) would sit beside the cell's model (12 GB)."""
     import weakref
 
-    from mxfp4.config.profiles import load_profile
     from mxfp4.layout import Layout
     from mxfp4.rl import probe_batch
     from mxfp4.rl.probe_batch import ensure_probe_batch

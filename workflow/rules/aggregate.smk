@@ -4,14 +4,14 @@ rule aggregate:
     input:
         ALL_CELLS,
     output:
-        cells=report(f"{AGGREGATE}/cells.csv", caption="../report/cells.rst", category="Cells"),
-        steps=f"{AGGREGATE}/steps.csv",
-        summary=report(f"{AGGREGATE}/summary.csv", caption="../report/summary.rst", category="Cells"),
-        problems=f"{AGGREGATE}/items.csv",
+        cells=report(str(L.table("cells")), caption="../report/cells.rst", category="Cells"),
+        steps=str(L.table("steps")),
+        summary=report(str(L.table("summary")), caption="../report/summary.rst", category="Cells"),
+        problems=str(L.table("items")),
     log:
-        f"{LOGS}/aggregate.log",
+        str(L.log("aggregate")),
     shell:
-        "{MXFP4} aggregate --profile {PROFILE} --out {AGGREGATE} > {log} 2>&1"
+        "{MXFP4} aggregate --profile {PROFILE} > {log} 2>&1"
 
 
 rule corrections_table:
@@ -22,7 +22,7 @@ rule corrections_table:
         md=str(L.corrections.with_suffix(".md")),
         json=str(L.corrections),
     log:
-        f"{LOGS}/corrections_table.log",
+        str(L.log("corrections_table")),
     params:
         models=lambda wc, input: " ".join(f"--model {m}={p}" for m, p in zip(TINY_MODELS, input)),
     shell:
@@ -32,15 +32,15 @@ rule corrections_table:
 rule claims:
     """The paper's claims against what this profile measured, with seeds and intervals."""
     input:
-        cells=f"{AGGREGATE}/cells.csv",
-        problems=f"{AGGREGATE}/items.csv",  # the precondition rows (read beside cells.csv)
+        cells=str(L.table("cells")),
+        problems=str(L.table("items")),  # the precondition rows (read beside cells.csv)
         proofs=str(L.proofs),
         corrections=str(L.corrections),
         pathways=str(L.pathways()),
     output:
         report(str(L.claims), caption="../report/claims.rst", category="Claims"),
     log:
-        f"{LOGS}/claims.log",
+        str(L.log("claims")),
     shell:
         "{MXFP4} claims --profile {PROFILE} --cells {input.cells} --proofs {input.proofs} "
         "--corrections {input.corrections} --pathways {input.pathways} --out {output} > {log} 2>&1"
@@ -49,12 +49,12 @@ rule claims:
 rule report_md:
     """The run's results in one page: held-out accuracy, the pathway matrix's headline, the claims."""
     input:
-        summary=f"{AGGREGATE}/summary.csv",
+        summary=str(L.table("summary")),
         claims=str(L.claims),
         pathways=str(L.pathways()),
     output:
         str(L.report),
     log:
-        f"{LOGS}/report.log",
+        str(L.log("report")),
     shell:
         "{MXFP4} report --profile {PROFILE} > {log} 2>&1"

@@ -23,7 +23,7 @@ rule pretrain_model:
     output:
         directory(model_path("{model}")),
     log:
-        f"{LOGS}/pretrain_{{model}}.log",
+        str(L.log("pretrain_{model}")),
     threads: 1
     shell:
         "MXFP4_THREADS={threads} {MXFP4} pretrain --profile {PROFILE} --model {wildcards.model} > {log} 2>&1"
@@ -45,7 +45,7 @@ rule probe_batch:
     output:
         str(L.probe_batch("{model}", "{seed}")),
     log:
-        f"{LOGS}/probe_batch_{{model}}_seed{{seed}}.log",
+        str(L.log("probe_batch_{model}_seed{seed}")),
     wildcard_constraints:
         seed=r"\d+",
     threads: 1
@@ -65,7 +65,7 @@ rule cell:
     output:
         metrics=cell_path("{model}", "{recipe}", "{seed}"),
         log=cell_path("{model}", "{recipe}", "{seed}", TRAIN_LOG),
-        eval=cell_path("{model}", "{recipe}", "{seed}", "eval/results.json"),
+        eval=str(L.evaluation("{model}", "{recipe}", "{seed}")),
     log:
         str(L.cell_log("{model}", "{recipe}", "{seed}")),
     wildcard_constraints:

@@ -8,29 +8,25 @@ rule store_baselines:
     that `compare` measures new recipes against (results/baselines/ is committed; the figures there
     are the reference figures, while figures/ holds only what the current run drew)."""
     input:
-        f"{AGGREGATE}/cells.csv",
-        f"{AGGREGATE}/summary.csv",
-        f"{AGGREGATE}/items.csv",
+        str(L.table("cells")),
+        str(L.table("summary")),
+        str(L.table("items")),
         str(L.claims),
         str(L.pathways()),
         str(L.pathways().with_suffix(".md")),
         str(L.regime.with_suffix(".md")),
-        [f"{FIGURES}/{name}{ext}" for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
+        [str(L.figure(name, ext)) for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
     output:
         # The stored files are sources of the DAG (committed), not outputs: a rule that reads them (compare)
         # must never regenerate them. This marker records when they were last stored.
         touch(str(L.root / "baselines_stored.flag")),
-    params:
-        stored=[f"{BASELINES}/{name}" for name in ("cells.csv", "summary.csv", "items.csv", "claims.md", "pathways.csv",
-                                                    "pathways.md", "regime.md")]
-        + [f"{BASELINES}/figures/{name}{ext}" for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
     run:
         from mxfp4.io import copy_atomic
         from mxfp4.report.profile_report import run as write_report
 
-        for src, dst in zip(input, params.stored):
-            copy_atomic(src, dst)
-        write_report(PROFILE, "results", stored=True)  # the stored REPORT.md, linking the stored tables
+        for src in input:
+            copy_atomic(src, L.stored(src))
+        write_report(L, stored=True)  # the stored REPORT.md, linking the stored tables
 
 
 def compare_references():
@@ -54,11 +50,11 @@ checkpoint baseline_reproduction:
     for bit: compare uses the stored cells only if every one reproduces."""
     input:
         cells=[cell_path(*c) for c in reproduction_cells()],
-        baselines=f"{BASELINES}/cells.csv",
+        baselines=str(L.stored(L.table("cells"))),
     output:
         str(L.root / "compare" / "baseline_reproduction.json"),
     log:
-        f"{LOGS}/baseline_reproduction.log",
+        str(L.log("baseline_reproduction")),
     params:
         cells=" ".join(f"--cell '{m}/{r}/seed{s}'" for m, r, s in reproduction_cells()),
     shell:
@@ -82,19 +78,20 @@ rule compare:
     the reference recipes (same seeds). The report says which."""
     input:
         cells=[cell_path(m, COMPARE_RECIPE, s) for m in MODELS for s in SEEDS],
-        baselines=f"{BASELINES}/cells.csv",
+        baselines=str(L.stored(L.table("cells"))),
         reproduction=str(L.root / "compare" / "baseline_reproduction.json"),
         references=reference_cells,
     output:
         md=str(L.compare(COMPARE_RECIPE)),
-        fig=multiext(f"{FIGURES}/compare_{COMPARE_RECIPE}", ".png", ".pdf"),
+        fig=multiext(str(L.figure(f"compare_{COMPARE_RECIPE}", "")), ".png", ".pdf"),
     log:
-        f"{LOGS}/compare_{COMPARE_RECIPE}.log",
+        str(L.log(f"compare_{COMPARE_RECIPE}")),
     params:
         adjust=config.get("compare_adjust", "holm"),
+        figure=lambda wc, output: output.fig[0],
     shell:
         "{MXFP4} compare --profile {PROFILE} --recipe '{COMPARE_RECIPE}' --baselines {input.baselines} "
-        "--reproduction {input.reproduction} --out {output.md} --figure {FIGURES}/compare_{COMPARE_RECIPE} "
+        "--reproduction {input.reproduction} --out {output.md} --figure {params.figure} "
         "--adjust {params.adjust} > {log} 2>&1"
 
 
@@ -105,18 +102,18 @@ rule profile_contrast:
         snakemake --cores all results/embedded-large-outliers/contrast/embedded-large.md \
             --config profile=embedded-large-outliers"""
     input:
-        f"{AGGREGATE}/cells.csv",
-        f"{AGGREGATE}/items.csv",
+        str(L.table("cells")),
+        str(L.table("items")),
         str(L.pathways()),
         str(L.regime),
         [str(L.pathway_units(m, "warm")) for m in MODELS if P.pathways and "warm" in P.pathways.checkpoints],
-        lambda wc: [str(Layout("results", wc.other).aggregate / f) for f in ("cells.csv", "items.csv")]
-        + [str(Layout("results", wc.other).regime)],
+        lambda wc: [str(Layout(L.results, wc.other).table(t)) for t in ("cells", "items")]
+        + [str(Layout(L.results, wc.other).regime)],
     output:
         md=str(L.contrast("{other}")),
         csv=str(L.contrast("{other}").with_suffix(".csv")),
     log:
-        f"{LOGS}/contrast_{{other}}.log",
+        str(L.log("contrast_{other}")),
     shell:
         "{MXFP4} profile-contrast {wildcards.other} {PROFILE} --out {output.md} > {log} 2>&1"
 
@@ -132,4 +129,4 @@ rule store_contrast:
         from mxfp4.io import copy_atomic
 
         for src in (input.md, input.csv):
-            copy_atomic(src, f"{BASELINES}/contrast/{os.path.basename(src)}")
+            copy_atomic(src, L.stored(src))

@@ -2,79 +2,79 @@ rule figure_decomposition:
     input:
         str(L.proofs),
     output:
-        png=report(f"{FIGURES}/decomposition_shares.png", caption="../report/decomposition_shares.rst", category="Decomposition"),
-        pdf=f"{FIGURES}/decomposition_shares.pdf",
+        png=report(str(L.figure("decomposition_shares", ".png")), caption="../report/decomposition_shares.rst", category="Decomposition"),
+        pdf=str(L.figure("decomposition_shares", ".pdf")),
     log:
-        f"{LOGS}/figure_decomposition.log",
+        str(L.log("figure_decomposition")),
     shell:
-        "{MXFP4} plot decomposition {input} --out {FIGURES}/decomposition_shares > {log} 2>&1"
+        "{MXFP4} plot decomposition {input} --out {output.png} > {log} 2>&1"
 
 
 rule figure_corrections:
     input:
         str(L.corrections),
     output:
-        png=report(f"{FIGURES}/correction_effects.png", caption="../report/correction_effects.rst", category="Corrections"),
-        pdf=f"{FIGURES}/correction_effects.pdf",
+        png=report(str(L.figure("correction_effects", ".png")), caption="../report/correction_effects.rst", category="Corrections"),
+        pdf=str(L.figure("correction_effects", ".pdf")),
     log:
-        f"{LOGS}/figure_corrections.log",
+        str(L.log("figure_corrections")),
     shell:
-        "{MXFP4} plot corrections {input} --out {FIGURES}/correction_effects > {log} 2>&1"
+        "{MXFP4} plot corrections {input} --out {output.png} > {log} 2>&1"
 
 
 rule figure_training:
     input:
-        steps=f"{AGGREGATE}/steps.csv",
-        cells=f"{AGGREGATE}/cells.csv",  # held-out accuracy before and after RL, read beside steps.csv
+        steps=str(L.table("steps")),
+        cells=str(L.table("cells")),  # held-out accuracy before and after RL, read beside steps.csv
     output:
-        png=report(f"{FIGURES}/training_curves.png", caption="../report/training_curves.rst", category="Cells"),
-        pdf=f"{FIGURES}/training_curves.pdf",
+        png=report(str(L.figure("training_curves", ".png")), caption="../report/training_curves.rst", category="Cells"),
+        pdf=str(L.figure("training_curves", ".pdf")),
     params:
         seeds=len(SEEDS),
         models=", ".join(MODELS),
     log:
-        f"{LOGS}/figure_training.log",
+        str(L.log("figure_training")),
     shell:
-        "{MXFP4} plot training {input.steps} --out {FIGURES}/training_curves > {log} 2>&1"
+        "{MXFP4} plot training {input.steps} --out {output.png} > {log} 2>&1"
 
 
 rule figure_accuracy:
     input:
-        f"{AGGREGATE}/cells.csv",
+        str(L.table("cells")),
     output:
-        png=report(f"{FIGURES}/gsm8k_accuracy.png", caption="../report/gsm8k_accuracy.rst", category="Cells"),
-        pdf=f"{FIGURES}/gsm8k_accuracy.pdf",
+        png=report(str(L.figure("gsm8k_accuracy", ".png")), caption="../report/gsm8k_accuracy.rst", category="Cells"),
+        pdf=str(L.figure("gsm8k_accuracy", ".pdf")),
     params:
         seeds=len(SEEDS),
         models=", ".join(MODELS),
     log:
-        f"{LOGS}/figure_accuracy.log",
+        str(L.log("figure_accuracy")),
     shell:
-        "{MXFP4} plot accuracy {input} --out {FIGURES}/gsm8k_accuracy > {log} 2>&1"
+        "{MXFP4} plot accuracy {input} --out {output.png} > {log} 2>&1"
 
 
 rule figure_kernels:
     input:
-        f"{KERNELS}/bench.json",
+        str(L.kernel_bench),
     output:
-        png=report(f"{FIGURES}/kernel_throughput.png", caption="../report/kernel_throughput.rst", category="Kernels"),
-        pdf=f"{FIGURES}/kernel_throughput.pdf",
+        png=report(str(L.figure("kernel_throughput", ".png")), caption="../report/kernel_throughput.rst", category="Kernels"),
+        pdf=str(L.figure("kernel_throughput", ".pdf")),
     log:
-        f"{LOGS}/figure_kernels.log",
+        str(L.log("figure_kernels")),
     shell:
-        "{MXFP4} plot kernels {input} --out {FIGURES}/kernel_throughput > {log} 2>&1"
+        "{MXFP4} plot kernels {input} --out {output.png} > {log} 2>&1"
 
 
 rule figure_pathways:
     input:
         str(L.pathways()),
     output:
-        png=report(f"{FIGURES}/pathway_matrix.png", caption="../report/pathway_matrix.rst", category="Pathway matrix"),
-        pdf=f"{FIGURES}/pathway_matrix.pdf",
+        png=report(str(L.figure("pathway_matrix", ".png")), caption="../report/pathway_matrix.rst", category="Pathway matrix"),
+        pdf=str(L.figure("pathway_matrix", ".pdf")),
     log:
-        f"{LOGS}/figure_pathways.log",
+        str(L.log("figure_pathways")),
     shell:
-        "{MXFP4} plot pathways {input} --out {FIGURES}/pathway_matrix > {log} 2>&1"
+        "{MXFP4} plot pathways {input} --out {output.png} > {log} 2>&1"
 
 
 rule weight_components:
@@ -87,7 +87,7 @@ rule weight_components:
         md=report(str(L.weight_components.with_suffix(".md")), caption="../report/weight_components.rst",
                   category="Decomposition"),
     log:
-        f"{LOGS}/weight_components.log",
+        str(L.log("weight_components")),
     shell:
         "{MXFP4} weight-components --profile {PROFILE} --out {output.csv} > {log} 2>&1"
 
@@ -103,7 +103,7 @@ rule regime:
         csv=str(L.regime),
         md=report(str(L.regime.with_suffix(".md")), caption="../report/regime.rst", category="Regime"),
     log:
-        f"{LOGS}/regime.log",
+        str(L.log("regime")),
     shell:
         "{MXFP4} regime --profile {PROFILE} --out {output.csv} > {log} 2>&1"
 
@@ -112,37 +112,37 @@ rule figure_regime:
     input:
         str(L.regime),
     output:
-        png=report(f"{FIGURES}/regime_statistics.png", caption="../report/regime.rst", category="Regime"),
-        pdf=f"{FIGURES}/regime_statistics.pdf",
+        png=report(str(L.figure("regime_statistics", ".png")), caption="../report/regime.rst", category="Regime"),
+        pdf=str(L.figure("regime_statistics", ".pdf")),
     log:
-        f"{LOGS}/figure_regime.log",
+        str(L.log("figure_regime")),
     shell:
-        "{MXFP4} plot regime {input} --out {FIGURES}/regime_statistics > {log} 2>&1"
+        "{MXFP4} plot regime {input} --out {output.png} > {log} 2>&1"
 
 
 rule figure_cosines:
     input:
         str(L.weight_components),
     output:
-        png=report(f"{FIGURES}/component_cosines.png", caption="../report/component_cosines.rst", category="Decomposition"),
-        pdf=f"{FIGURES}/component_cosines.pdf",
+        png=report(str(L.figure("component_cosines", ".png")), caption="../report/component_cosines.rst", category="Decomposition"),
+        pdf=str(L.figure("component_cosines", ".pdf")),
     log:
-        f"{LOGS}/figure_cosines.log",
+        str(L.log("figure_cosines")),
     shell:
-        "{MXFP4} plot cosines {input} --out {FIGURES}/component_cosines > {log} 2>&1"
+        "{MXFP4} plot cosines {input} --out {output.png} > {log} 2>&1"
 
 
 rule figure_attribution:
     input:
         str(L.pathways()),
     output:
-        png=report(f"{FIGURES}/pathway_attribution.png", caption="../report/pathway_attribution.rst",
+        png=report(str(L.figure("pathway_attribution", ".png")), caption="../report/pathway_attribution.rst",
                    category="Pathway matrix"),
-        pdf=f"{FIGURES}/pathway_attribution.pdf",
+        pdf=str(L.figure("pathway_attribution", ".pdf")),
     log:
-        f"{LOGS}/figure_attribution.log",
+        str(L.log("figure_attribution")),
     shell:
-        "{MXFP4} plot attribution {input} --out {FIGURES}/pathway_attribution > {log} 2>&1"
+        "{MXFP4} plot attribution {input} --out {output.png} > {log} 2>&1"
 
 
 rule figures:

@@ -5,8 +5,8 @@ rule gpu_smoke:
     input:
         ALL_CELLS,
     output:
-        "results/gpu/gpu_smoke_dense.json",
+        str(GPU_SMOKE_DENSE),
     log:
-        f"{LOGS}/gpu_smoke.log",
+        str(L.log("gpu_smoke")),
     shell:
         "{MXFP4} gpu-smoke-report --profile {PROFILE} --out {output} > {log} 2>&1"

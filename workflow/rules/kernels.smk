@@ -3,9 +3,9 @@ rule kernel_checks:
     under the interpreter on CPU the bfloat16 inputs the harness trains with (a third of the time; the
     test suite checks every dtype)."""
     output:
-        f"{KERNELS}/checks.json",
+        str(L.kernel_checks),
     log:
-        f"{LOGS}/kernel_checks.log",
+        str(L.log("kernel_checks")),
     threads: 1
     shell:
         "OMP_NUM_THREADS={threads} {PYTHON} kernels/check_kernels.py --interpreter-dtype bfloat16 --out {output} > {log} 2>&1"
@@ -14,9 +14,9 @@ rule kernel_checks:
 rule kernel_bench:
     """Throughput of each path against the copy bandwidth and torchao, same run."""
     output:
-        f"{KERNELS}/bench.json",
+        str(L.kernel_bench),
     log:
-        f"{LOGS}/kernel_bench.log",
+        str(L.log("kernel_bench")),
     params:
         shapes=P.bench_shapes,
     threads: workflow.cores

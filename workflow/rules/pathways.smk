@@ -14,7 +14,7 @@ rule pathways_checkpoint:
         rows=str(L.pathways("{model}", "{checkpoint}")),
         units=str(L.pathway_units("{model}", "{checkpoint}")),
     log:
-        f"{LOGS}/pathways_{{model}}_{{checkpoint}}.log",
+        str(L.log("pathways_{model}_{checkpoint}")),
     wildcard_constraints:
         checkpoint="warm|grpo",
     threads: 1

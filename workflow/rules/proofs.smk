@@ -3,7 +3,7 @@ rule prove_decomposition:
     output:
         str(L.proofs),
     log:
-        f"{LOGS}/proofs.log",
+        str(L.log("proofs")),
     threads: 1
     shell:
         "{MXFP4} prove --out {output} 2> {log}"
