@@ -1,19 +1,11 @@
 """mxfp4: reference MXFP4 quantization, its exact error decomposition, and the RL harness around it.
 
-Layout (one home per concept):
+Sub-packages, each importing only those before it: ``numerics`` (formats, reference, decomposition,
+kernels), ``verify``, ``corrections``, ``config``, ``nn`` (``MXLinear``, ``quantize_``), ``rl`` (the
+GRPO harness), ``analysis`` (the pathway matrix, regime statistics), ``report``; ``cli`` on top.
 
-- ``mxfp4.numerics``: formats, the reference quantizer, the decomposition, the recipe's
-  ``Quantizer``, the Triton kernels and their one dispatch (no RL dependency);
-- ``mxfp4.corrections``: the correction protocol, the registry, one module per correction;
-- ``mxfp4.config``: typed, validated profiles and recipes;
-- ``mxfp4.nn``: the quantized layers (linear, grouped MoE experts) and the model patcher;
-- ``mxfp4.rl``: models, data, the GRPO trainer, the cell, lm-eval evaluation, pretraining;
-- ``mxfp4.stats``: the statistics (intervals, paired tests, verdicts) that rl and report share;
-- ``mxfp4.report``: aggregation, claims, comparison, figures;
-- ``mxfp4.cli``: the ``mxfp4`` command.
-
-``quantize``, ``dequantize``, ``fake_quantize`` and ``fake_quantize_with_stats`` dispatch (see
-``mxfp4.numerics.dispatch``): Triton kernels on CUDA, the pure-PyTorch reference on CPU.
+``quantize``, ``dequantize``, ``fake_quantize`` and ``decompose`` dispatch to the Triton kernels on CUDA
+and to the PyTorch reference on CPU; ``quantize_(model, recipe)`` quantizes a model in place.
 """
 
 import importlib

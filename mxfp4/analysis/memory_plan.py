@@ -1,27 +1,6 @@
 """The memory plan of one GRPO training step per recipe at a real configuration, computed on CPU.
 
-Nothing is allocated: the model (the profile's real configuration, e.g. Qwen2.5-3B with all 36 layers),
-the recipe's patched layers with their quantized-weight caches, AdamW, and the step's micro-batches run
-under torch's ``FakeTensorMode``, and torch's ``MemTracker`` (``torch.distributed._tools.mem_tracker``)
-accounts every tensor the real code creates, by category: parameters, gradients, optimizer state,
-activations, temporaries and other (the weight caches live there). The step is the cell's: fp32 masters
-under bf16 autocast, gradient checkpointing as the profile sets it, one micro-batch of the profile's
-shape (sequences x prompt + completion tokens) forward and backward with its gradients accumulated, the
-optimizer step (Adam's state), then a probe as ``MXGRPOTrainer._probe`` takes it: the recipe's quantized
-gradients and the full-precision shadow gradients held together, on top of the accumulated gradients.
-Rollout generation is not in the plan (inference, no gradients; it frees before the step).
-
-    mxfp4 memory-plan --profile gpu-smoke-quick --out results/gpu/memory_plan_qwen2.5-3b.json
-
-Writes JSON per recipe after each one (a timeout keeps what was computed), with the device's limit beside;
-recipes already in the file under the same settings are kept, so several processes may each compute some
-recipes into one file (the file is rewritten under a lock). Whether a recipe caches its quantized weights
-is the cell's rule (``mxfp4.nn.weight_cache_pays``), recorded per recipe.
-
-Conservative by one gradient set: the plan holds a second micro-batch's accumulated gradients while the
-probe's two gradient sets exist, whereas ``MXGRPOTrainer`` probes on a step's first micro-batch, after the
-optimizer has set the gradients to None.
-"""
+The method in full: docs/methods.md, ``mxfp4.analysis.memory_plan``."""
 
 from __future__ import annotations
 

@@ -1,20 +1,10 @@
 """The pathway matrix: each MXFP4 error component injected alone (or removed), measured on the three
-RL pathways the paper maps it to: gradient accuracy (TRL's own batches and loss through
-``MXGRPOTrainer.scored_batch`` / ``batch_loss``), rollout quality and policy entropy (the same prompts
-sampled under each arm from one seed), with the scale rules as a row group and the additivity test.
-Each injected component also has energy-matched control arms (``+c~gaussian``, ``+c~permuted``: the
-same per-block energy, no alignment with x): the excess harm of a component is its harm minus its
-control's, paired over the same units. The eight corners none, +c, all, -c form a three-player game
-per unit; its Shapley values and interaction are reported per pathway with bootstrap intervals.
-Every seed of the profile measures its own batches and prompts on its own policy (the warm start is
-one policy for every seed; after GRPO each seed's bf16 policy): the rows pool the seeds with the
-policy as the outer unit (``stats.nested_mean``: a mixed model over the seeds' policies).
-The design is docs/design.md, "The pathway matrix". Output: a tidy CSV (model, checkpoint,
-injection, site, layer, metric, mean, ci_low, ci_high, n, seeds, policies, p, method, form), and beside
-it every unit's harm per pathway and arm (``UNIT_FIELDS``), with a digest of the unit's data (the batch's
-prompt and completion tokens, the prompt's question and sampling seed), so that two runs measured on the
-same data can be paired unit by unit (``mxfp4.report.profile_contrast``).
-"""
+RL pathways the paper maps it to (gradient accuracy, rollout quality, policy entropy) on the same data
+for every arm, with energy-matched controls, Shapley attribution and the additivity test. Every seed
+measures its own batches and prompts; the rows take the policy as the outer unit. Output: a tidy CSV
+(``pathway_spec.FIELDS``) and every unit's harm beside it (``UNIT_FIELDS``), with a digest of its data.
+
+The method in full: docs/methods.md, ``mxfp4.analysis.pathways``."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
 """Is the miniature in the regime of real LLMs? The statistics MXFP4 cares about, of every GEMM operand.
 
-Per model and layer, for the three operands a patched layer quantizes (its weight, its input activation
-in the forward GEMM, its output gradient dY in the input-gradient GEMM; blocks along the axis that GEMM
-reduces): excess kurtosis, max/median |x|, the fraction of 32-blocks with one outlier (largest |x| at
-least twice the second: it alone sets the shared scale), the deadzone and saturation fractions, and the
-decomposition's Shapley shares. The activations and gradients are those of one GRPO batch (the model
-and seed's common probe batch, ``mxfp4.rl.probe_batch``) through the policy in full precision: the
-patched layers run an ``ObservingQuantizer`` that rounds nothing and shows every operand to a probe,
-so the values are the unquantized model's, read at exactly the points MXFP4 would quantize them.
-
-``LITERATURE`` (``experiments/regime_literature.yaml``) gives the published figures for real LLMs
-that the table and figure put beside these, each with its source.
-"""
+The method in full: docs/methods.md, ``mxfp4.analysis.regime``."""
 
 from __future__ import annotations
 

@@ -1,25 +1,10 @@
 """Grouped quantized MoE experts (Qwen3-MoE's fused ``gate_up_proj [E, 2I, H]``, ``down_proj [E, H, I]``).
 
-One forward for all experts, with no Python loop over experts and no host sync:
+One forward for all experts, with no Python loop over experts and no host sync: tokens dispatched
+into aligned per-expert segments, each GEMM a grouped GEMM over them, the operands quantized as the
+dense layer's are, so the result equals the per-expert loop's.
 
-1. each token's activation is quantized once along H, before dispatch (quantization along H is per
-   token, so this equals quantizing each expert's gathered rows);
-2. the (token, slot) rows are sorted by expert (within an expert: by top-k slot, then token, the order
-   of transformers' per-expert loop); offsets come from a scatter-add count, not ``bincount``;
-3. the up and down projections are grouped GEMMs (``torch.nn.functional.grouped_mm``) on the sorted
-   rows, through ``GroupedQuantLinear``: forward ``Q(X, H) . Q(W, H)^T``, input grad
-   ``Q(dY, out) . Q(W, out)``, weight grad ``Q(dY, tok)^T . Q(X, tok)`` per expert;
-4. the weight-gradient operands are quantized along tokens within each expert's segment. The padding
-   rule: every expert's segment starts at a multiple of ``align`` rows (``Quantizer.token_alignment``:
-   the block size, times a macro-block's group when a correction groups blocks) in a zero-filled
-   buffer of the static size ``S + E * (align - 1)`` rounded up to a multiple of 8 rows; so no
-   32-block (or macro-block) straddles two experts, the padding rows are zeros (exactly as the
-   reference pads a ragged last block), and they are marked invalid so corrections and probes do
-   not count them;
-5. the weighted expert outputs are added back per token in expert order (``index_add_``).
-
-The weight gradient is computed straight into ``[E, N, K]`` by one grouped GEMM: nothing grows as E².
-"""
+The method in full: docs/methods.md, ``mxfp4.nn.experts``."""
 
 from __future__ import annotations
 

@@ -6,10 +6,7 @@
   set before the first import of the kernels; ``compiled`` asks for ``torch.compile`` of the reference.
 - Formats other than MXFP4 always use the reference (it runs on any device).
 
-``fast_path(x, fmt)`` is the one test of "do the Triton kernels run here"; the fused operations that
-exist only as kernels (the W4A16 GEMM, the device-side decomposition statistics) are offered here too,
-so no caller outside the kernel checks and benchmarks imports a Triton wrapper.
-"""
+The method in full: docs/methods.md, ``mxfp4.numerics.dispatch``."""
 
 from __future__ import annotations
 

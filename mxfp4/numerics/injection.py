@@ -1,24 +1,10 @@
 """Component injection: one error component of MXFP4 alone, or MXFP4 without it, as a quantizer.
 
 Because the split is exact as vectors (``MX(x) - x = e_scale + e_dead + e_grid``), each component
-can be applied to a GEMM operand by itself (docs/design.md, "The pathway matrix"):
+can be applied to a GEMM operand by itself: ``inject c`` gives ``x + e_c``, ``remove c`` gives
+``MX(x) - e_c``; energy-matched controls replace ``e_c`` by noise of the same energy per block.
 
-    inject c   x + e_c           sufficiency: what that component alone does
-    remove c   MX(x) - e_c       necessity: MXFP4 with a perfect correction of c
-
-``ComponentQuantizer`` is a ``Quantizer``: the model patcher runs it through the same patched GEMMs
-as every recipe, so a recipe's ``gemms`` choose the site (``SITES``: the forward GEMM, the two
-backward GEMMs, or both). The components are computed in float32 (float64 for a float64 operand),
-then cast to the operand's dtype; so ``inject scale + inject dead + inject grid - 2x = MX(x)`` holds
-to float32 round-off.
-
-``form`` picks the decomposition (``canonical`` or ``gain``, docs/decomposition.md); the identity
-holds in both. The pathway matrix's rows (``ROWS``) name the arms: ``none`` (no quantization), ``+c`` (inject c),
-``all`` (MXFP4), ``-c`` (remove c). A control arm (``CONTROL_ROWS``: ``+c~gaussian``, ``+c~permuted``)
-injects, instead of ``e_c``, noise with the same energy in every block and no alignment with x
-(``matched_control``): Gaussian noise rescaled per block to ``||e_c||``, or ``e_c`` permuted within
-its block. ``-c~k`` is MXFP4 with c's structure removed and its energy kept (``MX(x) - e_c + control``).
-"""
+The method in full: docs/methods.md, ``mxfp4.numerics.injection``."""
 
 from __future__ import annotations
 

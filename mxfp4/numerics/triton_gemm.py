@@ -1,27 +1,6 @@
 """Triton GEMMs with MXFP4 weights.
 
-- ``w4a16_matmul``: BF16 activations x MXFP4 weights, the Hopper path (no FP4 tensor cores there).
-  The weight is packed once per weight version (``pack_weight``) into a layout chosen for the
-  in-register upcast: per 128-element chunk of K, byte j holds element j in its low nibble and
-  element 64 + j in its high nibble, so the two nibbles of a row's 64 bytes (read as 16 words)
-  are two pairs of whole MX blocks that feed two dots with no shuffle; the chunk's four scale
-  bytes are one 32-bit word, stored [K/128, N] so a chunk's scales are one coalesced row and
-  every load of the loop is an asynchronous copy. The upcast turns two codes at a time into
-  bfloat16 bits (one multiply and one mask per 32-bit word) and multiplies them by the bfloat16
-  2**(scale - 1) (exact for scale bytes 0..128); weights with other scales (or NaN scales) take
-  an exact float32 decode instead, chosen once at pack time. The product is computed as
-  (W X^T)^T so that the upcast weight is the register operand of the tensor-core MMA and the
-  activations stream through shared memory; fp32 accumulation. With enough weight tiles to fill
-  the device each program streams whole rows and stores the output dtype; otherwise K is split
-  over programs that add into a zeroed float32 output. The fused kernel is the decode path
-  (M <= 64); larger M dequantizes the weight once and multiplies through the BLAS.
-- ``mx_matmul``: C = A @ B^T on MXFP4 operands through ``tl.dot_scaled`` (B MXFP4; A MXFP4 or
-  bf16), for devices with native FP4 MMA (sm_100); autotuned on CUDA.
-
-Both are exact against dequantize-then-matmul up to the order of the float32 accumulation (every
-product of a bfloat16 and an MXFP4 value is exact in float32); ``kernel_checks.check_matmul``
-bounds the difference by K * eps_fp32 * sum|a||b| per output.
-"""
+The method in full: docs/methods.md, ``mxfp4.numerics.triton_gemm``."""
 
 from __future__ import annotations
 

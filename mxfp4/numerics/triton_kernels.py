@@ -1,38 +1,10 @@
 """Triton kernels for MXFP4 (E2M1 elements, E8M0 scales, blocks of 32): bit-exact with the reference.
 
-Two tilings, chosen by where the blocked axis lies in memory, never by a transposed copy:
+Quantize, dequantize, fake-quantize (one axis or both from one read) and fake-quantize with the
+decomposition statistics, tiled by where the blocked axis lies in memory (row mode or column mode),
+never through a transposed copy; autotuned on CUDA, large fixed tiles under the interpreter.
 
-- row mode (the blocked axis is the contiguous one): tiles [BLOCK_R, BLOCK_K], blocks along K;
-- column mode (the blocked axis has a stride): the tensor is read as [B, R, C] with C contiguous and
-  blocks of 32 along R, tiles [BLOCK_R, BLOCK_C] in the tensor's own layout (the weight-gradient
-  operands along axis 0, 3D expert stacks along any axis). Rows are read as even/odd pairs so that
-  codes pack two per byte along R without a shuffle.
-
-Kernels:
-
-- ``quantize``: float32/bfloat16/float16 to packed E2M1 codes + E8M0 scale bytes, in the
-  reference's layout (blocked axis last).
-- ``dequantize``: the inverse, to any float dtype, written in the original tensor's layout.
-- ``fake_quantize``: both in one pass, output in the input's layout; ``fake_quantize_both``: a 2D
-  tensor along both axes from one read (dY for the input- and weight-gradient GEMMs).
-- ``fake_quantize_with_stats``: also the decomposition statistics (energies of e_scale, e_dead,
-  e_grid and of the total error; deadzone and saturation counts), in float32 in each block's
-  scaled domain x / 2**e, summed over each thread's run of a block, scaled back by 4**e and
-  summed in float64 per program; returned as device tensors (no host sync). The ideal-scale
-  rounding that decides the deadzone and the grid error is exact for bfloat16 and float16 inputs
-  (``_ideal_value``: ties land on the midpoint exactly) and done in float64 for float32 inputs,
-  so the counts equal the reference's exactly for every dtype; the energies carry float32
-  round-off (checked against the float64 reference to a relative 1e-5 of the total).
-
-On CUDA the tiles and warps are autotuned (key: the blocked length, a power-of-two bucket of the
-other extent, and the variant); under ``TRITON_INTERPRET=1`` on CPU (how CI checks bit-exactness)
-large fixed tiles keep the number of programs small. The arithmetic restates the reference
-exactly with few instructions an element (``kernels/bench/inspect_sass.py`` counts them for Hopper): the
-block max and a non-finite element from one integer max of the |x| bits, shared exponents from the
-float32 bits of the block max, element rounding by one float add of a power of two whose ulp is
-the grid's spacing (``_grid_round``), powers of two built from bits (2**-127 as a float32
-subnormal), bfloat16 outputs by truncation (exact for MXFP4 values). The GEMMs are in ``triton_gemm``.
-"""
+The method in full: docs/methods.md, ``mxfp4.numerics.triton_kernels``."""
 
 from __future__ import annotations
 

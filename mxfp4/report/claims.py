@@ -1,18 +1,6 @@
 """The claims table: each claim of the paper against what a profile measured. Honest either way.
 
-Each mechanism claim is tested first directly, by the pathway matrix (the claimed component injected
-alone against each other component, paired over the same gradient batches or prompts; and the same
-contrast on the excess harm over each component's energy-matched control), then indirectly, by its
-correction (cells of the same seed paired: same initialisation, data order and sampling RNG). The
-recovery claims are per model with the paper's own margins: non-inferiority within 0.7% for the dense
-model, superiority (the paper reports +1.0%) for the MoE model, each tested two-sided so that it can be
-contradicted. Verdicts are symmetric: every p is two-sided, Holm's correction runs across the whole
-tested family (``statsmodels``), "held" and "contradicted" are the two signs of one adjusted test, and
-each interval is printed at the level its verdict uses (``1 - 0.05 p / p_holm``). Every row states its
-method, n, the smallest effect the design detects at 80% power, and, when it is not resolved, the n
-that would resolve the observed effect (from the measured paired spread). Claims true by construction
-are labelled so, never "held".
-"""
+The method in full: docs/methods.md, ``mxfp4.report.claims``."""
 
 from __future__ import annotations
 

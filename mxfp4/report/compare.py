@@ -7,21 +7,7 @@ does the recipe beat the recipe it modifies (its ``base``), and does it reach BF
   cells record it.
 - **Secondary rows**: every compared metric against every reference recipe.
 
-**One family, one error rate.** Every verdict of a report belongs to one family whose error rate is
-``ALPHA`` (0.05): Holm's step-down (family-wise error, the default) or Benjamini-Hochberg (false
-discovery rate), both from statsmodels. The level is split in advance between the two parts: the
-primary contrasts get ``PRIMARY_SHARE`` of it, the secondary rows the rest, each part adjusted within
-its share (a Bonferroni split: the error rates of the parts add up to at most ``ALPHA``). Adjusted p
-values are printed on the family's scale (a verdict fires when adjusted p < 0.05). Each interval is
-at the level at which the row's own test reproduces its adjusted verdict, ``1 - ALPHA * p / p_adj``
-(``1 - ALPHA/m`` under Bonferroni): it excludes 0 exactly when the verdict fires.
-
-When a primary contrast shows no significant difference, the row gives the minimum detectable effect
-at the current n (80% power, at the level a lone true effect must reach in its part: ``ALPHA * share
-/ m``) and the seeds that would detect the paper's effect sizes, 0.7 and 1.0 points of accuracy.
-
-Step times are compared only as ratios to a bf16 cell of the same run and seed (``step_time_vs_bf16``)
-and, like the absolute seconds, get no verdict: they are measurements of a machine, not claims."""
+The method in full: docs/methods.md, ``mxfp4.report.compare``."""
 
 from __future__ import annotations
 

@@ -5,14 +5,7 @@ its log's tail. Several runs (results folders, e.g. the two halves of ``kernels/
 with its own bf16 cell) are joined: each recipe is timed within its run, and the bf16 cells of the runs
 against each other.
 
-Times are medians over the steps after the first (the first pays CUDA warm-up and most of Triton's
-autotuning), each net of the autotuning inside it: a later step that meets a new shape bucket (a longer
-prompt, a larger micro-batch) tunes it, and with three steps one such retune would move a median by
-seconds (``autotune_time`` and ``rollout_autotune_time`` of the step log; their sums over the timed steps
-are reported). ``step_time`` excludes the probe (logged apart as ``probe_time``); ``rollout_time``
-(generation and reward scoring) is part of ``step_time``. The targets on an H100 are
-checked and recorded: W4A4 (``mxfp4``) step <= 1.3x BF16, outlier fallback <= 1.6x, macro-block <= 1.4x.
-"""
+The method in full: docs/methods.md, ``mxfp4.report.gpu_smoke``."""
 
 from __future__ import annotations
 

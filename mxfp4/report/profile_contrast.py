@@ -1,19 +1,7 @@
 """Two runs of one experiment that differ in one setting, side by side: what the setting changes in the
 operands' statistics, in the pathway matrix and in the recovery rows.
 
-Written for the heavy-tail knob (``embedded-large`` against ``embedded-large-outliers``): the
-second profile's warm starts are the first's with outlier channels added, a transform that leaves the
-full-precision function bit for bit as it was. At the warm checkpoint the two pathway matrices then
-measure the same function on the same batches and prompts, and every arm's harm is paired unit by unit
-across the runs (the units files' data digests must agree; a unit whose data differ is refused, not
-paired). After GRPO the policies differ, so those rows stand side by side with their own intervals and
-no test. The recovery rows compare each recipe's RL gain and final accuracy with BF16's in each run, per
-problem and seed (lm-eval's per-sample scores), and the change between the runs on the same problems and
-seeds (problems and seeds crossed random factors).
-
-Every test of the report is one family, Holm-adjusted (statsmodels); the report is exploratory: it
-says where the setting changes a measurement, not which claim of the paper holds.
-"""
+The method in full: docs/methods.md, ``mxfp4.report.profile_contrast``."""
 
 from __future__ import annotations
 

@@ -5,11 +5,7 @@ The tiny models keep the real architectures (Qwen2 dense; Qwen3-MoE with fused 3
 size that trains on two CPU cores, with a character tokenizer built locally by ``tokenizers``.
 They are saved like any checkpoint and loaded back through the same code as hub ids.
 
-``random:<config>`` loads a model of ``experiments/models/<config>.json`` (a real configuration, e.g.
-Qwen2.5-3B: all 36 layers, the 151,936-token vocabulary) with random weights, and a character
-tokenizer padded to that vocabulary: the GPU smoke test of the paper's path, since real weights
-cannot be downloaded on these machines.
-"""
+The method in full: docs/methods.md, ``mxfp4.rl.models``."""
 
 from __future__ import annotations
 

@@ -1,16 +1,6 @@
 """The miniature's heavy-tail knob: outlier channels in the warm start, the function left exactly as it was.
 
-Real LLMs carry a few hidden dimensions whose activations are orders of magnitude larger than the rest,
-the same dimensions in every layer (Dettmers et al. 2022, arXiv:2208.07339; Sun et al. 2024,
-arXiv:2402.17762: ``experiments/regime_literature.yaml``); the tiny warm-started models do not
-(``results/<profile>/regime.md``). ``add_outlier_channels`` gives them such channels without changing
-what they compute: in every decoder layer, the RMSNorm gains of ``count`` channels are multiplied by
-``scale`` and the matching input columns of every weight that reads that norm's output (q, k, v after
-the input norm; gate and up, or the router and the fused experts' gate_up, after the post-attention
-norm) are divided by it. With a power-of-two ``scale`` both products are exact in binary floating point,
-so the full-precision model's logits are bit for bit what they were, while every GEMM that MXFP4
-quantizes sees activations with ``count`` outlier channels (and weights with ``count`` small columns).
-"""
+The method in full: docs/methods.md, ``mxfp4.rl.outlier_channels``."""
 
 from __future__ import annotations
 

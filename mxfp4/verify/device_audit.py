@@ -6,20 +6,7 @@ fails, or silently copies. Such bugs hide on CPU-only machines, where every tens
 and the ``meta`` device alone does not find them all (0-dim CPU operands are accepted there, and
 data-dependent ops cannot run).
 
-``audit_devices(fn, *tensors)`` runs ``fn`` on real CPU data that claims to live elsewhere: each
-input is wrapped in ``Elsewhere``, a tensor subclass whose ``.device`` reads ``meta`` (standing for
-"the accelerator") and which holds its CPU values. Under ``DeviceAudit`` (a ``TorchDispatchMode``)
-
-- a factory op asked for that device (``torch.zeros(..., device=x.device)``, ``.to(x)``) makes an
-  ``Elsewhere`` tensor; one made without a device makes a plain CPU tensor, as on a real machine;
-- an op that mixes an ``Elsewhere`` tensor with a plain CPU tensor (even a 0-dim one: CUDA refuses
-  it for ops such as ``nextafter``) raises ``DeviceLeak`` naming the op, except the explicit copies
-  between devices (``copy_``, ``.to``);
-- everything else runs on the CPU values, so data-dependent code (masks, ``topk``, ``.item()``)
-  runs as it would on the device.
-
-``fn``'s tensor results come back as plain CPU tensors, to compare with a run on CPU inputs.
-"""
+The method in full: docs/methods.md, ``mxfp4.verify.device_audit``."""
 
 from __future__ import annotations
 
