@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from .io import writable_folder, write_json_atomic, write_text_atomic
-from .layout import Layout
+from .layout import GPU_SMOKE_DENSE, Layout
 
 MAX_SAMPLE = 2**26  # elements of a decompose --dist sample
 SAMPLE_DEFAULTS = {"rows": 256, "cols": 1024, "dtype": "float32", "seed": 0}  # decompose --dist only
@@ -409,14 +409,14 @@ def _profile(args):
 
 def _profile_args(p) -> None:
     """The arguments of a command that works on a profile's results."""
-    p.add_argument("--profile", default="embedded")
-    p.add_argument("--results", default="results")
+    p.add_argument("--profile", default="embedded", help="a profile of experiments/profiles/ (default embedded)")
+    p.add_argument("--results", default="results", help="the results root (default results)")
 
 
 def _model_args(p) -> None:
     """The arguments of a command that works on one model of a profile."""
     _profile_args(p)
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", required=True, help="a model line of the profile (e.g. tiny-dense)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -439,7 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cols", type=int, help="--dist only (default 1024)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="--dist only (default float32)")
     p.add_argument("--seed", type=int, help="--dist only (default 0)")
-    p.add_argument("--format", default="mxfp4", choices=list(FORMATS))
+    p.add_argument("--format", default="mxfp4", choices=list(FORMATS), help="the block format (default mxfp4)")
     p.add_argument("--scale-rule", default=None, help="floor (default), ceil, even, rceil; nearest for nvfp4")
     p.add_argument("--axis", type=int, default=-1, help="the axis the blocks run along")
     p.add_argument("--form", default="canonical", choices=["canonical", "gain"],
@@ -449,14 +449,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_decompose)
 
     p = sub.add_parser("prove", help="check the decomposition identity numerically; writes a JSON report")
-    p.add_argument("--out", default="results/proofs.json")
-    p.add_argument("--rows", type=int, default=128)
-    p.add_argument("--cols", type=int, default=1024)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="results/proofs.json", help="the JSON report (default results/proofs.json)")
+    p.add_argument("--rows", type=int, default=128, help="rows of each test tensor (default 128)")
+    p.add_argument("--cols", type=int, default=1024, help="columns of each test tensor (default 1024)")
+    p.add_argument("--seed", type=int, default=0, help="the seed of the test tensors (default 0)")
     p.set_defaults(func=_cmd_prove)
 
     p = sub.add_parser("corrections-table", help="each correction's effect on each error component (markdown)")
-    p.add_argument("--out", default="docs/corrections.md")
+    p.add_argument("--out", default="docs/corrections.md", help="the markdown table (default docs/corrections.md)")
     p.add_argument("--json", default=None, help="also write the rows as JSON")
     p.add_argument(
         "--model",
@@ -474,8 +474,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("cell", help="one ablation cell: GRPO under a recipe, then GSM8K eval via lm-eval")
     _model_args(p)
-    p.add_argument("--recipe", required=True)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--recipe", required=True, help="a named recipe (experiments/recipes.yaml or --recipes)")
+    p.add_argument("--seed", type=int, default=0, help="the cell's seed (default 0)")
     p.add_argument("--recipes", default=None, help="a recipes YAML (default experiments/recipes.yaml)")
     p.set_defaults(func=_cmd_cell)
 
@@ -494,7 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("probe-batch", help="the GRPO batch every recipe's gradient probes of a model and seed are "
                                            "taken on (sampled once by the starting policy, unquantized)")
     _model_args(p)
-    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--seed", type=int, required=True, help="the seed whose batch to make or find")
     p.set_defaults(func=_cmd_probe_batch)
 
     p = sub.add_parser("weight-components", help="the decomposition of every weight tensor in both forms: shares "
@@ -511,7 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("aggregate", help="tidy CSVs of a profile's finished cells (cells, steps, summary)")
     _profile_args(p)
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="default results/<profile>/aggregate/")
     p.set_defaults(func=_cmd_aggregate)
 
     p = sub.add_parser("claims", help="the paper's claims against a profile's measurements (markdown)")
@@ -535,16 +535,15 @@ def build_parser() -> argparse.ArgumentParser:
                        "statistics, the pathway matrix (paired unit by unit at the warm start) and the recovery rows")
     p.add_argument("a", help="the reference profile (e.g. embedded-large)")
     p.add_argument("b", help="the profile that changes one setting (e.g. embedded-large-outliers)")
-    p.add_argument("--results", default="results")
+    p.add_argument("--results", default="results", help="the results root holding both runs (default results)")
     p.add_argument("--out", default=None, help="default results/<b>/contrast/<a>.md (and .csv)")
     p.set_defaults(func=_cmd_profile_contrast)
 
     p = sub.add_parser("compare", help="a recipe's cells against stored baselines, with intervals and verdicts")
-    p.add_argument("--profile", default="embedded")
-    p.add_argument("--recipe", required=True)
-    p.add_argument("--results", default="results")
+    _profile_args(p)
+    p.add_argument("--recipe", required=True, help="the recipe whose cells are compared")
     p.add_argument("--baselines", default=None, help="default results/baselines/<profile>/cells.csv")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="the markdown report")
     p.add_argument("--figure", default=None, help="output stem for the figure (.png and .pdf)")
     p.add_argument("--reproduction", default=None,
                    help="the JSON of mxfp4 reproduction: when the stored baselines do not reproduce here, this "
@@ -555,33 +554,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("reproduction", help="whether a stored baseline cell, rerun here, reproduces bit for bit")
-    p.add_argument("--profile", default="embedded")
-    p.add_argument("--results", default="results")
+    _profile_args(p)
     p.add_argument("--cell", required=True, action="append",
                    help="MODEL/RECIPE/seedN, run in this results folder (repeatable: all must reproduce)")
     p.add_argument("--baselines", default=None, help="default results/baselines/<profile>/cells.csv")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="the JSON of the check")
     p.set_defaults(func=_cmd_reproduction)
 
     p = sub.add_parser("memory-plan", help="peak memory of one GRPO step per recipe at a real configuration, "
                                            "computed on CPU under FakeTensorMode (nothing allocated)")
-    p.add_argument("--profile", default="gpu-smoke-quick")
+    p.add_argument("--profile", default="gpu-smoke-quick", help="a profile with a real configuration")
     p.add_argument("--model", default=None, help="a model of the profile with a real config (default: the first)")
     p.add_argument("--recipes", nargs="*", default=None, help="default: the profile's")
     p.add_argument("--layers", type=int, default=None, help="fewer layers (a quick check; the plan uses all)")
     p.add_argument("--device", default="nvidia-h100-x1", help="whose memory limit is beside the plan")
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", required=True, help="the JSON plan (rewritten after each recipe)")
     p.set_defaults(func=_cmd_memory_plan)
 
     p = sub.add_parser(
         "gpu-smoke-report", help="per recipe: step and generation time vs BF16, peak memory, weight update"
     )
-    p.add_argument("--profile", default="gpu-smoke")
+    p.add_argument("--profile", default="gpu-smoke", help="a one-model, one-seed GPU profile")
     p.add_argument("--results", action="append",
                    help="a run's results folder (repeat to join runs, each against its own bf16; default results)")
     p.add_argument("--plan", default="results/gpu/memory_plan_qwen2.5-3b.json",
                    help="the memory plan whose peaks go beside the measured ones (skipped where absent)")
-    p.add_argument("--out", default="results/gpu/gpu_smoke_dense.json")
+    p.add_argument("--out", default=str(GPU_SMOKE_DENSE), help=f"the JSON report (default {GPU_SMOKE_DENSE})")
     p.set_defaults(func=_cmd_gpu_smoke_report)
 
     p = sub.add_parser("plot", help="draw a figure from result files")

@@ -465,10 +465,22 @@ def seed_problems(train: list[dict], settings, seed: int) -> tuple[list[dict], l
 
 def run_pathways(profile: Profile, model_name: str, results="results", out_csv=None,
                  progress=print, checkpoint: str | None = None, out_units=None) -> list[dict]:
-    """The pathway matrix of one model on every seed of the profile: per checkpoint (all the profile
-    names, or the one given), each seed's policy measured on its own batches and prompts, the rows
-    estimated with the policy as the outer unit (``stats.nested_mean``). With ``out_units``, every
-    unit's harm is written there too (``unit_rows``)."""
+    """The pathway matrix of one model on every seed of the profile: per checkpoint, each seed's policy
+    measured on its own batches and prompts, the rows estimated with the policy as the outer unit
+    (``stats.nested_mean``).
+
+    Args:
+        profile: the run's profile; its ``pathways`` section sets the design.
+        model_name: a model line of the profile.
+        results: the results root (warm starts, the bf16 cells' policies after GRPO).
+        out_csv: where to write the rows (``pathway_spec.FIELDS``); None writes nothing.
+        progress: called with one line per seed and form.
+        checkpoint: one checkpoint only (``warm`` or ``grpo``); default every one the profile names.
+        out_units: where to write every unit's harm (``UNIT_FIELDS``).
+
+    Returns:
+        The rows.
+    """
     settings = profile.pathways
     if settings is None:
         raise ValueError(

@@ -319,6 +319,8 @@ def profile_data(name: str, _children: tuple[str, ...] = ()) -> dict:
 
 
 def load_profile(name: str) -> Profile:
+    """The profile ``experiments/profiles/<name>.yaml``, its ``base:`` chain merged and every key validated
+    (an unknown or missing key, a wrong type or an out-of-range value is a ValueError naming it)."""
     path = PROFILES_DIR / f"{name}.yaml"
     profile = parse(Profile, profile_data(name), f"profile {path.name}")
     if profile.name != name:

@@ -128,14 +128,20 @@ def weight_cache_pays(model, quantizer: Quantizer | None, sharded: bool = False)
 
 def patch_model(model, quantizer: Quantizer | None, probe=None, cache_weights: bool = True) -> list[str]:
     """Patch ``model`` in place so that the modules of ``quantizer.modules`` compute their GEMMs
-    through ``quantizer`` (``Recipe.quantizer()``); returns the patched module names.
-
-    ``cache_weights=False`` quantizes a weight at every use instead of once per version: for sharded
-    training (FSDP2, ZeRO-3), where a per-layer cache of gathered weights would hold the whole model
-    unsharded on every rank, and for models too large for the cache (``weight_cache_pays``).
-
-    ``None`` (a full-precision recipe) patches nothing but records the state. A tied lm_head is
+    through ``quantizer``: each becomes an ``MXLinear`` (or ``MX<experts class>``). A tied lm_head is
     refused: quantizing it would also quantize the input embeddings.
+
+    Args:
+        model: a transformers model (or any module with a ``config``), not patched yet.
+        quantizer: ``Recipe.quantizer()``; None (a full-precision recipe) patches nothing but records
+            the state.
+        probe: called as ``probe(layer_name, kind, tensor, axis)`` on every operand quantized.
+        cache_weights: quantize each weight once per version (True) or at every use: False for sharded
+            training (FSDP2, ZeRO-3), where a cache of gathered weights would hold the whole model on every
+            rank, and for models too large for it (``weight_cache_pays``).
+
+    Returns:
+        The patched module names.
     """
     if patch_state(model) is not None:
         raise ValueError("model is already patched; unpatch it first")

@@ -171,12 +171,25 @@ def decompose(
     form: str = "canonical",
 ) -> Decomposition:
     """Split the quantization error of ``x`` into scale bias, deadzone truncation and grid noise, in
-    the canonical or the gain form (``FORMS``; docs/decomposition.md).
+    the canonical or the gain form (``FORMS``; docs/decomposition.md): ``e_scale + e_dead + e_grid``
+    equals ``MX(x) - x`` exactly.
 
-    ``block_quantizer(blocks) -> (grid values, effective scale per block)`` replaces the format's
-    own quantizer (corrections such as macro-block scaling pass theirs; the identity holds for any).
-    ``exclude`` marks elements that are not quantized (kept in high precision by a correction):
-    they must be zero in ``x`` and are left out of the counts and fractions.
+    Args:
+        x: a finite tensor (float32, bfloat16, float16 or float64).
+        fmt: the block format (a name of ``FORMATS`` or a ``BlockFormat``).
+        axis: the axis the blocks run along.
+        scale_rule: the scale rule (default: the format's own; ``floor`` for MXFP4).
+        block_quantizer: ``block_quantizer(blocks) -> (grid values, effective scale per block)`` in place
+            of the format's own quantizer (corrections such as macro-block scaling pass theirs; the
+            identity holds for any).
+        exclude: a mask of elements that are not quantized (kept in high precision by a correction); they
+            must be zero in ``x`` and are left out of the counts and fractions.
+        form: ``canonical`` (ideal-scale deadzone and grid) or ``gain`` (stored-scale deadzone; scale bias
+            the per-block gain).
+
+    Returns:
+        A ``Decomposition``: the quantized tensor, the three components in ``x``'s shape, the deadzone and
+        saturation masks, and ``stats`` (energies, shares, Shapley shares, cosines, fractions).
     """
     fmt, axis, rule = check_input(x, fmt, axis, scale_rule)
     n_bad = int((~torch.isfinite(x)).sum())

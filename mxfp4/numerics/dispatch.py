@@ -87,12 +87,33 @@ def _compiled_fake_quantize():
 
 
 def quantize(x, fmt="mxfp4", axis=-1, scale_rule=None) -> reference.QuantizedTensor:
+    """Quantize ``x`` into packed element codes and per-block scales (the Triton kernels on CUDA, the
+    reference elsewhere; the same bytes either way).
+
+    Args:
+        x: the tensor (float32, bfloat16 or float16; any number of dimensions, any device).
+        fmt: the block format, a name of ``FORMATS`` (``mxfp4``, ``mxfp6_e2m3``, ``mxfp6_e3m2``,
+            ``mxfp8_e4m3``, ``nvfp4``).
+        axis: the axis the blocks run along (a GEMM's reduction axis); its length need not be a multiple
+            of the block size (the last block is padded with zeros).
+        scale_rule: the E8M0 scale rule, ``floor`` (OCP, the default), ``ceil``, ``even`` or ``rceil``.
+
+    Returns:
+        A ``QuantizedTensor``: codes packed two per byte along the blocked axis (first element in the low
+        nibble), the scales as raw E8M0 bytes, and what ``dequantize`` needs to restore the shape.
+    """
     if backend_for(x, fmt) == "triton":
         return _kernels().quantize(x, axis, scale_rule)
     return reference.quantize(x, fmt, axis, scale_rule)
 
 
 def dequantize(qt: reference.QuantizedTensor, dtype=None) -> torch.Tensor:
+    """The values of a ``QuantizedTensor`` in its original shape and layout.
+
+    Args:
+        qt: what ``quantize`` returned.
+        dtype: the output dtype (default: the dtype ``x`` had).
+    """
     if not isinstance(qt, reference.QuantizedTensor):
         raise ValueError(f"dequantize takes a QuantizedTensor (from mxfp4.quantize), got {type(qt).__name__}")
     if backend_for(qt.codes, qt.fmt) == "triton":
@@ -114,8 +135,18 @@ class _StraightThrough(torch.autograd.Function):
 
 
 def fake_quantize(x, fmt="mxfp4", axis=-1, scale_rule=None) -> torch.Tensor:
-    """x quantized and dequantized, in x's dtype. On a tensor that requires grad (with grad mode on)
-    the gradient flows straight through (the straight-through estimator); the values are the same."""
+    """x quantized and dequantized, in x's dtype: ``dequantize(quantize(x))`` without the packed copy. On a
+    tensor that requires grad (with grad mode on) the gradient flows straight through (the
+    straight-through estimator); the values are the same.
+
+    Args:
+        x: the tensor (float32, bfloat16 or float16; any number of dimensions, any device).
+        fmt: the block format, a name of ``FORMATS`` (``mxfp4``, ``mxfp6_e2m3``, ``mxfp6_e3m2``,
+            ``mxfp8_e4m3``, ``nvfp4``).
+        axis: the axis the blocks run along (a GEMM's reduction axis); its length need not be a multiple
+            of the block size (the last block is padded with zeros).
+        scale_rule: the E8M0 scale rule, ``floor`` (OCP, the default), ``ceil``, ``even`` or ``rceil``.
+    """
     if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
         return _StraightThrough.apply(x, lambda t: fake_quantize(t, fmt, axis, scale_rule))
     backend = backend_for(x, fmt)

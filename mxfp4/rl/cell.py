@@ -180,7 +180,21 @@ def run_cell(
     results: Path | str = "results",
     recipes_file: str | None = None,
 ) -> dict | None:
-    """Run one cell; its metrics (None on the ranks other than the main process of a multi-process cell)."""
+    """Run one cell: GRPO under a recipe from the profile's starting policy, then the three lm-eval
+    evaluations; every input is checked before any work (``plan_cell``).
+
+    Args:
+        profile: the run's profile (``load_profile``).
+        model_name: a model line of the profile.
+        recipe_name: a named recipe (``experiments/recipes.yaml``, ``recipes_file``, ``$MXFP4_RECIPES``).
+        seed: the cell's seed (initialisation, data order, sampling).
+        results: the results root; the cell writes ``Layout(results, profile.name).cell(...)``.
+        recipes_file: an extra recipes YAML.
+
+    Returns:
+        The cell's metrics (what ``metrics.json`` holds); None on the ranks other than the main process
+        of a multi-process cell.
+    """
     plan = plan_cell(profile, model_name, recipe_name, seed, results, recipes_file)
     return execute(plan)
 
