@@ -115,6 +115,20 @@ def gemm_precision(ctx, fn):
         return fn(torch.float32)
 
 
+def forward_gemm(ctx, x, bias, w_fwd, gemm: GemmContext) -> torch.Tensor:
+    """The forward GEMM ``Q(x) . w_fwd^T + b`` in the precision ``ctx`` records (``autocast``, ``exact``,
+    ``device_type``): what ``QuantLinearFunction`` computes, and all a forward without autograd needs."""
+
+    def run(cast):
+        a = gemm.act(x, -1, "activation", gemm.gemms["forward"])
+        if cast is None:  # x's own precision (no autocast), or bf16 GEMMs on exact bf16 values
+            return F.linear(a if ctx.autocast is not None else a.to(x.dtype), w_fwd, bias)
+        b = None if bias is None else bias.to(cast)
+        return F.linear(a.to(cast), w_fwd.to(cast), b).to(ctx.autocast)
+
+    return gemm_precision(ctx, run)
+
+
 class QuantLinearFunction(torch.autograd.Function):
     """y = Q(x) Q(w)^T + b with quantized backward GEMMs; w_fwd / w_bwd are the cached quantized weights.
 
@@ -127,15 +141,7 @@ class QuantLinearFunction(torch.autograd.Function):
     def forward(ctx, x, weight, bias, w_fwd, w_bwd, gemm: GemmContext):
         ctx.autocast, ctx.device_type = autocast_dtype(x), x.device.type
         ctx.exact = gemm.quantizer.exact_in_bf16
-
-        def run(cast):
-            a = gemm.act(x, -1, "activation", gemm.gemms["forward"])
-            if cast is None:  # x's own precision (no autocast), or bf16 GEMMs on exact bf16 values
-                return F.linear(a if ctx.autocast is not None else a.to(x.dtype), w_fwd, bias)
-            b = None if bias is None else bias.to(cast)
-            return F.linear(a.to(cast), w_fwd.to(cast), b).to(ctx.autocast)
-
-        y = gemm_precision(ctx, run)
+        y = forward_gemm(ctx, x, bias, w_fwd, gemm)
         ctx.save_for_backward(x, w_bwd)
         ctx.gemm = gemm
         ctx.has_bias = bias is not None
@@ -168,14 +174,30 @@ class QuantLinearFunction(torch.autograd.Function):
 
 
 def quant_linear(x, weight, bias, gemm: GemmContext, w_fwd=None, w_bwd=None):
-    """F.linear through the recipe's quantizer (weights taken from the cache unless given)."""
+    """F.linear through the recipe's quantizer (weights taken from the cache unless given). Without
+    autograd (rollouts, evaluation) only the forward GEMM runs: no backward-axis weight, no autograd node."""
     if w_fwd is None:
         w_fwd = gemm.weight(weight, 1, gemm.gemms["forward"])
+    autocast = autocast_dtype(x)
+    if autocast is None:  # under autocast the GEMM casts them itself (float32 when not exact in bf16)
+        w_fwd = w_fwd.to(x.dtype)
+    if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        ctx = ForwardOnly(autocast, x.device.type, gemm.quantizer.exact_in_bf16)
+        return forward_gemm(ctx, x, bias, w_fwd, gemm)
     if w_bwd is None:
         w_bwd = gemm.weight(weight, 0, gemm.gemms["input_grad"])
-    if autocast_dtype(x) is None:  # under autocast the GEMM casts them itself (float32 when not exact in bf16)
-        w_fwd, w_bwd = w_fwd.to(x.dtype), w_bwd.to(x.dtype)
+    if autocast is None:
+        w_bwd = w_bwd.to(x.dtype)
     return QuantLinearFunction.apply(x, weight, bias, w_fwd, w_bwd, gemm)
+
+
+@dataclass(frozen=True)
+class ForwardOnly:
+    """The precision a forward without autograd runs in (what ``QuantLinearFunction`` keeps on its ctx)."""
+
+    autocast: torch.dtype | None
+    device_type: str
+    exact: bool
 
 
 def linear_forward(self, x: torch.Tensor) -> torch.Tensor:

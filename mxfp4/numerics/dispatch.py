@@ -1,24 +1,23 @@
 """The one dispatch every caller goes through: it picks the implementation, callers never do.
 
 - CUDA tensors in MXFP4: the Triton kernels.
-- CPU tensors: the reference (pure PyTorch), unless the Triton kernels are asked for with
-  ``MXFP4_BACKEND=triton`` (or ``use_backend("triton")``), which on CPU needs ``TRITON_INTERPRET=1``
-  set before the first import of the kernels; ``compiled`` asks for ``torch.compile`` of the reference.
-- Formats other than MXFP4 always use the reference (it runs on any device).
+- CPU tensors: the reference (pure PyTorch), unless ``MXFP4_BACKEND`` (or ``use_backend``) asks for
+  ``compiled`` (``torch.compile`` of the reference on CPU: the same values, faster once compiled) or
+  ``triton`` (on CPU under ``TRITON_INTERPRET=1``, set before the first import of the kernels).
+- Formats other than MXFP4 use the reference (or its compiled form on CPU).
 
 The method in full: docs/methods.md, ``mxfp4.numerics.dispatch``."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import sys
 
 import torch
 
-from . import reference
+from . import compiled, reference
 from .formats import BlockFormat, get_format
 
 BACKENDS = ("auto", "reference", "compiled", "triton")
@@ -79,11 +78,6 @@ def autotune_spent() -> tuple[float, int]:
     (0.0, 0) while they are not loaded (importing them here would fix the interpreter choice too early)."""
     loaded = sys.modules.get(f"{__package__}.triton_kernels")
     return loaded.autotune_spent() if loaded is not None else (0.0, 0)
-
-
-@functools.cache
-def _compiled_fake_quantize():
-    return torch.compile(reference.fake_quantize, dynamic=False)
 
 
 def quantize(x, fmt="mxfp4", axis=-1, scale_rule=None) -> reference.QuantizedTensor:
@@ -152,8 +146,8 @@ def fake_quantize(x, fmt="mxfp4", axis=-1, scale_rule=None) -> torch.Tensor:
     backend = backend_for(x, fmt)
     if backend == "triton":
         return _kernels().fake_quantize(x, axis, scale_rule)
-    if backend == "compiled":
-        return _compiled_fake_quantize()(x, fmt, axis, scale_rule)
+    if backend == "compiled" and x.device.type == "cpu":
+        return compiled.fake_quantize(x, *reference.check_input(x, fmt, axis, scale_rule))
     return reference.fake_quantize(x, fmt, axis, scale_rule)
 
 
