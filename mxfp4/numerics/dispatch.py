@@ -133,13 +133,7 @@ def fake_quantize(x, fmt="mxfp4", axis=-1, scale_rule=None) -> torch.Tensor:
     tensor that requires grad (with grad mode on) the gradient flows straight through (the
     straight-through estimator); the values are the same.
 
-    Args:
-        x: the tensor (float32, bfloat16 or float16; any number of dimensions, any device).
-        fmt: the block format, a name of ``FORMATS`` (``mxfp4``, ``mxfp6_e2m3``, ``mxfp6_e3m2``,
-            ``mxfp8_e4m3``, ``nvfp4``).
-        axis: the axis the blocks run along (a GEMM's reduction axis); its length need not be a multiple
-            of the block size (the last block is padded with zeros).
-        scale_rule: the E8M0 scale rule, ``floor`` (OCP, the default), ``ceil``, ``even`` or ``rceil``.
+    Args: as ``quantize``'s (x, fmt, axis, scale_rule).
     """
     if isinstance(x, torch.Tensor) and x.requires_grad and torch.is_grad_enabled():
         return _StraightThrough.apply(x, lambda t: fake_quantize(t, fmt, axis, scale_rule))

@@ -2,31 +2,12 @@
 
 import importlib.metadata
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from gpu_fixtures import kernels_script, session_env
 
-def _kernels_script(name: str):
-    """A script of kernels/bench/ or kernels/gpu/ (not packages) as a module."""
-    import importlib.util
-
-    kernels = Path(__file__).resolve().parents[2] / "kernels"
-    [path] = [p for p in (kernels / "bench" / f"{name}.py", kernels / "gpu" / f"{name}.py") if p.is_file()]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-def _session_env(out: Path, work: Path, wheels: Path, **extra: str) -> dict:
-    """The environment of a kernels/gpu/gpu_session.sh run here: this Python first on PATH (python3 there),
-    ``wheels`` as the carried bundle, a deadline that leaves the step room."""
-    import os
-
-    return {**os.environ, "OUT": str(out), "WORK": str(work), "DEADLINE_S": "120", "WHEELS": str(wheels),
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **extra}
 
 def _wheel(folder: Path, name: str, version: str, module_text: str) -> Path:
     """A minimal pure-Python wheel of package ``name`` (one ``__init__.py``), as pip builds one."""
@@ -45,7 +26,7 @@ def _wheel(folder: Path, name: str, version: str, module_text: str) -> Path:
 
 
 def test_the_gpu_wheel_bundle_pins_the_versions_the_harness_is_tested_with():
-    bundle = _kernels_script("gpu_bundle")
+    bundle = kernels_script("gpu_bundle")
     wheels, pins = bundle.read_packages(bundle.WHEELS), bundle.read_packages(bundle.ROOT / "constraints.txt")
     assert {"transformers", "trl", "lm-eval", "datasets", "pydantic", "pydantic-core", "torchao"} <= set(wheels)
     assert {name: v for name, v in wheels.items() if name in pins and pins[name] != v} == {}
@@ -53,7 +34,7 @@ def test_the_gpu_wheel_bundle_pins_the_versions_the_harness_is_tested_with():
 
 
 def test_the_requirement_walk_reads_markers_for_the_gpu_python_and_finds_absent_and_outdated_packages():
-    bundle = _kernels_script("gpu_bundle")
+    bundle = kernels_script("gpu_bundle")
     roots = {"a": ["b>=2", "c", "d>=1.0", "e",
                    "tomli; python_version < '3.11'",     # false on the GPU's 3.12
                    "pywin32; sys_platform == 'win32'",   # false on Linux
@@ -71,7 +52,7 @@ def test_the_stand_in_for_the_gpu_image_takes_the_image_packages_required_at_the
     """What kernels/gpu/emulate_gpu_image.sh installs: the image's packages that the harness or a carried package
     requires, pinned where the image's version is known; never a carried one (the bundle shadows it) nor one
     nobody requires."""
-    bundle = _kernels_script("gpu_bundle")
+    bundle = kernels_script("gpu_bundle")
     image, wheels = tmp_path / "image.txt", tmp_path / "wheels.txt"
     image.write_text("torch==2.11.0\ntriton==3.6.0\nnumpy==2.5.2\npyyaml\njax==0.11.2\npydantic==2.9.0\n")
     wheels.write_text("pydantic==2.14.3  # carried: shadows the image's copy\n")
@@ -83,7 +64,7 @@ def test_the_stand_in_for_the_gpu_image_takes_the_image_packages_required_at_the
 
 
 def test_the_carried_wheels_and_the_gpu_image_meet_every_requirement_of_the_harness(tmp_path):
-    bundle = _kernels_script("gpu_bundle")
+    bundle = kernels_script("gpu_bundle")
     unmet, _, unread = bundle.check_here()
     assert unmet == []
     for name in unread:  # read from the wheel where .whl/ holds it, else from the installed copy
@@ -114,7 +95,7 @@ def test_the_carried_wheels_are_installed_once_and_shadow_the_images_own_package
     _wheel(wheels, "torchao", "99.0", "__version__ = '99.0'\n")
     for call in ("one", "two"):
         out = tmp_path / call
-        env = _session_env(out, tmp_path / f"work-{call}", wheels, SITE=str(site))
+        env = session_env(out, tmp_path / f"work-{call}", wheels, SITE=str(site))
         done = subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack"], cwd=root, env=env, capture_output=True,
                               text=True, timeout=300)
         assert done.returncode == 0, done.stderr

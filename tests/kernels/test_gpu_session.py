@@ -8,53 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from gpu_fixtures import kernels_script, session_env, smoke_cell
 from mxfp4.config.profiles import load_profile
 
 
-def _kernels_script(name: str):
-    """A script of kernels/bench/ or kernels/gpu/ (not packages) as a module."""
-    import importlib.util
-
-    kernels = Path(__file__).resolve().parents[2] / "kernels"
-    [path] = [p for p in (kernels / "bench" / f"{name}.py", kernels / "gpu" / f"{name}.py") if p.is_file()]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-def _smoke_cell(results, recipe, step_times, peak=None, log=None, autotune=None):
-    """A finished gpu-smoke-quick cell (rollout_time half of each step_time), or only the log of one that died;
-    ``autotune``: per step (autotune_time, rollout_autotune_time, autotune_keys) as StepLogger logs them."""
-    from mxfp4.layout import TRAIN_LOG, Layout
-
-    layout = Layout(results, "gpu-smoke-quick")
-    if log is not None:  # a cell that died before its metrics: only its log
-        layout.cell_log("qwen2.5-3b-random", recipe, 0).parent.mkdir(parents=True, exist_ok=True)
-        layout.cell_log("qwen2.5-3b-random", recipe, 0).write_text(log)
-        return
-    cell = layout.cell("qwen2.5-3b-random", recipe, 0)
-    cell.mkdir(parents=True)
-    (cell / "metrics.json").write_text(json.dumps({"steps": len(step_times), "device": "NVIDIA H100 80GB HBM3",
-                                                   "versions": {"torch": "2.11.0"}}))
-    tuned = [dict(zip(("autotune_time", "rollout_autotune_time", "autotune_keys"), t)) for t in autotune or []]
-    (cell / TRAIN_LOG).write_text("".join(json.dumps({"step": i + 1, "step_time": s, "rollout_time": s / 2,
-                                                      "peak_memory_gib": peak,
-                                                      "peak_reserved_gib": None if peak is None else peak + i,
-                                                      **(tuned[i] if tuned else {})}) + "\n"
-                                          for i, s in enumerate(step_times)))
-
-def _session_env(out: Path, work: Path, wheels: Path, **extra: str) -> dict:
-    """The environment of a kernels/gpu/gpu_session.sh run here: this Python first on PATH (python3 there),
-    ``wheels`` as the carried bundle, a deadline that leaves the step room."""
-    import os
-
-    return {**os.environ, "OUT": str(out), "WORK": str(work), "DEADLINE_S": "120", "WHEELS": str(wheels),
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **extra}
-
-
 def test_the_moe_bench_times_the_unquantized_grouped_and_per_expert_paths_and_writes_as_it_goes(tmp_path):
-    bench = _kernels_script("bench_moe")
+    bench = kernels_script("bench_moe")
     bench.CASES = {"tiny": (8, 2, 64, 32, 1, 64)}  # the smallest case: this checks the report, not speed
     out = tmp_path / "moe.json"
     assert bench.main(["--out", str(out), "--reps", "1", "--device", "cpu", "--compute", "bfloat16"]) == 0
@@ -67,7 +26,7 @@ def test_the_moe_bench_times_the_unquantized_grouped_and_per_expert_paths_and_wr
 
 
 def test_bench_calls_of_one_device_merge_with_every_target_met_or_missed(tmp_path):
-    bench = _kernels_script("bench_kernels")
+    bench = kernels_script("bench_kernels")
 
     def memory(path, axis, fraction, shape=(8192, 4096)):
         return {"kind": "memory", "path": path, "shape": list(shape), "axis": axis, "seconds": 1.0,
@@ -106,7 +65,7 @@ def test_a_session_over_the_device_tools_file_limit_still_brings_back_its_report
     work.mkdir()
     (work / "activations.dat").write_bytes(os.urandom(16 << 20))   # incompressible, over the limit alone
     (work / "tests_gpu.xml").write_text("<testsuites/>")
-    env = _session_env(out, work, wheels=tmp_path)
+    env = session_env(out, work, wheels=tmp_path)
     subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack"], cwd=root, env=env, capture_output=True, text=True,
                    timeout=300, check=True)
     assert (out / "session.tgz").stat().st_size < 16 << 20
@@ -123,7 +82,7 @@ def test_a_sessions_calls_are_collected_into_the_gpu_files_with_every_target_met
     import subprocess
     import tarfile
 
-    collect = _kernels_script("collect_gpu_session")
+    collect = kernels_script("collect_gpu_session")
     root = tmp_path / "repo"
 
     def call(name, files, cells=(), device="NVIDIA H100 80GB HBM3"):
@@ -131,7 +90,7 @@ def test_a_sessions_calls_are_collected_into_the_gpu_files_with_every_target_met
         out.mkdir(parents=True)
         work.mkdir()
         for recipe, times in cells:   # a finished cell, or (recipe, log text) one that died
-            _smoke_cell(work / "results", recipe, *((times,) if isinstance(times, list) else ([], None, times)))
+            smoke_cell(work / "results", recipe, *((times,) if isinstance(times, list) else ([], None, times)))
         (work / "steps.tsv").write_text("stack\t0\t7\n")
         with tarfile.open(out / "session.tgz", "w:gz") as tar:
             tar.add(work, arcname=".")
@@ -226,7 +185,7 @@ def test_the_gpu_session_returns_what_the_device_tool_can_bring_back(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     out, work = tmp_path / "out", tmp_path / "work"
-    env = _session_env(out, work, wheels=tmp_path)
+    env = session_env(out, work, wheels=tmp_path)
     done = subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack", "checks"], cwd=root,
                           env={**env, "DEADLINE_S": "1"}, capture_output=True, text=True,
                           timeout=60)  # a deadline already past: both skipped

@@ -1,41 +1,20 @@
 """The GPU smoke report: each recipe timed against its own run's bf16, net of the autotuning."""
 
-import json
 
 import pytest
 
-
-def _smoke_cell(results, recipe, step_times, peak=None, log=None, autotune=None):
-    """A finished gpu-smoke-quick cell (rollout_time half of each step_time), or only the log of one that died;
-    ``autotune``: per step (autotune_time, rollout_autotune_time, autotune_keys) as StepLogger logs them."""
-    from mxfp4.layout import TRAIN_LOG, Layout
-
-    layout = Layout(results, "gpu-smoke-quick")
-    if log is not None:  # a cell that died before its metrics: only its log
-        layout.cell_log("qwen2.5-3b-random", recipe, 0).parent.mkdir(parents=True, exist_ok=True)
-        layout.cell_log("qwen2.5-3b-random", recipe, 0).write_text(log)
-        return
-    cell = layout.cell("qwen2.5-3b-random", recipe, 0)
-    cell.mkdir(parents=True)
-    (cell / "metrics.json").write_text(json.dumps({"steps": len(step_times), "device": "NVIDIA H100 80GB HBM3",
-                                                   "versions": {"torch": "2.11.0"}}))
-    tuned = [dict(zip(("autotune_time", "rollout_autotune_time", "autotune_keys"), t)) for t in autotune or []]
-    (cell / TRAIN_LOG).write_text("".join(json.dumps({"step": i + 1, "step_time": s, "rollout_time": s / 2,
-                                                      "peak_memory_gib": peak,
-                                                      "peak_reserved_gib": None if peak is None else peak + i,
-                                                      **(tuned[i] if tuned else {})}) + "\n"
-                                          for i, s in enumerate(step_times)))
+from gpu_fixtures import smoke_cell
 
 
 def test_the_gpu_smoke_report_times_each_recipe_against_its_own_runs_bf16(tmp_path):
     from mxfp4.report.gpu_smoke import report
 
     a, b = tmp_path / "a", tmp_path / "b"
-    _smoke_cell(a, "bf16", [50.0, 2.0, 4.0], peak=40.0)     # median after the first step: 3.0
-    _smoke_cell(a, "mxfp4", [90.0, 3.6, 3.6], peak=60.0)    # 3.6 / 3.0 = 1.2 <= 1.3
-    _smoke_cell(a, "mxfp4+macro", [], log="Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory")
-    _smoke_cell(b, "bf16", [50.0, 4.0, 4.0])                # a slower machine: 4.0
-    _smoke_cell(b, "mxfp4+fallback", [90.0, 6.8, 6.8])      # 6.8 / 4.0 = 1.7 > 1.6 (against a's bf16: 2.27)
+    smoke_cell(a, "bf16", [50.0, 2.0, 4.0], peak=40.0)     # median after the first step: 3.0
+    smoke_cell(a, "mxfp4", [90.0, 3.6, 3.6], peak=60.0)    # 3.6 / 3.0 = 1.2 <= 1.3
+    smoke_cell(a, "mxfp4+macro", [], log="Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory")
+    smoke_cell(b, "bf16", [50.0, 4.0, 4.0])                # a slower machine: 4.0
+    smoke_cell(b, "mxfp4+fallback", [90.0, 6.8, 6.8])      # 6.8 / 4.0 = 1.7 > 1.6 (against a's bf16: 2.27)
     plan = {"profile": "gpu-smoke-quick", "method": "FakeTensorMode", "recipes": {"mxfp4": {"peak_gib": 71.3}}}
     recipes = ["bf16", "mxfp4", "mxfp4+macro", "mxfp4+fallback", "mxfp4+aqn"]
     rec = report([a, b], "gpu-smoke-quick", "qwen2.5-3b-random", recipes, 0, plan)
@@ -59,8 +38,8 @@ def test_the_gpu_smoke_report_times_steps_net_of_the_autotuning_inside_them(tmp_
     of three steps decides the median (here 9.6 s raw: 1.2x BF16 net, 2.2x raw)."""
     from mxfp4.report.gpu_smoke import report
 
-    _smoke_cell(tmp_path, "bf16", [50.0, 3.0, 3.0])
-    _smoke_cell(tmp_path, "mxfp4", [90.0, 3.6, 9.6], autotune=[(80.0, 20.0, 40), (0.0, 0.0, 0), (6.0, 3.0, 3)])
+    smoke_cell(tmp_path, "bf16", [50.0, 3.0, 3.0])
+    smoke_cell(tmp_path, "mxfp4", [90.0, 3.6, 9.6], autotune=[(80.0, 20.0, 40), (0.0, 0.0, 0), (6.0, 3.0, 3)])
     rec = report([tmp_path], "gpu-smoke-quick", "qwen2.5-3b-random", ["bf16", "mxfp4"])["recipes"]["mxfp4"]
     assert rec["step_time_s"] == pytest.approx(3.6) and rec["step_time_vs_bf16"] == pytest.approx(1.2)
     assert rec["rollout_time_s"] == pytest.approx(1.8) and rec["rollout_time_vs_bf16"] == pytest.approx(1.2)
