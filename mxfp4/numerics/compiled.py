@@ -1,6 +1,7 @@
 """The CPU fast path: the reference's fake-quantization compiled by ``torch.compile`` (inductor's C++),
 equal to the reference bit for bit (the tests compare them over every format, scale rule, dtype, the
-adversarial inputs and every finite bfloat16 value).
+adversarial inputs and every finite bfloat16 value) and in layout, but where the reference's own
+reshape into blocks is a view (one block along a non-last axis: its output comes back contiguous).
 
 Each (format, scale rule) has a compiled function of its own, fed contiguous 2D tensors blocked along
 their last axis with dynamic shapes, so a process compiles a handful of graphs whatever its row counts;
