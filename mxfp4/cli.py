@@ -32,6 +32,29 @@ def hide_torchao_from_transformers() -> None:
     utils.is_torchao_available = import_utils.is_torchao_available = unavailable
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a count of rows, columns or layers)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; accepted: an integer >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}; accepted: an integer >= 1")
+    return value
+
+
+def seed_int(text: str) -> int:
+    """argparse type: a seed, an integer in [0, 2**32 - 1]."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; accepted: an integer in [0, 2**32 - 1]") \
+            from None
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"{value}; accepted: an integer in [0, 2**32 - 1]")
+    return value
+
+
 def _cmd_formats(args) -> int:
     from .numerics.formats import FORMATS
 
@@ -73,9 +96,6 @@ def _load_tensor(args):
         raise ValueError("--key picks a tensor of a --tensor file; it does not apply to --dist")
     opt = {k: default if getattr(args, k) is None else getattr(args, k) for k, default in SAMPLE_DEFAULTS.items()}
     dist = args.dist or "gaussian"
-    for flag in ("rows", "cols"):
-        if opt[flag] < 1:
-            raise ValueError(f"--{flag} must be >= 1, got {opt[flag]}")
     if opt["rows"] * opt["cols"] > MAX_SAMPLE:
         raise ValueError(f"--rows x --cols = {opt['rows'] * opt['cols']:,} elements; accepted: at most {MAX_SAMPLE:,} "
                          "(the float64 split holds several copies; use --tensor for a larger saved tensor)")
@@ -419,14 +439,22 @@ def _model_args(p) -> None:
     p.add_argument("--model", required=True, help="a model line of the profile (e.g. tiny-dense)")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors are one line naming the argument and what is accepted (the
+    usage block is one ``--help`` away)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .numerics.formats import FORMATS
     from .verify.distributions import DISTRIBUTIONS
 
-    parser = argparse.ArgumentParser(prog="mxfp4", description=__doc__)
+    parser = OneLineParser(prog="mxfp4", description=__doc__)
     parser.add_argument("--version", action="version", version=f"mxfp4 {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
 
     sub.add_parser("formats", help="list the block formats and their scale rules").set_defaults(func=_cmd_formats)
 
@@ -435,10 +463,10 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--tensor", help="a file saved with torch.save (a tensor, or a dict of them with --key)")
     src.add_argument("--dist", choices=list(DISTRIBUTIONS), help="a named distribution (default gaussian)")
     p.add_argument("--key", help="the tensor's key when --tensor holds a dict")
-    p.add_argument("--rows", type=int, help="--dist only (default 256)")
-    p.add_argument("--cols", type=int, help="--dist only (default 1024)")
+    p.add_argument("--rows", type=positive_int, help="--dist only (default 256)")
+    p.add_argument("--cols", type=positive_int, help="--dist only (default 1024)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="--dist only (default float32)")
-    p.add_argument("--seed", type=int, help="--dist only (default 0)")
+    p.add_argument("--seed", type=seed_int, help="--dist only (default 0)")
     p.add_argument("--format", default="mxfp4", choices=list(FORMATS), help="the block format (default mxfp4)")
     p.add_argument("--scale-rule", default=None, help="floor (default), ceil, even, rceil; nearest for nvfp4")
     p.add_argument("--axis", type=int, default=-1, help="the axis the blocks run along")
@@ -450,9 +478,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("prove", help="check the decomposition identity numerically; writes a JSON report")
     p.add_argument("--out", default="results/proofs.json", help="the JSON report (default results/proofs.json)")
-    p.add_argument("--rows", type=int, default=128, help="rows of each test tensor (default 128)")
-    p.add_argument("--cols", type=int, default=1024, help="columns of each test tensor (default 1024)")
-    p.add_argument("--seed", type=int, default=0, help="the seed of the test tensors (default 0)")
+    p.add_argument("--rows", type=positive_int, default=128, help="rows of each test tensor (default 128)")
+    p.add_argument("--cols", type=positive_int, default=1024, help="columns of each test tensor (default 1024)")
+    p.add_argument("--seed", type=seed_int, default=0, help="the seed of the test tensors (default 0)")
     p.set_defaults(func=_cmd_prove)
 
     p = sub.add_parser("corrections-table", help="each correction's effect on each error component (markdown)")
@@ -475,7 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cell", help="one ablation cell: GRPO under a recipe, then GSM8K eval via lm-eval")
     _model_args(p)
     p.add_argument("--recipe", required=True, help="a named recipe (experiments/recipes.yaml or --recipes)")
-    p.add_argument("--seed", type=int, default=0, help="the cell's seed (default 0)")
+    p.add_argument("--seed", type=seed_int, default=0, help="the cell's seed (default 0)")
     p.add_argument("--recipes", default=None, help="a recipes YAML (default experiments/recipes.yaml)")
     p.set_defaults(func=_cmd_cell)
 
@@ -494,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("probe-batch", help="the GRPO batch every recipe's gradient probes of a model and seed are "
                                            "taken on (sampled once by the starting policy, unquantized)")
     _model_args(p)
-    p.add_argument("--seed", type=int, required=True, help="the seed whose batch to make or find")
+    p.add_argument("--seed", type=seed_int, required=True, help="the seed whose batch to make or find")
     p.set_defaults(func=_cmd_probe_batch)
 
     p = sub.add_parser("weight-components", help="the decomposition of every weight tensor in both forms: shares "
@@ -566,7 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="gpu-smoke-quick", help="a profile with a real configuration")
     p.add_argument("--model", default=None, help="a model of the profile with a real config (default: the first)")
     p.add_argument("--recipes", nargs="*", default=None, help="default: the profile's")
-    p.add_argument("--layers", type=int, default=None, help="fewer layers (a quick check; the plan uses all)")
+    p.add_argument("--layers", type=positive_int, default=None, help="fewer layers (a quick check; the plan uses all)")
     p.add_argument("--device", default="nvidia-h100-x1", help="whose memory limit is beside the plan")
     p.add_argument("--out", required=True, help="the JSON plan (rewritten after each recipe)")
     p.set_defaults(func=_cmd_memory_plan)
@@ -598,7 +626,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"mxfp4: error: {err}", file=sys.stderr)
         return 2
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # a usage error (one line, already printed), --help or --version
+        return exit_.code
     threads = os.environ.get("MXFP4_THREADS")
     if threads:
         import torch

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from . import EXPERIMENTS, load_yaml, shipped
+from .names import SAFE_NAME, SAFE_NAME_HELP
 from .recipes import load_recipe_table
 from .validation import parse
 
@@ -22,8 +24,14 @@ PROFILES_DIR = EXPERIMENTS / "profiles"
 CODE_VERSION = "0.3"  # bump when a change to the package changes what a cell computes
 
 
+MAX_STEPS = 100_000  # GRPO steps of a cell: beyond any run of the paper (and a typo's 1e20 never starts)
+MAX_SEED = 2**32 - 1  # numpy's and torch's seed range
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    """Strict types, no unknown key, and every float finite (``.inf`` and ``.nan`` are refused)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):
@@ -93,8 +101,8 @@ class ModelSpec(_Strict):
 class PretrainSettings(_Strict):
     """SFT warm-start of the tiny stand-ins (TRL SFTTrainer)."""
 
-    steps: int = Field(ge=1, description="optimizer steps")
-    lr: float = Field(gt=0, description="peak learning rate (cosine schedule)")
+    steps: int = Field(ge=1, le=MAX_STEPS, description="optimizer steps")
+    lr: float = Field(gt=0, le=1, description="peak learning rate (cosine schedule)")
     batch_size: int = Field(ge=1)
     n_train: int = Field(ge=1, description="embedded problems to train on")
     flawed_fraction: float = Field(
@@ -127,12 +135,12 @@ class DataSettings(_Strict):
 class GRPOSettings(_Strict):
     """The GRPO run of every cell (passed to TRL's GRPOConfig)."""
 
-    max_steps: int = Field(ge=1)
-    learning_rate: float = Field(ge=0, description="0: the weights never move (the RL gain's null control)")
+    max_steps: int = Field(ge=1, le=MAX_STEPS)
+    learning_rate: float = Field(ge=0, le=1, description="0: the weights never move (the RL gain's null control)")
     num_generations: int = Field(ge=2, description="group size")
     prompts_per_step: int = Field(ge=1)
     max_completion_length: int = Field(ge=1)
-    temperature: float = Field(gt=0)
+    temperature: float = Field(gt=0, le=10, description="sampling temperature of the rollouts")
     beta: float = Field(ge=0, description="KL coefficient (0: no reference model)")
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
     rollout: Literal["hf", "vllm"] = Field(
@@ -223,11 +231,11 @@ class PathwaySettings(_Strict):
 
 
 class Profile(_Strict):
-    name: str
+    name: str = Field(pattern=SAFE_NAME)
     models: dict[str, ModelSpec] = Field(min_length=1)
     pretrain: PretrainSettings | None = Field(None, description="needed when a model is a tiny stand-in")
     recipes: list[str] = Field(min_length=1, description="named recipes of the grid")
-    seeds: list[int] = Field(min_length=1)
+    seeds: list[Annotated[int, Field(ge=0, le=MAX_SEED)]] = Field(min_length=1, description="distinct seeds")
     data: DataSettings
     grpo: GRPOSettings
     probe_every: int = Field(0, ge=0, description="steps between gradient/decomposition probes (0: never)")
@@ -243,9 +251,13 @@ class Profile(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self):
-        bad = [s for s in self.seeds if s < 0]
-        if bad:
-            raise ValueError(f"seeds must be >= 0, got {bad}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds {self.seeds} name a seed twice; accepted: distinct seeds")
+        unsafe = [m for m in self.models if not re.match(SAFE_NAME, m)]
+        if unsafe:
+            raise ValueError(f"model name(s) {unsafe} are not safe folder names; accepted: {SAFE_NAME_HELP}")
+        if len(set(self.recipes)) != len(self.recipes):
+            raise ValueError(f"recipes {self.recipes} name a recipe twice; accepted: distinct recipes")
         if any(m.arch for m in self.models.values()) and self.pretrain is None:
             raise ValueError("tiny stand-in models need a pretrain section")
         return self

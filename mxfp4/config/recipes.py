@@ -21,15 +21,16 @@ from ..numerics.formats import get_format
 from ..numerics.injection import ComponentQuantizer
 from ..numerics.quantizer import DEFAULT_MODULES, GEMMS, Quantizer, normalize_gemms
 from . import EXPERIMENTS, load_yaml
+from .names import SAFE_NAME, SAFE_NAME_HELP
 from .validation import parse
 
 RECIPES_YAML = EXPERIMENTS / "recipes.yaml"
 
 
 class Recipe(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
 
-    name: str
+    name: str = Field(pattern=SAFE_NAME, description=f"the recipe's name: {SAFE_NAME_HELP}")
     quantize: bool = Field(True, description="false: full precision (the bf16 reference)")
     format: str = Field("mxfp4", description="block format: mxfp4, nvfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3")
     scale_rule: str | None = Field(None, description="E8M0 scale rule: floor (default), ceil, even, rceil")
@@ -79,6 +80,16 @@ class Recipe(BaseModel):
         rule = fmt.check_scale_rule(self.scale_rule)
         if rule != self.scale_rule:
             object.__setattr__(self, "scale_rule", rule)
+        return self
+
+    @model_validator(mode="after")
+    def _corrections_need_quantization(self):
+        if not self.quantize and self.corrections:
+            names = ", ".join(c["name"] for c in self.corrections)
+            raise ValueError(
+                f"recipe {self.name!r}: quantize: false with corrections ({names}); a correction acts on quantized "
+                "operands, so it would be ignored. Accepted: quantize: true (a base such as mxfp4), or no corrections"
+            )
         return self
 
     @model_validator(mode="after")

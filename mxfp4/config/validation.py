@@ -47,5 +47,6 @@ def parse(model: type[pydantic.BaseModel], data, where: str):
                 problems.append(f"{key}: missing (required)")
             else:
                 msg = e["msg"].removeprefix("Value error, ")
-                problems.append(f"{key}: {msg} (got {e.get('input')!r})")
+                got = f" (got {e.get('input')!r})" if loc else ""  # a whole-file check: the file is the input
+                problems.append(f"{key}: {msg}{got}")
         raise ValueError(f"{where}: " + "; ".join(problems)) from None

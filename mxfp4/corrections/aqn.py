@@ -42,6 +42,14 @@ class AdaptiveQuantizationNoise(Correction):
     def __post_init__(self):
         if not (self.sigma_start > 0 and self.sigma_end > 0):
             raise ValueError(f"aqn needs sigma_start > 0 and sigma_end > 0, got {self.sigma_start}, {self.sigma_end}")
+        if not 0 < self.sigma_min <= self.sigma_max:
+            raise ValueError(f"aqn needs 0 < sigma_min <= sigma_max, got sigma_min {self.sigma_min}, "
+                             f"sigma_max {self.sigma_max}")
+        if not self.gain > 0:
+            raise ValueError(f"aqn needs gain > 0 (the adaptive step's size), got {self.gain}")
+        if not isinstance(self.target_entropy, str | None) and not self.target_entropy >= 0:
+            raise ValueError(
+                f"aqn target_entropy must be >= 0 (an entropy in nats) or 'bf16', got {self.target_entropy}")
         if self.stages < 2:
             raise ValueError(f"aqn needs stages >= 2 (stage 0 is noise-free), got {self.stages}")
         if self.total_steps < 1:

@@ -21,11 +21,21 @@ def register(name: str):
     """Class decorator: make a correction available to recipes under ``name``."""
 
     def deco(cls):
+        held = REGISTRY.get(name)
+        if held is not None and _qualname(held) != _qualname(cls):  # the same class imported again is fine
+            raise ValueError(
+                f"correction name {name!r} is taken by {_qualname(held)}; {_qualname(cls)} must register under "
+                f"another name (a second {name!r} would run under the same recipe and config hash as the first)"
+            )
         cls.name = name
         REGISTRY[name] = cls
         return cls
 
     return deco
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def available() -> dict[str, type]:
@@ -40,9 +50,16 @@ def available() -> dict[str, type]:
                 f"MXFP4_PLUGINS names {module.strip()!r}, which does not import ({err}); "
                 "accepted: importable module paths, comma-separated (PYTHONPATH=. for local files)"
             ) from None
+        except Exception as err:  # noqa: BLE001 - a plugin's own failure, reported with its name
+            raise ValueError(f"plugin {module.strip()!r} (MXFP4_PLUGINS) failed while importing: "
+                             f"{type(err).__name__}: {err}") from None
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name not in REGISTRY:
-            cls = ep.load()
+            try:
+                cls = ep.load()
+            except Exception as err:  # noqa: BLE001
+                raise ValueError(f"plugin entry point {ep.name!r} ({ep.value}) failed to load: "
+                                 f"{type(err).__name__}: {err}") from None
             REGISTRY.setdefault(ep.name, cls)
             cls.name = ep.name
     return dict(REGISTRY)
@@ -60,7 +77,7 @@ def _parameters_model(cls: type) -> type[pydantic.BaseModel]:
         if f.default_factory is not dataclasses.MISSING:
             default = pydantic.Field(default_factory=f.default_factory)
         fields[f.name] = (hints[f.name], default)
-    config = pydantic.ConfigDict(strict=True, extra="forbid")
+    config = pydantic.ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
     return pydantic.create_model(f"{cls.__name__}Parameters", __config__=config, **fields)
 
 
@@ -95,5 +112,8 @@ def build(spec: dict | str) -> Correction:
         spec = _checked_parameters(name, cls, spec)
     try:
         return cls(**spec)
-    except TypeError as err:
-        raise ValueError(f"bad parameters for correction {name!r}: {err}") from None
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"correction {name!r}: {err}") from None
+    except Exception as err:  # noqa: BLE001 - a plugin's constructor, reported with its name
+        raise ValueError(
+            f"correction {name!r} ({_qualname(cls)}) failed to build: {type(err).__name__}: {err}") from None

@@ -8,6 +8,7 @@ Every record has ``question`` and ``answer`` (a worked answer ending in ``#### n
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
@@ -38,6 +39,24 @@ def default_gsm8k_dir() -> Path | None:
     return SHARED_GSM8K if (SHARED_GSM8K / "test.jsonl").exists() else None
 
 
+def _numbered_lines(path: Path):
+    """(line number, line) of a UTF-8 text file; a line that is not UTF-8 is an error naming file and line."""
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                yield lineno, raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"{path}:{lineno}: not UTF-8 text ({err.reason}); accepted: UTF-8 JSON lines") from None
+
+
+def _is_number(text: str | None) -> bool:
+    try:
+        return text is not None and math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
 def validate_jsonl(path: Path | str) -> int:
     """Check a GSM8K jsonl file line by line (an object with string 'question' and 'answer' on
     every non-empty line); returns the record count. A bad line is an error naming file and line."""
@@ -45,21 +64,21 @@ def validate_jsonl(path: Path | str) -> int:
     if not path.is_file():
         raise ValueError(f"{path} does not exist (expected a GSM8K jsonl file)")
     n = 0
-    with path.open() as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: malformed JSON ({err.msg})") from None
-            if not isinstance(rec, dict) or not {"question", "answer"} <= set(rec):
-                raise ValueError(f"{path}:{lineno}: expected an object with 'question' and 'answer'")
-            if not all(isinstance(rec[k], str) for k in ("question", "answer")):
-                raise ValueError(f"{path}:{lineno}: 'question' and 'answer' must be strings")
-            if final_answer(rec["answer"]) is None:
-                raise ValueError(f"{path}:{lineno}: the answer has no final '#### n' line")
-            n += 1
+    for lineno, line in _numbered_lines(path):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{lineno}: malformed JSON ({err.msg})") from None
+        if not isinstance(rec, dict) or not {"question", "answer"} <= set(rec):
+            raise ValueError(f"{path}:{lineno}: expected an object with 'question' and 'answer'")
+        if not all(isinstance(rec[k], str) for k in ("question", "answer")):
+            raise ValueError(f"{path}:{lineno}: 'question' and 'answer' must be strings")
+        if not _is_number(final_answer(rec["answer"])):
+            raise ValueError(f"{path}:{lineno}: the answer has no final '#### n' line with a number n "
+                             f"(got {rec['answer'][-40:]!r})")
+        n += 1
     if n == 0:
         raise ValueError(f"{path} holds no records")
     return n

@@ -68,7 +68,7 @@ def test_missing_unknown_wrong_type_and_out_of_range_keys_name_the_key():
     msg = bad(lambda s: s["grpo"].update(max_steps=0))
     assert "grpo.max_steps" in msg and "greater than or equal to 1" in msg and "(got 0)" in msg
     msg = bad(lambda s: s.update(seeds=[0, -1]))
-    assert "seeds must be >= 0" in msg
+    assert "seeds.1" in msg and "greater than or equal to 0" in msg and "(got -1)" in msg
     msg = bad(lambda s: s["eval"].update(limit=-3))
     assert "eval.limit" in msg
 
@@ -133,7 +133,7 @@ def test_decompose_cli_rejects_bad_tensor_inputs_in_one_line(tmp_path, capsys):
     assert main(["decompose", "--tensor", str(tmp_path / "t.pt"), "--key", "b"]) == 2
     assert "--key 'b' is not in" in capsys.readouterr().err
     assert main(["decompose", "--rows", "-4"]) == 2
-    assert "--rows must be >= 1, got -4" in capsys.readouterr().err
+    assert "argument --rows: -4; accepted: an integer >= 1" in capsys.readouterr().err
 
 
 def test_public_api_rejects_non_tensors_clearly():

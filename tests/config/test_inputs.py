@@ -42,7 +42,89 @@ def gsm8k_dir_set_to(folder, monkeypatch):
     return default_gsm8k_dir
 
 
+def profile_with(mutate):
+    """A call that validates the embedded profile changed by ``mutate`` (its parsed YAML)."""
+    import copy
+
+    import yaml
+
+    from mxfp4.config.profiles import PROFILES_DIR, Profile
+    from mxfp4.config.validation import parse
+
+    spec = copy.deepcopy(yaml.safe_load((PROFILES_DIR / "embedded.yaml").read_text()))
+    mutate(spec)
+    return lambda: parse(Profile, spec, "profile test.yaml")
+
+
+def yaml_file(tmp_path, content: bytes):
+    from mxfp4.config import load_yaml
+
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(content)
+    return lambda: load_yaml(path)
+
+
+def gsm8k_test_line(tmp_path, line: str):
+    from mxfp4.rl.data import validate_jsonl
+
+    path = tmp_path / "test.jsonl"
+    path.write_text(line + "\n")
+    return lambda: validate_jsonl(path)
+
+
+def plugin_named(tmp_path, monkeypatch, body: str):
+    """A call that builds correction 'x' with a plugin module of ``body`` on MXFP4_PLUGINS."""
+    from mxfp4 import corrections as corr
+
+    module = f"plugin_{abs(hash(body))}"
+    (tmp_path / f"{module}.py").write_text(body)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("MXFP4_PLUGINS", module)
+    monkeypatch.setattr(corr.registry, "REGISTRY", dict(corr.registry.REGISTRY))
+    return lambda: corr.build({"name": "x"})
+
+
+SHADOW_AQN = "from mxfp4.corrections import Correction, register\n@register('aqn')\nclass Mine(Correction):\n    pass\n"
+RAISING_PLUGIN = "raise RuntimeError('no GPU here')\n"
+
 RAISES = [  # (case, function of (tmp_path, monkeypatch) giving the call, the error it must raise)
+    ("an infinite learning rate", lambda t, m: profile_with(lambda s: s["grpo"].update(learning_rate=float("inf"))),
+     r"grpo.learning_rate: Input should be a finite number"),
+    ("an infinite temperature", lambda t, m: profile_with(lambda s: s["grpo"].update(temperature=float("inf"))),
+     r"grpo.temperature: Input should be a finite number"),
+    ("a NaN beta", lambda t, m: profile_with(lambda s: s["grpo"].update(beta=float("nan"))),
+     r"grpo.beta: Input should be a finite number"),
+    ("max_steps of 1e20", lambda t, m: profile_with(lambda s: s["grpo"].update(max_steps=10**20)),
+     r"grpo.max_steps: Input should be less than or equal to 100000"),
+    ("a seed twice", lambda t, m: profile_with(lambda s: s.update(seeds=[1, 1])),
+     r"seeds \[1, 1\] name a seed twice; accepted: distinct seeds"),
+    ("a model name with a slash",
+     lambda t, m: profile_with(lambda s: s["models"].update({"a/b": {"arch": "tiny-dense"}})),
+     r"model name\(s\) \['a/b'\] are not safe folder names; accepted: letters, digits"),
+    ("a recipe named my/rec", lambda t, m: lambda: Recipe.from_dict("my/rec", {}),
+     r"name: String should match pattern"),
+    ("AQN sigma infinite", lambda t, m: recipe_with({"name": "aqn", "sigma_start": float("inf")}),
+     r"correction 'aqn': sigma_start: Input should be a finite number"),
+    ("AQN target entropy NaN",
+     lambda t, m: recipe_with({"name": "aqn", "adaptive": True, "target_entropy": float("nan")}),
+     r"correction 'aqn': target_entropy"),
+    ("AQN gain NaN", lambda t, m: recipe_with({"name": "aqn", "gain": float("nan")}),
+     r"correction 'aqn': gain: Input should be a finite number"),
+    ("AQN sigma_min above sigma_max", lambda t, m: recipe_with({"name": "aqn", "sigma_min": 0.1, "sigma_max": 0.01}),
+     r"correction 'aqn': aqn needs 0 < sigma_min <= sigma_max, got sigma_min 0.1, sigma_max 0.01"),
+    ("corrections on a recipe that does not quantize",
+     lambda t, m: lambda: Recipe.from_dict("r", {"quantize": False, "corrections": ["aqn"]}),
+     r"quantize: false with corrections \(aqn\); a correction acts on quantized operands"),
+    ("a plugin that registers a built-in's name", lambda t, m: plugin_named(t, m, SHADOW_AQN),
+     r"plugin 'plugin_\d+' \(MXFP4_PLUGINS\) failed while importing: ValueError: correction name 'aqn' is taken"),
+    ("a plugin that raises at import", lambda t, m: plugin_named(t, m, RAISING_PLUGIN),
+     r"plugin 'plugin_\d+' \(MXFP4_PLUGINS\) failed while importing: RuntimeError: no GPU here"),
+    ("a YAML key that is a list", lambda t, m: yaml_file(t, b"name: x\n[a, b]: 1\n"),
+     r"bad.yaml:2:1: a key must be a plain name, got a list"),
+    ("a YAML file that is not UTF-8", lambda t, m: yaml_file(t, b"name: \xff\xfe\n"),
+     r"bad.yaml: not UTF-8 text"),
+    ("a GSM8K answer of '#### .'", lambda t, m: gsm8k_test_line(t, '{"question": "q", "answer": "a #### ."}'),
+     r"test.jsonl:1: the answer has no final '#### n' line with a number n"),
     ("AQN adaptive given as a string", lambda t, m: recipe_with({"name": "aqn", "adaptive": "no"}),
      r"correction 'aqn': adaptive: Input should be a valid boolean \(got 'no'\)"),
     ("AQN stages not an integer", lambda t, m: recipe_with({"name": "aqn", "stages": 2.5}),
@@ -80,7 +162,13 @@ CLI = [  # (case, arguments, what stderr must say)
      "--key picks a tensor of a --tensor file; it does not apply to --dist"),
     ("decompose --rows with --tensor", ["decompose", "--tensor", "{tensor}", "--rows", "4"],
      "--rows describe a --dist sample and do not apply to --tensor"),
-    ("decompose --rows 0", ["decompose", "--rows", "0"], "--rows must be >= 1, got 0"),
+    ("decompose --rows 0", ["decompose", "--rows", "0"], "argument --rows: 0; accepted: an integer >= 1"),
+    ("prove --rows -3", ["prove", "--rows", "-3", "--out", "{file}.json"],
+     "argument --rows: -3; accepted: an integer >= 1"),
+    ("memory-plan --layers 0", ["memory-plan", "--layers", "0", "--out", "{file}.json"],
+     "argument --layers: 0; accepted: an integer >= 1"),
+    ("cell --seed -1", ["cell", "--profile", "smoke", "--model", "m", "--recipe", "bf16", "--seed", "-1"],
+     "argument --seed: -1; accepted: an integer in [0, 2**32 - 1]"),
     ("decompose of 1e18 elements", ["decompose", "--rows", "1000000000", "--cols", "1000000000"],
      "accepted: at most 67,108,864"),
     ("prove --out under an existing file", ["prove", "--out", "{file}/proofs.json"], "cannot write"),
