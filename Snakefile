@@ -16,7 +16,7 @@ from mxfp4.machine import pin_cpu_numerics
 
 pin_cpu_numerics()  # before torch loads, here and in every rule's process (mxfp4/machine.py)
 
-from mxfp4.config.profiles import load_profile
+from mxfp4.config.profiles import load_profile, setting_hash, warm_start_hash
 from mxfp4.layout import GPU_SMOKE_DENSE, METRICS, REFERENCE_RECIPE, TRAIN_LOG, Layout
 
 configfile: "experiments/config.yaml"

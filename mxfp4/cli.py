@@ -195,7 +195,7 @@ def _cmd_plot(args) -> int:
 def _cmd_aggregate(args) -> int:
     from .report.aggregate import aggregate
 
-    counts = aggregate(args.layout, args.out)
+    counts = aggregate(args.layout, args.out, _profile(args))
     print(f"aggregated {counts['cells']} cells, {counts['steps']} steps")
     return 0
 
@@ -297,18 +297,9 @@ def _cmd_corrections_table(args) -> int:
 
 
 def _cmd_pretrain(args) -> int:
-    from .rl.models import TINY_LAYERS
-    from .rl.pretrain import pretrain
+    from .rl.pretrain import pretrain_model
 
-    profile = _profile(args)
-    spec = profile.model(args.model)
-    if not spec.arch:
-        raise ValueError(
-            f"{args.model!r} is a hub model, not a tiny stand-in; accepted: {', '.join(profile.tiny_models())}"
-        )
-    out = Path(args.out) if args.out else args.layout.model(args.model)
-    meta = pretrain(spec.arch, out, max_steps_per_problem=profile.data.max_problem_steps,
-                    layers=spec.layers or TINY_LAYERS, **profile.pretrain.model_dump())
+    meta = pretrain_model(_profile(args), args.model, args.out, args.results)
     print(json.dumps(meta, indent=2))
     return 0
 

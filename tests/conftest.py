@@ -54,13 +54,10 @@ def smoke_results(tmp_path_factory):
     """A results folder with the smoke profile's tiny models warm-started (shared by the cell and
     pathway tests)."""
     from mxfp4.config.profiles import load_profile
-    from mxfp4.layout import Layout
-    from mxfp4.rl.pretrain import pretrain
+    from mxfp4.rl.pretrain import pretrain_model
 
     root = tmp_path_factory.mktemp("results")
     profile = load_profile("smoke")
-    for model, spec in profile.models.items():
-        pretrain(
-            spec.arch, Layout(root, "smoke").model(model), max_steps_per_problem=1, **profile.pretrain.model_dump()
-        )
+    for model in profile.models:
+        pretrain_model(profile, model, results=root)
     return root

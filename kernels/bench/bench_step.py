@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     if args.steps < 4:
         raise SystemExit("bench_step: --steps must be at least 4 (warm-up, timed steps, profiled steps)")
     profile = load_profile(args.profile)
-    warm = warm_start_folder(Layout(args.results, profile.name), args.model)
+    warm = warm_start_folder(profile, args.model, args.results)
     command = ["python", "kernels/bench/bench_step.py", *(argv if argv is not None else sys.argv[1:])]
     out = {"command": " ".join(command),
            "method": "mean over the timed steps (2 .. steps // 2 + 1, profiler idle) of the step log's step_time "

@@ -494,7 +494,7 @@ def run_pathways(profile: Profile, model_name: str, results="results", out_csv=N
         profile = profile.model_copy(update={"pathways": settings.model_copy(update={"checkpoints": [checkpoint]})})
     ckpts = checkpoints(profile, model_name, results)
     if spec.arch:
-        warm_start_folder(Layout(results, profile.name), model_name)
+        warm_start_folder(profile, model_name, results)
     train, _ = gsm.cell_data(profile, results)
     rows: list[dict] = []
     units: list[dict] = []

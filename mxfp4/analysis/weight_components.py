@@ -12,7 +12,6 @@ import torch
 
 from ..config.profiles import Profile
 from ..config.recipes import Recipe
-from ..layout import Layout
 from ..nn import gemm_weights, patch_model, patched_modules
 from ..numerics.decompose import COMPONENTS, FORMS, PAIRS, decompose
 from ..rl.models import load, warm_start_folder
@@ -100,7 +99,7 @@ def run_weight_components(profile: Profile, results="results") -> list[dict]:
     """Rows of every tiny warm-started model (or hub model) of the profile."""
     rows = []
     for model_name, spec in profile.models.items():
-        path = warm_start_folder(Layout(results, profile.name), model_name) if spec.arch else spec.hub
+        path = warm_start_folder(profile, model_name, results) if spec.arch else spec.hub
         model, _ = load(str(path), dtype=torch.float32)
         rows += tensor_rows(model, model_name)
     return rows

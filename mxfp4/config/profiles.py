@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from . import EXPERIMENTS, load_yaml, shipped
+from .data_files import data_digest
 from .names import SAFE_NAME, SAFE_NAME_HELP
 from .recipes import load_recipe_table
 from .validation import parse
@@ -277,11 +278,27 @@ class Profile(_Strict):
         return self.pathways is not None and "grpo" in self.pathways.checkpoints
 
     def setting(self, model: str) -> dict:
-        """Everything of this profile that determines a cell of ``model`` besides recipe and seed."""
-        return {
+        """Everything of this profile that determines a cell of ``model`` besides recipe and seed: its
+        settings, the code version and, for GSM8K, the data files' content digest."""
+        out = {
             "model": self.model(model).model_dump(),
             "code_version": CODE_VERSION,
             **self.model_dump(include={"pretrain", "data", "grpo", "probe_every", "probe_rows", "eval"}),
+        }
+        if self.data.source == "gsm8k":
+            out["data_files"] = data_digest(self)
+        return out
+
+    def warm_start_setting(self, model: str) -> dict:
+        """What a tiny stand-in's warm start is made from (``mxfp4 pretrain``): recorded in it, checked by
+        every job that loads it, and the ``pretrain_model`` rule's params (a change rebuilds it)."""
+        spec = self.model(model)
+        return {
+            "arch": spec.arch,
+            "layers": spec.layers,
+            "pretrain": None if self.pretrain is None else self.pretrain.model_dump(),
+            "max_problem_steps": self.data.max_problem_steps,
+            "code_version": CODE_VERSION,
         }
 
 
@@ -353,6 +370,24 @@ def setting_hash(profile: Profile, model: str) -> str:
     """Hash of what a cell's result depends on apart from recipe and seed (paths excluded): cells
     with equal setting hashes are comparable."""
     return _digest(profile.setting(model))
+
+
+def warm_start_hash(profile: Profile, model: str) -> str:
+    """Hash of what a tiny stand-in's warm start is made from (``Profile.warm_start_setting``)."""
+    return _digest(profile.warm_start_setting(model))
+
+
+def differences(recorded: dict, now: dict, prefix: str = "") -> list[str]:
+    """The keys (dotted paths) whose values differ between two nested settings, each as
+    ``key: recorded -> now``: what a refusal names."""
+    out = []
+    for key in dict.fromkeys([*recorded, *now]):
+        a, b = recorded.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: {a!r} -> {b!r}")
+    return out
 
 
 def config_hash(profile: Profile, model: str, recipe, seed: int) -> str:

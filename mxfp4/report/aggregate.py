@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..config.profiles import Profile
 from ..io import atomic_path
-from ..layout import EVAL_FOLDERS, TABLES, TRAIN_LOG, Layout
+from ..layout import EVAL_FOLDERS, TABLES, Layout
 from ..stats import crossed_mean, mean_ci
+from .cell_records import check_provenance, read_log, read_metrics
 
 CELL_METRICS = [
     "gsm8k_strict_accuracy", "gsm8k_strict_accuracy_before", "gsm8k_strict_accuracy_unquantized", "gsm8k_rl_gain",
@@ -35,12 +37,16 @@ STEP_KEYS = {
 }
 
 
-def read_cells(layout: Layout) -> tuple[list[dict], list[dict]]:
+def read_cells(layout: Layout, profile: Profile | None = None) -> tuple[list[dict], list[dict]]:
     """(one row per cell, one row per cell-step) of a run, from every finished cell's metrics.json and
-    train_log.jsonl."""
+    train_log.jsonl, each validated (``cell_records``) and, given the run's ``profile``, checked to be made
+    from what the profile and its recipe say now."""
     cells, steps = [], []
     for metrics in layout.finished_cells():
-        m = json.loads(metrics.read_text())
+        m = read_metrics(metrics)
+        log = read_log(metrics, m)
+        if profile is not None:
+            check_provenance(metrics, m, profile)
         row = {"profile": layout.profile, "model": m["model"], "recipe": m["recipe"], "seed": m["seed"]}
         row.update({k: m.get(k) for k in CELL_METRICS})
         w = m.get("decomposition_weights") or {}
@@ -56,8 +62,7 @@ def read_cells(layout: Layout) -> tuple[list[dict], list[dict]]:
         pins = machine.get("pinning") or {}
         row["cpu_pinning"] = ",".join(f"{k}={v}" for k, v in pins.items() if v is not None) or None
         cells.append(row)
-        for line in (metrics.parent / TRAIN_LOG).read_text().splitlines():
-            s = json.loads(line)
+        for s in log:
             steps.append(
                 {
                     "model": m["model"],
@@ -77,12 +82,14 @@ def read_items(layout: Layout) -> list[dict]:
     trained weights unquantized (``strict_unquantized``), paired on the same doc hash."""
     items = []
     for metrics in layout.finished_cells():
-        m = json.loads(metrics.read_text())
+        m = read_metrics(metrics)
         by_doc: dict[int, dict] = {}
+        if not any((metrics.parent / EVAL_FOLDERS["after"]).glob("samples_*.jsonl")):
+            raise ValueError(f"{metrics.parent / EVAL_FOLDERS['after']}: no lm-eval samples_*.jsonl beside a finished "
+                             "cell (its per-problem results are lost); rerun the cell")
         for stage, folder in EVAL_FOLDERS.items():
             for samples in sorted((metrics.parent / folder).glob("samples_*.jsonl")):
-                for line in samples.read_text().splitlines():
-                    s = json.loads(line)
+                for s in read_samples(samples):
                     row = by_doc.setdefault(
                         s["doc_id"],
                         {"model": m["model"], "recipe": m["recipe"], "seed": m["seed"], "doc_hash": s["doc_hash"],
@@ -101,6 +108,24 @@ def read_items(layout: Layout) -> list[dict]:
                 row["strict_unquantized"] = row.get("strict")
         items += by_doc.values()
     return items
+
+
+SAMPLE_KEYS = ("doc_id", "doc_hash", "filter", "exact_match")
+
+
+def read_samples(path: Path) -> list[dict]:
+    """lm-eval's per-sample lines of one evaluation, each with the keys the items table reads."""
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        try:
+            s = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{lineno}: not JSON ({err.msg}); rerun the cell") from None
+        missing = [k for k in SAMPLE_KEYS if not isinstance(s, dict) or k not in s]
+        if missing:
+            raise ValueError(f"{path}:{lineno}: lacks {', '.join(missing)} (an lm-eval sample line has them)")
+        rows.append(s)
+    return rows
 
 
 RL_GAIN_PER_PROBLEM = "gsm8k_rl_gain (per problem)"
@@ -149,10 +174,10 @@ def read_csv(path: Path | str) -> list[dict]:
     return df.astype(object).where(df.notna(), None).to_dict("records")
 
 
-def aggregate(layout: Layout, out: Path | str | None = None) -> dict:
+def aggregate(layout: Layout, out: Path | str | None = None, profile: Profile | None = None) -> dict:
     """The run's aggregate tables (``layout.table``), written to ``out`` (default: the run's aggregate
-    folder) under their own names."""
-    cells, steps = read_cells(layout)
+    folder) under their own names; given the run's ``profile``, every cell's provenance is checked first."""
+    cells, steps = read_cells(layout, profile)
     if not cells:
         raise ValueError(f"no finished cells under {layout.cells}")
     out = layout.aggregate if out is None else Path(out)

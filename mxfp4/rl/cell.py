@@ -25,6 +25,7 @@ from datasets import Dataset
 from transformers import set_seed
 
 from ..config import REPO_ROOT
+from ..config.data_files import gsm8k_folder
 from ..config.profiles import Profile, config_hash, setting_hash
 from ..config.recipes import Recipe
 from ..io import exclusive, writable_folder, write_json_atomic
@@ -144,7 +145,7 @@ def plan_cell(
     recipe = Recipe.named(recipe_name, recipes_file)
     model_ref = model_reference(profile, model_name, results)
     if profile.data.source == "gsm8k":
-        gsm.validate_gsm8k_dir(gsm.gsm8k_folder(profile))
+        gsm.validate_gsm8k_dir(gsm8k_folder(profile))
     check_checkpoint_disk(profile, model_name)
     out = Layout(results, profile.name).cell(model_name, recipe_name, seed)  # every input checked: make it
     try:
@@ -265,10 +266,18 @@ def prepare(plan: CellPlan, dist) -> CellRun:
         )
     c_hash = config_hash(profile, plan.model, recipe, seed)
     out.mkdir(parents=True, exist_ok=True)
+    if dist.is_main_process:  # the completion marker goes first: a run stopped from here on leaves no finished cell
+        (out / METRICS).unlink(missing_ok=True)
     log_path, checkpoints = out / TRAIN_LOG, out / "checkpoints"
-    resume = last_checkpoint(checkpoints, c_hash) if grpo.save_steps else None
+    passed_over = []
+    resume = last_checkpoint(checkpoints, c_hash, lambda d, why: passed_over.append((d, why))) \
+        if grpo.save_steps else None
     dist.wait_for_everyone()
     if dist.is_main_process:
+        for d, why in passed_over:  # never resumed, and in the way of the trainer's next save of that step
+            print(f"{out}: not resuming from {d.name}: {why}; "
+                  + (f"falling back to {resume.name}" if resume else "starting from step 0"), flush=True)
+            shutil.rmtree(d, ignore_errors=True)
         if resume is None:
             log_path.unlink(missing_ok=True)
             shutil.rmtree(checkpoints, ignore_errors=True)  # another configuration's, or a run that never saved
@@ -428,6 +437,8 @@ def record(run: CellRun, trained: dict, scores: dict[str, dict]) -> dict | None:
             },
             config_hash=run.config_hash,
             setting_hash=setting_hash(profile, plan.model),
+            setting=profile.setting(plan.model),
+            train_log_sha256=hashlib.sha256(run.log_path.read_bytes()).hexdigest(),
             versions=versions(),
             git_commit=git_commit(),
             device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",

@@ -9,34 +9,19 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import re
 from pathlib import Path
 
-from ..config import REPO_ROOT
+from ..config.data_files import default_gsm8k_dir, gsm8k_folder
 from ..config.profiles import Profile
 from ..io import write_json_atomic, write_jsonl_atomic
 from ..layout import Layout
 
 HUB_ID = ("openai/gsm8k", "main")
-SHARED_GSM8K = REPO_ROOT.parent / "shared" / "data" / "gsm8k"
 PROMPT = "Question: {question}\nAnswer:"
 _FINAL = re.compile(r"#### (\-?[0-9\.\,]+)")
 _NUMBER = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
-
-
-def default_gsm8k_dir() -> Path | None:
-    """``$MXFP4_GSM8K_DIR`` (which must hold the files: a set variable never falls back), else the
-    shared folder beside the checkout if it holds them, else None."""
-    env = os.environ.get("MXFP4_GSM8K_DIR")
-    if env:
-        missing = [f for f in ("train.jsonl", "test.jsonl") if not (Path(env) / f).is_file()]
-        if missing:
-            raise ValueError(f"MXFP4_GSM8K_DIR={env}: no {' or '.join(missing)} there; accepted: a folder holding "
-                             "GSM8K's train.jsonl and test.jsonl (or unset it)")
-        return Path(env)
-    return SHARED_GSM8K if (SHARED_GSM8K / "test.jsonl").exists() else None
 
 
 def _numbered_lines(path: Path):
@@ -197,16 +182,6 @@ def write_jsonl(records: list[dict], path: Path | str) -> Path:
 def accuracy_reward(completions, answer, **kwargs) -> list[float]:
     """1 when the completion's ``#### n`` is the reference answer, else 0 (TRL reward signature)."""
     return [1.0 if is_correct(c, a) else 0.0 for c, a in zip(completions, answer)]
-
-
-def gsm8k_folder(profile: Profile) -> Path:
-    folder = default_gsm8k_dir() if profile.data.dir is None else Path(profile.data.dir)
-    if folder is None:
-        raise ValueError(
-            "the gsm8k data source needs the GSM8K jsonl folder: set data.dir in the profile or "
-            "MXFP4_GSM8K_DIR (a folder with train.jsonl and test.jsonl)"
-        )
-    return folder
 
 
 def cell_data(profile: Profile, results: Path | str) -> tuple[list[dict], Path]:

@@ -492,8 +492,10 @@ class StepLogger(TrainerCallback):
                 self.progress(row)
 
     def on_save(self, args, state, control, **kw):
-        """The checkpoint the trainer just wrote gets the log so far and the corrections' state;
-        ``mxfp4_state.json`` last, so that its presence marks a complete checkpoint."""
+        """The checkpoint the trainer just wrote gets the log so far, the corrections' state and a
+        manifest of its files' SHA-256 (``checkpoint_manifest``); ``mxfp4_state.json`` last, so that its
+        presence marks a complete checkpoint and its manifest lets a resume verify it."""
+        self.trainer.accelerator.wait_for_everyone()  # every rank's files of this checkpoint are written
         if not state.is_world_process_zero:
             return
         folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
@@ -502,24 +504,64 @@ class StepLogger(TrainerCallback):
             "step": state.global_step,
             "config_hash": self.config_hash,
             "corrections": [c.state_dict() for c in self.trainer.mx_corrections],
+            "files": checkpoint_manifest(folder),
         }
         tmp = folder / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(payload))
         tmp.rename(folder / STATE_FILE)
 
 
-def last_checkpoint(folder: Path, config_hash: str | None) -> Path | None:
-    """The newest complete checkpoint of this exact cell configuration under ``folder`` (one with
-    ``mxfp4_state.json`` and the same config hash), or None."""
+def checkpoint_manifest(folder: Path) -> dict[str, str]:
+    """SHA-256 of every file of a checkpoint folder (paths relative to it), the state file aside."""
+    out = {}
+    for f in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(STATE_FILE)):
+        h = hashlib.sha256()
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 24), b""):
+                h.update(chunk)
+        out[str(f.relative_to(folder))] = h.hexdigest()
+    return out
+
+
+def checkpoint_problem(checkpoint: Path, config_hash: str | None) -> str | None:
+    """Why ``checkpoint`` cannot be resumed (None: it can): no state file (an interrupted save), another
+    configuration's, no manifest, or a file missing or changed since it was written (a truncated or
+    corrupted write)."""
+    try:
+        state = json.loads((checkpoint / STATE_FILE).read_text())
+    except FileNotFoundError:
+        return "no state file (the save was interrupted)"
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return f"{STATE_FILE} is not JSON"
+    if state.get("config_hash") != config_hash:
+        return "a checkpoint of another configuration (config hash differs)"
+    files = state.get("files")
+    if not isinstance(files, dict) or not files:
+        return "no manifest of its files"
+    now = checkpoint_manifest(checkpoint)
+    for name, digest in files.items():
+        if name not in now:
+            return f"{name} is missing"
+        if now[name] != digest:
+            return f"{name} differs from its manifest (SHA-256), a truncated or corrupted file"
+    return None
+
+
+def last_checkpoint(folder: Path, config_hash: str | None, report=None) -> Path | None:
+    """The newest checkpoint under ``folder`` that this exact cell configuration can resume from
+    (``checkpoint_problem`` finds nothing wrong with it), or None; ``report(checkpoint, why)`` hears of
+    each newer one passed over."""
     if not folder.is_dir():
         return None
-    found = []
-    for d in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*"):
-        state = d / STATE_FILE
-        if d.name.split("-")[-1].isdigit() and state.exists():
-            if json.loads(state.read_text()).get("config_hash") == config_hash:
-                found.append((int(d.name.split("-")[-1]), d))
-    return max(found)[1] if found else None
+    found = sorted(((int(d.name.split("-")[-1]), d) for d in folder.glob(f"{PREFIX_CHECKPOINT_DIR}-*")
+                    if d.name.split("-")[-1].isdigit()), reverse=True)
+    for _, d in found:
+        why = checkpoint_problem(d, config_hash)
+        if why is None:
+            return d
+        if report is not None:
+            report(d, why)
+    return None
 
 
 def resume_state(checkpoint: Path, log_path: Path | None, corrections) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..config import EXPERIMENTS, shipped
+from ..config.profiles import differences
 from ..layout import Layout
 
 PAPER_MODELS = {"qwen2.5-3b": "Qwen/Qwen2.5-3B", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B-Base"}
@@ -173,17 +174,28 @@ def missing_warm_start_files(folder: Path | str) -> list[str]:
     return [f for f in WARM_START_FILES if not (Path(folder) / f).is_file()]
 
 
-def warm_start_folder(layout: Layout, model_name: str) -> Path:
-    """The folder of a tiny model's warm start in a run's ``layout``; a ValueError saying how to make it
-    when it is missing or partial."""
-    profile_name, folder = layout.profile, layout.model(model_name)
+def warm_start_folder(profile, model_name: str, results: Path | str = "results") -> Path:
+    """The folder of a tiny model's warm start in ``profile``'s run under ``results``, checked whole and
+    made from the profile's current ``warm_start_setting``; a ValueError saying what differs and how to
+    make it again otherwise."""
+    folder = Layout(results, profile.name).model(model_name)
+    remake = (f"make it with: mxfp4 pretrain --profile {profile.name} --model {model_name} (or snakemake "
+              f"--cores all pretrain --config profile={profile.name}, which rebuilds a warm start whose settings "
+              "changed)")
     missing = missing_warm_start_files(folder)
     if missing:
-        raise ValueError(
-            f"the tiny model {model_name!r} of profile {profile_name!r} has not been warm-started "
-            f"({folder} lacks {', '.join(missing)}); make it with: mxfp4 pretrain --profile {profile_name} "
-            f"--model {model_name} (or snakemake --cores all pretrain --config profile={profile_name})"
-        )
+        raise ValueError(f"the tiny model {model_name!r} of profile {profile.name!r} has not been warm-started "
+                         f"({folder} lacks {', '.join(missing)}); {remake}")
+    try:
+        made = json.loads((folder / WARM_START_META).read_text()).get("provenance")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        raise ValueError(f"{folder / WARM_START_META} is not the JSON object pretrain writes; {remake}") from None
+    want = profile.warm_start_setting(model_name)
+    if made != want:
+        why = ("records no settings to check against the profile's" if not isinstance(made, dict) else
+               f"was made from other settings than profile {profile.name!r} gives now (recorded -> now: "
+               + "; ".join(differences(made, want)) + ")")
+        raise ValueError(f"the warm start {folder} {why}; {remake}")
     return folder
 
 
@@ -234,5 +246,5 @@ def model_reference(profile, model_name: str, results: Path | str = "results") -
     (checked whole), a random initialisation of a real configuration, or the hub id."""
     spec = profile.model(model_name)
     if spec.arch:
-        return str(warm_start_folder(Layout(results, profile.name), model_name))
+        return str(warm_start_folder(profile, model_name, results))
     return f"{RANDOM_PREFIX}{spec.config}" if spec.config else spec.hub

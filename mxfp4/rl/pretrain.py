@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ..layout import Layout
 from .data import PROMPT, embedded_split, flawed_answer, is_correct
 from .models import TINY_LAYERS, build_tiny, save
 from .outlier_channels import add_outlier_channels
@@ -54,10 +55,12 @@ def greedy_accuracy(model, tokenizer, records: list[dict], max_new_tokens: int =
 
 def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, batch_size: int = 32, n_train: int = 8000,
              max_steps_per_problem: int = 2, seed: int = 0, n_check: int = 200, layers: int = TINY_LAYERS,
-             flawed_fraction: float = 0.0, outlier_channels: int = 0, outlier_scale: float = 32.0) -> dict:
+             flawed_fraction: float = 0.0, outlier_channels: int = 0, outlier_scale: float = 32.0,
+             provenance: dict | None = None) -> dict:
     """SFT of a tiny stand-in of ``layers`` decoder layers on the embedded problems (``flawed_fraction``
     of the subtraction problems demonstrated wrongly: ``sft_dataset``), its greedy accuracy checked,
-    ``outlier_channels`` added (``mxfp4.rl.outlier_channels``; the function unchanged), then saved whole."""
+    ``outlier_channels`` added (``mxfp4.rl.outlier_channels``; the function unchanged), then saved whole
+    with ``provenance`` (the profile's ``warm_start_setting``, which every job that loads it checks)."""
     import datasets
     from trl import SFTConfig, SFTTrainer
 
@@ -101,6 +104,19 @@ def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, bat
         "flawed_fraction": flawed_fraction,
         "outlier_channels": channels,
         "outlier_scale": outlier_scale if channels else None,
+        "provenance": provenance,
     }
     save(model, tokenizer, out, meta)
     return meta
+
+
+def pretrain_model(profile, model: str, out: Path | str | None = None, results: Path | str = "results") -> dict:
+    """The warm start of ``profile``'s tiny model ``model``, made from the profile's settings and saved
+    with them (``Profile.warm_start_setting``) to ``out`` (default: its folder in the run under ``results``)."""
+    spec = profile.model(model)
+    if not spec.arch:
+        raise ValueError(f"{model!r} is a hub model, not a tiny stand-in; accepted: {', '.join(profile.tiny_models())}")
+    out = Layout(results, profile.name).model(model) if out is None else out
+    return pretrain(spec.arch, out, max_steps_per_problem=profile.data.max_problem_steps,
+                    layers=spec.layers or TINY_LAYERS, provenance=profile.warm_start_setting(model),
+                    **profile.pretrain.model_dump())

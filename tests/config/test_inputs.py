@@ -36,7 +36,7 @@ def recipes_file(tmp_path, monkeypatch, text: str):
 
 
 def gsm8k_dir_set_to(folder, monkeypatch):
-    from mxfp4.rl.data import default_gsm8k_dir
+    from mxfp4.config.data_files import default_gsm8k_dir
 
     monkeypatch.setenv("MXFP4_GSM8K_DIR", str(folder))
     return default_gsm8k_dir

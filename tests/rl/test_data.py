@@ -2,9 +2,10 @@
 
 import pytest
 
+from mxfp4.config.data_files import default_gsm8k_dir
 from mxfp4.rl import data
 
-GSM8K = data.default_gsm8k_dir()
+GSM8K = default_gsm8k_dir()
 needs_gsm8k = pytest.mark.skipif(GSM8K is None, reason="the real GSM8K files (../shared/data/gsm8k) are not here")
 
 

@@ -3,7 +3,8 @@
 import pytest
 from lm_eval.api.model import LM
 
-from mxfp4.rl.data import default_gsm8k_dir, load_gsm8k
+from mxfp4.config.data_files import default_gsm8k_dir
+from mxfp4.rl.data import load_gsm8k
 from mxfp4.rl.evaluate import evaluate_gsm8k
 
 GSM8K = default_gsm8k_dir()

@@ -16,7 +16,8 @@ import torch
 from mxfp4.config.profiles import load_profile
 from mxfp4.rl.cell import run_cell
 
-TIMING = {"wall_time_seconds", "train_seconds", "mean_step_time", "mean_probe_time", "resumed_from_step", "git_commit"}
+TIMING = {"wall_time_seconds", "train_seconds", "mean_step_time", "mean_probe_time", "resumed_from_step", "git_commit",
+          "train_log_sha256"}  # the log holds its step times
 ROW_TIMING = {"step_time", "probe_time", "rollout_time", "peak_memory_gib", "peak_reserved_gib", "autotune_time",
               "rollout_autotune_time", "autotune_keys"}
 CELL = ("smoke", "tiny-dense", "mxfp4+all", 0)  # AQN noise and fallback counts: run state to restore
@@ -78,17 +79,69 @@ def test_a_killed_cell_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_
     assert not (cell / "checkpoints").exists()  # a complete cell keeps no checkpoint
 
 
-def test_a_checkpoint_of_another_configuration_is_not_resumed(smoke_results, tmp_path):
-    """A checkpoint written under a different config hash (say, an edited profile) is ignored."""
-    from mxfp4.rl.grpo import STATE_FILE, last_checkpoint
+def _checkpoint(root: Path, step: int, config_hash: str, content: bytes = b"weights") -> Path:
+    """A checkpoint folder as StepLogger.on_save leaves it: a file, then the state with its manifest."""
+    from mxfp4.rl.grpo import STATE_FILE, checkpoint_manifest
 
-    folder = tmp_path / "checkpoints" / "checkpoint-2"
+    folder = root / "checkpoints" / f"checkpoint-{step}"
     folder.mkdir(parents=True)
-    (folder / STATE_FILE).write_text(json.dumps({"step": 2, "config_hash": "old", "corrections": []}))
+    (folder / "model.safetensors").write_bytes(content)
+    state = {"step": step, "config_hash": config_hash, "corrections": [], "files": checkpoint_manifest(folder)}
+    (folder / STATE_FILE).write_text(json.dumps(state))
+    return folder
+
+
+def test_a_checkpoint_of_another_configuration_is_not_resumed(tmp_path):
+    """A checkpoint written under a different config hash (say, an edited profile) is ignored."""
+    from mxfp4.rl.grpo import last_checkpoint
+
+    folder = _checkpoint(tmp_path, 2, "old")
     assert last_checkpoint(tmp_path / "checkpoints", "new") is None
     assert last_checkpoint(tmp_path / "checkpoints", "old") == folder
     (tmp_path / "checkpoints" / "checkpoint-3").mkdir()  # no state file: an interrupted save
     assert last_checkpoint(tmp_path / "checkpoints", "old") == folder
+
+
+@pytest.mark.parametrize("damage,why", [
+    (lambda f: f.write_bytes(b"weightz"), "model.safetensors differs from its manifest"),  # flipped bytes
+    (lambda f: f.write_bytes(b"weig"), "model.safetensors differs from its manifest"),  # truncated
+    (lambda f: f.unlink(), "model.safetensors is missing"),
+])
+def test_a_damaged_checkpoint_is_passed_over_for_the_previous_valid_one(tmp_path, damage, why):
+    from mxfp4.rl.grpo import last_checkpoint
+
+    older = _checkpoint(tmp_path, 1, "h", b"older")
+    newer = _checkpoint(tmp_path, 2, "h")
+    damage(newer / "model.safetensors")
+    heard = []
+    assert last_checkpoint(tmp_path / "checkpoints", "h", lambda d, w: heard.append((d, w))) == older
+    assert heard == [(newer, heard[0][1])] and why in heard[0][1]
+    damage(older / "model.safetensors")
+    assert last_checkpoint(tmp_path / "checkpoints", "h") is None
+
+
+def test_a_cell_whose_newest_checkpoint_is_corrupt_resumes_from_the_one_before_and_ends_as_uninterrupted(
+        smoke_results, uninterrupted, tmp_path):
+    """64 bytes of the newest checkpoint's weights flipped after a kill: the rerun says so, passes it over,
+    and its metrics are those of an uninterrupted run (a clean start if no earlier checkpoint is valid)."""
+    expected, _ = uninterrupted
+    shutil.copytree(smoke_results / "smoke" / "models", tmp_path / "smoke" / "models")
+    cell = tmp_path / "smoke" / "cells" / "tiny-dense" / "mxfp4+all" / "seed0"
+    _kill_after_first_checkpoint(tmp_path, cell, pattern="checkpoint-2")
+    newest = max((cell / "checkpoints").glob("checkpoint-*/mxfp4_state.json"),
+                 key=lambda p: int(p.parent.name.split("-")[1])).parent
+    weights = newest / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-64:] = bytes(b ^ 0xFF for b in data[-64:])
+    weights.write_bytes(bytes(data))
+    rerun = subprocess.run(_cell_command(tmp_path), capture_output=True, text=True, timeout=900,
+                           env={**os.environ, "MXFP4_THREADS": str(torch.get_num_threads())})
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert f"not resuming from {newest.name}: model.safetensors differs from its manifest" in rerun.stdout
+    resumed = json.loads((cell / "metrics.json").read_text())
+    assert resumed["resumed_from_step"] in (None, *range(1, int(newest.name.split("-")[1])))
+    strip = lambda m: {k: v for k, v in m.items() if k not in TIMING}  # noqa: E731
+    assert strip(resumed) == strip(expected)
 
 
 def test_a_cell_killed_after_its_last_checkpoint_evaluates_without_training_another_step(smoke_results, uninterrupted,

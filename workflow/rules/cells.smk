@@ -18,13 +18,26 @@ def probe_batch_input(wc):
     return [str(L.probe_batch(wc.model, wc.seed))] if P.probe_every and quantized else []
 
 
+def inputs_hash(wc):
+    """What a cell is made from (mxfp4.config.profiles.config_hash: the profile's setting for the model,
+    the GSM8K files' digest, the recipe, the seed, the code version): Snakemake's params, so a change to
+    any of them reruns the cell (the default --rerun-triggers include params)."""
+    from mxfp4.config.profiles import config_hash
+    from mxfp4.config.recipes import Recipe
+
+    return config_hash(P, wc.model, Recipe.named(wc.recipe), int(wc.seed))
+
+
 rule pretrain_model:
-    """Warm-start a tiny stand-in with SFT on the embedded problems (TRL SFTTrainer)."""
+    """Warm-start a tiny stand-in with SFT on the embedded problems (TRL SFTTrainer); a change to what
+    it is made from (its params) rebuilds it, and then every job that reads it."""
     output:
         directory(model_path("{model}")),
     log:
         str(L.log("pretrain_{model}")),
     threads: 1
+    params:
+        made_from=lambda wc: warm_start_hash(P, wc.model),
     shell:
         "MXFP4_THREADS={threads} {MXFP4} pretrain --profile {PROFILE} --model {wildcards.model} > {log} 2>&1"
 
@@ -49,6 +62,8 @@ rule probe_batch:
     wildcard_constraints:
         seed=r"\d+",
     threads: 1
+    params:
+        made_from=lambda wc: setting_hash(P, wc.model),
     shell:
         "MXFP4_THREADS={threads} {MXFP4} probe-batch --profile {PROFILE} --model {wildcards.model} "
         "--seed {wildcards.seed} > {log} 2>&1"
@@ -75,6 +90,7 @@ rule cell:
         gpu=lambda wc: P.model(wc.model).gpus,
     params:
         launcher=cell_launcher,
+        made_from=inputs_hash,
     shell:
         "MXFP4_THREADS=1 {params.launcher} cell --profile {PROFILE} --model {wildcards.model} "
         "--recipe '{wildcards.recipe}' --seed {wildcards.seed} > {log} 2>&1"
