@@ -241,7 +241,8 @@ def _cmd_compare(args) -> int:
     from .report.compare import answer_line, run_compare
 
     baselines = args.baselines or args.layout.stored(args.layout.table("cells"))
-    rows = run_compare(args.layout, args.recipe, baselines, args.out, args.figure, args.reproduction, args.adjust)
+    rows = run_compare(args.layout, args.recipe, baselines, args.out, args.figure, args.reproduction, args.adjust,
+                       items=not args.no_items, allow_setting_difference=args.allow_setting_difference)
     print(answer_line(rows, args.recipe))
     return 0
 
@@ -570,6 +571,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--adjust", default="holm", choices=["holm", "fdr_bh"],
                    help="the report's multiplicity adjustment: holm (family-wise error, default) or fdr_bh "
                         "(Benjamini-Hochberg false discovery rate)")
+    p.add_argument("--no-items", action="store_true",
+                   help="report per seed only, without the per-problem rows (when the baselines' items.csv is absent)")
+    p.add_argument("--allow-setting-difference", action="store_true",
+                   help="report even though the baselines were made with another profile setting, data or code "
+                        "version (differences then mix that change with the recipe's)")
     p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("reproduction", help="whether a stored baseline cell, rerun here, reproduces bit for bit")
@@ -609,6 +615,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def os_error(err: OSError) -> str:
+    """One line for an OSError: what the file system refused, on which file."""
+    import errno
+
+    where = f" {err.filename}" if err.filename else ""
+    if err.errno == errno.ENOENT:
+        return f"no such file or folder{where}"
+    if err.errno == errno.ENOSPC:
+        return f"cannot write{where}: the disk is full (No space left on device)"
+    if err.errno == errno.EROFS:
+        return f"cannot write{where}: the file system is read-only"
+    return f"cannot write{where}: {err.strerror or err}"
+
+
 def main(argv: list[str] | None = None) -> int:
     from .machine import pin_cpu_numerics
 
@@ -638,9 +658,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # bad input: say what was wrong, no traceback
         print(f"mxfp4 {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except OSError as err:  # an output that cannot be written (permissions, a file where a folder must be)
-        where = f" {err.filename}" if err.filename else ""
-        print(f"mxfp4 {args.command}: error: cannot write{where}: {err.strerror or err}", file=sys.stderr)
+    except OSError as err:  # the file system's refusal: a missing input, permissions, a full or read-only disk
+        print(f"mxfp4 {args.command}: error: {os_error(err)}", file=sys.stderr)
         return 2
 
 

@@ -35,6 +35,17 @@ def normalize_gemms(gemms: dict | None) -> dict[str, bool]:
     return {g: bool(gemms.get(g, False)) for g in GEMMS}
 
 
+
+class HookError(ValueError):
+    """A correction's hook raised: the message names the correction, its class and the hook (the
+    original exception is its ``__cause__``; ``MXFP4_TRACEBACK=1`` makes the CLI print it)."""
+
+    @classmethod
+    def of(cls, correction, hook: str, err: BaseException) -> HookError:
+        where = f"{type(correction).__module__}.{type(correction).__qualname__}"
+        return cls(f"correction {correction.name!r} ({where}) failed in its {hook} hook: {type(err).__name__}: {err}")
+
+
 class Quantizer:
     """``q(x, axis)``: x fake-quantized with blocks along ``axis``.
 
@@ -103,7 +114,10 @@ class Quantizer:
     def _split(self, x, axis, valid=None):
         mask = None
         for c in self.corrections:
-            part = c.split(x, axis, valid=valid)
+            try:
+                part = c.split(x, axis, valid=valid)
+            except Exception as err:  # noqa: BLE001 - named, with its cause chained
+                raise HookError.of(c, "split", err) from err
             if part is not None:
                 mask = part[0] if mask is None else mask | part[0]
         if mask is None:
@@ -128,12 +142,18 @@ class Quantizer:
         """x through the block-replacing correction: where the dispatch runs Triton and the
         correction can express itself as fake-quantizations of rescaled tensors (macro-block's
         ``fake_quantize``), through the kernels; else the reference block path (identical values)."""
-        if dispatch.fast_path(x, self.fmt):
-            q = self._block_owner.fake_quantize(x, axis, self.fmt, self.scale_rule)
-            if q is not None:
-                return q
-        ax = axis % x.dim()
-        grid, scale = self.block_quantizer(to_blocks(x, ax, self.fmt.block_size))
+        owner = self._block_owner
+        try:
+            if dispatch.fast_path(x, self.fmt):
+                q = owner.fake_quantize(x, axis, self.fmt, self.scale_rule)
+                if q is not None:
+                    return q
+            ax = axis % x.dim()
+            grid, scale = self.block_quantizer(to_blocks(x, ax, self.fmt.block_size))
+        except HookError:
+            raise
+        except Exception as err:  # noqa: BLE001 - named, with its cause chained
+            raise HookError.of(owner, "block_quantizer", err) from err
         return from_blocks(grid * scale.unsqueeze(-1), x.shape, ax).to(x.dtype)
 
     def decompose(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None,

@@ -49,7 +49,8 @@ class CellMetrics(BaseModel):
 
 
 def _one_line(err: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: {e['msg']} (got {e.get('input')!r})"
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: "
+                     + ("missing" if e["type"] == "missing" else f"{e['msg']} (got {e.get('input')!r})")
                      for e in err.errors())
 
 

@@ -208,20 +208,48 @@ def _p(v) -> str:
     return "—" if v is None else f"{v:.3g}"
 
 
-def setting_check(new: list[dict], baselines: list[dict]) -> str:
-    """Whether the new cells and the baselines were made with the same profile setting and code
-    version (``setting_hash``), in one sentence."""
+def setting_check(new: list[dict], baselines: list[dict], allow_difference: bool = False) -> str:
+    """One sentence saying that the new cells and the baselines were made with the same profile setting
+    and code version (``setting_hash``); a ValueError when they were not, unless ``allow_difference``
+    (the sentence then says that differences mix both)."""
     mine = {r.get("setting_hash") for r in new}
     theirs = {r.get("setting_hash") for r in baselines}
-    if None in theirs or None in mine:
-        return ("The baselines (or the new cells) carry no setting hash: whether they share the profile's setting "
-                "cannot be checked.")
-    if mine == theirs:
+    if mine == theirs and None not in mine:
         return f"Same profile setting and code version as the baselines (setting hash {', '.join(sorted(mine))})."
-    return (
-        f"WARNING: the setting differs from the baselines' (new {', '.join(sorted(mine))}, baselines "
-        f"{', '.join(sorted(theirs))}): a profile value or the code version changed, so differences mix both."
-    )
+    said = (f"the setting differs from the baselines' (new {', '.join(sorted(map(str, mine)))}, baselines "
+            f"{', '.join(sorted(map(str, theirs)))}): a profile value, the data or the code version changed")
+    if not allow_difference:
+        raise ValueError(f"{said}, so every difference would mix that change with the recipe's. Rerun the "
+                         "reference cells here (snakemake compare does when they do not reproduce), or pass "
+                         "--allow-setting-difference to report anyway")
+    return f"WARNING: {said}, so differences mix both (--allow-setting-difference)."
+
+
+def check_baselines(new: list[dict], baselines: list[dict], base_items: list[dict] | None, recipe: str,
+                    references: list[str], profile: str, source: str) -> None:
+    """The references a compare needs, present in full: cells of ``profile`` (not another's), every
+    primary reference recipe for every model, on every seed the new cells ran, and their per-problem
+    items (``base_items`` None: the user asked for a report without them). A ValueError naming what
+    is missing from ``source`` otherwise."""
+    if not baselines:
+        raise ValueError(f"{source} holds no cells; accepted: the cells.csv of a finished run (mxfp4 aggregate)")
+    profiles = {str(b.get("profile")) for b in baselines if b.get("profile") is not None}
+    if profiles and profiles != {profile}:
+        raise ValueError(f"{source} holds cells of profile(s) {', '.join(sorted(profiles))}, not {profile!r}: "
+                         "a recipe is compared against baselines of its own profile")
+    for model in sorted({r["model"] for r in new}):
+        seeds = {int(r["seed"]) for r in new if r["model"] == model}
+        for ref in references:
+            have = {int(b["seed"]) for b in baselines if b["model"] == model and b["recipe"] == ref}
+            if not have:
+                raise ValueError(f"{source} has no cells of {model}/{ref}, a primary reference of {recipe!r}; run "
+                                 f"them (snakemake compare runs the references it needs)")
+            if not seeds <= have:
+                raise ValueError(f"{source} lacks seed(s) {sorted(seeds - have)} of {model}/{ref} that {recipe!r} "
+                                 f"ran: a partial baseline cannot pair by seed")
+            if base_items is not None and not any(i["model"] == model and i["recipe"] == ref for i in base_items):
+                raise ValueError(f"the per-problem items of {model}/{ref} are missing beside {source} "
+                                 f"({TABLES['items']}); restore them, or pass --no-items for a report per seed only")
 
 
 def answer_line(rows: list[dict], recipe: str) -> str:
@@ -368,35 +396,46 @@ def primary_references(recipe: str) -> list[str]:
 
 
 def run_compare(layout: Layout, recipe: str, baselines_csv, out_md, figure_stem=None,
-                reproduction_json=None, adjust: str = "holm") -> list[dict]:
+                reproduction_json=None, adjust: str = "holm", items: bool = True,
+                allow_setting_difference: bool = False) -> list[dict]:
     """The report of ``recipe``'s cells against references: the stored baselines when
     ``reproduction_json`` (from ``check_reproduction``) says they reproduce here, or when no check is
     given; else this run's own cells of the other recipes (same machine, same seeds). ``adjust`` is
-    the family's multiplicity adjustment (``ADJUSTMENTS``)."""
+    the family's multiplicity adjustment (``ADJUSTMENTS``). Missing, partial or other-profile
+    references are an error (``check_baselines``); so is a setting that differs from theirs, unless
+    ``allow_setting_difference``; ``items=False`` reports per seed only, without per-problem rows."""
     if adjust not in ADJUSTMENTS:
         raise ValueError(f"adjust={adjust!r}; accepted: {', '.join(ADJUSTMENTS)}")
     cells = with_time_ratio(read_cells(layout)[0])
-    items = read_items(layout)
+    new_items = read_items(layout) if items else []
     new = [c for c in cells if c["recipe"] == recipe]
     if not new:
         raise ValueError(f"no finished cells of recipe {recipe!r} in profile {layout.profile!r}; run them first")
     check = None if reproduction_json is None else json.loads(Path(reproduction_json).read_text())
     if check is not None and not check["reproduces"]:
         baselines = [c for c in cells if c["recipe"] != recipe]
-        base_items = [i for i in items if i["recipe"] != recipe]
-        if not baselines:
-            raise ValueError("the stored baselines do not reproduce here and no reference cell has run here")
+        base_items = [i for i in new_items if i["recipe"] != recipe] if items else None
+        source = f"this run's cells ({layout.cells})"
         note = references_note(check, sorted({b["recipe"] for b in baselines}))
     else:
+        if not Path(baselines_csv).is_file():
+            raise ValueError(f"the baselines {baselines_csv} do not exist; accepted: the cells.csv of a finished run "
+                             f"(default {layout.stored(layout.table('cells'))})")
         baselines = with_time_ratio(read_csv(baselines_csv))
         items_csv = Path(baselines_csv).with_name(TABLES["items"])
-        base_items = read_csv(items_csv) if items_csv.exists() else []
+        base_items = (read_csv(items_csv) if items_csv.is_file() else []) if items else None
+        source = str(baselines_csv)
         note = references_note(check, []) if check is not None else (
             "References: the stored baselines, unchecked on this machine (no reproduction check given): "
             "differences may include the machine's.")
+    references = primary_references(recipe)
+    check_baselines(new, baselines, base_items, recipe, references, layout.profile, source)
     models = {r["model"] for r in new}
-    rows = compare_rows(new, baselines, recipe, items, base_items, primary_references(recipe), adjust)
-    check_line = setting_check(new, [b for b in baselines if b["model"] in models])
+    rows = compare_rows(new, baselines, recipe, new_items, base_items or [], references, adjust)
+    check_line = setting_check(new, [b for b in baselines if b["model"] in models and b["recipe"] in references],
+                               allow_setting_difference)
+    if not items:
+        check_line += " Per-problem rows left out (--no-items): verdicts per seed only."
     write_text_atomic(out_md, markdown(rows, recipe, f"{note}\n\n{check_line}", adjust))
     if figure_stem:
         from .plots import compare_figure

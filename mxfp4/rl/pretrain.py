@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ..io import writable_folder
 from ..layout import Layout
 from .data import PROMPT, embedded_split, flawed_answer, is_correct
 from .models import TINY_LAYERS, build_tiny, save
@@ -116,7 +117,12 @@ def pretrain_model(profile, model: str, out: Path | str | None = None, results: 
     spec = profile.model(model)
     if not spec.arch:
         raise ValueError(f"{model!r} is a hub model, not a tiny stand-in; accepted: {', '.join(profile.tiny_models())}")
-    out = Layout(results, profile.name).model(model) if out is None else out
+    out = Layout(results, profile.name).model(model) if out is None else Path(out)
+    try:
+        writable_folder(out.parent)  # before the SFT run, not after it
+    except OSError as err:
+        raise ValueError(f"cannot write the warm start to {out} ({err.strerror or err}); accepted: a writable "
+                         "folder (--out, or --results)") from None
     return pretrain(spec.arch, out, max_steps_per_problem=profile.data.max_problem_steps,
                     layers=spec.layers or TINY_LAYERS, provenance=profile.warm_start_setting(model),
                     **profile.pretrain.model_dump())
