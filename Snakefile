@@ -20,7 +20,23 @@ from mxfp4.config.profiles import load_profile, setting_hash, warm_start_hash
 from mxfp4.layout import GPU_SMOKE_DENSE, METRICS, REFERENCE_RECIPE, TRAIN_LOG, Layout
 
 configfile: "experiments/config.yaml"
-validate(config, "workflow/schemas/config.schema.yaml")
+
+
+def check_config(config, schema_path):
+    """The config against its schema, a failure in one line (Snakemake's own message prints the whole schema)."""
+    import jsonschema
+    import yaml
+
+    schema = yaml.safe_load(open(schema_path))
+    problem = next(iter(jsonschema.Draft202012Validator(schema).iter_errors(config)), None)
+    if problem is not None:
+        where = " ".join(map(str, problem.path))
+        raise ValueError(f"--config {where}: {problem.message}; accepted keys: {', '.join(schema['properties'])}"
+                         .replace("--config :", "--config:"))
+    validate(config, schema_path)  # Snakemake's own validation (defaults), now known to pass
+
+
+check_config(config, "workflow/schemas/config.schema.yaml")
 
 # `snakemake --report report.html` after a run: every figure with its caption, the claims table and
 # the cell metrics (workflow/report/).

@@ -655,7 +655,11 @@ def main(argv: list[str] | None = None) -> int:
         args.layout = Layout(args.results, args.profile)  # every path of the command's run
     try:
         return args.func(args)
-    except ValueError as err:  # bad input: say what was wrong, no traceback
+    except ValueError as err:  # bad input: say what was wrong, no traceback (MXFP4_TRACEBACK=1: with it)
+        if os.environ.get("MXFP4_TRACEBACK") == "1":
+            import traceback
+
+            traceback.print_exc()
         print(f"mxfp4 {args.command}: error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # the file system's refusal: a missing input, permissions, a full or read-only disk

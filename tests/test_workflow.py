@@ -35,6 +35,12 @@ def planned_jobs(output: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
 
 
+def test_a_config_typo_is_one_line_naming_the_accepted_keys(workdir):
+    out = snakemake(workdir, "-n", "all", "--config", "profle=smoke", check=False)
+    assert "--config: Additional properties are not allowed ('profle' was unexpected); accepted keys: profile" in out
+    assert len(out.splitlines()) < 12, out
+
+
 @pytest.mark.parametrize("profile", ["embedded", "smoke", "paper"])
 def test_dry_run_resolves_the_full_dag(workdir, profile):
     jobs = planned_jobs(snakemake(workdir, "-n", "all", "--config", f"profile={profile}"))
@@ -75,6 +81,20 @@ def test_smoke_profile_runs_to_figures_and_reruns_exactly(workdir):
                  "Lines are the mean over 1 seed(s)", "Each correction's effect on each error component"):
         assert name in html, name
     # a finished target does nothing
+    assert "Nothing to be done" in snakemake(workdir, "-n", "all", "--config", "profile=smoke")
+    # an edited profile reruns what the edit invalidates (the rules' params): a GRPO setting every cell, a
+    # pretraining setting the warm starts as well
+    smoke = workdir / "experiments" / "profiles" / "smoke.yaml"
+    original = smoke.read_text()
+    try:
+        smoke.write_text(original.replace("max_steps: 3", "max_steps: 4"))
+        jobs = planned_jobs(snakemake(workdir, "-n", "all", "--config", "profile=smoke"))
+        assert jobs["cell"] == 6 and "pretrain_model" not in jobs, jobs
+        smoke.write_text(original.replace("pretrain: {steps: 40", "pretrain: {steps: 41"))
+        jobs = planned_jobs(snakemake(workdir, "-n", "all", "--config", "profile=smoke"))
+        assert jobs["pretrain_model"] == 2 and jobs["cell"] == 6, jobs
+    finally:
+        smoke.write_text(original)
     assert "Nothing to be done" in snakemake(workdir, "-n", "all", "--config", "profile=smoke")
     # deleting one cell's output reruns that cell alone (and what depends on it)
     (workdir / "results/smoke/cells/tiny-dense/mxfp4/seed0/metrics.json").unlink()

@@ -84,6 +84,17 @@ def plugin_named(tmp_path, monkeypatch, body: str):
     return lambda: corr.build({"name": "x"})
 
 
+def quantize_with_plugin(tmp_path, monkeypatch, body: str):
+    """A call that quantizes a tensor through a recipe whose correction 'x' is a plugin of ``body``."""
+    build = plugin_named(tmp_path, monkeypatch, body)
+    return lambda: Recipe.from_dict("r", {"corrections": [{"name": "x"}]}).quantizer([build()])(
+        torch.randn(4, 64), axis=-1)
+
+
+FAILING_SPLIT = ("from mxfp4.corrections import Correction, register\n@register('x')\nclass Split(Correction):\n"
+                 "    def split(self, x, axis, valid=None):\n        return 1 / 0\n")
+FAILING_BLOCKS = ("from mxfp4.corrections import Correction, register\n@register('x')\nclass Blocks(Correction):\n"
+                  "    def block_quantizer(self, fmt, rule):\n        return lambda blocks: blocks.nonexistent\n")
 SHADOW_AQN = "from mxfp4.corrections import Correction, register\n@register('aqn')\nclass Mine(Correction):\n    pass\n"
 RAISING_PLUGIN = "raise RuntimeError('no GPU here')\n"
 
@@ -119,6 +130,10 @@ RAISES = [  # (case, function of (tmp_path, monkeypatch) giving the call, the er
      r"plugin 'plugin_\d+' \(MXFP4_PLUGINS\) failed while importing: ValueError: correction name 'aqn' is taken"),
     ("a plugin that raises at import", lambda t, m: plugin_named(t, m, RAISING_PLUGIN),
      r"plugin 'plugin_\d+' \(MXFP4_PLUGINS\) failed while importing: RuntimeError: no GPU here"),
+    ("a plugin whose split hook raises", lambda t, m: quantize_with_plugin(t, m, FAILING_SPLIT),
+     r"correction 'x' \(plugin_\d+.Split\) failed in its split hook: ZeroDivisionError: division by zero"),
+    ("a plugin whose block quantizer raises", lambda t, m: quantize_with_plugin(t, m, FAILING_BLOCKS),
+     r"correction 'x' \(plugin_\d+.Blocks\) failed in its block_quantizer hook: AttributeError"),
     ("a YAML key that is a list", lambda t, m: yaml_file(t, b"name: x\n[a, b]: 1\n"),
      r"bad.yaml:2:1: a key must be a plain name, got a list"),
     ("a YAML file that is not UTF-8", lambda t, m: yaml_file(t, b"name: \xff\xfe\n"),

@@ -91,8 +91,8 @@ AGGREGATE = [  # (case, how the run is changed, the profile aggregate is given, 
 
 @pytest.mark.parametrize("case,damage,profile,refusal", AGGREGATE, ids=[c[0] for c in AGGREGATE])
 def test_aggregate_refuses_a_partial_edited_or_stale_cell(run, case, damage, profile, refusal):
+    aggregate(Layout(run, "smoke"), run / "before", load_profile("smoke"))  # the untouched run aggregates
     profile = profile or load_profile("smoke")
-    aggregate(Layout(run, "smoke"), run / "before", profile)  # the untouched run aggregates
     damage(run)
     with pytest.raises(ValueError, match=refusal) as err:
         aggregate(Layout(run, "smoke"), run / "after", profile)
