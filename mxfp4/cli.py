@@ -178,6 +178,29 @@ PLOTS = {  # figure -> (drawing function in mxfp4.report.plots, what its input f
     "cosines": ("component_cosines", "weight_components.csv of mxfp4 weight-components"),
     "regime": ("regime_statistics", "regime.csv of mxfp4 regime"),
 }
+PLOT_COLUMNS = {  # a CSV input's columns that its figure reads: a table without them draws an empty figure
+    "training": ("model", "recipe", "seed", "step"),
+    "accuracy": ("model", "recipe", "seed", "gsm8k_strict_accuracy"),
+    "pathways": ("model", "checkpoint", "injection", "metric", "layer", "site", "mean"),
+    "attribution": ("model", "checkpoint", "injection", "metric", "layer", "site", "mean"),
+    "cosines": ("model", "form", "cosine_scale_dead", "cosine_scale_grid", "cosine_dead_grid"),
+    "regime": ("model", "operand", "depth", "elements"),
+}
+
+
+def _check_plot_input(figure: str, path: Path) -> None:
+    """A CSV input with a header holding the figure's columns and at least one row."""
+    import csv
+
+    if figure not in PLOT_COLUMNS:
+        return
+    with path.open(encoding="utf-8", errors="replace", newline="") as f:
+        reader = csv.reader(f)
+        header, first = next(reader, []), next(reader, None)
+    missing = [c for c in PLOT_COLUMNS[figure] if c not in header]
+    if missing or first is None:
+        what = f"no {', '.join(missing)} column" if missing else "a header and no rows"
+        raise ValueError(f"plot {figure}: {path} is not the {PLOTS[figure][1]} ({what})")
 
 
 def _cmd_plot(args) -> int:
@@ -187,7 +210,12 @@ def _cmd_plot(args) -> int:
         raise ValueError(
             f"plot {args.figure}: input {args.input} does not exist (expected the {PLOTS[args.figure][1]})"
         )
-    paths = getattr(plots, PLOTS[args.figure][0])(args.input, args.out)
+    _check_plot_input(args.figure, Path(args.input))
+    try:
+        paths = getattr(plots, PLOTS[args.figure][0])(args.input, args.out)
+    except (ValueError, KeyError, TypeError, IndexError) as err:  # a file of another kind, or damaged
+        what = f"no {err} column or key" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
+        raise ValueError(f"plot {args.figure}: {args.input} is not the {PLOTS[args.figure][1]} ({what})") from None
     print("wrote " + ", ".join(map(str, paths)))
     return 0
 
@@ -615,6 +643,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+TORCH_WRITE_FAILURES = ("unexpected pos", "PytorchStreamWriter failed", "No space left on device")
+
+
+def torch_write_failure(args) -> str:
+    """One line for torch.save's write failure (a RuntimeError, not an OSError): usually a full disk."""
+    import shutil
+
+    folder = Path(getattr(args, "results", None) or ".")
+    free = shutil.disk_usage(folder if folder.exists() else ".").free / 2**30
+    return (f"torch.save could not write a checkpoint or tensor file ({free:.1f} GiB free where {folder} is): "
+            "the disk is probably full; free space and rerun (a cell resumes from its last valid checkpoint)")
+
+
 def os_error(err: OSError) -> str:
     """One line for an OSError: what the file system refused, on which file."""
     import errno
@@ -664,6 +705,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except OSError as err:  # the file system's refusal: a missing input, permissions, a full or read-only disk
         print(f"mxfp4 {args.command}: error: {os_error(err)}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:
+        if not any(m in str(err) for m in TORCH_WRITE_FAILURES):
+            raise
+        print(f"mxfp4 {args.command}: error: {torch_write_failure(args)}", file=sys.stderr)
         return 2
 
 

@@ -186,6 +186,8 @@ CLI = [  # (case, arguments, what stderr must say)
      "argument --seed: -1; accepted: an integer in [0, 2**32 - 1]"),
     ("decompose of 1e18 elements", ["decompose", "--rows", "1000000000", "--cols", "1000000000"],
      "accepted: at most 67,108,864"),
+    ("plot on the wrong file", ["plot", "pathways", "{file}", "--out", "{file}.png"],
+     "plot pathways: {file} is not the pathways/pathways.csv"),
     ("prove --out under an existing file", ["prove", "--out", "{file}/proofs.json"], "cannot write"),
 ]
 
@@ -196,7 +198,7 @@ def test_bad_command_lines_are_one_line_errors(case, argv, message, tmp_path):
     (tmp_path / "f").write_text("a file, not a folder")
     argv = [a.format(tensor=tmp_path / "t.pt", file=tmp_path / "f") for a in argv]
     code, text = cli(*argv)
-    assert code == 2 and message in text, text[-2000:]
+    assert code == 2 and message.format(file=tmp_path / "f") in text, text[-2000:]
     assert "Traceback" not in text
 
 
