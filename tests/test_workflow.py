@@ -1,5 +1,6 @@
 """The Snakemake DAG: resolves for every profile; the smoke profile runs to figures; reruns are exact."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -22,8 +23,8 @@ def workdir(tmp_path_factory):
     return d
 
 
-def snakemake(workdir, *args, check=True):
-    r = subprocess.run([*SNAKEMAKE, "--cores", "2", *args], cwd=workdir, capture_output=True, text=True)
+def snakemake(workdir, *args, check=True, env=None):
+    r = subprocess.run([*SNAKEMAKE, "--cores", "2", *args], cwd=workdir, capture_output=True, text=True, env=env)
     if check and r.returncode != 0:
         raise AssertionError(r.stdout[-3000:] + r.stderr[-3000:])
     return r.stdout + r.stderr
@@ -82,19 +83,13 @@ def test_smoke_profile_runs_to_figures_and_reruns_exactly(workdir):
         assert name in html, name
     # a finished target does nothing
     assert "Nothing to be done" in snakemake(workdir, "-n", "all", "--config", "profile=smoke")
-    # an edited profile reruns what the edit invalidates (the rules' params): a GRPO setting every cell, a
-    # pretraining setting the warm starts as well
-    smoke = workdir / "experiments" / "profiles" / "smoke.yaml"
-    original = smoke.read_text()
-    try:
-        smoke.write_text(original.replace("max_steps: 3", "max_steps: 4"))
-        jobs = planned_jobs(snakemake(workdir, "-n", "all", "--config", "profile=smoke"))
-        assert jobs["cell"] == 6 and "pretrain_model" not in jobs, jobs
-        smoke.write_text(original.replace("pretrain: {steps: 40", "pretrain: {steps: 41"))
-        jobs = planned_jobs(snakemake(workdir, "-n", "all", "--config", "profile=smoke"))
-        assert jobs["pretrain_model"] == 2 and jobs["cell"] == 6, jobs
-    finally:
-        smoke.write_text(original)
+    # an edited recipe reruns exactly the cells it defines (the cell rule's params: the config hash of the
+    # profile's setting, data, recipe and seed); the warm starts, made from the profile alone, stay
+    edited = workdir / "edited_recipes.yaml"
+    edited.write_text("mxfp4+all:\n  base: mxfp4\n  corrections: [aqn]\n")
+    jobs = planned_jobs(snakemake(workdir, "-n", "all", "--config", "profile=smoke",
+                                  env={**os.environ, "MXFP4_RECIPES": str(edited)}))
+    assert jobs["cell"] == 2 and "pretrain_model" not in jobs, jobs  # mxfp4+all of both models
     assert "Nothing to be done" in snakemake(workdir, "-n", "all", "--config", "profile=smoke")
     # deleting one cell's output reruns that cell alone (and what depends on it)
     (workdir / "results/smoke/cells/tiny-dense/mxfp4/seed0/metrics.json").unlink()
