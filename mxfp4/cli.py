@@ -111,7 +111,18 @@ def _cmd_decompose(args) -> int:
         raise ValueError(f"MXFP4_BACKEND={requested_backend()}: decompose runs the float64 reference split, not a "
                          "kernel; accepted: MXFP4_BACKEND unset, auto or reference")
     x, label = _load_tensor(args)
-    stats = decompose(x, args.format, axis=args.axis, scale_rule=args.scale_rule, form=args.form).stats
+    if args.recipe is None:
+        stats = decompose(x, args.format or "mxfp4", axis=args.axis, scale_rule=args.scale_rule, form=args.form).stats
+    else:
+        from .config.recipes import Recipe
+
+        if args.format is not None or args.scale_rule is not None:
+            raise ValueError("--recipe names its format and scale rule; drop --format / --scale-rule")
+        quantizer = Recipe.named(args.recipe).quantizer()
+        if quantizer is None:
+            raise ValueError(f"--recipe {args.recipe!r} does not quantize; accepted: a recipe with quantize: true")
+        stats = quantizer.decompose(x, args.axis, form=args.form).stats
+        label = f"{label} under recipe {args.recipe}"
     if args.json:
         print(json.dumps(stats, indent=2))
         return 0
@@ -317,7 +328,7 @@ def _cmd_corrections_table(args) -> int:
                 "or tiny-dense/tiny-moe for random init)"
             )
         models[label] = source
-    table = ct.rows(ct.build_sources(models or None))
+    table = ct.rows(ct.build_sources(models or None), args.recipe or ())
     write_text_atomic(args.out, ct.markdown(table))
     if args.json:
         write_json_atomic(args.json, table)
@@ -487,8 +498,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cols", type=positive_int, help="--dist only (default 1024)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="--dist only (default float32)")
     p.add_argument("--seed", type=seed_int, help="--dist only (default 0)")
-    p.add_argument("--format", default="mxfp4", choices=list(FORMATS), help="the block format (default mxfp4)")
+    p.add_argument("--format", default=None, choices=list(FORMATS), help="the block format (default mxfp4)")
     p.add_argument("--scale-rule", default=None, help="floor (default), ceil, even, rceil; nearest for nvfp4")
+    p.add_argument("--recipe", default=None,
+                   help="decompose as a named recipe quantizes (its format, scale rule and corrections; a rotating "
+                        "correction's error in its rotated basis) instead of --format / --scale-rule")
     p.add_argument("--axis", type=int, default=-1, help="the axis the blocks run along")
     p.add_argument("--form", default="canonical", choices=["canonical", "gain"],
                    help="the decomposition: canonical (ideal-scale deadzone and grid) or gain (stored-scale deadzone, "
@@ -504,7 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_prove)
 
     p = sub.add_parser("corrections-table", help="each correction's effect on each error component (markdown)")
-    p.add_argument("--out", default="docs/corrections.md", help="the markdown table (default docs/corrections.md)")
+    p.add_argument("--out", default="docs/correction_table.md", help="the markdown table (default: that file)")
     p.add_argument("--json", default=None, help="also write the rows as JSON")
     p.add_argument(
         "--model",
@@ -513,6 +527,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a model's weights as a source (checkpoint folder or hub id; tiny-dense / tiny-moe for random "
         "init); repeatable; default: both tiny stand-ins at random init",
     )
+    p.add_argument("--recipe", action="append", default=None,
+                   help="also a named recipe's corrections together (repeatable; plugins through MXFP4_PLUGINS), "
+                        "each tensor decomposed in the basis the recipe quantizes it in")
     p.set_defaults(func=_cmd_corrections_table)
 
     p = sub.add_parser("pretrain", help="warm-start a profile's tiny model with SFT and save it")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from ..config.recipes import Recipe
 from ..corrections import build
 from ..nn import gemm_weights, targets
 from ..numerics.decompose import pool_stats
-from ..numerics.quantizer import Quantizer
+from ..numerics.quantizer import Operand, Quantizer
 from ..rl.models import TINY_ARCHS, build_tiny, load
 from ..verify.distributions import sample
 
@@ -20,30 +21,47 @@ TABLE_CORRECTIONS = [
 TABLE_DISTS = ["gaussian", "laplace", "student_t3", "llm_rows"]
 
 
-def model_weights(source: str) -> dict[str, tuple[torch.Tensor, int]]:
-    """(weight, reduction axis) of every GEMM weight the mxfp4 recipe quantizes, of a checkpoint
-    folder or hub id, or of a randomly initialised tiny stand-in when ``source`` is its name."""
+def model_weights(source: str) -> dict[str, tuple[torch.Tensor, int, Operand]]:
+    """(weight, reduction axis, its forward GEMM operand) of every GEMM weight the mxfp4 recipe quantizes,
+    of a checkpoint folder or hub id, or of a randomly initialised tiny stand-in when ``source`` is its name."""
 
     model = build_tiny(source)[0] if source in TINY_ARCHS else load(source)[0]
     out = {}
     for name, module, _ in targets(model, ("linear", "experts")):
         for attr, p in gemm_weights(module).items():
-            out[f"{name}.{attr}"] = (p.detach(), p.dim() - 1)
+            out[f"{name}.{attr}"] = (p.detach(), p.dim() - 1, Operand("weight", "forward", name))
     return out
 
 
-def _stats(quantizer: Quantizer, tensors: dict[str, tuple[torch.Tensor, int]]) -> dict:
-    return pool_stats([quantizer.decompose(t, axis).stats for t, axis in tensors.values()])
+def _stats(quantizer: Quantizer, tensors: dict[str, tuple]) -> dict:
+    """Pooled decomposition, each tensor in the basis ``quantizer`` quantizes it in (a distribution's
+    sample has no operand context: a rotating correction rotates it)."""
+    return pool_stats([quantizer.decompose(t, axis, operand=op).stats for t, axis, op in tensors.values()])
 
 
-def rows(sources: dict[str, dict[str, tuple[torch.Tensor, int]]]) -> list[dict]:
+def _arms(recipes) -> list[tuple[str, Quantizer, dict]]:
+    """(label, quantizer, cost) of every table correction, then of every named recipe's corrections together."""
+    arms = []
+    for spec in TABLE_CORRECTIONS:
+        c = build(spec)
+        label = spec["name"] + "(" + ", ".join(f"{k}={v}" for k, v in spec.items() if k != "name") + ")"
+        arms.append((label, Quantizer(corrections=[c]), c.cost()))
+    for name in recipes:
+        quantizer = Recipe.named(name).quantizer()
+        if quantizer is None or quantizer.fmt.name != "mxfp4":
+            raise ValueError(f"--recipe {name!r}: the table sets MXFP4 corrections against plain MXFP4; "
+                             "accepted: a recipe that quantizes to mxfp4")
+        arms.append((f"recipe {name}", quantizer, quantizer.cost()))
+    return arms
+
+
+def rows(sources: dict[str, dict[str, tuple]], recipes=()) -> list[dict]:
     out = []
+    arms = _arms(recipes)
     for source, tensors in sources.items():
         base = _stats(Quantizer(), tensors)
-        for spec in TABLE_CORRECTIONS:
-            c = build(spec)
-            after = _stats(Quantizer(corrections=[c]), tensors)
-            label = spec["name"] + "(" + ", ".join(f"{k}={v}" for k, v in spec.items() if k != "name") + ")"
+        for label, quantizer, cost in arms:
+            after = _stats(quantizer, tensors)
             out.append(
                 {
                     "source": source,
@@ -56,7 +74,7 @@ def rows(sources: dict[str, dict[str, tuple[torch.Tensor, int]]]) -> list[dict]:
                         f"{k}_after": after[k]
                         for k in ("energy_scale", "deadzone_fraction", "energy_grid", "energy_dead", "energy_total")
                     },
-                    **c.cost(),
+                    **cost,
                 }
             )
     return out
@@ -65,7 +83,7 @@ def rows(sources: dict[str, dict[str, tuple[torch.Tensor, int]]]) -> list[dict]:
 def build_sources(models: dict[str, str] | None = None) -> dict:
     """The standard distributions, then the weights of each ``label -> checkpoint`` (default: both
     tiny stand-ins at random init)."""
-    sources = {d: {d: (sample(d, 256, 1024, seed=0), -1)} for d in TABLE_DISTS}
+    sources = {d: {d: (sample(d, 256, 1024, seed=0), -1, None)} for d in TABLE_DISTS}
     for label, source in (models or {a: a for a in TINY_ARCHS}).items():
         sources[f"{label} weights" + (" (random init)" if source in TINY_ARCHS else "")] = model_weights(source)
     return sources

@@ -5,14 +5,17 @@ A correction is a class registered under a name (``@register("name")``, or the e
 listed in ``mxfp4.corrections.base.Correction``: numerics hooks composed by the recipe's quantizer
 (``mxfp4.numerics.quantizer.Quantizer``) and lifecycle hooks the GRPO cell calls.
 
-Built in: ``macro_block`` (scale bias), ``outlier_fallback`` (deadzone), ``aqn`` (entropy).
+Built in: the paper's ``macro_block`` (scale bias), ``outlier_fallback`` (deadzone), ``aqn`` (entropy);
+the field's standard recipe, ``hadamard`` (random-sign block rotation) and ``stochastic_rounding``.
 """
 
 from .aqn import AdaptiveQuantizationNoise
 from .base import Correction
+from .hadamard import RandomHadamard
 from .macro_block import MacroBlockScaling
 from .outlier_fallback import OutlierFallback
 from .registry import ENTRY_POINT_GROUP, REGISTRY, available, build, register
+from .stochastic_rounding import StochasticRounding
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -21,6 +24,8 @@ __all__ = [
     "MacroBlockScaling",
     "OutlierFallback",
     "REGISTRY",
+    "RandomHadamard",
+    "StochasticRounding",
     "available",
     "build",
     "register",

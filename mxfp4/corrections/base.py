@@ -1,12 +1,13 @@
 """The correction protocol: every hook the code calls on a correction, each declared on ``Correction``
 with a default that changes nothing.
 
-Numerics hooks (``block_quantizer``, ``fake_quantize``, ``split``, ``blocks_per_group``,
-``rows_per_group``) are composed by ``mxfp4.numerics.quantizer.Quantizer`` on every quantized operand;
+Numerics hooks (``block_quantizer``, ``fake_quantize``, ``rotation``, ``rounding_generator``, ``split``,
+``blocks_per_group``, ``rows_per_group``) are composed by ``mxfp4.numerics.quantizer.Quantizer`` on every
+quantized operand, told which operand (``Operand``: role, GEMM, layer) where the caller knows;
 lifecycle hooks (``bind``, ``needs_reference`` / ``bind_reference``, ``rollout_context``,
 ``perturbs_rollout``, ``observe``, ``metrics``, ``state_dict`` / ``load_state_dict``) are called by the
-GRPO cell, which never names a correction; ``cost()`` is always reported. Each method's docstring
-says when it is called.
+GRPO cell, which never names a correction; ``cost()`` is always reported. Each method's docstring says
+when it is called; docs/corrections.md shows them at work.
 """
 
 from __future__ import annotations
@@ -29,6 +30,23 @@ class Correction:
     def fake_quantize(self, x: torch.Tensor, axis: int, fmt, rule) -> torch.Tensor | None:
         """The values of ``block_quantizer`` for all of x, computed through the dispatch's
         fake-quantizations (used where the dispatch runs Triton); None: use the block path."""
+        return None
+
+    rotates = False  # True: ``rotation`` may return a matrix (the quantizer's values are then not bf16 numbers)
+
+    def rotation(self, operand, block_size: int, device) -> torch.Tensor | None:
+        """An orthogonal [block_size, block_size] matrix R: every block b of this operand (``Operand``:
+        role, GEMM, layer; None without context) is quantized as Q(b R) R^T, so that a GEMM whose two
+        operands share R along its reduction axis equals the product of the rotated quantized operands.
+        None: no rotation. Only with ``rotates = True``."""
+        return None
+
+    rounds_stochastically = False  # True: ``rounding_generator`` may return a generator
+
+    def rounding_generator(self, operand, device) -> torch.Generator | None:
+        """A generator whose draws round this operand's elements stochastically onto the grid (unbiased
+        within it, ``reference.stochastic_round_to_grid``), or None for round-to-nearest. Only with
+        ``rounds_stochastically = True``."""
         return None
 
     def split(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None):

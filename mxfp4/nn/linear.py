@@ -15,7 +15,12 @@ import torch
 import torch.nn.functional as F
 
 from ..numerics import dispatch
-from ..numerics.quantizer import Quantizer
+from ..numerics.quantizer import Operand, Quantizer
+
+# the (role, GEMM) of each kind of operand a patched layer quantizes or probes (weights: their forward copy)
+KIND_OPERANDS = {"activation": ("activation", "forward"), "grad": ("grad", "input_grad"),
+                 "grad_t": ("grad", "weight_grad"), "activation_t": ("activation", "weight_grad"),
+                 "weight": ("weight", "forward")}
 
 
 @dataclass
@@ -29,22 +34,32 @@ class GemmContext:
     cache: bool = True  # False under FSDP / ZeRO-3: a cache would hold every layer's gathered weights
     bypassed: bool = False  # True: the layer computes as its unpatched class (``patch.bypassed``)
     _cache: dict = field(default_factory=dict)
+    _operands: dict = field(default_factory=dict)
+
+    def operand(self, role: str, gemm: str) -> Operand:
+        """The ``Operand`` a correction's hooks are told for this layer's (role, GEMM)."""
+        hit = self._operands.get((role, gemm))
+        if hit is None:
+            hit = self._operands[(role, gemm)] = Operand(role, gemm, self.name)
+        return hit
 
     @property
     def gemms(self) -> dict:
         return self.quantizer.gemms
 
-    def weight(self, param: torch.Tensor, axis: int, enabled: bool) -> torch.Tensor:
-        """The weight as a GEMM sees it: fake-quantized along ``axis`` (cached per version) or raw."""
+    def weight(self, param: torch.Tensor, axis: int, enabled: bool, gemm: str = "forward") -> torch.Tensor:
+        """The weight as ``gemm`` (forward or input_grad) sees it: fake-quantized along ``axis`` (cached per
+        version) or raw."""
         if not enabled:
             return param.detach()
+        operand = self.operand("weight", gemm)
         if not self.cache:
             with torch.no_grad():
-                return self.quantizer(param.detach(), axis)
+                return self.quantizer(param.detach(), axis, operand=operand)
 
         def quantized():
             with torch.no_grad():
-                q = self.quantizer(param.detach(), axis)
+                q = self.quantizer(param.detach(), axis, operand=operand)
             if self.quantizer.exact_in_bf16 and autocast_dtype(param) == torch.bfloat16:
                 q = q.to(torch.bfloat16)  # what the bf16 GEMM takes; lossless: every value is a bf16 number
             return q
@@ -93,7 +108,7 @@ class GemmContext:
             return x
         if self.probe is not None:
             self.probe(self.name, kind, x.detach(), axis, valid)
-        return self.quantizer(x, axis, valid)
+        return self.quantizer(x, axis, valid, operand=self.operand(*KIND_OPERANDS[kind]))
 
 
 def autocast_dtype(x: torch.Tensor):
@@ -185,7 +200,7 @@ def quant_linear(x, weight, bias, gemm: GemmContext, w_fwd=None, w_bwd=None):
         ctx = ForwardOnly(autocast, x.device.type, gemm.quantizer.exact_in_bf16)
         return forward_gemm(ctx, x, bias, w_fwd, gemm)
     if w_bwd is None:
-        w_bwd = gemm.weight(weight, 0, gemm.gemms["input_grad"])
+        w_bwd = gemm.weight(weight, 0, gemm.gemms["input_grad"], "input_grad")
     if autocast is None:
         w_bwd = w_bwd.to(x.dtype)
     return QuantLinearFunction.apply(x, weight, bias, w_fwd, w_bwd, gemm)

@@ -109,7 +109,7 @@ class ComponentQuantizer(Quantizer):
     def __repr__(self) -> str:
         return super().__repr__().replace("Quantizer(", f"ComponentQuantizer({self.row}, {self.form}, ", 1)
 
-    def __call__(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None, operand=None) -> torch.Tensor:
         x = self.widened(x)  # a 16-bit x: float32 out (x + e_c is no 16-bit number in general)
         dtype = torch.float32 if x.dtype != torch.float64 else torch.float64
         parts = error_components(x, self.fmt, axis, self.scale_rule, dtype=dtype, form=self.form)

@@ -12,13 +12,14 @@ layer does not import the corrections).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from . import dispatch
 from .decompose import Decomposition, decompose
 from .formats import get_format
-from .reference import from_blocks, to_blocks
+from .reference import fake_quantize_stochastic, from_blocks, to_blocks
 
 GEMMS = ("forward", "input_grad", "weight_grad")
 MODULE_KINDS = ("linear", "experts", "lm_head", "router")
@@ -34,6 +35,26 @@ def normalize_gemms(gemms: dict | None) -> dict[str, bool]:
         raise ValueError(f"unknown GEMM(s) {sorted(unknown)}; accepted: {', '.join(GEMMS)}")
     return {g: bool(gemms.get(g, False)) for g in GEMMS}
 
+
+
+ROLES = ("weight", "activation", "grad")
+
+
+@dataclass(frozen=True)
+class Operand:
+    """Which operand of which GEMM a quantization is for, and in which layer: what a correction's hooks
+    are told, so a correction can act on some operands only (stochastic rounding of gradients, a
+    rotation of the weight-gradient GEMM's operands). ``role``: weight, activation or grad; ``gemm``:
+    forward (X W^T), input_grad (dY W) or weight_grad (dY^T X)."""
+
+    role: str
+    gemm: str
+    layer: str = ""
+
+    def __post_init__(self):
+        if self.role not in ROLES or self.gemm not in GEMMS:
+            raise ValueError(f"Operand(role={self.role!r}, gemm={self.gemm!r}); accepted: role one of "
+                             f"{', '.join(ROLES)}, gemm one of {', '.join(GEMMS)}")
 
 
 class HookError(ValueError):
@@ -73,6 +94,14 @@ class Quantizer:
         if len(custom) > 1:
             raise ValueError("at most one correction may replace the block quantizer (e.g. one macro_block)")
         self._block_owner, self.block_quantizer = custom[0] if custom else (None, None)
+        self._rotating = [c for c in self.corrections if c.rotates]
+        if len(self._rotating) > 1:
+            raise ValueError("at most one correction may rotate the blocks (e.g. one hadamard)")
+        rounding = [c for c in self.corrections if c.rounds_stochastically]
+        if len(rounding) > 1 or (rounding and self._block_owner is not None):
+            raise ValueError("stochastic rounding replaces the element rounding: it takes no second rounding "
+                             "correction and no block-replacing one (macro_block)")
+        self._rounding = rounding[0] if rounding else None
 
     @property
     def plain(self) -> bool:
@@ -84,7 +113,7 @@ class Quantizer:
         """Every value this quantizer returns is a bfloat16 number (MX elements times a power-of-two
         scale, high-precision elements rounded to BF16), so a bf16 GEMM on them is exact; not so with
         a per-tensor FP32 scale (NVFP4) or a BF16 mantissa on the block scale (macro-block)."""
-        return not self.fmt.tensor_scale and self.block_quantizer is None
+        return not self.fmt.tensor_scale and self.block_quantizer is None and not self._rotating
 
     def widened(self, x: torch.Tensor) -> torch.Tensor:
         """x as this quantizer must read it: a 16-bit x in float32 when its results are not all bf16
@@ -124,19 +153,63 @@ class Quantizer:
             return None, x
         return mask, torch.where(mask, torch.zeros_like(x), x)
 
-    def __call__(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None,
+                 operand: Operand | None = None) -> torch.Tensor:
         """``valid`` (broadcastable to x): the real elements when x holds padding (grouped experts);
-        padding must be zeros and only changes what corrections count. The result has x's dtype,
-        or float32 for a 16-bit x when the quantizer's values need it (``widened``)."""
+        padding must be zeros and only changes what corrections count. ``operand``: which operand of
+        which GEMM x is (None: no context; a correction then acts as on any operand). The result has
+        x's dtype, or float32 for a 16-bit x when the quantizer's values need it (``widened``)."""
         x = self.widened(x)
+        rotation = self._rotation(x, operand)
+        if rotation is None:
+            return self._quantize(x, axis, valid, operand)
+        return self._in_rotated_basis(x, axis, valid, rotation, lambda r, v: self._quantize(r, -1, v, operand))
+
+    def _quantize(self, x: torch.Tensor, axis: int, valid, operand) -> torch.Tensor:
         mask, rest = self._split(x, axis, valid)
-        if self.block_quantizer is None:
+        generator = self._generator(x, operand)
+        if generator is not None:
+            q = fake_quantize_stochastic(rest, self.fmt, axis, self.scale_rule, generator)
+        elif self.block_quantizer is None:
             q = dispatch.fake_quantize(rest, self.fmt, axis, self.scale_rule)
         else:
             q = self._block_quantize(rest, axis)
         if mask is None:
             return q
         return torch.where(mask, x.to(torch.bfloat16).to(x.dtype), q)
+
+    def _rotation(self, x: torch.Tensor, operand) -> torch.Tensor | None:
+        """The rotating correction's orthogonal [block, block] matrix for this operand, or None."""
+        if not self._rotating:
+            return None
+        c = self._rotating[0]
+        try:
+            return c.rotation(operand, self.fmt.block_size, x.device)
+        except Exception as err:  # noqa: BLE001 - named, with its cause chained
+            raise HookError.of(c, "rotation", err) from err
+
+    def _generator(self, x: torch.Tensor, operand) -> torch.Generator | None:
+        """The stochastic-rounding correction's random stream for this operand, or None (nearest)."""
+        if self._rounding is None:
+            return None
+        try:
+            return self._rounding.rounding_generator(operand, x.device)
+        except Exception as err:  # noqa: BLE001 - named, with its cause chained
+            raise HookError.of(self._rounding, "rounding_generator", err) from err
+
+    def _in_rotated_basis(self, x, axis, valid, rotation, quantize, inverse: bool = True):
+        """``quantize`` applied to x's blocks along ``axis`` rotated by ``rotation`` (each zero-padded
+        block times the matrix, laid out along the last axis, with ``valid`` laid out alike), then
+        rotated back and cropped when ``inverse``; else the rotated result as is (decomposition)."""
+        ax = axis % x.dim()
+        bs = self.fmt.block_size
+        r = rotation.to(torch.float64)  # both rotations in float64, each result rounded once to x's dtype
+        blocks = (to_blocks(x, ax, bs, torch.float64) @ r).to(x.dtype)
+        v = None if valid is None else to_blocks(valid.expand_as(x).float(), ax, bs).flatten(-2) > 0
+        out = quantize(blocks.flatten(-2), v)
+        if not inverse:
+            return out
+        return from_blocks(out.to(torch.float64).unflatten(-1, (-1, bs)) @ r.T, x.shape, ax).to(x.dtype)
 
     def _block_quantize(self, x: torch.Tensor, axis: int) -> torch.Tensor:
         """x through the block-replacing correction: where the dispatch runs Triton and the
@@ -157,9 +230,18 @@ class Quantizer:
         return from_blocks(grid * scale.unsqueeze(-1), x.shape, ax).to(x.dtype)
 
     def decompose(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None,
-                  form: str = "canonical") -> Decomposition:
-        """The decomposition (of ``form``) of what this quantizer quantizes (high-precision elements
-        and, with ``valid``, padding excluded)."""
+                  form: str = "canonical", operand: Operand | None = None) -> Decomposition:
+        """The decomposition (of ``form``) of what this quantizer quantizes, in the basis it quantizes
+        in: a rotating correction's rotated blocks (laid out along the last axis), high-precision
+        elements and, with ``valid``, padding excluded. Stochastic rounding is not decomposed: the
+        grid component is that of round-to-nearest."""
+        rotation = self._rotation(x, operand)
+        if rotation is not None:
+            return self._in_rotated_basis(x, axis, valid, rotation,
+                                          lambda r, v: self._decompose(r, -1, v, form), inverse=False)
+        return self._decompose(x, axis, valid, form)
+
+    def _decompose(self, x: torch.Tensor, axis: int, valid, form: str) -> Decomposition:
         mask, rest = self._split(x, axis, valid)
         if valid is not None:
             pad = ~valid.expand_as(x)

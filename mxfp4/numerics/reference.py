@@ -190,3 +190,35 @@ def fake_quantize(
     tensor_scale = nvfp4_tensor_scale(x, fmt) if fmt.tensor_scale else None
     q, _, scale = quantize_blocks(to_blocks(x, axis, fmt.block_size), fmt, rule, tensor_scale)
     return from_blocks(q * scale.unsqueeze(-1), x.shape, axis).to(x.dtype)
+
+
+def stochastic_round_to_grid(y: torch.Tensor, elem, generator: torch.Generator) -> torch.Tensor:
+    """Round onto the element grid stochastically: between the two grid values around |y|, up with
+    probability (|y| - lower) / (upper - lower), so E[q] = y for |y| <= max_value (unbiased); values
+    beyond max_value saturate. A value on the grid is returned exactly; the sign of zero is kept."""
+    grid = elem.positive_grid.to(y.device, y.dtype)
+    a = y.abs().clamp(max=elem.max_value)
+    lo_i = (torch.searchsorted(grid, a.contiguous(), right=True) - 1).clamp_(0, len(grid) - 1)
+    hi_i = (lo_i + 1).clamp_(max=len(grid) - 1)
+    lo, hi = grid[lo_i], grid[hi_i]
+    p = torch.where(hi > lo, (a - lo) / (hi - lo), torch.zeros_like(a))
+    u = torch.rand(a.shape, generator=generator, device=y.device, dtype=y.dtype)
+    q = torch.where(u < p, hi, lo)
+    return torch.copysign(q, y)
+
+
+def fake_quantize_stochastic(
+    x: torch.Tensor, fmt: str | BlockFormat, axis: int, scale_rule: str | None, generator: torch.Generator
+) -> torch.Tensor:
+    """``fake_quantize`` with the elements rounded stochastically (``stochastic_round_to_grid``) under
+    the same block scales: unbiased within the grid, the rounding noise drawn from ``generator``."""
+    fmt, axis, rule = check_input(x, fmt, axis, scale_rule)
+    if fmt.tensor_scale:
+        raise ValueError(f"stochastic rounding takes a format with E8M0 block scales, not {fmt.name}")
+    blocks = to_blocks(x, axis, fmt.block_size)
+    _, scale = block_scales(blocks, fmt, rule, None)
+    finite = torch.isfinite(scale)
+    y = blocks / torch.where(finite, scale, 1.0).unsqueeze(-1)  # a power of two: exact
+    q = stochastic_round_to_grid(y, fmt.element, generator)
+    q = torch.where(finite.unsqueeze(-1), q, torch.zeros_like(q))
+    return from_blocks(q * scale.unsqueeze(-1), x.shape, axis).to(x.dtype)

@@ -26,8 +26,10 @@ from trl import GRPOTrainer
 
 from ..layout import TRAIN_LOG
 from ..nn import bypassed, clear_weight_caches, gemm_weights, patch_state, patched_modules, quantized_weights, set_probe
+from ..nn.linear import KIND_OPERANDS
 from ..numerics.decompose import COMPONENTS, SUMMARY_KEYS, pool_stats
 from ..numerics.dispatch import autotune_spent
+from ..numerics.quantizer import Operand
 from . import data as gsm
 from .grad_accuracy import compare
 from .vllm_weights import vllm_named_weights
@@ -100,8 +102,8 @@ def weight_decomposition(model, quantizer, rows: int | None = None, form: str = 
         return sample_blocks(t, -1, rows, quantizer)[0] if rows else t
 
     stats = [
-        quantizer.decompose(view(p), -1, form=form).stats
-        for _, module, _ in patched_modules(model)
+        quantizer.decompose(view(p), -1, form=form, operand=Operand("weight", "forward", name)).stats
+        for name, module, _ in patched_modules(model)
         for p in gemm_weights(module).values()
     ]
     pooled = pool_stats(stats)
@@ -127,14 +129,15 @@ class DecompositionProbe:
     def __call__(self, layer: str, kind: str, tensor: torch.Tensor, axis: int, valid=None):
         if layer not in self.layers:
             return
-        kind = kind.removesuffix("_t")
+        kind_of, kind = kind, kind.removesuffix("_t")
         fused = self.quantizer.fused_stats(tensor, axis) if valid is None else None
         if fused is not None:
             self.stats.setdefault(kind, []).append(fused)
             return
         t, v = sample_blocks(tensor, axis, self.rows, self.quantizer, valid=valid)
         if torch.isfinite(t).all():
-            self.stats.setdefault(kind, []).append(self.quantizer.decompose(t.float(), -1, v).stats)
+            operand = Operand(*KIND_OPERANDS[kind_of], layer)  # in the basis the operand is quantized in
+            self.stats.setdefault(kind, []).append(self.quantizer.decompose(t.float(), -1, v, operand=operand).stats)
 
     def summary(self) -> dict:
         out = {}
