@@ -36,6 +36,20 @@ def planned_jobs(output: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.M) if m.group(1) != "total"}
 
 
+def test_a_compare_on_the_stored_baselines_trains_no_warm_start(workdir):
+    """warm_starts=stored: the stored warm starts (made from the profile's current settings) are copied,
+    never trained again; without it they are trained."""
+    shutil.copytree(REPO / "results" / "baselines", workdir / "results" / "baselines", dirs_exist_ok=True)
+    args = ("-n", "compare", "--config", "profile=embedded", "compare_recipe=mxfp4+rht-sr")
+    jobs = planned_jobs(snakemake(workdir, *args, "warm_starts=stored"))
+    assert "pretrain_model" not in jobs and jobs["copy_stored_warm_start"] == 2, jobs
+    jobs = planned_jobs(snakemake(workdir, *args))
+    assert jobs["pretrain_model"] == 2 and "copy_stored_warm_start" not in jobs, jobs
+    # the pilot: the recipe and the two stored cells rerun here, all on the first model and seed
+    jobs = planned_jobs(snakemake(workdir, *args, "warm_starts=stored", "compare_pilot=true"))
+    assert jobs["cell"] == 3 and jobs["copy_stored_warm_start"] == 1 and "pretrain_model" not in jobs, jobs
+
+
 def test_a_config_typo_is_one_line_naming_the_accepted_keys(workdir):
     out = snakemake(workdir, "-n", "all", "--config", "profle=smoke", check=False)
     assert "--config: Additional properties are not allowed ('profle' was unexpected); accepted keys: profile" in out

@@ -27,6 +27,7 @@ from ..stats import (
     mcnemar_diff,
     mcnemar_min_detectable_effect,
     mcnemar_pairs_needed,
+    mean_ci,
     min_detectable_effect,
     n_needed,
     paired_diff,
@@ -41,8 +42,14 @@ ADJUSTMENTS = {"holm": "Holm (family-wise error rate)", "fdr_bh": "Benjamini-Hoc
 PAPER_EFFECTS = (0.007, 0.010)  # the paper's accuracy effects: "within 0.7%" (dense), "+1.0%" (MoE)
 PER_PROBLEM = "gsm8k_strict_accuracy (per problem)"
 PRIMARY_METRICS = ["gsm8k_strict_accuracy", PER_PROBLEM, "gsm8k_rl_gain"]
-COMPARED = ["gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "gsm8k_rl_gain", "mean_rollout_accuracy",
-            "mean_entropy", "mean_grad_cosine", "mean_grad_rel_norm_error", "step_time_vs_bf16", "mean_step_time"]
+COMPARED = ["gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "gsm8k_rl_gain", "gsm8k_strict_accuracy_before",
+            "gsm8k_strict_accuracy_unquantized", "mean_rollout_accuracy", "mean_entropy", "mean_grad_cosine",
+            "mean_grad_rel_norm_error", "step_time_vs_bf16", "mean_step_time"]
+STAGES = [  # the accuracies a cell records, in the order a reader follows them
+    ("gsm8k_strict_accuracy_before", "before RL"), ("gsm8k_strict_accuracy", "after RL"),
+    ("gsm8k_rl_gain", "RL gain"), ("gsm8k_strict_accuracy_unquantized", "after RL, unquantized")]
+RECORDED_ONLY_BY_SOME = {"gsm8k_rl_gain", "gsm8k_strict_accuracy_before", "gsm8k_strict_accuracy_unquantized",
+                         "mean_step_time", "step_time_vs_bf16"}
 TIMINGS = {"mean_step_time", "step_time_vs_bf16"}  # shown with a 95% interval, never judged
 HIGHER_IS_BETTER = {**HIGHER_IS_BETTER, "gsm8k_rl_gain": True, "step_time_vs_bf16": False}
 
@@ -130,8 +137,8 @@ def compare_rows(new: list[dict], baselines: list[dict], recipe: str, new_items=
             their_items = [r for r in base_items if r["model"] == model and r["recipe"] == base]
             is_primary = base in primary_refs
             for metric in COMPARED:
-                if metric == "gsm8k_rl_gain" and not (_recorded(mine, metric) and _recorded(theirs, metric)):
-                    continue  # recorded only by cells that evaluate before and after RL
+                if metric in RECORDED_ONLY_BY_SOME and not (_recorded(mine, metric) and _recorded(theirs, metric)):
+                    continue  # a row only where both sides recorded it (a timing only where both ran)
                 part = "primary" if is_primary and metric in PRIMARY_METRICS else "secondary"
                 rows.append(_contrast(model, recipe, base, metric, part, difference(mine, theirs, metric),
                                       lambda level, m=mine, t=theirs, k=metric: difference(m, t, k, level)))
@@ -170,6 +177,7 @@ def adjust_family(rows: list[dict], adjust: str = "holm") -> None:
     for r in rows:
         r.setdefault("p_adj", None)
         r.setdefault("level", 0.95)
+        r["ci95_low"], r["ci95_high"] = r["ci_low"], r["ci_high"]  # every row is computed at 95% first
         recompute = r.pop("_recompute")
         if r.get("p") is not None and r["level"] != 0.95:
             again = recompute(r["level"])
@@ -199,9 +207,47 @@ def _fmt(v):
 
 
 def _ci(r) -> str:
+    """The interval at the level of the row's adjusted verdict."""
     if r["ci_low"] is None:
         return "—"
     return f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] ({100 * r['level']:.2f}%)"
+
+
+def _ci95(r) -> str:
+    if r.get("ci95_low") is None:
+        return "—"
+    return f"[{r['ci95_low']:+.4f}, {r['ci95_high']:+.4f}]"
+
+
+def _acc(v) -> str:
+    return "—" if v is None else f"{v:.3f}"
+
+
+def accuracy_rows(cells: list[dict], recipes: list[str]) -> list[dict]:
+    """Per model and recipe (``recipes`` in order): each stage's GSM8K strict accuracy (``STAGES``), its
+    mean with a 95% t interval over seeds: what the differences below are differences of."""
+    out = []
+    for model in dict.fromkeys(c["model"] for c in cells if c["recipe"] == recipes[0]):
+        for recipe in recipes:
+            mine = [c for c in cells if c["model"] == model and c["recipe"] == recipe]
+            if mine:
+                out.append({"model": model, "recipe": recipe, "seeds": len(mine),
+                            **{key: mean_ci([c.get(key) for c in mine]) for key, _ in STAGES}})
+    return out
+
+
+def accuracy_table(rows: list[dict]) -> list[str]:
+    def cell(s):
+        if s["mean"] is None:
+            return "—"
+        return f"{s['mean']:.3f}" + ("" if s["ci_low"] is None else f" [{s['ci_low']:.3f}, {s['ci_high']:.3f}]")
+
+    lines = ["| model | recipe | seeds | " + " | ".join(label for _, label in STAGES) + " |",
+             "|" + " --- |" * (3 + len(STAGES))]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['recipe']} | {r['seeds']} | "
+                     + " | ".join(cell(r[key]) for key, _ in STAGES) + " |")
+    return lines
 
 
 def _p(v) -> str:
@@ -253,33 +299,37 @@ def check_baselines(new: list[dict], baselines: list[dict], base_items: list[dic
 
 
 def answer_line(rows: list[dict], recipe: str) -> str:
-    """The report's answer in one line: per model and primary reference, the verdict on GSM8K strict
-    accuracy per seed and per problem, with the differences and their intervals."""
+    """The report's answer in one line: per model and primary reference, the recipe's GSM8K strict
+    accuracy after RL (per problem and per seed), before RL, its RL gain and its accuracy unquantized,
+    each as the two values, their difference with its 95% interval, the adjusted p and the verdict."""
     parts = []
     for model in dict.fromkeys(r["model"] for r in rows if r["part"] == "primary"):
         said = []
         for base in dict.fromkeys(r["baseline"] for r in rows if r["part"] == "primary" and r["model"] == model):
-            found = {r["metric"]: r for r in rows if (r["part"], r["model"], r["baseline"]) == ("primary", model, base)}
-            bits = [f"{label} {found[m]['verdict']} (adj. p {_p(found[m]['p_adj'])})"
-                    for m, label in (("gsm8k_strict_accuracy", "per seed"), (PER_PROBLEM, "per problem"))
-                    if m in found]
-            diff = next(found[m]["diff"] for m in ("gsm8k_strict_accuracy", PER_PROBLEM) if m in found)
-            said.append(f"vs {base} {_fmt(diff)}: " + ", ".join(bits))
-        parts.append(f"{model}: " + "; ".join(said))
+            found = {r["metric"]: r for r in rows if (r["model"], r["baseline"]) == (model, base)}
+            shown = [(PER_PROBLEM, "after RL, per problem"), ("gsm8k_strict_accuracy", "after RL, per seed"),
+                     *((m, label) for m, label in STAGES if m != "gsm8k_strict_accuracy")]
+            bits = [f"{label} {_acc(found[m]['mean_new'])} vs {_acc(found[m]['mean_ref'])}: {_fmt(found[m]['diff'])} "
+                    f"{_ci95(found[m])}, adj. p {_p(found[m]['p_adj'])}, {found[m]['verdict']}"
+                    for m, label in shown if m in found]
+            said.append(f"vs {base}: " + "; ".join(bits))
+        parts.append(f"{model}: " + " — ".join(said))
     if not parts:
         return f"**Answer:** no primary contrast (`{recipe}` is itself the reference recipe and has no base)."
-    return f"**Answer** (GSM8K strict accuracy, `{recipe}` minus reference): " + " — ".join(parts) + "."
+    return (f"**Answer** (GSM8K strict accuracy, `{recipe}` vs the reference: both values, the difference and its "
+            "95% interval): " + " || ".join(parts) + ".")
 
 
 def _table(rows: list[dict], primary: bool) -> list[str]:
-    head = ("| model | reference | metric | difference | interval (level) | n (new/ref) | method | p | adj. p | "
-            "verdict |")
+    head = ("| model | reference | metric | new | reference's | difference | 95% interval | n (new/ref) | method | "
+            "p | adj. p | verdict | interval at the verdict's level |")
     extra = " MDE80 | seeds for 0.7 pt | seeds for 1.0 pt |" if primary else ""
-    lines = [head + extra, "|" + " --- |" * (10 + (3 if primary else 0))]
+    lines = [head + extra, "|" + " --- |" * (13 + (3 if primary else 0))]
     for r in rows:
-        line = (f"| {r['model']} | {r['baseline']} | {r['metric']} | {_fmt(r['diff'])} | {_ci(r)} | "
+        line = (f"| {r['model']} | {r['baseline']} | {r['metric']} | {_acc(r.get('mean_new'))} | "
+                f"{_acc(r.get('mean_ref'))} | {_fmt(r['diff'])} | {_ci95(r)} | "
                 f"{r['n_a']}/{r['n_b']} {r.get('unit', '')} | {r['method']} | {_p(r.get('p'))} | {_p(r['p_adj'])} | "
-                f"{r['verdict']} |")
+                f"{r['verdict']} | {_ci(r)} |")
         if primary:
             line += (f" {_fmt(r.get('mde80')).lstrip('+')} | {r.get('seeds_for_0.7pt') or '—'} | "
                      f"{r.get('seeds_for_1.0pt') or '—'} |")
@@ -287,7 +337,8 @@ def _table(rows: list[dict], primary: bool) -> list[str]:
     return lines
 
 
-def markdown(rows: list[dict], recipe: str, check: str = "", adjust: str = "holm") -> str:
+def markdown(rows: list[dict], recipe: str, check: str = "", adjust: str = "holm",
+             accuracies: list[dict] | None = None) -> str:
     primary = [r for r in rows if r["part"] == "primary"]
     secondary = [r for r in rows if r["part"] == "secondary"]
     sizes = {part: next((r["family_size"] for r in rows if r["part"] == part and r.get("family_size")), 0)
@@ -301,11 +352,19 @@ def markdown(rows: list[dict], recipe: str, check: str = "", adjust: str = "holm
         f"Every verdict below belongs to one family at error rate {ALPHA} ({ADJUSTMENTS[adjust]}, statsmodels), split",
         f"in advance: {PRIMARY_SHARE * ALPHA:.3g} for the {sizes['primary']} primary contrasts, "
         f"{(1 - PRIMARY_SHARE) * ALPHA:.3g} for the {sizes['secondary']} tested secondary",
-        "rows. Adjusted p values are on the family's scale (a verdict fires when adj. p < 0.05); each interval is at",
-        "the level at which its own test reproduces the adjusted verdict (1 - 0.05 p/adj. p), so it excludes 0 exactly",
-        "when the verdict fires. Differences are the new recipe minus the reference: over seeds paired by seed (same",
+        "rows. Adjusted p values are on the family's scale (a verdict fires when adj. p < 0.05). Each difference has",
+        "its 95% interval and, in the last column, the interval at the level at which its own test reproduces the",
+        "adjusted verdict (1 - 0.05 p/adj. p), which excludes 0 exactly when the verdict fires. Differences are",
+        "the new recipe minus the reference: over seeds paired by seed (same",
         "initialisation, data order and sampling RNG; Welch where the seeds differ), and per problem over the (seed,",
         "problem) pairs both answered (McNemar's exact test, lm-eval's doc hashes). Timings get no verdict.",
+        "",
+        "## Accuracy of each recipe",
+        "",
+        "GSM8K strict accuracy, mean over seeds [95% t interval]. The RL gain is after minus before RL: a recipe",
+        "that starts lower can gain more and still end lower, so read the gain beside both ends.",
+        "",
+        *(accuracy_table(accuracies) if accuracies else ["(not given)"]),
         "",
         "## Primary contrasts",
         "",
@@ -436,7 +495,8 @@ def run_compare(layout: Layout, recipe: str, baselines_csv, out_md, figure_stem=
                                allow_setting_difference)
     if not items:
         check_line += " Per-problem rows left out (--no-items): verdicts per seed only."
-    write_text_atomic(out_md, markdown(rows, recipe, f"{note}\n\n{check_line}", adjust))
+    accuracies = accuracy_rows(new + [b for b in baselines if b["model"] in models], [recipe, *references])
+    write_text_atomic(out_md, markdown(rows, recipe, f"{note}\n\n{check_line}", adjust, accuracies))
     if figure_stem:
         from .plots import compare_figure
 

@@ -60,7 +60,10 @@ def test_the_report_opens_with_the_primary_contrasts_against_the_base_and_bf16()
     assert by[("mxfp4", PER_PROBLEM)]["verdict"] == "better"  # 30 gained, 0 lost
     assert by[("bf16", PER_PROBLEM)]["verdict"] == "no significant difference"
     line = answer_line(rows, "mine")
-    assert line.startswith("**Answer**") and "vs mxfp4 +0.1007: per seed better" in line and "vs bf16" in line
+    assert line.startswith("**Answer**") and "vs mxfp4: after RL, per problem" in line and "vs bf16" in line
+    seed_row = by[("mxfp4", "gsm8k_strict_accuracy")]
+    assert (f"after RL, per seed {seed_row['mean_new']:.3f} vs {seed_row['mean_ref']:.3f}: +0.1007 "
+            f"[{seed_row['ci95_low']:+.4f}, {seed_row['ci95_high']:+.4f}]") in line
     text = markdown(rows, "mine")
     assert text.index("**Answer**") < text.index("## Primary contrasts") < text.index("<details>")
     assert all(r["part"] == "secondary" for r in rows if r["metric"] == "mean_grad_cosine")
@@ -219,3 +222,27 @@ def test_a_per_problem_p_that_underflows_keeps_a_finite_interval_that_excludes_z
                         primary_references=["b"])
     row = next(r for r in rows if r["metric"] == PER_PROBLEM)
     assert row["verdict"] == "better" and 0 < row["ci_low"] <= row["ci_high"] <= 1
+
+
+def test_the_answer_shows_where_a_gain_comes_from_before_after_unquantized_and_absolute():
+    """A recipe that starts lower gains more yet ends no higher: the answer line gives before RL, after
+    RL, the RL gain and the unquantized accuracy of both sides with 95% intervals; the report's accuracy
+    table gives every recipe's absolute values; a timing row appears only where both sides have timings."""
+    from mxfp4.report.compare import accuracy_rows, accuracy_table
+
+    def cells(recipe, before, after, step_time):
+        return [{"model": "m", "recipe": recipe, "seed": s, "gsm8k_strict_accuracy_before": before + 0.01 * s,
+                 "gsm8k_strict_accuracy": after + 0.01 * s, "gsm8k_rl_gain": after - before,
+                 "gsm8k_strict_accuracy_unquantized": after + 0.02, "gsm8k_flexible_accuracy": after,
+                 "mean_step_time": step_time} for s in range(3)]
+
+    new = cells("rht", 0.30, 0.40, None)
+    base = cells("mxfp4", 0.35, 0.40, 1.0) + cells("bf16", 0.40, 0.45, 0.5)
+    rows = compare_rows(new, base, "rht", primary_references=["mxfp4", "bf16"])
+    line = answer_line(rows, "rht")
+    for said in ("before RL 0.310 vs 0.360: -0.0500", "RL gain 0.100 vs 0.050: +0.0500",
+                 "after RL, per seed 0.410 vs 0.410: +0.0000", "after RL, unquantized 0.420 vs 0.420"):
+        assert said in line, said
+    assert not [r for r in rows if r["metric"] in TIMINGS]  # the new cells have no step times
+    table = "\n".join(accuracy_table(accuracy_rows(new + base, ["rht", "mxfp4", "bf16"])))
+    assert "| m | rht | 3 | 0.310 [" in table and "| m | bf16 | 3 | 0.410 [" in table

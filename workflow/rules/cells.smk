@@ -28,6 +28,41 @@ def inputs_hash(wc):
     return config_hash(P, wc.model, Recipe.named(wc.recipe), int(wc.seed))
 
 
+WARM_STARTS = config.get("warm_starts", "train")
+
+
+def stored_warm_start(wc):
+    """With --config warm_starts=stored: the stored baselines' warm start of this model, when it was made
+    from what the profile gives now (its recorded settings); else a path that does not exist, so that
+    pretrain_model makes it."""
+    import json
+
+    stored = L.stored(L.model(wc.model))
+    meta = stored / "mxfp4_meta.json"
+    if WARM_STARTS == "stored" and meta.is_file():
+        if json.loads(meta.read_text()).get("provenance") == P.warm_start_setting(wc.model):
+            return str(stored)
+    return str(stored) + ".not-stored"
+
+
+ruleorder: copy_stored_warm_start > pretrain_model
+
+
+rule copy_stored_warm_start:
+    """The stored warm start (committed with the baselines; bit-identical to what pretrain_model makes
+    from the same settings), so that a compare against the stored baselines trains no warm start."""
+    input:
+        stored_warm_start,
+    output:
+        directory(model_path("{model}")),
+    params:
+        made_from=lambda wc: warm_start_hash(P, wc.model),
+    run:
+        import shutil
+
+        shutil.copytree(input[0], output[0], ignore=shutil.ignore_patterns(".snakemake*"))
+
+
 rule pretrain_model:
     """Warm-start a tiny stand-in with SFT on the embedded problems (TRL SFTTrainer); a change to what
     it is made from (its params) rebuilds it, and then every job that reads it."""
