@@ -26,8 +26,7 @@ def test_a_recipe_identical_to_a_baseline_shows_no_significant_difference():
     assert judged and all(r["verdict"] == "no significant difference" for r in judged)
     assert all(r["diff"] == pytest.approx(0) for r in judged)
     assert all(r["method"] == "paired by seed (t)" for r in judged)
-    ratio = next(r for r in rows if r["metric"] == "step_time_vs_bf16")
-    assert ratio["diff"] is None and ratio["verdict"].startswith("no verdict")  # no bf16 cell in either run
+    assert not [r for r in rows if r["metric"] == "step_time_vs_bf16"]  # no bf16 cell in either run: no ratio row
 
 
 def test_step_times_are_compared_as_ratios_to_the_same_runs_bf16_and_get_no_verdict():
