@@ -38,8 +38,9 @@ rule store_baselines:
 
 # A pilot (--config compare_pilot=true): the compare recipe on the first model and seed only, against the
 # references on the same cell: minutes, and a per-problem answer; the full compare adds the other cells.
-COMPARE_MODELS = MODELS[:1] if config.get("compare_pilot") else MODELS
-COMPARE_SEEDS = SEEDS[:1] if config.get("compare_pilot") else SEEDS
+PILOT = config.get("compare_pilot") in (True, "true")  # --config compare_pilot=true arrives as a string
+COMPARE_MODELS = MODELS[:1] if PILOT else MODELS
+COMPARE_SEEDS = SEEDS[:1] if PILOT else SEEDS
 
 
 def compare_references():
