@@ -298,6 +298,15 @@ def check_baselines(new: list[dict], baselines: list[dict], base_items: list[dic
                                  f"({TABLES['items']}); restore them, or pass --no-items for a report per seed only")
 
 
+def _answer_bit(label: str, r: dict) -> str:
+    """One contrast of the answer line: both values and their difference, with its 95% interval, adjusted
+    p and verdict where it is tested (one seed a side gives a per-seed difference without a test)."""
+    said = f"{label} {_acc(r['mean_new'])} vs {_acc(r['mean_ref'])}: {_fmt(r['diff'])}"
+    if r.get("p") is None:
+        return said + " (untested)"
+    return f"{said} {_ci95(r)}, adj. p {_p(r['p_adj'])}, {r['verdict']}"
+
+
 def answer_line(rows: list[dict], recipe: str) -> str:
     """The report's answer in one line: per model and primary reference, the recipe's GSM8K strict
     accuracy after RL (per problem and per seed), before RL, its RL gain and its accuracy unquantized,
@@ -309,9 +318,7 @@ def answer_line(rows: list[dict], recipe: str) -> str:
             found = {r["metric"]: r for r in rows if (r["model"], r["baseline"]) == (model, base)}
             shown = [(PER_PROBLEM, "after RL, per problem"), ("gsm8k_strict_accuracy", "after RL, per seed"),
                      *((m, label) for m, label in STAGES if m != "gsm8k_strict_accuracy")]
-            bits = [f"{label} {_acc(found[m]['mean_new'])} vs {_acc(found[m]['mean_ref'])}: {_fmt(found[m]['diff'])} "
-                    f"{_ci95(found[m])}, adj. p {_p(found[m]['p_adj'])}, {found[m]['verdict']}"
-                    for m, label in shown if m in found]
+            bits = [_answer_bit(label, found[m]) for m, label in shown if m in found]
             said.append(f"vs {base}: " + "; ".join(bits))
         parts.append(f"{model}: " + " — ".join(said))
     if not parts:
