@@ -36,7 +36,6 @@ def normalize_gemms(gemms: dict | None) -> dict[str, bool]:
     return {g: bool(gemms.get(g, False)) for g in GEMMS}
 
 
-
 ROLES = ("weight", "activation", "grad")
 
 
@@ -112,7 +111,8 @@ class Quantizer:
     def exact_in_bf16(self) -> bool:
         """Every value this quantizer returns is a bfloat16 number (MX elements times a power-of-two
         scale, high-precision elements rounded to BF16), so a bf16 GEMM on them is exact; not so with
-        a per-tensor FP32 scale (NVFP4) or a BF16 mantissa on the block scale (macro-block)."""
+        a per-tensor FP32 scale (NVFP4), a BF16 mantissa on the block scale (macro-block) or a rotation
+        (the rotated-back values). Stochastic rounding lands on the grid: exact."""
         return not self.fmt.tensor_scale and self.block_quantizer is None and not self._rotating
 
     def widened(self, x: torch.Tensor) -> torch.Tensor:
