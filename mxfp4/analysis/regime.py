@@ -34,7 +34,7 @@ class ObservingQuantizer(Quantizer):
     def plain(self) -> bool:  # never the fused Triton paths (they would quantize)
         return False
 
-    def __call__(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None, operand=None) -> torch.Tensor:
         return x
 
 

@@ -191,3 +191,21 @@ def test_decompose_and_the_correction_table_take_a_recipe_and_decompose_in_its_b
     rows = ct.rows({"llm_rows": {"llm_rows": (x, -1, None)}}, ["mxfp4+rht-sr"])
     row = next(r for r in rows if r["correction"] == "recipe mxfp4+rht-sr")
     assert row["deadzone_fraction_after"] == got["deadzone_fraction"]
+
+
+def test_every_quantizer_takes_the_operand_its_callers_pass():
+    """Patched layers call every quantizer with ``operand=``: each subclass's ``__call__`` accepts it."""
+    import inspect
+
+    import mxfp4.analysis.regime  # noqa: F401 - its ObservingQuantizer
+    import mxfp4.numerics.injection  # noqa: F401 - its ComponentQuantizer
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    found = list(subclasses(Quantizer))
+    assert {c.__name__ for c in found} >= {"ComponentQuantizer", "ObservingQuantizer"}
+    for cls in [Quantizer, *found]:
+        assert "operand" in inspect.signature(cls.__call__).parameters, cls.__name__
