@@ -12,9 +12,9 @@ def per_expert_forward(self, hidden_states, top_k_index, top_k_weights):
     quantized once per version along their reduction axes (H for gate_up_proj, I for down_proj)."""
     gemm = gemm_context(self)
     up_f = gemm.weight(self.gate_up_proj, 2, gemm.gemms["forward"])
-    up_b = gemm.weight(self.gate_up_proj, 1, gemm.gemms["input_grad"])
+    up_b = gemm.weight(self.gate_up_proj, 1, gemm.gemms["input_grad"], "input_grad")
     down_f = gemm.weight(self.down_proj, 2, gemm.gemms["forward"])
-    down_b = gemm.weight(self.down_proj, 1, gemm.gemms["input_grad"])
+    down_b = gemm.weight(self.down_proj, 1, gemm.gemms["input_grad"], "input_grad")
     final = torch.zeros_like(hidden_states)
     with torch.no_grad():
         mask = F.one_hot(top_k_index, num_classes=self.num_experts + 1).permute(2, 1, 0)
