@@ -32,27 +32,23 @@ def hide_torchao_from_transformers() -> None:
     utils.is_torchao_available = import_utils.is_torchao_available = unavailable
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (a count of rows, columns or layers)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; accepted: an integer >= 1") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}; accepted: an integer >= 1")
-    return value
+def int_argument(low: int, high: int | None, accepted: str):
+    """An argparse type: an integer in [low, high] (no upper bound for None), refused with ``accepted``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer; accepted: {accepted}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{value}; accepted: {accepted}")
+        return value
+
+    return parse
 
 
-def seed_int(text: str) -> int:
-    """argparse type: a seed, an integer in [0, 2**32 - 1]."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; accepted: an integer in [0, 2**32 - 1]") \
-            from None
-    if not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(f"{value}; accepted: an integer in [0, 2**32 - 1]")
-    return value
+positive_int = int_argument(1, None, "an integer >= 1")  # a count of rows, columns or layers
+seed_int = int_argument(0, 2**32 - 1, "an integer in [0, 2**32 - 1]")  # numpy's and torch's seed range
 
 
 def _cmd_formats(args) -> int:

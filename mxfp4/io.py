@@ -91,3 +91,26 @@ def copy_atomic(src: Path | str, dst: Path | str) -> Path:
     with atomic_path(dst) as tmp:
         tmp.write_bytes(Path(src).read_bytes())
     return Path(dst)
+
+
+def jsonl_records(path: Path | str, lines=None, skip_blank: bool = False, advice: str = ""):
+    """(line number, parsed value) of each line of a JSON-lines file; ``lines``: its lines as bytes when
+    they are already read. A line that is not UTF-8 or not JSON is one ValueError naming the file and the
+    line, then ``advice`` (what to do about it)."""
+    tail = f"; {advice}" if advice else ""
+    if lines is None:
+        with open(path, "rb") as f:
+            yield from jsonl_records(path, f, skip_blank, advice)
+        return
+    for lineno, raw in enumerate(lines, 1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path}:{lineno}: not UTF-8 text ({err.reason}); accepted: UTF-8 JSON lines{tail}") \
+                from None
+        if skip_blank and not text.strip():
+            continue
+        try:
+            yield lineno, json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{lineno}: malformed JSON ({err.msg}){tail}") from None

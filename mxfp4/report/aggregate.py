@@ -3,7 +3,6 @@ with 95% t intervals over seeds (``mxfp4.stats``)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -12,7 +11,7 @@ from ..config.profiles import Profile
 from ..io import atomic_path
 from ..layout import EVAL_FOLDERS, TABLES, Layout
 from ..stats import crossed_mean, mean_ci
-from .cell_records import check_provenance, read_log, read_metrics
+from .cell_records import check_provenance, read_log, read_metrics, read_samples
 
 CELL_METRICS = [
     "gsm8k_strict_accuracy", "gsm8k_strict_accuracy_before", "gsm8k_strict_accuracy_unquantized", "gsm8k_rl_gain",
@@ -108,24 +107,6 @@ def read_items(layout: Layout) -> list[dict]:
                 row["strict_unquantized"] = row.get("strict")
         items += by_doc.values()
     return items
-
-
-SAMPLE_KEYS = ("doc_id", "doc_hash", "filter", "exact_match")
-
-
-def read_samples(path: Path) -> list[dict]:
-    """lm-eval's per-sample lines of one evaluation, each with the keys the items table reads."""
-    rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-        try:
-            s = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{lineno}: not JSON ({err.msg}); rerun the cell") from None
-        missing = [k for k in SAMPLE_KEYS if not isinstance(s, dict) or k not in s]
-        if missing:
-            raise ValueError(f"{path}:{lineno}: lacks {', '.join(missing)} (an lm-eval sample line has them)")
-        rows.append(s)
-    return rows
 
 
 RL_GAIN_PER_PROBLEM = "gsm8k_rl_gain (per problem)"

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..config.profiles import Profile, differences, setting_hash
 from ..config.recipes import Recipe
+from ..io import jsonl_records
 from ..layout import TRAIN_LOG
 
 
@@ -81,11 +82,7 @@ def read_log(metrics_path: Path, metrics: dict) -> list[dict]:
         raise ValueError(f"{path}: not the log the cell finished with (its SHA-256 differs from the one "
                          f"{metrics_path.name} records); rerun the cell")
     rows = []
-    for lineno, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{lineno}: not JSON ({err.msg}); rerun the cell") from None
+    for lineno, row in jsonl_records(path, data.splitlines(), advice="rerun the cell"):
         if not isinstance(row, dict) or row.get("step") != lineno:
             raise ValueError(f"{path}:{lineno}: expected step {lineno}, got "
                              f"{row.get('step') if isinstance(row, dict) else row!r}; rerun the cell")
@@ -123,3 +120,17 @@ def check_provenance(path: Path, metrics: dict, profile: Profile) -> None:
         what = "; ".join(differences(made, now)) if isinstance(made, dict) else "no recipe recorded"
         raise ValueError(f"{path}: recipe {recipe!r} has changed since the cell ran (recorded -> now: {what}); "
                          "rerun it")
+
+
+SAMPLE_KEYS = ("doc_id", "doc_hash", "filter", "exact_match")
+
+
+def read_samples(path: Path) -> list[dict]:
+    """lm-eval's per-sample lines of one evaluation of a cell, each with the keys the items table reads."""
+    rows = []
+    for lineno, s in jsonl_records(path, advice="rerun the cell"):
+        missing = [k for k in SAMPLE_KEYS if not isinstance(s, dict) or k not in s]
+        if missing:
+            raise ValueError(f"{path}:{lineno}: lacks {', '.join(missing)} (an lm-eval sample line has them)")
+        rows.append(s)
+    return rows

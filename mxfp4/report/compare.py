@@ -27,7 +27,6 @@ from ..stats import (
     mcnemar_diff,
     mcnemar_min_detectable_effect,
     mcnemar_pairs_needed,
-    mean_ci,
     min_detectable_effect,
     n_needed,
     paired_diff,
@@ -35,7 +34,7 @@ from ..stats import (
     verdict_level,
     welch_diff,
 )
-from .aggregate import CELL_METRICS, MACHINE_COLUMNS, WEIGHT_KEYS, read_cells, read_csv, read_items
+from .aggregate import CELL_METRICS, MACHINE_COLUMNS, WEIGHT_KEYS, read_cells, read_csv, read_items, summarize
 
 PRIMARY_SHARE = 0.8  # of ALPHA, for the primary contrasts; the secondary rows get the rest
 ADJUSTMENTS = {"holm": "Holm (family-wise error rate)", "fdr_bh": "Benjamini-Hochberg (false discovery rate)"}
@@ -48,9 +47,9 @@ COMPARED = ["gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "gsm8k_rl_gain",
 STAGES = [  # the accuracies a cell records, in the order a reader follows them
     ("gsm8k_strict_accuracy_before", "before RL"), ("gsm8k_strict_accuracy", "after RL"),
     ("gsm8k_rl_gain", "RL gain"), ("gsm8k_strict_accuracy_unquantized", "after RL, unquantized")]
-RECORDED_ONLY_BY_SOME = {"gsm8k_rl_gain", "gsm8k_strict_accuracy_before", "gsm8k_strict_accuracy_unquantized",
-                         "mean_step_time", "step_time_vs_bf16"}
 TIMINGS = {"mean_step_time", "step_time_vs_bf16"}  # shown with a 95% interval, never judged
+RECORDED_ONLY_BY_SOME = {"gsm8k_rl_gain", "gsm8k_strict_accuracy_before", "gsm8k_strict_accuracy_unquantized",
+                         *TIMINGS}
 HIGHER_IS_BETTER = {**HIGHER_IS_BETTER, "gsm8k_rl_gain": True, "step_time_vs_bf16": False}
 
 
@@ -226,14 +225,11 @@ def _acc(v) -> str:
 def accuracy_rows(cells: list[dict], recipes: list[str]) -> list[dict]:
     """Per model and recipe (``recipes`` in order): each stage's GSM8K strict accuracy (``STAGES``), its
     mean with a 95% t interval over seeds: what the differences below are differences of."""
-    out = []
-    for model in dict.fromkeys(c["model"] for c in cells if c["recipe"] == recipes[0]):
-        for recipe in recipes:
-            mine = [c for c in cells if c["model"] == model and c["recipe"] == recipe]
-            if mine:
-                out.append({"model": model, "recipe": recipe, "seeds": len(mine),
-                            **{key: mean_ci([c.get(key) for c in mine]) for key, _ in STAGES}})
-    return out
+    summary = {(r["model"], r["recipe"], r["metric"]): r for r in summarize(cells)}  # summary.csv's rows
+    return [{"model": model, "recipe": recipe, "seeds": summary[(model, recipe, "gsm8k_strict_accuracy")]["n"],
+             **{key: summary[(model, recipe, key)] for key, _ in STAGES}}
+            for model in dict.fromkeys(c["model"] for c in cells if c["recipe"] == recipes[0])
+            for recipe in recipes if (model, recipe, "gsm8k_strict_accuracy") in summary]
 
 
 def accuracy_table(rows: list[dict]) -> list[str]:

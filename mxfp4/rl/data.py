@@ -15,24 +15,13 @@ from pathlib import Path
 
 from ..config.data_files import default_gsm8k_dir, gsm8k_folder
 from ..config.profiles import Profile
-from ..io import write_json_atomic, write_jsonl_atomic
+from ..io import jsonl_records, write_json_atomic, write_jsonl_atomic
 from ..layout import Layout
 
 HUB_ID = ("openai/gsm8k", "main")
 PROMPT = "Question: {question}\nAnswer:"
 _FINAL = re.compile(r"#### (\-?[0-9\.\,]+)")
 _NUMBER = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
-
-
-def _numbered_lines(path: Path):
-    """(line number, line) of a UTF-8 text file; a line that is not UTF-8 is an error naming file and line."""
-    with path.open("rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                yield lineno, raw.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise ValueError(
-                    f"{path}:{lineno}: not UTF-8 text ({err.reason}); accepted: UTF-8 JSON lines") from None
 
 
 def _is_number(text: str | None) -> bool:
@@ -49,13 +38,7 @@ def validate_jsonl(path: Path | str) -> int:
     if not path.is_file():
         raise ValueError(f"{path} does not exist (expected a GSM8K jsonl file)")
     n = 0
-    for lineno, line in _numbered_lines(path):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{lineno}: malformed JSON ({err.msg})") from None
+    for lineno, rec in jsonl_records(path, skip_blank=True):
         if not isinstance(rec, dict) or not {"question", "answer"} <= set(rec):
             raise ValueError(f"{path}:{lineno}: expected an object with 'question' and 'answer'")
         if not all(isinstance(rec[k], str) for k in ("question", "answer")):

@@ -174,6 +174,17 @@ def missing_warm_start_files(folder: Path | str) -> list[str]:
     return [f for f in WARM_START_FILES if not (Path(folder) / f).is_file()]
 
 
+def recorded_setting(folder: Path | str, remake: str = "rerun mxfp4 pretrain") -> dict | None:
+    """The settings a complete warm start records it was made from (``Profile.warm_start_setting``, saved
+    by ``pretrain``), or None when it records none; a ValueError (ending in ``remake``) when its meta file
+    is not the JSON object pretrain writes."""
+    meta = Path(folder) / WARM_START_META
+    try:
+        return json.loads(meta.read_text()).get("provenance")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        raise ValueError(f"{meta} is not the JSON object pretrain writes; {remake}") from None
+
+
 def warm_start_folder(profile, model_name: str, results: Path | str = "results") -> Path:
     """The folder of a tiny model's warm start in ``profile``'s run under ``results``, checked whole and
     made from the profile's current ``warm_start_setting``; a ValueError saying what differs and how to
@@ -186,10 +197,7 @@ def warm_start_folder(profile, model_name: str, results: Path | str = "results")
     if missing:
         raise ValueError(f"the tiny model {model_name!r} of profile {profile.name!r} has not been warm-started "
                          f"({folder} lacks {', '.join(missing)}); {remake}")
-    try:
-        made = json.loads((folder / WARM_START_META).read_text()).get("provenance")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        raise ValueError(f"{folder / WARM_START_META} is not the JSON object pretrain writes; {remake}") from None
+    made = recorded_setting(folder, remake)
     want = profile.warm_start_setting(model_name)
     if made != want:
         why = ("records no settings to check against the profile's" if not isinstance(made, dict) else

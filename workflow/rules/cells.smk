@@ -35,12 +35,11 @@ def stored_warm_start(wc):
     """With --config warm_starts=stored: the stored baselines' warm start of this model, when it was made
     from what the profile gives now (its recorded settings); else a path that does not exist, so that
     pretrain_model makes it."""
-    import json
+    from mxfp4.rl.models import missing_warm_start_files, recorded_setting
 
     stored = L.stored(L.model(wc.model))
-    meta = stored / "mxfp4_meta.json"
-    if WARM_STARTS == "stored" and meta.is_file():
-        if json.loads(meta.read_text()).get("provenance") == P.warm_start_setting(wc.model):
+    if WARM_STARTS == "stored" and not missing_warm_start_files(stored):
+        if recorded_setting(stored) == P.warm_start_setting(wc.model):
             return str(stored)
     return str(stored) + ".not-stored"
 
