@@ -1,10 +1,12 @@
 """The one dispatch every caller goes through: it picks the implementation, callers never do.
 
 - CUDA tensors in MXFP4: the Triton kernels.
-- CPU tensors: the reference (pure PyTorch), unless ``MXFP4_BACKEND`` (or ``use_backend``) asks for
-  ``compiled`` (``torch.compile`` of the reference on CPU: the same values, faster once compiled) or
-  ``triton`` (on CPU under ``TRITON_INTERPRET=1``, set before the first import of the kernels).
-- Formats other than MXFP4 use the reference (or its compiled form on CPU).
+- CPU tensors in an E8M0-scaled format (MXFP4, MXFP6, MXFP8): the fused C++ kernel (``fused_cpu``: the
+  reference's values and layout in one pass), or the reference where it cannot be built.
+- ``MXFP4_BACKEND`` (or ``use_backend``) may ask for ``reference`` (pure PyTorch), ``fused`` or
+  ``triton`` (on CPU under ``TRITON_INTERPRET=1``, set before the first import of the kernels): the
+  same values on every one.
+- Other formats (NVFP4) use the reference.
 
 The method in full: docs/methods.md, ``mxfp4.numerics.dispatch``."""
 
@@ -17,10 +19,10 @@ import sys
 
 import torch
 
-from . import compiled, reference
+from . import fused_cpu, reference
 from .formats import BlockFormat, get_format
 
-BACKENDS = ("auto", "reference", "compiled", "triton")
+BACKENDS = ("auto", "reference", "fused", "triton")
 _override: list[str] = []
 
 
@@ -44,13 +46,16 @@ def requested_backend() -> str:
 
 
 def backend_for(x: torch.Tensor, fmt: str | BlockFormat = "mxfp4") -> str:
-    """The backend that handles ``x`` in ``fmt``: 'reference', 'compiled' or 'triton'."""
+    """The backend that handles ``x`` in ``fmt``: 'reference', 'fused' or 'triton'."""
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"expected a torch.Tensor, got {type(x).__name__} (wrap it: torch.tensor(...))")
     wanted = requested_backend()
-    is_mxfp4 = get_format(fmt).name == "mxfp4"
-    if wanted == "auto":
-        return "triton" if (x.is_cuda and is_mxfp4) else "reference"
+    fmt = get_format(fmt)
+    is_mxfp4 = fmt.name == "mxfp4"
+    if wanted in ("auto", "fused") and fused_cpu.applies(x, fmt) and fused_cpu.available():
+        return "fused"
+    if wanted in ("auto", "fused"):
+        return "triton" if (wanted == "auto" and x.is_cuda and is_mxfp4) else "reference"
     if wanted == "triton":
         if not is_mxfp4:
             return "reference"
@@ -140,8 +145,8 @@ def fake_quantize(x, fmt="mxfp4", axis=-1, scale_rule=None) -> torch.Tensor:
     backend = backend_for(x, fmt)
     if backend == "triton":
         return _kernels().fake_quantize(x, axis, scale_rule)
-    if backend == "compiled" and x.device.type == "cpu":
-        return compiled.fake_quantize(x, *reference.check_input(x, fmt, axis, scale_rule))
+    if backend == "fused":
+        return fused_cpu.fake_quantize(x, *reference.check_input(x, fmt, axis, scale_rule))
     return reference.fake_quantize(x, fmt, axis, scale_rule)
 
 

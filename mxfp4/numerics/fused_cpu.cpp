@@ -1,0 +1,358 @@
+// The CPU fast path of mxfp4.numerics.fused_cpu: fake-quantization to an E8M0-scaled block format in one
+// pass over the input, the same float32 operations as the PyTorch reference (reference.quantize_blocks),
+// element for element, so the results are equal bit for bit:
+//   amax -> shared exponent (rule) -> E8M0 scale 2^e and its inverse 2^-e (both from their bytes)
+//   -> y = x * 2^-e -> round y onto the element grid (nearest, ties to even, saturating) -> q * 2^e.
+// A block with a NaN or infinite element is NaN throughout (the reference's NaN scale times zero).
+// Every operation is an exact IEEE float32 one (multiplications by powers of two, one rounding to an
+// integer), so the instruction set the compiler picks does not change a bit.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace {
+
+struct Format {
+  int emin, emax, mbits;
+  float max_value;
+  int rule;  // 0 floor, 1 ceil, 2 even, 3 rceil (formats.e8m0_exponent)
+};
+
+constexpr int kMaxBlock = 64;
+// Scales 2^e quantized on x directly (quantize_block_scaled): within them every non-zero output is a
+// normal float32 (2^(emin - mbits + e) >= 2^-109) and the rounding constant 2^(23 + k + e) stays finite
+// (its exponent is at most e + emax + 1 + 23 - mbits <= e + 32 for every E8M0 element format here).
+constexpr int kScaledMin = -100, kScaledMax = 90;
+constexpr int kColumns = 16;  // blocks quantized together when blocks run across the innermost index
+
+inline float from_bits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+inline uint32_t bits_of(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+// formats.e8m0_decode of a biased exponent byte in [0, 254]: byte 0 is the subnormal 2^-127.
+inline float e8m0_value(int byte) { return byte == 0 ? from_bits(0x00400000u) : from_bits(uint32_t(byte) << 23); }
+
+// formats.e8m0_exponent for a finite amax >= 0.
+__attribute__((always_inline)) inline int shared_exponent(float amax, const Format& f) {
+  const int32_t b = int32_t(bits_of(amax));
+  int e;
+  switch (f.rule) {
+    case 0: e = ((b >> 23) & 0xFF) - 127 - f.emax; break;
+    case 1: e = ((b >> 23) & 0xFF) - 127 + ((b & 0x7FFFFF) != 0) - f.emax; break;
+    case 2: e = (((b + (1 << (23 - f.mbits - 1))) >> 23) & 0xFF) - 127 - f.emax; break;
+    default: {
+      int ex;
+      const float m = std::frexp(amax / f.max_value, &ex);
+      e = ex - 1 + (m != 0.5f);
+    }
+  }
+  if (!(amax > 0.0f)) e = -127;
+  return std::min(127, std::max(-127, e));
+}
+
+// formats.round_to_grid of one float32 y, |y| < 2^(emax + 2) (true of every y = x / 2^e of a block):
+// the grid step 2^k, k = e - mbits, e = |y|'s exponent floored at emin; |y| rounded to a multiple of 2^k,
+// half to even, by adding and subtracting 2^(23 + k) (the sum's unit in the last place is 2^k: the same
+// rounding as the reference's round(|y| / 2^k) * 2^k); saturated at max_value. The reference also clamps
+// e at emax: a |y| >= 2^(emax + 1) rounds to at least 2^(emax + 1) > max_value either way.
+inline float round_to_grid(float y, int emin, int mbits, float max_value) {
+  const uint32_t yb = bits_of(y);
+  const float a = from_bits(yb & 0x7FFFFFFFu);
+  int e = int((yb >> 23) & 0xFF) - 127;
+  e = e < emin ? emin : e;
+  const float magic = from_bits(uint32_t(e - mbits + 127 + 23) << 23);
+  float q = (a + magic) - magic;  // IEEE: not folded without -ffast-math
+  q = q < max_value ? q : max_value;
+  return from_bits(bits_of(q) | (yb & 0x80000000u));
+}
+
+// A finite float32 rounded to bfloat16 bits, nearest, ties to even: c10::BFloat16's conversion (and so
+// the reference's .to(torch.bfloat16)) for every value but NaN, in integer lanes that vectorize.
+inline uint16_t bf16_bits(float v) {
+  const uint32_t u = bits_of(v);
+  return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// A finite float32 output stored as Out (bfloat16 through the integer-lane rounding above).
+template <typename Out>
+inline void store_finite(Out* o, float v) {
+  if constexpr (std::is_same_v<Out, at::BFloat16>) {
+    *reinterpret_cast<uint16_t*>(o) = bf16_bits(v);
+  } else {
+    *o = Out(v);
+  }
+}
+
+// One block's outputs: out[j * ok] = Q(t[j] * inverse) * scale, as the reference computes them.
+template <typename Out>
+__attribute__((always_inline)) inline void quantize_block(const float* t, Out* out, int64_t ok, int64_t n, float scale, float inverse,
+                           const Format& f) {
+  const int emin = f.emin, mbits = f.mbits;
+  const float max_value = f.max_value;
+  if constexpr (std::is_same_v<Out, float>) {
+    if (ok == 1) {
+      for (int64_t j = 0; j < n; ++j) out[j] = round_to_grid(t[j] * inverse, emin, mbits, max_value) * scale;
+      return;
+    }
+  }
+  if constexpr (std::is_same_v<Out, at::BFloat16>) {
+    if (ok == 1) {
+      uint16_t* o = reinterpret_cast<uint16_t*>(out);
+      for (int64_t j = 0; j < n; ++j)
+        o[j] = bf16_bits(round_to_grid(t[j] * inverse, emin, mbits, max_value) * scale);
+      return;
+    }
+  }
+  for (int64_t j = 0; j < n; ++j) out[j * ok] = Out(round_to_grid(t[j] * inverse, emin, mbits, max_value) * scale);
+}
+
+// One block's max magnitude as float32 bits from the bits of its elements (the max of the non-negative
+// bit patterns is the bits of the max: integer lanes, which vectorize), and whether one is NaN or infinite.
+inline uint32_t amax_bits(const float* t, int64_t n, bool* nonfinite) {
+  uint32_t m = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const uint32_t ab = bits_of(t[j]) & 0x7FFFFFFFu;
+    m = ab > m ? ab : m;
+  }
+  *nonfinite = m >= 0x7F800000u;
+  return m;
+}
+
+// The same outputs computed on x directly, for a block whose scale 2^e is within kScaledMin/Max: multiplying by
+// 2^-e and by 2^e is then exact wherever it matters (a y = x / 2^e below 2^-126 rounds to zero either
+// way, and every non-zero output is a normal number), so Q(x / 2^e) * 2^e is |x| rounded to a multiple
+// of 2^(k + e), k + e = max(E(x), emin + e) - mbits, by the same 2^23 trick, saturated at max_value * 2^e.
+template <typename Out>
+__attribute__((always_inline)) inline void quantize_block_scaled(const float* t, Out* out, int64_t ok, int64_t n,
+                                                                 int e, const Format& f) {
+  const uint32_t floor_field = uint32_t(f.emin + e + 127), shift = uint32_t(23 - f.mbits);
+  const float max_q = f.max_value * from_bits(uint32_t(e + 127) << 23);
+  auto q = [=](float x) {
+    const uint32_t xb = bits_of(x), ab = xb & 0x7FFFFFFFu;
+    uint32_t field = ab >> 23;
+    field = field < floor_field ? floor_field : field;
+    const float magic = from_bits((field + shift) << 23);
+    float r = (from_bits(ab) + magic) - magic;  // IEEE: not folded without -ffast-math
+    r = r < max_q ? r : max_q;
+    return from_bits(bits_of(r) | (xb & 0x80000000u));
+  };
+  if constexpr (std::is_same_v<Out, float>) {
+    if (ok == 1) {
+      for (int64_t j = 0; j < n; ++j) out[j] = q(t[j]);
+      return;
+    }
+  }
+  if constexpr (std::is_same_v<Out, at::BFloat16>) {
+    if (ok == 1) {
+      uint16_t* o = reinterpret_cast<uint16_t*>(out);
+      for (int64_t j = 0; j < n; ++j) o[j] = bf16_bits(q(t[j]));
+      return;
+    }
+  }
+  for (int64_t j = 0; j < n; ++j) out[j * ok] = Out(q(t[j]));
+}
+
+// One block of n elements, already in float32 (t), into out at stride ok.
+template <typename Out>
+__attribute__((always_inline)) inline void quantize_loaded(const float* t, Out* out, int64_t ok, int64_t n,
+                                                           const Format& f) {
+  bool nonfinite;
+  const float amax = from_bits(amax_bits(t, n, &nonfinite));
+  if (nonfinite) {  // the reference's NaN scale times its zeroed grid values
+    const float nan = from_bits(0x7FC00000u);
+    for (int64_t j = 0; j < n; ++j) out[j * ok] = Out(nan);
+    return;
+  }
+  const int e = shared_exponent(amax, f);
+  if (e >= kScaledMin && e <= kScaledMax) {
+    quantize_block_scaled(t, out, ok, n, e, f);
+    return;
+  }
+  const int byte = e + 127;
+  quantize_block(t, out, ok, n, e8m0_value(byte), e8m0_value(std::min(254, std::max(0, 254 - byte))), f);
+}
+
+// One block of n elements at stride sk of x (any input dtype: its float32 value is exact) into out.
+template <typename In, typename Out>
+inline void block(const In* x, int64_t sk, Out* out, int64_t ok, int64_t n, const Format& f) {
+  float t[kMaxBlock];
+  for (int64_t j = 0; j < n; ++j) t[j] = float(x[j * sk]);
+  quantize_loaded(t, out, ok, n, f);
+}
+
+// Whole contiguous blocks of 32 one after another (blocks along a contiguous last axis, the common case):
+// loops of a known length with the format's constants hoisted, which the compiler unrolls and vectorizes.
+template <typename In, typename Out>
+void contiguous_blocks(const In* __restrict x, Out* __restrict out, int64_t blocks, const Format& f) {
+  for (int64_t b = 0; b < blocks; ++b, x += 32, out += 32) {
+    float t[32];
+    for (int j = 0; j < 32; ++j) t[j] = float(x[j]);
+    quantize_loaded(t, out, 1, 32, f);
+  }
+}
+
+// `cols` (<= kColumns) blocks side by side, element j of block c at x[j * sk + c * si] (blocks along a
+// non-innermost index), written alike into out: each block gathered, then quantized as one.
+template <typename In, typename Out>
+void tile(const In* x, int64_t sk, int64_t si, Out* out, int64_t ok, int64_t oi, int64_t n, int64_t cols,
+          const Format& f) {
+  float t[kColumns][kMaxBlock];
+  for (int64_t j = 0; j < n; ++j)
+    for (int64_t c = 0; c < cols; ++c) t[c][j] = float(x[j * sk + c * si]);
+  for (int64_t c = 0; c < cols; ++c) quantize_loaded(t[c], out + c * oi, ok, n, f);
+}
+
+// Eight blocks of 32 side by side whose elements are contiguous across blocks (x[j * sk + c], the
+// weight-gradient GEMM's operands blocked along their rows): one vector lane per block, so the block
+// maxima, the scales and the rounding run across lanes with no reduction inside a vector. Blocks with
+// a non-finite element or a scale beyond kScaledMin/Max take the one-block path.
+template <typename In, typename Out>
+void lanes8(const In* x, int64_t sk, Out* out, int64_t ok, int64_t oi, int64_t n, int64_t cols, const Format& f) {
+  float t[32][8];
+  if (n == 32 && cols == 8) {
+    for (int64_t j = 0; j < 32; ++j)
+      for (int c = 0; c < 8; ++c) t[j][c] = float(x[j * sk + c]);
+  } else {  // zeros never change a block's max; their outputs are not stored
+    for (int64_t j = 0; j < 32; ++j)
+      for (int c = 0; c < 8; ++c) t[j][c] = (j < n && c < cols) ? float(x[j * sk + c]) : 0.0f;
+  }
+  uint32_t m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int j = 0; j < 32; ++j)
+    for (int c = 0; c < 8; ++c) {
+      const uint32_t ab = bits_of(t[j][c]) & 0x7FFFFFFFu;
+      m[c] = ab > m[c] ? ab : m[c];
+    }
+  uint32_t floor_field[8];
+  float max_q[8];
+  bool lane_ok[8], all_ok = true;
+  const uint32_t shift = uint32_t(23 - f.mbits);
+  for (int c = 0; c < 8; ++c) {
+    const bool finite = m[c] < 0x7F800000u;
+    const int e = finite ? shared_exponent(from_bits(m[c]), f) : 0;
+    lane_ok[c] = finite && e >= kScaledMin && e <= kScaledMax;
+    all_ok = all_ok && (lane_ok[c] || c >= cols);
+    floor_field[c] = uint32_t(f.emin + e + 127);
+    max_q[c] = f.max_value * from_bits(uint32_t(e + 127) << 23);
+  }
+  for (int j = 0; j < 32; ++j)
+    for (int c = 0; c < 8; ++c) {
+      const uint32_t xb = bits_of(t[j][c]), ab = xb & 0x7FFFFFFFu;
+      uint32_t field = ab >> 23;
+      field = field < floor_field[c] ? floor_field[c] : field;
+      const float magic = from_bits((field + shift) << 23);
+      float r = (from_bits(ab) + magic) - magic;  // as quantize_block_scaled, lane by lane
+      r = r < max_q[c] ? r : max_q[c];
+      t[j][c] = from_bits(bits_of(r) | (xb & 0x80000000u));
+    }
+  for (int64_t c = 0; c < cols; ++c) {
+    Out* o = out + c * oi;
+    if (!all_ok && !lane_ok[c]) {
+      float col[32];
+      for (int64_t j = 0; j < n; ++j) col[j] = float(x[j * sk + c]);
+      quantize_loaded(col, o, ok, n, f);
+      continue;
+    }
+    if (ok == 1) {
+      for (int64_t j = 0; j < n; ++j) store_finite(o + j, t[j][c]);
+    } else {
+      for (int64_t j = 0; j < n; ++j) store_finite(o + j * ok, t[j][c]);
+    }
+  }
+}
+
+template <typename In, typename Out>
+void run(const at::Tensor& x, at::Tensor& out, int bs, const Format& f) {
+  // x, out: [O, K, I] views; blocks of bs run along K (the last one may be short: the reference's zero
+  // padding never changes a block's amax, and the padded outputs are cropped).
+  const int64_t O = x.size(0), K = x.size(1), I = x.size(2);
+  const int64_t so = x.stride(0), sk = x.stride(1), si = x.stride(2);
+  const int64_t oo = out.stride(0), ok = out.stride(1), oi = out.stride(2);
+  const In* xp = x.data_ptr<In>();
+  Out* op = out.data_ptr<Out>();
+  const int64_t nb = (K + bs - 1) / bs;
+  if (I == 1 && sk == 1 && ok == 1 && bs == 32) {
+    const int64_t full = K / 32;
+    at::parallel_for(0, O, std::max<int64_t>(1, 4096 / nb), [&](int64_t begin, int64_t end) {
+      for (int64_t o = begin; o < end; ++o) {
+        contiguous_blocks(xp + o * so, op + o * oo, full, f);
+        if (full < nb) block(xp + o * so + full * 32, 1, op + o * oo + full * 32, 1, K - full * 32, f);
+      }
+    });
+    return;
+  }
+  if (I == 1) {
+    at::parallel_for(0, O, std::max<int64_t>(1, 4096 / nb), [&](int64_t begin, int64_t end) {
+      for (int64_t o = begin; o < end; ++o)
+        for (int64_t k0 = 0; k0 < K; k0 += bs)
+          block(xp + o * so + k0 * sk, sk, op + o * oo + k0 * ok, ok, std::min<int64_t>(bs, K - k0), f);
+    });
+    return;
+  }
+  if (si == 1 && bs == 32) {
+    const int64_t nc = (I + 7) / 8;
+    at::parallel_for(0, O * nb * nc, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t idx = begin; idx < end; ++idx) {
+        const int64_t o = idx / (nb * nc), rest = idx % (nb * nc);
+        const int64_t k0 = (rest / nc) * bs, i0 = (rest % nc) * 8;
+        lanes8(xp + o * so + k0 * sk + i0, sk, op + o * oo + k0 * ok + i0 * oi, ok, oi,
+               std::min<int64_t>(bs, K - k0), std::min<int64_t>(8, I - i0), f);
+      }
+    });
+    return;
+  }
+  const int64_t nc = (I + kColumns - 1) / kColumns;
+  at::parallel_for(0, O * nb * nc, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t idx = begin; idx < end; ++idx) {
+      const int64_t o = idx / (nb * nc), rest = idx % (nb * nc);
+      const int64_t k0 = (rest / nc) * bs, i0 = (rest % nc) * kColumns;
+      tile(xp + o * so + k0 * sk + i0 * si, sk, si, op + o * oo + k0 * ok + i0 * oi, ok, oi,
+           std::min<int64_t>(bs, K - k0), std::min<int64_t>(kColumns, I - i0), f);
+    }
+  });
+}
+
+template <typename In>
+void run_in(const at::Tensor& x, at::Tensor& out, int bs, const Format& f) {
+  switch (out.scalar_type()) {
+    case at::kFloat: run<In, float>(x, out, bs, f); break;
+    case at::kBFloat16: run<In, at::BFloat16>(x, out, bs, f); break;
+    case at::kHalf: run<In, at::Half>(x, out, bs, f); break;
+    default: TORCH_CHECK(false, "fused_cpu: unsupported output dtype ", out.scalar_type());
+  }
+}
+
+}  // namespace
+
+// Writes the fake-quantized x into out (both [O, K, I] CPU views, any strides, blocks along K).
+void fake_quantize_into(const at::Tensor& x, at::Tensor out, int64_t block_size, int64_t emin, int64_t emax,
+                        int64_t mbits, double max_value, int64_t rule) {
+  TORCH_CHECK(x.device().is_cpu() && out.device().is_cpu(), "fused_cpu: CPU tensors only");
+  TORCH_CHECK(x.dim() == 3 && out.sizes() == x.sizes(), "fused_cpu: x and out must be [O, K, I] views of one shape");
+  TORCH_CHECK(block_size >= 1 && block_size <= kMaxBlock, "fused_cpu: block size must be in [1, ", kMaxBlock, "]");
+  TORCH_CHECK(rule >= 0 && rule <= 3, "fused_cpu: rule must be 0 (floor), 1 (ceil), 2 (even) or 3 (rceil)");
+  const Format f{int(emin), int(emax), int(mbits), float(max_value), int(rule)};
+  const int bs = int(block_size);
+  switch (x.scalar_type()) {
+    case at::kFloat: run_in<float>(x, out, bs, f); break;
+    case at::kBFloat16: run_in<at::BFloat16>(x, out, bs, f); break;
+    case at::kHalf: run_in<at::Half>(x, out, bs, f); break;
+    default: TORCH_CHECK(false, "fused_cpu: unsupported input dtype ", x.scalar_type());
+  }
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("fake_quantize_into", &fake_quantize_into, "fake-quantize an [O, K, I] view into out, blocks along K");
+}

@@ -1,0 +1,137 @@
+"""The CPU fast path: fake-quantization to an E8M0-scaled block format (MXFP4, MXFP6, MXFP8) in one fused
+C++ pass (``fused_cpu.cpp``), equal to the reference bit for bit and in layout.
+
+- Values: the kernel performs the reference's float32 operations element for element (the tests
+  compare them over every E8M0 format, scale rule and dtype, the adversarial inputs and every finite
+  bfloat16 value).
+- Layout: the output has the strides the reference's own result would have, so a later GEMM reads the
+  operand exactly as it reads the reference's: for a contiguous x blocked in two or more blocks without
+  a rounding to a narrower dtype after padding, the reference's buffer (the blocked axis last, padded)
+  moved back (``moved_back_strides``, checked against the reference over random shapes by the tests);
+  otherwise found by running the reference on a meta tensor of x's shape and strides (cached).
+- Blocks along a non-last axis (the weight-gradient GEMM's operands) are read in place, without the
+  transposed copy.
+
+The extension is built by ``torch.utils.cpp_extension`` (a C++ compiler and ninja) on its first use on a
+machine, about 30 s, and cached on disk for every later process. Where the build fails, the reference
+runs instead, with the same values, and one warning says why."""
+
+from __future__ import annotations
+
+import functools
+import math
+import platform
+import warnings
+from pathlib import Path
+
+import torch
+
+from . import reference
+from .formats import SCALE_RULES_E8M0, BlockFormat
+
+SOURCE = Path(__file__).with_suffix(".cpp")
+MAX_BLOCK = 64  # kMaxBlock in the source
+_failed: list[BaseException] = []  # the first build failure of this process, if any
+
+
+def _flags() -> list[str]:
+    """-O3 with no FMA contraction; AVX2 where the CPU has it (the results do not depend on it: every
+    operation is an exact IEEE one)."""
+    flags = ["-O3", "-ffp-contract=off"]
+    cpuinfo = Path("/proc/cpuinfo")
+    if platform.machine().lower() in ("x86_64", "amd64") and cpuinfo.is_file() and " avx2" in cpuinfo.read_text():
+        flags += ["-mavx2", "-mf16c"]
+    return flags
+
+
+@functools.cache
+def _extension():
+    from torch.utils import cpp_extension
+
+    return cpp_extension.load(name="mxfp4_fused_cpu", sources=[str(SOURCE)], extra_cflags=_flags(), verbose=False)
+
+
+def available() -> bool:
+    """Whether the fused kernel is built (building it now if needed); False, with one warning per
+    process, where it cannot be (no C++ compiler, no ninja)."""
+    if _failed:
+        return False
+    try:
+        _extension()
+        return True
+    except Exception as err:  # noqa: BLE001  (a machine that cannot build: the reference, same values)
+        _failed.append(err)
+        warnings.warn(f"building the fused CPU quantizer failed ({type(err).__name__}: {err}); the reference runs "
+                      "instead, with the same values, slower", RuntimeWarning, stacklevel=2)
+        return False
+
+
+def applies(x: torch.Tensor, fmt: BlockFormat) -> bool:
+    """Whether the fused kernel handles ``x`` in ``fmt``: a CPU tensor, E8M0 block scales (not NVFP4)."""
+    return x.device.type == "cpu" and fmt.scale == "e8m0" and fmt.block_size <= MAX_BLOCK and not x.is_meta
+
+
+@functools.lru_cache(maxsize=4096)
+def reference_strides(shape: tuple, stride: tuple, dtype: torch.dtype, axis: int, fmt: BlockFormat,
+                      rule: str) -> tuple:
+    """The strides of ``reference.fake_quantize``'s result for an input of this shape, strides and dtype:
+    the reference's own operations run on a meta tensor (no data, the same stride rules)."""
+    x = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    q, _, scale = reference.quantize_blocks(reference.to_blocks(x, axis, fmt.block_size), fmt, rule, None)
+    return reference.from_blocks(q * scale.unsqueeze(-1), x.shape, axis).to(dtype).stride()
+
+
+def contiguous_strides(shape) -> tuple:
+    """The strides of a contiguous tensor of ``shape``."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def moved_back_strides(shape: tuple, axis: int, block_size: int) -> tuple:
+    """The strides of the reference's float32 result for a contiguous x with blocks along ``axis``: a
+    contiguous buffer with ``axis`` last and padded to whole blocks, that axis moved back in place."""
+    padded = -(-shape[axis] // block_size) * block_size
+    buffer = contiguous_strides([n for i, n in enumerate(shape) if i != axis] + [padded])
+    return (*buffer[:axis], buffer[-1], *buffer[axis:-1])
+
+
+def output_strides(x: torch.Tensor, axis: int, fmt: BlockFormat, rule: str) -> tuple:
+    """The strides of ``reference.fake_quantize(x, fmt, axis, rule)``: ``moved_back_strides`` where that
+    rule is known to hold (a contiguous x, two or more blocks along the axis, float32 or no padding),
+    else ``reference_strides``."""
+    shape = tuple(x.shape)
+    k = shape[axis]
+    if k > fmt.block_size and (x.dtype == torch.float32 or k % fmt.block_size == 0) and (
+            x.stride() == contiguous_strides(shape)):
+        return moved_back_strides(shape, axis, fmt.block_size)
+    return reference_strides(shape, x.stride(), x.dtype, axis, fmt, rule)
+
+
+def _as_3d(t: torch.Tensor, dims: tuple[int, int, int]) -> torch.Tensor | None:
+    """``t`` viewed as [outer, blocked axis, inner] without a copy, or None where its strides forbid it."""
+    try:
+        return t.view(dims)
+    except RuntimeError:
+        return None
+
+
+def fake_quantize(x: torch.Tensor, fmt: BlockFormat, axis: int, rule: str) -> torch.Tensor:
+    """``reference.fake_quantize(x, fmt, axis, rule)`` for checked arguments (``reference.check_input``:
+    the axis in range and non-negative, the rule resolved) and a format ``applies`` to."""
+    x = x.detach()
+    dims = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
+    out = torch.empty_strided(x.shape, output_strides(x, axis, fmt, rule), dtype=x.dtype)
+    x3 = _as_3d(x, dims)
+    if x3 is None:
+        x3 = x.contiguous().view(dims)
+    out3 = _as_3d(out, dims)
+    target = out3 if out3 is not None else torch.empty(dims, dtype=x.dtype)
+    elem = fmt.element
+    _extension().fake_quantize_into(x3, target, fmt.block_size, elem.emin, elem.emax, elem.mbits, elem.max_value,
+                                    SCALE_RULES_E8M0.index(rule))
+    if out3 is None:
+        out.copy_(target.view(x.shape))
+    return out

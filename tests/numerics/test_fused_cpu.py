@@ -1,0 +1,157 @@
+"""The CPU fast path (the fused C++ kernel) against the eager reference, bit for bit and layout for
+layout, and the forward-only GEMM that rollouts and evaluation take."""
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mxfp4
+from mxfp4.config.recipes import Recipe
+from mxfp4.nn import GemmContext, patch_model
+from mxfp4.numerics import dispatch, fused_cpu, reference
+from mxfp4.numerics.formats import FORMATS, SCALE_RULES_E8M0, get_format
+from mxfp4.verify.adversarial import adversarial_rows
+from mxfp4.verify.kernel_checks import same
+
+E8M0_FORMATS = [name for name, f in FORMATS.items() if f.scale == "e8m0"]
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _fused(x, fmt, axis, rule):
+    """Through the dispatch, which must pick the fused kernel (not a fallback)."""
+    assert dispatch.backend_for(x, fmt) == "fused"
+    return dispatch.fake_quantize(x, fmt, axis, rule)
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same values bit for bit (NaN payloads and signed zeros included), dtype, shape and strides (of the
+    dimensions longer than 1): the strides decide how a later GEMM reads the operand."""
+    strides = [(sa, sb) for n, sa, sb in zip(a.shape, a.stride(), b.stride()) if n > 1]
+    return same(a, b) and all(sa == sb for sa, sb in strides)
+
+
+@pytest.mark.parametrize("fmt", E8M0_FORMATS)
+@pytest.mark.parametrize("rule", SCALE_RULES_E8M0)
+def test_every_adversarial_row_equals_the_reference(fmt, rule):
+    for dtype in DTYPES:
+        for name, x in adversarial_rows().items():
+            xx = x.to(dtype)
+            for axis in (-1, 0):
+                want = reference.fake_quantize(xx, fmt, axis, rule)
+                assert _same_layout(_fused(xx, fmt, axis, rule), want), (dtype, name, axis)
+
+
+def test_three_dimensional_tensors_along_every_axis_and_lengths_that_pad():
+    """Expert stacks are 3D and blocked along any axis; a length that is not a multiple of 32 pads."""
+    torch.manual_seed(0)
+    for shape in ((4, 64, 96), (3, 40, 70), (1, 1, 33), (2, 32, 40)):
+        x = torch.randn(shape) * torch.logspace(-3, 3, shape[-1])
+        for axis in range(3):
+            for dtype in DTYPES:
+                xx = x.to(dtype)
+                assert _same_layout(_fused(xx, "mxfp4", axis, None), reference.fake_quantize(xx, "mxfp4", axis)), (
+                    shape, axis, dtype)
+    x = torch.randn(64, 128).t()  # a transposed weight, read in place
+    assert _same_layout(_fused(x, "mxfp4", -1, None), reference.fake_quantize(x, "mxfp4", -1))
+
+
+@pytest.mark.parametrize("rule", SCALE_RULES_E8M0)
+def test_every_bfloat16_value_quantizes_as_the_reference(rule):
+    """All finite bfloat16 values below a block max of 7.9375 (one scale for every block: the whole grid,
+    its midpoints and the saturating range) or 5.625 (inexact ideal scales), blocks along either axis,
+    in bfloat16, float16 (where representable) and float32: the same values and layout."""
+    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    for anchor in (7.9375, 5.625):
+        values = every[every.float().abs() <= anchor]
+        values = torch.cat([values, torch.zeros((-len(values)) % 31, dtype=torch.bfloat16)]).reshape(-1, 31)
+        x = torch.cat([torch.full((len(values), 1), anchor, dtype=torch.bfloat16), values], dim=1)
+        for axis, xx in ((-1, x), (0, x.t().contiguous())):
+            for dtype in DTYPES:
+                got = _fused(xx.to(dtype), "mxfp4", axis, rule)
+                assert _same_layout(got, reference.fake_quantize(xx.to(dtype), "mxfp4", axis, rule)), (anchor, axis)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=st.integers(1, 70), cols=st.integers(1, 100), log_scale=st.integers(-140, 120),
+       spread=st.integers(0, 12), axis=st.sampled_from([0, 1]), fmt=st.sampled_from(E8M0_FORMATS),
+       rule=st.sampled_from(SCALE_RULES_E8M0), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+       transposed=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_the_fused_kernel_equals_the_reference_on_random_tensors(rows, cols, log_scale, spread, axis, fmt, rule,
+                                                                  dtype, transposed, seed):
+    """Float32 values over the whole exponent range (each row its own magnitude, elements spread over
+    2^spread, subnormals and huge scales included), every E8M0 format and rule, either axis, read in
+    place from a transposed view: the reference's values and strides."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g) * torch.rand(rows, cols, generator=g) ** spread
+    x = (x * 2.0 ** (log_scale + torch.randint(-8, 8, (rows, 1), generator=g).float())).to(dtype)
+    if transposed:
+        x = x.t()
+    assert _same_layout(fused_cpu.fake_quantize(x.detach(), get_format(fmt), axis, rule),
+                        reference.fake_quantize(x, fmt, axis, rule))
+
+
+@settings(max_examples=300, deadline=None)
+@given(shape=st.lists(st.sampled_from([1, 2, 3, 31, 32, 33, 64, 70, 96]), min_size=1, max_size=4),
+       data=st.data(), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+def test_the_output_strides_are_the_references(shape, data, dtype):
+    """The strides the fused path gives its output (a rule where it is known to hold, the reference on
+    a meta tensor elsewhere) equal those of the reference's own result on real data."""
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    x = torch.zeros(shape, dtype=dtype)
+    fmt = get_format("mxfp4")
+    assert fused_cpu.output_strides(x, axis, fmt, "floor") == reference.fake_quantize(x, fmt, axis).stride()
+
+
+def test_a_machine_that_cannot_build_the_fused_kernel_gets_the_reference_with_one_warning(monkeypatch):
+    def broken():
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(fused_cpu, "_extension", broken)
+    monkeypatch.setattr(fused_cpu, "_failed", [])
+    x = torch.randn(16, 64)
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler.*the reference runs instead"):
+        assert dispatch.backend_for(x) == "reference"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        assert _same_layout(mxfp4.fake_quantize(x, axis=0), reference.fake_quantize(x, "mxfp4", 0))
+
+
+def test_the_dispatch_takes_the_fused_path_on_cpu_for_e8m0_formats_unless_told_otherwise(monkeypatch):
+    x = torch.randn(8, 64)
+    calls = []
+    real = fused_cpu.fake_quantize
+    monkeypatch.setattr(fused_cpu, "fake_quantize", lambda *a: calls.append(a) or real(*a))
+    assert dispatch.backend_for(x) == "fused" and same(mxfp4.fake_quantize(x), reference.fake_quantize(x))
+    assert len(calls) == 1
+    assert dispatch.backend_for(x, "nvfp4") == "reference"
+    monkeypatch.setenv("MXFP4_BACKEND", "reference")
+    assert dispatch.backend_for(x) == "reference" and same(mxfp4.fake_quantize(x), reference.fake_quantize(x))
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("recipe", ["mxfp4", "mxfp4+all"])
+def test_a_forward_without_autograd_is_the_autograd_forward_and_quantizes_no_backward_operand(recipe, monkeypatch):
+    """Rollouts and evaluation run under no_grad: the patched Linear's output equals the training
+    forward's bit for bit, and no weight is quantized along the backward GEMM's axis."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(128, 96)
+    holder = torch.nn.Module()
+    holder.proj = lin
+    holder.config = type("C", (), {"tie_word_embeddings": False})()
+    corrections = Recipe.named(recipe).build_corrections()
+    for c in corrections:
+        c.bind(total_steps=10, seed=0)
+    patch_model(holder, Recipe.named(recipe).quantizer(corrections), cache_weights=False)
+    axes = []
+    real = GemmContext.weight
+    monkeypatch.setattr(GemmContext, "weight",
+                        lambda self, p, axis, on, gemm="forward": axes.append(axis) or real(self, p, axis, on, gemm))
+    x = torch.randn(2, 5, 128)
+    with torch.no_grad():
+        fast = lin(x)
+    assert axes == [1]
+    trained = lin(x.requires_grad_())
+    assert trained.grad_fn is not None and same(fast, trained.detach())
