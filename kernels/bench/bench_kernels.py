@@ -8,9 +8,10 @@ On CUDA (TRITON_INTERPRET off):
 - GEMMs (BF16 x MXFP4-weight ``w4a16_matmul``, ``tl.dot_scaled`` BF16 x MXFP4, dequantize + cuBLAS)
   as a fraction of cuBLAS BF16 TFLOP/s on the same shape: square 8192^3, Qwen2.5-3B's projections
   and Qwen3-30B-A3B's expert GEMMs at prefill M, and decode M <= 64.
-On CPU: the eager reference and its torch.compile against torchao's ``to_mx`` + dequantize, over
-``--runs`` independent repetitions in one process (the claim is a minimum over runs), and the CPU's
-copy bandwidth.
+On CPU: the cells' path (the fused kernel, both axes), the eager reference, its torch.compile and
+torchao's ``to_mx`` + dequantize, in float32 and bfloat16, over ``--runs`` independent repetitions in
+one process (the claim is a minimum over runs), as fractions of the CPU's copy bandwidth measured in the
+same run; every row says whether its values equal the reference's bit for bit.
 
     python kernels/bench/bench_kernels.py --out results/bench/bench_cpu.json
     python kernels/bench/bench_kernels.py --out results/bench/bench_h100.json     # on a GPU
@@ -21,18 +22,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import torch
-from tqdm import tqdm
+from mxfp4.machine import describe, pin_cpu_numerics
 
-import mxfp4
-from mxfp4.io import write_json_atomic
-from mxfp4.numerics import reference
+pin_cpu_numerics()  # the CPU numerics of the cells, before torch loads
+
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+import mxfp4  # noqa: E402
+from mxfp4.io import write_json_atomic  # noqa: E402
+from mxfp4.numerics import reference  # noqa: E402
 
 QWEN25_3B = {"q_proj": (2048, 2048), "k_proj": (256, 2048), "gate_proj": (11008, 2048), "down_proj": (2048, 11008)}
 QWEN3_30B_A3B_EXPERT = {"expert gate_proj": (768, 2048), "expert down_proj": (2048, 768)}
@@ -41,7 +45,7 @@ QWEN3_30B_A3B_EXPERT = {"expert gate_proj": (768, 2048), "expert down_proj": (20
 def device_name(device: str) -> str:
     if device == "cuda":
         return torch.cuda.get_device_name()
-    return f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+    return f"{describe()['cpu']} ({torch.get_num_threads()} threads)"
 
 
 L2_ROTATE_BYTES = 128 << 20  # inputs rotated until the working set is over twice the L2 (50-60 MB on Hopper)
@@ -258,59 +262,64 @@ def gemm_problems() -> list[tuple[str, int, int, int]]:
     return out
 
 
+def cpu_paths(x: torch.Tensor, ao, compiled) -> dict:
+    """The CPU paths at one input: name -> (call, axis, bytes moved, what it must equal or None). The
+    cells' path (the dispatch: the fused kernel) along both axes, the eager reference, torch.compile of
+    the reference and torchao's eager MX cast and round trip (whose values differ from ours by design)."""
+    n, size = x.numel(), x.element_size()
+    full, packed = size * n, n // 2 + n // 32
+    ref_rows, ref_cols = reference.fake_quantize(x), reference.fake_quantize(x, axis=0)
+    dtype = str(x.dtype).removeprefix("torch.")
+    paths = {
+        f"cells' path (fused) fake_quantize, {dtype}": (lambda: mxfp4.fake_quantize(x), -1, 2 * full, ref_rows),
+        f"cells' path (fused) fake_quantize axis 0, {dtype}": (lambda: mxfp4.fake_quantize(x, axis=0), 0, 2 * full,
+                                                               ref_cols),
+        f"reference fake_quantize, {dtype}": (lambda: reference.fake_quantize(x), -1, 2 * full, ref_rows),
+        f"torch.compile(reference) fake_quantize, {dtype}": (lambda: compiled(x), -1, 2 * full, ref_rows),
+    }
+    if x.dtype == torch.bfloat16:
+        paths["reference quantize, bfloat16"] = (lambda: reference.quantize(x), -1, full + packed, None)
+        if ao is not None:
+            paths["torchao to_mx, bfloat16"] = (lambda: ao[0](x), -1, full + packed, None)
+            paths["torchao to_mx + dequantize, bfloat16"] = (lambda: ao[1](x), -1, 2 * full, None)
+    return paths
+
+
 def cpu_rows(shapes, reps: int, runs: int) -> tuple[list[dict], dict]:
-    """CPU: reference (eager, compiled) against torchao eager, ``runs`` repetitions; per-run ratios."""
+    """CPU: the cells' path (fused), the eager reference, its torch.compile and torchao eager, in float32
+    and bfloat16, ``runs`` repetitions each; each as a fraction of the copy bandwidth of the same run,
+    with whether its values equal the reference's bit for bit."""
+    from mxfp4.verify.kernel_checks import same
+
     ao = torchao_paths(compiled=False)
     compiled = torch.compile(reference.fake_quantize, dynamic=False)
     rows, ratios = [], {}
     for shape in shapes:
-        x = torch.randn(shape, dtype=torch.bfloat16)
-        n = x.numel()
-        full, packed = 2 * n, n // 2 + n // 32
-        dst = torch.empty_like(x)
-        copy = 2 * full / cpu_timer(lambda dst=dst, x=x: dst.copy_(x), reps) / 1e9
-        paths = {
-            "reference quantize": (lambda x=x: reference.quantize(x), full + packed),
-            "reference fake_quantize": (lambda x=x: reference.fake_quantize(x), 2 * full),
-            "torch.compile(reference) fake_quantize": (lambda x=x: compiled(x), 2 * full),
-        }
-        if ao is not None:
-            paths["torchao to_mx"] = (lambda x=x: ao[0](x), full + packed)
-            paths["torchao to_mx + dequantize"] = (lambda x=x: ao[1](x), 2 * full)
-        per_run = {name: [] for name in paths}
-        for _ in tqdm(range(runs), desc=f"cpu {tuple(shape)}", unit="run", file=sys.stderr):
-            for name, (fn, _) in paths.items():
-                per_run[name].append(cpu_timer(fn, reps))
-        for name, (_, moved) in paths.items():
-            s = min(per_run[name])
-            rows.append(
-                _row(
-                    "memory",
-                    name,
-                    shape,
-                    s,
-                    axis=-1,
-                    per_run_seconds=per_run[name],
-                    bytes_moved=moved,
-                    GBps=moved / s / 1e9,
-                    copy_GBps=copy,
-                    fraction=moved / s / 1e9 / copy,
-                    fraction_of="CPU copy bandwidth (same run)",
-                )
-            )
-        if ao is not None:
-            key = "x".join(map(str, shape))
-            r = [
-                p / c
-                for p, c in zip(
-                    per_run["torchao to_mx + dequantize"], per_run["torch.compile(reference) fake_quantize"]
-                )
-            ]
-            ratios[f"compiled_fake_vs_torchao_roundtrip@{key}"] = {
-                "per_run": r,
-                "min": min(r),
-                "median": statistics.median(r),
-            }
+        src = torch.randn(shape)
+        dst = torch.empty_like(src)
+        copy = 2 * src.numel() * 4 / cpu_timer(lambda dst=dst, src=src: dst.copy_(src), reps) / 1e9
+        for x in (src, src.to(torch.bfloat16)):
+            paths = cpu_paths(x, ao, compiled)
+            per_run = {name: [] for name in paths}
+            for _ in tqdm(range(runs), desc=f"cpu {tuple(shape)} {x.dtype}", unit="run", file=sys.stderr):
+                for name, (fn, *_) in paths.items():
+                    per_run[name].append(cpu_timer(fn, reps))
+            for name, (fn, axis, moved, want) in paths.items():
+                s = min(per_run[name])
+                rows.append(_row("memory", name, shape, s, axis=axis, dtype=str(x.dtype).removeprefix("torch."),
+                                 per_run_seconds=per_run[name], bytes_moved=moved, GBps=moved / s / 1e9,
+                                 copy_GBps=copy, fraction=moved / s / 1e9 / copy,
+                                 fraction_of="CPU copy bandwidth (same run, float32 copy)",
+                                 equals_reference=None if want is None else same(fn(), want)))
+            key = f"{'x'.join(map(str, shape))}@{str(x.dtype).removeprefix('torch.')}"
+            fused = per_run[next(iter(paths))]
+            for peer in ("reference fake_quantize", "torch.compile(reference) fake_quantize",
+                         "torchao to_mx + dequantize"):
+                name = f"{peer}, {str(x.dtype).removeprefix('torch.')}"
+                if name in per_run:
+                    r = [p / f for p, f in zip(per_run[name], fused)]
+                    ratios[f"fused_vs_{peer.split(' ')[0].split('(')[0]}@{key}"] = {
+                        "per_run": r, "min": min(r), "median": statistics.median(r)}
     return rows, ratios
 
 
@@ -404,6 +413,7 @@ def main(argv=None) -> int:
                              *(argv if argv is not None else sys.argv[1:])]),
         "method": "CUDA: median of triton.testing.do_bench (CUDA events, L2 flushed, 100 ms of repeats); "
         "CPU: best of --reps calls, per run, --runs runs in one process",
+        **({"machine": describe()} if args.device == "cpu" else {}),
     }
     for mod in ("triton", "torchao"):
         try:

@@ -1,10 +1,12 @@
 """Where a GRPO step's time goes, per recipe, side by side in one process: the cell's own trainer (TRL's
 GRPOTrainer with the recipe's patched model, rollouts through the patched model) run for a few steps,
 its step and rollout times from the step log, and a torch.profiler table of the timed steps grouped by
-op; the MXFP4 step's ratio to the BF16 step of the same model and seed is the headline.
+op; the MXFP4 step's ratio to the BF16 step of the same model and seed is the headline. Each quantizing
+recipe runs once per ``--backends`` entry (the dispatch's choice, ``auto``, and e.g. the eager
+``reference``: the same values, the time each path costs).
 
-    python kernels/bench/bench_step.py --profile embedded --model tiny-dense --steps 10 \\
-        --out results/bench/step_profile_cpu.json
+    python kernels/bench/bench_step.py --profile embedded --model tiny-dense --steps 12 \\
+        --backends auto reference --out results/bench/step_profile_cpu.json
 
 It needs the profile's warm start (``snakemake --cores all pretrain``); it writes nothing else.
 """
@@ -30,8 +32,10 @@ from transformers import TrainerCallback  # noqa: E402
 
 import mxfp4  # noqa: E402
 from mxfp4.config.profiles import load_profile  # noqa: E402
+from mxfp4.config.recipes import Recipe  # noqa: E402
 from mxfp4.io import write_json_atomic  # noqa: E402
 from mxfp4.layout import TRAIN_LOG, Layout  # noqa: E402
+from mxfp4.numerics.dispatch import BACKENDS, use_backend  # noqa: E402
 from mxfp4.rl.cell import plan_cell, prepare  # noqa: E402
 from mxfp4.rl.models import warm_start_folder  # noqa: E402
 
@@ -82,14 +86,21 @@ def main(argv=None) -> int:
     p.add_argument("--profile", default="embedded", help="a CPU profile whose warm start exists")
     p.add_argument("--model", default="tiny-dense", help="a tiny model line of the profile")
     p.add_argument("--recipes", nargs="+", default=["bf16", "mxfp4"], help="the first is the reference")
+    p.add_argument("--backends", nargs="+", default=["auto"], choices=BACKENDS,
+                   help="the quantization backends each quantizing recipe runs under (MXFP4_BACKEND's values)")
     p.add_argument("--seed", type=int, default=0, help="the cells' seed")
     p.add_argument("--steps", type=int, default=10,
                    help="GRPO steps per recipe: 1 warm-up, half timed, the rest profiled")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch's CPU threads (1: what each cell of the main job gets on 2 cores)")
     p.add_argument("--results", default="results", help="the results root holding the warm start")
     p.add_argument("--out", required=True, help="the JSON report")
     args = p.parse_args(argv)
     if args.steps < 4:
         raise SystemExit("bench_step: --steps must be at least 4 (warm-up, timed steps, profiled steps)")
+    if args.threads < 1:
+        raise SystemExit("bench_step: --threads must be at least 1")
+    torch.set_num_threads(args.threads)
     profile = load_profile(args.profile)
     warm = warm_start_folder(profile, args.model, args.results)
     command = ["python", "kernels/bench/bench_step.py", *(argv if argv is not None else sys.argv[1:])]
@@ -106,9 +117,14 @@ def main(argv=None) -> int:
         target.parent.mkdir(parents=True)
         target.symlink_to(warm.resolve())
         for recipe in args.recipes:
-            print(f"{recipe}: {args.steps} steps", file=sys.stderr, flush=True)
-            out["recipes"][recipe] = run_recipe(profile, args.model, recipe, args.seed, root, args.steps)
-            write_json_atomic(args.out, out)
+            quantizes = Recipe.named(recipe).quantize
+            for backend in args.backends if quantizes else ["auto"]:
+                name = recipe if backend == "auto" or not quantizes else f"{recipe} [{backend}]"
+                print(f"{name}: {args.steps} steps", file=sys.stderr, flush=True)
+                with use_backend(backend):
+                    out["recipes"][name] = run_recipe(profile, args.model, recipe, args.seed, root, args.steps)
+                out["recipes"][name]["backend"] = backend
+                write_json_atomic(args.out, out)
     ref = out["recipes"][args.recipes[0]]
     for name, rec in out["recipes"].items():
         rec["step_time_vs_reference"] = rec["step_time_s"] / ref["step_time_s"]

@@ -142,9 +142,11 @@ def grouped_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     gemm = gemm_context(self)
     on_fwd, on_ig = gemm.gemms["forward"], gemm.gemms["input_grad"]
     up_f = gemm.weight(self.gate_up_proj, 2, on_fwd)
-    up_b = gemm.weight(self.gate_up_proj, 1, on_ig, "input_grad")
     down_f = gemm.weight(self.down_proj, 2, on_fwd)
-    down_b = gemm.weight(self.down_proj, 1, on_ig, "input_grad")
+    # the input-gradient GEMM's weights only where a backward can follow (not in rollouts or evaluation)
+    backward = torch.is_grad_enabled()
+    up_b = gemm.weight(self.gate_up_proj, 1, on_ig, "input_grad") if backward else None
+    down_b = gemm.weight(self.down_proj, 1, on_ig, "input_grad") if backward else None
     plan = DispatchPlan(top_k_index, self.num_experts, gemm.quantizer.token_alignment())
 
     hq = gemm.act(hidden_states, -1, "activation", on_fwd)  # once per token, before dispatch

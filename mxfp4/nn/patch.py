@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config.recipes import Recipe
+from ..numerics import dispatch
 from ..numerics.quantizer import Quantizer
 from .experts import MXGroupedExperts
 from .linear import GEMM_ATTR, GemmContext, MXLinear, gemm_context
@@ -155,6 +156,8 @@ def patch_model(model, quantizer: Quantizer | None, probe=None, cache_weights: b
         module.__class__ = quantized_class(type(module), kind)
         patched.append(name)
     setattr(model, _STATE_ATTR, PatchState(quantizer, patched))
+    if patched and any(p.device.type == "cpu" for p in model.parameters()):
+        dispatch.prepare(quantizer.fmt)  # a CPU kernel's one-off build here, not inside a timed step
     return patched
 
 

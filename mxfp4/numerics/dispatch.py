@@ -67,6 +67,12 @@ def backend_for(x: torch.Tensor, fmt: str | BlockFormat = "mxfp4") -> str:
     return wanted
 
 
+def prepare(fmt: str | BlockFormat = "mxfp4") -> str:
+    """Build what the CPU backend of ``fmt`` needs now (the fused kernel's one-off build, about 30 s on a
+    new machine), so that the first quantization does not pay it; returns that backend."""
+    return backend_for(torch.zeros(1), fmt)
+
+
 def fast_path(x: torch.Tensor, fmt: str | BlockFormat = "mxfp4") -> bool:
     """Whether ``x`` in ``fmt`` goes to the Triton kernels (the fused paths below apply only then)."""
     return backend_for(x, fmt) == "triton"

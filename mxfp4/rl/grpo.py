@@ -476,12 +476,12 @@ class StepLogger(TrainerCallback):
             return
         row = {
             "step": state.global_step,
+            **logs,  # first: TRL logs a "step_time" of its own (the whole step, the probe included)
             "step_time": self.step_time,
             "probe_time": self.probe_time,
             "rollout_time": self.rollout_time,
             **self.autotune,
             **self.memory,
-            **logs,
             **self.trainer.take_step_metrics(),
         }
         for c in self.trainer.mx_corrections:

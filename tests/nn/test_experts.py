@@ -165,3 +165,24 @@ def test_grouped_experts_under_bf16_autocast_compute_as_the_per_expert_reference
     for name, g, ref in zip(("output", "input grad", "gate_up grad", "down grad"), grouped, loop):
         rel = float((g.float() - ref.float()).norm() / ref.float().norm())
         assert torch.equal(g, ref), (recipe, name, rel)  # computed in float32 before: 3.6% apart
+
+
+def test_grouped_experts_without_autograd_quantize_no_weight_for_the_input_gradient(monkeypatch):
+    """Rollouts and evaluation run under no_grad: the output equals the training forward's bit for bit,
+    and no expert weight is quantized for the input-gradient GEMM (along N)."""
+    from mxfp4.nn import GemmContext
+
+    experts, x, idx, w = slice_experts(num_experts=8, top_k=2, tokens=40)
+    holder = torch.nn.ModuleDict({"experts": experts})
+    holder.config = types.SimpleNamespace(tie_word_embeddings=False)
+    patch_model(holder, Recipe.named("mxfp4").quantizer(), cache_weights=False)
+    gemms = []
+    real = GemmContext.weight
+    monkeypatch.setattr(GemmContext, "weight",
+                        lambda self, p, axis, on, gemm="forward": gemms.append(gemm) or real(self, p, axis, on, gemm))
+    with torch.no_grad():
+        fast = experts(x, idx, w)
+    assert gemms == ["forward", "forward"]
+    trained = experts(x.clone().requires_grad_(True), idx, w)
+    assert trained.grad_fn is not None and torch.equal(fast, trained.detach())
+    assert gemms.count("input_grad") == 2

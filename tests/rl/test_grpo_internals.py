@@ -1,5 +1,6 @@
 """Every touch of TRL's private API (mxfp4/rl/grpo.py, "TRL INTERNALS") against the pinned TRL."""
 
+import json
 import inspect
 import re
 from pathlib import Path
@@ -124,3 +125,17 @@ def test_private_trl_names_appear_only_inside_the_fenced_block():
         if path != grpo:
             found = [n for n in PRIVATE_TRL if re.search(rf"\b{n}\b", path.read_text())]
             assert not found, (path, found)
+
+
+def test_the_logged_step_time_is_the_loggers_own_not_trls(tmp_path):
+    """TRL logs a ``step_time`` of its own (the whole step, the probe included); the row keeps the
+    logger's, which leaves the probe out."""
+    import types
+
+    trainer = types.SimpleNamespace(mx_corrections=[], take_step_metrics=dict)
+    logger = StepLogger(trainer, tmp_path / "log.jsonl")
+    logger.step_time, logger.probe_time = 0.25, 1.0
+    state = types.SimpleNamespace(global_step=1, is_world_process_zero=True)
+    logger.on_log(None, state, None, logs={"step_time": 1.25, "loss": 0.5})
+    row = json.loads((tmp_path / "log.jsonl").read_text())
+    assert (row["step_time"], row["probe_time"], row["loss"]) == (0.25, 1.0, 0.5)
