@@ -1,7 +1,7 @@
 """Every touch of TRL's private API (mxfp4/rl/grpo.py, "TRL INTERNALS") against the pinned TRL."""
 
-import json
 import inspect
+import json
 import re
 from pathlib import Path
 
