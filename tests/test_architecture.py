@@ -14,7 +14,7 @@ PACKAGE = REPO / "mxfp4"
 
 # Each layer may import itself and the layers listed before it; the leaf modules import no mxfp4 layer.
 LAYERS = ["numerics", "verify", "corrections", "config", "nn", "rl", "analysis", "report", "cli"]
-LEAVES = {"io", "stats", "layout", "machine"}
+LEAVES = {"io", "stats", "layout", "machine", "problems"}
 KERNEL_WRAPPERS = {"mxfp4.numerics.triton_kernels", "mxfp4.numerics.triton_gemm"}
 KERNEL_CALLERS = {"mxfp4.numerics.dispatch", "mxfp4.verify.kernel_checks", *KERNEL_WRAPPERS}
 

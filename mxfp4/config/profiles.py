@@ -22,7 +22,7 @@ from .recipes import load_recipe_table
 from .validation import parse
 
 PROFILES_DIR = EXPERIMENTS / "profiles"
-CODE_VERSION = "0.3"  # bump when a change to the package changes what a cell computes
+CODE_VERSION = "0.4"  # bump when a change to the package changes what a cell computes
 
 
 MAX_STEPS = 100_000  # GRPO steps of a cell: beyond any run of the paper (and a typo's 1e20 never starts)

@@ -10,6 +10,7 @@ import pandas as pd
 from ..config.profiles import Profile
 from ..io import atomic_path
 from ..layout import EVAL_FOLDERS, TABLES, Layout
+from ..problems import problem_type
 from ..stats import crossed_mean, mean_ci
 from .cell_records import check_provenance, read_log, read_metrics, read_samples
 
@@ -92,7 +93,7 @@ def read_items(layout: Layout) -> list[dict]:
                     row = by_doc.setdefault(
                         s["doc_id"],
                         {"model": m["model"], "recipe": m["recipe"], "seed": m["seed"], "doc_hash": s["doc_hash"],
-                         "doc_id": s["doc_id"]},
+                         "doc_id": s["doc_id"], "problem_type": problem_type(s.get("target") or "")},
                     )
                     if row["doc_hash"] != s["doc_hash"]:
                         raise ValueError(f"{samples}: problem {s['doc_id']} is not the one the cell's other "
@@ -110,23 +111,44 @@ def read_items(layout: Layout) -> list[dict]:
 
 
 RL_GAIN_PER_PROBLEM = "gsm8k_rl_gain (per problem)"
+PROBLEM_TYPES = ("flaw", "rest")  # embedded problems with a subtraction step (the planted error) and the others
+
+
+def typed(metric: str, kind: str) -> str:
+    """The summary metric of one problem type: ``gsm8k_rl_gain (per problem, flaw problems)``."""
+    return metric.replace(" (per problem)", f" (per problem, {kind} problems)")
+
+
+def _crossed_row(model, recipe, metric, rows, value) -> dict:
+    est = crossed_mean([value(r) for r in rows], [(r["doc_id"], r["doc_hash"]) for r in rows],
+                       [r["seed"] for r in rows])
+    return {"model": model, "recipe": recipe, "metric": metric, "n": est["n"], "mean": est["mean"],
+            "ci_low": est["ci_low"], "ci_high": est["ci_high"], "seeds": est["cols"], "p": est["p"],
+            "method": f"{est['interval']}: {est['rows']} problems x {est['cols']} seeds"}
 
 
 def rl_gain_rows(items: list[dict]) -> list[dict]:
     """Per (model, recipe): the RL gain paired by problem and seed (strict correctness after RL minus
     before, the same lm-eval doc), problems and seeds crossed random factors (``stats.crossed_mean``:
-    every problem is evaluated under every seed, so the problems pair across seeds too)."""
+    every problem is evaluated under every seed, so the problems pair across seeds too). Where the
+    problems have types (the embedded generator's: ``flaw``, ``rest``), the same per type, and the
+    accuracies before and after RL per type (an RL gain on the planted flaw is not a gain on the rest)."""
     groups: dict[tuple, list[dict]] = {}
     for r in items:
         if r.get("strict") is not None and r.get("strict_before") is not None:
             groups.setdefault((r["model"], r["recipe"]), []).append(r)
     out = []
     for (model, recipe), rows in sorted(groups.items()):
-        est = crossed_mean([r["strict"] - r["strict_before"] for r in rows],
-                           [(r["doc_id"], r["doc_hash"]) for r in rows], [r["seed"] for r in rows])
-        out.append({"model": model, "recipe": recipe, "metric": RL_GAIN_PER_PROBLEM, "n": est["n"],
-                    "mean": est["mean"], "ci_low": est["ci_low"], "ci_high": est["ci_high"], "seeds": est["cols"],
-                    "p": est["p"], "method": f"{est['interval']}: {est['rows']} problems x {est['cols']} seeds"})
+        out.append(_crossed_row(model, recipe, RL_GAIN_PER_PROBLEM, rows, lambda r: r["strict"] - r["strict_before"]))
+        for kind in PROBLEM_TYPES:
+            of_kind = [r for r in rows if r.get("problem_type") == kind]
+            if not of_kind:
+                continue
+            out.append(_crossed_row(model, recipe, typed(RL_GAIN_PER_PROBLEM, kind), of_kind,
+                                    lambda r: r["strict"] - r["strict_before"]))
+            for stage, key in (("gsm8k_strict_accuracy_before", "strict_before"), ("gsm8k_strict_accuracy", "strict")):
+                out.append(_crossed_row(model, recipe, typed(f"{stage} (per problem)", kind), of_kind,
+                                        lambda r, key=key: r[key]))
     return out
 
 

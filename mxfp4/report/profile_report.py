@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..io import write_text_atomic
 from ..layout import Layout
-from .aggregate import RL_GAIN_PER_PROBLEM
+from .aggregate import PROBLEM_TYPES, RL_GAIN_PER_PROBLEM, typed
 from .pathway_table import markdown as pathway_markdown
 from .pathway_table import read_rows
 
@@ -29,29 +29,40 @@ def _number(value: str, signed: bool = False) -> str:
     return f"{float(value):+.3f}" if signed else f"{float(value):.3f}"
 
 
+def _interval(row: dict | None) -> str:
+    if row is None:
+        return "—"
+    return f"{_number(row['mean'], True)} [{_number(row['ci_low'], True)}, {_number(row['ci_high'], True)}]"
+
+
 def accuracy_table(summary_csv: Path | str) -> str:
     """Per model and recipe: strict accuracy before RL, after, after unquantized (means over seeds) and
-    the RL gain paired by problem and seed with its 95% interval; the methods and n below the table."""
+    the RL gain paired by problem and seed with its 95% interval, overall and, where the problems have
+    types, on the planted-flaw problems and on the rest; the methods and n below the table."""
     rows = list(csv.DictReader(Path(summary_csv).open()))
     by = {(r["model"], r["recipe"], r["metric"]): r for r in rows}
     pairs = list(dict.fromkeys((r["model"], r["recipe"]) for r in rows))
-    out = ["| model | recipe | " + " | ".join(h for _, h in ACCURACY) + " | RL gain [95% CI] |",
-           "| --- | --- | " + " | ".join("---" for _ in ACCURACY) + " | --- |"]
+    kinds = [k for k in PROBLEM_TYPES if any(m == typed(RL_GAIN_PER_PROBLEM, k) for _, _, m in by)]
+    gains = [RL_GAIN_PER_PROBLEM] + [typed(RL_GAIN_PER_PROBLEM, k) for k in kinds]
+    heads = ["RL gain [95% CI]"] + [f"RL gain, {k} problems" for k in kinds]
+    out = ["| model | recipe | " + " | ".join(h for _, h in ACCURACY) + " | " + " | ".join(heads) + " |",
+           "| --- | --- | " + " | ".join("---" for _ in [*ACCURACY, *gains]) + " |"]
     methods = {}
     for model, recipe in pairs:
         cells = [_number(by.get((model, recipe, m), {}).get("mean")) for m, _ in ACCURACY]
-        gain = by.get((model, recipe, RL_GAIN_PER_PROBLEM))
-        if gain is None:
-            cells.append("—")
-        else:
-            cells.append(f"{_number(gain['mean'], True)} [{_number(gain['ci_low'], True)}, "
-                         f"{_number(gain['ci_high'], True)}]")
-            methods.setdefault(gain["method"].split(",")[0], f"{gain['method'].split(',')[0]}, n = {gain['n']}")
+        for metric in gains:
+            gain = by.get((model, recipe, metric))
+            cells.append(_interval(gain))
+            if gain is not None and metric == RL_GAIN_PER_PROBLEM:
+                methods.setdefault(gain["method"].split(",")[0], f"{gain['method'].split(',')[0]}, n = {gain['n']}")
         out.append(f"| {model} | {recipe} | " + " | ".join(cells) + " |")
     seeds = {by[k]["n"] for k in by if k[2] == "gsm8k_strict_accuracy"}
     note = (f"Accuracies: lm-eval's strict match on the held-out problems, mean over {', '.join(sorted(seeds))} "
             "seed(s). RL gain: after minus before on the same problems, paired by problem and seed, "
             + "; ".join(methods.values()) + " (problem x seed pairs; each row's df in summary.csv).")
+    if kinds:
+        note += (" Flaw problems: those with a subtraction step, which the warm start's demonstrations add "
+                 "(the planted error RL can correct); rest: the others (each type's n in summary.csv).")
     return "\n".join(out) + "\n\n" + note + "\n"
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import re
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from ..config.data_files import default_gsm8k_dir, gsm8k_folder
 from ..config.profiles import Profile
 from ..io import jsonl_records, write_json_atomic, write_jsonl_atomic
 from ..layout import Layout
+from ..problems import embedded_split
 
 HUB_ID = ("openai/gsm8k", "main")
 PROMPT = "Question: {question}\nAnswer:"
@@ -94,68 +94,6 @@ def is_correct(completion: str, answer: str) -> bool:
     """Strict: the completion's ``#### n`` equals the reference's final answer."""
     got, want = final_answer(completion), final_answer(answer)
     return got is not None and want is not None and normalize(got) == normalize(want)
-
-
-# ------------------------------------------------------------------------------------------
-# Embedded GSM8K-format problems of graded difficulty (1 to 3 arithmetic steps).
-
-NAMES = ["Tom", "Ana", "Sam", "Lea", "Max", "Mia", "Ben", "Zoe"]
-ITEMS = ["apples", "books", "coins", "pens", "cards", "eggs"]
-
-
-def _step(rng: random.Random, total: int, item: str, name: str):
-    """One arithmetic step on the running total: (sentence, worked line, new total)."""
-    op = rng.choice(["+", "-", "*"] if total <= 12 else ["+", "-"])
-    if op == "+":
-        k = rng.randint(1, 9)
-        return f"{name} gets {k} more {item}.", f"{total}+{k}=<<{total}+{k}={total + k}>>{total + k}", total + k
-    if op == "-" and total > 1:
-        k = rng.randint(1, min(9, total - 1))
-        return f"{name} gives away {k} {item}.", f"{total}-{k}=<<{total}-{k}={total - k}>>{total - k}", total - k
-    k = rng.randint(2, 3)
-    return f"{name} gets {k} times as many {item}.", f"{total}*{k}=<<{total}*{k}={total * k}>>{total * k}", total * k
-
-
-def generate_problem(rng: random.Random, steps: int) -> dict:
-    name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    total = rng.randint(2, 9)
-    sentences, lines = [f"{name} has {total} {item}."], []
-    for _ in range(steps):
-        sentence, line, total = _step(rng, total, item, name)
-        sentences.append(sentence)
-        lines.append(line)
-    question = " ".join(sentences) + f" How many {item} does {name} have?"
-    return {"question": question, "answer": "\n".join(lines) + f"\n#### {total}", "steps": steps}
-
-
-_LINE = re.compile(r"^(\d+)([+\-*])(\d+)=<<")
-
-
-def flawed_answer(answer: str) -> str | None:
-    """The worked answer of an embedded problem with every subtraction step done as an addition, the
-    wrong total carried on to the end (a systematic error, as a demonstrator who misreads "gives away"
-    would make); None when the problem has no subtraction step."""
-    lines = answer.split("\n")[:-1]
-    steps = [_LINE.match(line) for line in lines]
-    if not steps or not all(steps):
-        raise ValueError(f"not a worked answer of the embedded generator: {answer!r}")
-    if not any(m.group(2) == "-" for m in steps):
-        return None
-    total, out = int(steps[0].group(1)), []
-    for m in steps:
-        op, k = ("+" if m.group(2) == "-" else m.group(2)), int(m.group(3))
-        result = total + k if op == "+" else total * k
-        out.append(f"{total}{op}{k}=<<{total}{op}{k}={result}>>{result}")
-        total = result
-    return "\n".join(out) + f"\n#### {total}"
-
-
-def embedded_split(split: str, n: int, seed: int = 0, max_steps: int = 2) -> list[dict]:
-    """``n`` problems, steps spread evenly over 1..max_steps; train and test draw from disjoint seeds."""
-    if split not in ("train", "test"):
-        raise ValueError(f"unknown split {split!r}; accepted: train, test")
-    rng = random.Random(f"{split}-{seed}")
-    return [generate_problem(rng, 1 + i % max_steps) for i in range(n)]
 
 
 def write_jsonl(records: list[dict], path: Path | str) -> Path:

@@ -13,7 +13,8 @@ import torch
 
 from ..io import writable_folder
 from ..layout import Layout
-from .data import PROMPT, embedded_split, flawed_answer, is_correct
+from ..problems import embedded_split, flawed_answer
+from .data import PROMPT, is_correct
 from .models import TINY_LAYERS, build_tiny, save
 from .outlier_channels import add_outlier_channels
 from .training import common_args

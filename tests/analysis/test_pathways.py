@@ -51,7 +51,7 @@ def test_the_unquantized_arm_reproduces_its_own_rollouts(smoke_results):
     """Same prompts, same seed: two runs of one arm give the same per-prompt scores, so every
     difference between arms is the injected error's."""
     from mxfp4.analysis.pathways import rollout_scores
-    from mxfp4.rl.data import embedded_split
+    from mxfp4.problems import embedded_split
     from mxfp4.rl.models import load
 
     model, tok = load(str(smoke_results / "smoke" / "models" / "tiny-dense"))

@@ -122,7 +122,8 @@ def test_a_flawed_answer_adds_where_the_problem_subtracts_and_is_consistent_arit
     kept, each line's arithmetic is right for what it writes, and the final answer is then wrong."""
     import random
 
-    from mxfp4.rl.data import final_answer, flawed_answer, generate_problem
+    from mxfp4.problems import flawed_answer, generate_problem
+    from mxfp4.rl.data import final_answer
 
     p = generate_problem(random.Random(seed), steps)
     got = flawed_answer(p["answer"])
@@ -141,7 +142,7 @@ def test_a_flawed_answer_adds_where_the_problem_subtracts_and_is_consistent_arit
 
 
 def test_the_flawed_fraction_flaws_that_share_of_the_subtraction_problems_only():
-    from mxfp4.rl.data import embedded_split
+    from mxfp4.problems import embedded_split
     from mxfp4.rl.pretrain import sft_dataset
 
     records = embedded_split("train", 400, seed=0, max_steps=2)

@@ -1,8 +1,12 @@
 """GSM8K loaders and the embedded generator."""
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from mxfp4 import problems
 from mxfp4.config.data_files import default_gsm8k_dir
+from mxfp4.config.profiles import load_profile
 from mxfp4.rl import data
 
 GSM8K = default_gsm8k_dir()
@@ -31,12 +35,10 @@ def test_malformed_jsonl_line_is_an_error_naming_file_and_line(tmp_path):
 
 
 def test_embedded_problems_are_deterministic_graded_and_self_consistent():
-    a = data.embedded_split("train", 50, seed=3, max_steps=3)
-    assert a == data.embedded_split("train", 50, seed=3, max_steps=3)
-    assert a != data.embedded_split("train", 50, seed=4, max_steps=3)
+    a = problems.embedded_split("train", 50, seed=3, max_steps=3)
+    assert a == problems.embedded_split("train", 50, seed=3, max_steps=3)
+    assert a != problems.embedded_split("train", 50, seed=4, max_steps=3)
     assert {r["steps"] for r in a} == {1, 2, 3}
-    test = data.embedded_split("test", 50, seed=3)
-    assert not {r["question"] for r in test} & {r["question"] for r in data.embedded_split("train", 50, seed=3)}
     for r in a:
         # the worked answer's last line computes the final answer
         last = r["answer"].splitlines()[-2]
@@ -48,3 +50,50 @@ def test_correctness_reads_the_final_answer_only():
     assert data.is_correct("x=<<3>>3\n#### 1,234", "#### 1234")
     assert not data.is_correct("the answer is 1234", "#### 1234")
     assert not data.is_correct("#### 12", "#### 1234")
+
+
+def _keys(records):
+    """Normalised question texts, by an independent normalisation (case and all whitespace folded)."""
+    return {" ".join(r["question"].casefold().split()) for r in records}
+
+
+@pytest.mark.parametrize("name", ["embedded", "embedded-large"])
+def test_no_held_out_problem_appears_in_any_training_draw(name):
+    """Every problem a profile trains on (the warm start's SFT set, GRPO's prompts, the few-shot pool)
+    against the held-out problems it evaluates on: no question in common, and the held-out problems
+    are distinct."""
+    profile = load_profile(name)
+    steps = profile.data.max_problem_steps
+    test = problems.embedded_split("test", profile.data.n_eval, seed=0, max_steps=steps)
+    assert len(_keys(test)) == len(test) == profile.data.n_eval
+    trained = problems.embedded_split("train", profile.pretrain.n_train, seed=0, max_steps=steps)
+    trained += problems.embedded_split("train", profile.data.n_train, seed=0, max_steps=steps)
+    trained += problems.embedded_split("train", 64, seed=1, max_steps=steps)
+    assert not _keys(test) & _keys(trained)
+    # the pretraining's own check set is drawn from the held-out side as well
+    assert not _keys(problems.embedded_split("test", 200, seed=0, max_steps=steps)) & _keys(trained)
+
+
+@given(st.text(alphabet=st.characters(codec="ascii", categories=["L", "N", "P", "Zs"]), min_size=1, max_size=60))
+def test_the_held_out_side_ignores_case_and_spacing(question):
+    variant = "  " + question.upper().replace(" ", " \t ") + "\n"
+    assert problems.held_out(question) == problems.held_out(variant)
+
+
+def test_about_one_question_in_eight_is_held_out_and_a_split_that_runs_out_says_so():
+    drawn = problems.embedded_split("train", 4000, seed=9, max_steps=2) + problems.embedded_split(
+        "test", 500, seed=9, max_steps=2)
+    raw = [problems.generate_problem(__import__("random").Random(i), 2)["question"] for i in range(8000)]
+    share = sum(problems.held_out(q) for q in raw) / len(raw)
+    assert abs(share - 1 / problems.HELD_OUT_SHARE) < 0.015  # 4 standard errors
+    assert all(problems.held_out(r["question"]) == (i >= 4000) for i, r in enumerate(drawn))
+    with pytest.raises(ValueError, match="ran out of distinct 1-step problems"):
+        problems.embedded_split("test", 20000, seed=0, max_steps=1)
+
+
+def test_problem_types_follow_the_planted_flaw():
+    batch = problems.embedded_split("train", 300, seed=2, max_steps=3)
+    for r in batch:
+        subtracts = any("-" in line.split("=")[0] for line in r["answer"].splitlines()[:-1])
+        assert problems.problem_type(r["answer"]) == ("flaw" if subtracts else "rest")
+    assert problems.problem_type("Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 72") is None

@@ -1,0 +1,112 @@
+"""The embedded GSM8K-format problems: a generator of graded difficulty (1 to 3 arithmetic steps) with
+worked answers in GSM8K's format, the warm start's planted flaw (subtraction done as addition), and the
+split of the problem space into a training side and a held-out side that share no question.
+
+A leaf module (no mxfp4 layer imported): the RL cells draw problems from it and the reports classify
+them by it."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+
+NAMES = ["Tom", "Ana", "Sam", "Lea", "Max", "Mia", "Ben", "Zoe"]
+ITEMS = ["apples", "books", "coins", "pens", "cards", "eggs"]
+
+
+def _step(rng: random.Random, total: int, item: str, name: str):
+    """One arithmetic step on the running total: (sentence, worked line, new total)."""
+    op = rng.choice(["+", "-", "*"] if total <= 12 else ["+", "-"])
+    if op == "+":
+        k = rng.randint(1, 9)
+        return f"{name} gets {k} more {item}.", f"{total}+{k}=<<{total}+{k}={total + k}>>{total + k}", total + k
+    if op == "-" and total > 1:
+        k = rng.randint(1, min(9, total - 1))
+        return f"{name} gives away {k} {item}.", f"{total}-{k}=<<{total}-{k}={total - k}>>{total - k}", total - k
+    k = rng.randint(2, 3)
+    return f"{name} gets {k} times as many {item}.", f"{total}*{k}=<<{total}*{k}={total * k}>>{total * k}", total * k
+
+
+def generate_problem(rng: random.Random, steps: int) -> dict:
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    total = rng.randint(2, 9)
+    sentences, lines = [f"{name} has {total} {item}."], []
+    for _ in range(steps):
+        sentence, line, total = _step(rng, total, item, name)
+        sentences.append(sentence)
+        lines.append(line)
+    question = " ".join(sentences) + f" How many {item} does {name} have?"
+    return {"question": question, "answer": "\n".join(lines) + f"\n#### {total}", "steps": steps}
+
+
+_LINE = re.compile(r"^(\d+)([+\-*])(\d+)=<<")
+
+
+def flawed_answer(answer: str) -> str | None:
+    """The worked answer of an embedded problem with every subtraction step done as an addition, the
+    wrong total carried on to the end (a systematic error, as a demonstrator who misreads "gives away"
+    would make); None when the problem has no subtraction step."""
+    lines = answer.split("\n")[:-1]
+    steps = [_LINE.match(line) for line in lines]
+    if not steps or not all(steps):
+        raise ValueError(f"not a worked answer of the embedded generator: {answer!r}")
+    if not any(m.group(2) == "-" for m in steps):
+        return None
+    total, out = int(steps[0].group(1)), []
+    for m in steps:
+        op, k = ("+" if m.group(2) == "-" else m.group(2)), int(m.group(3))
+        result = total + k if op == "+" else total * k
+        out.append(f"{total}{op}{k}=<<{total}{op}{k}={result}>>{result}")
+        total = result
+    return "\n".join(out) + f"\n#### {total}"
+
+
+HELD_OUT_SHARE = 8  # one question in 8 of the generator's problem space is a test question, never trained on
+MAX_DRAWS = 1000  # draws per problem before a split is declared exhausted
+
+
+def question_key(question: str) -> str:
+    """A question's normalised text (lower case, one space between words): what "the same question" means."""
+    return " ".join(question.lower().split())
+
+
+def held_out(question: str) -> bool:
+    """Whether a question is on the test side of the embedded problem space: a fixed share of all
+    questions (``1 / HELD_OUT_SHARE``, by the SHA-256 of the normalised text), so that no draw of
+    training problems (warm start, GRPO, few-shot pool), however large, contains a test question."""
+    digest = hashlib.sha256(question_key(question).encode()).digest()
+    return int.from_bytes(digest[:8], "big") % HELD_OUT_SHARE == 0
+
+
+def problem_type(answer: str) -> str | None:
+    """``flaw`` for an embedded problem with a subtraction step (the warm start's planted error), ``rest``
+    for the others; None for a worked answer the generator did not write (real GSM8K)."""
+    try:
+        return "rest" if flawed_answer(answer) is None else "flaw"
+    except ValueError:
+        return None
+
+
+def embedded_split(split: str, n: int, seed: int = 0, max_steps: int = 2) -> list[dict]:
+    """``n`` problems, steps spread evenly over 1..max_steps. Train problems come from the training side
+    of the problem space and test problems from the held-out side (``held_out``), so the two share no
+    question; test problems are distinct. Each split and seed has its own random stream."""
+    if split not in ("train", "test"):
+        raise ValueError(f"unknown split {split!r}; accepted: train, test")
+    rng = random.Random(f"{split}-{seed}")
+    test = split == "test"
+    out, seen = [], set()
+    for i in range(n):
+        steps = 1 + i % max_steps
+        for _ in range(MAX_DRAWS):
+            problem = generate_problem(rng, steps)
+            key = question_key(problem["question"])
+            if held_out(problem["question"]) == test and not (test and key in seen):
+                break
+        else:
+            raise ValueError(f"the embedded {split} split ran out of distinct {steps}-step problems after {len(out)} "
+                             f"of {n}; ask for fewer (data.n_eval) or more steps (data.max_problem_steps)")
+        seen.add(key)
+        out.append(problem)
+    return out
