@@ -335,3 +335,78 @@ def hierarchical_bootstrap(values_by_seed: dict, n_boot: int = 2000, seed: int =
     tail = (1 - level) / 2
     out["ci_low"], out["ci_high"] = (float(q) for q in np.quantile(stats_, [tail, 1 - tail]))
     return out
+
+
+def one_sided_paired(a: list, b: list, margin: float = 0.0, greater: bool = True) -> dict:
+    """The paired t test of mean(a - b) against ``margin``, one-sided: H1 mean(a - b) > margin
+    (``greater``) or < margin; the mean difference, its n, sd and p. Pairs with a missing side are
+    dropped; with no spread, p is 0 or 1 by the side the difference is on."""
+    pairs = [(float(x), float(y)) for x, y in zip(a, b) if _clean([x]) and _clean([y])]
+    d = np.array([x - y for x, y in pairs]) - margin
+    out = {"diff": float(d.mean() + margin) if len(d) else None, "n": len(d), "sd": None, "p": None}
+    if len(d) < 2:
+        return out
+    out["sd"] = float(d.std(ddof=1))
+    if _no_spread(d):
+        out.update(sd=0.0, p=0.0 if (d.mean() > 0) == greater and d.mean() != 0 else 1.0)
+        return out
+    out["p"] = float(stats.ttest_1samp(d, 0.0, alternative="greater" if greater else "less").pvalue)
+    return out
+
+
+def dominance_test(own: list, rivals: dict[str, list], margin: float) -> dict:
+    """The claim "this arm's harm exceeds every rival's" on paired units, decided both ways:
+
+    - held: an intersection-union test. Every rival r (the other components and the arm's own
+      control) must be beaten, mean(own - r) > 0, each by a one-sided paired t test; the claim's p is
+      the largest of those p values (it rejects only where every component test rejects: no
+      multiplicity correction is needed inside the claim).
+    - contradicted: some rival comes within the margin, mean(own - r) < margin, shown by a one-sided
+      paired t test; a union over the rivals, Bonferroni-corrected (the smallest p times their number).
+
+    ``own`` and each rival hold one harm per unit (the same units in the same order). Returns both p
+    values, the weakest contrast (the rival with the largest held p) and every contrast."""
+    if not rivals:
+        raise ValueError("dominance_test needs at least one rival arm")
+    if margin < 0 or not math.isfinite(margin):
+        raise ValueError(f"margin must be finite and >= 0, got {margin!r}")
+    beat = {r: one_sided_paired(own, h, 0.0, greater=True) for r, h in rivals.items()}
+    near = {r: one_sided_paired(own, h, margin, greater=False) for r, h in rivals.items()}
+    if any(c["p"] is None for c in beat.values()):
+        return {"p_held": None, "p_contradicted": None, "weakest": None, "contrasts": beat}
+    weakest = max(beat, key=lambda r: beat[r]["p"])
+    return {"p_held": beat[weakest]["p"], "p_contradicted": min(1.0, min(c["p"] for c in near.values()) * len(near)),
+            "weakest": weakest, "contrasts": beat, "margin": margin}
+
+
+def paired_power(effect: float, sd: float, n: int, alpha: float) -> float:
+    """The power of a one-sided paired t test of n units at level ``alpha`` when the true mean
+    difference is ``effect`` and the differences' sd is ``sd`` (the noncentral t distribution, exact
+    for normal differences)."""
+    if n < 2 or sd <= 0:
+        raise ValueError(f"paired_power needs n >= 2 and sd > 0, got n={n}, sd={sd}")
+    critical = stats.t.ppf(1 - alpha, n - 1)
+    return float(stats.nct.sf(critical, n - 1, effect * math.sqrt(n) / sd))
+
+
+def units_for_power(effect: float, sd: float, alpha: float, power: float = POWER, comparisons: int = 1,
+                    limit: int = 100_000) -> int:
+    """Units a dominance claim needs so that each of its ``comparisons`` one-sided paired tests rejects
+    with probability ``power ** (1 / comparisons)`` at level ``alpha`` (then all of them do with at least
+    ``power`` when they are independent or positively correlated, as contrasts that share the arm's own
+    harms are: the intersection-union test is at least that powerful);
+    ``alpha`` is the level the claim is tested at after the family's correction. A ValueError where no
+    n up to ``limit`` suffices."""
+    if effect <= 0 or sd <= 0:
+        raise ValueError(f"units_for_power needs effect > 0 and sd > 0, got effect={effect}, sd={sd}")
+    each = power ** (1 / comparisons)
+    lo, hi = 2, limit
+    if paired_power(effect, sd, hi, alpha) < each:
+        raise ValueError(f"no design of up to {limit} units has power {power} for effect {effect} at sd {sd}")
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if paired_power(effect, sd, mid, alpha) >= each:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

@@ -225,9 +225,10 @@ class PathwaySettings(_Strict):
         default_factory=lambda: ["canonical"], min_length=1,
         description="decomposition forms whose components the arms inject (each form a full set of arms)",
     )
-    controls: list[Literal["gaussian", "permuted"]] = Field(
+    controls: list[Literal["gaussian", "permuted", "signflip"]] = Field(
         default_factory=lambda: ["gaussian", "permuted"],
-        description="energy-matched control arms of each injected component (+c~k): the excess harm rows",
+        description="energy-matched control arms of each injected component (+c~k): the excess harm rows "
+                    "(signflip keeps each element's magnitude: the fair control where one value dominates a block)",
     )
 
 

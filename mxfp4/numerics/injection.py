@@ -20,7 +20,7 @@ SITES = {
     "both": {"forward": True, "input_grad": True, "weight_grad": True},
 }
 ROWS = ("none", "+scale", "+dead", "+grid", "all", "-scale", "-dead", "-grid")
-CONTROLS = ("gaussian", "permuted")
+CONTROLS = ("gaussian", "permuted", "signflip")
 CONTROL_ROWS = tuple(f"{sign}{c}~{k}" for sign in "+-" for c in COMPONENTS for k in CONTROLS)
 
 
@@ -40,8 +40,11 @@ def row_spec(row: str) -> dict:
 def matched_control(e: torch.Tensor, axis: int, block_size: int, kind: str, seed: int = 0) -> torch.Tensor:
     """Noise with the energy of ``e`` in every block (blocks of ``block_size`` along ``axis``) and no
     structure: ``gaussian`` draws N(0, 1) over the block's elements and rescales it to the block's
-    ``||e||``; ``permuted`` shuffles e's values within the block (the same multiset). The RNG is seeded
-    from ``seed``, the shape and the content of e, so a tensor gets the same control every time."""
+    ``||e||``; ``permuted`` shuffles e's values within the block (the same multiset); ``signflip``
+    multiplies each element by an independent random sign (each element keeps its magnitude, so the
+    control puts its energy where the component does, on the block maximum or on the small elements,
+    and only the alignment with x is lost: the fair control where one value dominates a block). The RNG
+    is seeded from ``seed``, the shape and the content of e, so a tensor gets the same control every time."""
     if kind not in CONTROLS:
         raise ValueError(f"control {kind!r}; accepted: {', '.join(CONTROLS)}")
     blocks = to_blocks(e, axis, block_size, dtype=None)
@@ -53,9 +56,12 @@ def matched_control(e: torch.Tensor, axis: int, block_size: int, kind: str, seed
         target = blocks.double().pow(2).sum(-1, keepdim=True).sqrt()
         norm = z.pow(2).sum(-1, keepdim=True).sqrt()
         out = torch.where(norm > 0, z * target / norm.clamp(min=torch.finfo(torch.float64).tiny), 0.0).to(e.dtype)
-    else:
+    elif kind == "permuted":
         keys = torch.rand(blocks.shape, generator=g).masked_fill(~valid, 2.0)  # padding sorts last: stays padding
         out = blocks.gather(-1, keys.argsort(-1))
+    else:  # signflip: a sign is exact, so magnitudes and block energies are kept exactly
+        signs = torch.randint(0, 2, blocks.shape, generator=g, dtype=torch.int8) * 2 - 1
+        out = blocks * signs.to(blocks.dtype)
     return from_blocks(out, e.shape, axis)
 
 

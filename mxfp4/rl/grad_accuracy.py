@@ -36,12 +36,15 @@ def _score(s: torch.Tensor) -> dict:
     rn, qn = math.sqrt(rr), math.sqrt(qq)
     # undefined (None) for a zero reference gradient, e.g. a GRPO batch whose groups all tie
     cos = dot / (qn * rn) if rn > 0 and qn > 0 else None
-    return {"cosine": cos, "rel_norm_error": math.sqrt(dd) / rn if rn > 0 else None}
+    # the norm ratio |g_q| / |g|: a gain on the gradient (a product of per-layer gains through the
+    # backward pass) shows in it and not in the cosine
+    return {"cosine": cos, "rel_norm_error": math.sqrt(dd) / rn if rn > 0 else None,
+            "norm_ratio": qn / rn if rn > 0 else None}
 
 
 def compare(quantized: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict:
-    """Cosine similarity and relative norm error ``|g_q - g| / |g|``, per layer and in total (None
-    where the reference gradient is zero). Float64 sums accumulated one parameter at a time: the
+    """Cosine similarity, relative norm error ``|g_q - g| / |g|`` and norm ratio ``|g_q| / |g|``, per
+    layer and in total (None where the reference gradient is zero). Float64 sums accumulated one parameter at a time: the
     memory beyond the gradients is that of the largest parameter, whatever the model's size."""
     per_group: dict[str, torch.Tensor] = {}
     for name in reference:

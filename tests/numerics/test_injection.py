@@ -105,10 +105,12 @@ def test_the_site_decides_which_gemms_see_the_component(site):
 
 @settings(max_examples=30, deadline=None)
 @given(rows=st.integers(1, 5), cols=st.integers(1, 100), seed=st.integers(0, 2**16), axis=st.sampled_from([0, -1]),
-       component=st.sampled_from(["scale", "dead", "grid"]), kind=st.sampled_from(["gaussian", "permuted"]))
+       component=st.sampled_from(["scale", "dead", "grid"]),
+       kind=st.sampled_from(["gaussian", "permuted", "signflip"]))
 def test_a_control_carries_its_components_energy_in_every_block(rows, cols, seed, axis, component, kind):
     """Per block of 32 along the axis: the same energy as e_c (to float32 round-off); the permuted
-    control the same multiset of values; both the same every call (seeded) and unaligned with x."""
+    control the same multiset of values; the sign-flip control each element's magnitude exactly (so its
+    block energy exactly too); all the same every call (seeded)."""
     from mxfp4.numerics.decompose import error_components
     from mxfp4.numerics.injection import matched_control
 
@@ -124,6 +126,9 @@ def test_a_control_carries_its_components_energy_in_every_block(rows, cols, seed
         assert torch.allclose(energy_got, energy_want, rtol=8 * torch.finfo(torch.float32).eps, atol=1e-30)
         if kind == "permuted":
             assert torch.equal(want.sort(-1).values, got.sort(-1).values)
+    if kind == "signflip":
+        assert torch.equal(ctrl.abs(), e.abs())
+        assert torch.equal(ctrl.double().pow(2).movedim(axis, -1).sum(-1), e.double().pow(2).movedim(axis, -1).sum(-1))
 
 
 def test_a_control_arm_injects_matched_noise_not_the_component():
@@ -131,7 +136,7 @@ def test_a_control_arm_injects_matched_noise_not_the_component():
 
     x = torch.randn(64, 256, generator=torch.Generator().manual_seed(3))
     e = error_components(x, dtype=torch.float32)["scale"]
-    for kind in ("gaussian", "permuted"):
+    for kind in ("gaussian", "permuted", "signflip"):
         injected = ComponentQuantizer(inject="scale", control=kind)(x, -1) - x
         assert injected.pow(2).sum() == pytest.approx(e.pow(2).sum().item(), rel=1e-5)
         # the structure is gone: the control is nearly uncorrelated with e_scale, which x determines
@@ -140,7 +145,12 @@ def test_a_control_arm_injects_matched_noise_not_the_component():
     removed = ComponentQuantizer(remove="dead", control="permuted")(x, -1)
     assert (removed - oracle_mx(x)).pow(2).sum() > 0  # MXFP4 with dead's structure swapped for its noise
     assert row_spec("+grid~gaussian") == {"inject": "grid", "control": "gaussian"}
-    with pytest.raises(ValueError, match="accepted: gaussian, permuted"):
+    from mxfp4.numerics.injection import matched_control
+
+    flipped = (matched_control(e, -1, 32, "signflip") / e)[e != 0]
+    assert torch.equal(flipped.abs(), torch.ones_like(flipped))  # every element +-e_c, the sign drawn alone
+    assert 0.4 < (flipped < 0).double().mean() < 0.6
+    with pytest.raises(ValueError, match="accepted: gaussian, permuted, signflip"):
         ComponentQuantizer(inject="scale", control="uniform")
 
 

@@ -1,0 +1,79 @@
+"""Teacher-forced measures of a policy on fixed completions: the paired, low-variance measures of the
+rollout and entropy pathways. Every arm scores the same tokens (completions the unquantized policy
+sampled once, or a correct worked solution), so arms differ only in their logits, not in what they
+happened to sample.
+
+Per prompt: the log-likelihood of its completion (the sum of the completion tokens' log-probabilities),
+the mean token entropy of the policy's next-token distribution along it, and, against a reference arm's
+distributions on the same positions, the mean token KL(reference || arm)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def completion_batch(tokenizer, prompts: list[str], completions: list[str]) -> dict:
+    """Prompt and completion token ids side by side, right-padded: ``input_ids``, ``attention_mask``,
+    and per row the completion's first position and length (``starts``, ``lengths``). The completion is
+    tokenized on its own (no special tokens), so its tokens are exactly what is scored."""
+    if len(prompts) != len(completions) or not prompts:
+        raise ValueError(f"teacher forcing takes one completion per prompt, got {len(prompts)} prompts and "
+                         f"{len(completions)} completions")
+    rows, starts, lengths = [], [], []
+    for prompt, completion in zip(prompts, completions):
+        p = tokenizer(prompt)["input_ids"]
+        c = tokenizer(completion, add_special_tokens=False)["input_ids"]
+        if not c:
+            raise ValueError(f"an empty completion cannot be scored (prompt {prompt[:40]!r}...)")
+        rows.append(p + c)
+        starts.append(len(p))
+        lengths.append(len(c))
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    return {"input_ids": ids, "attention_mask": mask, "starts": starts, "lengths": lengths}
+
+
+def completion_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(log-probabilities [B, T, V] of the next token at each completion position, the completion's
+    tokens [B, T], their mask [B, T]) in float32, T the longest completion; no gradient."""
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+    b, t = len(batch["starts"]), max(batch["lengths"])
+    index = torch.zeros(b, t, dtype=torch.long)
+    mask = torch.zeros(b, t, dtype=torch.bool)
+    for i, (s, n) in enumerate(zip(batch["starts"], batch["lengths"])):
+        index[i, :n] = torch.arange(s - 1, s - 1 + n)  # the logits at position j predict token j + 1
+        mask[i, :n] = True
+    picked = logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    targets = batch["input_ids"].gather(1, (index + 1).clamp(max=batch["input_ids"].shape[1] - 1)) * mask
+    return torch.log_softmax(picked / temperature, -1), targets, mask
+
+
+def teacher_forced(model, tokenizer, prompts: list[str], completions: list[str], reference: torch.Tensor | None = None,
+                   temperature: float = 1.0) -> dict:
+    """Per prompt: ``loglik`` (sum of the completion tokens' log-probabilities), ``entropy`` (mean token
+    entropy along the completion) and, given a ``reference`` arm's ``logp`` on the same prompts and
+    completions, ``kl`` (mean token KL(reference || this arm)); ``logp`` itself, to serve as a reference.
+
+    Args:
+        model: the policy, patched as the arm to measure (or not: the unquantized reference).
+        tokenizer: its tokenizer.
+        prompts, completions: one completion per prompt, scored as given.
+        reference: another arm's ``logp`` from this function on the same prompts and completions.
+        temperature: the sampling temperature whose distribution is measured.
+    """
+    logp, targets, mask = completion_logprobs(model, completion_batch(tokenizer, prompts, completions), temperature)
+    count = mask.sum(1).double()
+    token_logp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).double() * mask
+    entropy = -(logp.exp() * logp).sum(-1).double() * mask
+    out = {"loglik": token_logp.sum(1).tolist(), "entropy": (entropy.sum(1) / count).tolist(), "logp": logp}
+    if reference is not None:
+        if reference.shape != logp.shape:
+            raise ValueError(f"the reference log-probabilities have shape {tuple(reference.shape)}, this arm's "
+                             f"{tuple(logp.shape)}: score the same prompts and completions")
+        kl = (reference.exp() * (reference - logp)).sum(-1).double() * mask
+        out["kl"] = (kl.sum(1) / count).tolist()
+    return out
