@@ -35,7 +35,7 @@ def completion_batch(tokenizer, prompts: list[str], completions: list[str]) -> d
     return {"input_ids": ids, "attention_mask": mask, "starts": starts, "lengths": lengths}
 
 
-def completion_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def completion_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torch.Tensor, ...]:
     """(log-probabilities [B, T, V] of the next token at each completion position, the completion's
     tokens [B, T], their mask [B, T]) in float32, T the longest completion; no gradient."""
     model.eval()

@@ -44,8 +44,9 @@ def _score(s: torch.Tensor) -> dict:
 
 def compare(quantized: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict:
     """Cosine similarity, relative norm error ``|g_q - g| / |g|`` and norm ratio ``|g_q| / |g|``, per
-    layer and in total (None where the reference gradient is zero). Float64 sums accumulated one parameter at a time: the
-    memory beyond the gradients is that of the largest parameter, whatever the model's size."""
+    layer and in total (None where the reference gradient is zero). Float64 sums accumulated one
+    parameter at a time: the memory beyond the gradients is that of the largest parameter, whatever the
+    model's size."""
     per_group: dict[str, torch.Tensor] = {}
     for name in reference:
         s = _sums(quantized[name], reference[name])  # stays on the device: one transfer at the end
