@@ -26,7 +26,7 @@ def test_a_gain_on_every_layer_shows_as_the_product_of_the_gains_in_the_norm_rat
     of every layer and of the whole model is the product of the gains, and the direction is unchanged."""
     gen = torch.Generator().manual_seed(depth)
     weights = [torch.randn(16, 16, generator=gen, dtype=torch.float64) / 4 for _ in range(depth)]
-    x, g = torch.randn(8, 16, generator=gen, dtype=torch.float64), torch.randn(8, 16, generator=gen, dtype=torch.float64)
+    x, g = (torch.randn(8, 16, generator=gen, dtype=torch.float64) for _ in range(2))
     gains = [0.9 + 0.05 * k for k in range(depth)]
     res = compare(_chain_grads(weights, gains, x, g), _chain_grads(weights, [1.0] * depth, x, g))
     product = math.prod(gains)
