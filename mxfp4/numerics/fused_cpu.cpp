@@ -98,8 +98,8 @@ inline void store_finite(Out* o, float v) {
 
 // One block's outputs: out[j * ok] = Q(t[j] * inverse) * scale, as the reference computes them.
 template <typename Out>
-__attribute__((always_inline)) inline void quantize_block(const float* t, Out* out, int64_t ok, int64_t n, float scale, float inverse,
-                           const Format& f) {
+__attribute__((always_inline)) inline void quantize_block(const float* t, Out* out, int64_t ok, int64_t n,
+                                                          float scale, float inverse, const Format& f) {
   const int emin = f.emin, mbits = f.mbits;
   const float max_value = f.max_value;
   if constexpr (std::is_same_v<Out, float>) {
@@ -116,7 +116,8 @@ __attribute__((always_inline)) inline void quantize_block(const float* t, Out* o
       return;
     }
   }
-  for (int64_t j = 0; j < n; ++j) out[j * ok] = Out(round_to_grid(t[j] * inverse, emin, mbits, max_value) * scale);
+  for (int64_t j = 0; j < n; ++j)
+    out[j * ok] = Out(round_to_grid(t[j] * inverse, emin, mbits, max_value) * scale);
 }
 
 // One block's max magnitude as float32 bits from the bits of its elements (the max of the non-negative
@@ -131,24 +132,29 @@ inline uint32_t amax_bits(const float* t, int64_t n, bool* nonfinite) {
   return m;
 }
 
-// The same outputs computed on x directly, for a block whose scale 2^e is within kScaledMin/Max: multiplying by
-// 2^-e and by 2^e is then exact wherever it matters (a y = x / 2^e below 2^-126 rounds to zero either
-// way, and every non-zero output is a normal number), so Q(x / 2^e) * 2^e is |x| rounded to a multiple
-// of 2^(k + e), k + e = max(E(x), emin + e) - mbits, by the same 2^23 trick, saturated at max_value * 2^e.
+// The same outputs computed on x directly, for a block whose scale 2^e is within kScaledMin/Max:
+// multiplying by 2^-e and by 2^e is then exact wherever it matters (a y = x / 2^e below 2^-126 rounds to
+// zero either way, and every non-zero output is a normal number), so Q(x / 2^e) * 2^e is |x| rounded to
+// a multiple of 2^(k + e), k + e = max(E(x), emin + e) - mbits, by the same 2^23 trick, saturated at
+// max_value * 2^e.
+// One element of quantize_block_scaled: |x|'s exponent field floored at ``floor_field`` (emin + e, biased)
+// gives the rounding constant 2^(field + 23 - mbits); ``max_q`` = max_value * 2^e.
+inline float round_scaled(float x, uint32_t floor_field, uint32_t shift, float max_q) {
+  const uint32_t xb = bits_of(x), ab = xb & 0x7FFFFFFFu;
+  uint32_t field = ab >> 23;
+  field = field < floor_field ? floor_field : field;
+  const float magic = from_bits((field + shift) << 23);
+  float r = (from_bits(ab) + magic) - magic;  // IEEE: not folded without -ffast-math
+  r = r < max_q ? r : max_q;
+  return from_bits(bits_of(r) | (xb & 0x80000000u));
+}
+
 template <typename Out>
 __attribute__((always_inline)) inline void quantize_block_scaled(const float* t, Out* out, int64_t ok, int64_t n,
                                                                  int e, const Format& f) {
   const uint32_t floor_field = uint32_t(f.emin + e + 127), shift = uint32_t(23 - f.mbits);
   const float max_q = f.max_value * from_bits(uint32_t(e + 127) << 23);
-  auto q = [=](float x) {
-    const uint32_t xb = bits_of(x), ab = xb & 0x7FFFFFFFu;
-    uint32_t field = ab >> 23;
-    field = field < floor_field ? floor_field : field;
-    const float magic = from_bits((field + shift) << 23);
-    float r = (from_bits(ab) + magic) - magic;  // IEEE: not folded without -ffast-math
-    r = r < max_q ? r : max_q;
-    return from_bits(bits_of(r) | (xb & 0x80000000u));
-  };
+  auto q = [=](float x) { return round_scaled(x, floor_field, shift, max_q); };
   if constexpr (std::is_same_v<Out, float>) {
     if (ok == 1) {
       for (int64_t j = 0; j < n; ++j) out[j] = q(t[j]);
@@ -248,15 +254,7 @@ void lanes8(const In* x, int64_t sk, Out* out, int64_t ok, int64_t oi, int64_t n
     max_q[c] = f.max_value * from_bits(uint32_t(e + 127) << 23);
   }
   for (int j = 0; j < 32; ++j)
-    for (int c = 0; c < 8; ++c) {
-      const uint32_t xb = bits_of(t[j][c]), ab = xb & 0x7FFFFFFFu;
-      uint32_t field = ab >> 23;
-      field = field < floor_field[c] ? floor_field[c] : field;
-      const float magic = from_bits((field + shift) << 23);
-      float r = (from_bits(ab) + magic) - magic;  // as quantize_block_scaled, lane by lane
-      r = r < max_q[c] ? r : max_q[c];
-      t[j][c] = from_bits(bits_of(r) | (xb & 0x80000000u));
-    }
+    for (int c = 0; c < 8; ++c) t[j][c] = round_scaled(t[j][c], floor_field[c], shift, max_q[c]);
   for (int64_t c = 0; c < cols; ++c) {
     Out* o = out + c * oi;
     if (!all_ok && !lane_ok[c]) {
