@@ -54,3 +54,12 @@ EXCESS_METHOD = ("paired over {unit}: harm(+{c}) - harm(+{c}~{k}), harm = {harm}
 def control_rows(controls) -> list[str]:
     """The control arms of a profile: +c~k for every component c and control kind k."""
     return [f"+{c}~{k}" for k in controls for c in COMPONENTS]
+
+# The teacher-forced measures of each arm (mxfp4.analysis.teacher_forced): the same tokens under every arm.
+TEACHER_FORCED = {
+    "tf_entropy": "mean token entropy along the completions the unquantized arm sampled (teacher-forced), "
+                  "mean over each prompt's samples",
+    "tf_kl": "mean token KL(unquantized || arm) along the completions the unquantized arm sampled "
+             "(teacher-forced), mean over each prompt's samples",
+    "tf_solution_loglik": "log-likelihood of the problem's correct worked solution and its EOS (teacher-forced)",
+}

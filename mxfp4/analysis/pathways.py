@@ -40,10 +40,12 @@ from .pathway_spec import (
     PAIRED_METHOD,
     SHAPLEY_METHOD,
     SITE_ARMS,
+    TEACHER_FORCED,
     UNIT_FIELDS,
     UNITS,
     control_rows,
 )
+from .teacher_forced import teacher_forced, token_pairs
 
 
 def row_quantizer(row: str, site: str = "both", scale_rule: str = "floor", form: str = "canonical"):
@@ -76,9 +78,11 @@ class Arm:
 
 def rollout_scores(
     model, tokenizer, problems: list[dict], samples: int, max_new_tokens: int, temperature: float, seed: int
-) -> tuple[list[float], list[float]]:
-    """Per prompt: accuracy of ``samples`` sampled completions and their mean token entropy. The
-    sampling RNG is seeded, so arms that differ only in their logits are paired sample by sample."""
+) -> tuple[list[float], list[float], list[list[int]], list[list[int]]]:
+    """Per prompt: accuracy of ``samples`` sampled completions and their mean token entropy; per sample,
+    its prompt's token ids and the completion's (up to and including the first EOS), which the
+    teacher-forced measures score under every arm. The sampling RNG is seeded, so arms that differ only
+    in their logits are paired sample by sample."""
     repeated = [r for r in problems for _ in range(samples)]
     enc = tokenizer([gsm.PROMPT.format(question=r["question"]) for r in repeated], return_tensors="pt", padding=True)
     torch.manual_seed(seed)
@@ -105,7 +109,10 @@ def rollout_scores(
     tok_entropy = (entropy * live).sum(1) / live.sum(1).clamp(min=1)
     texts = tokenizer.batch_decode(completion, skip_special_tokens=True)
     correct = torch.tensor([float(gsm.is_correct(t, r["answer"])) for t, r in zip(texts, repeated)])
-    return correct.view(-1, samples).mean(1).tolist(), tok_entropy.view(-1, samples).mean(1).tolist()
+    prompt_ids = [ids[m.bool()].tolist() for ids, m in zip(enc["input_ids"], enc["attention_mask"])]
+    completion_ids = [c[: int(n)].tolist() for c, n in zip(completion, live.sum(1))]
+    return (correct.view(-1, samples).mean(1).tolist(), tok_entropy.view(-1, samples).mean(1).tolist(),
+            prompt_ids, completion_ids)
 
 
 
@@ -151,6 +158,7 @@ class Measured:
     rule_weights: dict = field(default_factory=dict)  # scale rule -> [pooled weight decomposition per policy]
     grad_groups: list = field(default_factory=list)
     scores: dict = field(default_factory=dict)  # arm -> ([accuracy per prompt], [entropy per prompt])
+    teacher: dict = field(default_factory=dict)  # arm -> {teacher-forced metric: [value per prompt]}
     roll_groups: list = field(default_factory=list)
     shares: list = field(default_factory=list)  # per policy: e_c's weight energy / MXFP4 error energy
     seeds: set = field(default_factory=set)
@@ -299,7 +307,7 @@ def _grad_rows(model_name, ckpt, injection, site, per_batch: list[dict], groups:
     rows = []
     layers = ["total"] + sorted(per_batch[0]["per_layer"], key=_depth)
     for layer in layers:
-        for metric in ("cosine", "rel_norm_error"):
+        for metric in ("cosine", "rel_norm_error", "norm_ratio"):
             vals = [(b["total"] if layer == "total" else b["per_layer"][layer])[metric] for b in per_batch]
             rows.append(_row(model_name, ckpt, injection, site, layer, f"grad_{metric}", nested_mean(vals, groups),
                              GRAD_METHOD))
@@ -380,13 +388,29 @@ def measure_rollouts(m: Measured, model, tokenizer, problems, profile: Profile, 
     """Every arm's per-prompt rollout accuracy and entropy (one sampling seed for every arm, so arms
     pair sample by sample), and the policy's weight energy shares, appended to ``m``."""
     settings, g = profile.pathways, profile.grpo
-    for row in (*ROWS, *control_rows(settings.controls)):
+    samples = settings.samples_per_prompt
+    solutions = token_pairs(tokenizer, [gsm.PROMPT.format(question=r["question"]) for r in problems],
+                            [r["answer"] for r in problems])
+    fixed = reference = None
+    for row in (*ROWS, *control_rows(settings.controls)):  # "none" first: its completions are the fixed ones
         with Arm(model, row_quantizer(row, "forward", form=form)):
-            acc, ent = rollout_scores(model, tokenizer, problems, settings.samples_per_prompt,
-                                      g.max_completion_length, g.temperature, seed)
+            acc, ent, prompt_ids, completion_ids = rollout_scores(model, tokenizer, problems, samples,
+                                                                  g.max_completion_length, g.temperature, seed)
+            if fixed is None:
+                fixed = (prompt_ids, completion_ids)
+            on_fixed = teacher_forced(model, *fixed, reference, g.temperature, tokenizer.pad_token_id or 0)
+            on_solution = teacher_forced(model, *solutions, None, g.temperature, tokenizer.pad_token_id or 0)
+        reference = on_fixed["logp"] if reference is None else reference
         have = m.scores.setdefault(row, ([], []))
         have[0].extend(acc)
         have[1].extend(ent)
+        per_prompt = {"tf_entropy": on_fixed["entropy"], "tf_kl": on_fixed.get("kl", [0.0] * len(fixed[0])),
+                      "tf_solution_loglik": on_solution["loglik"]}
+        teacher = m.teacher.setdefault(row, {k: [] for k in per_prompt})
+        for k, values in per_prompt.items():
+            if len(values) != len(problems):  # per sample: the mean over each prompt's samples
+                values = torch.tensor(values).view(len(problems), samples).mean(1).tolist()
+            teacher[k].extend(values)
     m.roll_groups.extend([group] * len(problems))
     m.roll_keys.extend(_digest(r["question"], seed) for r in problems)
     full = row_quantizer("all")
@@ -394,6 +418,21 @@ def measure_rollouts(m: Measured, model, tokenizer, problems, profile: Profile, 
         weights = weight_decomposition(model, full, form=form)
     if weights["energy_total"]:
         m.shares.append({c: weights[f"energy_{c}"] / weights["energy_total"] for c in COMPONENTS})
+
+
+def teacher_forced_rows(model_name: str, ckpt: str, m: Measured) -> list[dict]:
+    """The teacher-forced measures of every arm (``TEACHER_FORCED``), per prompt: each arm's mean, and
+    its difference from the unquantized arm paired per prompt (the KL is a difference already)."""
+    rows = []
+    for row, per_metric in m.teacher.items():
+        for metric, values in per_metric.items():
+            rows.append(_row(model_name, ckpt, row, "forward", "total", metric, nested_mean(values, m.roll_groups),
+                             TEACHER_FORCED[metric]))
+            if row != "none" and metric != "tf_kl":
+                rows.append(_row(model_name, ckpt, row, "forward", "total", f"{metric}_diff",
+                                 _paired(values, m.teacher["none"][metric], m.roll_groups),
+                                 f"{TEACHER_FORCED[metric]}; {PAIRED_METHOD}"))
+    return rows
 
 
 def form_rows(model_name: str, ckpt: str, m: Measured, settings, seed: int) -> list[dict]:
@@ -422,6 +461,7 @@ def form_rows(model_name: str, ckpt: str, m: Measured, settings, seed: int) -> l
             if row != "none":
                 rows.append(_row(model_name, ckpt, row, "forward", "total", f"{metric}_diff",
                                  _paired(scores[row][i], scores["none"][i], m.roll_groups), PAIRED_METHOD))
+    rows += teacher_forced_rows(model_name, ckpt, m)
     rows += contrast_rows(model_name, ckpt, harms, m)
     rows += shapley_rows(model_name, ckpt, harms, m, seed)
     rows += excess_rows(model_name, ckpt, harms, settings.controls, m)

@@ -12,27 +12,32 @@ from __future__ import annotations
 import torch
 
 
-def completion_batch(tokenizer, prompts: list[str], completions: list[str]) -> dict:
-    """Prompt and completion token ids side by side, right-padded: ``input_ids``, ``attention_mask``,
-    and per row the completion's first position and length (``starts``, ``lengths``). The completion is
-    tokenized on its own (no special tokens), so its tokens are exactly what is scored."""
+def token_pairs(tokenizer, prompts: list[str], completions: list[str], eos: bool = True) -> tuple[list, list]:
+    """(prompt token ids, completion token ids) of text pairs: each side tokenized on its own (the
+    completion without special tokens, then the EOS token where ``eos``: a worked solution is scored
+    with its end), so exactly the completion's tokens are scored."""
     if len(prompts) != len(completions) or not prompts:
         raise ValueError(f"teacher forcing takes one completion per prompt, got {len(prompts)} prompts and "
                          f"{len(completions)} completions")
-    rows, starts, lengths = [], [], []
-    for prompt, completion in zip(prompts, completions):
-        p = tokenizer(prompt)["input_ids"]
-        c = tokenizer(completion, add_special_tokens=False)["input_ids"]
-        if not c:
-            raise ValueError(f"an empty completion cannot be scored (prompt {prompt[:40]!r}...)")
-        rows.append(p + c)
-        starts.append(len(p))
-        lengths.append(len(c))
+    end = [tokenizer.eos_token_id] if eos and tokenizer.eos_token_id is not None else []
+    return ([tokenizer(p)["input_ids"] for p in prompts],
+            [tokenizer(c, add_special_tokens=False)["input_ids"] + end for c in completions])
+
+
+def completion_batch(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int = 0) -> dict:
+    """Prompt and completion token ids side by side, right-padded: ``input_ids``, ``attention_mask``,
+    and per row the completion's first position and length (``starts``, ``lengths``)."""
+    if len(prompt_ids) != len(completion_ids) or not prompt_ids:
+        raise ValueError(f"teacher forcing takes one completion per prompt, got {len(prompt_ids)} prompts and "
+                         f"{len(completion_ids)} completions")
+    if any(not c for c in completion_ids) or any(not p for p in prompt_ids):
+        raise ValueError("an empty prompt or completion cannot be scored")
+    rows = [list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]
     width = max(len(r) for r in rows)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    ids = torch.tensor([r + [pad_id] * (width - len(r)) for r in rows])
     mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
-    return {"input_ids": ids, "attention_mask": mask, "starts": starts, "lengths": lengths}
+    return {"input_ids": ids, "attention_mask": mask, "starts": [len(p) for p in prompt_ids],
+            "lengths": [len(c) for c in completion_ids]}
 
 
 def completion_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[torch.Tensor, ...]:
@@ -52,20 +57,20 @@ def completion_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[t
     return torch.log_softmax(picked / temperature, -1), targets, mask
 
 
-def teacher_forced(model, tokenizer, prompts: list[str], completions: list[str], reference: torch.Tensor | None = None,
-                   temperature: float = 1.0) -> dict:
-    """Per prompt: ``loglik`` (sum of the completion tokens' log-probabilities), ``entropy`` (mean token
-    entropy along the completion) and, given a ``reference`` arm's ``logp`` on the same prompts and
-    completions, ``kl`` (mean token KL(reference || this arm)); ``logp`` itself, to serve as a reference.
+def teacher_forced(model, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                   reference: torch.Tensor | None = None, temperature: float = 1.0, pad_id: int = 0) -> dict:
+    """Per row: ``loglik`` (sum of the completion tokens' log-probabilities), ``entropy`` (mean token
+    entropy along the completion) and, given a ``reference`` arm's ``logp`` on the same rows, ``kl``
+    (mean token KL(reference || this arm)); ``logp`` itself, to serve as a reference.
 
     Args:
         model: the policy, patched as the arm to measure (or not: the unquantized reference).
-        tokenizer: its tokenizer.
-        prompts, completions: one completion per prompt, scored as given.
-        reference: another arm's ``logp`` from this function on the same prompts and completions.
+        prompt_ids, completion_ids: token ids per row (``token_pairs`` makes them from text), scored as given.
+        reference: another arm's ``logp`` from this function on the same rows.
         temperature: the sampling temperature whose distribution is measured.
+        pad_id: the id right padding uses (masked out).
     """
-    logp, targets, mask = completion_logprobs(model, completion_batch(tokenizer, prompts, completions), temperature)
+    logp, targets, mask = completion_logprobs(model, completion_batch(prompt_ids, completion_ids, pad_id), temperature)
     count = mask.sum(1).double()
     token_logp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).double() * mask
     entropy = -(logp.exp() * logp).sum(-1).double() * mask

@@ -12,8 +12,12 @@ from ..io import write_text_atomic
 COLUMNS = (  # (metric, header, turn a cosine into 1 - cosine)
     ("grad_cosine", "1 - grad cosine", True),
     ("grad_rel_norm_error", "grad rel. norm error", False),
+    ("grad_norm_ratio", "grad norm ratio", False),
     ("rollout_accuracy_diff", "rollout accuracy diff", False),
     ("entropy_diff", "token entropy diff", False),
+    ("tf_solution_loglik_diff", "solution log-lik. diff (TF)", False),
+    ("tf_entropy_diff", "token entropy diff (TF)", False),
+    ("tf_kl", "token KL to unquantized (TF)", False),
     ("weight_energy_scale", "weight scale-bias energy", False),
 )
 
@@ -78,13 +82,12 @@ def markdown(rows: list[dict]) -> str:
             if r["metric"].startswith("interaction_ratio") and r["mean"] not in ("", None)
         ]
         skipped_note = "" if skipped is None else f" ({int(float(skipped['mean']))} skipped: all-zero advantages)"
-        note = (
-            f"| {model} | {ckpt} | n | {n['grad_cosine']} batches{skipped_note} | | "
-            f"{n['entropy_diff']} prompts, paired | "
-            + (("interaction ratio " + ", ".join(ratios)) if ratios else "")
-            + " | |"
-        )
-        out.append(note)
+        notes = dict.fromkeys((m for m, _, _ in COLUMNS), "")
+        notes["grad_cosine"] = f"{n['grad_cosine']} batches{skipped_note}"
+        notes["rollout_accuracy_diff"] = f"{n['entropy_diff']} prompts, paired"
+        notes["entropy_diff"] = ("interaction ratio " + ", ".join(ratios)) if ratios else ""
+        notes["tf_entropy_diff"] = "TF: teacher-forced, the same tokens under every arm"
+        out.append(f"| {model} | {ckpt} | n | " + " | ".join(notes.values()) + " |")
     return "\n".join(out) + "\n"
 
 

@@ -108,8 +108,11 @@ def build(profile: str, summary_csv, pathways_csv=None, claims_md=None, links: d
     if pathways_csv is not None and Path(pathways_csv).is_file():
         parts += ["## The pathway matrix at the warm start\n",
                   "Effects of each MXFP4 component injected alone (and of full MXFP4) against the unquantized arm: "
-                  "1 - gradient cosine on GRPO batches, rollout accuracy and token entropy paired per prompt; "
-                  "95% intervals, the policy as the outer unit.\n", pathway_headline(pathways_csv)]
+                  "1 - gradient cosine, relative norm error and norm ratio on GRPO batches; sampled rollout "
+                  "accuracy and token entropy, and teacher-forced (TF: the same tokens under every arm) "
+                  "log-likelihood of the correct solution, token entropy and KL to the unquantized arm on its "
+                  "sampled completions, paired per prompt; 95% intervals, the policy as the outer unit.\n",
+                  pathway_headline(pathways_csv)]
     if claims_md is not None and Path(claims_md).is_file():
         parts += ["## Claims\n", claims_summary(claims_md)]
     if links:

@@ -35,9 +35,13 @@ def test_both_checkpoints_every_arm_and_a_tidy_csv(pathway_rows):
     for ckpt in ("warm", "grpo"):
         for arm in ROWS:
             metrics = {r["metric"] for r in rows if r["checkpoint"] == ckpt and r["injection"] == arm}
-            assert {"rollout_accuracy", "entropy"} <= metrics, (ckpt, arm)
+            assert {"rollout_accuracy", "entropy", "tf_entropy", "tf_kl", "tf_solution_loglik"} <= metrics, (ckpt, arm)
             if arm != "none":
-                assert {"rollout_accuracy_diff", "entropy_diff"} <= metrics
+                assert {"rollout_accuracy_diff", "entropy_diff", "tf_entropy_diff",
+                        "tf_solution_loglik_diff"} <= metrics
+        # the teacher-forced KL of the unquantized arm to itself is exactly zero; MXFP4's is positive
+        kl = {r["injection"]: r["mean"] for r in rows if r["checkpoint"] == ckpt and r["metric"] == "tf_kl"}
+        assert kl["none"] == 0.0 and kl["all"] > 0
         skipped = next(r for r in rows if r["checkpoint"] == ckpt and r["metric"] == "skipped_zero_advantage_batches")
         usable = skipped["n"] - skipped["mean"]
         grad = [r for r in rows if r["checkpoint"] == ckpt and r["metric"] == "grad_cosine"]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mxfp4.analysis.teacher_forced import teacher_forced
+from mxfp4.analysis.teacher_forced import teacher_forced, token_pairs
 from mxfp4.config.recipes import Recipe
 from mxfp4.nn import patch_model, unpatch_model
 from mxfp4.rl.models import build_tiny
@@ -13,9 +13,10 @@ COMPLETIONS = [" 3+0=<<3+0=3>>3\n#### 3", " 12-5=<<12-5=7>>7\n#### 7"]
 
 
 def _one_by_one(model, tokenizer, prompt, completion, temperature):
-    """(log-likelihood, mean entropy) of one completion, each token's distribution from its own prefix."""
+    """(log-likelihood, mean entropy) of one completion and its EOS, each token's distribution from its
+    own prefix."""
     p = tokenizer(prompt)["input_ids"]
-    c = tokenizer(completion, add_special_tokens=False)["input_ids"]
+    c = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     loglik, entropies = 0.0, []
     with torch.no_grad():
         for j, token in enumerate(c):
@@ -29,7 +30,7 @@ def _one_by_one(model, tokenizer, prompt, completion, temperature):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_the_unquantized_arm_scores_the_models_own_distribution_on_the_same_tokens(temperature):
     model, tok = build_tiny("tiny-dense", seed=0)
-    got = teacher_forced(model, tok, PROMPTS, COMPLETIONS, temperature=temperature)
+    got = teacher_forced(model, *token_pairs(tok, PROMPTS, COMPLETIONS), temperature=temperature)
     for i, (p, c) in enumerate(zip(PROMPTS, COMPLETIONS)):
         loglik, entropy = _one_by_one(model, tok, p, c, temperature)
         assert got["loglik"][i] == pytest.approx(loglik, rel=1e-5, abs=1e-4)
@@ -38,15 +39,18 @@ def test_the_unquantized_arm_scores_the_models_own_distribution_on_the_same_toke
 
 def test_kl_is_zero_against_itself_and_positive_under_mxfp4():
     model, tok = build_tiny("tiny-dense", seed=0)
-    ref = teacher_forced(model, tok, PROMPTS, COMPLETIONS)
-    assert teacher_forced(model, tok, PROMPTS, COMPLETIONS, reference=ref["logp"])["kl"] == [0.0, 0.0]
+    pairs = token_pairs(tok, PROMPTS, COMPLETIONS)
+    ref = teacher_forced(model, *pairs)
+    assert teacher_forced(model, *pairs, reference=ref["logp"])["kl"] == [0.0, 0.0]
     patch_model(model, Recipe.named("mxfp4").quantizer())
     try:
-        arm = teacher_forced(model, tok, PROMPTS, COMPLETIONS, reference=ref["logp"])
+        arm = teacher_forced(model, *pairs, reference=ref["logp"])
     finally:
         unpatch_model(model)
     assert all(k > 0 for k in arm["kl"]) and arm["loglik"] != ref["loglik"]
     with pytest.raises(ValueError, match="score the same prompts and completions"):
-        teacher_forced(model, tok, PROMPTS[:1], COMPLETIONS[:1], reference=ref["logp"])
+        teacher_forced(model, *token_pairs(tok, PROMPTS[:1], COMPLETIONS[:1]), reference=ref["logp"])
     with pytest.raises(ValueError, match="one completion per prompt"):
-        teacher_forced(model, tok, PROMPTS, COMPLETIONS[:1])
+        token_pairs(tok, PROMPTS, COMPLETIONS[:1])
+    with pytest.raises(ValueError, match="empty prompt or completion"):
+        teacher_forced(model, pairs[0], [pairs[1][0], []])
