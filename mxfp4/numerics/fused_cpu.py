@@ -69,8 +69,11 @@ def available() -> bool:
 
 
 def applies(x: torch.Tensor, fmt: BlockFormat) -> bool:
-    """Whether the fused kernel handles ``x`` in ``fmt``: a CPU tensor, E8M0 block scales (not NVFP4)."""
-    return x.device.type == "cpu" and fmt.scale == "e8m0" and fmt.block_size <= MAX_BLOCK and not x.is_meta
+    """Whether the fused kernel handles ``x`` in ``fmt``: a plain CPU tensor with data (a tensor subclass,
+    such as a fake tensor under tracing or the memory audit's, goes through the reference's torch ops,
+    which it intercepts), E8M0 block scales (not NVFP4)."""
+    return (type(x) in (torch.Tensor, torch.nn.Parameter) and x.device.type == "cpu" and not x.is_meta
+            and fmt.scale == "e8m0" and fmt.block_size <= MAX_BLOCK)
 
 
 @functools.lru_cache(maxsize=4096)

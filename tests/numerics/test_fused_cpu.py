@@ -155,3 +155,15 @@ def test_a_forward_without_autograd_is_the_autograd_forward_and_quantizes_no_bac
     assert axes == [1]
     trained = lin(x.requires_grad_())
     assert trained.grad_fn is not None and same(fast, trained.detach())
+
+
+def test_a_tensor_subclass_goes_through_the_reference():
+    """A tensor without data of its own (a fake tensor under tracing, the memory audit's) is not read by
+    the kernel: the reference's torch ops run, which the subclass intercepts."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(64, 96)
+        assert dispatch.backend_for(x) == "reference"
+        y = mxfp4.fake_quantize(x, axis=0)
+    assert tuple(y.shape) == (64, 96) and y.stride() == reference.fake_quantize(torch.zeros(64, 96), axis=0).stride()
