@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import platform
+import shutil
 import warnings
 from pathlib import Path
 
@@ -45,10 +47,20 @@ def _flags() -> list[str]:
     return flags
 
 
+def _find_ninja() -> None:
+    """Put the ninja that pip installed (the ``ninja`` package, a dependency) on PATH when none is there:
+    ``cpp_extension`` runs ``ninja`` by name, and a venv's own bin folder is on PATH only when activated."""
+    if shutil.which("ninja") is None:
+        import ninja
+
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
 @functools.cache
 def _extension():
     from torch.utils import cpp_extension
 
+    _find_ninja()
     return cpp_extension.load(name="mxfp4_fused_cpu", sources=[str(SOURCE)], extra_cflags=_flags(),
                               extra_ldflags=["-fopenmp"], verbose=False)
 

@@ -167,3 +167,16 @@ def test_a_tensor_subclass_goes_through_the_reference():
         assert dispatch.backend_for(x) == "reference"
         y = mxfp4.fake_quantize(x, axis=0)
     assert tuple(y.shape) == (64, 96) and y.stride() == reference.fake_quantize(torch.zeros(64, 96), axis=0).stride()
+
+
+def test_the_ninja_pip_installed_is_found_when_none_is_on_path(monkeypatch):
+    """``cpp_extension`` runs ``ninja`` by name; a venv that is not activated has its bin folder off PATH."""
+    import os
+    import shutil
+
+    import ninja
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert shutil.which("ninja") is None
+    fused_cpu._find_ninja()
+    assert os.environ["PATH"].split(os.pathsep)[0] == ninja.BIN_DIR and shutil.which("ninja")
