@@ -69,11 +69,16 @@ def welch_diff(a: list[float], b: list[float], level: float = 0.95) -> dict:
     return out
 
 
+def _pairs(a: list, b: list) -> list[tuple[float, float]]:
+    """The pairs (a[i], b[i]) with both sides present and finite, as floats."""
+    return [(float(x), float(y)) for x, y in zip(a, b) if _clean([x]) and _clean([y])]
+
+
 def paired_diff(a: list, b: list, level: float = 0.95) -> dict:
     """mean(a - b) over pairs (a[i], b[i]) with a paired t interval at ``level``
     (``scipy.stats.ttest_rel``), the pairs' sample std and the two-sided p value. A pair with a missing
     side is dropped."""
-    pairs = [(float(x), float(y)) for x, y in zip(a, b) if _clean([x]) and _clean([y])]
+    pairs = _pairs(a, b)
     n = len(pairs)
     out = {"diff": None, "ci_low": None, "ci_high": None, "n": n, "sd": None, "p": None}
     if n == 0:
@@ -130,22 +135,28 @@ def min_detectable_effect(sd: float | None, n: int, alpha: float = 0.05, power: 
     return float((stats.t.ppf(1 - a, n - 1) + stats.t.ppf(power, n - 1)) * sd / math.sqrt(n))
 
 
+def _smallest_n(enough, lo: int, hi: int) -> int | None:
+    """The smallest n in [lo, hi] for which ``enough(n)`` holds, for an ``enough`` that stays true once
+    true (power grows with n), by bisection; None when even ``hi`` is not enough."""
+    if not enough(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if enough(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def n_needed(effect: float | None, sd: float | None, alpha: float = 0.05, power: float = 0.80,
              one_sided: bool = False) -> int | None:
     """Pairs a t test needs to detect ``effect`` with ``power`` at level ``alpha`` (None when there is
     no spread, no effect, or more than a million pairs would be needed)."""
     if effect is None or sd is None or sd == 0 or effect == 0:
         return None
-    lo, hi = 2, 1_000_000  # the detectable effect falls strictly with n: bisect for the smallest n
-    if min_detectable_effect(sd, hi, alpha, power, one_sided) > abs(effect):
-        return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if min_detectable_effect(sd, mid, alpha, power, one_sided) <= abs(effect):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+    # the detectable effect falls strictly with n
+    return _smallest_n(lambda n: min_detectable_effect(sd, n, alpha, power, one_sided) <= abs(effect), 2, 1_000_000)
 
 
 def mcnemar_pairs_needed(effect: float, discordant_rate: float | None, alpha: float = 0.05,
@@ -341,8 +352,7 @@ def one_sided_paired(a: list, b: list, margin: float = 0.0, greater: bool = True
     """The paired t test of mean(a - b) against ``margin``, one-sided: H1 mean(a - b) > margin
     (``greater``) or < margin; the mean difference, its n, sd and p. Pairs with a missing side are
     dropped; with no spread, p is 0 or 1 by the side the difference is on."""
-    pairs = [(float(x), float(y)) for x, y in zip(a, b) if _clean([x]) and _clean([y])]
-    d = np.array([x - y for x, y in pairs]) - margin
+    d = np.array([x - y for x, y in _pairs(a, b)]) - margin
     out = {"diff": float(d.mean() + margin) if len(d) else None, "n": len(d), "sd": None, "p": None}
     if len(d) < 2:
         return out
@@ -400,13 +410,7 @@ def units_for_power(effect: float, sd: float, alpha: float, power: float = POWER
     if effect <= 0 or sd <= 0:
         raise ValueError(f"units_for_power needs effect > 0 and sd > 0, got effect={effect}, sd={sd}")
     each = power ** (1 / comparisons)
-    lo, hi = 2, limit
-    if paired_power(effect, sd, hi, alpha) < each:
+    n = _smallest_n(lambda n: paired_power(effect, sd, n, alpha) >= each, 2, limit)
+    if n is None:
         raise ValueError(f"no design of up to {limit} units has power {power} for effect {effect} at sd {sd}")
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if paired_power(effect, sd, mid, alpha) >= each:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+    return n

@@ -313,13 +313,13 @@ def cpu_rows(shapes, reps: int, runs: int) -> tuple[list[dict], dict]:
                                  equals_reference=None if want is None else same(fn(), want)))
             key = f"{'x'.join(map(str, shape))}@{str(x.dtype).removeprefix('torch.')}"
             fused = per_run[next(iter(paths))]
-            for peer in ("reference fake_quantize", "torch.compile(reference) fake_quantize",
-                         "torchao to_mx + dequantize"):
+            for short, peer in (("reference", "reference fake_quantize"),
+                                ("torch.compile", "torch.compile(reference) fake_quantize"),
+                                ("torchao", "torchao to_mx + dequantize")):
                 name = f"{peer}, {str(x.dtype).removeprefix('torch.')}"
                 if name in per_run:
                     r = [p / f for p, f in zip(per_run[name], fused)]
-                    ratios[f"fused_vs_{peer.split(' ')[0].split('(')[0]}@{key}"] = {
-                        "per_run": r, "min": min(r), "median": statistics.median(r)}
+                    ratios[f"fused_vs_{short}@{key}"] = {"per_run": r, "min": min(r), "median": statistics.median(r)}
     return rows, ratios
 
 

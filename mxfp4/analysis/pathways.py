@@ -391,6 +391,12 @@ def measure_rollouts(m: Measured, model, tokenizer, problems, profile: Profile, 
     samples = settings.samples_per_prompt
     solutions = token_pairs(tokenizer, [gsm.PROMPT.format(question=r["question"]) for r in problems],
                             [r["answer"] for r in problems])
+    pad = tokenizer.pad_token_id or 0
+
+    def per_prompt(per_sample: list[float]) -> list[float]:
+        """The mean over each prompt's samples (rollout_scores lays them out prompt by prompt)."""
+        return torch.tensor(per_sample).view(len(problems), samples).mean(1).tolist()
+
     fixed = reference = None
     for row in (*ROWS, *control_rows(settings.controls)):  # "none" first: its completions are the fixed ones
         with Arm(model, row_quantizer(row, "forward", form=form)):
@@ -398,18 +404,17 @@ def measure_rollouts(m: Measured, model, tokenizer, problems, profile: Profile, 
                                                                   g.max_completion_length, g.temperature, seed)
             if fixed is None:
                 fixed = (prompt_ids, completion_ids)
-            on_fixed = teacher_forced(model, *fixed, reference, g.temperature, tokenizer.pad_token_id or 0)
-            on_solution = teacher_forced(model, *solutions, None, g.temperature, tokenizer.pad_token_id or 0)
+            on_fixed = teacher_forced(model, *fixed, reference, g.temperature, pad)
+            on_solution = teacher_forced(model, *solutions, None, g.temperature, pad)
         reference = on_fixed["logp"] if reference is None else reference
         have = m.scores.setdefault(row, ([], []))
         have[0].extend(acc)
         have[1].extend(ent)
-        per_prompt = {"tf_entropy": on_fixed["entropy"], "tf_kl": on_fixed.get("kl", [0.0] * len(fixed[0])),
-                      "tf_solution_loglik": on_solution["loglik"]}
-        teacher = m.teacher.setdefault(row, {k: [] for k in per_prompt})
-        for k, values in per_prompt.items():
-            if len(values) != len(problems):  # per sample: the mean over each prompt's samples
-                values = torch.tensor(values).view(len(problems), samples).mean(1).tolist()
+        measured = {"tf_entropy": per_prompt(on_fixed["entropy"]),
+                    "tf_kl": per_prompt(on_fixed["kl"]) if "kl" in on_fixed else [0.0] * len(problems),
+                    "tf_solution_loglik": on_solution["loglik"]}
+        teacher = m.teacher.setdefault(row, {k: [] for k in measured})
+        for k, values in measured.items():
             teacher[k].extend(values)
     m.roll_groups.extend([group] * len(problems))
     m.roll_keys.extend(_digest(r["question"], seed) for r in problems)

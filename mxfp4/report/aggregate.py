@@ -137,15 +137,17 @@ def rl_gain_rows(items: list[dict]) -> list[dict]:
     for r in items:
         if r.get("strict") is not None and r.get("strict_before") is not None:
             groups.setdefault((r["model"], r["recipe"]), []).append(r)
+    def gain(r):
+        return r["strict"] - r["strict_before"]
+
     out = []
     for (model, recipe), rows in sorted(groups.items()):
-        out.append(_crossed_row(model, recipe, RL_GAIN_PER_PROBLEM, rows, lambda r: r["strict"] - r["strict_before"]))
+        out.append(_crossed_row(model, recipe, RL_GAIN_PER_PROBLEM, rows, gain))
         for kind in PROBLEM_TYPES:
             of_kind = [r for r in rows if r.get("problem_type") == kind]
             if not of_kind:
                 continue
-            out.append(_crossed_row(model, recipe, typed(RL_GAIN_PER_PROBLEM, kind), of_kind,
-                                    lambda r: r["strict"] - r["strict_before"]))
+            out.append(_crossed_row(model, recipe, typed(RL_GAIN_PER_PROBLEM, kind), of_kind, gain))
             for stage, key in (("gsm8k_strict_accuracy_before", "strict_before"), ("gsm8k_strict_accuracy", "strict")):
                 out.append(_crossed_row(model, recipe, typed(f"{stage} (per problem)", kind), of_kind,
                                         lambda r, key=key: r[key]))
