@@ -45,7 +45,7 @@ def _cpuinfo(field: str) -> str | None:
                  if line.startswith(field)), None)
 
 
-def _cpu_flags() -> list[str]:
+def cpu_flags() -> list[str]:
     """The vector extensions the CPU offers (from /proc/cpuinfo), of those the libraries dispatch on."""
     flags = (_cpuinfo("flags") or "").split()
     return [f for f in ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
@@ -61,7 +61,7 @@ def describe() -> dict:
     return {
         "cpu": _cpuinfo("model name") or platform.processor() or platform.machine(),
         "arch": platform.machine(),
-        "cpu_flags": _cpu_flags(),
+        "cpu_flags": cpu_flags(),
         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "blas": blas,
         "threads": torch.get_num_threads(),

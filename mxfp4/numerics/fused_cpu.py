@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from ..machine import cpu_flags
 from . import reference
 from .formats import SCALE_RULES_E8M0, BlockFormat
 
@@ -41,8 +42,7 @@ def _flags() -> list[str]:
     one thread whatever torch's thread count); AVX2 where the CPU has it (the results do not depend on
     it: every operation is an exact IEEE one)."""
     flags = ["-O3", "-ffp-contract=off", "-fopenmp"]
-    cpuinfo = Path("/proc/cpuinfo")
-    if platform.machine().lower() in ("x86_64", "amd64") and cpuinfo.is_file() and " avx2" in cpuinfo.read_text():
+    if platform.machine().lower() in ("x86_64", "amd64") and "avx2" in cpu_flags():
         flags += ["-mavx2", "-mf16c"]
     return flags
 
