@@ -48,6 +48,12 @@ def test_a_compare_on_the_stored_baselines_trains_no_warm_start(workdir):
     # the pilot: the recipe and the two stored cells rerun here, all on the first model and seed
     jobs = planned_jobs(snakemake(workdir, *args, "warm_starts=stored", "compare_pilot=true"))
     assert jobs["cell"] == 3 and jobs["copy_stored_warm_start"] == 1 and "pretrain_model" not in jobs, jobs
+    # five seeds: the recipe's 2 models x 5 seeds and the two stored cells rerun here (the references of
+    # seeds 3 and 4 join once the reproduction check has run: a checkpoint, so a dry run cannot list them)
+    jobs = planned_jobs(snakemake(workdir, *args, "warm_starts=stored", "compare_seeds=5"))
+    assert jobs["cell"] == 2 * 5 + 2, jobs
+    out = snakemake(workdir, *args, "compare_seeds=0", check=False)
+    assert "--config compare_seeds: 0 is less than the minimum of 1" in out, out[-1000:]
 
 
 def test_a_config_typo_is_one_line_naming_the_accepted_keys(workdir):

@@ -452,6 +452,41 @@ def references_note(check: dict, references: list[str]) -> str:
             f"machine here {bad['machine_here']}, stored {bad['machine_stored']}).")
 
 
+def extending_cells(cells: list[dict], stored: list[dict], recipe: str) -> list[dict]:
+    """This run's cells of recipes other than ``recipe`` whose (model, recipe, seed) the stored baselines
+    lack: the references of extra seeds (``compare_seeds``), valid beside the stored cells only where this
+    machine reproduces those bit for bit."""
+    have = {(b["model"], b["recipe"], int(b["seed"])) for b in stored}
+    return [c for c in cells if c["recipe"] != recipe and (c["model"], c["recipe"], int(c["seed"])) not in have]
+
+
+def cost_estimate(stored: list[dict], planned: list[tuple[str, str, int]], cores: int) -> str:
+    """One line before a compare starts: its cells still to run, and their cost from the stored cells' wall
+    times (the same recipe and model, else its base recipe's, else the model's slowest recipe)."""
+    if not planned:
+        return "compare: every cell it needs has run; only the report is left"
+    walls: dict[tuple[str, str], list[float]] = {}
+    for c in stored:
+        if c.get("wall_time_seconds") is not None:
+            walls.setdefault((c["model"], c["recipe"]), []).append(float(c["wall_time_seconds"]))
+    cost, unknown = 0.0, []
+    for model, recipe, _ in planned:
+        known = walls.get((model, recipe)) or walls.get((model, recipe_base(recipe) or ""))
+        if not known:
+            means = [sum(v) / len(v) for (m, _), v in walls.items() if m == model]
+            known = [max(means)] if means else None
+        if known is None:
+            unknown.append(model)
+            continue
+        cost += sum(known) / len(known)
+    parallel = max(1, min(cores, len(planned)))
+    line = (f"compare: {len(planned)} cells to run, about {math.ceil(cost / 60)} CPU-minutes by the stored cells' wall "
+            f"times (one core each), about {math.ceil(cost / 60 / parallel)} minutes on {parallel} core(s)")
+    if unknown:
+        line += f"; no stored cell of {', '.join(sorted(set(unknown)))} to estimate from"
+    return line
+
+
 def primary_references(recipe: str) -> list[str]:
     """The recipes a recipe's primary contrasts are against: its base (if any), then ``bf16``."""
     return [r for r in dict.fromkeys([recipe_base(recipe), REFERENCE_RECIPE]) if r is not None and r != recipe]
@@ -490,6 +525,15 @@ def run_compare(layout: Layout, recipe: str, baselines_csv, out_md, figure_stem=
         note = references_note(check, []) if check is not None else (
             "References: the stored baselines, unchecked on this machine (no reproduction check given): "
             "differences may include the machine's.")
+        if check is not None:  # this machine reproduces the stored cells: its own cells extend them by seed
+            added = extending_cells(cells, baselines, recipe)
+            if added:
+                baselines = baselines + added
+                keys = {(c["model"], c["recipe"], int(c["seed"])) for c in added}
+                if base_items is not None:
+                    base_items = base_items + [i for i in new_items if (i["model"], i["recipe"], int(i["seed"])) in keys]
+                note += (" Seeds the stored baselines lack ran here and extend them: "
+                         + ", ".join(f"{m}/{r}/seed{s}" for m, r, s in sorted(keys)) + ".")
     references = primary_references(recipe)
     check_baselines(new, baselines, base_items, recipe, references, layout.profile, source)
     models = {r["model"] for r in new}

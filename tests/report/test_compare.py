@@ -209,6 +209,7 @@ def test_a_over_a_comparisons_fire_no_verdict_on_the_same_machine_or_another_ins
         (tmp_path / f"{name}.json").write_text(json.dumps(check))
         rows = run_compare(Layout(results, "smoke"), "mxfp4", stored, tmp_path / f"{name}.md",
                            reproduction_json=tmp_path / f"{name}.json")
+        report.rows = rows
         return check, [r for r in rows if r["baseline"] == "mxfp4"], (tmp_path / f"{name}.md").read_text()
 
     check, aa, text = report(here, "here")
@@ -216,6 +217,15 @@ def test_a_over_a_comparisons_fire_no_verdict_on_the_same_machine_or_another_ins
     assert aa and not [r for r in aa if r["verdict"] in FIRED], aa
     assert all(r["diff"] in (0, None) for r in aa)
     assert "References: the stored baselines, which reproduce on this machine" in text
+    # a seed the stored baselines lack: its reference cell, run here, extends them (paired over all 3 seeds)
+    for recipe in ("bf16", "mxfp4"):
+        run_cell(load_profile("smoke"), "tiny-dense", recipe, 2, results=here)
+    _, aa, text = report(here, "extended")
+    per_seed = next(r for r in report.rows if r["metric"] == "gsm8k_strict_accuracy" and r["baseline"] == "bf16")
+    assert per_seed["n_a"] == per_seed["n_b"] == 3 and per_seed["method"] == "paired by seed (t)", per_seed
+    assert "Seeds the stored baselines lack ran here and extend them: tiny-dense/bf16/seed2." in text
+    for recipe in ("bf16", "mxfp4"):
+        shutil.rmtree(here / "smoke" / "cells" / "tiny-dense" / recipe / "seed2")
 
     code = ("from mxfp4.config.profiles import load_profile\nfrom mxfp4.rl.cell import run_cell\n"
             f"for recipe, seed in {grid!r}:\n    run_cell(load_profile('smoke'), 'tiny-dense', recipe, seed, "
@@ -245,3 +255,16 @@ def test_a_cell_the_stored_baselines_lack_cannot_reproduce_them():
     assert reproduction(dict(stored[0]), stored)["reproduces"]
     changed = {**stored[0], "gsm8k_strict_accuracy": 0.5 + 1e-12}
     assert reproduction(changed, stored)["differing"] == {"gsm8k_strict_accuracy": [0.5, 0.5 + 1e-12]}
+
+
+def test_the_cost_estimate_counts_the_cells_to_run_at_their_stored_wall_times():
+    from mxfp4.report.compare import cost_estimate
+
+    stored = [{"model": "d", "recipe": "bf16", "seed": s, "wall_time_seconds": 60.0} for s in (0, 1)]
+    stored += [{"model": "d", "recipe": "mxfp4", "seed": s, "wall_time_seconds": w} for s, w in ((0, 100.0), (1, 140.0))]
+    stored += [{"model": "e", "recipe": "bf16", "seed": 0, "wall_time_seconds": 120.0}]
+    # a new recipe costs what its base (mxfp4) did; where its base is not stored, the model's slowest recipe
+    line = cost_estimate(stored, [("d", "mxfp4+rht-sr", 0), ("d", "bf16", 3), ("e", "mxfp4+rht-sr", 0)], cores=2)
+    assert line.startswith("compare: 3 cells to run, about 5 CPU-minutes") and "about 3 minutes on 2 core(s)" in line
+    assert "no stored cell of m" in cost_estimate(stored, [("m", "bf16", 0)], cores=2)
+    assert "only the report is left" in cost_estimate(stored, [], cores=2)

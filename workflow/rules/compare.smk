@@ -38,9 +38,22 @@ rule store_baselines:
 
 # A pilot (--config compare_pilot=true): the compare recipe on the first model and seed only, against the
 # references on the same cell: minutes, and a per-problem answer; the full compare adds the other cells.
+# More seeds (--config compare_seeds=N): the profile's seeds, then the next integers; the references of the
+# seeds the stored baselines lack run here too (they extend the stored ones where those reproduce here).
 PILOT = config.get("compare_pilot") in (True, "true")  # --config compare_pilot=true arrives as a string
 COMPARE_MODELS = MODELS[:1] if PILOT else MODELS
-COMPARE_SEEDS = SEEDS[:1] if PILOT else SEEDS
+
+
+def compare_seeds(n):
+    """The first n seeds: the profile's, then consecutive new ones after its largest."""
+    if n is None:
+        return SEEDS[:1] if PILOT else SEEDS
+    if PILOT:
+        raise ValueError("--config compare_pilot=true runs one seed; leave out compare_seeds, or the pilot")
+    return (SEEDS + [max(SEEDS) + k for k in range(1, int(n) - len(SEEDS) + 1)])[: int(n)]
+
+
+COMPARE_SEEDS = compare_seeds(config.get("compare_seeds"))
 
 
 def compare_references():
@@ -81,9 +94,28 @@ def reference_cells(wc):
     import json
 
     check = json.loads(open(checkpoints.baseline_reproduction.get().output[0]).read())
-    if check["reproduces"]:
-        return []
-    return [cell_path(m, r, s) for m in COMPARE_MODELS for r in compare_references() for s in COMPARE_SEEDS]
+    seeds = [s for s in COMPARE_SEEDS if s not in SEEDS] if check["reproduces"] else COMPARE_SEEDS
+    return [cell_path(m, r, s) for m in COMPARE_MODELS for r in compare_references() for s in seeds]
+
+
+def planned_compare_cells():
+    """(model, recipe, seed) of every cell a compare runs that has not run yet, where the stored baselines
+    reproduce here: the recipe's, the reproduction's and the extra seeds' references."""
+    wanted = [(m, COMPARE_RECIPE, s) for m in COMPARE_MODELS for s in COMPARE_SEEDS]
+    wanted += reproduction_cells()
+    wanted += [(m, r, s) for m in COMPARE_MODELS for r in compare_references() for s in COMPARE_SEEDS if s not in SEEDS]
+    return [c for c in dict.fromkeys(wanted) if not os.path.exists(cell_path(*c))]
+
+
+onstart:
+    # The cost of a compare, printed before its first job, from the stored cells' wall times.
+    if "compare" in (workflow.dag_settings.targets if workflow.dag_settings else ()):
+        from mxfp4.report.aggregate import read_csv
+        from mxfp4.report.compare import cost_estimate
+
+        stored = L.stored(L.table("cells"))
+        print(cost_estimate(read_csv(stored) if stored.is_file() else [], planned_compare_cells(), workflow.cores)
+              + " (if the stored cells do not reproduce here, the references of every seed run as well)")
 
 
 rule compare:
