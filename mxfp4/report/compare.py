@@ -460,9 +460,13 @@ def extending_cells(cells: list[dict], stored: list[dict], recipe: str) -> list[
     return [c for c in cells if c["recipe"] != recipe and (c["model"], c["recipe"], int(c["seed"])) not in have]
 
 
+CELL_STARTUP_SECONDS = 10.0  # a cell's process before its clock starts (interpreter, torch and TRL imports)
+
+
 def cost_estimate(stored: list[dict], planned: list[tuple[str, str, int]], cores: int) -> str:
     """One line before a compare starts: its cells still to run, and their cost from the stored cells' wall
-    times (the same recipe and model, else its base recipe's, else the model's slowest recipe)."""
+    times (the same recipe and model, else its base recipe's, else the model's slowest recipe), each plus
+    its process's start-up."""
     if not planned:
         return "compare: every cell it needs has run; only the report is left"
     walls: dict[tuple[str, str], list[float]] = {}
@@ -478,7 +482,7 @@ def cost_estimate(stored: list[dict], planned: list[tuple[str, str, int]], cores
         if known is None:
             unknown.append(model)
             continue
-        cost += sum(known) / len(known)
+        cost += sum(known) / len(known) + CELL_STARTUP_SECONDS
     parallel = max(1, min(cores, len(planned)))
     line = (f"compare: {len(planned)} cells to run, about {math.ceil(cost / 60)} CPU-minutes by the stored cells' wall "
             f"times (one core each), about {math.ceil(cost / 60 / parallel)} minutes on {parallel} core(s)")

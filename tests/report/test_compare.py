@@ -265,6 +265,6 @@ def test_the_cost_estimate_counts_the_cells_to_run_at_their_stored_wall_times():
     stored += [{"model": "e", "recipe": "bf16", "seed": 0, "wall_time_seconds": 120.0}]
     # a new recipe costs what its base (mxfp4) did; where its base is not stored, the model's slowest recipe
     line = cost_estimate(stored, [("d", "mxfp4+rht-sr", 0), ("d", "bf16", 3), ("e", "mxfp4+rht-sr", 0)], cores=2)
-    assert line.startswith("compare: 3 cells to run, about 5 CPU-minutes") and "about 3 minutes on 2 core(s)" in line
+    assert line.startswith("compare: 3 cells to run, about 6 CPU-minutes") and "about 3 minutes on 2 core(s)" in line
     assert "no stored cell of m" in cost_estimate(stored, [("m", "bf16", 0)], cores=2)
     assert "only the report is left" in cost_estimate(stored, [], cores=2)
