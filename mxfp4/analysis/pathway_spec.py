@@ -23,6 +23,8 @@ FIELDS = [
     "p",
     "method",
     "form",
+    "p_contradicted",
+    "sd",
 ]
 UNIT_FIELDS = ["model", "checkpoint", "form", "pathway", "arm", "unit", "group", "key", "harm"]
 # The paper's mapping: which component dominates which pathway, and the harm measure of that pathway
@@ -44,6 +46,14 @@ COALITIONS = {"none": frozenset(), "all": frozenset(COMPONENTS),
               **{f"+{c}": frozenset({c}) for c in COMPONENTS},
               **{f"-{c}": frozenset(COMPONENTS) - {c} for c in COMPONENTS}}
 HARMS = {"gradient": "1 - gradient cosine", "rollout": "- rollout accuracy", "entropy": "mean token entropy"}
+# The low-variance harms the claim-level tests use: every arm on the same fixed tokens (teacher-forced).
+CLAIM_HARMS = {"gradient": "1 - gradient cosine (site both)",
+               "rollout": "- log-likelihood of the correct solution (teacher-forced)",
+               "entropy": "token entropy on the unquantized policy's sampled completions (teacher-forced)"}
+CLAIM_METHOD = ("intersection-union test at the warm start, paired over {unit}: harm(+{c}) - harm(r) > 0 for every "
+                "rival r ({rivals}), one-sided paired t each; p held = the largest; p contradicted = Bonferroni over "
+                "the rivals of mean(harm(+{c}) - harm(r)) < {margin:g} (the margin); harm = {harm}; the value is "
+                "the weakest contrast ({weakest}) with its 95% t interval")
 UNITS = {"gradient": "gradient batches", "rollout": "prompts", "entropy": "prompts"}
 SHAPLEY_METHOD = ("per {unit}: Shapley value over the 8 arms none/+c/all/-c (harm = {harm}), mean with a 95% "
                   "percentile bootstrap interval (seeds outer, {unit} within; 2000 draws)")

@@ -28,8 +28,10 @@ from ..rl.batches import batch_gradient, gradient_batches, probe_trainer
 from ..rl.grad_accuracy import compare
 from ..rl.grpo import weight_decomposition
 from ..rl.models import load, warm_start_folder
-from ..stats import hierarchical_bootstrap, nested_mean, nested_paired
+from ..stats import dominance_test, hierarchical_bootstrap, nested_mean, nested_paired, paired_diff
 from .pathway_spec import (
+    CLAIM_HARMS,
+    CLAIM_METHOD,
     COALITIONS,
     CONTRAST_METHOD,
     EXCESS_METHOD,
@@ -187,6 +189,16 @@ class Measured:
         return harms
 
 
+    def claim_harms(self) -> dict[str, dict[str, list]]:
+        """The claim-level harms (``CLAIM_HARMS``) per pathway and arm: 1 - gradient cosine per batch (site
+        both), and per prompt the teacher-forced measures, each arm on the same tokens."""
+        harms = {k: v for k, v in self.harms(["both"]).items() if k == "gradient"}
+        if self.teacher:
+            harms["rollout"] = {row: [-v for v in t["tf_solution_loglik"]] for row, t in self.teacher.items()}
+            harms["entropy"] = {row: list(t["tf_entropy"]) for row, t in self.teacher.items()}
+        return harms
+
+
 def _digest(*parts) -> str:
     h = hashlib.sha256()
     for part in parts:
@@ -300,6 +312,32 @@ def excess_rows(model, checkpoint, harms: dict[str, dict[str, list]], controls, 
             method = (f"(harm(+{c}) - harm(none)) / (weight energy of e_{c} / MXFP4 error energy = {share[c]:.3f}), "
                       f"paired over {unit}; 95% t interval")
             rows.append(_row(model, checkpoint, f"+{c}", site, "total", f"{pathway}_harm_per_energy", est, method))
+    return rows
+
+
+def claim_rows(model, checkpoint, m: Measured, design) -> list[dict]:
+    """The claim-level test of each mechanism claim (``design``: the profile's ``pathways.claims``):
+    ``stats.dominance_test`` of the claimed component's harm against each other component's and its own
+    control's, on the low-variance harms (``Measured.claim_harms``), paired over units. One row a pathway
+    (metric ``<pathway>_claim``): the weakest contrast's mean and 95% t interval, p held (``p``) and p
+    contradicted (``p_contradicted``). The warm start only: its units share one policy."""
+    rows = []
+    for pathway, per_arm in m.claim_harms().items():
+        top = MAPPING[pathway]
+        names = [f"+{c}" for c in COMPONENTS if c != top] + [f"+{top}~{design.control}"]
+        if f"+{top}" not in per_arm or any(r not in per_arm for r in names):
+            continue
+        margin = design.margins[pathway]
+        test = dominance_test(per_arm[f"+{top}"], {r: per_arm[r] for r in names}, margin)
+        if test["weakest"] is None:
+            continue
+        weakest = test["contrasts"][test["weakest"]]
+        est = paired_diff(per_arm[f"+{top}"], per_arm[test["weakest"]])
+        row = _row(model, checkpoint, f"+{top} dominates", "both" if pathway == "gradient" else "forward", "total",
+                   f"{pathway}_claim", {**est, "mean": weakest["diff"], "p": test["p_held"]},
+                   CLAIM_METHOD.format(unit=UNITS[pathway], c=top, rivals=", ".join(names), margin=margin,
+                                       harm=CLAIM_HARMS[pathway], weakest=f"+{top} vs {test['weakest']}"))
+        rows.append({**row, "p_contradicted": test["p_contradicted"], "sd": weakest["sd"]})
     return rows
 
 
@@ -470,6 +508,8 @@ def form_rows(model_name: str, ckpt: str, m: Measured, settings, seed: int) -> l
     rows += contrast_rows(model_name, ckpt, harms, m)
     rows += shapley_rows(model_name, ckpt, harms, m, seed)
     rows += excess_rows(model_name, ckpt, harms, settings.controls, m)
+    if ckpt == "warm" and settings.claims is not None:
+        rows += claim_rows(model_name, ckpt, m, settings.claims)
     for r in rows:
         r["seeds"] = len(m.seeds)
     return rows

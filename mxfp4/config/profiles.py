@@ -197,6 +197,47 @@ class EvalSettings(_Strict):
     batch_size: int = Field(32, ge=1)
 
 
+PATHWAYS = ("gradient", "rollout", "entropy")
+
+
+class PowerClaim(_Strict):
+    """One mechanism claim's sample size from the pilot: the weakest contrast's effect and the spread of
+    its paired differences there, and the units that give the claim its power (``units_for_power``)."""
+
+    effect: float = Field(gt=0, description="pilot's weakest contrast (or the margin, where that is larger)")
+    sd: float = Field(gt=0, description="pilot's sd of that contrast's per-unit differences")
+    units: int = Field(ge=2, description="units the calculation asks for")
+
+
+class PowerDesign(_Strict):
+    """The power calculation written into a profile before it runs (checked by the tests)."""
+
+    pilot: str = Field(description="the profile whose stored run gave the effects and spreads")
+    alpha: float = Field(gt=0, lt=1, description="the primary family's error rate")
+    family: int = Field(ge=1, description="hypotheses in the primary family: each tested at alpha / family / 2")
+    power: float = Field(gt=0, lt=1)
+    claims: dict[Literal["gradient", "rollout", "entropy"], PowerClaim]
+
+
+class ClaimDesign(_Strict):
+    """The claim-level primary tests of the pathway matrix, fixed before the run: at the warm start, in
+    decomposition form ``form``, component c dominates pathway p when its harm exceeds each other
+    component's and its own ``control``'s on the same units (an intersection-union test); contradicted
+    when a rival comes within ``margins[p]`` of it (the smallest effect of interest, in the pathway's harm)."""
+
+    form: Literal["canonical", "gain"] = "gain"
+    control: Literal["gaussian", "permuted", "signflip"] = "signflip"
+    margins: dict[Literal["gradient", "rollout", "entropy"], Annotated[float, Field(ge=0)]]
+    power: PowerDesign | None = None
+
+    @model_validator(mode="after")
+    def _every_pathway(self):
+        missing = [p for p in PATHWAYS if p not in self.margins]
+        if missing:
+            raise ValueError(f"claims.margins lacks {missing}; accepted: a margin for each of {', '.join(PATHWAYS)}")
+        return self
+
+
 class PathwaySettings(_Strict):
     """The pathway matrix (``mxfp4 pathways``): how much data each arm is measured on."""
 
@@ -230,6 +271,17 @@ class PathwaySettings(_Strict):
         description="energy-matched control arms of each injected component (+c~k): the excess harm rows "
                     "(signflip keeps each element's magnitude: the fair control where one value dominates a block)",
     )
+    claims: ClaimDesign | None = Field(None, description="the claim-level primary tests (none: no claim rows)")
+
+    @model_validator(mode="after")
+    def _claims_measured(self):
+        c = self.claims
+        if c is not None and (c.form not in self.forms or c.control not in self.controls or "both" not in self.sites
+                              or "warm" not in self.checkpoints):
+            raise ValueError(f"pathways.claims tests form {c.form!r} against control {c.control!r} at the warm start, "
+                             f"site both; accepted: a form in forms {self.forms}, a control in controls "
+                             f"{self.controls}, with 'both' in sites and 'warm' in checkpoints")
+        return self
 
 
 class Profile(_Strict):

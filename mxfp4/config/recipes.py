@@ -48,7 +48,7 @@ class Recipe(BaseModel):
     remove: Literal["scale", "dead", "grid"] | None = Field(
         None, description="MXFP4 minus this error component (MX(x) - e_c: a perfect correction of it)"
     )
-    control: Literal["gaussian", "permuted"] | None = Field(
+    control: Literal["gaussian", "permuted", "signflip"] | None = Field(
         None, description="with inject/remove: the component's energy-matched control instead of the component"
     )
     form: Literal["canonical", "gain"] = Field(

@@ -257,3 +257,45 @@ def test_grpo_checkpoints_need_every_seeds_policy(tmp_path):
         update={"checkpoints": ["grpo"]})})
     with pytest.raises(ValueError, match="seed7"):
         checkpoints(profile, "tiny-dense", tmp_path)
+
+
+def _teacher_measured(harms: dict[str, "np.ndarray"]):
+    """A Measured whose teacher-forced entropy and solution log-likelihood give every arm ``harms``
+    (rollout harm = - log-likelihood), on one policy's units."""
+    from mxfp4.analysis.pathways import Measured
+
+    m = Measured()
+    n = len(next(iter(harms.values())))
+    m.teacher = {arm: {"tf_entropy": list(h), "tf_solution_loglik": list(-h), "tf_kl": [0.0] * n}
+                 for arm, h in harms.items()}
+    m.roll_groups = ["warm"] * n
+    return m
+
+
+def test_a_claim_holds_where_its_component_dominates_and_is_contradicted_where_a_rival_does():
+    """Synthetic harms where grid noise dominates every rival and its own sign-flip control: the entropy
+    claim (grid) is held; the rollout claim (dead) on the same harms is contradicted, since grid beats it."""
+    import numpy as np
+
+    from mxfp4.analysis.pathways import claim_rows
+    from mxfp4.config.profiles import ClaimDesign
+    from mxfp4.report.claims import build_claims
+
+    rng = np.random.default_rng(0)
+    base = rng.normal(1.0, 0.1, 60)  # the units' shared level: it cancels in every paired contrast
+    harms = {"+grid": base + 0.3, "+grid~signflip": base + 0.1, "+dead": base + 0.05, "+dead~signflip": base,
+             "+scale": base, "+scale~signflip": base}
+    harms = {arm: h + rng.normal(0, 0.05, h.size) for arm, h in harms.items()}
+    design = ClaimDesign(margins={"gradient": 0.01, "rollout": 0.02, "entropy": 0.02})
+    rows = {r["metric"]: r for r in claim_rows("tiny-dense", "warm", _teacher_measured(harms), design)}
+    assert set(rows) == {"rollout_claim", "entropy_claim"}  # no gradient batches measured
+    entropy = rows["entropy_claim"]
+    assert entropy["p"] < 1e-6 and entropy["p_contradicted"] > 0.5
+    assert "+grid vs +grid~signflip" in entropy["method"]  # the weakest rival: its own control (+0.2)
+    assert abs(entropy["mean"] - 0.2) < 0.05 and entropy["ci_low"] < entropy["mean"] < entropy["ci_high"]
+    assert rows["rollout_claim"]["p"] > 0.5 and rows["rollout_claim"]["p_contradicted"] < 1e-6
+    proofs = {"max_identity_residual_rel": 0.0, "passed": True, "cases": [1]}
+    claims = build_claims([], proofs, [], list(rows.values()), form="canonical")
+    verdicts = {r["claim"]: r["verdict"] for r in claims if r.get("family") == "primary"}
+    assert verdicts == {"Grid noise dominates policy entropy": "held",
+                        "Deadzone truncation dominates rollout quality": "contradicted (a rival within the margin)"}
