@@ -45,11 +45,11 @@ PAIRED_METHOD = (
 COALITIONS = {"none": frozenset(), "all": frozenset(COMPONENTS),
               **{f"+{c}": frozenset({c}) for c in COMPONENTS},
               **{f"-{c}": frozenset(COMPONENTS) - {c} for c in COMPONENTS}}
-HARMS = {"gradient": "1 - gradient cosine", "rollout": "- rollout accuracy", "entropy": "mean token entropy"}
-# The low-variance harms the claim-level tests use: every arm on the same fixed tokens (teacher-forced).
-CLAIM_HARMS = {"gradient": "1 - gradient cosine (site both)",
-               "rollout": "- log-likelihood of the correct solution (teacher-forced)",
-               "entropy": "token entropy on the unquantized policy's sampled completions (teacher-forced)"}
+# Each pathway's harm per unit (larger = worse): the low-variance measures, every arm on the same tokens
+# (the sampled rollout accuracy and entropy stay as rows of their own).
+HARMS = {"gradient": "1 - gradient cosine (site both)",
+         "rollout": "- log-likelihood of the correct solution (teacher-forced)",
+         "entropy": "token entropy on the unquantized policy's sampled completions (teacher-forced)"}
 CLAIM_METHOD = ("intersection-union test at the warm start, paired over {unit}: harm(+{c}) - harm(r) > 0 for every "
                 "rival r ({rivals}), one-sided paired t each; p held = the largest; p contradicted = Bonferroni over "
                 "the rivals of mean(harm(+{c}) - harm(r)) < {margin:g} (the margin); harm = {harm}; the value is "

@@ -30,7 +30,6 @@ from ..rl.grpo import weight_decomposition
 from ..rl.models import load, warm_start_folder
 from ..stats import dominance_test, hierarchical_bootstrap, nested_mean, nested_paired, paired_diff
 from .pathway_spec import (
-    CLAIM_HARMS,
     CLAIM_METHOD,
     COALITIONS,
     CONTRAST_METHOD,
@@ -175,7 +174,8 @@ class Measured:
 
     def harms(self, sites) -> dict[str, dict[str, list]]:
         """Per pathway and arm, the harm of every unit (larger = worse, ``HARMS``): 1 - the gradient's
-        cosine per batch at site both (none: 0), - rollout accuracy and mean token entropy per prompt."""
+        cosine per batch at site both (none: 0); per prompt, minus the teacher-forced log-likelihood of the
+        correct solution and the teacher-forced token entropy on the unquantized arm's completions."""
         harms: dict[str, dict[str, list]] = {}
         if len(self.grad_groups) >= 2 and "both" in sites:
             harms["gradient"] = {"none": [0.0] * len(self.grad_groups)}
@@ -183,16 +183,6 @@ class Measured:
                 if site == "both":
                     harms["gradient"][row] = [None if b["total"]["cosine"] is None else 1 - b["total"]["cosine"]
                                               for b in per_batch]
-        if self.scores:
-            harms["rollout"] = {row: [-v for v in acc] for row, (acc, _) in self.scores.items()}
-            harms["entropy"] = {row: ent for row, (_, ent) in self.scores.items()}
-        return harms
-
-
-    def claim_harms(self) -> dict[str, dict[str, list]]:
-        """The claim-level harms (``CLAIM_HARMS``) per pathway and arm: 1 - gradient cosine per batch (site
-        both), and per prompt the teacher-forced measures, each arm on the same tokens."""
-        harms = {k: v for k, v in self.harms(["both"]).items() if k == "gradient"}
         if self.teacher:
             harms["rollout"] = {row: [-v for v in t["tf_solution_loglik"]] for row, t in self.teacher.items()}
             harms["entropy"] = {row: list(t["tf_entropy"]) for row, t in self.teacher.items()}
@@ -318,11 +308,11 @@ def excess_rows(model, checkpoint, harms: dict[str, dict[str, list]], controls, 
 def claim_rows(model, checkpoint, m: Measured, design) -> list[dict]:
     """The claim-level test of each mechanism claim (``design``: the profile's ``pathways.claims``):
     ``stats.dominance_test`` of the claimed component's harm against each other component's and its own
-    control's, on the low-variance harms (``Measured.claim_harms``), paired over units. One row a pathway
+    control's, on the pathway harms (``Measured.harms``: the low-variance measures), paired over units. One row a pathway
     (metric ``<pathway>_claim``): the weakest contrast's mean and 95% t interval, p held (``p``) and p
     contradicted (``p_contradicted``). The warm start only: its units share one policy."""
     rows = []
-    for pathway, per_arm in m.claim_harms().items():
+    for pathway, per_arm in m.harms(["both"]).items():
         top = MAPPING[pathway]
         names = [f"+{c}" for c in COMPONENTS if c != top] + [f"+{top}~{design.control}"]
         if f"+{top}" not in per_arm or any(r not in per_arm for r in names):
@@ -336,7 +326,7 @@ def claim_rows(model, checkpoint, m: Measured, design) -> list[dict]:
         row = _row(model, checkpoint, f"+{top} dominates", "both" if pathway == "gradient" else "forward", "total",
                    f"{pathway}_claim", {**est, "mean": weakest["diff"], "p": test["p_held"]},
                    CLAIM_METHOD.format(unit=UNITS[pathway], c=top, rivals=", ".join(names), margin=margin,
-                                       harm=CLAIM_HARMS[pathway], weakest=f"+{top} vs {test['weakest']}"))
+                                       harm=HARMS[pathway], weakest=f"+{top} vs {test['weakest']}"))
         rows.append({**row, "p_contradicted": test["p_contradicted"], "sd": weakest["sd"]})
     return rows
 

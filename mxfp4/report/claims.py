@@ -11,7 +11,7 @@ from pathlib import Path
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from ..analysis.pathway_spec import CLAIM_HARMS, MAPPING
+from ..analysis.pathway_spec import HARMS, MAPPING
 from ..config.profiles import load_profile
 from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE
@@ -320,7 +320,7 @@ def mechanism_rows(pathways: list[dict], form: str = "gain") -> list[dict]:
         out.append({
             "claim": MECHANISMS[pathway][1], "model": r["model"],
             "test": f"primary: dominance over each rival and its control ({form} form, warm start)",
-            "measure": f"harm(+{MAPPING[pathway]}) minus its closest rival's, per unit ({CLAIM_HARMS[pathway]})",
+            "measure": f"harm(+{MAPPING[pathway]}) minus its closest rival's, per unit ({HARMS[pathway]})",
             "diff": float(r["mean"]), "ci_low": lo, "ci_high": hi, "n": int(r["n"]), "sd": sd, "p": p,
             "p_held": held, "p_contradicted": contra, "method": r["method"], "shift": 0.0,
             "direction": +1 if held is None or contra is None or held <= contra else -1,

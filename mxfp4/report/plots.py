@@ -442,9 +442,9 @@ ATTRIBUTION_PATHWAYS = (("gradient", "gradient accuracy (claimed: scale)"),
 
 
 def pathway_attribution(pathways_csv: Path | str, out_stem: Path | str) -> list[Path]:
-    """Top: each component's excess harm over its energy-matched controls (paired, 95% t intervals);
-    bottom: the Shapley values of the eight-arm game and its interaction (bootstrap intervals). One
-    marker per model and checkpoint; harm = 1 - gradient cosine, - rollout accuracy, token entropy."""
+    """Top: each component's excess harm over its energy-matched controls (paired, 95% t intervals), the
+    sign-flip control first (the primary one); bottom: the Shapley values of the eight-arm game and its
+    interaction (bootstrap intervals). One marker per model, checkpoint and form; harm = ``HARMS``."""
     rows = [r for r in read_rows(pathways_csv) if r["mean"] not in ("", None)]
     series = list(dict.fromkeys((r["model"], r["checkpoint"]) for r in rows))
     fig, axes = plt.subplots(2, 3, figsize=(16, 7), layout="constrained")
@@ -456,11 +456,11 @@ def pathway_attribution(pathways_csv: Path | str, out_stem: Path | str) -> list[
             marker = "osD^v<>"[k % 7]
             off = (k - (len(series) - 1) / 2) * 0.7 / max(len(series), 1)
             for i, c in enumerate(components):
-                for dy, kind in ((-0.12, "gaussian"), (0.12, "permuted")):
+                for dy, kind in ((-0.2, "signflip"), (0.0, "gaussian"), (0.2, "permuted")):
                     hit = [r for r in mine if r["metric"] == f"{pathway}_excess_harm"
                            and r["injection"] == f"+{c} vs +{c}~{kind}"]
                     if hit:
-                        _errorbar(top, hit[0], i + off + dy, COLORS[c], marker, fill=kind == "gaussian")
+                        _errorbar(top, hit[0], i + off + dy, COLORS[c], marker, fill=kind == "signflip")
             for i, name in enumerate((*components, "interaction")):
                 hit = [r for r in mine if r["metric"] == f"{pathway}_shapley" and r["injection"] == f"shapley:{name}"]
                 if hit:
@@ -471,7 +471,8 @@ def pathway_attribution(pathways_csv: Path | str, out_stem: Path | str) -> list[
             ax.invert_yaxis()
             ax.axvline(0, color="gray", lw=0.6)
         top.set_title(f"{title}: excess harm over the matched control", fontsize=9)
-        top.set_xlabel("harm(+c) - harm(+c~control) (filled: Gaussian, open: permuted)", fontsize=8)
+        top.set_xlabel("harm(+c) - harm(+c~control): filled = sign-flip (primary), open = Gaussian, then permuted",
+                       fontsize=8)
         bottom.set_title(f"{title}: Shapley value of each component", fontsize=9)
         bottom.set_xlabel("share of harm(all) - harm(none), bootstrap 95% interval", fontsize=8)
     handles = [plt.Line2D([], [], ls="", marker="osD^v<>"[k % 7], color="gray", label=f"{m} / {c}")

@@ -84,14 +84,14 @@ def test_the_unit_harms_reproduce_the_rows_and_name_their_data(pathway_rows):
         return [float(u["harm"]) for u in sorted(warm, key=lambda u: int(u["unit"]))
                 if u["pathway"] == pathway and u["arm"] == arm]
 
-    for arm in ROWS:
+    for arm in ROWS:  # the harms are the teacher-forced measures: token entropy, minus the solution's log-likelihood
         row = next(r for r in rows if r["checkpoint"] == "warm" and r["injection"] == arm
-                   and r["metric"] == "entropy" and r["form"] == "canonical")
+                   and r["metric"] == "tf_entropy" and r["form"] == "canonical")
         assert sum(harms("entropy", arm)) / len(harms("entropy", arm)) == pytest.approx(row["mean"], abs=1e-12)
         assert len(harms("rollout", arm)) == row["n"]
         if arm != "none":
             diff = next(r for r in rows if r["checkpoint"] == "warm" and r["injection"] == arm
-                        and r["metric"] == "rollout_accuracy_diff")
+                        and r["metric"] == "tf_solution_loglik_diff" and r["form"] == "canonical")
             d = [-(a - b) for a, b in zip(harms("rollout", arm), harms("rollout", "none"))]
             assert sum(d) / len(d) == pytest.approx(diff["mean"], abs=1e-12)
     for pathway in {u["pathway"] for u in units}:
@@ -189,7 +189,7 @@ def test_control_arms_excess_harm_and_shapley_rows_come_with_every_checkpoint(pa
         # efficiency, per checkpoint: the Shapley values sum to harm(all) - harm(none) (entropy pathway)
         phi = sum(float(r["mean"]) for r in mine
                   if r["metric"] == "entropy_shapley" and r["injection"] != "shapley:interaction")
-        full = next(float(r["mean"]) for r in mine if r["metric"] == "entropy_diff" and r["injection"] == "all")
+        full = next(float(r["mean"]) for r in mine if r["metric"] == "tf_entropy_diff" and r["injection"] == "all")
         assert phi == pytest.approx(full, abs=1e-9)
 
 
@@ -243,6 +243,7 @@ def test_policies_after_grpo_are_the_outer_unit():
     m = Measured(roll_groups=["grpo/seed0"] * 4 + ["grpo/seed1"] * 4, seeds={0, 1})
     for arm in (*ROWS, *control_rows(settings.controls)):
         m.scores[arm] = ([rng.random() for _ in range(8)], [rng.random() for _ in range(8)])
+        m.teacher[arm] = {k: [rng.random() for _ in range(8)] for k in ("tf_entropy", "tf_kl", "tf_solution_loglik")}
     rows = form_rows("tiny-dense", "grpo", m, settings, seed=0)
     paired = [r for r in rows if r["metric"] in ("entropy_diff", "rollout_harm_contrast", "entropy_excess_harm")]
     assert paired and all("mixed model" in r["method"] or "seed means" in r["method"] for r in paired)
