@@ -93,7 +93,7 @@ def markdown(rows: list[dict]) -> str:
 
 ATTRIBUTION = (  # (metric suffix, injection, header)
     *(("excess_harm", f"+{c} vs +{c}~{k}", f"excess +{c} (~{k[:5]}.)") for c in ("scale", "dead", "grid")
-      for k in ("gaussian", "permuted")),
+      for k in ("signflip", "gaussian", "permuted")),
     *(("shapley", f"shapley:{c}", f"Shapley {c}") for c in ("scale", "dead", "grid", "interaction")),
 )
 
@@ -116,8 +116,9 @@ def attribution_markdown(rows: list[dict]) -> str:
             if any(c != "—" for c in cells):
                 out.append(f"| {model} | {ckpt} | {pathway} | " + " | ".join(cells) + " |")
     return ("\n## Attribution: excess harm over energy-matched controls, and Shapley values\n\nHarm = 1 - gradient "
-            "cosine, - rollout accuracy, token entropy. Excess = harm(+c) - harm(+c~control), paired over the same "
-            "units; Shapley over the arms none, +c, all, -c (per unit, bootstrap interval).\n\n" + "\n".join(out)
+            "cosine; - teacher-forced log-likelihood of the correct solution; teacher-forced token entropy. Excess = "
+            "harm(+c) - harm(+c~control), paired over the same units (a column stays empty where the profile has no "
+            "such control); Shapley over the arms none, +c, all, -c (per unit, bootstrap interval).\n\n" + "\n".join(out)
             + "\n")
 
 
