@@ -265,6 +265,27 @@ def _cmd_claims(args) -> int:
     return 0
 
 
+def _cmd_power_design(args) -> int:
+    import yaml
+
+    from .report.pathway_table import read_rows
+    from .report.power_design import design, units_in
+
+    profile = _profile(args)
+    claims = profile.pathways.claims if profile.pathways else None
+    if claims is None:
+        raise ValueError(f"profile {args.profile!r} sets no pathways.claims (form, control, margins) to size")
+    stored = Layout(args.results, args.pilot)
+    block = design(read_rows(stored.stored(stored.pathways())), claims.margins, claims.form, args.pilot,
+                   family=args.family)
+    print(yaml.safe_dump({"power": block}, sort_keys=False).rstrip())
+    have = units_in(profile)
+    for pathway, c in block["claims"].items():
+        print(f"# {pathway}: needs {c['units']} units, the profile measures {have[pathway]}"
+              + ("" if have[pathway] >= c["units"] else "  <- too few"))
+    return 0
+
+
 def _cmd_report(args) -> int:
     from .report.profile_report import run
 
@@ -583,6 +604,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pathways", default=None, help="default results/<profile>/pathways/pathways.csv")
     p.add_argument("--out", default=None, help="default results/<profile>/claims.md")
     p.set_defaults(func=_cmd_claims)
+
+    p = sub.add_parser("power-design", help="a confirmatory profile's claim-level sample size from a pilot's stored "
+                       "pathway matrix: the pathways.claims.power block to write into the profile")
+    _profile_args(p)
+    p.add_argument("--pilot", default="embedded", help="the pilot profile whose stored pathways.csv is read")
+    p.add_argument("--family", type=int, default=8, help="hypotheses in the primary family (default 8)")
+    p.set_defaults(func=_cmd_power_design)
 
     p = sub.add_parser("report", help="REPORT.md of a profile's run: held-out accuracy, the pathway matrix's "
                        "headline, the claims' verdicts")

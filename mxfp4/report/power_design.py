@@ -1,0 +1,67 @@
+"""The sample size of a confirmatory profile's claim-level tests, computed from a pilot run before the
+confirmatory one runs, and written into its profile (``pathways.claims.power``).
+
+Each mechanism claim is one hypothesis of the primary family, decided on one of two one-sided sides
+(``mxfp4.report.claims.mechanism_rows``); the calculation sizes the side the pilot points to:
+
+- the pilot's weakest contrast d > 0 (the claimed component beat every rival there): the held side, an
+  intersection-union test of ``rivals`` one-sided paired t tests, each needing power ``power ** (1 /
+  rivals)`` at effect max(d, margin) (the pilot's effect, or the smallest effect of interest where that is
+  larger);
+- d <= 0: the contradicted side, one one-sided test of mean < margin at effect margin - d, at level
+  alpha / rivals (its Bonferroni over the rivals).
+
+Both at level ``alpha / family / 2``: Holm's strictest step over the primary family, and the Bonferroni
+split of each claim's two sides. The spread is the pilot's sd of the weakest contrast's per-unit
+differences. The units are the largest over the pilot's models; a gradient claim counts gradient batches,
+the rollout and entropy claims prompts (``stats.units_for_power``, checked by simulation in the tests)."""
+
+from __future__ import annotations
+
+from ..analysis.pathway_spec import MAPPING
+from ..stats import units_for_power
+
+RIVALS = 3  # the two other components and the claimed component's own control
+
+
+def claim_units(diff: float, sd: float, margin: float, alpha: float, family: int, power: float) -> dict:
+    """The effect the claim is sized for and the units it needs (see the module docstring)."""
+    level = alpha / family / 2
+    if diff > 0:
+        effect = max(diff, margin)
+        units = units_for_power(effect, sd, level, power, comparisons=RIVALS)
+    else:
+        effect = margin - diff
+        units = units_for_power(effect, sd, level / RIVALS, power)
+    return {"effect": effect, "sd": sd, "units": units}
+
+
+def design(pilot_rows: list[dict], margins: dict[str, float], form: str, pilot: str, alpha: float = 0.05,
+           family: int = 8, power: float = 0.8) -> dict:
+    """The ``pathways.claims.power`` block of a confirmatory profile from the pilot's pathway rows
+    (``pathways.csv``, read by ``pathway_table.read_rows``): per pathway the largest units any model's
+    claim needs, with that claim's effect and spread."""
+    label = "warm" if form == "canonical" else f"warm ({form})"
+    claims: dict[str, dict] = {}
+    for r in pilot_rows:
+        if r["checkpoint"] != label or not r["metric"].endswith("_claim") or r.get("sd") in ("", None):
+            continue
+        pathway = r["metric"].removesuffix("_claim")
+        need = claim_units(float(r["mean"]), float(r["sd"]), margins[pathway], alpha, family, power)
+        if pathway not in claims or need["units"] > claims[pathway]["units"]:
+            claims[pathway] = need
+    missing = [p for p in MAPPING if p not in claims]
+    if missing:
+        raise ValueError(f"the pilot {pilot!r} has no claim rows of {missing} in form {form!r} at the warm start; "
+                         "accepted: a pilot run whose profile sets pathways.claims (rerun its pathways)")
+    return {"pilot": pilot, "alpha": alpha, "family": family, "power": power,
+            "claims": {p: {k: (round(v, 6) if isinstance(v, float) else v) for k, v in c.items()}
+                       for p, c in claims.items()}}
+
+
+def units_in(profile) -> dict[str, int]:
+    """The units a profile measures at the warm start per pathway: gradient batches and prompts, over
+    every seed."""
+    s = profile.pathways
+    seeds = len(profile.seeds)
+    return {"gradient": s.batches * seeds, "rollout": s.prompts * seeds, "entropy": s.prompts * seeds}

@@ -1,0 +1,59 @@
+"""The confirmatory profiles' sample sizes: written into each profile from its pilot's stored pathway
+matrix before the run, and large enough for the calculation they state."""
+
+import numpy as np
+import pytest
+
+from mxfp4 import stats as mxstats
+from mxfp4.config.profiles import available, load_profile
+from mxfp4.layout import Layout
+from mxfp4.report.pathway_table import read_rows
+from mxfp4.report.power_design import RIVALS, claim_units, design, units_in
+
+SIZED = [p for p in available() if (s := load_profile(p).pathways) and s.claims and s.claims.power]
+
+
+def test_at_least_one_confirmatory_profile_states_its_power_calculation():
+    assert SIZED, "no profile writes pathways.claims.power"
+
+
+@pytest.mark.parametrize("name", SIZED)
+def test_a_profiles_power_block_is_its_pilots_calculation_and_its_units_meet_it(name):
+    profile = load_profile(name)
+    claims = profile.pathways.claims
+    written = claims.power
+    pilot = Layout("results", written.pilot)
+    again = design(read_rows(pilot.stored(pilot.pathways())), claims.margins, claims.form, written.pilot,
+                   written.alpha, written.family, written.power)
+    assert again == written.model_dump(), "rerun mxfp4 power-design and write its block into the profile"
+    have = units_in(profile)
+    for pathway, c in written.claims.items():
+        assert have[pathway] >= c.units, (pathway, have[pathway], c.units)
+
+
+def test_the_held_side_is_sized_at_the_larger_of_the_pilot_effect_and_the_margin():
+    level = 0.05 / 8 / 2
+    big = claim_units(0.5, 1.0, 0.1, 0.05, 8, 0.8)
+    assert big["effect"] == 0.5 and big["units"] == mxstats.units_for_power(0.5, 1.0, level, comparisons=RIVALS)
+    small = claim_units(0.01, 1.0, 0.1, 0.05, 8, 0.8)  # a pilot effect below the smallest effect of interest
+    assert small["effect"] == 0.1
+    against = claim_units(-0.2, 1.0, 0.1, 0.05, 8, 0.8)  # the contradicted side: margin - d, Bonferroni over rivals
+    assert against["effect"] == pytest.approx(0.3)
+    assert against["units"] == mxstats.units_for_power(0.3, 1.0, level / RIVALS)
+
+
+def test_the_contradicted_side_has_its_power_in_simulation():
+    """A rival truly beats the claimed component by 0.2 (margin 0.1): at the calculated n the claim is
+    contradicted at the claim's level in at least 80% - 5% of 400 simulated experiments."""
+    level = 0.05 / 8 / 2
+    n = claim_units(-0.2, 1.0, 0.1, 0.05, 8, 0.8)["units"]
+    rng = np.random.default_rng(3)
+    hits = 0
+    for _ in range(400):
+        base = rng.normal(0, 1, n)
+        own = base + rng.normal(0, 1 / np.sqrt(2), n)
+        rivals = {"r0": base + 0.2 + rng.normal(0, 1 / np.sqrt(2), n),
+                  **{f"r{k}": base - 5.0 + rng.normal(0, 1 / np.sqrt(2), n) for k in (1, 2)}}
+        res = mxstats.dominance_test(list(own), {k: list(v) for k, v in rivals.items()}, margin=0.1)
+        hits += res["p_contradicted"] < level
+    assert hits / 400 >= 0.75, (n, hits)
