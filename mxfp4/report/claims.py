@@ -302,11 +302,15 @@ def precondition_rows(items: list[dict]) -> list[dict]:
 STANDARD_RECIPE = "mxfp4+rht-sr"  # the field's MXFP4 training recipe: Hadamard rotation + stochastic rounding
 
 
-def mechanism_rows(pathways: list[dict], form: str = "gain") -> list[dict]:
+def mechanism_rows(pathways: list[dict], design=None) -> list[dict]:
     """The claim-level test of each mechanism claim per model (the pathway matrix's ``<pathway>_claim``
-    rows of decomposition ``form`` at the warm start): one hypothesis each, decided both ways. Its p is
-    Bonferroni over the two one-sided tests (held: the claimed component beats every rival; contradicted:
-    a rival comes within the margin), ``direction`` the side with the smaller p."""
+    rows at the warm start, in the decomposition form of ``design``, the profile's ``pathways.claims``;
+    none: no primary mechanism rows): one hypothesis each, decided both ways. Its p is Bonferroni over
+    the two one-sided tests (held: the claimed component beats every rival; contradicted: a rival comes
+    within the margin), ``direction`` the side with the smaller p."""
+    if design is None:
+        return []
+    form = design.form
     label = "warm" if form == "canonical" else f"warm ({form})"
     out = []
     for r in pathways:
@@ -319,7 +323,8 @@ def mechanism_rows(pathways: list[dict], form: str = "gain") -> list[dict]:
         p = None if held is None or contra is None else min(1.0, 2 * min(held, contra))
         out.append({
             "claim": MECHANISMS[pathway][1], "model": r["model"],
-            "test": f"primary: dominance over each rival and its control ({form} form, warm start)",
+            "test": f"primary: dominance over each rival and its {design.control} control ({form} form, warm start; "
+                    f"contradicted below margin {design.margins[pathway]:g})",
             "measure": f"harm(+{MAPPING[pathway]}) minus its closest rival's, per unit ({HARMS[pathway]})",
             "diff": float(r["mean"]), "ci_low": lo, "ci_high": hi, "n": int(r["n"]), "sd": sd, "p": p,
             "p_held": held, "p_contradicted": contra, "method": r["method"], "shift": 0.0,
@@ -355,11 +360,12 @@ def _decide(rows: list[dict]) -> None:
 
 
 def build_claims(cells: list[dict], proofs: dict, corrections: list[dict], pathways: list[dict],
-                 problems: int | None = None, items: list[dict] = (), form: str = "gain") -> list[dict]:
+                 problems: int | None = None, items: list[dict] = (), design=None) -> list[dict]:
     """Every row of the claims table. The primary family (``family`` "primary", Holm over it alone): each
-    mechanism claim's claim-level test in decomposition ``form`` and the headline recovery on final
-    accuracy, per model. Every other tested row is secondary, Holm over its own family."""
-    primary = mechanism_rows(pathways, form)
+    mechanism claim's claim-level test as ``design`` (the profile's ``pathways.claims``) fixes it and the
+    headline recovery on final accuracy, per model. Every other tested row is secondary, Holm over its own
+    family."""
+    primary = mechanism_rows(pathways, design)
     secondary = direct_rows(pathways)
     for model in sorted({c["model"] for c in cells}):
         secondary += indirect_rows(cells, model)
@@ -463,7 +469,7 @@ def run_claims(cells_csv, proofs_json, corrections_json, out_md, profile: str, p
         read_pathways(pathways_csv),
         eval_problems(profile),
         read_csv(items_csv) if items_csv.is_file() else [],
-        settings.claims.form if settings is not None and settings.claims is not None else "gain",
+        settings.claims if settings is not None else None,
     )
     write_text_atomic(out_md, markdown(rows, profile))
     return rows

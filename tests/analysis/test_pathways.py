@@ -296,7 +296,7 @@ def test_a_claim_holds_where_its_component_dominates_and_is_contradicted_where_a
     assert abs(entropy["mean"] - 0.2) < 0.05 and entropy["ci_low"] < entropy["mean"] < entropy["ci_high"]
     assert rows["rollout_claim"]["p"] > 0.5 and rows["rollout_claim"]["p_contradicted"] < 1e-6
     proofs = {"max_identity_residual_rel": 0.0, "passed": True, "cases": [1]}
-    claims = build_claims([], proofs, [], list(rows.values()), form="canonical")
+    claims = build_claims([], proofs, [], [{**r, "checkpoint": "warm (gain)"} for r in rows.values()], design=design)
     verdicts = {r["claim"]: r["verdict"] for r in claims if r.get("family") == "primary"}
     assert verdicts == {"Grid noise dominates policy entropy": "held",
                         "Deadzone truncation dominates rollout quality": "contradicted (a rival within the margin)"}
