@@ -365,20 +365,57 @@ def build_claims(cells: list[dict], proofs: dict, corrections: list[dict], pathw
     mechanism claim's claim-level test as ``design`` (the profile's ``pathways.claims``) fixes it and the
     headline recovery on final accuracy, per model. Every other tested row is secondary, Holm over its own
     family."""
-    primary = mechanism_rows(pathways, design)
+    primary = primary_family(cells, pathways, problems, design)
     secondary = direct_rows(pathways)
     for model in sorted({c["model"] for c in cells}):
         secondary += indirect_rows(cells, model)
-        for metric in RECOVERY_MEASURES:
-            rec = recovery_row(cells, model, problems, metric)
-            if rec:
-                (primary if metric == "gsm8k_strict_accuracy" else secondary).append(rec)
+        rec = recovery_row(cells, model, problems, "gsm8k_rl_gain")
+        secondary += [rec] if rec else []
         secondary += standard_recipe_rows(cells, model)
-    for family, rows in (("primary", primary), ("secondary", secondary)):
-        _decide(rows)
-        for r in rows:
-            r["family"] = family
+    _decide(secondary)
+    for r in secondary:
+        r["family"] = "secondary"
     return primary + construction_rows(proofs, corrections) + precondition_rows(list(items)) + secondary
+
+
+def primary_family(cells: list[dict], pathways: list[dict], problems: int | None = None, design=None) -> list[dict]:
+    """The primary family alone, decided (Holm over it): per model each mechanism claim's claim-level test
+    and the headline recovery on final accuracy."""
+    rows = mechanism_rows(pathways, design)
+    for model in sorted({c["model"] for c in cells}):
+        rec = recovery_row(cells, model, problems, "gsm8k_strict_accuracy")
+        rows += [rec] if rec else []
+    _decide(rows)
+    for r in rows:
+        r["family"] = "primary"
+    return rows
+
+
+def primary_summary(profiles: list[str], results="results") -> str:
+    """The primary family of each profile's stored baselines side by side, one line per claim and model:
+    the verdict with its effect and interval in each profile (its own Holm family)."""
+    from ..layout import Layout
+
+    cols, lines = [], {}
+    for name in profiles:
+        layout = Layout(results, name)
+        cells_csv, pathways_csv = layout.stored(layout.table("cells")), layout.stored(layout.pathways())
+        if not Path(cells_csv).is_file():
+            raise ValueError(f"profile {name!r} has no stored baselines ({cells_csv}); store them first "
+                             "(snakemake --cores 2 store_baselines --config profile=...)")
+        settings = load_profile(name).pathways
+        rows = primary_family(read_csv(cells_csv), read_pathways(pathways_csv), eval_problems(name),
+                              settings.claims if settings is not None else None)
+        cols.append(name)
+        for r in rows:
+            ci = "" if r["ci_low"] is None else f" [{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]"
+            lines.setdefault((r["claim"], r["model"]), {})[name] = (
+                f"**{r['verdict']}** {_g(r['diff'])}{ci} (n {r['n']}, p_Holm {_g(r.get('p_holm'), '{:.2g}')})")
+    out = ["| claim | model | " + " | ".join(f"`{c}`" for c in cols) + " |",
+           "| --- | --- | " + " | ".join("---" for _ in cols) + " |"]
+    for (claim, model), by in lines.items():
+        out.append(f"| {claim} | {model} | " + " | ".join(by.get(c, "not in this profile") for c in cols) + " |")
+    return "\n".join(out) + "\n"
 
 
 def _g(v, fmt="{:+.3g}"):
