@@ -308,9 +308,9 @@ def excess_rows(model, checkpoint, harms: dict[str, dict[str, list]], controls, 
 def claim_rows(model, checkpoint, m: Measured, design) -> list[dict]:
     """The claim-level test of each mechanism claim (``design``: the profile's ``pathways.claims``):
     ``stats.dominance_test`` of the claimed component's harm against each other component's and its own
-    control's, on the pathway harms (``Measured.harms``: the low-variance measures), paired over units. One row a pathway
-    (metric ``<pathway>_claim``): the weakest contrast's mean and 95% t interval, p held (``p``) and p
-    contradicted (``p_contradicted``). The warm start only: its units share one policy."""
+    control's, on the pathway harms (``Measured.harms``: the low-variance measures), paired over units.
+    One row a pathway (metric ``<pathway>_claim``): the weakest contrast's mean and 95% t interval, p held
+    (``p``) and p contradicted (``p_contradicted``). The warm start only: its units share one policy."""
     rows = []
     for pathway, per_arm in m.harms(["both"]).items():
         top = MAPPING[pathway]

@@ -16,7 +16,7 @@ from ..config.profiles import load_profile
 from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE
 from ..stats import ALPHA, min_detectable_effect, n_needed, paired_diff, verdict_level
-from .aggregate import read_csv, rl_gain_rows
+from .aggregate import RL_GAIN_PER_PROBLEM, read_csv, rl_gain_rows
 from .pathway_table import read_rows
 
 NONINFERIORITY_MARGIN = 0.007  # dense: "BF16 accuracy recovered to within 0.7%"
@@ -283,7 +283,9 @@ def precondition_rows(items: list[dict]) -> list[dict]:
     ``aggregate.rl_gain_rows``), met when the 95% interval excludes 0 and the estimate reaches
     ``PRECONDITION_GAIN``. A check of the miniature, not a claim of the paper: outside the Holm family."""
     out = []
-    for r in rl_gain_rows([i for i in items if i["recipe"] == REFERENCE_RECIPE]):
+    gains = [r for r in rl_gain_rows([i for i in items if i["recipe"] == REFERENCE_RECIPE])
+             if r["metric"] == RL_GAIN_PER_PROBLEM]  # the overall gain (not the per-type rows and accuracies)
+    for r in gains:
         excludes_0 = r["ci_low"] is not None and r["ci_low"] > 0
         met = excludes_0 and r["mean"] >= PRECONDITION_GAIN
         out.append({

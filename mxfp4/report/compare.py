@@ -535,7 +535,8 @@ def run_compare(layout: Layout, recipe: str, baselines_csv, out_md, figure_stem=
                 baselines = baselines + added
                 keys = {(c["model"], c["recipe"], int(c["seed"])) for c in added}
                 if base_items is not None:
-                    base_items = base_items + [i for i in new_items if (i["model"], i["recipe"], int(i["seed"])) in keys]
+                    base_items = base_items + [i for i in new_items
+                                               if (i["model"], i["recipe"], int(i["seed"])) in keys]
                 note += (" Seeds the stored baselines lack ran here and extend them: "
                          + ", ".join(f"{m}/{r}/seed{s}" for m, r, s in sorted(keys)) + ".")
     references = primary_references(recipe)

@@ -118,8 +118,8 @@ def attribution_markdown(rows: list[dict]) -> str:
     return ("\n## Attribution: excess harm over energy-matched controls, and Shapley values\n\nHarm = 1 - gradient "
             "cosine; - teacher-forced log-likelihood of the correct solution; teacher-forced token entropy. Excess = "
             "harm(+c) - harm(+c~control), paired over the same units (a column stays empty where the profile has no "
-            "such control); Shapley over the arms none, +c, all, -c (per unit, bootstrap interval).\n\n" + "\n".join(out)
-            + "\n")
+            "such control); Shapley over the arms none, +c, all, -c (per unit, bootstrap interval).\n\n"
+            + "\n".join(out) + "\n")
 
 
 def sites_markdown(rows: list[dict]) -> str:

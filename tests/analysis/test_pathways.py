@@ -260,7 +260,7 @@ def test_grpo_checkpoints_need_every_seeds_policy(tmp_path):
         checkpoints(profile, "tiny-dense", tmp_path)
 
 
-def _teacher_measured(harms: dict[str, "np.ndarray"]):
+def _teacher_measured(harms: dict):
     """A Measured whose teacher-forced entropy and solution log-likelihood give every arm ``harms``
     (rollout harm = - log-likelihood), on one policy's units."""
     from mxfp4.analysis.pathways import Measured

@@ -154,8 +154,9 @@ def test_the_precondition_row_says_whether_bf16_rl_trains_and_stays_outside_holm
         for seed in range(6):
             after = np.where(rng.random(200) < lift, True, before)
             items += [{"model": model, "recipe": "bf16", "seed": seed, "doc_id": i, "doc_hash": f"h{i}",
-                       "strict": float(a), "strict_before": float(b)} for i, (a, b) in enumerate(zip(after, before))]
-    rows = {r["model"]: r for r in precondition_rows(items)}
+                       "strict": float(a), "strict_before": float(b), "problem_type": ("flaw", "rest")[i % 2]}
+                      for i, (a, b) in enumerate(zip(after, before))]
+    rows = {r["model"]: r for r in precondition_rows(items)}  # one a model: the gain over every problem type
     assert rows["trains"]["verdict"] == "met" and rows["trains"]["ci_low"] > 0
     assert rows["flat"]["diff"] == 0 and rows["flat"]["verdict"].startswith("not met")
     full = build_claims([], PROOFS, [], [], items=items)

@@ -261,7 +261,8 @@ def test_the_cost_estimate_counts_the_cells_to_run_at_their_stored_wall_times():
     from mxfp4.report.compare import cost_estimate
 
     stored = [{"model": "d", "recipe": "bf16", "seed": s, "wall_time_seconds": 60.0} for s in (0, 1)]
-    stored += [{"model": "d", "recipe": "mxfp4", "seed": s, "wall_time_seconds": w} for s, w in ((0, 100.0), (1, 140.0))]
+    stored += [{"model": "d", "recipe": "mxfp4", "seed": s, "wall_time_seconds": w}
+               for s, w in ((0, 100.0), (1, 140.0))]
     stored += [{"model": "e", "recipe": "bf16", "seed": 0, "wall_time_seconds": 120.0}]
     # a new recipe costs what its base (mxfp4) did; where its base is not stored, the model's slowest recipe
     line = cost_estimate(stored, [("d", "mxfp4+rht-sr", 0), ("d", "bf16", 3), ("e", "mxfp4+rht-sr", 0)], cores=2)
