@@ -78,10 +78,30 @@ def pathway_headline(pathways_csv: Path | str) -> str:
 VERDICT = re.compile(r"\| (held|contradicted|not shown|met|not met|by construction|held \(numerical check\)) \|$")
 
 
+def _tables(text: str) -> list[list[str]]:
+    """The markdown tables of ``text``, each as its lines (header, rule, rows)."""
+    tables, current = [], []
+    for ln in text.splitlines():
+        if ln.startswith("| "):
+            current.append(ln)
+        elif current:
+            tables.append(current)
+            current = []
+    return tables + ([current] if current else [])
+
+
 def claims_summary(claims_md: Path | str) -> str:
-    """The verdict counts of the claims table and every row that resolved (held or contradicted)."""
-    lines = [ln for ln in Path(claims_md).read_text().splitlines()
-             if ln.startswith("| ") and not ln.startswith("| ---")]
+    """The claims table's primary family as it stands (where the table has one), then the verdict counts
+    of the other rows and every one of them that resolved (held or contradicted)."""
+    text = Path(claims_md).read_text()
+    primary, sep, rest = text.partition("## Secondary rows")
+    out = ""
+    if sep:
+        table = _tables(primary)
+        out = ("Primary family (fixed in the profile before the run; Holm over it alone):\n\n"
+               + ("\n".join(table[0]) if table else "No primary test was measured in this run.") + "\n\n"
+               "Secondary rows: ")
+    lines = [ln for table in _tables(rest if sep else text) for ln in table if not ln.startswith("| ---")]
     header, body = lines[0], lines[1:]
     counts: dict[str, int] = {}
     resolved = []
@@ -92,11 +112,11 @@ def claims_summary(claims_md: Path | str) -> str:
         if verdict in ("held", "contradicted"):
             resolved.append(ln)
     count_line = ", ".join(f"{v}: {n}" for v, n in sorted(counts.items()))
-    text = f"{len(body)} rows ({count_line}).\n"
+    out += f"{len(body)} rows ({count_line}).\n"
     if resolved:
         rule = "| " + " | ".join("---" for _ in header.split(" | ")) + " |"
-        text += "\nRows that resolved:\n\n" + "\n".join([header, rule, *resolved]) + "\n"
-    return text
+        out += "\nRows that resolved:\n\n" + "\n".join([header, rule, *resolved]) + "\n"
+    return out
 
 
 def build(profile: str, summary_csv, pathways_csv=None, claims_md=None, links: dict[str, str] | None = None) -> str:

@@ -61,3 +61,15 @@ def test_the_stored_reports_are_the_ones_their_baselines_make(tmp_path):
         if (folder / "summary.csv").is_file():
             out = run(Layout(STORED.parents[1], folder.name), tmp_path / f"{folder.name}.md", stored=True)
             assert out.read_text() == (folder / "REPORT.md").read_text(), folder.name
+
+
+def test_the_claims_summary_shows_the_primary_family_apart_from_the_secondary_rows(tmp_path):
+    primary = "| claim | model | verdict |\n| --- | --- | --- |\n| P | m | **held** |\n"
+    secondary = "| claim | model | value | verdict |\n| --- | --- | --- | --- |\n| S | m | +0.1 | contradicted |\n"
+    claims = tmp_path / "claims.md"
+    claims.write_text("# Claims\n\n## Primary family\n\nprose\n\n" + primary + "\n## Secondary rows\n\n" + secondary)
+    text = claims_summary(claims)
+    assert text.startswith("Primary family") and primary.strip() in text
+    assert "Secondary rows: 1 rows (contradicted: 1)." in text
+    resolved = _table(text.split("Rows that resolved:")[1])
+    assert [r["claim"] for r in resolved] == ["S"] and "value" in resolved[0]
