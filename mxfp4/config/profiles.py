@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -197,7 +197,8 @@ class EvalSettings(_Strict):
     batch_size: int = Field(32, ge=1)
 
 
-PATHWAYS = ("gradient", "rollout", "entropy")
+Pathway = Literal["gradient", "rollout", "entropy"]
+PATHWAYS = get_args(Pathway)
 
 
 class PowerClaim(_Strict):
@@ -216,7 +217,7 @@ class PowerDesign(_Strict):
     alpha: float = Field(gt=0, lt=1, description="the primary family's error rate")
     family: int = Field(ge=1, description="hypotheses in the primary family: each tested at alpha / family / 2")
     power: float = Field(gt=0, lt=1)
-    claims: dict[Literal["gradient", "rollout", "entropy"], PowerClaim]
+    claims: dict[Pathway, PowerClaim]
 
 
 class ClaimDesign(_Strict):
@@ -227,7 +228,7 @@ class ClaimDesign(_Strict):
 
     form: Literal["canonical", "gain"] = "gain"
     control: Literal["gaussian", "permuted", "signflip"] = "signflip"
-    margins: dict[Literal["gradient", "rollout", "entropy"], Annotated[float, Field(ge=0)]]
+    margins: dict[Pathway, Annotated[float, Field(ge=0)]]
     power: PowerDesign | None = None
 
     @model_validator(mode="after")

@@ -14,7 +14,7 @@ from statsmodels.stats.multitest import multipletests
 from ..analysis.pathway_spec import HARMS, MAPPING
 from ..config.profiles import load_profile
 from ..io import write_text_atomic
-from ..layout import REFERENCE_RECIPE
+from ..layout import REFERENCE_RECIPE, Layout
 from ..stats import ALPHA, min_detectable_effect, n_needed, paired_diff, verdict_level
 from .aggregate import RL_GAIN_PER_PROBLEM, read_csv, rl_gain_rows
 from .pathway_table import read_rows
@@ -396,8 +396,6 @@ def primary_family(cells: list[dict], pathways: list[dict], problems: int | None
 def primary_summary(profiles: list[str], results="results") -> str:
     """The primary family of each profile's stored baselines side by side, one line per claim and model:
     the verdict with its effect and interval in each profile (its own Holm family)."""
-    from ..layout import Layout
-
     cols, lines = [], {}
     for name in profiles:
         layout = Layout(results, name)

@@ -89,21 +89,28 @@ checkpoint baseline_reproduction:
         "--out {output} > {log} 2>&1"
 
 
+EXTRA_SEEDS = [s for s in COMPARE_SEEDS if s not in SEEDS]  # compare seeds the stored baselines lack
+
+
+def reference_runs(seeds):
+    """(model, recipe, seed) of the reference recipes' cells on ``seeds`` of the compared models."""
+    return [(m, r, s) for m in COMPARE_MODELS for r in compare_references() for s in seeds]
+
+
 def reference_cells(wc):
-    """This run's cells of the reference recipes, when the stored baselines do not reproduce here."""
+    """This run's cells of the reference recipes: of every compare seed when the stored baselines do not
+    reproduce here, else of the seeds they lack."""
     import json
 
     check = json.loads(open(checkpoints.baseline_reproduction.get().output[0]).read())
-    seeds = [s for s in COMPARE_SEEDS if s not in SEEDS] if check["reproduces"] else COMPARE_SEEDS
-    return [cell_path(m, r, s) for m in COMPARE_MODELS for r in compare_references() for s in seeds]
+    return [cell_path(*c) for c in reference_runs(EXTRA_SEEDS if check["reproduces"] else COMPARE_SEEDS)]
 
 
 def planned_compare_cells():
     """(model, recipe, seed) of every cell a compare runs that has not run yet, where the stored baselines
     reproduce here: the recipe's, the reproduction's and the extra seeds' references."""
     wanted = [(m, COMPARE_RECIPE, s) for m in COMPARE_MODELS for s in COMPARE_SEEDS]
-    wanted += reproduction_cells()
-    wanted += [(m, r, s) for m in COMPARE_MODELS for r in compare_references() for s in COMPARE_SEEDS if s not in SEEDS]
+    wanted += reproduction_cells() + reference_runs(EXTRA_SEEDS)
     return [c for c in dict.fromkeys(wanted) if not os.path.exists(cell_path(*c))]
 
 
