@@ -403,15 +403,20 @@ def _same(a, b) -> bool:
         return str(a) == str(b)
 
 
+def cell_key(row: dict) -> tuple[str, str, int]:
+    """(model, recipe, seed) of a cell's row (or of one of its per-problem items)."""
+    return row["model"], row["recipe"], int(row["seed"])
+
+
 def _find(rows: list[dict], model: str, recipe: str, seed) -> dict | None:
     """The row of cell (model, recipe, seed), or None."""
-    return next((r for r in rows if (r["model"], r["recipe"], int(r["seed"])) == (model, recipe, int(seed))), None)
+    return next((r for r in rows if cell_key(r) == (model, recipe, int(seed))), None)
 
 
 def reproduction(rerun: dict, stored: list[dict]) -> dict:
     """Whether ``rerun`` (a cell row made on this machine) equals the stored row of the same model,
     recipe and seed in every ``REPRODUCED`` value, bit for bit."""
-    key = (rerun["model"], rerun["recipe"], int(rerun["seed"]))
+    key = cell_key(rerun)
     row = _find(stored, *key)
     if row is None:  # nothing to reproduce: the references must come from this machine
         row = {}
@@ -456,8 +461,8 @@ def extending_cells(cells: list[dict], stored: list[dict], recipe: str) -> list[
     """This run's cells of recipes other than ``recipe`` whose (model, recipe, seed) the stored baselines
     lack: the references of extra seeds (``compare_seeds``), valid beside the stored cells only where this
     machine reproduces those bit for bit."""
-    have = {(b["model"], b["recipe"], int(b["seed"])) for b in stored}
-    return [c for c in cells if c["recipe"] != recipe and (c["model"], c["recipe"], int(c["seed"])) not in have]
+    have = {cell_key(b) for b in stored}
+    return [c for c in cells if c["recipe"] != recipe and cell_key(c) not in have]
 
 
 CELL_STARTUP_SECONDS = 10.0  # a cell's process before its clock starts (interpreter, torch and TRL imports)
@@ -533,10 +538,9 @@ def run_compare(layout: Layout, recipe: str, baselines_csv, out_md, figure_stem=
             added = extending_cells(cells, baselines, recipe)
             if added:
                 baselines = baselines + added
-                keys = {(c["model"], c["recipe"], int(c["seed"])) for c in added}
+                keys = {cell_key(c) for c in added}
                 if base_items is not None:
-                    base_items = base_items + [i for i in new_items
-                                               if (i["model"], i["recipe"], int(i["seed"])) in keys]
+                    base_items = base_items + [i for i in new_items if cell_key(i) in keys]
                 note += (" Seeds the stored baselines lack ran here and extend them: "
                          + ", ".join(f"{m}/{r}/seed{s}" for m, r, s in sorted(keys)) + ".")
     references = primary_references(recipe)
