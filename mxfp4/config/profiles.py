@@ -55,6 +55,8 @@ class ModelSpec(_Strict):
     launch: str | None = Field(None, description="accelerate config under experiments/accelerate/ (processes > 1)")
     gpus: int = Field(0, ge=0, description="GPUs a cell of this model reserves (the Snakemake `gpu` resource)")
     layers: int | None = Field(None, ge=1, description="tiny stand-ins: decoder layers (default 2)")
+    chat: bool = Field(False, description="an instruct model: every prompt is a user turn of its tokenizer's chat "
+                                          "template, asking for the final answer after #### (mxfp4.rl.data.prompt)")
 
     @model_validator(mode="after")
     def _one_source(self):
@@ -68,6 +70,8 @@ class ModelSpec(_Strict):
                 f"config {self.config!r}: no experiments/models/{self.config}.json; "
                 f"known: {shipped('models', '.json', named_with_suffix=False)}"
             )
+        if self.chat and self.arch is not None:
+            raise ValueError("chat prompts need a tokenizer with a chat template; a tiny stand-in's has none")
         if self.layers is not None and self.arch is None:
             raise ValueError("layers sets the depth of a tiny stand-in (arch); a hub or config model has its own")
         if self.processes > 1 and self.launch is None:
@@ -81,6 +85,14 @@ class ModelSpec(_Strict):
                 f"known: {shipped('accelerate', '.yaml')}"
             )
         return self
+
+    def setting(self) -> dict:
+        """The spec as a cell's setting records it; ``chat`` only when set, so that a plain-prompt model's
+        setting holds no prompt key."""
+        out = self.model_dump()
+        if not out["chat"]:
+            del out["chat"]
+        return out
 
     @property
     def launch_config(self) -> Path | None:
@@ -335,7 +347,7 @@ class Profile(_Strict):
         """Everything of this profile that determines a cell of ``model`` besides recipe and seed: its
         settings, the code version and, for GSM8K, the data files' content digest."""
         out = {
-            "model": self.model(model).model_dump(),
+            "model": self.model(model).setting(),
             "code_version": CODE_VERSION,
             **self.model_dump(include={"pretrain", "data", "grpo", "probe_every", "probe_rows", "eval"}),
         }

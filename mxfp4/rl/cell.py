@@ -314,7 +314,7 @@ def prepare(plan: CellPlan, dist) -> CellRun:
 
     train_rows, run.eval_folder = gsm.cell_data(profile, plan.results)
     dataset = Dataset.from_list(
-        [{"prompt": gsm.PROMPT.format(question=r["question"]), "answer": r["answer"]} for r in train_rows]
+        [{"prompt": gsm.prompt(r["question"], tokenizer, spec.chat), "answer": r["answer"]} for r in train_rows]
     )
     run.trainer = build_trainer(
         model,
@@ -369,7 +369,8 @@ def evaluate(run: CellRun, stage: str) -> dict | None:
     keep_rng = preserved_rng() if stage == "before" else contextlib.nullcontext()
     with full_precision, keep_rng:
         return evaluate_gsm8k(lm, run.eval_folder, num_fewshot=ev.num_fewshot, limit=ev.limit,
-                              max_gen_toks=ev.max_gen_toks, output_dir=out, seed=run.plan.seed)
+                              max_gen_toks=ev.max_gen_toks, output_dir=out, seed=run.plan.seed,
+                              chat=run.plan.profile.model(run.plan.model).chat)
 
 
 def compute_dtype(run: CellRun) -> torch.dtype | None:

@@ -20,6 +20,7 @@ from ..problems import embedded_split
 
 HUB_ID = ("openai/gsm8k", "main")
 PROMPT = "Question: {question}\nAnswer:"
+CHAT_PROMPT = "{question}\nGive the final answer after ####."  # the user turn of an instruct model (``prompt``)
 _FINAL = re.compile(r"#### (\-?[0-9\.\,]+)")
 _NUMBER = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")
 
@@ -73,6 +74,20 @@ def load_gsm8k(split: str, source: str | Path | None = None) -> list[dict]:
     else:
         ds = load_dataset(*HUB_ID, split=split)
     return [{"question": q, "answer": a} for q, a in zip(ds["question"], ds["answer"])]
+
+
+def prompt(question: str, tokenizer=None, chat: bool = False) -> str:
+    """The text a policy is prompted with: lm-eval's gsm8k ``doc_to_text``; for an instruct model (``chat``)
+    the question asking for the ``#### n`` answer the reward and lm-eval's strict match read, as a user turn
+    of the tokenizer's chat template (what lm-eval renders with ``apply_chat_template``). An instruct model
+    prompted in the plain format rarely writes ``####``: no reward to learn from."""
+    if not chat:
+        return PROMPT.format(question=question)
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ValueError("chat prompts need a tokenizer with a chat template; this one has none "
+                         "(set chat: false for the model in the profile)")
+    turn = [{"role": "user", "content": CHAT_PROMPT.format(question=question)}]
+    return tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
 
 
 def final_answer(text: str) -> str | None:

@@ -7,12 +7,14 @@ from pathlib import Path
 import yaml
 
 from ..layout import EVAL_RESULTS
+from .data import CHAT_PROMPT
 
 TASK_YAML = Path(__file__).resolve().parent / "tasks" / "gsm8k_local.yaml"
 
 
-def task_config(data_dir: Path | str, num_fewshot: int, max_gen_toks: int | None = None) -> dict:
-    """lm-eval's gsm8k config pointed at ``data_dir/{train,test}.jsonl``."""
+def task_config(data_dir: Path | str, num_fewshot: int, max_gen_toks: int | None = None, chat: bool = False) -> dict:
+    """lm-eval's gsm8k config pointed at ``data_dir/{train,test}.jsonl``; with ``chat``, the question asks for
+    the ``#### n`` answer (``data.CHAT_PROMPT``, the user turn ``apply_chat_template`` renders)."""
     data_dir = Path(data_dir)
     for split in ("train", "test"):
         if not (data_dir / f"{split}.jsonl").exists():
@@ -22,6 +24,8 @@ def task_config(data_dir: Path | str, num_fewshot: int, max_gen_toks: int | None
     cfg["num_fewshot"] = num_fewshot
     if max_gen_toks is not None:
         cfg["generation_kwargs"]["max_gen_toks"] = max_gen_toks
+    if chat:
+        cfg["doc_to_text"] = CHAT_PROMPT.replace("{question}", "{{question}}")
     return cfg
 
 
@@ -39,14 +43,15 @@ def hf_lm(model, tokenizer, batch_size: int = 32, max_length: int | None = None,
 
 
 def evaluate_gsm8k(lm, data_dir, num_fewshot: int = 0, limit: int | None = None, max_gen_toks: int | None = None,
-                   output_dir: Path | str | None = None, seed: int = 0) -> dict | None:
+                   output_dir: Path | str | None = None, seed: int = 0, chat: bool = False) -> dict | None:
     """Run the task; returns {strict_match, flexible_extract, n}. lm-eval's own results (and samples)
-    are written under ``output_dir`` when given. Under several processes every rank must call it
+    are written under ``output_dir`` when given; ``chat``: each prompt is rendered by the tokenizer's chat
+    template (an instruct model, ``data.prompt``). Under several processes every rank must call it
     (lm-eval splits the requests over the ranks and gathers them on rank 0); the other ranks get None."""
     from lm_eval import evaluator
     from lm_eval.tasks import TaskManager
 
-    cfg = task_config(data_dir, num_fewshot, max_gen_toks)
+    cfg = task_config(data_dir, num_fewshot, max_gen_toks, chat)
     results = evaluator.simple_evaluate(
         model=lm,
         tasks=[cfg],
@@ -60,6 +65,7 @@ def evaluate_gsm8k(lm, data_dir, num_fewshot: int = 0, limit: int | None = None,
         torch_random_seed=seed,
         fewshot_random_seed=seed,
         bootstrap_iters=0,
+        apply_chat_template=chat,
     )
     if results is None:  # not rank 0: lm-eval gathered this rank's share on rank 0
         return None

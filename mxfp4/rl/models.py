@@ -217,8 +217,51 @@ def initial_device(name_or_path: str) -> str:
     return "cpu"
 
 
+def packaged_gguf(name: str) -> dict | None:
+    """The ``_gguf`` entry of ``experiments/models/<name>.json`` (``package``, ``file`` inside it, ``install``):
+    a pretrained checkpoint that a pip package ships as one GGUF file, loaded by name like a hub id."""
+    path = EXPERIMENTS / "models" / f"{name}.json"
+    if "/" in name or not path.is_file():
+        return None
+    return json.loads(path.read_text()).get("_gguf")
+
+
+def gguf_path(name: str, entry: dict) -> Path:
+    """Where the installed package keeps the GGUF file of the model line ``name``; a ValueError naming the
+    install command when the package (or the ``gguf`` reader transformers needs) is missing."""
+    from importlib import metadata
+    from importlib.util import find_spec
+
+    missing = f"the model {name!r} is the GGUF file {entry['file']} of the package {entry['package']}"
+    try:
+        path = Path(metadata.distribution(entry["package"]).locate_file(entry["file"]))
+    except metadata.PackageNotFoundError:
+        raise ValueError(f"{missing}, which is not installed; install it with: {entry['install']}") from None
+    if not path.is_file():
+        raise ValueError(f"{missing}, whose installed copy lacks {path}; reinstall it with: {entry['install']}")
+    if find_spec("gguf") is None:
+        raise ValueError(f"{missing}; transformers reads it with the gguf package, which is not installed; "
+                         f"install it with: {entry['install']}")
+    return path
+
+
+def load_gguf(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """(model, tokenizer) of a packaged GGUF checkpoint through ``from_pretrained(folder, gguf_file=...)``,
+    dequantized into plain float ``nn.Linear`` weights (``GgufConfig(dequantize=True)``: trainable, saved like
+    any checkpoint; without it transformers keeps packed GGUF blocks where a kernel exists), with the file's
+    tokenizer and chat template."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    path = gguf_path(name, packaged_gguf(name))
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                 quantization_config=GgufConfig(dequantize=True)).to(device)
+    return model, tokenizer
+
+
 def load(name_or_path: str, dtype: torch.dtype = torch.float32, device: str | None = None):
-    """(model, tokenizer) from a hub id, a short name of PAPER_MODELS, a local folder, or
+    """(model, tokenizer) from a hub id, a short name of PAPER_MODELS, a packaged GGUF checkpoint's model
+    line (``packaged_gguf``), a local folder, or
     ``random:<config>`` (random weights of a real configuration, seeded by the caller's RNG), on
     ``device`` (default ``initial_device``: the same for a cell and for its probe batch, which must draw
     the same random weights).
@@ -233,16 +276,17 @@ def load(name_or_path: str, dtype: torch.dtype = torch.float32, device: str | No
         return build_random(name_or_path[len(RANDOM_PREFIX) :], dtype=dtype, device=device)
     ref = PAPER_MODELS.get(name_or_path, name_or_path)
     local = Path(ref)
-    if local.exists():
-        if not (local / "config.json").exists():
-            raise ValueError(f"{local} is not a model folder (no config.json)")
-        if (local / "tokenizer.json").exists():
-            tokenizer = PreTrainedTokenizerFast.from_pretrained(local)
-        else:
-            tokenizer = AutoTokenizer.from_pretrained(local)
+    if packaged_gguf(ref) is not None:
+        model, tokenizer = load_gguf(ref, dtype, device)
     else:
-        tokenizer = AutoTokenizer.from_pretrained(ref)
-    model = AutoModelForCausalLM.from_pretrained(ref, dtype=dtype).to(device)
+        if local.exists():
+            if not (local / "config.json").exists():
+                raise ValueError(f"{local} is not a model folder (no config.json)")
+            tokenizer_class = PreTrainedTokenizerFast if (local / "tokenizer.json").exists() else AutoTokenizer
+            tokenizer = tokenizer_class.from_pretrained(local)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(ref)
+        model = AutoModelForCausalLM.from_pretrained(ref, dtype=dtype).to(device)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"

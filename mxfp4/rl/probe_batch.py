@@ -43,7 +43,8 @@ def _sample(profile: Profile, model, tokenizer, seed: int, results, model_name: 
     trainer = probe_trainer(model, tokenizer, profile, seed, prompts=size)
     train, _ = cell_data(profile, results)
     problems = random.Random(seed).sample(train, len(train))
-    batches, _ = gradient_batches(trainer, problems, profile, 1, seed, size=size, keep_first=True)
+    batches, _ = gradient_batches(trainer, problems, profile, 1, seed, size=size, keep_first=True,
+                                  chat=profile.model(model_name).chat)
     if not batches:
         raise ValueError(f"the probe batch needs grpo.prompts_per_step = {size} training problems; the profile's data "
                          f"has {len(problems)}")
