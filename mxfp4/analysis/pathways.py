@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from ..config.data_files import gsm8k_folder
 from ..config.profiles import Profile
 from ..config.recipes import Recipe
 from ..io import write_csv_atomic
@@ -431,16 +432,17 @@ def measure_rollouts(m: Measured, model, tokenizer, problems, profile: Profile, 
     fixed = reference = None
     for row in (*ROWS, *control_rows(settings.controls)):  # "none" first: its completions are the fixed ones
         with Arm(model, row_quantizer(row, "forward", form=form)):
-            acc, ent, prompt_ids, completion_ids = rollout_scores(model, tokenizer, problems, samples,
-                                                                  g.max_completion_length, g.temperature, seed, chat)
-            if fixed is None:
-                fixed = (prompt_ids, completion_ids)
+            if fixed is None or settings.sample_every_arm:
+                acc, ent, prompt_ids, completion_ids = rollout_scores(
+                    model, tokenizer, problems, samples, g.max_completion_length, g.temperature, seed, chat)
+                if fixed is None:
+                    fixed = (prompt_ids, completion_ids)
+                have = m.scores.setdefault(row, ([], []))
+                have[0].extend(acc)
+                have[1].extend(ent)
             on_fixed = teacher_forced(model, *fixed, reference, g.temperature, pad)
             on_solution = teacher_forced(model, *solutions, None, g.temperature, pad)
         reference = on_fixed["logp"] if reference is None else reference
-        have = m.scores.setdefault(row, ([], []))
-        have[0].extend(acc)
-        have[1].extend(ent)
         measured = {"tf_entropy": per_prompt(on_fixed["entropy"]),
                     "tf_kl": per_prompt(on_fixed["kl"]) if "kl" in on_fixed else [0.0] * len(problems),
                     "tf_solution_loglik": on_solution["loglik"]}
@@ -532,12 +534,16 @@ def checkpoints(profile: Profile, model_name: str, results) -> dict[str, dict[in
     return out
 
 
-def seed_problems(train: list[dict], settings, seed: int) -> tuple[list[dict], list[dict]]:
+def seed_problems(train: list[dict], settings, seed: int, held_out: list[dict] | None = None
+                  ) -> tuple[list[dict], list[dict]]:
     """(gradient problems, rollout problems) of one seed: the first half of the training problems
     drawn in a seed's own order for the gradient batches, ``settings.prompts`` of the second half for
-    the rollouts (so seeds measure different data, every arm of a seed the same)."""
-    half = len(train) // 2
+    the rollouts (so seeds measure different data, every arm of a seed the same); with ``held_out``
+    (``pathways.prompts_from``), every training problem for the gradients and the rollouts drawn from those."""
     rng = random.Random(seed)
+    if held_out is not None:
+        return rng.sample(train, len(train)), rng.sample(held_out, min(settings.prompts, len(held_out)))
+    half = len(train) // 2
     return rng.sample(train[:half], half), rng.sample(train[half:], min(settings.prompts, len(train) - half))
 
 
@@ -574,6 +580,7 @@ def run_pathways(profile: Profile, model_name: str, results="results", out_csv=N
     if spec.arch:
         warm_start_folder(profile, model_name, results)
     train, _ = gsm.cell_data(profile, results)
+    held_out = gsm.load_gsm8k("test", gsm8k_folder(profile)) if settings.prompts_from == "gsm8k-test" else None
     rows: list[dict] = []
     units: list[dict] = []
     t0 = time.time()
@@ -588,7 +595,7 @@ def run_pathways(profile: Profile, model_name: str, results="results", out_csv=N
             group = ckpt if ckpt == "warm" else f"{ckpt}/seed{seed}"  # the outer unit: the policy measured
             model, tokenizer = load(str(path), dtype=torch.float32)  # float32 compute: arms differ only by MXFP4
             trainer = probe_trainer(model, tokenizer, profile, seed)
-            grad_problems, roll_problems = seed_problems(train, settings, seed)
+            grad_problems, roll_problems = seed_problems(train, settings, seed, held_out)
             batches, n_skipped = gradient_batches(trainer, grad_problems, profile, settings.batches, seed,
                                                   chat=spec.chat)
             skipped, usable = skipped + n_skipped, usable + len(batches)

@@ -262,6 +262,13 @@ class PathwaySettings(_Strict):
     )
     prompts: int = Field(ge=2, description="prompts per seed and checkpoint (rollout and entropy pathways)")
     samples_per_prompt: int = Field(ge=1, description="sampled completions per prompt")
+    sample_every_arm: bool = Field(
+        True, description="every arm samples its own rollouts (the sampled accuracy and entropy rows); false: only "
+        "the unquantized arm samples, the completions every arm's teacher-forced measures score (what the claims read)")
+    prompts_from: Literal["training", "gsm8k-test"] = Field(
+        "training", description="where the rollout and entropy pathways' prompts come from: the second half of the "
+        "training problems, or the real GSM8K test split (a model trained on generated problems, measured on real "
+        "questions and their reference solutions)")
     sites: list[Literal["forward", "backward", "both"]] = Field(
         default_factory=lambda: ["both"], min_length=1, description="GEMM sites of the gradient rows"
     )

@@ -67,6 +67,28 @@ def test_the_unquantized_arm_reproduces_its_own_rollouts(smoke_results):
     assert a == b and a[1] != c[1]
 
 
+def test_arms_that_do_not_sample_score_the_same_fixed_completions(smoke_results):
+    """sample_every_arm false: only the unquantized arm samples; every arm's teacher-forced measures are
+    those of a run where every arm samples (they score the unquantized arm's completions either way)."""
+    from mxfp4.analysis.pathways import Measured, measure_rollouts
+    from mxfp4.problems import embedded_split
+    from mxfp4.rl.models import load
+
+    model, tok = load(str(smoke_results / "smoke" / "models" / "tiny-dense"))
+    profile = load_profile("smoke")
+    problems = embedded_split("train", 3, seed=0, max_steps=1)
+    measured = {}
+    for every in (True, False):
+        settings = profile.pathways.model_copy(update={"sample_every_arm": every, "controls": ["signflip"]})
+        m = Measured()
+        measure_rollouts(m, model, tok, problems, profile.model_copy(update={"pathways": settings}), "gain", "warm", 3)
+        measured[every] = m
+    assert set(measured[True].scores) == set(measured[True].teacher) and set(measured[False].scores) == {"none"}
+    assert measured[False].scores["none"] == measured[True].scores["none"]
+    assert measured[False].teacher == measured[True].teacher
+    assert measured[True].teacher["all"]["tf_entropy"] != measured[True].teacher["none"]["tf_entropy"]
+
+
 def _varied_reward(completions, **kw):
     return [float(len(c) % 2) for c in completions]
 

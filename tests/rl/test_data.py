@@ -97,3 +97,20 @@ def test_problem_types_follow_the_planted_flaw():
         subtracts = any("-" in line.split("=")[0] for line in r["answer"].splitlines()[:-1])
         assert problems.problem_type(r["answer"]) == ("flaw" if subtracts else "rest")
     assert problems.problem_type("Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 72") is None
+
+
+@needs_gsm8k
+def test_the_real_model_profile_trains_on_generated_problems_and_measures_on_gsm8k_test(tmp_path):
+    """real-small: GRPO and the gradient batches draw generated problems; the rollout and entropy pathways'
+    prompts are GSM8K test questions (pathways.prompts_from), none of which the training problems hold."""
+    from mxfp4.analysis.pathways import seed_problems
+
+    profile = load_profile("real-small")
+    assert profile.pathways.prompts_from == "gsm8k-test"
+    train, _ = data.cell_data(profile, tmp_path)
+    test = data.load_gsm8k("test", GSM8K)
+    grad, roll = seed_problems(train, profile.pathways, 0, test)
+    assert sorted(r["question"] for r in grad) == sorted(r["question"] for r in train)
+    assert len(roll) == profile.pathways.prompts and _keys(roll) <= _keys(test)
+    assert not _keys(test) & _keys(train)
+    assert seed_problems(train, profile.pathways, 1, test)[1] != roll  # each seed its own questions
