@@ -4,6 +4,7 @@ The method in full: docs/methods.md, ``mxfp4.analysis.regime``."""
 
 from __future__ import annotations
 
+import csv
 import re
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 from ..config import EXPERIMENTS, load_yaml
 from ..config.profiles import Profile
 from ..config.recipes import Recipe
+from ..layout import Layout
 from ..nn import gemm_weights, patch_model, patched_modules, unpatch_model
 from ..numerics.decompose import COMPONENTS, decompose
 from ..numerics.quantizer import Quantizer
@@ -160,4 +162,27 @@ def run_regime(profile: Profile, results="results", seed: int | None = None,
         trainer = probe_trainer(model, tokenizer, profile, seed, prompts=profile.grpo.prompts_per_step)
         model.train()
         out += regime_rows(model, model_name, lambda m, t=trainer, b=batch: t.batch_loss(b), rows=profile.probe_rows)
+    for other in profile.regime_beside:
+        out += stored_rows(other, results)
     return out
+
+
+TEXT_FIELDS = ("model", "layer", "operand", "shape")
+
+
+def stored_rows(profile_name: str, results="results") -> list[dict]:
+    """The regime rows of another profile's stored baselines, each model named with that profile: what a
+    profile shows beside its own measurements (``regime_beside``), read, not measured again."""
+    layout = Layout(results, profile_name)
+    path = layout.stored(layout.regime)
+    if not path.is_file():
+        raise ValueError(f"regime_beside names {profile_name!r}, whose stored baselines hold no {path}; store them "
+                         f"(snakemake --cores all store_baselines --config profile={profile_name}) or drop the name")
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for k, v in r.items():
+            if k not in TEXT_FIELDS:
+                r[k] = None if v == "" else int(v) if k == "depth" else float(v)
+        r["model"] = f"{r['model']} ({profile_name}, stored)"
+    return rows

@@ -321,6 +321,9 @@ class Profile(_Strict):
     )
     eval: EvalSettings
     pathways: PathwaySettings | None = Field(None, description="the pathway matrix (mxfp4 pathways)")
+    regime_beside: list[str] = Field(
+        default_factory=list, description="profiles whose stored regime statistics (results/baselines/<profile>/"
+        "regime.csv) the regime table and figure show beside this profile's models")
     bench_shapes: str = Field("", pattern=r"^(\d+x\d+(,\d+x\d+)*)?$", description="kernel benchmark shapes, RxC,...")
 
     @model_validator(mode="after")

@@ -2,6 +2,7 @@
 the warm start's flawed demonstrations, each against an independent computation."""
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ from mxfp4.analysis.regime import observe, operand_stats, regime_rows
 from mxfp4.analysis.weight_components import regime_stats
 from mxfp4.rl.models import build_tiny
 from mxfp4.rl.outlier_channels import add_outlier_channels
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _loss(model, ids):
@@ -155,3 +158,18 @@ def test_the_flawed_fraction_flaws_that_share_of_the_subtraction_problems_only()
         assert share == pytest.approx(fraction, abs=0.08)
     with pytest.raises(ValueError, match="outside"):
         sft_dataset(records, "<eos>", flawed_fraction=1.5)
+
+
+def test_a_stored_profiles_rows_read_back_into_its_stored_table():
+    """regime_beside reads another profile's stored rows (not measured again): their summary is the stored
+    regime.md table of that run, line for line, each model named with its profile."""
+    from mxfp4.analysis.regime import stored_rows, summary_markdown
+
+    rows = stored_rows("embedded", REPO / "results")
+    assert {r["model"] for r in rows} == {"tiny-dense (embedded, stored)", "tiny-moe (embedded, stored)"}
+    table = [line.replace(" (embedded, stored)", "") for line in summary_markdown(rows).splitlines()
+             if line.startswith("| tiny-")]
+    stored = (REPO / "results" / "baselines" / "embedded" / "regime.md").read_text().splitlines()
+    assert table and table == [line for line in stored if line.startswith("| tiny-")]
+    with pytest.raises(ValueError, match="regime_beside names 'smoke', whose stored baselines hold no"):
+        stored_rows("smoke", REPO / "results")

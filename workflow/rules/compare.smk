@@ -15,6 +15,7 @@ rule store_baselines:
         str(L.pathways()),
         str(L.pathways().with_suffix(".md")),
         str(L.regime.with_suffix(".md")),
+        str(L.regime),
         [str(L.figure(name, ext)) for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
         models=[model_path(m) for m in TINY_MODELS],
     output:
