@@ -599,6 +599,8 @@ def run_pathways(profile: Profile, model_name: str, results="results", out_csv=N
             batches, n_skipped = gradient_batches(trainer, grad_problems, profile, settings.batches, seed,
                                                   chat=spec.chat)
             skipped, usable = skipped + n_skipped, usable + len(batches)
+            say(f"{model_name}/{ckpt} seed {seed}: {len(batches)} gradient batches drawn ({n_skipped} skipped: "
+                "all-zero advantages)")
             for form, m in measured.items():
                 m.seeds.add(seed)
                 model.train()  # as the batches were scored (rollouts leave it in eval mode)

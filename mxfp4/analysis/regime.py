@@ -24,8 +24,10 @@ from .weight_components import regime_stats
 
 LITERATURE_FILE = EXPERIMENTS / "regime_literature.yaml"
 OPERANDS = ("weight", "activation", "grad")  # the probe's kinds: forward input X and input-gradient dY
+GAIN_PREFIX = "gain_"  # the same Shapley shares in the gain form (docs/decomposition.md)
 STAT_KEYS = ("excess_kurtosis", "max_over_median", "outlier_block_fraction", "deadzone_fraction",
-             "saturation_fraction", *(f"shapley_share_{c}" for c in COMPONENTS))
+             "saturation_fraction", *(f"shapley_share_{c}" for c in COMPONENTS),
+             *(f"{GAIN_PREFIX}shapley_share_{c}" for c in COMPONENTS))
 
 
 class ObservingQuantizer(Quantizer):
@@ -62,8 +64,8 @@ class OperandCollector:
 
 
 def operand_stats(t: torch.Tensor, quantizer: Quantizer, rows: int | None = 4096) -> dict:
-    """Regime statistics and the decomposition's fractions and Shapley shares of a 2D operand (blocks
-    along its last axis), on at most ``rows`` evenly spaced rows (float64 memory bounded). Rows that are
+    """Regime statistics and the decomposition's fractions and Shapley shares (canonical and gain form) of a
+    2D operand (blocks along its last axis), on at most ``rows`` evenly spaced rows (float64 memory bounded). Rows that are
     entirely zero are dropped first (counted in ``zero_rows``): the gradient rows of padding and of
     positions outside the loss, which carry no quantization error and would read as deadzone."""
     nonzero = t.abs().amax(-1) > 0
@@ -74,8 +76,10 @@ def operand_stats(t: torch.Tensor, quantizer: Quantizer, rows: int | None = 4096
     if rows is not None and t.shape[0] > rows:
         t = t[torch.linspace(0, t.shape[0] - 1, rows).long()]
     s = decompose(t.float(), quantizer.fmt, -1, quantizer.scale_rule).stats  # float64 inside
+    g = decompose(t.float(), quantizer.fmt, -1, quantizer.scale_rule, form="gain").stats
     return {"elements": t.numel(), "zero_rows": zero_rows, **regime_stats(t, quantizer.fmt.block_size),
-            **{k: s[k] for k in STAT_KEYS if k in s}}
+            **{k: s[k] for k in STAT_KEYS if k in s},
+            **{f"{GAIN_PREFIX}{k}": g[k] for k in (f"shapley_share_{c}" for c in COMPONENTS)}}
 
 
 def depth(layer: str) -> int | None:
