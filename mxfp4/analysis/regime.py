@@ -66,8 +66,8 @@ class OperandCollector:
 def operand_stats(t: torch.Tensor, quantizer: Quantizer, rows: int | None = 4096) -> dict:
     """Regime statistics and the decomposition's fractions and Shapley shares (canonical and gain form) of a
     2D operand (blocks along its last axis), on at most ``rows`` evenly spaced rows (float64 memory
-    bounded). Rows that are entirely zero are dropped first (counted in ``zero_rows``): the gradient rows of padding and of
-    positions outside the loss, which carry no quantization error and would read as deadzone."""
+    bounded). Rows that are entirely zero are dropped first (counted in ``zero_rows``): the gradient rows of
+    padding and of positions outside the loss, which carry no quantization error and would read as deadzone."""
     nonzero = t.abs().amax(-1) > 0
     zero_rows = int((~nonzero).sum())
     t = t[nonzero]
