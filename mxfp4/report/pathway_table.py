@@ -74,7 +74,8 @@ def markdown(rows: list[dict]) -> str:
                 ]
                 cells.append(_cell(hit[0] if hit else None, flip))
             out.append(f"| {model} | {ckpt} | {arm} | " + " | ".join(cells) + " |")
-        n = {m: next((r["n"] for r in mine if r["metric"] == m), "—") for m in ("grad_cosine", "entropy_diff")}
+        n = {m: next((r["n"] for r in mine if r["metric"] == m), "—")
+             for m in ("grad_cosine", "entropy_diff", "tf_entropy_diff")}
         skipped = next((r for r in mine if r["metric"] == "skipped_zero_advantage_batches"), None)
         ratios = [
             f"k={r['metric'].rsplit('k', 1)[1]}: {float(r['mean']):.2f}"
@@ -84,7 +85,9 @@ def markdown(rows: list[dict]) -> str:
         skipped_note = "" if skipped is None else f" ({int(float(skipped['mean']))} skipped: all-zero advantages)"
         notes = dict.fromkeys((m for m, _, _ in COLUMNS), "")
         notes["grad_cosine"] = f"{n['grad_cosine']} batches{skipped_note}"
-        notes["rollout_accuracy_diff"] = f"{n['entropy_diff']} prompts, paired"
+        notes["rollout_accuracy_diff"] = (f"{n['entropy_diff']} prompts, paired" if n["entropy_diff"] != "—" else
+                                          f"{n['tf_entropy_diff']} prompts, paired (TF only: no arm but the "
+                                          "unquantized one sampled)")
         notes["entropy_diff"] = ("interaction ratio " + ", ".join(ratios)) if ratios else ""
         notes["tf_entropy_diff"] = "TF: teacher-forced, the same tokens under every arm"
         out.append(f"| {model} | {ckpt} | n | " + " | ".join(notes.values()) + " |")
