@@ -3,6 +3,7 @@
 depth, a wrong type or an out-of-range value is a ``ValueError`` naming the key, what was given and
 what is accepted."""
 
+import json
 from pathlib import Path
 
 import yaml
@@ -16,6 +17,13 @@ def shipped(folder: str, suffix: str, named_with_suffix: bool = True) -> str:
     the suffix, or without it), for error messages."""
     files = (EXPERIMENTS / folder).glob(f"*{suffix}")
     return ", ".join(sorted(p.name if named_with_suffix else p.stem for p in files))
+
+
+def model_line(name: str) -> dict | None:
+    """``experiments/models/<name>.json`` as written (architecture fields, and ``_``-keys saying where the
+    model comes from), or None when no model line has that name (a hub id, a path)."""
+    path = EXPERIMENTS / "models" / f"{name}.json"
+    return json.loads(path.read_text()) if "/" not in name and path.is_file() else None
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -17,7 +17,7 @@ from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE, Layout
 from ..stats import ALPHA, min_detectable_effect, n_needed, paired_diff, verdict_level
 from .aggregate import RL_GAIN_PER_PROBLEM, read_csv, rl_gain_rows
-from .pathway_table import read_rows
+from .pathway_table import checkpoint_label, read_rows
 
 NONINFERIORITY_MARGIN = 0.007  # dense: "BF16 accuracy recovered to within 0.7%"
 MOE_REPORTED_GAIN = 0.010  # MoE: "+1.0% above BF16" (tested as superiority, diff > 0)
@@ -312,8 +312,7 @@ def mechanism_rows(pathways: list[dict], design=None) -> list[dict]:
     within the margin), ``direction`` the side with the smaller p."""
     if design is None:
         return []
-    form = design.form
-    label = "warm" if form == "canonical" else f"warm ({form})"
+    label = checkpoint_label("warm", design.form)
     out = []
     for r in pathways:
         if not r["metric"].endswith("_claim") or r["checkpoint"] != label or r["mean"] in ("", None):
@@ -325,8 +324,8 @@ def mechanism_rows(pathways: list[dict], design=None) -> list[dict]:
         p = None if held is None or contra is None else min(1.0, 2 * min(held, contra))
         out.append({
             "claim": MECHANISMS[pathway][1], "model": r["model"],
-            "test": f"primary: dominance over each rival and its {design.control} control ({form} form, warm start; "
-                    f"contradicted below margin {design.margins[pathway]:g})",
+            "test": f"primary: dominance over each rival and its {design.control} control ({design.form} form, "
+                    f"warm start; contradicted below margin {design.margins[pathway]:g})",
             "measure": f"harm(+{MAPPING[pathway]}) minus its closest rival's, per unit ({HARMS[pathway]})",
             "diff": float(r["mean"]), "ci_low": lo, "ci_high": hi, "n": int(r["n"]), "sd": sd, "p": p,
             "p_held": held, "p_contradicted": contra, "method": r["method"], "shift": 0.0,

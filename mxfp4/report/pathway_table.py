@@ -22,13 +22,17 @@ COLUMNS = (  # (metric, header, turn a cosine into 1 - cosine)
 )
 
 
+def checkpoint_label(checkpoint: str, form: str = "canonical") -> str:
+    """The checkpoint as tables name it: a gain-form row's carries its form (``warm (gain)``)."""
+    return checkpoint if form != "gain" else f"{checkpoint} ({form})"
+
+
 def read_rows(path) -> list[dict]:
-    """pathways.csv as dicts; a row of the gain form gets its form in its checkpoint label
-    (``warm (gain)``), so every table, figure and claim keeps the two forms apart."""
+    """pathways.csv as dicts, each checkpoint named by ``checkpoint_label``, so every table, figure and
+    claim keeps the two forms apart."""
     rows = list(csv.DictReader(Path(path).open()))
     for r in rows:
-        if r.get("form") == "gain":
-            r["checkpoint"] = f"{r['checkpoint']} (gain)"
+        r["checkpoint"] = checkpoint_label(r["checkpoint"], r.get("form") or "canonical")
     return rows
 
 

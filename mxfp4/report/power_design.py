@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from ..analysis.pathway_spec import MAPPING
 from ..stats import units_for_power
+from .pathway_table import checkpoint_label
 
 RIVALS = 3  # the two other components and the claimed component's own control
 
@@ -41,7 +42,7 @@ def design(pilot_rows: list[dict], margins: dict[str, float], form: str, pilot: 
     """The ``pathways.claims.power`` block of a confirmatory profile from the pilot's pathway rows
     (``pathways.csv``, read by ``pathway_table.read_rows``): per pathway the largest units any model's
     claim needs, with that claim's effect and spread."""
-    label = "warm" if form == "canonical" else f"warm ({form})"
+    label = checkpoint_label("warm", form)
     claims: dict[str, dict] = {}
     for r in pilot_rows:
         if r["checkpoint"] != label or not r["metric"].endswith("_claim") or r.get("sd") in ("", None):

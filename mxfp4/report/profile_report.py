@@ -5,18 +5,17 @@ from the files the run wrote; nothing here is measured again."""
 from __future__ import annotations
 
 import csv
-import json
 import os
 import re
 from pathlib import Path
 
-from ..config import EXPERIMENTS
+from ..config import model_line
 from ..config.profiles import load_profile
 from ..io import write_text_atomic
 from ..layout import Layout
 from .aggregate import PROBLEM_TYPES, RL_GAIN_PER_PROBLEM, typed
+from .pathway_table import checkpoint_label, read_rows
 from .pathway_table import markdown as pathway_markdown
-from .pathway_table import read_rows
 
 ACCURACY = (  # (summary.csv metric, column header)
     ("gsm8k_strict_accuracy_before", "before RL"),
@@ -74,7 +73,8 @@ def pathway_headline(pathways_csv: Path | str) -> str:
     one): each component injected alone and full MXFP4, on the three pathways (rows as ``pathways.md`` has
     them, with n)."""
     rows = read_rows(pathways_csv)
-    warm = "warm" if any(r["checkpoint"] == "warm" and r["injection"] in HEADLINE_ARMS for r in rows) else "warm (gain)"
+    canonical = any(r["checkpoint"] == "warm" and r["injection"] in HEADLINE_ARMS for r in rows)
+    warm = checkpoint_label("warm", "canonical" if canonical else "gain")
     rows = [r for r in rows if r["checkpoint"] == warm]
     keep = [r for r in rows if r["injection"] in HEADLINE_ARMS or r["metric"] == "skipped_zero_advantage_batches"
             or r["metric"].startswith("interaction_ratio")]
@@ -94,11 +94,9 @@ def model_notes(profile: str) -> list[str]:
     ``_source`` of ``experiments/models/<hub>.json``): the caveat every weight statistic carries."""
     notes = []
     for name, spec in load_profile(profile).models.items():
-        line = EXPERIMENTS / "models" / f"{spec.hub}.json" if spec.hub and "/" not in spec.hub else None
-        if line is not None and line.is_file():
-            source = json.loads(line.read_text()).get("_source")
-            if source:
-                notes.append(f"{name}: {source}.")
+        source = (model_line(spec.hub) or {}).get("_source") if spec.hub else None
+        if source:
+            notes.append(f"{name}: {source}.")
     return notes
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import EXPERIMENTS, shipped
+from ..config import model_line, shipped
 from ..config.profiles import differences
 from ..layout import Layout
 
@@ -111,10 +111,11 @@ def real_config(name: str):
     """The transformers config of ``experiments/models/<name>.json`` (a real model's architecture)."""
     from transformers import AutoConfig
 
-    path = EXPERIMENTS / "models" / f"{name}.json"
-    if not path.exists():
-        raise ValueError(f"no model configuration {path}; known: {shipped('models', '.json', named_with_suffix=False)}")
-    fields = {k: v for k, v in json.loads(path.read_text()).items() if not k.startswith("_")}
+    line = model_line(name)
+    if line is None:
+        raise ValueError(f"no model configuration experiments/models/{name}.json; "
+                         f"known: {shipped('models', '.json', named_with_suffix=False)}")
+    fields = {k: v for k, v in line.items() if not k.startswith("_")}
     return AutoConfig.for_model(fields.pop("model_type"), **fields)
 
 
@@ -220,10 +221,7 @@ def initial_device(name_or_path: str) -> str:
 def packaged_gguf(name: str) -> dict | None:
     """The ``_gguf`` entry of ``experiments/models/<name>.json`` (``package``, ``file`` inside it, ``install``):
     a pretrained checkpoint that a pip package ships as one GGUF file, loaded by name like a hub id."""
-    path = EXPERIMENTS / "models" / f"{name}.json"
-    if "/" in name or not path.is_file():
-        return None
-    return json.loads(path.read_text()).get("_gguf")
+    return (model_line(name) or {}).get("_gguf")
 
 
 def gguf_path(name: str, entry: dict) -> Path:
@@ -245,14 +243,14 @@ def gguf_path(name: str, entry: dict) -> Path:
     return path
 
 
-def load_gguf(name: str, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+def load_gguf(name: str, entry: dict, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     """(model, tokenizer) of a packaged GGUF checkpoint through ``from_pretrained(folder, gguf_file=...)``,
     dequantized into plain float ``nn.Linear`` weights (``GgufConfig(dequantize=True)``: trainable, saved like
     any checkpoint; without it transformers keeps packed GGUF blocks where a kernel exists), with the file's
-    tokenizer and chat template."""
+    tokenizer and chat template (``entry``: ``packaged_gguf(name)``)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    path = gguf_path(name, packaged_gguf(name))
+    path = gguf_path(name, entry)
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
                                                  quantization_config=GgufConfig(dequantize=True)).to(device)
@@ -276,8 +274,9 @@ def load(name_or_path: str, dtype: torch.dtype = torch.float32, device: str | No
         return build_random(name_or_path[len(RANDOM_PREFIX) :], dtype=dtype, device=device)
     ref = PAPER_MODELS.get(name_or_path, name_or_path)
     local = Path(ref)
-    if packaged_gguf(ref) is not None:
-        model, tokenizer = load_gguf(ref, dtype, device)
+    gguf = packaged_gguf(ref)
+    if gguf is not None:
+        model, tokenizer = load_gguf(ref, gguf, dtype, device)
     else:
         if local.exists():
             if not (local / "config.json").exists():
