@@ -73,3 +73,18 @@ TEACHER_FORCED = {
              "(teacher-forced), mean over each prompt's samples",
     "tf_solution_loglik": "log-likelihood of the problem's correct worked solution and its EOS (teacher-forced)",
 }
+
+# The paper's recoveries: which correction restores which pathway (a correction arm is the recipe MXFP4 plus
+# that correction alone, ``pathways.corrections``).
+RECOVERIES = {"gradient": "macro_block", "rollout": "outlier_fallback", "entropy": "aqn"}
+# What a correction recovers on each pathway, per unit: MXFP4's harm minus the correction arm's. On the entropy
+# pathway a correction restores the unquantized policy's entropy, from either side: the harm is the entropy gap.
+RECOVERY_HARMS = {**HARMS, "entropy": "|token entropy - the unquantized arm's| on the unquantized policy's sampled "
+                                      "completions (teacher-forced)"}
+RECOVERY_METHOD = ("paired over {unit}: harm(mxfp4) - harm({k}), harm = {harm} (> 0: the correction recovers); "
+                   "95% t interval, two-sided p")
+RECOVERY_CLAIM_METHOD = ("intersection-union test at the warm start, paired over {unit}: harm({k}) < harm(r) for every "
+                         "rival r ({rivals}): the correction recovers more than plain MXFP4 and more than each other "
+                         "correction; one-sided paired t each, p held = the largest; p contradicted = Bonferroni over "
+                         "the rivals of mean(harm(r) - harm({k})) < {margin:g} (the margin); harm = {harm}; the value "
+                         "is the weakest contrast ({weakest}) with its 95% t interval")

@@ -8,6 +8,7 @@ The method in full: docs/methods.md, ``mxfp4.analysis.pathways``."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
 import time
@@ -40,6 +41,10 @@ from .pathway_spec import (
     HARMS,
     MAPPING,
     PAIRED_METHOD,
+    RECOVERIES,
+    RECOVERY_CLAIM_METHOD,
+    RECOVERY_HARMS,
+    RECOVERY_METHOD,
     SHAPLEY_METHOD,
     SITE_ARMS,
     TEACHER_FORCED,
@@ -76,6 +81,38 @@ class Arm:
         if self.quantizer is not None:
             unpatch_model(self.model)
         return False
+
+
+@dataclass
+class CorrectionArm:
+    """A correction arm (``pathways.corrections``): its recipe's quantizer at one site, and its corrections'
+    rollout context at the first optimizer step where one of them perturbs the rollout policy (AQN's first
+    noisy stage; step 0 where none does), which the rollout and entropy measures run under, as the cell's
+    rollouts would. The gradient runs without it: the cell's training forward does."""
+
+    name: str
+    quantizer: object
+    corrections: list
+    step: int
+
+    def rollout(self, model):
+        stack = contextlib.ExitStack()
+        for c in self.corrections:
+            stack.enter_context(c.rollout_context(model, self.step))
+        return stack
+
+
+def correction_arm(name: str, site: str, profile: Profile, seed: int) -> CorrectionArm:
+    """The correction arm of recipe ``name`` with its quantized GEMMs at ``site``, its corrections bound to
+    the profile's GRPO run (``grpo.max_steps``) and ``seed``."""
+    recipe = Recipe.named(name)
+    recipe = recipe.model_copy(update={"gemms": SITES[site]})
+    corrections = recipe.build_corrections()
+    total = profile.grpo.max_steps
+    for c in corrections:
+        c.bind(total, seed)
+    step = next((s for s in range(total) if any(c.perturbs_rollout(s) for c in corrections)), 0)
+    return CorrectionArm(name, recipe.quantizer(corrections), corrections, step)
 
 
 def rollout_scores(
@@ -333,6 +370,74 @@ def claim_rows(model, checkpoint, m: Measured, design) -> list[dict]:
     return rows
 
 
+def recovery_harms(m: Measured) -> dict[str, dict[str, list]]:
+    """Per pathway and arm, the harm a correction recovers, per unit (``RECOVERY_HARMS``): the pathway harms
+    (``Measured.harms``), with the entropy pathway's the gap to the unquantized arm's entropy."""
+    harms = m.harms(["both"])
+    if "entropy" in harms:
+        base = harms["entropy"]["none"]
+        harms["entropy"] = {arm: [abs(h - b) for h, b in zip(values, base, strict=True)]
+                            for arm, values in harms["entropy"].items()}
+    return harms
+
+
+def _site(pathway: str) -> str:
+    return "both" if pathway == "gradient" else "forward"
+
+
+def recovery_rows(model, checkpoint, m: Measured, corrections) -> list[dict]:
+    """Per pathway and correction arm: what the correction recovers, MXFP4's harm (arm ``all``) minus the
+    arm's, paired over units (metric ``<pathway>_recovery``; > 0: it recovers)."""
+    rows = []
+    for pathway, per_arm in recovery_harms(m).items():
+        for k in corrections:
+            if k in per_arm and "all" in per_arm:
+                rows.append(_row(model, checkpoint, k, _site(pathway), "total", f"{pathway}_recovery",
+                                 _paired(per_arm["all"], per_arm[k], m.groups(pathway)),
+                                 RECOVERY_METHOD.format(unit=UNITS[pathway], k=k, harm=RECOVERY_HARMS[pathway])))
+    return rows
+
+
+def _negated(values: list) -> list:
+    return [None if v is None else -v for v in values]
+
+
+def recovery_claim_rows(model, checkpoint, m: Measured, corrections, design) -> list[dict]:
+    """The claim-level test of each recovery claim (``RECOVERIES``) whose correction has an arm: on its
+    pathway, the correction arm's harm is below plain MXFP4's and below each other correction arm's
+    (``stats.dominance_test`` on the negated harms, paired over units; margin ``design.margins``). One row a
+    pathway (metric ``<pathway>_recovery_claim``), as ``claim_rows``. The first arm of ``corrections`` that
+    holds the claimed correction is the claimed one."""
+    rows = []
+    for pathway, per_arm in recovery_harms(m).items():
+        arms = [correction_arm_targets(k) for k in corrections if k in per_arm]
+        claimed = next((k for k, targets in arms if pathway in targets), None)
+        if claimed is None or "all" not in per_arm:
+            continue
+        rivals = ["all"] + [k for k, _ in arms if k != claimed]
+        margin = design.margins[pathway]
+        test = dominance_test(_negated(per_arm[claimed]), {r: _negated(per_arm[r]) for r in rivals}, margin)
+        if test["weakest"] is None:
+            continue
+        weakest = test["contrasts"][test["weakest"]]
+        est = paired_diff(per_arm[test["weakest"]], per_arm[claimed])
+        names = ", ".join("mxfp4" if r == "all" else r for r in rivals)
+        row = _row(model, checkpoint, f"{claimed} recovers most", _site(pathway), "total",
+                   f"{pathway}_recovery_claim", {**est, "mean": weakest["diff"], "p": test["p_held"]},
+                   RECOVERY_CLAIM_METHOD.format(unit=UNITS[pathway], k=claimed, rivals=names, margin=margin,
+                                                harm=RECOVERY_HARMS[pathway],
+                                                weakest=f"{'mxfp4' if test['weakest'] == 'all' else test['weakest']} "
+                                                        f"vs {claimed}"))
+        rows.append({**row, "p_contradicted": test["p_contradicted"], "sd": weakest["sd"]})
+    return rows
+
+
+def correction_arm_targets(name: str) -> tuple[str, set[str]]:
+    """(recipe name, the pathways its corrections are the paper's recovery of)."""
+    names = {c["name"] for c in Recipe.named(name).corrections}
+    return name, {p for p, c in RECOVERIES.items() if c in names}
+
+
 def _grad_rows(model_name, ckpt, injection, site, per_batch: list[dict], groups: list) -> list[dict]:
     rows = []
     layers = ["total"] + sorted(per_batch[0]["per_layer"], key=_depth)
@@ -387,9 +492,10 @@ def additivity(model, trainer, batch, steps: list[int], lr: float) -> dict[int, 
 
 
 
-def measure_gradients(m: Measured, trainer, model, batches, settings, form: str, group) -> None:
+def measure_gradients(m: Measured, trainer, model, batches, settings, form: str, group) -> list:
     """Every arm's (and control arm's) gradient comparison per batch at every site, and (canonical
-    form) the scale-rule group with its pooled weight statistics, appended to ``m``."""
+    form) the scale-rule group with its pooled weight statistics, appended to ``m``; returns the
+    unquantized gradient of every batch."""
     reference = [batch_gradient(trainer, b) for b in batches]
 
     def grads_under(quantizer):
@@ -412,43 +518,71 @@ def measure_gradients(m: Measured, trainer, model, batches, settings, form: str,
             m.rule_weights.setdefault(rule, []).append(weight_decomposition(model, q))
     m.grad_groups.extend([group] * len(batches))
     m.grad_keys.extend(batch_key(b) for b in batches)
+    return reference
+
+
+@dataclass
+class FixedTokens:
+    """What every arm's teacher-forced measures score, the same tokens for each: the completions the
+    unquantized arm sampled (prompt and completion ids, ``samples`` per prompt) with its log-probabilities
+    along them, and each problem's correct worked solution."""
+
+    prompt_ids: list
+    completion_ids: list
+    logp: torch.Tensor | None
+    solutions: tuple
+    samples: int
+    temperature: float
+    pad: int
+
+    def measure(self, model) -> tuple[dict[str, list[float]], torch.Tensor]:
+        """The model's teacher-forced measures per prompt (``TEACHER_FORCED``): the mean token entropy and
+        KL to the unquantized arm along the fixed completions, and the solution's log-likelihood; and its
+        log-probabilities along the completions (the unquantized arm's are every other arm's reference)."""
+        on_fixed = teacher_forced(model, self.prompt_ids, self.completion_ids, self.logp, self.temperature, self.pad)
+        on_solution = teacher_forced(model, *self.solutions, None, self.temperature, self.pad)
+        prompts = len(on_solution["loglik"])
+
+        def per_prompt(per_sample) -> list[float]:
+            """The mean over each prompt's samples (rollout_scores lays them out prompt by prompt)."""
+            return torch.tensor(per_sample).view(prompts, self.samples).mean(1).tolist()
+
+        return {"tf_entropy": per_prompt(on_fixed["entropy"]),
+                "tf_kl": per_prompt(on_fixed["kl"]) if "kl" in on_fixed else [0.0] * prompts,
+                "tf_solution_loglik": on_solution["loglik"]}, on_fixed["logp"]
+
+
+def _add_teacher(m: Measured, row: str, measured: dict[str, list[float]]) -> None:
+    teacher = m.teacher.setdefault(row, {k: [] for k in measured})
+    for k, values in measured.items():
+        teacher[k].extend(values)
 
 
 def measure_rollouts(m: Measured, model, tokenizer, problems, profile: Profile, form: str, group, seed: int,
-                     chat: bool = False) -> None:
+                     chat: bool = False) -> FixedTokens:
     """Every arm's per-prompt rollout accuracy and entropy (one sampling seed for every arm, so arms
     pair sample by sample), and the policy's weight energy shares, appended to ``m`` (``chat``: the
-    model's prompts are chat turns, ``data.prompt``)."""
+    model's prompts are chat turns, ``data.prompt``); returns the tokens every arm was scored on."""
     settings, g = profile.pathways, profile.grpo
     samples = settings.samples_per_prompt
     solutions = token_pairs(tokenizer, [gsm.prompt(r["question"], tokenizer, chat) for r in problems],
                             [r["answer"] for r in problems])
     pad = tokenizer.pad_token_id or 0
-
-    def per_prompt(per_sample: list[float]) -> list[float]:
-        """The mean over each prompt's samples (rollout_scores lays them out prompt by prompt)."""
-        return torch.tensor(per_sample).view(len(problems), samples).mean(1).tolist()
-
-    fixed = reference = None
+    fixed = None
     for row in (*ROWS, *control_rows(settings.controls)):  # "none" first: its completions are the fixed ones
         with Arm(model, row_quantizer(row, "forward", form=form)):
             if fixed is None or settings.sample_every_arm:
                 acc, ent, prompt_ids, completion_ids = rollout_scores(
                     model, tokenizer, problems, samples, g.max_completion_length, g.temperature, seed, chat)
                 if fixed is None:
-                    fixed = (prompt_ids, completion_ids)
+                    fixed = FixedTokens(prompt_ids, completion_ids, None, solutions, samples, g.temperature, pad)
                 have = m.scores.setdefault(row, ([], []))
                 have[0].extend(acc)
                 have[1].extend(ent)
-            on_fixed = teacher_forced(model, *fixed, reference, g.temperature, pad)
-            on_solution = teacher_forced(model, *solutions, None, g.temperature, pad)
-        reference = on_fixed["logp"] if reference is None else reference
-        measured = {"tf_entropy": per_prompt(on_fixed["entropy"]),
-                    "tf_kl": per_prompt(on_fixed["kl"]) if "kl" in on_fixed else [0.0] * len(problems),
-                    "tf_solution_loglik": on_solution["loglik"]}
-        teacher = m.teacher.setdefault(row, {k: [] for k in measured})
-        for k, values in measured.items():
-            teacher[k].extend(values)
+            measured, logp = fixed.measure(model)
+        if fixed.logp is None:
+            fixed.logp = logp
+        _add_teacher(m, row, measured)
     m.roll_groups.extend([group] * len(problems))
     m.roll_keys.extend(_digest(r["question"], seed) for r in problems)
     full = row_quantizer("all")
@@ -456,6 +590,27 @@ def measure_rollouts(m: Measured, model, tokenizer, problems, profile: Profile, 
         weights = weight_decomposition(model, full, form=form)
     if weights["energy_total"]:
         m.shares.append({c: weights[f"energy_{c}"] / weights["energy_total"] for c in COMPONENTS})
+    return fixed
+
+
+def measure_corrections(ms: list[Measured], model, trainer, batches, reference: list, fixed: FixedTokens,
+                        profile: Profile, seed: int) -> None:
+    """Every correction arm (``pathways.corrections``) of one policy: its gradient comparison per batch at
+    site both and its teacher-forced measures on ``fixed``'s tokens, appended to each ``Measured`` in ``ms``
+    (a correction arm has no decomposition form: every form's measurements hold the same values)."""
+    for name in profile.pathways.corrections:
+        grads = []
+        if batches:
+            model.train()
+            with Arm(model, correction_arm(name, "both", profile, seed).quantizer):
+                grads = [compare(batch_gradient(trainer, b), ref) for b, ref in zip(batches, reference)]
+        arm = correction_arm(name, "forward", profile, seed)
+        with Arm(model, arm.quantizer), arm.rollout(model):
+            measured, _ = fixed.measure(model)
+        for m in ms:
+            if grads:
+                m.grad.setdefault((name, "both"), []).extend(grads)
+            _add_teacher(m, name, measured)
 
 
 def teacher_forced_rows(model_name: str, ckpt: str, m: Measured) -> list[dict]:
@@ -503,8 +658,10 @@ def form_rows(model_name: str, ckpt: str, m: Measured, settings, seed: int) -> l
     rows += contrast_rows(model_name, ckpt, harms, m)
     rows += shapley_rows(model_name, ckpt, harms, m, seed)
     rows += excess_rows(model_name, ckpt, harms, settings.controls, m)
+    rows += recovery_rows(model_name, ckpt, m, settings.corrections)
     if ckpt == "warm" and settings.claims is not None:
         rows += claim_rows(model_name, ckpt, m, settings.claims)
+        rows += recovery_claim_rows(model_name, ckpt, m, settings.corrections, settings.claims)
     for r in rows:
         r["seeds"] = len(m.seeds)
     return rows
@@ -604,11 +761,13 @@ def run_pathways(profile: Profile, model_name: str, results="results", out_csv=N
             for form, m in measured.items():
                 m.seeds.add(seed)
                 model.train()  # as the batches were scored (rollouts leave it in eval mode)
-                if batches:
-                    measure_gradients(m, trainer, model, batches, settings, form, group)
-                measure_rollouts(m, model, tokenizer, roll_problems, profile, form, group, seed, spec.chat)
+                reference = measure_gradients(m, trainer, model, batches, settings, form, group) if batches else []
+                fixed = measure_rollouts(m, model, tokenizer, roll_problems, profile, form, group, seed, spec.chat)
                 say(f"{model_name}/{ckpt} seed {seed} ({form}): {len(batches)} gradient batches, "
                     f"{len(roll_problems)} prompts x {settings.samples_per_prompt}")
+            if settings.corrections:
+                measure_corrections(list(measured.values()), model, trainer, batches, reference, fixed, profile, seed)
+                say(f"{model_name}/{ckpt} seed {seed}: correction arms {', '.join(settings.corrections)}")
             if ckpt == "warm" and seed == profile.seeds[0] and settings.additivity_steps and batches:
                 for k, ratio in additivity(model, trainer, batches[0], settings.additivity_steps,
                                            profile.grpo.learning_rate).items():

@@ -291,6 +291,9 @@ class PathwaySettings(_Strict):
         description="energy-matched control arms of each injected component (+c~k): the excess harm rows "
                     "(signflip keeps each element's magnitude: the fair control where one value dominates a block)",
     )
+    corrections: list[str] = Field(
+        default_factory=list, description="correction arms: recipes of MXFP4 plus one correction each (mxfp4+macro, "
+        "mxfp4+fallback, mxfp4+aqn), measured against MXFP4 on every pathway at site both (the recovery rows)")
     claims: ClaimDesign | None = Field(None, description="the claim-level primary tests (none: no claim rows)")
 
     @model_validator(mode="after")
@@ -435,7 +438,24 @@ def load_profile(name: str) -> Profile:
     unknown = [r for r in profile.recipes if r not in known]
     if unknown:
         raise ValueError(f"profile {path.name}: recipes: unknown recipe(s) {unknown}; known: {', '.join(known)}")
+    if profile.pathways is not None:
+        check_correction_arms(profile.pathways.corrections, known, f"profile {path.name}: pathways.corrections")
     return profile
+
+
+def check_correction_arms(names: list[str], table: dict[str, dict], where: str) -> None:
+    """Each correction arm must be a recipe of ``table`` that quantizes with the MXFP4 format, activations on,
+    and at least one correction: the arm measures what its corrections change relative to plain MXFP4."""
+    for name in names:
+        spec = table.get(name)
+        if spec is None:
+            raise ValueError(f"{where}: unknown recipe {name!r}; known: {', '.join(table)}")
+        if not (spec.get("quantize") and spec.get("format", "mxfp4") == "mxfp4" and spec.get("activations", True)
+                and spec.get("corrections") and not spec.get("inject") and not spec.get("remove")):
+            raise ValueError(f"{where}: {name!r} is not MXFP4 plus corrections; accepted: a recipe with quantize: "
+                             "true, format mxfp4, activations on and one or more corrections (e.g. mxfp4+macro)")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{where}: {names} names a recipe twice; accepted: distinct recipes")
 
 
 def _digest(obj) -> str:

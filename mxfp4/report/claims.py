@@ -11,7 +11,7 @@ from pathlib import Path
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from ..analysis.pathway_spec import HARMS, MAPPING
+from ..analysis.pathway_spec import HARMS, MAPPING, RECOVERIES, RECOVERY_HARMS
 from ..config.profiles import load_profile
 from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE, Layout
@@ -26,6 +26,11 @@ MECHANISMS = {  # pathway -> (claimed component, claim text)
     "gradient": ("scale", "Scale bias dominates gradient accuracy"),
     "rollout": ("dead", "Deadzone truncation dominates rollout quality"),
     "entropy": ("grid", "Grid noise dominates policy entropy"),
+}
+RECOVERY_CLAIMS = {  # pathway -> claim text (the correction: pathway_spec.RECOVERIES)
+    "gradient": "Macro-block scaling restores gradient accuracy",
+    "rollout": "Outlier fallback restores rollout quality",
+    "entropy": "AQN restores policy entropy",
 }
 
 
@@ -304,35 +309,59 @@ def precondition_rows(items: list[dict]) -> list[dict]:
 STANDARD_RECIPE = "mxfp4+rht-sr"  # the field's MXFP4 training recipe: Hadamard rotation + stochastic rounding
 
 
+def _claim_level_row(r: dict, claim: str, test: str, measure: str) -> dict:
+    """A primary row from a pathway matrix's claim-level row (``<pathway>_claim`` or ``_recovery_claim``):
+    one hypothesis decided both ways, its p Bonferroni over the two one-sided tests (held: the claimed arm
+    beats every rival; contradicted: a rival comes within the margin), ``direction`` the side with the
+    smaller p."""
+    held, contra = (None if r.get(k) in ("", None) else float(r[k]) for k in ("p", "p_contradicted"))
+    lo, hi = (None if r[k] in ("", None) else float(r[k]) for k in ("ci_low", "ci_high"))
+    sd = None if r.get("sd") in ("", None) else float(r["sd"])
+    p = None if held is None or contra is None else min(1.0, 2 * min(held, contra))
+    return {
+        "claim": claim, "model": r["model"], "test": test, "measure": measure,
+        "diff": float(r["mean"]), "ci_low": lo, "ci_high": hi, "n": int(r["n"]), "sd": sd, "p": p,
+        "p_held": held, "p_contradicted": contra, "method": r["method"], "shift": 0.0,
+        "direction": +1 if held is None or contra is None or held <= contra else -1,
+        "mde80": min_detectable_effect(sd, int(r["n"])), "n_needed": None, "claimed_effect": None,
+    }
+
+
+def _warm_claim_rows(pathways: list[dict], design, suffix: str):
+    """(pathway, row) of each ``<pathway><suffix>`` row at the warm start in ``design``'s form."""
+    label = checkpoint_label("warm", design.form)
+    for r in pathways:
+        pathway = r["metric"].removesuffix(suffix)
+        if pathway in MAPPING and r["metric"] == pathway + suffix and r["checkpoint"] == label \
+                and r["mean"] not in ("", None):
+            yield pathway, r
+
+
 def mechanism_rows(pathways: list[dict], design=None) -> list[dict]:
     """The claim-level test of each mechanism claim per model (the pathway matrix's ``<pathway>_claim``
     rows at the warm start, in the decomposition form of ``design``, the profile's ``pathways.claims``;
-    none: no primary mechanism rows): one hypothesis each, decided both ways. Its p is Bonferroni over
-    the two one-sided tests (held: the claimed component beats every rival; contradicted: a rival comes
-    within the margin), ``direction`` the side with the smaller p."""
+    none: no primary mechanism rows)."""
     if design is None:
         return []
-    label = checkpoint_label("warm", design.form)
-    out = []
-    for r in pathways:
-        if not r["metric"].endswith("_claim") or r["checkpoint"] != label or r["mean"] in ("", None):
-            continue
-        pathway = r["metric"].removesuffix("_claim")
-        held, contra = (None if r.get(k) in ("", None) else float(r[k]) for k in ("p", "p_contradicted"))
-        lo, hi = (None if r[k] in ("", None) else float(r[k]) for k in ("ci_low", "ci_high"))
-        sd = None if r.get("sd") in ("", None) else float(r["sd"])
-        p = None if held is None or contra is None else min(1.0, 2 * min(held, contra))
-        out.append({
-            "claim": MECHANISMS[pathway][1], "model": r["model"],
-            "test": f"primary: dominance over each rival and its {design.control} control ({design.form} form, "
-                    f"warm start; contradicted below margin {design.margins[pathway]:g})",
-            "measure": f"harm(+{MAPPING[pathway]}) minus its closest rival's, per unit ({HARMS[pathway]})",
-            "diff": float(r["mean"]), "ci_low": lo, "ci_high": hi, "n": int(r["n"]), "sd": sd, "p": p,
-            "p_held": held, "p_contradicted": contra, "method": r["method"], "shift": 0.0,
-            "direction": +1 if held is None or contra is None or held <= contra else -1,
-            "mde80": min_detectable_effect(sd, int(r["n"])), "n_needed": None, "claimed_effect": None,
-        })
-    return out
+    return [_claim_level_row(
+        r, MECHANISMS[pathway][1],
+        f"primary: dominance over each rival and its {design.control} control ({design.form} form, warm start; "
+        f"contradicted below margin {design.margins[pathway]:g})",
+        f"harm(+{MAPPING[pathway]}) minus its closest rival's, per unit ({HARMS[pathway]})")
+        for pathway, r in _warm_claim_rows(pathways, design, "_claim")]
+
+
+def recovery_claim_rows(pathways: list[dict], design=None) -> list[dict]:
+    """The claim-level test of each recovery claim per model (the pathway matrix's ``<pathway>_recovery_claim``
+    rows at the warm start: the correction arm's harm below plain MXFP4's and each other correction arm's)."""
+    if design is None:
+        return []
+    return [_claim_level_row(
+        r, RECOVERY_CLAIMS[pathway],
+        f"primary: {RECOVERIES[pathway]} recovers more than plain MXFP4 and each other correction arm (warm "
+        f"start; contradicted below margin {design.margins[pathway]:g})",
+        f"closest rival's harm minus the {RECOVERIES[pathway]} arm's, per unit ({RECOVERY_HARMS[pathway]})")
+        for pathway, r in _warm_claim_rows(pathways, design, "_recovery_claim")]
 
 
 def standard_recipe_rows(cells: list[dict], model: str) -> list[dict]:
@@ -380,9 +409,10 @@ def build_claims(cells: list[dict], proofs: dict, corrections: list[dict], pathw
 
 
 def primary_family(cells: list[dict], pathways: list[dict], problems: int | None = None, design=None) -> list[dict]:
-    """The primary family alone, decided (Holm over it): per model each mechanism claim's claim-level test
-    and the headline recovery on final accuracy."""
-    rows = mechanism_rows(pathways, design)
+    """The primary family alone, decided (Holm over it): per model each mechanism claim's claim-level test,
+    each recovery claim's where the profile measures correction arms, and the headline recovery on final
+    accuracy."""
+    rows = mechanism_rows(pathways, design) + recovery_claim_rows(pathways, design)
     for model in sorted({c["model"] for c in cells}):
         rec = recovery_row(cells, model, problems, "gsm8k_strict_accuracy")
         rows += [rec] if rec else []
@@ -446,9 +476,11 @@ def markdown(rows: list[dict], profile: str) -> str:
         "Fixed in the profile before the run: per model, each mechanism claim as one claim-level test (the",
         "claimed component's harm against each other component's and its own sign-flip control's on the same units,",
         "at the warm start, on the teacher-forced and gradient measures; held = it beats every rival, contradicted =",
-        "a rival comes within the profile's margin; Bonferroni over the two sides) and the headline recovery on",
-        "final accuracy. Holm over this family alone; each interval is at the level its verdict uses. Effect =",
-        "the weakest contrast (mechanism rows) or the accuracy difference (recovery rows); MDE80 = the smallest true",
+        "a rival comes within the profile's margin; Bonferroni over the two sides); where the profile measures",
+        "correction arms, each recovery claim as one such test (the correction's arm against plain MXFP4 and each",
+        "other correction's arm: it recovers its pathway most); and the headline recovery on final accuracy.",
+        "Holm over this family alone; each interval is at the level its verdict uses. Effect = the weakest",
+        "contrast (claim-level rows) or the accuracy difference (headline rows); MDE80 = the smallest true",
         "effect a two-sided 0.05 test of this n detects with 80% power.",
         "",
         *(primary_table(primary) if primary else ["No primary test was measured in this run."]),

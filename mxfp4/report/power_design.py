@@ -45,9 +45,9 @@ def design(pilot_rows: list[dict], margins: dict[str, float], form: str, pilot: 
     label = checkpoint_label("warm", form)
     claims: dict[str, dict] = {}
     for r in pilot_rows:
-        if r["checkpoint"] != label or not r["metric"].endswith("_claim") or r.get("sd") in ("", None):
-            continue
         pathway = r["metric"].removesuffix("_claim")
+        if r["checkpoint"] != label or pathway not in MAPPING or r.get("sd") in ("", None):
+            continue
         need = claim_units(float(r["mean"]), float(r["sd"]), margins[pathway], alpha, family, power)
         if pathway not in claims or need["units"] > claims[pathway]["units"]:
             claims[pathway] = need

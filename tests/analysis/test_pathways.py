@@ -322,3 +322,75 @@ def test_a_claim_holds_where_its_component_dominates_and_is_contradicted_where_a
     verdicts = {r["claim"]: r["verdict"] for r in claims if r.get("family") == "primary"}
     assert verdicts == {"Grid noise dominates policy entropy": "held",
                         "Deadzone truncation dominates rollout quality": "contradicted (a rival within the margin)"}
+
+
+def test_a_recovery_claim_holds_where_its_correction_recovers_most_on_the_entropy_gap():
+    """Synthetic harms: outlier fallback lowers the rollout harm well below plain MXFP4's and every other
+    correction's, so its claim is held; on entropy AQN moves the entropy as far below the unquantized arm's
+    as MXFP4 is above it, so the entropy gap it leaves is MXFP4's (no recovery: contradicted), and a
+    recovery row reads the gap, not the signed entropy."""
+    import numpy as np
+
+    from mxfp4.analysis.pathways import recovery_claim_rows, recovery_rows
+    from mxfp4.config.profiles import ClaimDesign
+
+    rng = np.random.default_rng(1)
+    base = rng.normal(2.0, 0.3, 50)
+    noise = rng.normal(0, 0.02, (5, 50))
+    rollout = {"none": base, "all": base + 1.0, "mxfp4+macro": base + 0.9, "mxfp4+fallback": base + 0.4,
+               "mxfp4+aqn": base + 1.0}
+    rollout = {arm: h + noise[i] for i, (arm, h) in enumerate(rollout.items())}
+    entropy = {"none": base, "all": base + 0.5, "mxfp4+macro": base + 0.45, "mxfp4+fallback": base + 0.5,
+               "mxfp4+aqn": base - 0.5}
+    m = _teacher_measured(entropy)
+    for arm, h in rollout.items():
+        m.teacher[arm]["tf_solution_loglik"] = list(-h)
+    design = ClaimDesign(margins={"gradient": 0.01, "rollout": 0.1, "entropy": 0.1})
+    arms = ["mxfp4+macro", "mxfp4+fallback", "mxfp4+aqn"]
+    claims = {r["metric"]: r for r in recovery_claim_rows("tiny-dense", "warm", m, arms, design)}
+    assert set(claims) == {"rollout_recovery_claim", "entropy_recovery_claim"}  # no gradient batches
+    rollout_claim = claims["rollout_recovery_claim"]
+    assert rollout_claim["p"] < 1e-6 and rollout_claim["p_contradicted"] > 0.5
+    assert "mxfp4+macro vs mxfp4+fallback" in rollout_claim["method"]  # the weakest rival: macro's 0.9
+    assert abs(rollout_claim["mean"] - 0.5) < 0.05
+    assert claims["entropy_recovery_claim"]["p"] > 0.5 and claims["entropy_recovery_claim"]["p_contradicted"] < 1e-6
+    recovered = {(r["metric"], r["injection"]): r["mean"] for r in recovery_rows("tiny-dense", "warm", m, arms)}
+    assert recovered[("entropy_recovery", "mxfp4+aqn")] == pytest.approx(0.0, abs=1e-12)  # |-0.5| = |+0.5|
+    assert recovered[("entropy_recovery", "mxfp4+macro")] == pytest.approx(0.05, abs=1e-12)
+    assert recovered[("rollout_recovery", "mxfp4+fallback")] == pytest.approx(0.6, abs=0.02)
+
+
+def test_correction_arms_run_every_pathway_and_aqn_leaves_the_training_gradient_alone(smoke_results):
+    """The correction arms at the warm start: a recovery row per pathway and arm; AQN perturbs only the
+    rollout policy, so its gradient equals plain MXFP4's bit for bit while its teacher-forced measures do
+    not, and the policy's RMSNorm weights are restored after it; macro-block scaling changes the gradient."""
+    profile = load_profile("smoke")
+    settings = profile.pathways.model_copy(update={
+        "checkpoints": ["warm"], "controls": [], "additivity_steps": [], "scale_rules": [], "batches": 3,
+        "corrections": ["mxfp4+macro", "mxfp4+fallback", "mxfp4+aqn"]})
+    profile = profile.model_copy(update={"pathways": settings})
+    units = smoke_results / "corrections_units.csv"
+    rows = run_pathways(profile, "tiny-dense", results=smoke_results, progress=lambda m: None, out_units=units)
+    recovery = {(r["metric"], r["injection"]): r for r in rows if r["metric"].endswith("_recovery")}
+    assert {m for m, _ in recovery} == {"gradient_recovery", "rollout_recovery", "entropy_recovery"}
+    assert {k for _, k in recovery} == set(settings.corrections)
+    with units.open() as f:
+        harm = {}
+        for u in csv.DictReader(f):
+            harm.setdefault((u["pathway"], u["arm"]), []).append(float(u["harm"]))
+    assert harm[("gradient", "mxfp4+aqn")] == harm[("gradient", "all")]
+    assert harm[("gradient", "mxfp4+macro")] != harm[("gradient", "all")]
+    assert harm[("rollout", "mxfp4+aqn")] != harm[("rollout", "all")]
+    assert recovery[("gradient_recovery", "mxfp4+aqn")]["mean"] == 0.0
+    # the unquantized arm, measured before the AQN arm, equals a fresh measurement after it
+    from mxfp4.analysis.pathways import correction_arm
+    from mxfp4.rl.models import load
+
+    model, _ = load(str(Layout(smoke_results, "smoke").model("tiny-dense")))
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    arm = correction_arm("mxfp4+aqn", "forward", profile, 0)
+    assert arm.step > 0  # AQN's first noisy stage, not its noise-free stage 0
+    with Arm(model, arm.quantizer), arm.rollout(model) as _:
+        changed = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
+    assert changed and all("norm" in n for n in changed)
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
