@@ -3,11 +3,12 @@ the E8M0 block scales. Targets scale bias (gradient accuracy)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
-from ..numerics import dispatch
+from ..numerics import dispatch, fused_cpu
 from ..numerics.formats import get_format
 from ..numerics.reference import from_blocks, quantize_blocks, to_blocks
 from .base import Correction
@@ -94,27 +95,38 @@ class MacroBlockScaling(Correction):
         if self.candidates == "max":
             amax_b = amax_b.amax(-1, keepdim=True)  # [G, 1]
         ratio = (amax_b / elem.max_value).clamp(min=torch.finfo(torch.float32).tiny)
-        mant = ratio / torch.exp2(torch.floor(torch.log2(ratio)))
+        mant = torch.frexp(ratio).mantissa * 2  # ratio's significand in [1, 2), exactly (a normal float32)
         mant = _bf16_round_up(mant.clamp(1.0, 2.0))
         return torch.cat([torch.ones_like(mant[:, :1]), mant], dim=1).T
 
     @staticmethod
     def _best(values: torch.Tensor, g: torch.Tensor):
         """(index of the candidate with the least error energy per group, group index) for candidate
-        values [C, G, n, bs] of groups g [G, n, bs]; the first minimum: plain MXFP4 wins ties."""
-        err = (values - g.unsqueeze(0)).pow(2).sum((2, 3))  # [C, G]
+        values [C, G, n, bs] of groups g [G, n, bs]; the first minimum: plain MXFP4 wins ties. The energy is
+        summed in float64 element by element in the group's order (a cumulative sum is sequential), a rule
+        that does not depend on how a reduction is vectorised, so that the fused CPU kernel makes the same
+        choice."""
+        err = (values.double() - g.double().unsqueeze(0)).pow(2).flatten(2).cumsum(-1)[..., -1]  # [C, G]
         return err.argmin(0), torch.arange(g.shape[0], device=g.device)
 
     def fake_quantize(self, x: torch.Tensor, axis: int, fmt, rule) -> torch.Tensor | None:
-        """m . MX(x / m) through the dispatch (the Triton kernels on CUDA): two fake-quantizations of
-        the whole tensor (m = 1 and the group's mantissa) and a per-group choice, the same values as
-        ``block_quantizer`` bit for bit (products of a grid value, a power of two and a BF16
-        mantissa are exact in float32). ``candidates: all`` returns None (use the block path)."""
+        """m . MX(x / m) through the dispatch, the same values as ``block_quantizer`` bit for bit. On the
+        fused CPU backend (one row per group, float32): one pass of the fused kernel, its output laid out as
+        the block path's. On Triton: two fake-quantizations of the whole tensor (m = 1 and the group's
+        mantissa) and a per-group choice (products of a grid value, a power of two and a BF16 mantissa are
+        exact in float32). None elsewhere (``candidates: all``, the reference): use the block path."""
         if self.candidates != "max":
             return None
-
         fmt = get_format(fmt)
         ax = axis % x.dim()
+        backend = dispatch.backend_for(x, fmt)
+        if backend == "fused":
+            if self.rows != 1 or x.dtype != torch.float32:
+                return None
+            strides = self.block_path_strides(tuple(x.shape), x.stride(), ax, fmt, rule)
+            return fused_cpu.macro_block(x, fmt, ax, rule, self.blocks, strides)
+        if backend != "triton":
+            return None
         xf = x.float()
         g, info = self._groups(to_blocks(xf, ax, fmt.block_size))  # [G, n, bs]
         m = self._candidates(g, fmt.element)[1]  # [G]
@@ -125,5 +137,17 @@ class MacroBlockScaling(Correction):
         best, pick = self._best(values, g)
         return from_blocks(self._ungroup(values[best, pick], info), x.shape, ax).to(x.dtype)
 
+    def block_path_strides(self, shape: tuple, stride: tuple, axis: int, fmt, rule) -> tuple:
+        """The strides of the block path's result for a float32 x of this shape and strides: its own
+        operations run on a meta tensor (no data, the same stride rules), cached per case."""
+        return _block_path_strides(self.blocks, self.rows, shape, stride, axis, get_format(fmt), rule)
+
     def cost(self) -> dict:
         return {"extra_bits_per_element": 16.0 / (32 * self.blocks * self.rows), "bf16_fraction": 0.0}
+
+
+@functools.lru_cache(maxsize=1024)
+def _block_path_strides(blocks: int, rows: int, shape: tuple, stride: tuple, axis: int, fmt, rule) -> tuple:
+    x = torch.empty_strided(shape, stride, dtype=torch.float32, device="meta")
+    grid, scale = MacroBlockScaling(blocks, rows).block_quantizer(fmt, rule)(to_blocks(x, axis, fmt.block_size))
+    return from_blocks(grid * scale.unsqueeze(-1), x.shape, axis).to(x.dtype).stride()

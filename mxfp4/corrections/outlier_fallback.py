@@ -3,10 +3,12 @@ entries of the deadzone come back. Targets deadzone truncation (rollout quality)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
+from ..numerics import dispatch, fused_cpu
 from ..numerics.reference import from_blocks, to_blocks
 from .base import Correction
 from .registry import register
@@ -52,12 +54,28 @@ class OutlierFallback(Correction):
 
     def split(self, x, axis, valid=None):
         """(outlier mask, x with the outliers zeroed); counts what it keeps for ``cost()`` (only the
-        ``valid`` elements when x holds padding)."""
-        mask = self.outlier_mask(x, axis)
+        ``valid`` elements when x holds padding). One element a block on the fused CPU backend: one pass
+        of the fused kernel, the same values and layouts."""
+        parts = self._fused_split(x, axis)
+        if parts is None:
+            mask = self.outlier_mask(x, axis)
+            parts = mask, torch.where(mask, torch.zeros_like(x), x)
+        mask = parts[0]
         counted = mask if valid is None else mask & valid
         self._kept[0] = self._kept[0] + counted.sum()  # stays on the device: no host sync per call
         self._kept[1] = self._kept[1] + (mask.numel() if valid is None else valid.expand_as(mask).sum())
-        return mask, torch.where(mask, torch.zeros_like(x), x)
+        return parts
+
+    def _fused_split(self, x: torch.Tensor, axis: int):
+        """``split``'s (mask, rest) from the fused CPU kernel where it applies (element mode, k = 1, a float32
+        or bfloat16 x on the fused backend, every element finite), laid out as the torch path lays them out;
+        else None."""
+        if (self.mode != "element" or self.k != 1 or x.dtype not in (torch.float32, torch.bfloat16)
+                or dispatch.backend_for(x) != "fused"):
+            return None
+        axis = axis % x.dim()
+        strides = _torch_path_strides(tuple(x.shape), x.stride(), x.dtype, axis)
+        return fused_cpu.split_max(x, axis, 32, *strides)
 
     def state_dict(self) -> dict:
         return {"kept": [int(v) for v in self._kept]}
@@ -72,3 +90,12 @@ class OutlierFallback(Correction):
         frac = self._kept[0] / seen if seen else nominal
         index_bits = 5 if self.mode == "element" else 0
         return {"extra_bits_per_element": frac * (16 + index_bits), "bf16_fraction": frac}
+
+
+@functools.lru_cache(maxsize=1024)
+def _torch_path_strides(shape: tuple, stride: tuple, dtype: torch.dtype, axis: int) -> tuple[tuple, tuple]:
+    """The strides of the torch path's (mask, rest) in element mode with k = 1, for an x of this shape,
+    strides and dtype: its own operations run on a meta tensor (no data, the same stride rules)."""
+    x = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    mask = OutlierFallback(k=1).outlier_mask(x, axis)
+    return mask.stride(), torch.where(mask, torch.zeros_like(x), x).stride()

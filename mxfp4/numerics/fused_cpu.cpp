@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -332,7 +333,152 @@ void run_in(const at::Tensor& x, at::Tensor& out, int bs, const Format& f) {
   }
 }
 
+// ---- corrections: macro-block scaling and outlier fallback, fused ------------------------------------------
+
+constexpr int kMaxGroup = 1024;  // elements of one macro-block group (blocks * block size)
+
+// macro_block's candidate scale of a group with max magnitude `amax`: the BF16 value >= the significand of
+// max(amax / max_value, 2^-126) (in [1, 2): the group's largest block lands on the top grid point).
+inline float macro_candidate(float amax, float max_value) {
+  float ratio = amax / max_value;
+  const float tiny = from_bits(0x00800000u);
+  ratio = ratio < tiny ? tiny : ratio;
+  const float mant = from_bits((bits_of(ratio) & 0x007FFFFFu) | 0x3F800000u);
+  const uint16_t b = bf16_bits(mant);
+  const float down = from_bits(uint32_t(b) << 16);
+  return down >= mant ? down : from_bits(uint32_t(b + 1) << 16);
+}
+
+// One block of y (float32, finite) quantized as the reference's block path does with an extra factor m on
+// the scale: grid(y * 2^-e) * (2^e * m); its squared error against x (the group's unscaled elements),
+// added in order to `err` in float64.
+inline void block_times(const float* y, const float* x, float* v, int n, float m, const Format& f, double* err) {
+  uint32_t a = 0;
+  for (int j = 0; j < n; ++j) {
+    const uint32_t ab = bits_of(y[j]) & 0x7FFFFFFFu;
+    a = ab > a ? ab : a;
+  }
+  const int byte = shared_exponent(from_bits(a), f) + 127;
+  const float scale = e8m0_value(byte), inverse = e8m0_value(std::min(254, std::max(0, 254 - byte)));
+  const float eff = scale * m;
+  double e = *err;
+  for (int j = 0; j < n; ++j) {
+    v[j] = round_to_grid(y[j] * inverse, f.emin, f.mbits, f.max_value) * eff;
+    const double d = double(v[j]) - double(x[j]);
+    e += d * d;
+  }
+  *err = e;
+}
+
+// One macro-block group of `blocks` blocks of bs (n real elements at stride sk of x, zero-padded) into out
+// at stride ok: plain MX (m = 1) or MX with the group's candidate m, whichever has the smaller error energy
+// (float64, summed element by element in order; plain wins ties). False where an element is not finite.
+bool macro_group(const float* x, int64_t sk, float* out, int64_t ok, int n, int bs, int blocks, const Format& f) {
+  float t[kMaxGroup], y[kMaxGroup], plain[kMaxGroup], macro[kMaxGroup];
+  const int total = bs * blocks;
+  uint32_t a = 0;
+  for (int j = 0; j < total; ++j) {
+    t[j] = j < n ? x[j * sk] : 0.0f;
+    const uint32_t ab = bits_of(t[j]) & 0x7FFFFFFFu;
+    a = ab > a ? ab : a;
+  }
+  if (a >= 0x7F800000u) return false;
+  const float m = macro_candidate(from_bits(a), f.max_value);
+  double e_plain = 0.0, e_macro = 0.0;
+  for (int b = 0; b < blocks; ++b) block_times(t + b * bs, t + b * bs, plain + b * bs, bs, 1.0f, f, &e_plain);
+  for (int j = 0; j < total; ++j) y[j] = t[j] / m;
+  for (int b = 0; b < blocks; ++b) block_times(y + b * bs, t + b * bs, macro + b * bs, bs, m, f, &e_macro);
+  const float* pick = e_macro < e_plain ? macro : plain;
+  for (int j = 0; j < n; ++j) out[j * ok] = pick[j];
+  return true;
+}
+
+// One block of x (n elements at stride sk): its largest magnitude (the first of equal ones, as torch's argmax
+// picks it) marked in mask and zeroed in rest (both at stride ok); false where an element is not finite.
+template <typename T>
+bool split_max_block(const T* x, int64_t sk, bool* mask, int64_t mk, T* rest, int64_t ok, int64_t n) {
+  int64_t top = 0;
+  float best = -1.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    const float a = std::fabs(float(x[j * sk]));
+    if (!(a <= 3.4028234663852886e38f)) return false;  // NaN or infinite
+    if (a > best) best = a, top = j;
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    mask[j * mk] = j == top;
+    rest[j * ok] = j == top ? T(0.0f) : x[j * sk];
+  }
+  return true;
+}
+
 }  // namespace
+
+// Macro-block scaling (rows 1, candidates max) of a float32 [O, K, I] view into out, groups of `blocks`
+// blocks along K; false (out unspecified) where x holds a non-finite element.
+bool macro_block_into(const at::Tensor& x, at::Tensor out, int64_t block_size, int64_t blocks, int64_t emin,
+                      int64_t emax, int64_t mbits, double max_value, int64_t rule) {
+  TORCH_CHECK(x.dim() == 3 && out.sizes() == x.sizes(), "fused_cpu: x and out must be [O, K, I] views of one shape");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat, "fused_cpu: macro_block takes float32");
+  TORCH_CHECK(block_size >= 1 && blocks >= 1 && block_size * blocks <= kMaxGroup,
+              "fused_cpu: a macro-block group holds at most ", kMaxGroup, " elements");
+  const Format f{int(emin), int(emax), int(mbits), float(max_value), int(rule)};
+  const int64_t O = x.size(0), K = x.size(1), I = x.size(2);
+  const int64_t so = x.stride(0), sk = x.stride(1), si = x.stride(2);
+  const int64_t oo = out.stride(0), ok = out.stride(1), oi = out.stride(2);
+  const int64_t span = block_size * blocks, groups = (K + span - 1) / span;
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  std::atomic<bool> finite{true};
+  at::parallel_for(0, O * groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t idx = begin; idx < end && finite; ++idx) {
+      const int64_t o = idx / groups, k0 = (idx % groups) * span;
+      const int n = int(std::min<int64_t>(span, K - k0));
+      for (int64_t i = 0; i < I; ++i)
+        if (!macro_group(xp + o * so + k0 * sk + i * si, sk, op + o * oo + k0 * ok + i * oi, ok, n, int(block_size),
+                         int(blocks), f)) {
+          finite = false;
+          break;
+        }
+    }
+  });
+  return finite;
+}
+
+// Outlier fallback's split (one element a block) of an [O, K, I] view x (float32 or bfloat16) into mask and
+// rest ([O, K, I] views, any strides), blocks along K; false (outputs unspecified) where x is not all finite.
+bool split_max_into(const at::Tensor& x, at::Tensor mask, at::Tensor rest, int64_t block_size) {
+  TORCH_CHECK(x.dim() == 3 && mask.sizes() == x.sizes() && rest.sizes() == x.sizes() &&
+                  rest.scalar_type() == x.scalar_type() && mask.scalar_type() == at::kBool,
+              "fused_cpu: x, mask (bool) and rest (x's dtype) must be [O, K, I] views of one shape");
+  TORCH_CHECK(block_size >= 1, "fused_cpu: block size must be positive");
+  const int64_t O = x.size(0), K = x.size(1), I = x.size(2);
+  const int64_t so = x.stride(0), sk = x.stride(1), si = x.stride(2);
+  const int64_t mo = mask.stride(0), mk = mask.stride(1), mi = mask.stride(2);
+  const int64_t oo = rest.stride(0), ok = rest.stride(1), oi = rest.stride(2);
+  const int64_t nb = (K + block_size - 1) / block_size;
+  bool* mp = mask.data_ptr<bool>();
+  std::atomic<bool> finite{true};
+  auto run = [&](auto* xp, auto* rp) {
+    at::parallel_for(0, O * nb, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t idx = begin; idx < end && finite; ++idx) {
+        const int64_t o = idx / nb, k0 = (idx % nb) * block_size, n = std::min<int64_t>(block_size, K - k0);
+        for (int64_t i = 0; i < I; ++i) {
+          if (!split_max_block(xp + o * so + k0 * sk + i * si, sk, mp + o * mo + k0 * mk + i * mi, mk,
+                               rp + o * oo + k0 * ok + i * oi, ok, n)) {
+            finite = false;
+            break;
+          }
+        }
+      }
+    });
+  };
+  switch (x.scalar_type()) {
+    case at::kFloat: run(x.data_ptr<float>(), rest.data_ptr<float>()); break;
+    case at::kBFloat16: run(x.data_ptr<at::BFloat16>(), rest.data_ptr<at::BFloat16>()); break;
+    default: TORCH_CHECK(false, "fused_cpu: split_max takes float32 or bfloat16, got ", x.scalar_type());
+  }
+  return finite;
+}
 
 // Writes the fake-quantized x into out (both [O, K, I] CPU views, any strides, blocks along K).
 void fake_quantize_into(const at::Tensor& x, at::Tensor out, int64_t block_size, int64_t emin, int64_t emax,
@@ -353,4 +499,6 @@ void fake_quantize_into(const at::Tensor& x, at::Tensor out, int64_t block_size,
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fake_quantize_into", &fake_quantize_into, "fake-quantize an [O, K, I] view into out, blocks along K");
+  m.def("macro_block_into", &macro_block_into, "macro-block scaling (rows 1, candidates max) of an [O, K, I] view");
+  m.def("split_max_into", &split_max_into, "each block's largest element of an [O, K, I] view: its mask, and x without it");
 }

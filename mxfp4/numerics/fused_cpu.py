@@ -135,20 +135,55 @@ def _as_3d(t: torch.Tensor, dims: tuple[int, int, int]) -> torch.Tensor | None:
         return None
 
 
+def _views_3d(x: torch.Tensor, axis: int, outputs: list[torch.Tensor], kernel, *args) -> bool:
+    """``kernel(x3, *outputs3, *args)`` on [outer, blocked axis, inner] views of x and of each output (a
+    contiguous stand-in, copied back, where an output's strides forbid the view); False where the kernel
+    returned False (a non-finite element), True otherwise."""
+    dims = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
+    x3 = _as_3d(x, dims)
+    if x3 is None:
+        x3 = x.contiguous().view(dims)
+    views = [_as_3d(o, dims) for o in outputs]
+    targets = [v if v is not None else torch.empty(dims, dtype=o.dtype) for v, o in zip(views, outputs)]
+    if kernel(x3, *targets, *args) is False:
+        return False
+    for v, o, t in zip(views, outputs, targets):
+        if v is None:
+            o.copy_(t.view(x.shape))
+    return True
+
+
 def fake_quantize(x: torch.Tensor, fmt: BlockFormat, axis: int, rule: str) -> torch.Tensor:
     """``reference.fake_quantize(x, fmt, axis, rule)`` for checked arguments (``reference.check_input``:
     the axis in range and non-negative, the rule resolved) and a format ``applies`` to."""
     x = x.detach()
-    dims = (math.prod(x.shape[:axis]), x.shape[axis], math.prod(x.shape[axis + 1:]))
     out = torch.empty_strided(x.shape, output_strides(x, axis, fmt, rule), dtype=x.dtype)
-    x3 = _as_3d(x, dims)
-    if x3 is None:
-        x3 = x.contiguous().view(dims)
-    out3 = _as_3d(out, dims)
-    target = out3 if out3 is not None else torch.empty(dims, dtype=x.dtype)
     elem = fmt.element
-    _extension().fake_quantize_into(x3, target, fmt.block_size, elem.emin, elem.emax, elem.mbits, elem.max_value,
-                                    SCALE_RULES_E8M0.index(rule))
-    if out3 is None:
-        out.copy_(target.view(x.shape))
+    _views_3d(x, axis, [out], _extension().fake_quantize_into, fmt.block_size, elem.emin, elem.emax, elem.mbits,
+              elem.max_value, SCALE_RULES_E8M0.index(rule))
     return out
+
+
+def macro_block(x: torch.Tensor, fmt: BlockFormat, axis: int, rule: str, blocks: int, strides: tuple
+                ) -> torch.Tensor | None:
+    """Macro-block scaling of a float32 x (``corrections.macro_block``, one row per group, the largest block's
+    candidate) in one pass, its values those of the reference block path bit for bit; the output has
+    ``strides``. None where x holds a NaN or an infinity (the reference then runs)."""
+    x = x.detach()
+    out = torch.empty_strided(x.shape, strides, dtype=x.dtype)
+    elem = fmt.element
+    ok = _views_3d(x, axis, [out], _extension().macro_block_into, fmt.block_size, blocks, elem.emin, elem.emax,
+                   elem.mbits, elem.max_value, SCALE_RULES_E8M0.index(rule))
+    return out if ok else None
+
+
+def split_max(x: torch.Tensor, axis: int, block_size: int, mask_strides: tuple, rest_strides: tuple
+              ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(mask of each block's largest magnitude, the first of equal ones as torch's argmax picks it; x with it
+    zeroed) for a float32 or bfloat16 x, blocks of ``block_size`` along ``axis``, in one pass
+    (``corrections.outlier_fallback``, one element a block), laid out with the strides given. None where x
+    holds a NaN or an infinity (the reference then runs)."""
+    x = x.detach()
+    mask = torch.empty_strided(x.shape, mask_strides, dtype=torch.bool)
+    rest = torch.empty_strided(x.shape, rest_strides, dtype=x.dtype)
+    return (mask, rest) if _views_3d(x, axis, [mask, rest], _extension().split_max_into, block_size) else None

@@ -212,12 +212,12 @@ class Quantizer:
         return from_blocks(out.to(torch.float64).unflatten(-1, (-1, bs)) @ r.T, x.shape, ax).to(x.dtype)
 
     def _block_quantize(self, x: torch.Tensor, axis: int) -> torch.Tensor:
-        """x through the block-replacing correction: where the dispatch runs Triton and the
-        correction can express itself as fake-quantizations of rescaled tensors (macro-block's
-        ``fake_quantize``), through the kernels; else the reference block path (identical values)."""
+        """x through the block-replacing correction: where the dispatch runs a kernel (Triton, the fused
+        CPU one) and the correction has a path through it (its ``fake_quantize``), that path; else the
+        reference block path (identical values)."""
         owner = self._block_owner
         try:
-            if dispatch.fast_path(x, self.fmt):
+            if dispatch.backend_for(x, self.fmt) != "reference":
                 q = owner.fake_quantize(x, axis, self.fmt, self.scale_rule)
                 if q is not None:
                     return q

@@ -1,0 +1,111 @@
+"""Macro-block scaling and outlier fallback on the fused CPU kernel: the values and layouts of the torch
+path (the reference backend: the block path and the torch split, an independent computation), bit for bit,
+over shapes, axes, strides, dtypes, formats, scale rules and the adversarial inputs."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mxfp4.corrections import MacroBlockScaling, OutlierFallback
+from mxfp4.numerics import dispatch, fused_cpu
+from mxfp4.numerics.formats import FORMATS, SCALE_RULES_E8M0
+from mxfp4.numerics.quantizer import Quantizer
+from mxfp4.verify.adversarial import adversarial_rows
+from mxfp4.verify.kernel_checks import same
+
+E8M0_FORMATS = [name for name, f in FORMATS.items() if f.scale == "e8m0"]
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    strides = [(sa, sb) for n, sa, sb in zip(a.shape, a.stride(), b.stride()) if n > 1]
+    return same(a, b) and all(sa == sb for sa, sb in strides)
+
+
+def _both(make, x, axis):
+    """(fused backend, reference backend) results of fresh quantizers from ``make``, and the two quantizers."""
+    fused, ref = make(), make()
+    assert dispatch.backend_for(x) == "fused"
+    got = fused(x, axis)
+    with dispatch.use_backend("reference"):
+        want = ref(x, axis)
+    return got, want, fused, ref
+
+
+def _quantizer(kind: str, fmt: str = "mxfp4", rule: str = "floor", blocks: int = 4):
+    macro = MacroBlockScaling(blocks=blocks)
+    return lambda: Quantizer(fmt, rule, {"macro": [macro], "fallback": [OutlierFallback(k=1)],
+                                         "both": [OutlierFallback(k=1), macro]}[kind])
+
+
+def _tensor(g, shape, log_scale, spread, ties):
+    x = torch.randn(shape, generator=g) * torch.rand(shape, generator=g) ** spread
+    x = x * 2.0 ** (log_scale + torch.randint(-8, 8, shape, generator=g).float())
+    if ties:  # equal magnitudes: the first of them is the block's outlier
+        x = torch.where(torch.rand(shape, generator=g) < 0.5, x.abs().amax() * torch.sign(x), x)
+    return x
+
+
+@settings(max_examples=120, deadline=None)
+@given(shape=st.lists(st.sampled_from([1, 2, 3, 31, 32, 33, 64, 70, 130]), min_size=1, max_size=3), data=st.data(),
+       kind=st.sampled_from(["macro", "fallback", "both"]), fmt=st.sampled_from(E8M0_FORMATS),
+       rule=st.sampled_from(SCALE_RULES_E8M0), blocks=st.sampled_from([1, 2, 4, 8]),
+       log_scale=st.integers(-130, 120), spread=st.integers(0, 12), ties=st.booleans(),
+       bf16=st.booleans(), transposed=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_the_fused_corrections_equal_the_torch_path(shape, data, kind, fmt, rule, blocks, log_scale, spread, ties,
+                                                    bf16, transposed, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = _tensor(g, shape, log_scale, spread, ties).to(torch.bfloat16 if bf16 else torch.float32)
+    if transposed and x.dim() >= 2:
+        x = x.transpose(0, -1)
+    axis = data.draw(st.integers(-x.dim(), x.dim() - 1))
+    got, want, fused, ref = _both(_quantizer(kind, fmt, rule, blocks), x, axis)
+    assert _same_layout(got, want)
+    assert fused.cost() == ref.cost()  # the fallback counts the same elements kept
+
+
+@pytest.mark.parametrize("kind", ["macro", "fallback", "both"])
+@pytest.mark.parametrize("rule", SCALE_RULES_E8M0)
+def test_every_adversarial_row_equals_the_torch_path(kind, rule):
+    """Ties, saturation, subnormals, huge values, zeros, NaN and infinities (the kernels hand a tensor with a
+    non-finite element back to the torch path), along either axis."""
+    for name, x in adversarial_rows().items():
+        for axis in (-1, 0):
+            got, want, _, _ = _both(_quantizer(kind, rule=rule), x, axis)
+            assert _same_layout(got, want), (name, axis)
+
+
+def test_the_fused_kernels_run_and_hand_non_finite_tensors_back(monkeypatch):
+    """On finite float32 tensors the corrections take their kernels; a NaN makes each kernel decline (None),
+    and the quantizer's result is still the torch path's."""
+    x = torch.randn(8, 128)
+    macro, fallback = MacroBlockScaling(blocks=4), OutlierFallback(k=1)
+    fmt = FORMATS["mxfp4"]
+    assert fused_cpu.macro_block(x, fmt, 1, "floor", 4, x.stride()) is not None
+    assert fused_cpu.split_max(x, 1, 32, x.stride(), x.stride()) is not None
+    x[3, 5] = math.nan
+    assert fused_cpu.macro_block(x, fmt, 1, "floor", 4, x.stride()) is None
+    assert fused_cpu.split_max(x, 1, 32, x.stride(), x.stride()) is None
+    calls = []
+    real = fused_cpu.macro_block
+    monkeypatch.setattr(fused_cpu, "macro_block", lambda *a: calls.append(a) or real(*a))
+    Quantizer(corrections=[macro])(torch.randn(4, 64), -1)
+    assert calls and fallback._fused_split(torch.randn(4, 64), -1) is not None
+
+
+def test_the_macro_choice_is_never_worse_than_plain_mxfp4_under_its_float64_sequential_sum():
+    """Over a wide exponent range, each group's chosen values have an error energy, summed in float64 element
+    by element in order by a Python loop (the rule both paths implement), no larger than plain MXFP4's."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(256, 128, generator=g) * 2.0 ** torch.randint(-30, 30, (256, 128), generator=g).float()
+    q = Quantizer(corrections=[MacroBlockScaling(blocks=4)])
+    got = q(x, -1)
+    plain = Quantizer()(x, -1)
+    for row in range(0, 256, 17):  # one group of 4 blocks per row
+        e_plain = e_got = 0.0
+        for a, p, v in zip(*(t[row].tolist() for t in (x, plain, got))):
+            e_plain += (p - a) ** 2
+            e_got += (v - a) ** 2
+        assert e_got <= e_plain  # the chosen candidate is never worse than plain MXFP4 under the rule
