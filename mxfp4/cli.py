@@ -292,12 +292,14 @@ def _cmd_power_design(args) -> int:
         raise ValueError(f"profile {args.profile!r} sets no pathways.claims (form, control, margins) to size")
     stored = Layout(args.results, args.pilot)
     block = design(read_rows(stored.stored(stored.pathways())), claims.margins, claims.form, args.pilot,
-                   family=args.family)
+                   family=args.family, corrections=len(profile.pathways.corrections))
     print(yaml.safe_dump({"power": block}, sort_keys=False).rstrip())
     have = units_in(profile)
-    for pathway, c in block["claims"].items():
-        print(f"# {pathway}: needs {c['units']} units, the profile measures {have[pathway]}"
-              + ("" if have[pathway] >= c["units"] else "  <- too few"))
+    for kind, suffix in (("claims", "_claim"), ("recoveries", "_recovery_claim")):
+        for pathway, c in block[kind].items():
+            short = have[pathway] < c["units"]
+            mark = "  (exploratory)" if pathway + suffix in claims.exploratory else "  <- too few" if short else ""
+            print(f"# {pathway} ({kind}): needs {c['units']} units, the profile measures {have[pathway]}{mark}")
     return 0
 
 
@@ -631,7 +633,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "pathway matrix: the pathways.claims.power block to write into the profile")
     _profile_args(p)
     p.add_argument("--pilot", default="embedded", help="the pilot profile whose stored pathways.csv is read")
-    p.add_argument("--family", type=int, default=8, help="hypotheses in the primary family (default 8)")
+    p.add_argument("--family", type=int, default=8,
+                   help="hypotheses in the primary family (default 8: per model 3 mechanism claims and the headline; "
+                        "14 with the 3 recovery claims)")
     p.set_defaults(func=_cmd_power_design)
 
     p = sub.add_parser("report", help="REPORT.md of a profile's run: held-out accuracy, the pathway matrix's "

@@ -211,6 +211,9 @@ class EvalSettings(_Strict):
 
 Pathway = Literal["gradient", "rollout", "entropy"]
 PATHWAYS = get_args(Pathway)
+# a claim-level test by its pathway matrix metric: <pathway>_claim (mechanism) or <pathway>_recovery_claim
+ClaimKey = Literal["gradient_claim", "rollout_claim", "entropy_claim", "gradient_recovery_claim",
+                   "rollout_recovery_claim", "entropy_recovery_claim"]
 
 
 class PowerClaim(_Strict):
@@ -230,6 +233,8 @@ class PowerDesign(_Strict):
     family: int = Field(ge=1, description="hypotheses in the primary family: each tested at alpha / family / 2")
     power: float = Field(gt=0, lt=1)
     claims: dict[Pathway, PowerClaim]
+    recoveries: dict[Pathway, PowerClaim] = Field(
+        default_factory=dict, description="the recovery claims' sizes (where the profile measures correction arms)")
 
 
 class ClaimDesign(_Strict):
@@ -242,6 +247,9 @@ class ClaimDesign(_Strict):
     control: Literal["gaussian", "permuted", "signflip"] = "signflip"
     margins: dict[Pathway, Annotated[float, Field(ge=0)]]
     power: PowerDesign | None = None
+    exploratory: list[ClaimKey] = Field(
+        default_factory=list, description="claim-level tests taken out of the primary family before the run (the "
+        "power calculation asks for more units than the budget allows): tested as secondary rows")
 
     @model_validator(mode="after")
     def _every_pathway(self):

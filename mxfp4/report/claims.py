@@ -327,41 +327,48 @@ def _claim_level_row(r: dict, claim: str, test: str, measure: str) -> dict:
     }
 
 
-def _warm_claim_rows(pathways: list[dict], design, suffix: str):
-    """(pathway, row) of each ``<pathway><suffix>`` row at the warm start in ``design``'s form."""
+def _warm_claim_rows(pathways: list[dict], design, suffix: str, exploratory: bool = False):
+    """(pathway, row) of each ``<pathway><suffix>`` row at the warm start in ``design``'s form, of the primary
+    family or (``exploratory``) of the tests the design took out of it."""
     label = checkpoint_label("warm", design.form)
     for r in pathways:
         pathway = r["metric"].removesuffix(suffix)
         if pathway in MAPPING and r["metric"] == pathway + suffix and r["checkpoint"] == label \
-                and r["mean"] not in ("", None):
+                and r["mean"] not in ("", None) and (r["metric"] in design.exploratory) == exploratory:
             yield pathway, r
 
 
-def mechanism_rows(pathways: list[dict], design=None) -> list[dict]:
+def _family(exploratory: bool) -> str:
+    return "exploratory (out of the primary family before the run: underpowered at the budget)" if exploratory \
+        else "primary"
+
+
+def mechanism_rows(pathways: list[dict], design=None, exploratory: bool = False) -> list[dict]:
     """The claim-level test of each mechanism claim per model (the pathway matrix's ``<pathway>_claim``
     rows at the warm start, in the decomposition form of ``design``, the profile's ``pathways.claims``;
-    none: no primary mechanism rows)."""
+    none: no rows), of the primary family or of those the design made ``exploratory``."""
     if design is None:
         return []
     return [_claim_level_row(
         r, MECHANISMS[pathway][1],
-        f"primary: dominance over each rival and its {design.control} control ({design.form} form, warm start; "
-        f"contradicted below margin {design.margins[pathway]:g})",
+        f"{_family(exploratory)}: dominance over each rival and its {design.control} control ({design.form} form, "
+        f"warm start; contradicted below margin {design.margins[pathway]:g})",
         f"harm(+{MAPPING[pathway]}) minus its closest rival's, per unit ({HARMS[pathway]})")
-        for pathway, r in _warm_claim_rows(pathways, design, "_claim")]
+        for pathway, r in _warm_claim_rows(pathways, design, "_claim", exploratory)]
 
 
-def recovery_claim_rows(pathways: list[dict], design=None) -> list[dict]:
+def recovery_claim_rows(pathways: list[dict], design=None, exploratory: bool = False) -> list[dict]:
     """The claim-level test of each recovery claim per model (the pathway matrix's ``<pathway>_recovery_claim``
-    rows at the warm start: the correction arm's harm below plain MXFP4's and each other correction arm's)."""
+    rows at the warm start: the correction arm's harm below plain MXFP4's and each other correction arm's), of
+    the primary family or of those the design made ``exploratory``."""
     if design is None:
         return []
     return [_claim_level_row(
         r, RECOVERY_CLAIMS[pathway],
-        f"primary: {RECOVERIES[pathway]} recovers more than plain MXFP4 and each other correction arm (warm "
-        f"start; contradicted below margin {design.margins[pathway]:g})",
+        f"{_family(exploratory)}: {RECOVERIES[pathway]} recovers more than plain MXFP4 and each other correction "
+        f"arm (warm start; contradicted below margin {design.margins[pathway]:g})",
         f"closest rival's harm minus the {RECOVERIES[pathway]} arm's, per unit ({RECOVERY_HARMS[pathway]})")
-        for pathway, r in _warm_claim_rows(pathways, design, "_recovery_claim")]
+        for pathway, r in _warm_claim_rows(pathways, design, "_recovery_claim", exploratory)]
 
 
 def standard_recipe_rows(cells: list[dict], model: str) -> list[dict]:
@@ -392,11 +399,12 @@ def _decide(rows: list[dict]) -> None:
 def build_claims(cells: list[dict], proofs: dict, corrections: list[dict], pathways: list[dict],
                  problems: int | None = None, items: list[dict] = (), design=None) -> list[dict]:
     """Every row of the claims table. The primary family (``family`` "primary", Holm over it alone): each
-    mechanism claim's claim-level test as ``design`` (the profile's ``pathways.claims``) fixes it and the
-    headline recovery on final accuracy, per model. Every other tested row is secondary, Holm over its own
-    family."""
+    claim-level test as ``design`` (the profile's ``pathways.claims``) fixes it and the headline recovery on
+    final accuracy, per model. Every other tested row is secondary (the claim-level tests the design made
+    exploratory first), Holm over its own family."""
     primary = primary_family(cells, pathways, problems, design)
-    secondary = direct_rows(pathways)
+    secondary = mechanism_rows(pathways, design, True) + recovery_claim_rows(pathways, design, True)
+    secondary += direct_rows(pathways)
     for model in sorted({c["model"] for c in cells}):
         secondary += indirect_rows(cells, model)
         rec = recovery_row(cells, model, problems, "gsm8k_rl_gain")
