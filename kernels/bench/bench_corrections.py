@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-import time
 
 from mxfp4.machine import describe, pin_cpu_numerics
 
@@ -23,6 +22,7 @@ pin_cpu_numerics()  # the CPU numerics of the cells, before torch loads
 
 import torch  # noqa: E402
 
+from bench_kernels import cpu_timer as best_time  # noqa: E402  (this script's folder: best of reps after a warm-up)
 from mxfp4.config.recipes import Recipe  # noqa: E402
 from mxfp4.io import write_json_atomic  # noqa: E402
 from mxfp4.numerics import dispatch  # noqa: E402
@@ -30,17 +30,6 @@ from mxfp4.numerics import dispatch  # noqa: E402
 RECIPES = ("mxfp4", "mxfp4+macro", "mxfp4+fallback", "mxfp4+all")
 # SmolLM2-135M's operands at 2048 tokens: activations [tokens, hidden] and an MLP weight [intermediate, hidden]
 SHAPES = {"activation 2048x576": (2048, 576), "weight 1536x576": (1536, 576)}
-
-
-def best_time(fn, reps: int) -> float:
-    """Seconds per call: the best of ``reps`` calls after a warm-up."""
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def main(argv=None) -> int:

@@ -155,8 +155,36 @@ def sites_markdown(rows: list[dict]) -> str:
             "from the input side (95% intervals over the gradient batches).\n" + "\n".join(out) + "\n")
 
 
+PATHWAYS = ("gradient", "rollout", "entropy")
+
+
+def recovery_markdown(rows: list[dict]) -> str:
+    """Per model, checkpoint and correction arm: what MXFP4 plus that correction recovers on each pathway
+    (MXFP4's harm minus the arm's, paired t, 95%). Correction arms have no decomposition form: each
+    checkpoint once."""
+    present = [r for r in rows if r["metric"].endswith("_recovery") and r["mean"] not in ("", None)]
+    if not present:
+        return ""
+    out = ["| model | checkpoint | correction arm | " + " | ".join(PATHWAYS) + " |",
+           "| --- | --- | --- | " + " | ".join("---" for _ in PATHWAYS) + " |"]
+    shown: dict[tuple, str] = {}
+    for r in present:
+        shown.setdefault((r["model"], r["checkpoint"].split(" (")[0]), r["checkpoint"])
+    for (model, _), ckpt in shown.items():
+        mine = {(r["injection"], r["metric"]): r for r in present if (r["model"], r["checkpoint"]) == (model, ckpt)}
+        for arm in dict.fromkeys(a for a, _ in mine):
+            cells = [_cell(mine.get((arm, f"{p}_recovery")), False) for p in PATHWAYS]
+            out.append(f"| {model} | {ckpt.split(' (')[0]} | {arm} | " + " | ".join(cells) + " |")
+        n = {p: next((r["n"] for (_, m), r in mine.items() if m == f"{p}_recovery"), "—") for p in PATHWAYS}
+        out.append(f"| {model} | n | | {n['gradient']} batches | {n['rollout']} prompts | {n['entropy']} prompts |")
+    return ("\n## Recovery: MXFP4 plus one correction against plain MXFP4\n\nRecovery = harm(MXFP4) - harm(MXFP4 + "
+            "the correction) per unit, paired over the same units (> 0: the correction recovers); harm = 1 - gradient "
+            "cosine; - teacher-forced log-likelihood of the correct solution; the teacher-forced token entropy's gap to "
+            "the unquantized arm's. 95% t intervals.\n\n" + "\n".join(out) + "\n")
+
+
 def run(pathways_csv, out_md) -> str:
     rows = read_rows(pathways_csv)
-    text = markdown(rows) + attribution_markdown(rows) + sites_markdown(rows)
+    text = markdown(rows) + recovery_markdown(rows) + attribution_markdown(rows) + sites_markdown(rows)
     write_text_atomic(out_md, text)
     return text

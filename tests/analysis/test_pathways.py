@@ -367,11 +367,12 @@ def test_correction_arms_run_every_pathway_and_aqn_leaves_the_training_gradient_
     profile = load_profile("smoke")
     settings = profile.pathways.model_copy(update={
         "checkpoints": ["warm"], "controls": [], "additivity_steps": [], "scale_rules": [], "batches": 3,
-        "corrections": ["mxfp4+macro", "mxfp4+fallback", "mxfp4+aqn"]})
+        "forms": ["gain", "canonical"], "corrections": ["mxfp4+macro", "mxfp4+fallback", "mxfp4+aqn"]})
     profile = profile.model_copy(update={"pathways": settings})
     units = smoke_results / "corrections_units.csv"
     rows = run_pathways(profile, "tiny-dense", results=smoke_results, progress=lambda m: None, out_units=units)
-    recovery = {(r["metric"], r["injection"]): r for r in rows if r["metric"].endswith("_recovery")}
+    recovery = {(r["metric"], r["injection"]): r for r in rows
+                if r["metric"].endswith("_recovery") and r["form"] == "gain"}
     assert {m for m, _ in recovery} == {"gradient_recovery", "rollout_recovery", "entropy_recovery"}
     assert {k for _, k in recovery} == set(settings.corrections)
     with units.open() as f:
@@ -382,6 +383,11 @@ def test_correction_arms_run_every_pathway_and_aqn_leaves_the_training_gradient_
     assert harm[("gradient", "mxfp4+macro")] != harm[("gradient", "all")]
     assert harm[("rollout", "mxfp4+aqn")] != harm[("rollout", "all")]
     assert recovery[("gradient_recovery", "mxfp4+aqn")]["mean"] == 0.0
+    # the table shows each arm once, not once per decomposition form (a correction arm has none)
+    from mxfp4.report.pathway_table import checkpoint_label, recovery_markdown
+
+    table = recovery_markdown([{**r, "checkpoint": checkpoint_label(r["checkpoint"], r["form"])} for r in rows])
+    assert all(table.count(f"| {k} |") == 1 for k in settings.corrections), table
     # the unquantized arm, measured before the AQN arm, equals a fresh measurement after it
     from mxfp4.analysis.pathways import correction_arm
     from mxfp4.rl.models import load
