@@ -174,16 +174,41 @@ RECOVERY_MEASURES = {  # metric -> what the recovery row compares
 }
 
 
+ITEM_VALUES = {  # a recovery measure per problem, from items.csv
+    "gsm8k_strict_accuracy": lambda r: r["strict"],
+    "gsm8k_rl_gain": lambda r: r["strict"] - r["strict_before"],
+}
+
+
+def _paired_problems(items: list[dict], model: str, seed: int, a: str, b: str, metric: str) -> dict:
+    """``metric`` of recipe a minus recipe b per held-out problem of one seed (the same lm-eval doc), paired t."""
+    value = ITEM_VALUES[metric]
+    by: dict[str, dict] = {a: {}, b: {}}
+    for r in items:
+        if r["model"] == model and r["recipe"] in by and int(r["seed"]) == seed and r.get("strict") is not None \
+                and r.get("strict_before") is not None:
+            by[r["recipe"]][(r["doc_id"], r["doc_hash"])] = value(r)
+    keys = sorted(set(by[a]) & set(by[b]), key=str)
+    return paired_diff([by[a][k] for k in keys], [by[b][k] for k in keys])
+
+
 def recovery_row(cells: list[dict], model: str, problems: int | None = None,
-                 metric: str = "gsm8k_strict_accuracy") -> dict | None:
+                 metric: str = "gsm8k_strict_accuracy", items: list[dict] = ()) -> dict | None:
     """The recovery claim of one model on ``metric`` (``RECOVERY_MEASURES``: the RL gain or the final
     accuracy), two-sided so that it can be contradicted: superiority for the MoE model (diff against 0),
     non-inferiority for the dense one (diff against -margin; the paper's accuracy margin, applied to the
-    RL gain too). The margin's source and its resolution in problems (``problems`` evaluated per seed)
-    are stated."""
+    RL gain too). Paired over seeds; with one seed (and its per-problem ``items``), paired over the
+    held-out problems. The margin's source and its resolution in problems (``problems`` evaluated per
+    seed) are stated."""
     d = _paired_cells(cells, model, "mxfp4+all", REFERENCE_RECIPE, metric)
     if d["n"] == 0:
         return None
+    how = f"paired t over seeds (n={d['n']})"
+    if d["n"] == 1 and items:
+        seed = next(iter(_by_seed(cells, model, "mxfp4+all", metric)))
+        per_problem = _paired_problems(items, model, seed, "mxfp4+all", REFERENCE_RECIPE, metric)
+        if per_problem["n"] >= 2:
+            d, how = per_problem, f"paired t over {per_problem['n']} held-out problems of one seed"
     per = f" of {problems} evaluated a seed" if problems else ""
     what = RECOVERY_MEASURES[metric]
 
@@ -197,7 +222,7 @@ def recovery_row(cells: list[dict], model: str, problems: int | None = None,
             "recovery: superiority",
             f"{what}: mxfp4+all minus bf16 (paper's +1.0 point = {in_problems(MOE_REPORTED_GAIN)})",
             d,
-            f"paired t over seeds (n={d['n']}), two-sided, H0: diff = 0",
+            f"{how}, two-sided, H0: diff = 0",
             effect_for_n=MOE_REPORTED_GAIN,
         )
     return _row(
@@ -207,7 +232,7 @@ def recovery_row(cells: list[dict], model: str, problems: int | None = None,
         f"{what}: mxfp4+all minus bf16 (margin from the paper's 'within 0.7%' = "
         f"{in_problems(NONINFERIORITY_MARGIN)})",
         d,
-        f"paired t over seeds (n={d['n']}), two-sided, H0: diff = -{NONINFERIORITY_MARGIN:.3f}",
+        f"{how}, two-sided, H0: diff = -{NONINFERIORITY_MARGIN:.3f}",
         shift=-NONINFERIORITY_MARGIN,
         effect_for_n=(d["diff"] + NONINFERIORITY_MARGIN) if d["diff"] is not None else None,
     )
@@ -402,12 +427,12 @@ def build_claims(cells: list[dict], proofs: dict, corrections: list[dict], pathw
     claim-level test as ``design`` (the profile's ``pathways.claims``) fixes it and the headline recovery on
     final accuracy, per model. Every other tested row is secondary (the claim-level tests the design made
     exploratory first), Holm over its own family."""
-    primary = primary_family(cells, pathways, problems, design)
+    primary = primary_family(cells, pathways, problems, design, items)
     secondary = mechanism_rows(pathways, design, True) + recovery_claim_rows(pathways, design, True)
     secondary += direct_rows(pathways)
     for model in sorted({c["model"] for c in cells}):
         secondary += indirect_rows(cells, model)
-        rec = recovery_row(cells, model, problems, "gsm8k_rl_gain")
+        rec = recovery_row(cells, model, problems, "gsm8k_rl_gain", items)
         secondary += [rec] if rec else []
         secondary += standard_recipe_rows(cells, model)
     _decide(secondary)
@@ -416,13 +441,14 @@ def build_claims(cells: list[dict], proofs: dict, corrections: list[dict], pathw
     return primary + construction_rows(proofs, corrections) + precondition_rows(list(items)) + secondary
 
 
-def primary_family(cells: list[dict], pathways: list[dict], problems: int | None = None, design=None) -> list[dict]:
+def primary_family(cells: list[dict], pathways: list[dict], problems: int | None = None, design=None,
+                   items: list[dict] = ()) -> list[dict]:
     """The primary family alone, decided (Holm over it): per model each mechanism claim's claim-level test,
     each recovery claim's where the profile measures correction arms, and the headline recovery on final
-    accuracy."""
+    accuracy (``items``: the per-problem evaluations, which pair it over problems in a one-seed profile)."""
     rows = mechanism_rows(pathways, design) + recovery_claim_rows(pathways, design)
     for model in sorted({c["model"] for c in cells}):
-        rec = recovery_row(cells, model, problems, "gsm8k_strict_accuracy")
+        rec = recovery_row(cells, model, problems, "gsm8k_strict_accuracy", items)
         rows += [rec] if rec else []
     _decide(rows)
     for r in rows:
@@ -441,8 +467,10 @@ def primary_summary(profiles: list[str], results="results") -> str:
             raise ValueError(f"profile {name!r} has no stored baselines ({cells_csv}); store them first "
                              "(snakemake --cores 2 store_baselines --config profile=...)")
         settings = load_profile(name).pathways
+        items_csv = Path(cells_csv).with_name("items.csv")
         rows = primary_family(read_csv(cells_csv), read_pathways(pathways_csv), eval_problems(name),
-                              settings.claims if settings is not None else None)
+                              settings.claims if settings is not None else None,
+                              read_csv(items_csv) if items_csv.is_file() else [])
         cols.append(name)
         for r in rows:
             ci = "" if r["ci_low"] is None else f" [{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]"

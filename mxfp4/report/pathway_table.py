@@ -179,8 +179,8 @@ def recovery_markdown(rows: list[dict]) -> str:
         out.append(f"| {model} | n | | {n['gradient']} batches | {n['rollout']} prompts | {n['entropy']} prompts |")
     return ("\n## Recovery: MXFP4 plus one correction against plain MXFP4\n\nRecovery = harm(MXFP4) - harm(MXFP4 + "
             "the correction) per unit, paired over the same units (> 0: the correction recovers); harm = 1 - gradient "
-            "cosine; - teacher-forced log-likelihood of the correct solution; the teacher-forced token entropy's gap to "
-            "the unquantized arm's. 95% t intervals.\n\n" + "\n".join(out) + "\n")
+            "cosine; - teacher-forced log-likelihood of the correct solution; the teacher-forced token entropy's gap "
+            "to the unquantized arm's. 95% t intervals.\n\n" + "\n".join(out) + "\n")
 
 
 def run(pathways_csv, out_md) -> str:

@@ -61,6 +61,24 @@ def test_the_dense_margin_states_its_source_and_resolution_and_can_be_contradict
     assert next(r for r in rows if r["test"] == "recovery: non-inferiority")["verdict"] == "held"
 
 
+def test_a_one_seed_recovery_is_paired_over_the_held_out_problems():
+    """One seed: no interval over seeds, so the recovery pairs each problem's strict correctness under
+    mxfp4+all and bf16 (the same lm-eval doc). mxfp4+all misses 40 of the 200 problems bf16 solves: a
+    paired t over 200 problems contradicts 'within 0.7%' (an independent count: 40/200 = 0.2 below)."""
+    items = [{"model": "tiny-dense", "recipe": recipe, "seed": 0, "doc_id": i, "doc_hash": f"h{i}",
+              "strict_before": 0.0, "strict": 0.0 if recipe == "mxfp4+all" and i % 5 == 0 else 1.0}
+             for recipe in ("bf16", "mxfp4+all") for i in range(200)]
+    cells = _cells("tiny-dense", [-0.2], base=1.0)
+    alone = recovery_row(cells, "tiny-dense", problems=200)
+    assert alone["p"] is None and alone["n"] == 1  # over seeds: one seed, no test
+    row = recovery_row(cells, "tiny-dense", problems=200, items=items)
+    assert row["n"] == 200 and row["diff"] == pytest.approx(-0.2)
+    assert "200 held-out problems of one seed" in row["method"]
+    rows = build_claims(cells, PROOFS, [], [], problems=200, items=items)
+    assert next(r for r in rows if r["test"] == "recovery: non-inferiority" and r["family"] == "primary")[
+        "verdict"] == "contradicted"
+
+
 def test_energy_controlled_contrasts_are_direct_rows_of_their_own():
     rows = build_claims([], PROOFS, [], [_pathway_row(0.05, 0.02, metric="entropy_excess_contrast",
                                                       injection="+grid vs +scale (excess over ~gaussian)")])
