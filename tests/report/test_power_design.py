@@ -59,3 +59,21 @@ def test_the_contradicted_side_has_its_power_in_simulation():
         res = mxstats.dominance_test(list(own), {k: list(v) for k, v in rivals.items()}, margin=0.1)
         hits += res["p_contradicted"] < level
     assert hits / 400 >= 0.75, (n, hits)
+
+
+def test_recovery_claims_are_sized_with_their_own_rivals_and_a_pilot_without_them_is_refused():
+    """A pilot's recovery claim rows size the recovery claims, each comparison among its rivals (plain MXFP4 and
+    the other correction arms) at power 0.8^(1/rivals); a pilot without them cannot size a profile that asks."""
+    def row(metric, mean, sd):
+        return {"checkpoint": "warm (gain)", "metric": metric, "mean": str(mean), "sd": str(sd)}
+
+    pilot = [row(f"{p}_claim", 0.1, 0.2) for p in ("gradient", "rollout", "entropy")]
+    margins = {"gradient": 0.02, "rollout": 0.1, "entropy": 0.0025}
+    assert design(pilot, margins, "gain", "pilot")["recoveries"] == {}
+    with pytest.raises(ValueError, match="recovery claim rows"):
+        design(pilot, margins, "gain", "pilot", corrections=3)
+    pilot += [row(f"{p}_recovery_claim", 0.3, 0.5) for p in ("gradient", "rollout", "entropy")]
+    block = design(pilot, margins, "gain", "pilot", family=12, corrections=4)
+    level = 0.05 / 12 / 2
+    assert block["recoveries"]["rollout"]["units"] == mxstats.units_for_power(0.3, 0.5, level, comparisons=4)
+    assert block["claims"]["rollout"]["units"] == mxstats.units_for_power(0.1, 0.2, level, comparisons=RIVALS)
