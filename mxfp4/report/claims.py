@@ -17,7 +17,7 @@ from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE, Layout
 from ..stats import ALPHA, min_detectable_effect, n_needed, paired_diff, verdict_level
 from .aggregate import RL_GAIN_PER_PROBLEM, read_csv, rl_gain_rows
-from .pathway_table import checkpoint_label, read_rows
+from .pathway_table import read_rows, warm_claim_rows
 
 NONINFERIORITY_MARGIN = 0.007  # dense: "BF16 accuracy recovered to within 0.7%"
 MOE_REPORTED_GAIN = 0.010  # MoE: "+1.0% above BF16" (tested as superiority, diff > 0)
@@ -353,13 +353,10 @@ def _claim_level_row(r: dict, claim: str, test: str, measure: str) -> dict:
 
 
 def _warm_claim_rows(pathways: list[dict], design, suffix: str, exploratory: bool = False):
-    """(pathway, row) of each ``<pathway><suffix>`` row at the warm start in ``design``'s form, of the primary
-    family or (``exploratory``) of the tests the design took out of it."""
-    label = checkpoint_label("warm", design.form)
-    for r in pathways:
-        pathway = r["metric"].removesuffix(suffix)
-        if pathway in MAPPING and r["metric"] == pathway + suffix and r["checkpoint"] == label \
-                and r["mean"] not in ("", None) and (r["metric"] in design.exploratory) == exploratory:
+    """``warm_claim_rows`` in ``design``'s form, of the primary family or (``exploratory``) of the tests the
+    design took out of it."""
+    for pathway, r in warm_claim_rows(pathways, design.form, suffix):
+        if (r["metric"] in design.exploratory) == exploratory:
             yield pathway, r
 
 

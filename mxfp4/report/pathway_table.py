@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from ..analysis.pathway_spec import MAPPING
 from ..io import write_text_atomic
 
 COLUMNS = (  # (metric, header, turn a cosine into 1 - cosine)
@@ -25,6 +26,20 @@ COLUMNS = (  # (metric, header, turn a cosine into 1 - cosine)
 def checkpoint_label(checkpoint: str, form: str = "canonical") -> str:
     """The checkpoint as tables name it: a gain-form row's carries its form (``warm (gain)``)."""
     return checkpoint if form != "gain" else f"{checkpoint} ({form})"
+
+
+CLAIM_PATHWAYS = tuple(MAPPING)  # gradient, rollout, entropy
+
+
+def warm_claim_rows(rows: list[dict], form: str, suffix: str):
+    """(pathway, row) of each claim-level row ``<pathway><suffix>`` (``_claim``, ``_recovery_claim``) at the
+    warm start in decomposition ``form``, with an estimate: what the claims table and the power design read."""
+    label = checkpoint_label("warm", form)
+    for r in rows:
+        pathway = r["metric"].removesuffix(suffix)
+        if pathway in CLAIM_PATHWAYS and r["metric"] == pathway + suffix and r["checkpoint"] == label \
+                and r["mean"] not in ("", None):
+            yield pathway, r
 
 
 def read_rows(path) -> list[dict]:
@@ -155,9 +170,6 @@ def sites_markdown(rows: list[dict]) -> str:
             "from the input side (95% intervals over the gradient batches).\n" + "\n".join(out) + "\n")
 
 
-PATHWAYS = ("gradient", "rollout", "entropy")
-
-
 def recovery_markdown(rows: list[dict]) -> str:
     """Per model, checkpoint and correction arm: what MXFP4 plus that correction recovers on each pathway
     (MXFP4's harm minus the arm's, paired t, 95%). Correction arms have no decomposition form: each
@@ -165,17 +177,17 @@ def recovery_markdown(rows: list[dict]) -> str:
     present = [r for r in rows if r["metric"].endswith("_recovery") and r["mean"] not in ("", None)]
     if not present:
         return ""
-    out = ["| model | checkpoint | correction arm | " + " | ".join(PATHWAYS) + " |",
-           "| --- | --- | --- | " + " | ".join("---" for _ in PATHWAYS) + " |"]
+    out = ["| model | checkpoint | correction arm | " + " | ".join(CLAIM_PATHWAYS) + " |",
+           "| --- | --- | --- | " + " | ".join("---" for _ in CLAIM_PATHWAYS) + " |"]
     shown: dict[tuple, str] = {}
     for r in present:
         shown.setdefault((r["model"], r["checkpoint"].split(" (")[0]), r["checkpoint"])
     for (model, _), ckpt in shown.items():
         mine = {(r["injection"], r["metric"]): r for r in present if (r["model"], r["checkpoint"]) == (model, ckpt)}
         for arm in dict.fromkeys(a for a, _ in mine):
-            cells = [_cell(mine.get((arm, f"{p}_recovery")), False) for p in PATHWAYS]
+            cells = [_cell(mine.get((arm, f"{p}_recovery")), False) for p in CLAIM_PATHWAYS]
             out.append(f"| {model} | {ckpt.split(' (')[0]} | {arm} | " + " | ".join(cells) + " |")
-        n = {p: next((r["n"] for (_, m), r in mine.items() if m == f"{p}_recovery"), "—") for p in PATHWAYS}
+        n = {p: next((r["n"] for (_, m), r in mine.items() if m == f"{p}_recovery"), "—") for p in CLAIM_PATHWAYS}
         out.append(f"| {model} | n | | {n['gradient']} batches | {n['rollout']} prompts | {n['entropy']} prompts |")
     return ("\n## Recovery: MXFP4 plus one correction against plain MXFP4\n\nRecovery = harm(MXFP4) - harm(MXFP4 + "
             "the correction) per unit, paired over the same units (> 0: the correction recovers); harm = 1 - gradient "

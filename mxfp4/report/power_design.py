@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from ..analysis.pathway_spec import MAPPING
 from ..stats import units_for_power
-from .pathway_table import checkpoint_label
+from .pathway_table import warm_claim_rows
 
 RIVALS = 3  # a mechanism claim's: the two other components and the claimed component's own control
 
@@ -40,14 +40,12 @@ def claim_units(diff: float, sd: float, margin: float, alpha: float, family: int
     return {"effect": effect, "sd": sd, "units": units}
 
 
-def _sizes(pilot_rows: list[dict], label: str, suffix: str, margins: dict[str, float], alpha: float, family: int,
+def _sizes(pilot_rows: list[dict], form: str, suffix: str, margins: dict[str, float], alpha: float, family: int,
            power: float, rivals: int) -> dict[str, dict]:
     """Per pathway, the largest units any model's ``<pathway><suffix>`` row of the pilot asks for."""
     sizes: dict[str, dict] = {}
-    for r in pilot_rows:
-        pathway = r["metric"].removesuffix(suffix)
-        if (r["checkpoint"] != label or pathway not in MAPPING or r["metric"] != pathway + suffix
-                or r.get("sd") in ("", None)):
+    for pathway, r in warm_claim_rows(pilot_rows, form, suffix):
+        if r.get("sd") in ("", None):
             continue
         need = claim_units(float(r["mean"]), float(r["sd"]), margins[pathway], alpha, family, power, rivals)
         if pathway not in sizes or need["units"] > sizes[pathway]["units"]:
@@ -61,13 +59,12 @@ def design(pilot_rows: list[dict], margins: dict[str, float], form: str, pilot: 
     (``pathways.csv``, read by ``pathway_table.read_rows``): per pathway the largest units any model's
     claim needs, with that claim's effect and spread; with ``corrections`` (the confirmatory profile's
     correction arms), the same for each recovery claim, whose rivals are plain MXFP4 and the other arms."""
-    label = checkpoint_label("warm", form)
-    claims = _sizes(pilot_rows, label, "_claim", margins, alpha, family, power, RIVALS)
+    claims = _sizes(pilot_rows, form, "_claim", margins, alpha, family, power, RIVALS)
     missing = [p for p in MAPPING if p not in claims]
     if missing:
         raise ValueError(f"the pilot {pilot!r} has no claim rows of {missing} in form {form!r} at the warm start; "
                          "accepted: a pilot run whose profile sets pathways.claims (rerun its pathways)")
-    recoveries = _sizes(pilot_rows, label, "_recovery_claim", margins, alpha, family, power, corrections) \
+    recoveries = _sizes(pilot_rows, form, "_recovery_claim", margins, alpha, family, power, corrections) \
         if corrections else {}
     missing = [p for p in MAPPING if corrections and p not in recoveries]
     if missing:
