@@ -344,6 +344,21 @@ def excess_rows(model, checkpoint, harms: dict[str, dict[str, list]], controls, 
     return rows
 
 
+def _dominance_row(model, checkpoint, injection: str, pathway: str, metric: str, own: list, rivals: dict[str, list],
+                   margin: float, method) -> dict | None:
+    """``stats.dominance_test`` of ``own`` against ``rivals`` (harms per unit, larger = the claimed side) as a
+    row: the weakest contrast's mean and 95% t interval, p held (``p``), p contradicted and the contrast's
+    sd; ``method(weakest)`` states it. None where a contrast has too few units."""
+    test = dominance_test(own, rivals, margin)
+    if test["weakest"] is None:
+        return None
+    weakest = test["contrasts"][test["weakest"]]
+    est = paired_diff(own, rivals[test["weakest"]])
+    row = _row(model, checkpoint, injection, _site(pathway), "total", metric,
+               {**est, "mean": weakest["diff"], "p": test["p_held"]}, method(test["weakest"]))
+    return {**row, "p_contradicted": test["p_contradicted"], "sd": weakest["sd"]}
+
+
 def claim_rows(model, checkpoint, m: Measured, design) -> list[dict]:
     """The claim-level test of each mechanism claim (``design``: the profile's ``pathways.claims``):
     ``stats.dominance_test`` of the claimed component's harm against each other component's and its own
@@ -357,16 +372,13 @@ def claim_rows(model, checkpoint, m: Measured, design) -> list[dict]:
         if f"+{top}" not in per_arm or any(r not in per_arm for r in names):
             continue
         margin = design.margins[pathway]
-        test = dominance_test(per_arm[f"+{top}"], {r: per_arm[r] for r in names}, margin)
-        if test["weakest"] is None:
-            continue
-        weakest = test["contrasts"][test["weakest"]]
-        est = paired_diff(per_arm[f"+{top}"], per_arm[test["weakest"]])
-        row = _row(model, checkpoint, f"+{top} dominates", "both" if pathway == "gradient" else "forward", "total",
-                   f"{pathway}_claim", {**est, "mean": weakest["diff"], "p": test["p_held"]},
-                   CLAIM_METHOD.format(unit=UNITS[pathway], c=top, rivals=", ".join(names), margin=margin,
-                                       harm=HARMS[pathway], weakest=f"+{top} vs {test['weakest']}"))
-        rows.append({**row, "p_contradicted": test["p_contradicted"], "sd": weakest["sd"]})
+        row = _dominance_row(
+            model, checkpoint, f"+{top} dominates", pathway, f"{pathway}_claim", per_arm[f"+{top}"],
+            {r: per_arm[r] for r in names}, margin,
+            lambda weakest, top=top, names=names, margin=margin, pathway=pathway: CLAIM_METHOD.format(
+                unit=UNITS[pathway], c=top, rivals=", ".join(names), margin=margin, harm=HARMS[pathway],
+                weakest=f"+{top} vs {weakest}"))
+        rows += [row] if row else []
     return rows
 
 
@@ -398,6 +410,11 @@ def recovery_rows(model, checkpoint, m: Measured, corrections) -> list[dict]:
     return rows
 
 
+def _arm_name(arm: str) -> str:
+    """An arm as the recovery rows name it: plain MXFP4's arm (``all``) is ``mxfp4``."""
+    return "mxfp4" if arm == "all" else arm
+
+
 def _negated(values: list) -> list:
     return [None if v is None else -v for v in values]
 
@@ -416,19 +433,16 @@ def recovery_claim_rows(model, checkpoint, m: Measured, corrections, design) -> 
             continue
         rivals = ["all"] + [k for k, _ in arms if k != claimed]
         margin = design.margins[pathway]
-        test = dominance_test(_negated(per_arm[claimed]), {r: _negated(per_arm[r]) for r in rivals}, margin)
-        if test["weakest"] is None:
-            continue
-        weakest = test["contrasts"][test["weakest"]]
-        est = paired_diff(per_arm[test["weakest"]], per_arm[claimed])
-        names = ", ".join("mxfp4" if r == "all" else r for r in rivals)
-        row = _row(model, checkpoint, f"{claimed} recovers most", _site(pathway), "total",
-                   f"{pathway}_recovery_claim", {**est, "mean": weakest["diff"], "p": test["p_held"]},
-                   RECOVERY_CLAIM_METHOD.format(unit=UNITS[pathway], k=claimed, rivals=names, margin=margin,
+
+        def method(weakest, claimed=claimed, rivals=rivals, margin=margin, pathway=pathway) -> str:
+            return RECOVERY_CLAIM_METHOD.format(unit=UNITS[pathway], k=claimed,
+                                                rivals=", ".join(map(_arm_name, rivals)), margin=margin,
                                                 harm=RECOVERY_HARMS[pathway],
-                                                weakest=f"{'mxfp4' if test['weakest'] == 'all' else test['weakest']} "
-                                                        f"vs {claimed}"))
-        rows.append({**row, "p_contradicted": test["p_contradicted"], "sd": weakest["sd"]})
+                                                weakest=f"{_arm_name(weakest)} vs {claimed}")
+
+        row = _dominance_row(model, checkpoint, f"{claimed} recovers most", pathway, f"{pathway}_recovery_claim",
+                             _negated(per_arm[claimed]), {r: _negated(per_arm[r]) for r in rivals}, margin, method)
+        rows += [row] if row else []
     return rows
 
 

@@ -123,7 +123,7 @@ class MacroBlockScaling(Correction):
         if backend == "fused":
             if self.rows != 1 or x.dtype != torch.float32:
                 return None
-            strides = self.block_path_strides(tuple(x.shape), x.stride(), ax, fmt, rule)
+            strides = _block_path_strides(self.blocks, self.rows, tuple(x.shape), x.stride(), ax, fmt, rule)
             return fused_cpu.macro_block(x, fmt, ax, rule, self.blocks, strides)
         if backend != "triton":
             return None
@@ -137,17 +137,14 @@ class MacroBlockScaling(Correction):
         best, pick = self._best(values, g)
         return from_blocks(self._ungroup(values[best, pick], info), x.shape, ax).to(x.dtype)
 
-    def block_path_strides(self, shape: tuple, stride: tuple, axis: int, fmt, rule) -> tuple:
-        """The strides of the block path's result for a float32 x of this shape and strides: its own
-        operations run on a meta tensor (no data, the same stride rules), cached per case."""
-        return _block_path_strides(self.blocks, self.rows, shape, stride, axis, get_format(fmt), rule)
-
     def cost(self) -> dict:
         return {"extra_bits_per_element": 16.0 / (32 * self.blocks * self.rows), "bf16_fraction": 0.0}
 
 
 @functools.lru_cache(maxsize=1024)
 def _block_path_strides(blocks: int, rows: int, shape: tuple, stride: tuple, axis: int, fmt, rule) -> tuple:
+    """The strides of the block path's result for a float32 x of this shape and strides: its own operations
+    run on a meta tensor (no data, the same stride rules), cached per case."""
     x = torch.empty_strided(shape, stride, dtype=torch.float32, device="meta")
     grid, scale = MacroBlockScaling(blocks, rows).block_quantizer(fmt, rule)(to_blocks(x, axis, fmt.block_size))
     return from_blocks(grid * scale.unsqueeze(-1), x.shape, axis).to(x.dtype).stride()
