@@ -151,3 +151,15 @@ def test_bf16_cells_keep_their_policy_only_where_the_pathway_matrix_reads_it():
     # smoke and paper measure both checkpoints (the default), the embedded profiles the warm start only, gpu-smoke none
     assert keeps == {"smoke": True, "embedded": False, "embedded-large": False, "gpu-smoke-quick": False,
                      "paper": True}
+
+
+def test_a_correction_arm_must_be_mxfp4_plus_corrections_named_once():
+    from mxfp4.config.recipes import load_recipe_table
+
+    table = load_recipe_table()
+    profiles.check_correction_arms(["mxfp4+macro", "mxfp4+fallback", "mxfp4+aqn"], table, "p")
+    for names, message in ((["mxfp4+nope"], "unknown recipe 'mxfp4\\+nope'"), (["bf16"], "is not MXFP4 plus"),
+                           (["mxfp4"], "is not MXFP4 plus"), (["inject-scale"], "is not MXFP4 plus"),
+                           (["mxfp4+macro", "mxfp4+macro"], "names a recipe twice")):
+        with pytest.raises(ValueError, match=message):
+            profiles.check_correction_arms(names, table, "p")
