@@ -5,25 +5,33 @@ The method in full: docs/methods.md, ``mxfp4.analysis.regime``."""
 from __future__ import annotations
 
 import csv
+import random
 import re
 
 import numpy as np
 import torch
 
 from ..config import EXPERIMENTS, load_yaml
+from ..config.data_files import gsm8k_folder
 from ..config.profiles import Profile
 from ..config.recipes import Recipe
 from ..layout import Layout
 from ..nn import gemm_weights, patch_model, patched_modules, unpatch_model
 from ..numerics.decompose import COMPONENTS, decompose
 from ..numerics.quantizer import Quantizer
+from ..rl import data as gsm
 from ..rl.batches import probe_trainer
 from ..rl.models import load, model_reference
 from ..rl.probe_batch import ensure_probe_batch, load_probe_batch
+from .teacher_forced import completion_nll, token_pairs
 from .weight_components import regime_stats
 
 LITERATURE_FILE = EXPERIMENTS / "regime_literature.yaml"
 OPERANDS = ("weight", "activation", "grad")  # the probe's kinds: forward input X and input-gradient dY
+BATCHES = {  # what each ``regime_batch`` puts through the GEMMs (the table's batch column)
+    "grpo-probe": "the model and seed's GRPO probe batch (its prompts and sampled completions, the GRPO loss)",
+    "gsm8k-test": "real GSM8K test questions with their reference solutions (the solutions' teacher-forced loss)",
+}
 GAIN_PREFIX = "gain_"  # the same Shapley shares in the gain form (docs/decomposition.md)
 STAT_KEYS = ("excess_kurtosis", "max_over_median", "outlier_block_fraction", "deadzone_fraction",
              "saturation_fraction", *(f"shapley_share_{c}" for c in COMPONENTS),
@@ -103,8 +111,10 @@ def observe(model, loss_fn, quantizer: Quantizer | None = None) -> tuple[Operand
     return collector, layers
 
 
-def regime_rows(model, model_name: str, loss_fn, recipe: str = "mxfp4", rows: int | None = 4096) -> list[dict]:
-    """One row per (GEMM weight, operand) of ``model`` (``OPERANDS``) on the batch ``loss_fn`` scores:
+def regime_rows(model, model_name: str, loss_fn, recipe: str = "mxfp4", rows: int | None = 4096,
+                batch: str = "grpo-probe") -> list[dict]:
+    """One row per (GEMM weight, operand) of ``model`` (``OPERANDS``) on the batch ``loss_fn`` scores
+    (named by ``batch``, a key of ``BATCHES``):
     the weight, the forward GEMM's input (as wide as the weight's input dimension) and the input-gradient
     GEMM's dY (as wide as its output dimension); a fused experts module has a gate_up and a down row each."""
     quantizer = Recipe.named(recipe).quantizer()
@@ -118,7 +128,7 @@ def regime_rows(model, model_name: str, loss_fn, recipe: str = "mxfp4", rows: in
                         "grad": collector.operand(name, "grad", w.shape[-2])}
             for kind, t in operands.items():
                 if t is not None:
-                    out.append({"model": model_name, "layer": label, "depth": depth(name), "operand": kind,
+                    out.append({"model": model_name, "batch": batch, "layer": label, "depth": depth(name), "operand": kind,
                                 "shape": "x".join(map(str, t.shape)), **operand_stats(t, quantizer, rows)})
     return out
 
@@ -131,47 +141,64 @@ def literature() -> list[dict]:
 def summary_markdown(rows: list[dict]) -> str:
     """Per model and operand: the median [min, max] over the model's GEMMs (every layer's) of each
     statistic; then the published figures for real LLMs beside them."""
-    out = ["| model | operand | GEMMs | " + " | ".join(STAT_KEYS) + " |",
-           "| --- | --- | --- | " + " | ".join("---" for _ in STAT_KEYS) + " |"]
-    for model in dict.fromkeys(r["model"] for r in rows):
+    out = ["| model | batch | operand | GEMMs | " + " | ".join(STAT_KEYS) + " |",
+           "| --- | --- | --- | --- | " + " | ".join("---" for _ in STAT_KEYS) + " |"]
+    for model, batch in dict.fromkeys((r["model"], r["batch"]) for r in rows):
         for kind in OPERANDS:
-            sel = [r for r in rows if r["model"] == model and r["operand"] == kind]
+            sel = [r for r in rows if (r["model"], r["batch"], r["operand"]) == (model, batch, kind)]
             if not sel:
                 continue
             cells = []
             for k in STAT_KEYS:
                 v = np.array([float(r[k]) for r in sel if r.get(k) is not None])
                 cells.append(f"{np.median(v):.3g} [{v.min():.3g}, {v.max():.3g}]" if v.size else "n/a")
-            out.append(f"| {model} | {kind} | {len(sel)} | " + " | ".join(cells) + " |")
+            out.append(f"| {model} | {batch} | {kind} | {len(sel)} | " + " | ".join(cells) + " |")
     lit = ["| quantity | operand | published value | model | source |", "| --- | --- | --- | --- | --- |"]
     for f in literature():
         lit.append(f"| {f['quantity']} | {f['operand']} | {f['value']} | {f['model']} | {f['source']} |")
+    batches = "; ".join(f"{k}: {BATCHES[k]}" for k in dict.fromkeys(r["batch"] for r in rows))
     return ("Regime statistics of the GEMM operands, median [min, max] over every layer's GEMMs (blocks along the "
-            "axis each GEMM reduces; activations and gradients of one GRPO batch, the model and seed's probe "
-            "batch, through the policy in full precision; excess kurtosis: 0 for a Gaussian).\n\n" + "\n".join(out)
+            "axis each GEMM reduces; the activations and gradients of one batch through the policy in full "
+            f"precision ({batches}); excess kurtosis: 0 for a Gaussian).\n\n" + "\n".join(out)
             + "\n\nPublished figures for real LLMs (what each source reports, on the tensor it names):\n\n"
             + "\n".join(lit) + "\n")
 
 
 def run_regime(profile: Profile, results="results", seed: int | None = None,
                progress=lambda msg: None) -> list[dict]:
-    """Rows of every model of the profile at its starting policy, on its probe batch of ``seed`` (default:
-    the profile's first seed), made if missing."""
+    """Rows of every model of the profile at its starting policy, on the batch of ``seed`` (default: the
+    profile's first seed) that ``regime_batch`` names: the probe batch (made if missing), or as many GSM8K
+    test questions as a GRPO batch has sequences, with their reference solutions."""
     seed = profile.seeds[0] if seed is None else seed
     out = []
     for model_name in profile.models:
-        progress(f"regime statistics of {model_name} (seed {seed})")
-        batch = load_probe_batch(ensure_probe_batch(profile, model_name, seed, results))
+        progress(f"regime statistics of {model_name} (seed {seed}, {profile.regime_batch} batch)")
         model, tokenizer = load(model_reference(profile, model_name, results), dtype=torch.float32)
-        trainer = probe_trainer(model, tokenizer, profile, seed, prompts=profile.grpo.prompts_per_step)
         model.train()
-        out += regime_rows(model, model_name, lambda m, t=trainer, b=batch: t.batch_loss(b), rows=profile.probe_rows)
+        if profile.regime_batch == "gsm8k-test":
+            loss = gsm8k_loss(profile, model_name, tokenizer, seed)
+        else:
+            batch = load_probe_batch(ensure_probe_batch(profile, model_name, seed, results))
+            trainer = probe_trainer(model, tokenizer, profile, seed, prompts=profile.grpo.prompts_per_step)
+            loss = lambda m, t=trainer, b=batch: t.batch_loss(b)  # noqa: E731
+        out += regime_rows(model, model_name, loss, rows=profile.probe_rows, batch=profile.regime_batch)
     for other in profile.regime_beside:
         out += stored_rows(other, results)
     return out
 
 
-TEXT_FIELDS = ("model", "layer", "operand", "shape")
+def gsm8k_loss(profile: Profile, model_name: str, tokenizer, seed: int):
+    """The teacher-forced loss of reference solutions to GSM8K test questions drawn with ``seed``, as many
+    as a GRPO batch has sequences, prompted as the model's policy is (``data.prompt``)."""
+    test = gsm.load_gsm8k("test", gsm8k_folder(profile))
+    problems = random.Random(seed).sample(test, profile.grpo.prompts_per_step * profile.grpo.num_generations)
+    chat = profile.model(model_name).chat
+    ids = token_pairs(tokenizer, [gsm.prompt(r["question"], tokenizer, chat) for r in problems],
+                      [r["answer"] for r in problems])
+    return lambda m: completion_nll(m, *ids, tokenizer.pad_token_id or 0)
+
+
+TEXT_FIELDS = ("model", "batch", "layer", "operand", "shape")
 
 
 def stored_rows(profile_name: str, results="results") -> list[dict]:
@@ -189,4 +216,5 @@ def stored_rows(profile_name: str, results="results") -> list[dict]:
             if k not in TEXT_FIELDS:
                 r[k] = None if v == "" else int(v) if k == "depth" else float(v)
         r["model"] = f"{r['model']} ({profile_name}, stored)"
+        r.setdefault("batch", "grpo-probe")  # a table stored before the batch column had only this batch
     return rows

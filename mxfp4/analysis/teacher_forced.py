@@ -45,7 +45,11 @@ def completion_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[t
     tokens [B, T], their mask [B, T]) in float32, T the longest completion; no gradient."""
     model.eval()
     with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+        return _completion_logprobs(model, batch, temperature)
+
+
+def _completion_logprobs(model, batch: dict, temperature: float) -> tuple[torch.Tensor, ...]:
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
     b, t = len(batch["starts"]), max(batch["lengths"])
     index = torch.zeros(b, t, dtype=torch.long)
     mask = torch.zeros(b, t, dtype=torch.bool)
@@ -55,6 +59,14 @@ def completion_logprobs(model, batch: dict, temperature: float = 1.0) -> tuple[t
     picked = logits.gather(1, index.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
     targets = batch["input_ids"].gather(1, (index + 1).clamp(max=batch["input_ids"].shape[1] - 1)) * mask
     return torch.log_softmax(picked / temperature, -1), targets, mask
+
+
+def completion_nll(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int = 0
+                   ) -> torch.Tensor:
+    """The mean negative log-likelihood per completion token, with its graph (a supervised loss on fixed
+    text: what a batch of worked solutions puts through the backward GEMMs); the model's mode is kept."""
+    logp, targets, mask = _completion_logprobs(model, completion_batch(prompt_ids, completion_ids, pad_id), 1.0)
+    return -(logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * mask).sum() / mask.sum()
 
 
 def teacher_forced(model, prompt_ids: list[list[int]], completion_ids: list[list[int]],

@@ -332,6 +332,10 @@ class Profile(_Strict):
     )
     eval: EvalSettings
     pathways: PathwaySettings | None = Field(None, description="the pathway matrix (mxfp4 pathways)")
+    regime_batch: Literal["grpo-probe", "gsm8k-test"] = Field(
+        "grpo-probe", description="the batch whose activations and gradients the regime statistics decompose: the "
+        "model and seed's GRPO probe batch, or as many sequences of real GSM8K test questions (drawn with the seed) "
+        "with their reference solutions, under the teacher-forced loss of the solutions")
     regime_beside: list[str] = Field(
         default_factory=list, description="profiles whose stored regime statistics (results/baselines/<profile>/"
         "regime.csv) the regime table and figure show beside this profile's models")

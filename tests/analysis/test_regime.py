@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from mxfp4.analysis.regime import observe, operand_stats, regime_rows
 from mxfp4.analysis.weight_components import regime_stats
+from mxfp4.config.data_files import default_gsm8k_dir
 from mxfp4.rl.models import build_tiny
 from mxfp4.rl.outlier_channels import add_outlier_channels
 
@@ -173,3 +174,61 @@ def test_a_stored_profiles_rows_read_back_into_its_stored_table():
     assert table and table == [line for line in stored if line.startswith("| tiny-")]
     with pytest.raises(ValueError, match="regime_beside names 'smoke', whose stored baselines hold no"):
         stored_rows("smoke", REPO / "results")
+
+
+def _labels_loss(model, prompt_ids, completion_ids):
+    """transformers' own causal-LM loss: the prompt tokens and padding labelled -100 (ignored)."""
+    width = max(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids))
+    ids = torch.zeros(len(prompt_ids), width, dtype=torch.long)
+    labels = torch.full_like(ids, -100)
+    mask = torch.zeros_like(ids)
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+        labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
+        mask[i, :len(p) + len(c)] = 1
+    return model(input_ids=ids, attention_mask=mask, labels=labels).loss
+
+
+@settings(max_examples=10, deadline=None)
+@given(lengths=st.lists(st.tuples(st.integers(1, 9), st.integers(1, 9)), min_size=1, max_size=4),
+       seed=st.integers(0, 2**16))
+def test_the_teacher_forced_loss_is_transformers_causal_lm_loss(lengths, seed):
+    """completion_nll (the regime's loss on worked solutions) equals the loss transformers computes from
+    labels that ignore the prompt and the padding, and carries a finite gradient to every projection."""
+    from mxfp4.analysis.teacher_forced import completion_nll
+
+    model, _ = build_tiny("tiny-dense", seed=1)
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(4, 80, (p,), generator=g).tolist() for p, _ in lengths]
+    completions = [torch.randint(4, 80, (c,), generator=g).tolist() for _, c in lengths]
+    ours = completion_nll(model, prompts, completions)
+    torch.testing.assert_close(ours, _labels_loss(model, prompts, completions), rtol=1e-5, atol=1e-6)
+    ours.backward()
+    grads = [p.grad for n, p in model.named_parameters() if "proj" in n]
+    assert all(g is not None and g.isfinite().all() for g in grads) and sum(g.abs().sum() for g in grads) > 0
+
+
+@pytest.mark.skipif(default_gsm8k_dir() is None, reason="the real GSM8K files (../shared/data/gsm8k) are not here")
+def test_a_gsm8k_regime_batch_is_real_test_text_under_its_solutions_loss():
+    """regime_batch gsm8k-test: as many GSM8K test questions as a GRPO batch has sequences, drawn with the
+    seed, scored on their reference solutions; every row is labelled with its batch, and the summary
+    table names it."""
+    from mxfp4.analysis.regime import BATCHES, gsm8k_loss, summary_markdown
+    from mxfp4.analysis.teacher_forced import token_pairs
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.rl import data
+
+    profile = load_profile("smoke").model_copy(update={"regime_batch": "gsm8k-test"})
+    model_name = next(iter(profile.models))
+    model, tokenizer = build_tiny("tiny-dense", seed=0)
+    loss = gsm8k_loss(profile, model_name, tokenizer, seed=5)
+    test = data.load_gsm8k("test", default_gsm8k_dir())
+    n = profile.grpo.prompts_per_step * profile.grpo.num_generations
+    drawn = [r for r in test if r in __import__("random").Random(5).sample(test, n)]
+    assert len(drawn) == n
+    ids = token_pairs(tokenizer, [data.prompt(r["question"]) for r in drawn], [r["answer"] for r in drawn])
+    # the same multiset of sequences, in the drawn order: the mean loss is order-free, so compare it
+    torch.testing.assert_close(loss(model), _labels_loss(model, *ids), rtol=1e-5, atol=1e-6)
+    rows = regime_rows(model, model_name, loss, rows=256, batch="gsm8k-test")
+    assert {r["batch"] for r in rows} == {"gsm8k-test"}
+    assert BATCHES["gsm8k-test"] in summary_markdown(rows)
