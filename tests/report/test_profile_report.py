@@ -87,3 +87,40 @@ def test_a_packaged_models_weight_caveat_and_the_regime_table_open_the_report():
     section = regime_section(regime)
     rows = [ln for ln in regime.read_text().splitlines() if ln.startswith("| tiny-")]
     assert rows and all(ln in section.splitlines() for ln in rows) and "Published figures" not in section
+
+
+def _items(path, outcomes: dict[str, list[int]], before: dict[str, list[int]]):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "recipe", "seed", "doc_hash", "doc_id", "problem_type", "strict_before", "strict"])
+        for recipe, after in outcomes.items():
+            for i, (b, a) in enumerate(zip(before[recipe], after)):
+                w.writerow(["m", recipe, 0, f"h{i}", i, "rest", b, a])
+
+
+def test_each_correction_is_paired_per_problem_with_mxfp4_and_bf16(tmp_path):
+    """A correction that solves 10 problems MXFP4 misses and misses 2 it solves reads +8/40 against MXFP4,
+    with the exact binomial p of 10 in 12 (scipy's own test); recipes that are no MXFP4 plus corrections are
+    not rows; a run with no corrected recipe has no table."""
+    from scipy.stats import binomtest
+
+    from mxfp4.report.profile_report import corrections_table
+
+    n = 40
+    mxfp4 = [1] * 20 + [0] * 20
+    macro = [0] * 2 + [1] * 18 + [1] * 10 + [0] * 10  # loses 2 of mxfp4's, gains 10
+    bf16 = [1] * 30 + [0] * 10
+    _items(tmp_path / "items.csv", {"bf16": bf16, "mxfp4": mxfp4, "mxfp4+macro": macro},
+           {"bf16": bf16, "mxfp4": mxfp4, "mxfp4+macro": mxfp4})
+    rows = _table(corrections_table(tmp_path / "items.csv"))
+    assert [(r["recipe"], r["stage"]) for r in rows] == [("mxfp4+macro", "before RL"), ("mxfp4+macro", "after RL")]
+    after = rows[1]
+    assert after["accuracy"] == f"{sum(macro) / n:.3f}"
+    assert after["minus mxfp4 [95% CI], p"].startswith(f"{8 / n:+.3f} [")
+    assert f"p {binomtest(10, 12).pvalue:.2g} (10 gained, 2 lost)" in after["minus mxfp4 [95% CI], p"]
+    gained = sum(a > b for a, b in zip(macro, bf16))
+    lost = sum(a < b for a, b in zip(macro, bf16))
+    assert after["minus bf16 [95% CI], p"].startswith(f"{(gained - lost) / n:+.3f} [")
+    assert rows[0]["minus mxfp4 [95% CI], p"].startswith("+0.000 [+0.000, +0.000], p 1 (0 gained, 0 lost)")
+    _items(tmp_path / "plain.csv", {"bf16": bf16, "mxfp4": mxfp4}, {"bf16": bf16, "mxfp4": mxfp4})
+    assert corrections_table(tmp_path / "plain.csv") == ""
