@@ -128,8 +128,9 @@ def regime_rows(model, model_name: str, loss_fn, recipe: str = "mxfp4", rows: in
                         "grad": collector.operand(name, "grad", w.shape[-2])}
             for kind, t in operands.items():
                 if t is not None:
-                    out.append({"model": model_name, "batch": batch, "layer": label, "depth": depth(name), "operand": kind,
-                                "shape": "x".join(map(str, t.shape)), **operand_stats(t, quantizer, rows)})
+                    out.append({"model": model_name, "batch": batch, "layer": label, "depth": depth(name),
+                                "operand": kind, "shape": "x".join(map(str, t.shape)),
+                                **operand_stats(t, quantizer, rows)})
     return out
 
 
