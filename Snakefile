@@ -7,6 +7,7 @@
 #   snakemake --cores all gpu_smoke --config profile=gpu-smoke   # on a GPU: results/gpu/gpu_smoke_dense.json
 #   snakemake --cores 1 results/embedded/cells/tiny-dense/mxfp4/seed0/metrics.json   # one cell alone
 #   snakemake --cores all compare --config compare_recipe=mxfp4+macro              # against stored baselines
+#   snakemake --cores all dose_response --config profile=dose-response   # claims against outlier dose
 import os
 import sys
 
@@ -71,6 +72,7 @@ include: "workflow/rules/kernels.smk"
 include: "workflow/rules/proofs.smk"
 include: "workflow/rules/cells.smk"
 include: "workflow/rules/pathways.smk"
+include: "workflow/rules/dose_response.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/compare.smk"

@@ -455,6 +455,7 @@ def _cmd_pathways(args) -> int:
         progress=lambda msg: print(msg, file=sys.stderr, flush=True),
         checkpoint=args.checkpoint,
         out_units=units,
+        dose=args.dose,
     )
     print(f"wrote {out} ({len(rows)} rows)" + (f" and {units}" if units else ""))
     return 0
@@ -588,6 +589,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                "pathways.csv for every checkpoint")
     p.add_argument("--units", default=None, help="every unit's harm per pathway and arm; default, with --checkpoint: "
                                                  "results/<profile>/pathways/<model>/<checkpoint>_units.csv")
+    p.add_argument("--dose", default=None, help="an outlier dose (c<channels>x<factor>, e.g. c2x32) given to the warm "
+                                                "start first (the dose-response; with --checkpoint warm)")
     p.set_defaults(func=_cmd_pathways)
 
     p = sub.add_parser("probe-batch", help="the GRPO batch every recipe's gradient probes of a model and seed are "

@@ -127,6 +127,15 @@ class Layout:
         """Every unit's harm behind one model's pathway rows at one checkpoint (``pathways.unit_rows``)."""
         return self.root / "pathways" / model / f"{checkpoint}_units.csv"
 
+    def dose_pathways(self, model: str, dose: str, units: bool = False) -> Path:
+        """One model's warm-start pathway rows at one outlier dose (``c2x32``), or every unit's harm behind them."""
+        return self.root / "dose_response" / model / (f"{dose}_units.csv" if units else f"{dose}.csv")
+
+    @property
+    def dose_response(self) -> Path:
+        """Every dose's claim-level tests and excess harms in one CSV (``.md`` beside it)."""
+        return self.root / "dose_response" / "dose_response.csv"
+
     @property
     def weight_components(self) -> Path:
         """Per weight tensor and decomposition form: shares and component cosines (``.md`` beside it)."""

@@ -15,10 +15,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..config.data_files import gsm8k_folder
 from ..config.profiles import Profile
+from ..config.profiles import dose as parse_dose
 from ..config.recipes import Recipe
 from ..io import write_csv_atomic
 from ..layout import Layout
@@ -30,6 +32,7 @@ from ..rl.batches import batch_gradient, gradient_batches, probe_trainer
 from ..rl.grad_accuracy import compare
 from ..rl.grpo import weight_decomposition
 from ..rl.models import load, warm_start_folder
+from ..rl.outlier_channels import add_outlier_channels
 from ..stats import dominance_test, hierarchical_bootstrap, nested_mean, nested_paired, paired_diff
 from .pathway_spec import (
     CLAIM_METHOD,
@@ -52,6 +55,7 @@ from .pathway_spec import (
     UNITS,
     control_rows,
 )
+from .regime import regime_rows
 from .teacher_forced import teacher_forced, token_pairs
 
 
@@ -705,6 +709,23 @@ def checkpoints(profile: Profile, model_name: str, results) -> dict[str, dict[in
     return out
 
 
+OUTLIER_SEED = 0  # the channels a warm start's outlier dose scales: those pretrain's knob draws
+
+
+def outlier_block_row(model, model_name: str, trainer, batch, dose: str) -> dict:
+    """What a dose does to the operands: the fraction of outlier-dominated blocks in the GEMMs' activations,
+    median [min, max] over the GEMMs, on one gradient batch (``regime.regime_rows``)."""
+    model.train()  # as the batches are scored
+    rows = regime_rows(model, model_name, lambda m: trainer.batch_loss(batch))
+    fractions = [r["outlier_block_fraction"] for r in rows
+                 if r["operand"] == "activation" and r.get("outlier_block_fraction") is not None]
+    est = {"mean": float(np.median(fractions)), "ci_low": min(fractions), "ci_high": max(fractions),
+           "n": len(fractions), "p": None, "sd": None}
+    return _row(model_name, "warm", "none", "-", "total", "activation_outlier_block_fraction", est,
+                f"dose {dose}: the activations' outlier-block fraction (regime statistics), median [min, max] over "
+                f"{len(fractions)} GEMMs, on the first gradient batch")
+
+
 def seed_problems(train: list[dict], settings, seed: int, held_out: list[dict] | None = None
                   ) -> tuple[list[dict], list[dict]]:
     """(gradient problems, rollout problems) of one seed: the first half of the training problems
@@ -719,7 +740,8 @@ def seed_problems(train: list[dict], settings, seed: int, held_out: list[dict] |
 
 
 def run_pathways(profile: Profile, model_name: str, results="results", out_csv=None,
-                 progress=print, checkpoint: str | None = None, out_units=None) -> list[dict]:
+                 progress=print, checkpoint: str | None = None, out_units=None, dose: str | None = None
+                 ) -> list[dict]:
     """The pathway matrix of one model on every seed of the profile: per checkpoint, each seed's policy
     measured on its own batches and prompts, the rows estimated with the policy as the outer unit
     (``stats.nested_mean``).
@@ -732,6 +754,8 @@ def run_pathways(profile: Profile, model_name: str, results="results", out_csv=N
         progress: called with one line per seed and form.
         checkpoint: one checkpoint only (``warm`` or ``grpo``); default every one the profile names.
         out_units: where to write every unit's harm (``UNIT_FIELDS``).
+        dose: an outlier dose of ``dose_response.doses`` (``c2x32``) given to the warm start before it is
+            measured (the warm checkpoint only), with a row of the activations' outlier-block fraction.
 
     Returns:
         The rows.
@@ -747,6 +771,9 @@ def run_pathways(profile: Profile, model_name: str, results="results", out_csv=N
             raise ValueError(f"checkpoint {checkpoint!r} is not one the profile measures; accepted: "
                              f"{', '.join(settings.checkpoints)} (pathways.checkpoints)")
         profile = profile.model_copy(update={"pathways": settings.model_copy(update={"checkpoints": [checkpoint]})})
+    if dose is not None and checkpoint != "warm":
+        raise ValueError(f"an outlier dose ({dose}) is given to the warm start; accepted: checkpoint 'warm', got "
+                         f"{checkpoint!r}")
     ckpts = checkpoints(profile, model_name, results)
     if spec.arch:
         warm_start_folder(profile, model_name, results)
@@ -765,10 +792,14 @@ def run_pathways(profile: Profile, model_name: str, results="results", out_csv=N
         for seed, path in paths.items():
             group = ckpt if ckpt == "warm" else f"{ckpt}/seed{seed}"  # the outer unit: the policy measured
             model, tokenizer = load(str(path), dtype=torch.float32)  # float32 compute: arms differ only by MXFP4
+            if dose is not None:
+                add_outlier_channels(model, *parse_dose(dose), seed=OUTLIER_SEED)
             trainer = probe_trainer(model, tokenizer, profile, seed)
             grad_problems, roll_problems = seed_problems(train, settings, seed, held_out)
             batches, n_skipped = gradient_batches(trainer, grad_problems, profile, settings.batches, seed,
                                                   chat=spec.chat)
+            if dose is not None and seed == profile.seeds[0] and batches:
+                rows.append(outlier_block_row(model, model_name, trainer, batches[0], dose))
             skipped, usable = skipped + n_skipped, usable + len(batches)
             say(f"{model_name}/{ckpt} seed {seed}: {len(batches)} gradient batches drawn ({n_skipped} skipped: "
                 "all-zero advantages)")

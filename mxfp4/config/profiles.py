@@ -315,6 +315,40 @@ class PathwaySettings(_Strict):
         return self
 
 
+DOSE_PATTERN = r"^c(\d+)x(\d+)$"  # a dose's name: c<outlier channels>x<factor>
+
+
+class DoseResponseSettings(_Strict):
+    """The outlier dose-response: the warm start's pathway matrix again at each dose of outlier channels
+    (``mxfp4.rl.outlier_channels``: the function unchanged, so the policy, its batches and its prompts are
+    the same at every dose and only where the magnitudes sit in the GEMM operands differs)."""
+
+    doses: list[Annotated[str, Field(pattern=DOSE_PATTERN)]] = Field(
+        min_length=2, description="doses named c<channels>x<factor> (c2x32: 2 hidden channels of every layer 32 "
+        "times larger; c0x1: none), the factor a power of two")
+    source: str = Field(min_length=1, description="the published figures the doses are set against (what real "
+                        "LLMs of 4096 hidden dimensions carry), with their sources")
+
+    @model_validator(mode="after")
+    def _doses(self):
+        if len(set(self.doses)) != len(self.doses):
+            raise ValueError(f"dose_response.doses {self.doses} names a dose twice; accepted: distinct doses")
+        for d in self.doses:
+            factor = dose(d)[1]
+            if factor < 1 or factor & (factor - 1):
+                raise ValueError(f"dose_response.doses: {d!r} has factor {factor}, not a power of two (1, 2, 4, ...): "
+                                 "only then is the transform exact")
+        return self
+
+
+def dose(name: str) -> tuple[int, int]:
+    """(outlier channels, factor) of a dose's name (``c2x32``: 2 channels, factor 32)."""
+    m = re.match(DOSE_PATTERN, name)
+    if m is None:
+        raise ValueError(f"outlier dose {name!r}; accepted: c<channels>x<factor>, e.g. c2x32 (c0x1: none)")
+    return int(m.group(1)), int(m.group(2))
+
+
 class Profile(_Strict):
     name: str = Field(pattern=SAFE_NAME)
     models: dict[str, ModelSpec] = Field(min_length=1)
@@ -332,6 +366,8 @@ class Profile(_Strict):
     )
     eval: EvalSettings
     pathways: PathwaySettings | None = Field(None, description="the pathway matrix (mxfp4 pathways)")
+    dose_response: DoseResponseSettings | None = Field(
+        None, description="the outlier dose-response of the pathway matrix (snakemake target dose_response)")
     regime_batch: Literal["grpo-probe", "gsm8k-test"] = Field(
         "grpo-probe", description="the batch whose activations and gradients the regime statistics decompose: the "
         "model and seed's GRPO probe batch, or as many sequences of real GSM8K test questions (drawn with the seed) "
@@ -352,6 +388,14 @@ class Profile(_Strict):
             raise ValueError(f"recipes {self.recipes} name a recipe twice; accepted: distinct recipes")
         if any(m.arch for m in self.models.values()) and self.pretrain is None:
             raise ValueError("tiny stand-in models need a pretrain section")
+        if self.dose_response is not None:
+            if self.pathways is None or "warm" not in self.pathways.checkpoints:
+                raise ValueError("dose_response measures the warm start's pathway matrix at each dose; accepted: a "
+                                 "pathways section whose checkpoints include warm")
+            if self.pretrain is None or self.pretrain.outlier_channels or not all(
+                    m.arch for m in self.models.values()):
+                raise ValueError("dose_response adds outlier channels to tiny stand-ins' warm starts; accepted: tiny "
+                                 "models only and a pretrain section with outlier_channels: 0 (doses do not stack)")
         return self
 
     def model(self, name: str) -> ModelSpec:

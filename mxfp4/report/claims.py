@@ -406,7 +406,7 @@ def standard_recipe_rows(cells: list[dict], model: str) -> list[dict]:
     return out
 
 
-def _decide(rows: list[dict]) -> None:
+def decide_family(rows: list[dict]) -> None:
     """Holm over ``rows`` (one family), then each row's verdict and its interval at the verdict's level."""
     ps = [r["p"] for r in rows if r["p"] is not None]
     adjusted = iter(multipletests(ps, alpha=ALPHA, method="holm")[1]) if ps else iter(())
@@ -432,7 +432,7 @@ def build_claims(cells: list[dict], proofs: dict, corrections: list[dict], pathw
         rec = recovery_row(cells, model, problems, "gsm8k_rl_gain", items)
         secondary += [rec] if rec else []
         secondary += standard_recipe_rows(cells, model)
-    _decide(secondary)
+    decide_family(secondary)
     for r in secondary:
         r["family"] = "secondary"
     return primary + construction_rows(proofs, corrections) + precondition_rows(list(items)) + secondary
@@ -447,7 +447,7 @@ def primary_family(cells: list[dict], pathways: list[dict], problems: int | None
     for model in sorted({c["model"] for c in cells}):
         rec = recovery_row(cells, model, problems, "gsm8k_strict_accuracy", items)
         rows += [rec] if rec else []
-    _decide(rows)
+    decide_family(rows)
     for r in rows:
         r["family"] = "primary"
     return rows

@@ -400,3 +400,35 @@ def test_correction_arms_run_every_pathway_and_aqn_leaves_the_training_gradient_
         changed = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
     assert changed and all("norm" in n for n in changed)
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+
+
+def test_an_outlier_dose_measures_the_same_policy_and_data_and_moves_only_the_operands(smoke_results, tmp_path,
+                                                                                     monkeypatch):
+    """At dose c2x32 the warm start computes what it computed without outliers: the same gradient batches and
+    prompts are drawn (their digests), the unquantized arm's teacher-forced harms agree to float32 round-off;
+    what moves is the activations' outlier-block fraction. A dose is given to the warm start only."""
+    import csv
+
+    from mxfp4.rl import data
+
+    monkeypatch.setattr(data, "accuracy_reward", _varied_reward)
+    base = load_profile("smoke")
+    settings = base.pathways.model_copy(update={"checkpoints": ["warm"], "additivity_steps": [], "forms": ["gain"],
+                                                "scale_rules": ["floor"], "controls": ["signflip"], "prompts": 2,
+                                                "samples_per_prompt": 1})
+    profile = base.model_copy(update={"pathways": settings})
+    units, fraction = {}, {}
+    for d in ("c0x1", "c2x32"):
+        path = tmp_path / f"{d}.csv"
+        rows = run_pathways(profile, "tiny-dense", results=smoke_results, progress=lambda m: None,
+                            checkpoint="warm", out_units=path, dose=d)
+        fraction[d] = next(r for r in rows if r["metric"] == "activation_outlier_block_fraction")
+        units[d] = list(csv.DictReader(path.open()))
+    key = [(u["pathway"], u["arm"], u["unit"], u["key"]) for u in units["c0x1"]]
+    assert key == [(u["pathway"], u["arm"], u["unit"], u["key"]) for u in units["c2x32"]]
+    none = [[float(u["harm"]) for u in units[d] if u["arm"] == "none" and u["pathway"] == "entropy"]
+            for d in ("c0x1", "c2x32")]
+    assert none[0] and none[0] == pytest.approx(none[1], rel=1e-5, abs=1e-6)
+    assert fraction["c2x32"]["mean"] > fraction["c0x1"]["mean"] + 0.2  # 2 of 4 blocks a row can hold one
+    with pytest.raises(ValueError, match="given to the warm start; accepted: checkpoint 'warm'"):
+        run_pathways(profile, "tiny-dense", results=smoke_results, progress=lambda m: None, dose="c2x32")

@@ -107,6 +107,20 @@ def test_outlier_channels_leave_the_function_bit_for_bit_and_put_outliers_in_eve
         assert torch.equal(x_after[..., rest], x_before[i][..., rest])
 
 
+@settings(max_examples=12, deadline=None)
+@given(arch=st.sampled_from(["tiny-dense", "tiny-moe"]), channels=st.integers(0, 8),
+       factor=st.sampled_from([1, 4, 8, 16, 32, 1024]), seed=st.integers(0, 2**16))
+def test_every_outlier_dose_leaves_the_logits_as_they_were(arch, channels, factor, seed):
+    """Each dose of the dose-response (any channel count, any power-of-two factor) keeps the model's logits
+    bit for bit, so every dose measures the same policy."""
+    model, _ = build_tiny(arch, seed=seed % 7)
+    ids = torch.randint(4, 80, (2, 13), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        assert len(add_outlier_channels(model, channels, float(factor), seed=seed)) == channels
+        assert torch.equal(model(input_ids=ids).logits, before)
+
+
 def test_outlier_channels_refuse_an_inexact_scale_and_an_unknown_reader():
     model, _ = build_tiny("tiny-dense", seed=0)
     with pytest.raises(ValueError, match="not a power of two"):

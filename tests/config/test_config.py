@@ -27,8 +27,27 @@ def bad(mutate):
 
 def test_every_shipped_profile_validates():
     for name in ("embedded", "embedded-large", "embedded-large-outliers", "smoke", "paper", "smoke-ddp", "gpu-smoke",
-                 "gpu-smoke-quick"):
+                 "gpu-smoke-quick", "real-small", "dose-response"):
         assert load_profile(name).name == name
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.update(doses=["c2x8", "c2x8"]), "names a dose twice"),
+    (lambda d: d.update(doses=["c0x1", "c2x12"]), "factor 12, not a power of two"),
+    (lambda d: d.update(doses=["c0x1", "2x8"]), "String should match pattern"),
+])
+def test_a_dose_response_names_distinct_exact_doses(change, message):
+    def mutate(spec):
+        spec["dose_response"] = {"doses": ["c0x1", "c2x8"], "source": "s"}
+        change(spec["dose_response"])
+    assert message in bad(mutate)
+
+
+def test_a_dose_response_needs_warm_starts_without_outliers_of_their_own():
+    def mutate(spec):
+        spec["dose_response"] = {"doses": ["c0x1", "c2x8"], "source": "s"}
+        spec["pretrain"]["outlier_channels"] = 2
+    assert "outlier_channels: 0 (doses do not stack)" in bad(mutate)
 
 
 def test_a_derived_profile_is_its_base_with_only_the_keys_it_gives_changed(tmp_path, monkeypatch):
@@ -85,7 +104,7 @@ def test_recipe_values_are_typed_and_in_range():
 def test_cli_prints_one_line_for_a_bad_profile(capsys):
     assert main(["pretrain", "--profile", "nope", "--model", "tiny-dense"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "unknown profile 'nope'; known: embedded" in err[0]
+    assert len(err) == 1 and "unknown profile 'nope'; known: dose-response, embedded, " in err[0]
 
 
 def test_config_hash_covers_what_determines_the_result_and_no_path():

@@ -1,0 +1,146 @@
+"""The outlier dose-response: where each of the paper's claims holds, as the warm start's activations go from
+near-Gaussian to outlier-dominated. Every dose measures the same policy (the transform keeps the function),
+the same batches and prompts; the doses differ only in where the magnitudes sit in the GEMM operands.
+
+Per dose, model and claim: the claim-level test of the pathway matrix (``report.claims``: dominance over each
+rival and the sign-flip control; the recovery claims' dominance over plain MXFP4 and the other corrections),
+all of them one family under Holm; and per component its excess harm over its control, the figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config.profiles import Profile, dose
+from ..io import write_text_atomic
+from ..layout import Layout
+from ..numerics.decompose import COMPONENTS
+from .aggregate import write_csv
+from .claims import decide_family, mechanism_rows, recovery_claim_rows
+from .pathway_table import CLAIM_PATHWAYS, checkpoint_label, estimate, read_rows
+from .plots import COLORS, plt, save
+
+OUTLIER_METRIC = "activation_outlier_block_fraction"
+
+
+def read_doses(layout: Layout, profile: Profile) -> dict[str, list[dict]]:
+    """Every model's pathway rows per dose (``dose_response.doses``, in the profile's order)."""
+    out = {}
+    for d in profile.dose_response.doses:
+        out[d] = [r for m in profile.models for r in read_rows(layout.dose_pathways(m, d))]
+    return out
+
+
+def claim_rows(by_dose: dict[str, list[dict]], design) -> list[dict]:
+    """The claim-level test of each mechanism and recovery claim per model at each dose, decided as one family
+    (Holm over doses x models x claims): the dose-response asks where each claim holds, so every dose is a
+    hypothesis of its own."""
+    rows = []
+    for d, pathways in by_dose.items():
+        channels, factor = dose(d)
+        for r in mechanism_rows(pathways, design) + recovery_claim_rows(pathways, design):
+            rows.append({**r, "dose": d, "channels": channels, "factor": factor})
+    decide_family(rows)
+    return rows
+
+
+def outlier_fractions(by_dose: dict[str, list[dict]]) -> dict[tuple[str, str], dict]:
+    """(model, dose) -> the row of the activations' outlier-block fraction the dose run measured."""
+    return {(r["model"], d): r for d, rows in by_dose.items() for r in rows if r["metric"] == OUTLIER_METRIC}
+
+
+def _verdict_cell(r: dict) -> str:
+    short = r["verdict"].replace(" (a rival within the margin)", "")
+    return f"{short}: {r['diff']:+.3g} [{r['ci_low']:+.3g}, {r['ci_high']:+.3g}], p_Holm {r['p_holm']:.2g}"
+
+
+def markdown(by_dose: dict[str, list[dict]], decided: list[dict], source: str) -> str:
+    """Per model: the doses (with the outlier-block fraction each gives) and, per claim, its verdict at each."""
+    doses = list(by_dose)
+    fractions = outlier_fractions(by_dose)
+    out = ["Outlier doses: c<channels>x<factor> = that many hidden channels of every layer that many times larger, "
+           "the function unchanged (mxfp4/rl/outlier_channels.py); the same policy, batches and prompts at every "
+           f"dose. Published figures the doses are set against: {source}\n",
+           "Activations' outlier-block fraction (median [min, max] over the GEMMs, one gradient batch):\n",
+           "| model | " + " | ".join(doses) + " |", "| --- | " + " | ".join("---" for _ in doses) + " |"]
+    models = list(dict.fromkeys(m for m, _ in fractions)) or list(dict.fromkeys(r["model"] for r in decided))
+    for m in models:
+        cells = []
+        for d in doses:
+            r = fractions.get((m, d))
+            cells.append("—" if r is None else f"{float(r['mean']):.3f} [{float(r['ci_low']):.3f}, "
+                                               f"{float(r['ci_high']):.3f}]")
+        out.append(f"| {m} | " + " | ".join(cells) + " |")
+    out += ["", "Each claim per dose: verdict, effect [interval at the verdict's level], Holm-adjusted p over "
+            f"the {sum(r['p'] is not None for r in decided)} tests of this table (doses x models x claims). "
+            "Effect: the claim-level test's weakest contrast per unit (the claims table's measure); "
+            f"n per test: {', '.join(sorted({str(r['n']) for r in decided}))} units.\n",
+            "| claim | model | " + " | ".join(doses) + " |", "| --- | --- | " + " | ".join("---" for _ in doses) + " |"]
+    keyed = {(r["claim"], r["model"], r["dose"]): r for r in decided}
+    for claim, model in dict.fromkeys((r["claim"], r["model"]) for r in decided):
+        cells = [_verdict_cell(keyed[(claim, model, d)]) if (claim, model, d) in keyed else "—" for d in doses]
+        out.append(f"| {claim} | {model} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
+def excess_series(by_dose: dict[str, list[dict]], form: str, control: str) -> list[dict]:
+    """Per model, pathway, component and dose: the component's excess harm over its ``control`` (mean and
+    95% interval, paired over units), at the warm start in ``form``: the figure's points."""
+    label = checkpoint_label("warm", form)
+    out = []
+    for d, rows in by_dose.items():
+        for r in rows:
+            pathway = r["metric"].removesuffix("_excess_harm")
+            if pathway not in CLAIM_PATHWAYS or r["checkpoint"] != label or r["mean"] in ("", None):
+                continue
+            c = next((c for c in COMPONENTS if r["injection"] == f"+{c} vs +{c}~{control}"), None)
+            if c is not None:
+                mean, lo, hi = estimate(r)
+                out.append({"model": r["model"], "pathway": pathway, "component": c, "dose": d,
+                            "mean": mean, "ci_low": lo, "ci_high": hi, "n": r["n"]})
+    return out
+
+
+def figure(series: list[dict], doses: list[str], control: str, out_stem: Path | str) -> list[Path]:
+    """One panel per model and pathway: each component's excess harm over its control against the dose."""
+    models = list(dict.fromkeys(s["model"] for s in series))
+    fig, axes = plt.subplots(len(models), len(CLAIM_PATHWAYS), figsize=(4 * len(CLAIM_PATHWAYS), 3 * len(models)),
+                             squeeze=False)
+    for i, model in enumerate(models):
+        for j, pathway in enumerate(CLAIM_PATHWAYS):
+            ax = axes[i][j]
+            for k, c in enumerate(COMPONENTS):
+                pts = [(x, s) for x, d in enumerate(doses) for s in series
+                       if (s["model"], s["pathway"], s["component"], s["dose"]) == (model, pathway, c, d)]
+                if not pts:
+                    continue
+                means = [s["mean"] for _, s in pts]
+                low = [s["mean"] - (s["mean"] if s["ci_low"] is None else s["ci_low"]) for _, s in pts]
+                high = [(s["mean"] if s["ci_high"] is None else s["ci_high"]) - s["mean"] for _, s in pts]
+                ax.errorbar([x + (k - 1) * 0.08 for x, _ in pts], means, yerr=[low, high], marker="o", capsize=3,
+                            color=COLORS[c], label=f"+{c}")
+            ax.axhline(0, color="grey", lw=0.8)
+            ax.set_xticks(range(len(doses)), doses, rotation=30)
+            ax.set_title(f"{model}: {pathway}", fontsize=9)
+            if j == 0:
+                ax.set_ylabel(f"excess harm over ~{control}")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("Outlier dose-response: each component's harm beyond its energy-matched control (95% t intervals)",
+                 fontsize=10)
+    fig.tight_layout()
+    return save(fig, out_stem)
+
+
+def run(profile: Profile, layout: Layout, out_csv=None, figure_stem=None) -> list[dict]:
+    """The dose-response table (CSV and markdown beside it) and figure of a profile's dose runs."""
+    settings, design = profile.dose_response, profile.pathways.claims
+    if settings is None or design is None:
+        raise ValueError(f"profile {profile.name!r} needs a dose_response section and pathways.claims (the "
+                         "claim-level tests it repeats at each dose); see experiments/profiles/dose-response.yaml")
+    by_dose = read_doses(layout, profile)
+    decided = claim_rows(by_dose, design)
+    out_csv = Path(out_csv or layout.dose_response)
+    write_csv(decided, out_csv)
+    write_text_atomic(out_csv.with_suffix(".md"), markdown(by_dose, decided, settings.source))
+    if figure_stem is not None:
+        figure(excess_series(by_dose, design.form, design.control), list(by_dose), design.control, figure_stem)
+    return decided

@@ -1,0 +1,61 @@
+"""The dose-response table: each dose's claim-level rows decided as one Holm family, against a Holm
+adjustment computed here by hand; the figure's points are the excess harms over the design's control only."""
+
+import pytest
+
+from mxfp4.config.profiles import ClaimDesign, dose
+from mxfp4.report.claims import MECHANISMS
+from mxfp4.report.dose_response import claim_rows, excess_series, markdown
+
+DESIGN = ClaimDesign(form="gain", control="signflip", margins={"gradient": 0.02, "rollout": 0.1, "entropy": 0.0025})
+
+
+def _claim(pathway: str, mean: float, p_held: float, p_contradicted: float) -> dict:
+    return {"model": "tiny-dense", "checkpoint": "warm (gain)", "injection": "x", "site": "both", "layer": "total",
+            "metric": f"{pathway}_claim", "mean": str(mean), "ci_low": str(mean - 0.1), "ci_high": str(mean + 0.1),
+            "n": "18", "p": str(p_held), "p_contradicted": str(p_contradicted), "sd": "0.2", "method": "m"}
+
+
+def _holm(ps: list[float]) -> list[float]:
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out, running = [0.0] * len(ps), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        out[i] = running
+    return out
+
+
+def test_every_dose_is_a_hypothesis_of_one_holm_family():
+    by_dose = {"c0x1": [_claim("gradient", 0.3, 1e-6, 0.9), _claim("entropy", -0.2, 0.9, 1e-5),
+                        _claim("rollout", 0.01, 0.3, 0.4)],
+               "c2x32": [_claim("gradient", 0.02, 0.2, 0.3), _claim("entropy", -0.3, 0.95, 1e-7),
+                         _claim("rollout", 0.5, 1e-4, 0.99)]}
+    rows = claim_rows(by_dose, DESIGN)
+    assert [(r["dose"], r["channels"], r["factor"]) for r in rows][::3] == [("c0x1", 0, 1), ("c2x32", 2, 32)]
+    two_sided = [min(1.0, 2 * min(float(c["p"]), float(c["p_contradicted"]))) for d in by_dose.values() for c in d]
+    keys = [(d, MECHANISMS[c["metric"].removesuffix("_claim")][1]) for d, cs in by_dose.items() for c in cs]
+    expected = dict(zip(keys, _holm(two_sided)))
+    assert sorted((r["dose"], r["claim"]) for r in rows) == sorted(expected)
+    for r in rows:
+        assert r["p_holm"] == pytest.approx(expected[(r["dose"], r["claim"])])
+    verdicts = {(r["dose"], r["claim"].split()[0]): r["verdict"] for r in rows}
+    assert verdicts[("c0x1", "Scale")] == "held" and verdicts[("c2x32", "Deadzone")] == "held"
+    assert verdicts[("c2x32", "Grid")].startswith("contradicted") and verdicts[("c0x1", "Deadzone")] == "not shown"
+    text = markdown(by_dose, rows, "a source")
+    assert "| claim | model | c0x1 | c2x32 |" in text and "a source" in text
+
+
+def test_the_figure_reads_each_components_excess_over_the_designs_control_only():
+    rows = [{"model": "m", "checkpoint": "warm (gain)", "metric": "rollout_excess_harm", "injection": inj,
+             "mean": "0.5", "ci_low": "0.1", "ci_high": "0.9", "n": "24"}
+            for inj in ("+dead vs +dead~signflip", "+dead vs +dead~gaussian", "+grid vs +grid~signflip")]
+    rows.append({**rows[0], "checkpoint": "warm"})  # the canonical form's row: not the design's form
+    got = excess_series({"c2x8": rows}, "gain", "signflip")
+    assert [(s["component"], s["pathway"], s["dose"]) for s in got] == [("dead", "rollout", "c2x8"),
+                                                                        ("grid", "rollout", "c2x8")]
+
+
+def test_a_dose_name_is_channels_and_a_power_of_two():
+    assert dose("c2x32") == (2, 32) and dose("c0x1") == (0, 1)
+    with pytest.raises(ValueError, match="accepted: c<channels>x<factor>"):
+        dose("2x32")
