@@ -8,6 +8,7 @@
 #   snakemake --cores 1 results/embedded/cells/tiny-dense/mxfp4/seed0/metrics.json   # one cell alone
 #   snakemake --cores all compare --config compare_recipe=mxfp4+macro              # against stored baselines
 #   snakemake --cores all dose_response --config profile=dose-response   # claims against outlier dose
+#   snakemake --cores all depth --config profile=depth                   # the depth law of scale bias
 import os
 import sys
 
@@ -73,6 +74,7 @@ include: "workflow/rules/proofs.smk"
 include: "workflow/rules/cells.smk"
 include: "workflow/rules/pathways.smk"
 include: "workflow/rules/dose_response.smk"
+include: "workflow/rules/depth.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/compare.smk"

@@ -15,7 +15,7 @@ MAX_SAMPLE = 2**26  # elements of a decompose --dist sample
 SAMPLE_DEFAULTS = {"rows": 256, "cols": 1024, "dtype": "float32", "seed": 0}  # decompose --dist only
 
 # Commands that load transformers models (the RL processes).
-MODEL_COMMANDS = ("pretrain", "cell", "probe-batch", "pathways", "corrections-table", "weight-components")
+MODEL_COMMANDS = ("pretrain", "cell", "probe-batch", "pathways", "depth", "corrections-table", "weight-components")
 
 
 def hide_torchao_from_transformers() -> None:
@@ -441,6 +441,16 @@ def _cmd_probe_batch(args) -> int:
     return 0
 
 
+def _cmd_depth(args) -> int:
+    from .analysis.depth import run_depth
+
+    out = args.out or args.layout.depth_units(args.model)
+    units = run_depth(_profile(args), args.model, args.results, out_units=out,
+                      progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(f"wrote {out} ({len(units)} rows)")
+    return 0
+
+
 def _cmd_pathways(args) -> int:
     from .analysis.pathways import run_pathways
 
@@ -592,6 +602,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dose", default=None, help="an outlier dose (c<channels>x<factor>, e.g. c2x32) given to the warm "
                                                 "start first (the dose-response; with --checkpoint warm)")
     p.set_defaults(func=_cmd_pathways)
+
+    p = sub.add_parser("depth", help="the depth study: per-layer gradient norm ratio and cosine of each component, "
+                                     "its control and full MXFP4 against the unquantized gradient")
+    _model_args(p)
+    p.add_argument("--out", default=None, help="default results/<profile>/depth/<model>_units.csv")
+    p.set_defaults(func=_cmd_depth)
 
     p = sub.add_parser("probe-batch", help="the GRPO batch every recipe's gradient probes of a model and seed are "
                                            "taken on (sampled once by the starting policy, unquantized)")

@@ -136,6 +136,15 @@ class Layout:
         """Every dose's claim-level tests and excess harms in one CSV (``.md`` beside it)."""
         return self.root / "dose_response" / "dose_response.csv"
 
+    def depth_units(self, model: str) -> Path:
+        """One model's per-layer gradient measures of the depth study, per batch, arm and site."""
+        return self.root / "depth" / f"{model}_units.csv"
+
+    @property
+    def depth(self) -> Path:
+        """The depth study's slopes and per-layer means, every model (``.md`` beside it)."""
+        return self.root / "depth" / "depth.csv"
+
     @property
     def weight_components(self) -> Path:
         """Per weight tensor and decomposition form: shares and component cosines (``.md`` beside it)."""

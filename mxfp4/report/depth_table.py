@@ -1,0 +1,103 @@
+"""The depth law's table and figure, from every model's per-layer gradient measures (``analysis.depth``)."""
+
+from __future__ import annotations
+
+import csv
+import re
+from pathlib import Path
+
+from ..analysis.depth import ROW_FIELDS, summary_rows
+from ..io import write_csv_atomic, write_text_atomic
+from .plots import plt, save
+
+SLOPE = "log_norm_ratio_slope"
+
+
+def read_units(paths) -> list[dict]:
+    """Every model's unit rows, numbers typed."""
+    out = []
+    for path in paths:
+        for r in csv.DictReader(Path(path).open()):
+            out.append({**r, "layers": int(r["layers"]), "batch": int(r["batch"]), "layer": int(r["layer"]),
+                        "distance": int(r["distance"]),
+                        **{k: None if r[k] == "" else float(r[k]) for k in ("norm_ratio", "cosine")}})
+    return out
+
+
+def _shallow_to_deep(rows: list[dict]) -> list[tuple[str, int]]:
+    """(model, layers) grouped by architecture (the name without its -l<layers> suffix), shallow to deep."""
+    return sorted({(r["model"], r["layers"]) for r in rows}, key=lambda m: (re.sub(r"-l\d+$", "", m[0]), m[1]))
+
+
+def _slope(r: dict | None) -> str:
+    if r is None or r["mean"] is None:
+        return "—"
+    ci = "" if r["ci_low"] is None else f" [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]"
+    return f"{r['mean']:+.4f}{ci}"
+
+
+def markdown(rows: list[dict]) -> str:
+    """Per site and model (shallow to deep): each arm's slope of log(norm ratio) per layer and each component's
+    slope beyond its control's, with the t interval over batches and its n."""
+    slopes = [r for r in rows if r["distance"] is None]
+    arms = list(dict.fromkeys(r["arm"] for r in slopes if r["measure"] == SLOPE))
+    excess = list(dict.fromkeys(r["measure"] for r in slopes if r["measure"] != SLOPE))
+    columns = [(a, SLOPE) for a in arms] + [(a, m) for m in excess for a in ("+scale", "+dead", "+grid")]
+    heads = [a if m == SLOPE else f"{a} beyond {m.rsplit('_', 1)[-1]}" for a, m in columns]
+    out = ["| site | form | model | layers | n | " + " | ".join(heads) + " |",
+           "| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in heads) + " |"]
+    keyed = {(r["site"], r["form"], r["model"], r["arm"], r["measure"]): r for r in slopes}
+    models = _shallow_to_deep(slopes)
+    for site in dict.fromkeys(r["site"] for r in slopes):
+        for form in dict.fromkeys(r["form"] for r in slopes):
+            for model, layers in models:
+                n = next((r["n"] for k, r in keyed.items() if k[:3] == (site, form, model)), "—")
+                cells = [_slope(keyed.get((site, form, model, a, m))) for a, m in columns]
+                out.append(f"| {site} | {form} | {model} | {layers} | {n} | " + " | ".join(cells) + " |")
+    return ("Slope of log(gradient norm ratio to the unquantized gradient) per decoder layer counted from the output "
+            "(a product of per-layer gains g gives log g; 0: no compounding), one least-squares slope per gradient "
+            "batch, mean and 95% t interval over batches (n). 'beyond ~k': the component's slope minus its "
+            "control's, paired by batch.\n\n" + "\n".join(out) + "\n")
+
+
+def figure(rows: list[dict], out_stem, arm: str = "+scale", control: str = "+scale~signflip") -> list[Path]:
+    """Norm ratio (top) and cosine (bottom) against the layer's distance from the output, per site: ``arm``
+    (solid) and its ``control`` (dashed) for every model, 95% t intervals over batches."""
+    per_layer = [r for r in rows if r["distance"] is not None]
+    sites = list(dict.fromkeys(r["site"] for r in per_layer))
+    models = _shallow_to_deep(per_layer)
+    fig, axes = plt.subplots(2, len(sites), figsize=(5 * len(sites), 7), squeeze=False)
+    cmap = plt.get_cmap("tab10")
+    for j, site in enumerate(sites):
+        for i, measure in enumerate(("norm_ratio", "cosine")):
+            ax = axes[i][j]
+            for k, (model, _) in enumerate(models):
+                for a, style in ((arm, "-"), (control, "--")):
+                    pts = sorted((r for r in per_layer if (r["model"], r["site"], r["arm"], r["measure"]) ==
+                                  (model, site, a, measure) and r["mean"] is not None), key=lambda r: r["distance"])
+                    if not pts:
+                        continue
+                    err = [[p["mean"] - (p["ci_low"] if p["ci_low"] is not None else p["mean"]) for p in pts],
+                           [(p["ci_high"] if p["ci_high"] is not None else p["mean"]) - p["mean"] for p in pts]]
+                    ax.errorbar([p["distance"] for p in pts], [p["mean"] for p in pts], yerr=err, ls=style,
+                                marker="o", ms=3, capsize=2, color=cmap(k), label=f"{model} {a}")
+            ax.set_xlabel("decoder layers from the output")
+            ax.set_ylabel("gradient norm ratio" if measure == "norm_ratio" else "gradient cosine")
+            ax.set_title(f"site {site}", fontsize=9)
+            if measure == "norm_ratio":
+                ax.set_yscale("log")
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle(f"Depth: {arm} (solid) against {control} (dashed) per layer", fontsize=10)
+    fig.tight_layout()
+    return save(fig, out_stem)
+
+
+def run(unit_csvs, out_csv, figure_stem=None) -> list[dict]:
+    """The depth table (CSV and markdown beside it) and figure from every model's unit CSV."""
+    rows = summary_rows(read_units(unit_csvs))
+    out_csv = Path(out_csv)
+    write_csv_atomic(out_csv, rows, ROW_FIELDS)
+    write_text_atomic(out_csv.with_suffix(".md"), markdown(rows))
+    if figure_stem is not None:
+        figure(rows, figure_stem)
+    return rows
