@@ -4,9 +4,8 @@ A per-layer gain on the backward GEMMs shows in the gradient's norm, not its dir
 backward pass scaled by g, the gradient of the layer d layers below the output would be g^(d+1) times the
 unquantized one, so log(norm ratio) falls on a line in d whose slope is log g. Per gradient batch, arm
 (each component injected alone, its sign-flip control, full MXFP4) and site, the per-layer norm ratio and
-cosine against the unquantized gradient of the same batch; per batch the least-squares slope of
-log(norm ratio) against d; the slope's mean and t interval over batches. Models of several depths
-(their own warm starts) say whether the slope holds as the model deepens.
+cosine against the unquantized gradient of the same batch (the slopes: ``report.depth_table``). Models of
+several depths (their own warm starts) say whether the slope holds as the model deepens.
 
 The method in full: docs/methods.md, ``mxfp4.analysis.depth``."""
 
@@ -14,21 +13,16 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
-
 from ..config.profiles import Profile
 from ..io import write_csv_atomic
 from ..rl import data as gsm
 from ..rl.batches import batch_gradient, gradient_batches, probe_trainer
 from ..rl.grad_accuracy import compare
 from ..rl.models import load, warm_start_folder
-from ..stats import mean_ci
 from .pathways import Arm, row_quantizer, seed_problems
 
 DEPTH_ARMS = ("+scale", "+dead", "+grid", "all")
 UNIT_FIELDS = ["model", "layers", "form", "arm", "site", "batch", "layer", "distance", "norm_ratio", "cosine"]
-ROW_FIELDS = ["model", "layers", "form", "arm", "site", "measure", "distance", "mean", "ci_low", "ci_high", "n",
-              "method"]
 _LAYER = re.compile(r"^layer(\d+)$")
 
 
@@ -42,17 +36,6 @@ def decoder_layers(per_layer: dict[str, dict]) -> dict[int, dict]:
     return {int(m.group(1)): v for k, v in per_layer.items() if (m := _LAYER.match(k))}
 
 
-def log_slope(ratio_by_distance: dict[int, float]) -> float | None:
-    """Least-squares slope of log(norm ratio) against the distance from the output: log of the per-layer gain
-    a product of gains would give. None with fewer than two layers or a ratio that is not positive."""
-    pts = [(d, r) for d, r in sorted(ratio_by_distance.items()) if r is not None]
-    if len(pts) < 2 or any(r <= 0 for _, r in pts):
-        return None
-    d = np.array([p[0] for p in pts], dtype=float)
-    y = np.log([p[1] for p in pts])
-    return float(np.polyfit(d, y, 1)[0])
-
-
 def unit_rows(model_name: str, layers: int, form: str, arm: str, site: str, batch: int, result: dict) -> list[dict]:
     """One row per decoder layer of one batch's ``compare`` result: norm ratio and cosine, the layer's
     distance from the output (0: the last decoder layer)."""
@@ -62,47 +45,6 @@ def unit_rows(model_name: str, layers: int, form: str, arm: str, site: str, batc
                     "layer": index, "distance": layers - 1 - index, "norm_ratio": v["norm_ratio"],
                     "cosine": v["cosine"]})
     return out
-
-
-def summary_rows(units: list[dict]) -> list[dict]:
-    """Per model, form, arm and site: per distance the mean norm ratio and cosine over batches (95% t), and
-    the slope of log(norm ratio) per layer, one slope a batch, its mean and 95% t interval over batches."""
-    groups: dict[tuple, list[dict]] = {}
-    for u in units:
-        groups.setdefault((u["model"], u["layers"], u["form"], u["arm"], u["site"]), []).append(u)
-    out = []
-    for (model, layers, form, arm, site), rows in groups.items():
-        key = {"model": model, "layers": layers, "form": form, "arm": arm, "site": site}
-        for distance in sorted({u["distance"] for u in rows}):
-            at = [u for u in rows if u["distance"] == distance]
-            for measure in ("norm_ratio", "cosine"):
-                est = mean_ci([u[measure] for u in at])
-                out.append({**key, "measure": measure, "distance": distance, **_estimate(est),
-                            "method": f"mean over {est['n']} gradient batches, 95% t"})
-        est = mean_ci([s for s in batch_slopes(rows).values() if s is not None])
-        out.append({**key, "measure": "log_norm_ratio_slope", "distance": None, **_estimate(est),
-                    "method": f"least-squares slope of log(norm ratio) against layers from the output, one a batch; "
-                              f"mean over {est['n']} batches, 95% t (per-layer gain = exp(slope))"})
-        if "~" in arm:  # the component's slope beyond its control's, paired by batch
-            own = batch_slopes(groups.get((model, layers, form, arm.split("~")[0], site), []))
-            control = batch_slopes(rows)
-            diffs = [own[b] - control[b] for b in control if own.get(b) is not None and control[b] is not None]
-            est = mean_ci(diffs)
-            out.append({**key, "arm": arm.split("~")[0], "measure": f"log_norm_ratio_slope_excess_over_~"
-                        f"{arm.split('~')[1]}", "distance": None, **_estimate(est),
-                        "method": f"per batch: slope(component) - slope(its control); mean over {est['n']} batches, "
-                                  "95% t"})
-    return out
-
-
-def batch_slopes(rows: list[dict]) -> dict[int, float | None]:
-    """Each batch's ``log_slope`` over the layers of ``rows`` (one model, form, arm and site)."""
-    return {b: log_slope({u["distance"]: u["norm_ratio"] for u in rows if u["batch"] == b})
-            for b in sorted({u["batch"] for u in rows})}
-
-
-def _estimate(est: dict) -> dict:
-    return {"mean": est["mean"], "ci_low": est["ci_low"], "ci_high": est["ci_high"], "n": est["n"]}
 
 
 def run_depth(profile: Profile, model_name: str, results="results", out_units=None, progress=print) -> list[dict]:

@@ -1,4 +1,6 @@
-"""The depth law's table and figure, from every model's per-layer gradient measures (``analysis.depth``)."""
+"""The depth law's slopes, table and figure, from every model's per-layer gradient measures (``analysis.depth``):
+per batch the least-squares slope of log(norm ratio) against the layer's distance from the output, the slope's
+mean and t interval over batches."""
 
 from __future__ import annotations
 
@@ -6,11 +8,69 @@ import csv
 import re
 from pathlib import Path
 
-from ..analysis.depth import ROW_FIELDS, summary_rows
+import numpy as np
+
 from ..io import write_csv_atomic, write_text_atomic
+from ..stats import mean_ci
 from .plots import plt, save
 
 SLOPE = "log_norm_ratio_slope"
+ROW_FIELDS = ["model", "layers", "form", "arm", "site", "measure", "distance", "mean", "ci_low", "ci_high", "n",
+              "method"]
+
+
+def log_slope(ratio_by_distance: dict[int, float]) -> float | None:
+    """Least-squares slope of log(norm ratio) against the distance from the output: log of the per-layer gain
+    a product of gains would give. None with fewer than two layers or a ratio that is not positive."""
+    pts = [(d, r) for d, r in sorted(ratio_by_distance.items()) if r is not None]
+    if len(pts) < 2 or any(r <= 0 for _, r in pts):
+        return None
+    d = np.array([p[0] for p in pts], dtype=float)
+    y = np.log([p[1] for p in pts])
+    return float(np.polyfit(d, y, 1)[0])
+
+
+def summary_rows(units: list[dict]) -> list[dict]:
+    """Per model, form, arm and site: per distance the mean norm ratio and cosine over batches (95% t), and
+    the slope of log(norm ratio) per layer, one slope a batch, its mean and 95% t interval over batches."""
+    groups: dict[tuple, list[dict]] = {}
+    for u in units:
+        groups.setdefault((u["model"], u["layers"], u["form"], u["arm"], u["site"]), []).append(u)
+    out = []
+    for (model, layers, form, arm, site), rows in groups.items():
+        key = {"model": model, "layers": layers, "form": form, "arm": arm, "site": site}
+        for distance in sorted({u["distance"] for u in rows}):
+            at = [u for u in rows if u["distance"] == distance]
+            for measure in ("norm_ratio", "cosine"):
+                est = mean_ci([u[measure] for u in at])
+                out.append({**key, "measure": measure, "distance": distance, **_estimate(est),
+                            "method": f"mean over {est['n']} gradient batches, 95% t"})
+        est = mean_ci([s for s in batch_slopes(rows).values() if s is not None])
+        out.append({**key, "measure": "log_norm_ratio_slope", "distance": None, **_estimate(est),
+                    "method": f"least-squares slope of log(norm ratio) against layers from the output, one a batch; "
+                              f"mean over {est['n']} batches, 95% t (per-layer gain = exp(slope))"})
+        if "~" in arm:  # the component's slope beyond its control's, paired by batch
+            own = batch_slopes(groups.get((model, layers, form, arm.split("~")[0], site), []))
+            control = batch_slopes(rows)
+            diffs = [own[b] - control[b] for b in control if own.get(b) is not None and control[b] is not None]
+            est = mean_ci(diffs)
+            out.append({**key, "arm": arm.split("~")[0], "measure": f"log_norm_ratio_slope_excess_over_~"
+                        f"{arm.split('~')[1]}", "distance": None, **_estimate(est),
+                        "method": f"per batch: slope(component) - slope(its control); mean over {est['n']} batches, "
+                                  "95% t"})
+    return out
+
+
+def batch_slopes(rows: list[dict]) -> dict[int, float | None]:
+    """Each batch's ``log_slope`` over the layers of ``rows`` (one model, form, arm and site)."""
+    return {b: log_slope({u["distance"]: u["norm_ratio"] for u in rows if u["batch"] == b})
+            for b in sorted({u["batch"] for u in rows})}
+
+
+def _estimate(est: dict) -> dict:
+    return {"mean": est["mean"], "ci_low": est["ci_low"], "ci_high": est["ci_high"], "n": est["n"]}
+
+
 
 
 def read_units(paths) -> list[dict]:

@@ -9,7 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mxfp4.analysis.depth import log_slope, summary_rows, unit_rows
+from mxfp4.analysis.depth import unit_rows
+from mxfp4.report.depth_table import log_slope, summary_rows
 from mxfp4.rl.grad_accuracy import compare
 
 
