@@ -179,13 +179,13 @@ class Layout:
 
     def stored(self, path: Path) -> Path:
         """Where the stored baselines keep one of the run's files (``path``, a file of this layout): the
-        aggregate tables, claims, pathway and regime tables side by side, figures under ``figures/``, the
-        profile contrasts under ``contrast/``."""
+        aggregate tables, claims, pathway, regime, dose-response and depth tables side by side, figures under
+        ``figures/``, the profile contrasts under ``contrast/``."""
         path = Path(path)
         if path.parent == self.figures:
             return self.baselines / "figures" / path.name
         relative = path.relative_to(self.root)
-        flat = len(relative.parts) == 1 or relative.parts[0] in ("aggregate", "pathways")
+        flat = len(relative.parts) == 1 or relative.parts[0] in ("aggregate", "pathways", "dose_response", "depth")
         return self.baselines / (path.name if flat else relative)
 
     @property

@@ -26,3 +26,16 @@ rule depth:
         from mxfp4.report.depth_table import run as depth_table
 
         depth_table(input, output.csv, figure_stem=output.png.removesuffix(".png"))
+
+
+rule store_depth:
+    """Store the depth study's table and figure beside the baselines (results/baselines/<profile>/)."""
+    input:
+        rules.depth.output,
+    output:
+        touch(str(L.root / "depth_stored.flag")),
+    run:
+        from mxfp4.io import copy_atomic
+
+        for src in input:
+            copy_atomic(src, L.stored(src))

@@ -40,3 +40,16 @@ rule dose_response:
         from mxfp4.report.dose_response import run as dose_response
 
         dose_response(P, L, output.csv, figure_stem=output.png.removesuffix(".png"))
+
+
+rule store_dose_response:
+    """Store the dose-response's table and figure beside the baselines (results/baselines/<profile>/)."""
+    input:
+        rules.dose_response.output,
+    output:
+        touch(str(L.root / "dose_response_stored.flag")),
+    run:
+        from mxfp4.io import copy_atomic
+
+        for src in input:
+            copy_atomic(src, L.stored(src))
