@@ -72,7 +72,9 @@ def markdown(by_dose: dict[str, list[dict]], decided: list[dict], source: str) -
         out.append(f"| {m} | " + " | ".join(cells) + " |")
     out += ["", "Each claim per dose: verdict, effect [interval at the verdict's level], Holm-adjusted p over "
             f"the {sum(r['p'] is not None for r in decided)} tests of this table (doses x models x claims). "
-            "Effect: the claim-level test's weakest contrast per unit (the claims table's measure); "
+            "Effect: the claim-level test's weakest contrast per unit (the claims table's measure); held: the "
+            "claimed arm beats every rival; contradicted: a rival comes within the claim's margin (the interval "
+            "lies below the margin, not necessarily below 0); "
             f"n per test: {', '.join(sorted({str(r['n']) for r in decided}))} units.\n",
             "| claim | model | " + " | ".join(doses) + " |", "| --- | --- | " + " | ".join("---" for _ in doses) + " |"]
     keyed = {(r["claim"], r["model"], r["dose"]): r for r in decided}
