@@ -27,7 +27,7 @@ def bad(mutate):
 
 def test_every_shipped_profile_validates():
     for name in ("embedded", "embedded-large", "embedded-large-outliers", "smoke", "paper", "smoke-ddp", "gpu-smoke",
-                 "gpu-smoke-quick", "real-small", "dose-response"):
+                 "gpu-smoke-quick", "real-small", "dose-response", "depth"):
         assert load_profile(name).name == name
 
 
@@ -104,7 +104,7 @@ def test_recipe_values_are_typed_and_in_range():
 def test_cli_prints_one_line_for_a_bad_profile(capsys):
     assert main(["pretrain", "--profile", "nope", "--model", "tiny-dense"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "unknown profile 'nope'; known: dose-response, embedded, " in err[0]
+    assert len(err) == 1 and "unknown profile 'nope'; known: " in err[0] and " embedded, " in err[0]
 
 
 def test_config_hash_covers_what_determines_the_result_and_no_path():
