@@ -217,5 +217,4 @@ def stored_rows(profile_name: str, results="results") -> list[dict]:
             if k not in TEXT_FIELDS:
                 r[k] = None if v == "" else int(v) if k == "depth" else float(v)
         r["model"] = f"{r['model']} ({profile_name}, stored)"
-        r.setdefault("batch", "grpo-probe")  # a table stored before the batch column had only this batch
     return rows
