@@ -134,7 +134,7 @@ def figure(series: list[dict], doses: list[str], control: str, out_stem: Path | 
 
 def run(profile: Profile, layout: Layout, out_csv=None, figure_stem=None) -> list[dict]:
     """The dose-response table (CSV and markdown beside it) and figure of a profile's dose runs."""
-    settings, design = profile.dose_response, profile.pathways.claims
+    settings, design = profile.dose_response, profile.pathways.claims if profile.pathways else None
     if settings is None or design is None:
         raise ValueError(f"profile {profile.name!r} needs a dose_response section and pathways.claims (the "
                          "claim-level tests it repeats at each dose); see experiments/profiles/dose-response.yaml")
