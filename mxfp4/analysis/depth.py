@@ -15,20 +15,21 @@ import re
 
 from ..config.profiles import Profile
 from ..io import write_csv_atomic
+from ..numerics.decompose import COMPONENTS
 from ..rl import data as gsm
 from ..rl.batches import batch_gradient, gradient_batches, probe_trainer
 from ..rl.grad_accuracy import compare
 from ..rl.models import load, warm_start_folder
+from .pathway_spec import control_rows
 from .pathways import Arm, row_quantizer, seed_problems
 
-DEPTH_ARMS = ("+scale", "+dead", "+grid", "all")
 UNIT_FIELDS = ["model", "layers", "form", "arm", "site", "batch", "layer", "distance", "norm_ratio", "cosine"]
 _LAYER = re.compile(r"^layer(\d+)$")
 
 
 def depth_arms(controls) -> list[str]:
     """Each component injected alone, its control of each kind, and full MXFP4."""
-    return [*DEPTH_ARMS[:3], *(f"+{c}~{k}" for k in controls for c in ("scale", "dead", "grid")), "all"]
+    return [*(f"+{c}" for c in COMPONENTS), *control_rows(controls), "all"]
 
 
 def decoder_layers(per_layer: dict[str, dict]) -> dict[int, dict]:
@@ -62,10 +63,10 @@ def run_depth(profile: Profile, model_name: str, results="results", out_units=No
         raise ValueError(f"the depth study measures tiny stand-ins of chosen depth; {model_name!r} is not one")
     layers = spec.layers or 2
     train, _ = gsm.cell_data(profile, results)
+    model, tokenizer = load(str(warm_start_folder(profile, model_name, results)), dtype=torch.float32)
     units = []
     batch_index = 0
-    for seed in profile.seeds:
-        model, tokenizer = load(str(warm_start_folder(profile, model_name, results)), dtype=torch.float32)
+    for seed in profile.seeds:  # one policy (the warm start, unchanged by the arms): each seed its own batches
         trainer = probe_trainer(model, tokenizer, profile, seed)
         batches, _ = gradient_batches(trainer, seed_problems(train, settings, seed)[0], profile, settings.batches,
                                       seed)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..io import write_csv_atomic, write_text_atomic
 from ..stats import mean_ci
-from .plots import plt, save
+from .plots import error_bars, plt, save
 
 SLOPE = "log_norm_ratio_slope"
 ROW_FIELDS = ["model", "layers", "form", "arm", "site", "measure", "distance", "mean", "ci_low", "ci_high", "n",
@@ -45,14 +45,14 @@ def summary_rows(units: list[dict]) -> list[dict]:
                 est = mean_ci([u[measure] for u in at])
                 out.append({**key, "measure": measure, "distance": distance, **_estimate(est),
                             "method": f"mean over {est['n']} gradient batches, 95% t"})
-        est = mean_ci([s for s in batch_slopes(rows).values() if s is not None])
-        out.append({**key, "measure": "log_norm_ratio_slope", "distance": None, **_estimate(est),
+        slopes = batch_slopes(rows)
+        est = mean_ci([s for s in slopes.values() if s is not None])
+        out.append({**key, "measure": SLOPE, "distance": None, **_estimate(est),
                     "method": f"least-squares slope of log(norm ratio) against layers from the output, one a batch; "
                               f"mean over {est['n']} batches, 95% t (per-layer gain = exp(slope))"})
-        if "~" in arm:  # the component's slope beyond its control's, paired by batch
+        if "~" in arm:  # the component's slope beyond its control's (this arm), paired by batch
             own = batch_slopes(groups.get((model, layers, form, arm.split("~")[0], site), []))
-            control = batch_slopes(rows)
-            diffs = [own[b] - control[b] for b in control if own.get(b) is not None and control[b] is not None]
+            diffs = [own[b] - slopes[b] for b in slopes if own.get(b) is not None and slopes[b] is not None]
             est = mean_ci(diffs)
             out.append({**key, "arm": arm.split("~")[0], "measure": f"log_norm_ratio_slope_excess_over_~"
                         f"{arm.split('~')[1]}", "distance": None, **_estimate(est),
@@ -69,8 +69,6 @@ def batch_slopes(rows: list[dict]) -> dict[int, float | None]:
 
 def _estimate(est: dict) -> dict:
     return {"mean": est["mean"], "ci_low": est["ci_low"], "ci_high": est["ci_high"], "n": est["n"]}
-
-
 
 
 def read_units(paths) -> list[dict]:
@@ -137,9 +135,7 @@ def figure(rows: list[dict], out_stem, arm: str = "+scale", control: str = "+sca
                                   (model, site, a, measure) and r["mean"] is not None), key=lambda r: r["distance"])
                     if not pts:
                         continue
-                    err = [[p["mean"] - (p["ci_low"] if p["ci_low"] is not None else p["mean"]) for p in pts],
-                           [(p["ci_high"] if p["ci_high"] is not None else p["mean"]) - p["mean"] for p in pts]]
-                    ax.errorbar([p["distance"] for p in pts], [p["mean"] for p in pts], yerr=err, ls=style,
+                    ax.errorbar([p["distance"] for p in pts], [p["mean"] for p in pts], yerr=error_bars(pts), ls=style,
                                 marker="o", ms=3, capsize=2, color=cmap(k), label=f"{model} {a}")
             ax.set_xlabel("decoder layers from the output")
             ax.set_ylabel("gradient norm ratio" if measure == "norm_ratio" else "gradient cosine")

@@ -17,7 +17,7 @@ from ..numerics.decompose import COMPONENTS
 from .aggregate import write_csv
 from .claims import decide_family, mechanism_rows, recovery_claim_rows
 from .pathway_table import CLAIM_PATHWAYS, checkpoint_label, estimate, read_rows
-from .plots import COLORS, plt, save
+from .plots import COLORS, error_bars, plt, save
 
 OUTLIER_METRIC = "activation_outlier_block_fraction"
 
@@ -115,11 +115,9 @@ def figure(series: list[dict], doses: list[str], control: str, out_stem: Path | 
                        if (s["model"], s["pathway"], s["component"], s["dose"]) == (model, pathway, c, d)]
                 if not pts:
                     continue
-                means = [s["mean"] for _, s in pts]
-                low = [s["mean"] - (s["mean"] if s["ci_low"] is None else s["ci_low"]) for _, s in pts]
-                high = [(s["mean"] if s["ci_high"] is None else s["ci_high"]) - s["mean"] for _, s in pts]
-                ax.errorbar([x + (k - 1) * 0.08 for x, _ in pts], means, yerr=[low, high], marker="o", capsize=3,
-                            color=COLORS[c], label=f"+{c}")
+                ax.errorbar([x + (k - 1) * 0.08 for x, _ in pts], [s["mean"] for _, s in pts],
+                            yerr=error_bars([s for _, s in pts]), marker="o", capsize=3, color=COLORS[c],
+                            label=f"+{c}")
             ax.axhline(0, color="grey", lw=0.8)
             ax.set_xticks(range(len(doses)), doses, rotation=30)
             ax.set_title(f"{model}: {pathway}", fontsize=9)

@@ -186,9 +186,8 @@ def _heldout(ax, cells, last_step, color, label, shift):
     pts = [(x + shift, s) for x, s in pts if s["mean"] is not None]
     if not pts:
         return
-    bars = [_yerr(s) for _, s in pts]
     ax.errorbar([x for x, _ in pts], [s["mean"] for _, s in pts], fmt="o-", color=color, label=label, capsize=3,
-                yerr=[[b[0][0] for b in bars], [b[1][0] for b in bars]])
+                yerr=error_bars([s for _, s in pts]))
 
 
 def _yerr(s: dict) -> list[list[float]]:
@@ -196,6 +195,13 @@ def _yerr(s: dict) -> list[list[float]]:
     if s["ci_low"] is None:
         return [[0.0], [0.0]]
     return [[s["mean"] - s["ci_low"]], [s["ci_high"] - s["mean"]]]
+
+
+def error_bars(summaries: list[dict]) -> list[list[float]]:
+    """Matplotlib's [[below...], [above...]] error bars of a line of summaries (each with mean, ci_low, ci_high;
+    zero where one has no interval)."""
+    bars = [_yerr(s) for s in summaries]
+    return [[b[0][0] for b in bars], [b[1][0] for b in bars]]
 
 
 def _bar(ax, x, values, color, width, style="solid", label=None):
