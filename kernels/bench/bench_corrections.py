@@ -1,7 +1,9 @@
-"""What a correction costs per quantized operand on CPU, side by side in one process; writes JSON.
+"""What a correction or a pathway arm costs per quantized operand on CPU, side by side in one process; writes
+JSON.
 
-Per recipe (plain MXFP4, macro-block scaling, outlier fallback, both), operand shape and blocked axis: the
-recipe's quantizer on the dispatch's choice (``auto``: the fused kernels) and on the eager torch path
+Per recipe (plain MXFP4, macro-block scaling, outlier fallback, both) and per pathway arm of the component
+injection (a component alone or removed, and its matched controls, in each decomposition form), operand
+shape and blocked axis: the quantizer on the dispatch's choice (``auto``: the fused kernels) and on the eager torch path
 (``reference``), each the best of ``--reps`` calls, the minimum over ``--runs`` repetitions; each as a
 multiple of plain MXFP4's fused time on the same operand (the peer) and as a fraction of the CPU's copy
 bandwidth at that size (bytes read + written), measured in the same run; every row says whether its values
@@ -28,6 +30,16 @@ from mxfp4.io import write_json_atomic  # noqa: E402
 from mxfp4.numerics import dispatch  # noqa: E402
 
 RECIPES = ("mxfp4", "mxfp4+macro", "mxfp4+fallback", "mxfp4+all")
+ARMS = ("+scale", "-grid", "+scale~signflip", "+grid~gaussian", "+dead~permuted")  # the pathway matrix's kinds
+FORMS = ("canonical", "gain")
+
+
+def quantizers() -> dict[str, object]:
+    """Every quantizer benchmarked, by row name: the recipes, then the pathway arms in each form."""
+    from mxfp4.analysis.pathways import row_quantizer
+
+    return {**{r: Recipe.named(r).quantizer() for r in RECIPES},
+            **{f"arm {a} ({form})": row_quantizer(a, "both", form=form) for form in FORMS for a in ARMS}}
 # SmolLM2-135M's operands at 2048 tokens: activations [tokens, hidden] and an MLP weight [intermediate, hidden]
 SHAPES = {"activation 2048x576": (2048, 576), "weight 1536x576": (1536, 576)}
 
@@ -48,10 +60,9 @@ def main(argv=None) -> int:
         nbytes = 2 * x.numel() * x.element_size()
         for axis in (-1, 0):
             peer = None
-            for recipe in RECIPES:
+            for recipe, q in quantizers().items():
                 times, outputs = {}, {}
                 for backend in ("auto", "reference"):
-                    q = Recipe.named(recipe).quantizer()
                     with dispatch.use_backend(backend):
                         call = functools.partial(q, x, axis)
                         times[backend] = min(best_time(call, args.reps) for _ in range(args.runs))
@@ -68,7 +79,8 @@ def main(argv=None) -> int:
     report = {"device": f"{describe()['cpu']} ({torch.get_num_threads()} threads)", "machine": describe(),
               "command": "python kernels/bench/bench_corrections.py " + " ".join(argv or sys.argv[1:]),
               "method": f"best of {args.reps} calls, minimum over {args.runs} runs, one process; backend auto = the "
-                        "dispatch's choice (the fused kernels), reference = the eager torch path; "
+                        "dispatch's choice (the fused kernels), reference = the eager torch path; an arm row is "
+                        "the pathway matrix's quantizer of that arm at site both; "
                         "x_plain_mxfp4_fused = seconds / plain MXFP4's fused seconds on the same operand and axis",
               "rows": rows}
     write_json_atomic(args.out, report)

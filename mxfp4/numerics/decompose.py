@@ -11,12 +11,14 @@ the proofs are in docs/decomposition.md.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
 
 import torch
 
+from . import dispatch, fused_cpu
 from .formats import BlockFormat, round_to_grid
 from .reference import check_input, from_blocks, nvfp4_tensor_scale, quantize_blocks, to_blocks
 
@@ -141,12 +143,14 @@ def _block_components(x, fmt: BlockFormat, axis: int, rule, block_quantizer=None
     dead = stored_grid == 0
     kept_x = torch.where(dead, 0.0, blocks)
     scale_induced = torch.where(dead, 0.0, quantized - x_grid)
-    norm = kept_x.pow(2).sum(-1, keepdim=True)
-    projection = (scale_induced * kept_x).sum(-1, keepdim=True) / norm.clamp(min=torch.finfo(dtype).tiny)
+    kept_sq, cross = kept_x.pow(2), scale_induced * kept_x
+    norm = kept_sq.sum(-1, keepdim=True)
+    projection = cross.sum(-1, keepdim=True) / norm.clamp(min=torch.finfo(dtype).tiny)
     gain = torch.where(norm > 0, projection, 0.0)
     e_scale = gain * kept_x
     return blocks, {**common, "dead": dead, "gain": gain, "e_dead": torch.where(dead, -blocks, 0.0),
-                    "e_scale": e_scale, "e_grid": torch.where(dead, 0.0, quantized - blocks - e_scale)}
+                    "e_scale": e_scale, "e_grid": torch.where(dead, 0.0, quantized - blocks - e_scale),
+                    "kept_sq": kept_sq, "cross": cross}
 
 
 def error_components(x: torch.Tensor, fmt: str | BlockFormat = "mxfp4", axis: int = -1, scale_rule: str | None = None,
@@ -155,9 +159,49 @@ def error_components(x: torch.Tensor, fmt: str | BlockFormat = "mxfp4", axis: in
     by default), keyed ``scale``, ``dead``, ``grid``, plus ``quantized`` (MX(x)): the lean path of
     ``decompose`` (no statistics, no Shapley), for injecting one component into a GEMM operand."""
     fmt, axis, rule = check_input(x, fmt, axis, scale_rule)
-    _, parts = _block_components(x, fmt, axis, rule, block_quantizer, dtype, form)
-    return {name: from_blocks(parts[key], x.shape, axis)
-            for name, key in (("scale", "e_scale"), ("dead", "e_dead"), ("grid", "e_grid"), ("quantized", "quantized"))}
+    parts = None
+    if block_quantizer is None and dtype == torch.float32 and x.dtype == torch.float32 and x.numel() \
+            and dispatch.backend_for(x, fmt) == "fused":
+        parts = _fused_components(x.detach(), fmt, axis, rule, check_form(form))
+    if parts is None:
+        _, parts = _block_components(x, fmt, axis, rule, block_quantizer, dtype, form)
+    return {name: from_blocks(parts[key], x.shape, axis) for name, key in _PART_NAMES}
+
+
+_PART_NAMES = (("scale", "e_scale"), ("dead", "e_dead"), ("grid", "e_grid"), ("quantized", "quantized"))
+
+
+@functools.lru_cache(maxsize=4096)
+def _reference_layout(shape: tuple, stride: tuple, fmt: BlockFormat, axis: int, rule: str, form: str) -> dict:
+    """The strides of ``_block_components``' float32 tensors for an x of this shape and strides: its own
+    operations run on a meta tensor (no data, the same stride rules)."""
+    x = torch.empty_strided(shape, stride, dtype=torch.float32, device="meta")
+    blocks, parts = _block_components(x, fmt, axis, rule, None, torch.float32, form)
+    return {"blocks": (tuple(blocks.shape), blocks.stride()),
+            **{k: parts[k].stride() for k in ("quantized", "e_scale", "e_dead", "e_grid", "kept_sq", "cross")
+               if k in parts}}
+
+
+def _fused_components(x: torch.Tensor, fmt: BlockFormat, axis: int, rule: str, form: str) -> dict | None:
+    """``_block_components``' quantized tensor and components of a float32 x (no block quantizer) from the fused
+    CPU kernel (``fused_cpu.components``): the same float32 operations, the gain form's two sums per block
+    taken by torch on tensors laid out as the reference's (so summed in its order), every output in the
+    reference's layout, so the values and the GEMMs that read them are the reference's bit for bit. None
+    where x holds a non-finite element (the reference then runs)."""
+    layout = _reference_layout(tuple(x.shape), x.stride(), fmt, axis, rule, form)
+    shape, _ = layout["blocks"]
+    flat = to_blocks(x, axis, fmt.block_size).reshape(-1, fmt.block_size).contiguous()
+
+    def as_reference(t: torch.Tensor, key: str) -> torch.Tensor:
+        return fused_cpu.laid_out(t.view(shape), layout[key])
+
+    def sums(products: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [as_reference(p, k).sum(-1) for p, k in zip(products, ("kept_sq", "cross"))]
+
+    out = fused_cpu.components(flat, fmt, rule, form, sums)
+    if out is None:
+        return None
+    return {k: as_reference(t, k) for k, t in out.items()}
 
 
 def decompose(

@@ -411,7 +411,127 @@ bool split_max_block(const T* x, int64_t sk, bool* mask, int64_t mk, T* rest, in
   return true;
 }
 
+// ---- error components (decompose.error_components), fused -------------------------------------------------
+
+// One block's quantization q (as fake_quantize), its ideal-scale grid projection x_grid = G(x * max / amax) *
+// amax / max (decompose._block_components: the ideal grid is 0 throughout an all-zero block), in the
+// reference's order of float32 operations; false where an element is not finite.
+inline bool block_grids(const float* t, int n, const Format& f, float* q, float* ideal, float* x_grid) {
+  bool nonfinite;
+  const float amax = from_bits(amax_bits(t, n, &nonfinite));
+  if (nonfinite) return false;
+  quantize_loaded(t, q, 1, n, f);
+  const bool nonzero = amax > 0.0f;
+  const float safe = nonzero ? amax : 1.0f;
+  for (int j = 0; j < n; ++j) {
+    ideal[j] = nonzero ? round_to_grid(t[j] * f.max_value / safe, f.emin, f.mbits, f.max_value) : 0.0f;
+    x_grid[j] = ideal[j] * amax / f.max_value;
+  }
+  return true;
+}
+
 }  // namespace
+
+// The canonical form's components of float32 blocks x [N, bs] (contiguous), into contiguous q, e_scale,
+// e_dead, e_grid: deadzone where the ideal grid is 0, grid noise x_grid - x elsewhere, scale bias q - x_grid.
+// False (outputs unspecified) where x holds a non-finite element.
+bool canonical_components_into(const at::Tensor& x, at::Tensor q, at::Tensor e_scale, at::Tensor e_dead,
+                               at::Tensor e_grid, int64_t emin, int64_t emax, int64_t mbits, double max_value,
+                               int64_t rule) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat && x.size(1) <= kMaxBlock,
+              "fused_cpu: components take contiguous float32 blocks [N, bs <= ", kMaxBlock, "]");
+  const Format f{int(emin), int(emax), int(mbits), float(max_value), int(rule)};
+  const int64_t N = x.size(0);
+  const int n = int(x.size(1));
+  const float* xp = x.data_ptr<float>();
+  float *qp = q.data_ptr<float>(), *sp = e_scale.data_ptr<float>(), *dp = e_dead.data_ptr<float>(),
+        *gp = e_grid.data_ptr<float>();
+  std::atomic<bool> finite{true};
+  at::parallel_for(0, N, 256, [&](int64_t begin, int64_t end) {
+    float ideal[kMaxBlock], x_grid[kMaxBlock];
+    for (int64_t b = begin; b < end && finite; ++b) {
+      const float* t = xp + b * n;
+      float* qb = qp + b * n;
+      if (!block_grids(t, n, f, qb, ideal, x_grid)) {
+        finite = false;
+        break;
+      }
+      for (int j = 0; j < n; ++j) {
+        const bool dead = ideal[j] == 0.0f;
+        dp[b * n + j] = dead ? -t[j] : 0.0f;
+        gp[b * n + j] = dead ? 0.0f : x_grid[j] - t[j];
+        sp[b * n + j] = qb[j] - x_grid[j];
+      }
+    }
+  });
+  return finite;
+}
+
+// The gain form's first pass over float32 blocks x [N, bs] (contiguous): q, and the two products whose sums
+// over each block the reference takes with torch (left to torch, so that they are summed in its order):
+// kept^2 and (scale-induced error) * kept, kept = x where the stored grid is non-zero (0 elsewhere).
+bool gain_products_into(const at::Tensor& x, at::Tensor q, at::Tensor kept_sq, at::Tensor cross, int64_t emin,
+                        int64_t emax, int64_t mbits, double max_value, int64_t rule) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat && x.size(1) <= kMaxBlock,
+              "fused_cpu: components take contiguous float32 blocks [N, bs <= ", kMaxBlock, "]");
+  const Format f{int(emin), int(emax), int(mbits), float(max_value), int(rule)};
+  const int64_t N = x.size(0);
+  const int n = int(x.size(1));
+  const float* xp = x.data_ptr<float>();
+  float *qp = q.data_ptr<float>(), *kp = kept_sq.data_ptr<float>(), *cp = cross.data_ptr<float>();
+  std::atomic<bool> finite{true};
+  at::parallel_for(0, N, 256, [&](int64_t begin, int64_t end) {
+    float ideal[kMaxBlock], x_grid[kMaxBlock];
+    for (int64_t b = begin; b < end && finite; ++b) {
+      const float* t = xp + b * n;
+      float* qb = qp + b * n;
+      if (!block_grids(t, n, f, qb, ideal, x_grid)) {
+        finite = false;
+        break;
+      }
+      for (int j = 0; j < n; ++j) {
+        const bool dead = qb[j] == 0.0f;  // the stored grid value is 0 exactly where q is (scales are >= 2^-127)
+        const float kept = dead ? 0.0f : t[j];
+        const float induced = dead ? 0.0f : qb[j] - x_grid[j];
+        kp[b * n + j] = kept * kept;
+        cp[b * n + j] = induced * kept;
+      }
+    }
+  });
+  return finite;
+}
+
+// The gain form's second pass: from x, q and each block's sums (norm = sum kept^2, cross = sum induced * kept,
+// [N] contiguous) the gain g = cross / max(norm, tiny) (0 where norm is 0), e_scale = g * kept, e_dead = -x
+// where the stored grid is 0, e_grid = (q - x) - e_scale where it is not.
+void gain_components_into(const at::Tensor& x, const at::Tensor& q, const at::Tensor& norm, const at::Tensor& cross,
+                          at::Tensor e_scale, at::Tensor e_dead, at::Tensor e_grid) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat && norm.is_contiguous() &&
+                  cross.is_contiguous() && norm.numel() == x.size(0) && cross.numel() == x.size(0),
+              "fused_cpu: gain components take contiguous float32 blocks [N, bs] and sums [N]");
+  const int64_t N = x.size(0);
+  const int n = int(x.size(1));
+  const float *xp = x.data_ptr<float>(), *qp = q.data_ptr<float>(), *np = norm.data_ptr<float>(),
+              *cp = cross.data_ptr<float>();
+  float *sp = e_scale.data_ptr<float>(), *dp = e_dead.data_ptr<float>(), *gp = e_grid.data_ptr<float>();
+  const float tiny = from_bits(0x00800000u);  // torch.finfo(torch.float32).tiny
+  at::parallel_for(0, N, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const float nb = np[b];
+      const float projection = cp[b] / (nb < tiny ? tiny : nb);
+      const float gain = nb > 0.0f ? projection : 0.0f;
+      for (int j = 0; j < n; ++j) {
+        const float t = xp[b * n + j], qv = qp[b * n + j];
+        const bool dead = qv == 0.0f;
+        const float kept = dead ? 0.0f : t;
+        const float es = gain * kept;
+        sp[b * n + j] = es;
+        dp[b * n + j] = dead ? -t : 0.0f;
+        gp[b * n + j] = dead ? 0.0f : (qv - t) - es;
+      }
+    }
+  });
+}
 
 // Macro-block scaling (rows 1, candidates max) of a float32 [O, K, I] view into out, groups of `blocks`
 // blocks along K; false (out unspecified) where x holds a non-finite element.
@@ -500,5 +620,8 @@ void fake_quantize_into(const at::Tensor& x, at::Tensor out, int64_t block_size,
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fake_quantize_into", &fake_quantize_into, "fake-quantize an [O, K, I] view into out, blocks along K");
   m.def("macro_block_into", &macro_block_into, "macro-block scaling (rows 1, candidates max) of an [O, K, I] view");
+  m.def("canonical_components_into", &canonical_components_into, "the canonical form's error components of blocks");
+  m.def("gain_products_into", &gain_products_into, "the gain form's first pass: q and the products to sum per block");
+  m.def("gain_components_into", &gain_components_into, "the gain form's second pass: the components from the sums");
   m.def("split_max_into", &split_max_into, "each block's largest element of an [O, K, I] view: its mask, and x without it");
 }

@@ -12,6 +12,9 @@ C++ pass (``fused_cpu.cpp``), equal to the reference bit for bit and in layout.
 - Blocks along a non-last axis (the weight-gradient GEMM's operands) are read in place, without the
   transposed copy.
 
+The same extension computes the error components of component injection (``components``: the canonical
+form in one pass, the gain form in two around its per-block sums, which the caller takes with torch).
+
 The extension is built by ``torch.utils.cpp_extension`` (a C++ compiler and ninja) on its first use on a
 machine, about 30 s, and cached on disk for every later process. Where the build fails, the reference
 runs instead, with the same values, and one warning says why."""
@@ -187,3 +190,30 @@ def split_max(x: torch.Tensor, axis: int, block_size: int, mask_strides: tuple, 
     mask = torch.empty_strided(x.shape, mask_strides, dtype=torch.bool)
     rest = torch.empty_strided(x.shape, rest_strides, dtype=x.dtype)
     return (mask, rest) if _views_3d(x, axis, [mask, rest], _extension().split_max_into, block_size) else None
+
+
+def laid_out(t: torch.Tensor, strides: tuple) -> torch.Tensor:
+    """``t``'s values in a tensor with ``strides`` (``t`` itself where it has them already)."""
+    if t.stride() == tuple(strides):
+        return t
+    return torch.empty_strided(t.shape, strides, dtype=t.dtype).copy_(t)
+
+
+def components(blocks: torch.Tensor, fmt: BlockFormat, rule: str, form: str, sums) -> dict | None:
+    """The error components of float32 blocks [N, block size] (contiguous) in ``form``
+    (``decompose._block_components``' names: ``quantized``, ``e_scale``, ``e_dead``, ``e_grid``), each
+    contiguous [N, block size]; None where a block holds a non-finite element. The gain form's per-block
+    sums are ``sums([kept_sq, cross])`` (the caller sums as the reference does)."""
+    ext, elem = _extension(), fmt.element
+    args = (elem.emin, elem.emax, elem.mbits, elem.max_value, SCALE_RULES_E8M0.index(rule))
+    q, e_scale, e_dead, e_grid = (torch.empty_like(blocks) for _ in range(4))
+    if form == "canonical":
+        if not ext.canonical_components_into(blocks, q, e_scale, e_dead, e_grid, *args):
+            return None
+    else:
+        kept_sq, cross = torch.empty_like(blocks), torch.empty_like(blocks)
+        if not ext.gain_products_into(blocks, q, kept_sq, cross, *args):
+            return None
+        norm, dot = (s.reshape(-1).contiguous() for s in sums([kept_sq, cross]))
+        ext.gain_components_into(blocks, q, norm, dot, e_scale, e_dead, e_grid)
+    return {"quantized": q, "e_scale": e_scale, "e_dead": e_dead, "e_grid": e_grid}

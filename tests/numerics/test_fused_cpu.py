@@ -180,3 +180,58 @@ def test_the_ninja_pip_installed_is_found_when_none_is_on_path(monkeypatch):
     assert shutil.which("ninja") is None
     fused_cpu._find_ninja()
     assert os.environ["PATH"].split(os.pathsep)[0] == ninja.BIN_DIR and shutil.which("ninja")
+
+
+def _components_both_ways(x, fmt, axis, rule, form):
+    """``error_components`` through the dispatch (which must take the fused path: counted) and on the eager
+    torch path (``MXFP4_BACKEND=reference``)."""
+    from mxfp4.numerics.decompose import error_components
+
+    calls = []
+    real = fused_cpu.components
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fused_cpu, "components", lambda *a: calls.append(1) or real(*a))
+        got = error_components(x, fmt, axis, rule, dtype=torch.float32, form=form)
+    with dispatch.use_backend("reference"):
+        want = error_components(x, fmt, axis, rule, dtype=torch.float32, form=form)
+    return got, want, len(calls)
+
+
+@pytest.mark.parametrize("form", ["canonical", "gain"])
+@pytest.mark.parametrize("rule", SCALE_RULES_E8M0)
+def test_the_fused_components_equal_the_torch_paths_on_every_adversarial_row(form, rule):
+    """Ties of the stored and the ideal grid, saturation, subnormals, huge values, zero blocks, either axis:
+    each component and the quantized tensor, values (signed zeros included) and strides; a row with a NaN or
+    an infinity goes back to the torch path."""
+    for name, x in adversarial_rows().items():
+        for axis in (-1, 0):
+            finite = bool(torch.isfinite(x).all())
+            got, want, fused = _components_both_ways(x, "mxfp4", axis, rule, form)
+            assert fused == 1, (name, axis)
+            for key in want:
+                assert _same_layout(got[key], want[key]) or (not finite and same(got[key], want[key])), (
+                    name, axis, key)
+
+
+@settings(max_examples=120, deadline=None)
+@given(shape=st.lists(st.integers(1, 80), min_size=1, max_size=3), data=st.data(), log_scale=st.integers(-130, 120),
+       spread=st.integers(0, 12), fmt=st.sampled_from(E8M0_FORMATS), rule=st.sampled_from(SCALE_RULES_E8M0),
+       form=st.sampled_from(["canonical", "gain"]), transposed=st.booleans(), zero_rows=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_the_fused_components_equal_the_torch_paths_on_random_tensors(shape, data, log_scale, spread, fmt, rule, form,
+                                                                      transposed, zero_rows, seed):
+    """Any shape and blocked axis (lengths that pad, blocks across a non-last axis, a transposed view read as
+    given), magnitudes over the whole float32 range, every E8M0 format and rule, both forms: the components and
+    the quantized tensor equal the eager torch path's bit for bit and in layout (the gain form's sums are
+    taken by torch on the torch path's layout, so in its order)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g) * torch.rand(shape, generator=g) ** spread * 2.0 ** log_scale
+    if zero_rows:
+        x[..., ::3] = 0.0
+    if transposed and x.dim() >= 2:
+        x = x.transpose(0, -1)
+    axis = data.draw(st.integers(0, x.dim() - 1))
+    got, want, fused = _components_both_ways(x, fmt, axis, rule, form)
+    assert fused == 1
+    for key in want:
+        assert _same_layout(got[key], want[key]), key
