@@ -52,6 +52,9 @@ def test_a_compare_on_the_stored_baselines_trains_no_warm_start(workdir):
     # seeds 3 and 4 join once the reproduction check has run: a checkpoint, so a dry run cannot list them)
     jobs = planned_jobs(snakemake(workdir, *args, "warm_starts=stored", "compare_seeds=5"))
     assert jobs["cell"] == 2 * 5 + 2, jobs
+    # storing the compare with the baselines runs the compare first
+    jobs = planned_jobs(snakemake(workdir, "-n", "store_compare", *args[2:], "warm_starts=stored"))
+    assert jobs["store_compare"] == 1 and jobs["compare"] == 1, jobs
     out = snakemake(workdir, *args, "compare_seeds=0", check=False)
     assert "--config compare_seeds: 0 is less than the minimum of 1" in out, out[-1000:]
 

@@ -234,6 +234,8 @@ def run(layout: Layout, out: Path | str | None = None, stored: bool = False) -> 
     tables["figures"] = where(layout.figure("any")).parent
     contrasts = where(layout.contrast("any")).parent
     tables |= {f"contrast with {f.stem}": f for f in sorted(contrasts.glob("*.md"))}
+    compares = where(layout.compare("any")).parent
+    tables |= {f"compare of {f.stem} against the baselines": f for f in sorted(compares.glob("*.md"))}
     home = where(layout.report)  # links are relative to where the report belongs, wherever ``out`` puts it
     target = Path(out) if out is not None else home
     links = {label: os.path.relpath(path, home.parent) + ("/" if label == "figures" else "")

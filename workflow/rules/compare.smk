@@ -184,3 +184,21 @@ rule store_contrast:
 
         for src in (input.md, input.csv):
             copy_atomic(src, L.stored(src))
+
+
+rule store_compare:
+    """Store a compare report and its figure with this profile's baselines (results/baselines/<profile>/compare/;
+    the stored REPORT.md links it):
+        snakemake --cores all store_compare --config profile=embedded-large compare_recipe=mxfp4+macro"""
+    input:
+        md=str(L.compare(COMPARE_RECIPE)),
+        fig=multiext(str(L.figure(f"compare_{COMPARE_RECIPE}", "")), ".png", ".pdf"),
+    output:
+        touch(str(L.root / "compare" / f"{COMPARE_RECIPE}.stored.flag")),
+    run:
+        from mxfp4.io import copy_atomic
+        from mxfp4.report.profile_report import run as write_report
+
+        for src in (input.md, *input.fig):
+            copy_atomic(src, L.stored(src))
+        write_report(L, stored=True)
