@@ -153,6 +153,9 @@ def _block_components(x, fmt: BlockFormat, axis: int, rule, block_quantizer=None
                     "kept_sq": kept_sq, "cross": cross}
 
 
+_PART_NAMES = (("scale", "e_scale"), ("dead", "e_dead"), ("grid", "e_grid"), ("quantized", "quantized"))
+
+
 def error_components(x: torch.Tensor, fmt: str | BlockFormat = "mxfp4", axis: int = -1, scale_rule: str | None = None,
                      *, block_quantizer=None, dtype=torch.float64, form: str = "canonical") -> dict[str, torch.Tensor]:
     """The three error components of ``x`` (of ``form``) as tensors of x's shape in ``dtype`` (float64
@@ -166,9 +169,6 @@ def error_components(x: torch.Tensor, fmt: str | BlockFormat = "mxfp4", axis: in
     if parts is None:
         _, parts = _block_components(x, fmt, axis, rule, block_quantizer, dtype, form)
     return {name: from_blocks(parts[key], x.shape, axis) for name, key in _PART_NAMES}
-
-
-_PART_NAMES = (("scale", "e_scale"), ("dead", "e_dead"), ("grid", "e_grid"), ("quantized", "quantized"))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <type_traits>
 
 namespace {
@@ -430,6 +431,15 @@ inline bool block_grids(const float* t, int n, const Format& f, float* q, float*
   return true;
 }
 
+// The blocks and outputs of the component kernels: contiguous float32 [N, bs <= kMaxBlock], all one shape.
+void check_blocks(const at::Tensor& x, std::initializer_list<at::Tensor> outputs) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat && x.size(1) <= kMaxBlock,
+              "fused_cpu: components take contiguous float32 blocks [N, bs <= ", kMaxBlock, "]");
+  for (const auto& o : outputs)
+    TORCH_CHECK(o.sizes() == x.sizes() && o.is_contiguous() && o.scalar_type() == at::kFloat,
+                "fused_cpu: each component output must be a contiguous float32 tensor of the blocks' shape");
+}
+
 }  // namespace
 
 // The canonical form's components of float32 blocks x [N, bs] (contiguous), into contiguous q, e_scale,
@@ -438,8 +448,7 @@ inline bool block_grids(const float* t, int n, const Format& f, float* q, float*
 bool canonical_components_into(const at::Tensor& x, at::Tensor q, at::Tensor e_scale, at::Tensor e_dead,
                                at::Tensor e_grid, int64_t emin, int64_t emax, int64_t mbits, double max_value,
                                int64_t rule) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat && x.size(1) <= kMaxBlock,
-              "fused_cpu: components take contiguous float32 blocks [N, bs <= ", kMaxBlock, "]");
+  check_blocks(x, {q, e_scale, e_dead, e_grid});
   const Format f{int(emin), int(emax), int(mbits), float(max_value), int(rule)};
   const int64_t N = x.size(0);
   const int n = int(x.size(1));
@@ -472,8 +481,7 @@ bool canonical_components_into(const at::Tensor& x, at::Tensor q, at::Tensor e_s
 // kept^2 and (scale-induced error) * kept, kept = x where the stored grid is non-zero (0 elsewhere).
 bool gain_products_into(const at::Tensor& x, at::Tensor q, at::Tensor kept_sq, at::Tensor cross, int64_t emin,
                         int64_t emax, int64_t mbits, double max_value, int64_t rule) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat && x.size(1) <= kMaxBlock,
-              "fused_cpu: components take contiguous float32 blocks [N, bs <= ", kMaxBlock, "]");
+  check_blocks(x, {q, kept_sq, cross});
   const Format f{int(emin), int(emax), int(mbits), float(max_value), int(rule)};
   const int64_t N = x.size(0);
   const int n = int(x.size(1));
@@ -506,9 +514,10 @@ bool gain_products_into(const at::Tensor& x, at::Tensor q, at::Tensor kept_sq, a
 // where the stored grid is 0, e_grid = (q - x) - e_scale where it is not.
 void gain_components_into(const at::Tensor& x, const at::Tensor& q, const at::Tensor& norm, const at::Tensor& cross,
                           at::Tensor e_scale, at::Tensor e_dead, at::Tensor e_grid) {
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat && norm.is_contiguous() &&
-                  cross.is_contiguous() && norm.numel() == x.size(0) && cross.numel() == x.size(0),
-              "fused_cpu: gain components take contiguous float32 blocks [N, bs] and sums [N]");
+  check_blocks(x, {q, e_scale, e_dead, e_grid});
+  TORCH_CHECK(norm.is_contiguous() && cross.is_contiguous() && norm.scalar_type() == at::kFloat &&
+                  cross.scalar_type() == at::kFloat && norm.numel() == x.size(0) && cross.numel() == x.size(0),
+              "fused_cpu: the gain form's sums must be contiguous float32 [N], one per block");
   const int64_t N = x.size(0);
   const int n = int(x.size(1));
   const float *xp = x.data_ptr<float>(), *qp = q.data_ptr<float>(), *np = norm.data_ptr<float>(),
