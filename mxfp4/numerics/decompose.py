@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import dispatch, fused_cpu
+from . import fused_cpu
 from .formats import BlockFormat, round_to_grid
 from .reference import check_input, from_blocks, nvfp4_tensor_scale, quantize_blocks, to_blocks
 
@@ -162,13 +162,18 @@ def error_components(x: torch.Tensor, fmt: str | BlockFormat = "mxfp4", axis: in
     by default), keyed ``scale``, ``dead``, ``grid``, plus ``quantized`` (MX(x)): the lean path of
     ``decompose`` (no statistics, no Shapley), for injecting one component into a GEMM operand."""
     fmt, axis, rule = check_input(x, fmt, axis, scale_rule)
-    parts = None
-    if block_quantizer is None and dtype == torch.float32 and x.dtype == torch.float32 and x.numel() \
-            and dispatch.backend_for(x, fmt) == "fused":
-        parts = _fused_components(x.detach(), fmt, axis, rule, check_form(form))
-    if parts is None:
-        _, parts = _block_components(x, fmt, axis, rule, block_quantizer, dtype, form)
+    _, parts = _block_components(x, fmt, axis, rule, block_quantizer, dtype, form)
     return {name: from_blocks(parts[key], x.shape, axis) for name, key in _PART_NAMES}
+
+
+def fused_error_components(x: torch.Tensor, fmt: str | BlockFormat = "mxfp4", axis: int = -1,
+                           scale_rule: str | None = None, *, form: str = "canonical") -> dict | None:
+    """``error_components(x, ..., dtype=torch.float32)`` of a float32 CPU x from the fused kernel, its values
+    and layouts bit for bit; None where x holds a NaN or an infinity. ``dispatch.error_components`` decides
+    when this path applies."""
+    fmt, axis, rule = check_input(x, fmt, axis, scale_rule)
+    parts = _fused_components(x.detach(), fmt, axis, rule, check_form(form))
+    return None if parts is None else {name: from_blocks(parts[key], x.shape, axis) for name, key in _PART_NAMES}
 
 
 @functools.lru_cache(maxsize=4096)

@@ -73,6 +73,20 @@ def prepare(fmt: str | BlockFormat = "mxfp4") -> str:
     return backend_for(torch.zeros(1), fmt)
 
 
+def error_components(x: torch.Tensor, fmt: str | BlockFormat = "mxfp4", axis: int = -1, scale_rule: str | None = None,
+                     *, dtype: torch.dtype = torch.float64, form: str = "canonical") -> dict[str, torch.Tensor]:
+    """``decompose.error_components`` (what component injection applies) on the backend picked here: the
+    fused CPU kernel for a float32 x computed in float32, the same values and layouts; else the torch path."""
+    from .decompose import error_components as torch_path
+    from .decompose import fused_error_components
+
+    if dtype == torch.float32 and x.dtype == torch.float32 and x.numel() and backend_for(x, fmt) == "fused":
+        parts = fused_error_components(x, fmt, axis, scale_rule, form=form)
+        if parts is not None:
+            return parts
+    return torch_path(x, fmt, axis, scale_rule, dtype=dtype, form=form)
+
+
 def fast_path(x: torch.Tensor, fmt: str | BlockFormat = "mxfp4") -> bool:
     """Whether ``x`` in ``fmt`` goes to the Triton kernels (the fused paths below apply only then)."""
     return backend_for(x, fmt) == "triton"

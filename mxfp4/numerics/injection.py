@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .decompose import COMPONENTS, check_form, error_components
+from .decompose import COMPONENTS, check_form
+from .dispatch import error_components
 from .quantizer import Quantizer
 from .reference import from_blocks, to_blocks
 

@@ -5,7 +5,9 @@ does the recipe beat the recipe it modifies (its ``base``), and does it reach BF
   GSM8K strict accuracy per seed (paired t over seeds; Welch where the seeds differ), per problem
   (McNemar's exact test over the (seed, problem) pairs both answered) and on the RL gain where the
   cells record it.
-- **Secondary rows**: every compared metric against every reference recipe.
+- **Secondary rows**: every compared metric against every reference recipe; the accuracy before RL also per
+  problem. A metric with one value for every seed on each side (before RL, from one shared warm start) is
+  not tested per seed: its seeds are no replicates, and its per-problem row tests it.
 
 The method in full: docs/methods.md, ``mxfp4.report.compare``."""
 
@@ -40,6 +42,9 @@ PRIMARY_SHARE = 0.8  # of ALPHA, for the primary contrasts; the secondary rows g
 ADJUSTMENTS = {"holm": "Holm (family-wise error rate)", "fdr_bh": "Benjamini-Hochberg (false discovery rate)"}
 PAPER_EFFECTS = (0.007, 0.010)  # the paper's accuracy effects: "within 0.7%" (dense), "+1.0%" (MoE)
 PER_PROBLEM = "gsm8k_strict_accuracy (per problem)"
+# the accuracies also tested problem by problem, and the items.csv column that holds each
+PER_PROBLEM_KEYS = {"gsm8k_strict_accuracy": (PER_PROBLEM, "strict"),
+                    "gsm8k_strict_accuracy_before": ("gsm8k_strict_accuracy_before (per problem)", "strict_before")}
 PRIMARY_METRICS = ["gsm8k_strict_accuracy", PER_PROBLEM, "gsm8k_rl_gain"]
 COMPARED = ["gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "gsm8k_rl_gain", "gsm8k_strict_accuracy_before",
             "gsm8k_strict_accuracy_unquantized", "mean_rollout_accuracy", "mean_entropy", "mean_grad_cosine",
@@ -74,6 +79,15 @@ def difference(mine: list[dict], theirs: list[dict], metric: str, level: float =
     a = {int(r["seed"]): r.get(metric) for r in mine}
     b = {int(r["seed"]): r.get(metric) for r in theirs}
     means = {"mean_new": _mean(a.values()), "mean_ref": _mean(b.values())}
+    values = [*a.values(), *b.values()]
+    if len(a) >= 2 and None not in values and all(len(set(side.values())) == 1 for side in (a, b)):
+        # one value for every seed on each side: a measurement no seed changes (the shared warm start,
+        # evaluated greedily), so the seeds are no replicates of it and a t test would read their
+        # zero spread as certainty; the per-problem row tests it
+        return {"diff": means["mean_new"] - means["mean_ref"], "ci_low": None, "ci_high": None, "n_a": len(a),
+                "n_b": len(b), "p": None, "sd": None, "unit": "seeds", **means,
+                "method": "the same value for every seed on each side (a measurement no seed changes): untested "
+                          "per seed; tested per problem"}
     if set(a) == set(b) and len(a) >= 2:
         seeds = sorted(a)
         d = paired_diff([a[s] for s in seeds], [b[s] for s in seeds], level)
@@ -141,12 +155,13 @@ def compare_rows(new: list[dict], baselines: list[dict], recipe: str, new_items=
                 part = "primary" if is_primary and metric in PRIMARY_METRICS else "secondary"
                 rows.append(_contrast(model, recipe, base, metric, part, difference(mine, theirs, metric),
                                       lambda level, m=mine, t=theirs, k=metric: difference(m, t, k, level)))
-                if metric == "gsm8k_strict_accuracy":
-                    d = item_difference(my_items, their_items)
+                if metric in PER_PROBLEM_KEYS:
+                    name, key = PER_PROBLEM_KEYS[metric]
+                    d = item_difference(my_items, their_items, key)
                     if d is not None:
                         rows.append(_contrast(
-                            model, recipe, base, PER_PROBLEM, "primary" if is_primary else "secondary", d,
-                            lambda level, m=my_items, t=their_items: item_difference(m, t, level=level)))
+                            model, recipe, base, name, part, d,
+                            lambda level, m=my_items, t=their_items, k=key: item_difference(m, t, k, level)))
     adjust_family(rows, adjust)
     return sorted(rows, key=lambda r: r["part"] != "primary")
 
@@ -155,6 +170,8 @@ def _verdict(r: dict) -> str:
     """The row's interval, at the level of its adjusted p, read by ``stats.verdict``."""
     if r["metric"] in TIMINGS:
         return "no verdict (a timing: a measurement of the machine, not a claim)"
+    if r.get("p") is None and r["diff"] is not None and r["n_a"] >= 2:
+        return "untested per seed (the same value for every seed)"
     if r["p_adj"] is not None and r["p_adj"] >= ALPHA:
         return "no significant difference"
     return verdict(r, HIGHER_IS_BETTER.get(r["metric"].removesuffix(" (per problem)")))
@@ -305,14 +322,16 @@ def _answer_bit(label: str, r: dict) -> str:
 
 def answer_line(rows: list[dict], recipe: str) -> str:
     """The report's answer in one line: per model and primary reference, the recipe's GSM8K strict
-    accuracy after RL (per problem and per seed), before RL, its RL gain and its accuracy unquantized,
-    each as the two values, their difference with its 95% interval, the adjusted p and the verdict."""
+    accuracy after RL (per problem and per seed), before RL (per problem and per seed), its RL gain and its
+    accuracy unquantized, each as the two values, their difference with its 95% interval, the adjusted p and
+    the verdict."""
     parts = []
     for model in dict.fromkeys(r["model"] for r in rows if r["part"] == "primary"):
         said = []
         for base in dict.fromkeys(r["baseline"] for r in rows if r["part"] == "primary" and r["model"] == model):
             found = {r["metric"]: r for r in rows if (r["model"], r["baseline"]) == (model, base)}
             shown = [(PER_PROBLEM, "after RL, per problem"), ("gsm8k_strict_accuracy", "after RL, per seed"),
+                     ("gsm8k_strict_accuracy_before (per problem)", "before RL, per problem"),
                      *((m, label) for m, label in STAGES if m != "gsm8k_strict_accuracy")]
             bits = [_answer_bit(label, found[m]) for m, label in shown if m in found]
             said.append(f"vs {base}: " + "; ".join(bits))

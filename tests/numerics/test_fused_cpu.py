@@ -185,7 +185,7 @@ def test_the_ninja_pip_installed_is_found_when_none_is_on_path(monkeypatch):
 def _components_both_ways(x, fmt, axis, rule, form):
     """``error_components`` through the dispatch (which must take the fused path: counted) and on the eager
     torch path (``MXFP4_BACKEND=reference``)."""
-    from mxfp4.numerics.decompose import error_components
+    from mxfp4.numerics.dispatch import error_components
 
     calls = []
     real = fused_cpu.components

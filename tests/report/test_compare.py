@@ -221,8 +221,10 @@ def test_a_over_a_comparisons_fire_no_verdict_on_the_same_machine_or_another_ins
     for recipe in ("bf16", "mxfp4"):
         run_cell(load_profile("smoke"), "tiny-dense", recipe, 2, results=here)
     _, aa, text = report(here, "extended")
-    per_seed = next(r for r in report.rows if r["metric"] == "gsm8k_strict_accuracy" and r["baseline"] == "bf16")
-    assert per_seed["n_a"] == per_seed["n_b"] == 3 and per_seed["method"] == "paired by seed (t)", per_seed
+    per_seed = [r for r in report.rows if r["baseline"] == "bf16" and r["unit"] == "seeds"]
+    accuracy = next(r for r in per_seed if r["metric"] == "gsm8k_strict_accuracy")
+    assert accuracy["n_a"] == accuracy["n_b"] == 3, accuracy
+    assert any(r["method"] == "paired by seed (t)" and r["n_a"] == 3 for r in per_seed), per_seed
     assert "Seeds the stored baselines lack ran here and extend them: tiny-dense/bf16/seed2." in text
     for recipe in ("bf16", "mxfp4"):
         shutil.rmtree(here / "smoke" / "cells" / "tiny-dense" / recipe / "seed2")
@@ -269,3 +271,32 @@ def test_the_cost_estimate_counts_the_cells_to_run_at_their_stored_wall_times():
     assert line.startswith("compare: 3 cells to run, about 6 CPU-minutes") and "about 3 minutes on 2 core(s)" in line
     assert "no stored cell of m" in cost_estimate(stored, [("m", "bf16", 0)], cores=2)
     assert "only the report is left" in cost_estimate(stored, [], cores=2)
+
+
+def test_a_measurement_no_seed_changes_is_tested_per_problem_not_per_seed():
+    """Before RL every seed evaluates the same warm start: one value a side for all seeds. Three equal
+    differences are no replicates, so the per-seed row stays untested (a t test would read their zero
+    spread as certainty) and the per-problem row carries the test (McNemar, as scipy's binomial test)."""
+    from scipy.stats import binomtest
+
+    def cells(recipe, before, after):
+        return [dict(c, gsm8k_strict_accuracy_before=before) for c in _cells(recipe, after)]
+
+    def items(recipe, before):
+        return [{"model": "tiny-dense", "recipe": recipe, "seed": s, "doc_id": i, "doc_hash": f"h{i}",
+                 "strict": 1.0, "strict_before": float(c)} for s in range(3) for i, c in enumerate(before)]
+
+    # 6 problems gained and 1 lost a seed, the same ones in every seed: 18 gained, 3 lost over 120 pairs
+    base_before = [1] * 10 + [0] * 30
+    new_before = [0] + [1] * 9 + [1] * 6 + [0] * 24
+    rows = compare_rows(cells("mine", 0.4, [0.5, 0.6, 0.7]), cells("mxfp4", 0.25, [0.4, 0.45, 0.5]), "mine",
+                        items("mine", new_before), items("mxfp4", base_before))
+    per_seed = next(r for r in rows if r["metric"] == "gsm8k_strict_accuracy_before")
+    assert per_seed["p"] is None and per_seed["diff"] == pytest.approx(0.15)
+    assert per_seed["verdict"].startswith("untested per seed")
+    per_problem = next(r for r in rows if r["metric"] == "gsm8k_strict_accuracy_before (per problem)")
+    assert per_problem["diff"] == pytest.approx(15 / 120) and per_problem["n_a"] == 120
+    assert per_problem["p"] == pytest.approx(binomtest(18, 21).pvalue)
+    # a metric that varies over seeds keeps its paired t test
+    after = next(r for r in rows if r["metric"] == "gsm8k_strict_accuracy")
+    assert after["method"] == "paired by seed (t)" and after["p"] is not None
