@@ -440,6 +440,28 @@ void check_blocks(const at::Tensor& x, std::initializer_list<at::Tensor> outputs
                 "fused_cpu: each component output must be a contiguous float32 tensor of the blocks' shape");
 }
 
+// Every block of x [N, n] (contiguous) quantized into q with its ideal grid and x_grid (block_grids), then
+// body(offset of the block, x, q, ideal, x_grid, n), blocks in parallel; false where an element is not finite.
+template <typename Body>
+bool for_each_block(const at::Tensor& x, at::Tensor& q, const Format& f, Body body) {
+  const int64_t N = x.size(0);
+  const int n = int(x.size(1));
+  const float* xp = x.data_ptr<float>();
+  float* qp = q.data_ptr<float>();
+  std::atomic<bool> finite{true};
+  at::parallel_for(0, N, 256, [&](int64_t begin, int64_t end) {
+    float ideal[kMaxBlock], x_grid[kMaxBlock];
+    for (int64_t b = begin; b < end && finite; ++b) {
+      if (!block_grids(xp + b * n, n, f, qp + b * n, ideal, x_grid)) {
+        finite = false;
+        break;
+      }
+      body(b * n, xp + b * n, qp + b * n, ideal, x_grid, n);
+    }
+  });
+  return finite;
+}
+
 }  // namespace
 
 // The canonical form's components of float32 blocks x [N, bs] (contiguous), into contiguous q, e_scale,
@@ -449,31 +471,16 @@ bool canonical_components_into(const at::Tensor& x, at::Tensor q, at::Tensor e_s
                                at::Tensor e_grid, int64_t emin, int64_t emax, int64_t mbits, double max_value,
                                int64_t rule) {
   check_blocks(x, {q, e_scale, e_dead, e_grid});
-  const Format f{int(emin), int(emax), int(mbits), float(max_value), int(rule)};
-  const int64_t N = x.size(0);
-  const int n = int(x.size(1));
-  const float* xp = x.data_ptr<float>();
-  float *qp = q.data_ptr<float>(), *sp = e_scale.data_ptr<float>(), *dp = e_dead.data_ptr<float>(),
-        *gp = e_grid.data_ptr<float>();
-  std::atomic<bool> finite{true};
-  at::parallel_for(0, N, 256, [&](int64_t begin, int64_t end) {
-    float ideal[kMaxBlock], x_grid[kMaxBlock];
-    for (int64_t b = begin; b < end && finite; ++b) {
-      const float* t = xp + b * n;
-      float* qb = qp + b * n;
-      if (!block_grids(t, n, f, qb, ideal, x_grid)) {
-        finite = false;
-        break;
-      }
-      for (int j = 0; j < n; ++j) {
-        const bool dead = ideal[j] == 0.0f;
-        dp[b * n + j] = dead ? -t[j] : 0.0f;
-        gp[b * n + j] = dead ? 0.0f : x_grid[j] - t[j];
-        sp[b * n + j] = qb[j] - x_grid[j];
-      }
-    }
-  });
-  return finite;
+  float *sp = e_scale.data_ptr<float>(), *dp = e_dead.data_ptr<float>(), *gp = e_grid.data_ptr<float>();
+  return for_each_block(x, q, {int(emin), int(emax), int(mbits), float(max_value), int(rule)},
+                        [&](int64_t at, const float* t, const float* qb, const float* ideal, const float* x_grid, int n) {
+                          for (int j = 0; j < n; ++j) {
+                            const bool dead = ideal[j] == 0.0f;
+                            dp[at + j] = dead ? -t[j] : 0.0f;
+                            gp[at + j] = dead ? 0.0f : x_grid[j] - t[j];
+                            sp[at + j] = qb[j] - x_grid[j];
+                          }
+                        });
 }
 
 // The gain form's first pass over float32 blocks x [N, bs] (contiguous): q, and the two products whose sums
@@ -482,31 +489,18 @@ bool canonical_components_into(const at::Tensor& x, at::Tensor q, at::Tensor e_s
 bool gain_products_into(const at::Tensor& x, at::Tensor q, at::Tensor kept_sq, at::Tensor cross, int64_t emin,
                         int64_t emax, int64_t mbits, double max_value, int64_t rule) {
   check_blocks(x, {q, kept_sq, cross});
-  const Format f{int(emin), int(emax), int(mbits), float(max_value), int(rule)};
-  const int64_t N = x.size(0);
-  const int n = int(x.size(1));
-  const float* xp = x.data_ptr<float>();
-  float *qp = q.data_ptr<float>(), *kp = kept_sq.data_ptr<float>(), *cp = cross.data_ptr<float>();
-  std::atomic<bool> finite{true};
-  at::parallel_for(0, N, 256, [&](int64_t begin, int64_t end) {
-    float ideal[kMaxBlock], x_grid[kMaxBlock];
-    for (int64_t b = begin; b < end && finite; ++b) {
-      const float* t = xp + b * n;
-      float* qb = qp + b * n;
-      if (!block_grids(t, n, f, qb, ideal, x_grid)) {
-        finite = false;
-        break;
-      }
-      for (int j = 0; j < n; ++j) {
-        const bool dead = qb[j] == 0.0f;  // the stored grid value is 0 exactly where q is (scales are >= 2^-127)
-        const float kept = dead ? 0.0f : t[j];
-        const float induced = dead ? 0.0f : qb[j] - x_grid[j];
-        kp[b * n + j] = kept * kept;
-        cp[b * n + j] = induced * kept;
-      }
-    }
-  });
-  return finite;
+  float *kp = kept_sq.data_ptr<float>(), *cp = cross.data_ptr<float>();
+  return for_each_block(x, q, {int(emin), int(emax), int(mbits), float(max_value), int(rule)},
+                        [&](int64_t at, const float* t, const float* qb, const float*, const float* x_grid, int n) {
+                          for (int j = 0; j < n; ++j) {
+                            // the stored grid value is 0 exactly where q is (scales are >= 2^-127)
+                            const bool dead = qb[j] == 0.0f;
+                            const float kept = dead ? 0.0f : t[j];
+                            const float induced = dead ? 0.0f : qb[j] - x_grid[j];
+                            kp[at + j] = kept * kept;
+                            cp[at + j] = induced * kept;
+                          }
+                        });
 }
 
 // The gain form's second pass: from x, q and each block's sums (norm = sum kept^2, cross = sum induced * kept,
