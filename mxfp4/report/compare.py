@@ -45,6 +45,9 @@ PER_PROBLEM = "gsm8k_strict_accuracy (per problem)"
 # the accuracies also tested problem by problem, and the items.csv column that holds each
 PER_PROBLEM_KEYS = {"gsm8k_strict_accuracy": (PER_PROBLEM, "strict"),
                     "gsm8k_strict_accuracy_before": ("gsm8k_strict_accuracy_before (per problem)", "strict_before")}
+# the method of a per-seed row whose seeds are no replicates (one value for every seed on each side)
+SAME_EVERY_SEED = ("the same value for every seed on each side (a measurement no seed changes): untested per seed; "
+                   "tested per problem")
 PRIMARY_METRICS = ["gsm8k_strict_accuracy", PER_PROBLEM, "gsm8k_rl_gain"]
 COMPARED = ["gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "gsm8k_rl_gain", "gsm8k_strict_accuracy_before",
             "gsm8k_strict_accuracy_unquantized", "mean_rollout_accuracy", "mean_entropy", "mean_grad_cosine",
@@ -85,9 +88,7 @@ def difference(mine: list[dict], theirs: list[dict], metric: str, level: float =
         # evaluated greedily), so the seeds are no replicates of it and a t test would read their
         # zero spread as certainty; the per-problem row tests it
         return {"diff": means["mean_new"] - means["mean_ref"], "ci_low": None, "ci_high": None, "n_a": len(a),
-                "n_b": len(b), "p": None, "sd": None, "unit": "seeds", **means,
-                "method": "the same value for every seed on each side (a measurement no seed changes): untested "
-                          "per seed; tested per problem"}
+                "n_b": len(b), "p": None, "sd": None, "unit": "seeds", **means, "method": SAME_EVERY_SEED}
     if set(a) == set(b) and len(a) >= 2:
         seeds = sorted(a)
         d = paired_diff([a[s] for s in seeds], [b[s] for s in seeds], level)
@@ -170,7 +171,7 @@ def _verdict(r: dict) -> str:
     """The row's interval, at the level of its adjusted p, read by ``stats.verdict``."""
     if r["metric"] in TIMINGS:
         return "no verdict (a timing: a measurement of the machine, not a claim)"
-    if r.get("p") is None and r["diff"] is not None and r["n_a"] >= 2:
+    if r["method"] == SAME_EVERY_SEED:
         return "untested per seed (the same value for every seed)"
     if r["p_adj"] is not None and r["p_adj"] >= ALPHA:
         return "no significant difference"
