@@ -15,7 +15,8 @@ MAX_SAMPLE = 2**26  # elements of a decompose --dist sample
 SAMPLE_DEFAULTS = {"rows": 256, "cols": 1024, "dtype": "float32", "seed": 0}  # decompose --dist only
 
 # Commands that load transformers models (the RL processes).
-MODEL_COMMANDS = ("pretrain", "cell", "probe-batch", "pathways", "depth", "corrections-table", "weight-components")
+MODEL_COMMANDS = ("pretrain", "cell", "probe-batch", "pathways", "depth", "depth-optimizers",
+                  "corrections-table", "weight-components")
 
 
 def hide_torchao_from_transformers() -> None:
@@ -451,6 +452,16 @@ def _cmd_depth(args) -> int:
     return 0
 
 
+def _cmd_depth_optimizers(args) -> int:
+    from .analysis.depth import run_depth_optimizers
+
+    out = args.out or args.layout.depth_optimizer_units(args.model)
+    units = run_depth_optimizers(_profile(args), args.model, args.results, out_units=out,
+                                 progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(f"wrote {out} ({len(units)} rows)")
+    return 0
+
+
 def _cmd_pathways(args) -> int:
     from .analysis.pathways import run_pathways
 
@@ -608,6 +619,12 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("--out", default=None, help="default results/<profile>/depth/<model>_units.csv")
     p.set_defaults(func=_cmd_depth)
+
+    p = sub.add_parser("depth-optimizers", help="the depth study's short runs: per-layer displacement of SGD and AdamW "
+                                                "with the scale component, its control and no injection")
+    _model_args(p)
+    p.add_argument("--out", default=None, help="default results/<profile>/depth/optimizers/<model>_units.csv")
+    p.set_defaults(func=_cmd_depth_optimizers)
 
     p = sub.add_parser("probe-batch", help="the GRPO batch every recipe's gradient probes of a model and seed are "
                                            "taken on (sampled once by the starting policy, unquantized)")

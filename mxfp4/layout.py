@@ -145,6 +145,15 @@ class Layout:
         """The depth study's slopes and per-layer means, every model (``.md`` beside it)."""
         return self.root / "depth" / "depth.csv"
 
+    def depth_optimizer_units(self, model: str) -> Path:
+        """One model's short SGD and AdamW runs of the depth study: per run, optimizer, arm and layer."""
+        return self.root / "depth" / "optimizers" / f"{model}_units.csv"
+
+    @property
+    def depth_optimizers(self) -> Path:
+        """The short runs' tests and per-layer means, every model (``.md`` beside it)."""
+        return self.root / "depth" / "depth_optimizers.csv"
+
     @property
     def weight_components(self) -> Path:
         """Per weight tensor and decomposition form: shares and component cosines (``.md`` beside it)."""

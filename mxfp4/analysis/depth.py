@@ -11,6 +11,8 @@ The method in full: docs/methods.md, ``mxfp4.analysis.depth``."""
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 
 from ..config.profiles import Profile
@@ -85,3 +87,114 @@ def run_depth(profile: Profile, model_name: str, results="results", out_units=No
         write_csv_atomic(out_units, units, UNIT_FIELDS)
     return units
 
+
+
+# The short runs: does the gain reach training? -------------------------------------------------------------
+
+OPTIMIZER_ARMS = ("none", "+scale", "+scale~signflip")
+OPTIMIZER_FIELDS = ["model", "layers", "optimizer", "lr", "arm", "site", "run", "layer", "distance", "norm_ratio",
+                    "cosine"]
+ADAM_EPS = 1e-8  # torch's and transformers' default: the rate SGD is matched at reads it
+
+
+def make_optimizer(name: str, params, lr: float):
+    """The optimizer of a short run: plain SGD, or AdamW with the defaults GRPO's trainer uses (weight decay 0)."""
+    import torch
+
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, eps=ADAM_EPS, weight_decay=0.0)
+    raise ValueError(f"optimizer {name!r}; accepted: sgd, adamw")
+
+
+def matched_sgd_lr(adam_lr: float, gradient: dict) -> float:
+    """The SGD rate whose first step on ``gradient`` moves the parameters as far as AdamW's first step at
+    ``adam_lr`` does (bias-corrected, that step is ``lr g / (|g| + eps)`` elementwise)."""
+    adam = sum(float((g.double() / (g.double().abs() + ADAM_EPS)).pow(2).sum()) for g in gradient.values())
+    plain = sum(float(g.double().pow(2).sum()) for g in gradient.values())
+    if not 0 < plain < math.inf:
+        raise ValueError(f"the first batch's gradient has squared norm {plain}: no SGD rate matches AdamW's step; "
+                         "accepted: a finite, non-zero gradient")
+    return adam_lr * math.sqrt(adam / plain)
+
+
+def short_run(model, gradient, batches, optimizer: str, lr: float) -> dict:
+    """Each trainable parameter's displacement after one ``optimizer`` step per batch (``gradient(batch)``
+    the gradient by parameter name), from the parameters as they are; they are restored afterwards."""
+    import torch
+
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    start = {n: p.detach().clone() for n, p in params.items()}
+    opt = make_optimizer(optimizer, list(params.values()), lr)
+    try:
+        for batch in batches:
+            grads = gradient(batch)
+            for name, p in params.items():
+                p.grad = grads.get(name)
+            opt.step()
+        return {n: p.detach() - start[n] for n, p in params.items()}
+    finally:
+        with torch.no_grad():
+            for name, p in params.items():
+                p.copy_(start[name])
+                p.grad = None
+
+
+def displacement_rows(model_name: str, layers: int, optimizer: str, lr: float, arm: str, site: str, run: int,
+                      result: dict) -> list[dict]:
+    """One row per decoder layer of ``compare(displacement of the arm, displacement of the unquantized run)``."""
+    return [{"model": model_name, "layers": layers, "optimizer": optimizer, "lr": lr, "arm": arm, "site": site,
+             "run": run, "layer": index, "distance": layers - 1 - index, "norm_ratio": v["norm_ratio"],
+             "cosine": v["cosine"]}
+            for index, v in sorted(decoder_layers(result["per_layer"]).items())]
+
+
+def run_depth_optimizers(profile: Profile, model_name: str, results="results", out_units=None,
+                         progress=print) -> list[dict]:
+    """Per run (``depth_optimizers.runs_per_seed`` per seed, each on its own ``steps`` GRPO batches of the
+    warm start, drawn as the pathway matrix draws them) and optimizer: each arm's per-layer displacement
+    against the unquantized run's (norm ratio and cosine), every arm at the rate the unquantized run's first
+    batch sets. Returns the unit rows."""
+    import torch
+
+    settings = profile.depth_optimizers
+    if settings is None:
+        raise ValueError(f"profile {profile.name!r} has no depth_optimizers section (see "
+                         "experiments/profiles/depth.yaml)")
+    spec = profile.model(model_name)
+    if not spec.arch:
+        raise ValueError(f"the depth study measures tiny stand-ins of chosen depth; {model_name!r} is not one")
+    layers = spec.layers or 2
+    train, _ = gsm.cell_data(profile, results)
+    model, tokenizer = load(str(warm_start_folder(profile, model_name, results)), dtype=torch.float32)
+    units, run_index = [], 0
+    for seed in profile.seeds:
+        trainer = probe_trainer(model, tokenizer, profile, seed)
+        wanted = settings.runs_per_seed * settings.steps
+        batches, _ = gradient_batches(trainer, seed_problems(train, profile.pathways, seed)[0], profile, wanted, seed)
+        if len(batches) < settings.steps:
+            raise ValueError(f"{model_name} seed {seed}: {len(batches)} GRPO batches with a non-zero advantage, "
+                             f"fewer than one run's {settings.steps} steps")
+        model.train()
+        gradient = functools.partial(batch_gradient, trainer)
+        for r in range(len(batches) // settings.steps):
+            run_batches = batches[r * settings.steps:(r + 1) * settings.steps]
+            for optimizer in settings.optimizers:
+                lr = profile.grpo.learning_rate
+                if optimizer == "sgd":
+                    lr = matched_sgd_lr(lr, batch_gradient(trainer, run_batches[0]))
+                moved = {}
+                for arm in OPTIMIZER_ARMS:
+                    torch.manual_seed(seed * 1000 + r)  # a control's random draws: the same for either optimizer
+                    with Arm(model, row_quantizer(arm, settings.site, form="gain")):
+                        moved[arm] = short_run(model, gradient, run_batches, optimizer, lr)
+                for arm in OPTIMIZER_ARMS[1:]:
+                    units += displacement_rows(model_name, layers, optimizer, lr, arm, settings.site, run_index,
+                                               compare(moved[arm], moved["none"]))
+            run_index += 1
+        progress(f"{model_name} ({layers} layers) seed {seed}: {len(batches) // settings.steps} runs of "
+                 f"{settings.steps} steps, each with {', '.join(settings.optimizers)}")
+    if out_units is not None:
+        write_csv_atomic(out_units, units, OPTIMIZER_FIELDS)
+    return units

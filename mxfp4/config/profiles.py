@@ -315,6 +315,28 @@ class PathwaySettings(_Strict):
         return self
 
 
+class DepthOptimizerSettings(_Strict):
+    """Short training runs of the depth study (``mxfp4 depth-optimizers``): from the warm start, one optimizer
+    step per GRPO batch with the scale component injected alone, its sign-flip control and no injection, each
+    run with SGD and with AdamW. A per-layer gain reaches SGD's update unchanged; Adam divides it out."""
+
+    optimizers: list[Literal["sgd", "adamw"]] = Field(
+        min_length=1, description="optimizers of the runs: sgd (no momentum) and adamw (GRPO's: transformers' "
+        "defaults, weight decay 0), adamw at grpo.learning_rate, sgd at the rate that moves the unquantized run's "
+        "first step as far as adamw's")
+    runs_per_seed: int = Field(ge=1, description="runs per seed, each on its own GRPO batches (the units)")
+    steps: int = Field(ge=1, description="optimizer steps of a run, one GRPO batch each")
+    site: Literal["forward", "backward", "both"] = Field(
+        "backward", description="the GEMMs the injected arms quantize")
+
+    @model_validator(mode="after")
+    def _distinct(self):
+        if len(set(self.optimizers)) != len(self.optimizers):
+            raise ValueError(f"depth_optimizers.optimizers {self.optimizers} names an optimizer twice; accepted: "
+                             "distinct optimizers of sgd, adamw")
+        return self
+
+
 DOSE_PATTERN = r"^c(\d+)x(\d+)$"  # a dose's name: c<outlier channels>x<factor>
 
 
@@ -368,6 +390,8 @@ class Profile(_Strict):
     pathways: PathwaySettings | None = Field(None, description="the pathway matrix (mxfp4 pathways)")
     dose_response: DoseResponseSettings | None = Field(
         None, description="the outlier dose-response of the pathway matrix (snakemake target dose_response)")
+    depth_optimizers: DepthOptimizerSettings | None = Field(
+        None, description="the depth study's short SGD and AdamW runs (snakemake target depth)")
     regime_batch: Literal["grpo-probe", "gsm8k-test"] = Field(
         "grpo-probe", description="the batch whose activations and gradients the regime statistics decompose: the "
         "model and seed's GRPO probe batch, or as many sequences of real GSM8K test questions (drawn with the seed) "
@@ -396,6 +420,13 @@ class Profile(_Strict):
                     m.arch for m in self.models.values()):
                 raise ValueError("dose_response adds outlier channels to tiny stand-ins' warm starts; accepted: tiny "
                                  "models only and a pretrain section with outlier_channels: 0 (doses do not stack)")
+        return self
+
+    @model_validator(mode="after")
+    def _depth_optimizers_have_batches(self):
+        if self.depth_optimizers is not None and (self.pathways is None or not self.tiny_models()):
+            raise ValueError("depth_optimizers draws its GRPO batches as the pathway matrix does, on tiny stand-ins; "
+                             "accepted: a pathways section and tiny models (see experiments/profiles/depth.yaml)")
         return self
 
     def model(self, name: str) -> ModelSpec:

@@ -82,7 +82,7 @@ def read_units(paths) -> list[dict]:
     return out
 
 
-def _shallow_to_deep(rows: list[dict]) -> list[tuple[str, int]]:
+def shallow_to_deep(rows: list[dict]) -> list[tuple[str, int]]:
     """(model, layers) grouped by architecture (the name without its -l<layers> suffix), shallow to deep."""
     return sorted({(r["model"], r["layers"]) for r in rows}, key=lambda m: (re.sub(r"-l\d+$", "", m[0]), m[1]))
 
@@ -105,7 +105,7 @@ def markdown(rows: list[dict]) -> str:
     out = ["| site | form | model | layers | n | " + " | ".join(heads) + " |",
            "| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in heads) + " |"]
     keyed = {(r["site"], r["form"], r["model"], r["arm"], r["measure"]): r for r in slopes}
-    models = _shallow_to_deep(slopes)
+    models = shallow_to_deep(slopes)
     for site in dict.fromkeys(r["site"] for r in slopes):
         for form in dict.fromkeys(r["form"] for r in slopes):
             for model, layers in models:
@@ -118,28 +118,30 @@ def markdown(rows: list[dict]) -> str:
             "control's, paired by batch.\n\n" + "\n".join(out) + "\n")
 
 
-def figure(rows: list[dict], out_stem, arm: str = "+scale", control: str = "+scale~signflip") -> list[Path]:
-    """Norm ratio (top) and cosine (bottom) against the layer's distance from the output, per site: ``arm``
-    (solid) and its ``control`` (dashed) for every model, 95% t intervals over batches."""
+def figure(rows: list[dict], out_stem, arm: str = "+scale", control: str = "+scale~signflip", column: str = "site",
+           quantity: str = "gradient") -> list[Path]:
+    """Norm ratio (top) and cosine (bottom) of ``quantity`` against the layer's distance from the output, one
+    panel per value of ``column`` (the site, or the optimizer): ``arm`` (solid) and its ``control`` (dashed) for
+    every model, 95% t intervals over the units."""
     per_layer = [r for r in rows if r["distance"] is not None]
-    sites = list(dict.fromkeys(r["site"] for r in per_layer))
-    models = _shallow_to_deep(per_layer)
-    fig, axes = plt.subplots(2, len(sites), figsize=(5 * len(sites), 7), squeeze=False)
+    panels = list(dict.fromkeys(r[column] for r in per_layer))
+    models = shallow_to_deep(per_layer)
+    fig, axes = plt.subplots(2, len(panels), figsize=(5 * len(panels), 7), squeeze=False)
     cmap = plt.get_cmap("tab10")
-    for j, site in enumerate(sites):
+    for j, panel in enumerate(panels):
         for i, measure in enumerate(("norm_ratio", "cosine")):
             ax = axes[i][j]
             for k, (model, _) in enumerate(models):
                 for a, style in ((arm, "-"), (control, "--")):
-                    pts = sorted((r for r in per_layer if (r["model"], r["site"], r["arm"], r["measure"]) ==
-                                  (model, site, a, measure) and r["mean"] is not None), key=lambda r: r["distance"])
+                    pts = sorted((r for r in per_layer if (r["model"], r[column], r["arm"], r["measure"]) ==
+                                  (model, panel, a, measure) and r["mean"] is not None), key=lambda r: r["distance"])
                     if not pts:
                         continue
                     ax.errorbar([p["distance"] for p in pts], [p["mean"] for p in pts], yerr=error_bars(pts), ls=style,
                                 marker="o", ms=3, capsize=2, color=cmap(k), label=f"{model} {a}")
             ax.set_xlabel("decoder layers from the output")
-            ax.set_ylabel("gradient norm ratio" if measure == "norm_ratio" else "gradient cosine")
-            ax.set_title(f"site {site}", fontsize=9)
+            ax.set_ylabel(f"{quantity} norm ratio" if measure == "norm_ratio" else f"{quantity} cosine")
+            ax.set_title(f"{column} {panel}", fontsize=9)
             if measure == "norm_ratio":
                 ax.set_yscale("log")
     axes[0][0].legend(fontsize=6)

@@ -134,3 +134,110 @@ def test_the_depth_table_reads_the_unit_files_back_into_the_slopes(tmp_path):
     assert [line.split(" | ")[2] for line in lines] == ["chain", "chain-l4"]
     assert all(f"{math.log(2):+.4f}" in line for line in lines)
     assert (tmp_path / "depth.png").is_file() and len([r for r in rows if r["distance"] is None]) == 2
+
+
+# The short runs: the gain reaches SGD's update and Adam divides it out ------------------------------------
+
+def _fixed_gradients(chain, steps: int, seed: int) -> list[dict]:
+    """One gradient per step that does not depend on the weights (so every arm's run sees the same ones)."""
+    g = torch.Generator().manual_seed(seed)
+    return [{n: torch.randn(p.shape, dtype=p.dtype, generator=g) for n, p in chain.named_parameters()}
+            for _ in range(steps)]
+
+
+def _scaled(grads: dict, gains: list[float]) -> dict:
+    """Each decoder layer's gradient times the product of the gains from the output down to it."""
+    return {n: g * math.prod(gains[int(n.split(".")[2]):]) for n, g in grads.items()}
+
+
+@settings(max_examples=20, deadline=None)
+@given(layers=st.integers(2, 6), g=st.floats(0.5, 2.0), steps=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_sgd_moves_each_layer_by_its_gain_product_and_adamw_divides_it_out(layers, g, steps, seed):
+    from mxfp4.analysis.depth import displacement_rows, short_run
+    from mxfp4.report.depth_table import log_slope
+
+    chain = _Chain(layers, 4, seed)
+    before = {n: p.detach().clone() for n, p in chain.named_parameters()}
+    grads = _fixed_gradients(chain, steps, seed)
+    for optimizer, expected in (("sgd", math.log(g)), ("adamw", 0.0)):
+        moved = short_run(chain, lambda b: _scaled(b, [g] * layers), grads, optimizer, 1e-3)
+        ref = short_run(chain, lambda b: b, grads, optimizer, 1e-3)
+        rows = displacement_rows("chain", layers, optimizer, 1e-3, "+scale", "backward", 0, compare(moved, ref))
+        assert log_slope({r["distance"]: r["norm_ratio"] for r in rows}) == pytest.approx(expected, abs=1e-6)
+        assert all(r["cosine"] == pytest.approx(1.0, abs=1e-6) for r in rows)
+    assert all(torch.equal(p, before[n]) for n, p in chain.named_parameters())  # restored after each run
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**16), magnitude=st.floats(1e-4, 1e2))
+def test_the_matched_sgd_rate_moves_the_first_step_as_far_as_torchs_adamw(seed, magnitude):
+    from mxfp4.analysis.depth import matched_sgd_lr, short_run
+
+    chain = _Chain(3, 5, seed)
+    grads = [{n: g * magnitude for n, g in _fixed_gradients(chain, 1, seed)[0].items()}]
+    adam = short_run(chain, lambda b: b, grads, "adamw", 5e-5)
+    sgd = short_run(chain, lambda b: b, grads, "sgd", matched_sgd_lr(5e-5, grads[0]))
+    norm = lambda d: math.sqrt(sum(float(t.pow(2).sum()) for t in d.values()))  # noqa: E731
+    assert norm(sgd) == pytest.approx(norm(adam), rel=1e-6)
+
+
+def test_a_zero_first_gradient_has_no_matched_sgd_rate():
+    from mxfp4.analysis.depth import matched_sgd_lr
+
+    with pytest.raises(ValueError, match="squared norm 0"):
+        matched_sgd_lr(5e-5, {"w": torch.zeros(3)})
+
+
+def test_the_optimizer_table_holds_the_test_where_sgd_keeps_the_gain_and_adamw_does_not(tmp_path):
+    """Unit rows with SGD's scale arm at gain 1/2 per layer and AdamW's at 1 (controls at 1, a little noise per
+    run): the primary contrast is log(1/2) and held after Holm; a model whose two optimizers agree is not shown;
+    the markdown and figure are written."""
+    from mxfp4.analysis.depth import OPTIMIZER_FIELDS
+    from mxfp4.io import write_csv_atomic
+    from mxfp4.report.depth_optimizers import CONTRAST, run
+
+    rng = torch.Generator().manual_seed(0)
+    units = []
+    for model, sgd_gain in (("chain", 0.5), ("chain-l4", 1.0)):
+        layers = 4 if model.endswith("l4") else 3
+        for r in range(5):
+            for optimizer, gain in (("sgd", sgd_gain), ("adamw", 1.0)):
+                for arm, arm_gain in (("+scale", gain), ("+scale~signflip", 1.0)):
+                    noise = 1 + 1e-3 * float(torch.randn(1, generator=rng))
+                    for layer in range(layers):
+                        d = layers - 1 - layer
+                        units.append({"model": model, "layers": layers, "optimizer": optimizer, "lr": 1e-3, "arm": arm,
+                                      "site": "backward", "run": r, "layer": layer, "distance": d,
+                                      "norm_ratio": arm_gain ** d * noise ** d, "cosine": 1.0})
+    path = write_csv_atomic(tmp_path / "units.csv", units, OPTIMIZER_FIELDS)
+    rows = run([path], tmp_path / "depth_optimizers.csv", figure_stem=tmp_path / "depth_optimizers")
+    primary = {r["model"]: r for r in rows if r["measure"] == CONTRAST}
+    assert primary["chain"]["mean"] == pytest.approx(math.log(0.5), abs=1e-2)
+    assert primary["chain"]["verdict"] == "held" and primary["chain"]["p_holm"] < 0.05
+    assert primary["chain-l4"]["verdict"] == "not shown"
+    text = (tmp_path / "depth_optimizers.md").read_text()
+    assert "| chain | 3 | 5 |" in text and "held" in text
+    assert (tmp_path / "depth_optimizers.png").is_file()
+
+
+def test_the_short_runs_measure_every_arm_optimizer_run_and_layer_of_a_warm_start(smoke_results, monkeypatch):
+    """Each injected arm under each optimizer has one row per run and decoder layer; SGD's rate is its own per
+    run and AdamW's GRPO's; the scale arm's displacement differs from the unquantized run's."""
+    from mxfp4.analysis.depth import OPTIMIZER_ARMS, run_depth_optimizers
+    from mxfp4.config.profiles import DepthOptimizerSettings, load_profile
+    from mxfp4.rl import data
+
+    monkeypatch.setattr(data, "accuracy_reward", lambda completions, **kw: [float(i % 2) for i in
+                                                                            range(len(completions))])
+    base = load_profile("smoke")
+    profile = base.model_copy(update={"seeds": [0], "depth_optimizers": DepthOptimizerSettings(
+        optimizers=["sgd", "adamw"], runs_per_seed=2, steps=1)})
+    units = run_depth_optimizers(profile, "tiny-dense", results=smoke_results, progress=lambda m: None)
+    layers = profile.model("tiny-dense").layers or 2
+    for optimizer in ("sgd", "adamw"):
+        for arm in OPTIMIZER_ARMS[1:]:
+            mine = [u for u in units if (u["optimizer"], u["arm"]) == (optimizer, arm)]
+            assert sorted((u["run"], u["distance"]) for u in mine) == [(r, d) for r in (0, 1) for d in range(layers)]
+    assert {u["lr"] for u in units if u["optimizer"] == "adamw"} == {profile.grpo.learning_rate}
+    assert len({u["lr"] for u in units if u["optimizer"] == "sgd"}) == 2
+    assert any(abs(u["norm_ratio"] - 1) > 1e-6 for u in units if u["arm"] == "+scale")
