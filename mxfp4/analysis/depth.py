@@ -153,9 +153,9 @@ def displacement_rows(model_name: str, layers: int, optimizer: str, lr: float, a
 def run_depth_optimizers(profile: Profile, model_name: str, results="results", out_units=None,
                          progress=print) -> list[dict]:
     """Per run (``depth_optimizers.runs_per_seed`` per seed, each on its own ``steps`` GRPO batches of the
-    warm start, drawn as the pathway matrix draws them) and optimizer: each arm's per-layer displacement
-    against the unquantized run's (norm ratio and cosine), every arm at the rate the unquantized run's first
-    batch sets. Returns the unit rows."""
+    warm start, drawn as the pathway matrix draws them, after the ``skip_runs`` runs' batches) and optimizer:
+    each arm's per-layer displacement against the unquantized run's (norm ratio and cosine), every arm at the
+    rate the unquantized run's first batch sets. Returns the unit rows."""
     import torch
 
     settings = profile.depth_optimizers
@@ -171,8 +171,10 @@ def run_depth_optimizers(profile: Profile, model_name: str, results="results", o
     units, run_index = [], 0
     for seed in profile.seeds:
         trainer = probe_trainer(model, tokenizer, profile, seed)
-        wanted = settings.runs_per_seed * settings.steps
+        skipped = settings.skip_runs * settings.steps
+        wanted = skipped + settings.runs_per_seed * settings.steps
         batches, _ = gradient_batches(trainer, seed_problems(train, profile.pathways, seed)[0], profile, wanted, seed)
+        batches = batches[skipped:]
         if len(batches) < settings.steps:
             raise ValueError(f"{model_name} seed {seed}: {len(batches)} GRPO batches with a non-zero advantage, "
                              f"fewer than one run's {settings.steps} steps")

@@ -325,6 +325,8 @@ class DepthOptimizerSettings(_Strict):
         "defaults, weight decay 0), adamw at grpo.learning_rate, sgd at the rate that moves the unquantized run's "
         "first step as far as adamw's")
     runs_per_seed: int = Field(ge=1, description="runs per seed, each on its own GRPO batches (the units)")
+    skip_runs: int = Field(0, ge=0, description="runs per seed whose batches a pilot used, skipped, so that the test "
+                           "runs on batches no earlier run saw")
     steps: int = Field(ge=1, description="optimizer steps of a run, one GRPO batch each")
     site: Literal["forward", "backward", "both"] = Field(
         "backward", description="the GEMMs the injected arms quantize")

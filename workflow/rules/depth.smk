@@ -24,6 +24,8 @@ rule depth_optimizers_model:
     log:
         str(L.log("depth_optimizers_{model}")),
     threads: 1
+    params:
+        made_from=lambda wc: P.depth_optimizers.model_dump_json() if P.depth_optimizers else "",
     shell:
         "MXFP4_THREADS={threads} {MXFP4} depth-optimizers --profile {PROFILE} --model {wildcards.model} --out {output} "
         "> {log} 2>&1"
