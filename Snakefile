@@ -62,8 +62,17 @@ def cell_path(model, recipe, seed, leaf=METRICS):
     return str(L.cell(model, recipe, seed) / leaf)
 
 
-def model_path(model):
-    return str(L.model(model))
+def model_path(model, warm_start=0):
+    return str(L.model(model, warm_start))
+
+
+def warm_start_paths(model, seed=None):
+    """A tiny model's warm starts (none for a hub model): the one ``seed`` starts from, or all of them."""
+    if model not in TINY_MODELS:
+        return []
+    if seed is None:
+        return [model_path(model, k) for k in range(P.warm_starts)]
+    return [model_path(model, P.warm_start_of(int(seed)))]
 
 
 ALL_CELLS = [cell_path(m, r, s) for m in MODELS for r in RECIPES for s in SEEDS]

@@ -374,7 +374,7 @@ def _cmd_corrections_table(args) -> int:
 def _cmd_pretrain(args) -> int:
     from .rl.pretrain import pretrain_model
 
-    meta = pretrain_model(_profile(args), args.model, args.out, args.results)
+    meta = pretrain_model(_profile(args), args.model, args.out, args.results, args.warm_start)
     print(json.dumps(meta, indent=2))
     return 0
 
@@ -590,7 +590,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pretrain", help="warm-start a profile's tiny model with SFT and save it")
     _model_args(p)
-    p.add_argument("--out", default=None, help="folder to save to (default results/<profile>/models/<model>)")
+    p.add_argument("--warm-start", type=int, default=0, help="which warm start (its pretraining seed; 0 to "
+                   "pretrain.warm_starts - 1, default 0)")
+    p.add_argument("--out", default=None, help="folder to save to (default results/<profile>/models/<model>, "
+                                               "models/ws<k>/<model> for warm start k)")
     p.set_defaults(func=_cmd_pretrain)
 
     p = sub.add_parser("cell", help="one ablation cell: GRPO under a recipe, then GSM8K eval via lm-eval")

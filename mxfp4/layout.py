@@ -38,9 +38,9 @@ class Layout:
         return Path(self.results) / self.profile
 
     # inputs the run makes for itself
-    def model(self, model: str) -> Path:
-        """The warm-started tiny model."""
-        return self.root / "models" / model
+    def model(self, model: str, warm_start: int = 0) -> Path:
+        """The warm-started tiny model: its first warm start, or its ``warm_start``-th (``models/ws<k>/``)."""
+        return self.root / "models" / (f"ws{warm_start}/{model}" if warm_start else model)
 
     @property
     def data(self) -> Path:

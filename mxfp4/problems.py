@@ -1,6 +1,7 @@
 """The embedded GSM8K-format problems: a generator of graded difficulty (1 to 3 arithmetic steps) with
-worked answers in GSM8K's format, the warm start's planted flaw (subtraction done as addition), and the
-split of the problem space into a training side and a held-out side that share no question.
+worked answers in GSM8K's format, the warm start's planted flaws (subtraction, and optionally multiplication,
+done as addition), and the split of the problem space into a training side and a held-out side that share no
+question.
 
 A leaf module (no mxfp4 layer imported): the RL cells draw problems from it and the reports classify
 them by it."""
@@ -41,22 +42,37 @@ def generate_problem(rng: random.Random, steps: int) -> dict:
 
 
 _LINE = re.compile(r"^(\d+)([+\-*])(\d+)=<<")
+# The planted flaws: the operation a flawed demonstration does as an addition (a demonstrator who misreads
+# "gives away k" or "k times as many" as "k more"), by name.
+FLAW_OPERATIONS = {"subtraction": "-", "multiplication": "*"}
+DEFAULT_FLAWS = ("subtraction",)
 
 
-def flawed_answer(answer: str) -> str | None:
-    """The worked answer of an embedded problem with every subtraction step done as an addition, the
-    wrong total carried on to the end (a systematic error, as a demonstrator who misreads "gives away"
-    would make); None when the problem has no subtraction step."""
-    lines = answer.split("\n")[:-1]
-    steps = [_LINE.match(line) for line in lines]
+def _flaw_operations(flaws) -> set[str]:
+    unknown = [f for f in flaws if f not in FLAW_OPERATIONS]
+    if unknown or not flaws:
+        raise ValueError(f"planted flaws {list(flaws)}; accepted: one or more of {', '.join(FLAW_OPERATIONS)}")
+    return {FLAW_OPERATIONS[f] for f in flaws}
+
+
+def _steps(answer: str) -> list[re.Match]:
+    steps = [_LINE.match(line) for line in answer.split("\n")[:-1]]
     if not steps or not all(steps):
         raise ValueError(f"not a worked answer of the embedded generator: {answer!r}")
-    if not any(m.group(2) == "-" for m in steps):
+    return steps
+
+
+def flawed_answer(answer: str, flaws=DEFAULT_FLAWS) -> str | None:
+    """The worked answer of an embedded problem with every step of a planted flaw's operation (``flaws``:
+    subtraction, multiplication) done as an addition, the wrong total carried on to the end (a systematic
+    error); None when the problem has no such step."""
+    steps, wrong = _steps(answer), _flaw_operations(flaws)
+    if not any(m.group(2) in wrong for m in steps):
         return None
     total, out = int(steps[0].group(1)), []
     for m in steps:
-        op, k = ("+" if m.group(2) == "-" else m.group(2)), int(m.group(3))
-        result = total + k if op == "+" else total * k
+        op, k = ("+" if m.group(2) in wrong else m.group(2)), int(m.group(3))
+        result = total + k if op == "+" else total - k if op == "-" else total * k
         out.append(f"{total}{op}{k}=<<{total}{op}{k}={result}>>{result}")
         total = result
     return "\n".join(out) + f"\n#### {total}"
@@ -79,13 +95,29 @@ def held_out(question: str) -> bool:
     return int.from_bytes(digest[:8], "big") % HELD_OUT_SHARE == 0
 
 
-def problem_type(answer: str) -> str | None:
-    """``flaw`` for an embedded problem with a subtraction step (the warm start's planted error), ``rest``
-    for the others; None for a worked answer the generator did not write (real GSM8K)."""
+def problem_type(answer: str, flaws=DEFAULT_FLAWS) -> str | None:
+    """``rest`` for an embedded problem without a step of a planted flaw; with one planted flaw, ``flaw``;
+    with several, ``flaw:`` and the flaws it has a step of (``flaw:subtraction+multiplication``); None for a
+    worked answer the generator did not write (real GSM8K)."""
     try:
-        return "rest" if flawed_answer(answer) is None else "flaw"
+        ops = {m.group(2) for m in _steps(answer)}
     except ValueError:
         return None
+    _flaw_operations(flaws)
+    present = [f for f in flaws if FLAW_OPERATIONS[f] in ops]
+    if not present:
+        return "rest"
+    return "flaw" if len(flaws) == 1 else "flaw:" + "+".join(present)
+
+
+def type_groups(kind: str | None) -> list[str]:
+    """The problem groups a problem of type ``kind`` counts in: ``rest``; ``flaw``; or ``flaw`` and each of
+    its flaws (``flaw:subtraction``), so that each planted flaw and all of them together have a row."""
+    if kind is None:
+        return []
+    if not kind.startswith("flaw:"):
+        return [kind]
+    return ["flaw", *(f"flaw:{f}" for f in kind.removeprefix("flaw:").split("+"))]
 
 
 def embedded_split(split: str, n: int, seed: int = 0, max_steps: int = 2) -> list[dict]:

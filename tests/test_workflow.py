@@ -79,6 +79,16 @@ def test_dry_run_resolves_the_full_dag(workdir, profile):
         assert jobs[rule] == 1, rule
 
 
+def test_each_seeds_cells_start_from_their_own_warm_start(workdir):
+    """Two warm starts a model: a seed 1 cell needs warm start 1 (pretrain_extra_warm_start) and no other; the
+    full DAG makes both warm starts of each model once."""
+    cell = "results/smoke-warm-starts/cells/tiny-dense/bf16/seed1/metrics.json"
+    jobs = planned_jobs(snakemake(workdir, "-n", cell, "--config", "profile=smoke-warm-starts"))
+    assert jobs.get("pretrain_extra_warm_start") == 1 and "pretrain_model" not in jobs
+    jobs = planned_jobs(snakemake(workdir, "-n", "all", "--config", "profile=smoke-warm-starts"))
+    assert jobs["pretrain_model"] == 2 and jobs["pretrain_extra_warm_start"] == 2 and jobs["cell"] == 2 * 3 * 2
+
+
 def test_figures_drives_the_kernel_checks_and_benchmark_of_this_run(workdir):
     """A fresh checkout has no figures: the figures target itself runs the kernel checks and the
     benchmark whose figure it shows, so no figure of another machine passes for this run's."""

@@ -50,11 +50,21 @@ def unit_rows(model_name: str, layers: int, form: str, arm: str, site: str, batc
     return out
 
 
+def _warm_start(profile: Profile, model_name: str, results, seed: int, loaded):
+    """(model, tokenizer, (folder, model, tokenizer)): the seed's warm start in float32, loaded again only
+    where it is not the one ``loaded`` holds."""
+    import torch
+
+    folder = warm_start_folder(profile, model_name, results, seed)
+    if loaded is None or loaded[0] != folder:
+        loaded = (folder, *load(str(folder), dtype=torch.float32))
+    return loaded[1], loaded[2], loaded
+
+
 def run_depth(profile: Profile, model_name: str, results="results", out_units=None, progress=print) -> list[dict]:
     """Per gradient batch of the warm start (``pathways.batches`` of each seed, drawn as the pathway matrix
     draws them), every arm of ``depth_arms`` at every site of ``pathways.sites`` in every form: the per-layer
     norm ratio and cosine against the unquantized gradient of the same batch. Returns the unit rows."""
-    import torch
 
     settings = profile.pathways
     if settings is None:
@@ -65,10 +75,11 @@ def run_depth(profile: Profile, model_name: str, results="results", out_units=No
         raise ValueError(f"the depth study measures tiny stand-ins of chosen depth; {model_name!r} is not one")
     layers = spec.layers or 2
     train, _ = gsm.cell_data(profile, results)
-    model, tokenizer = load(str(warm_start_folder(profile, model_name, results)), dtype=torch.float32)
     units = []
     batch_index = 0
-    for seed in profile.seeds:  # one policy (the warm start, unchanged by the arms): each seed its own batches
+    loaded = None
+    for seed in profile.seeds:  # the seed's warm start, unchanged by the arms: each seed its own batches
+        model, tokenizer, loaded = _warm_start(profile, model_name, results, seed, loaded)
         trainer = probe_trainer(model, tokenizer, profile, seed)
         batches, _ = gradient_batches(trainer, seed_problems(train, settings, seed)[0], profile, settings.batches,
                                       seed)
@@ -167,9 +178,9 @@ def run_depth_optimizers(profile: Profile, model_name: str, results="results", o
         raise ValueError(f"the depth study measures tiny stand-ins of chosen depth; {model_name!r} is not one")
     layers = spec.layers or 2
     train, _ = gsm.cell_data(profile, results)
-    model, tokenizer = load(str(warm_start_folder(profile, model_name, results)), dtype=torch.float32)
-    units, run_index = [], 0
+    units, run_index, loaded = [], 0, None
     for seed in profile.seeds:
+        model, tokenizer, loaded = _warm_start(profile, model_name, results, seed, loaded)
         trainer = probe_trainer(model, tokenizer, profile, seed)
         skipped = settings.skip_runs * settings.steps
         wanted = skipped + settings.runs_per_seed * settings.steps

@@ -696,10 +696,10 @@ def checkpoints(profile: Profile, model_name: str, results) -> dict[str, dict[in
             "needs a warm-started tiny model or a hub checkpoint"
         )
     layout = Layout(results, profile.name)
-    warm = layout.model(model_name) if spec.arch else Path(spec.hub)
     out: dict[str, dict[int, Path]] = {}
-    if "warm" in profile.pathways.checkpoints:
-        out["warm"] = dict.fromkeys(profile.seeds, warm)
+    if "warm" in profile.pathways.checkpoints:  # each seed's own warm start (one for all where there is one)
+        out["warm"] = {s: layout.model(model_name, profile.warm_start_of(s)) if spec.arch else Path(spec.hub)
+                       for s in profile.seeds}
     if "grpo" in profile.pathways.checkpoints:
         out["grpo"] = {s: layout.policy(model_name, s) for s in profile.seeds}
         missing = [str(p) for p in out["grpo"].values() if not (p / "config.json").exists()]
@@ -776,7 +776,8 @@ def run_pathways(profile: Profile, model_name: str, results="results", out_csv=N
                          f"{checkpoint!r}")
     ckpts = checkpoints(profile, model_name, results)
     if spec.arch:
-        warm_start_folder(profile, model_name, results)
+        for seed in profile.seeds:
+            warm_start_folder(profile, model_name, results, seed)
     train, _ = gsm.cell_data(profile, results)
     held_out = gsm.load_gsm8k("test", gsm8k_folder(profile)) if settings.prompts_from == "gsm8k-test" else None
     rows: list[dict] = []
@@ -790,7 +791,9 @@ def run_pathways(profile: Profile, model_name: str, results="results", out_csv=N
         measured = {form: Measured() for form in settings.forms}
         skipped = usable = 0
         for seed, path in paths.items():
-            group = ckpt if ckpt == "warm" else f"{ckpt}/seed{seed}"  # the outer unit: the policy measured
+            # The outer unit: the policy measured. The warm starts of several are pooled: the claims are about
+            # the measured warm starts, their units the batches and prompts the power calculation counts.
+            group = ckpt if ckpt == "warm" else f"{ckpt}/seed{seed}"
             model, tokenizer = load(str(path), dtype=torch.float32)  # float32 compute: arms differ only by MXFP4
             if dose is not None:
                 add_outlier_channels(model, *parse_dose(dose), seed=OUTLIER_SEED)

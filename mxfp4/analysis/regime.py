@@ -174,7 +174,7 @@ def run_regime(profile: Profile, results="results", seed: int | None = None,
     out = []
     for model_name in profile.models:
         progress(f"regime statistics of {model_name} (seed {seed}, {profile.regime_batch} batch)")
-        model, tokenizer = load(model_reference(profile, model_name, results), dtype=torch.float32)
+        model, tokenizer = load(model_reference(profile, model_name, results, seed), dtype=torch.float32)
         model.train()
         if profile.regime_batch == "gsm8k-test":
             loss = gsm8k_loss(profile, model_name, tokenizer, seed)

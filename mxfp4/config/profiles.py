@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from . import EXPERIMENTS, load_yaml, shipped
 from .data_files import data_digest
@@ -119,12 +119,38 @@ class PretrainSettings(_Strict):
     batch_size: int = Field(ge=1)
     n_train: int = Field(ge=1, description="embedded problems to train on")
     flawed_fraction: float = Field(
-        0.0, ge=0, le=1, description="share of the demonstrations of problems with a subtraction step that add "
-        "instead (mxfp4.rl.data.flawed_answer): a systematic error of the warm start that the RL reward corrects")
+        0.0, ge=0, le=1, description="share of the demonstrations of problems with a step of a planted flaw that "
+        "add instead (mxfp4.problems.flawed_answer): a systematic error of the warm start that the RL reward "
+        "corrects")
+    flaws: list[Literal["subtraction", "multiplication"]] = Field(
+        default_factory=lambda: ["subtraction"], min_length=1,
+        description="the planted flaws: the operations a flawed demonstration does as an addition")
+    warm_starts: int = Field(
+        1, ge=1, description="warm starts per model, each its own pretraining seed (0, 1, ...): the profile's i-th "
+        "seed trains and is measured from warm start i mod warm_starts")
     outlier_channels: int = Field(
         0, ge=0, description="hidden channels given outlier activations after SFT, the function unchanged "
         "(mxfp4.rl.outlier_channels): the heavy-tail knob")
     outlier_scale: float = Field(32.0, gt=0, description="the outlier channels' factor (a power of two)")
+
+    @field_validator("flaws")
+    @classmethod
+    def _distinct_flaws(cls, flaws):
+        if len(set(flaws)) != len(flaws):
+            raise ValueError(f"pretrain.flaws {flaws} names a flaw twice; accepted: distinct flaws of subtraction, "
+                             "multiplication")
+        return flaws
+
+    def recorded(self) -> dict:
+        """The settings as a warm start and a cell record them: the planted flaws and the number of warm
+        starts only where they differ from one subtraction flaw and one warm start, so that a profile that
+        sets neither keeps the settings (and hashes) it had without them."""
+        out = self.model_dump()
+        if out["flaws"] == ["subtraction"]:
+            del out["flaws"]
+        if out["warm_starts"] == 1:
+            del out["warm_starts"]
+        return out
 
 
 class DataSettings(_Strict):
@@ -451,23 +477,48 @@ class Profile(_Strict):
         out = {
             "model": self.model(model).setting(),
             "code_version": CODE_VERSION,
-            **self.model_dump(include={"pretrain", "data", "grpo", "probe_every", "probe_rows", "eval"}),
+            **self.model_dump(include={"data", "grpo", "probe_every", "probe_rows", "eval"}),
+            "pretrain": None if self.pretrain is None else self.pretrain.recorded(),
         }
         if self.data.source == "gsm8k":
             out["data_files"] = data_digest(self)
         return out
 
-    def warm_start_setting(self, model: str) -> dict:
-        """What a tiny stand-in's warm start is made from (``mxfp4 pretrain``): recorded in it, checked by
-        every job that loads it, and the ``pretrain_model`` rule's params (a change rebuilds it)."""
+    def warm_start_setting(self, model: str, warm_start: int = 0) -> dict:
+        """What a tiny stand-in's warm start (the ``warm_start``-th, its pretraining seed) is made from
+        (``mxfp4 pretrain``): recorded in it, checked by every job that loads it, and the ``pretrain_model``
+        rule's params (a change rebuilds it)."""
         spec = self.model(model)
-        return {
+        self.warm_start_index(warm_start)
+        out = {
             "arch": spec.arch,
             "layers": spec.layers,
-            "pretrain": None if self.pretrain is None else self.pretrain.model_dump(),
+            "pretrain": None if self.pretrain is None else self.pretrain.recorded(),
             "max_problem_steps": self.data.max_problem_steps,
             "code_version": CODE_VERSION,
         }
+        return {**out, "warm_start": warm_start} if warm_start else out
+
+    @property
+    def warm_starts(self) -> int:
+        """Warm starts per tiny model (``pretrain.warm_starts``; 1 without a pretrain section)."""
+        return 1 if self.pretrain is None else self.pretrain.warm_starts
+
+    def warm_start_index(self, warm_start: int) -> int:
+        if not 0 <= warm_start < self.warm_starts:
+            raise ValueError(f"warm start {warm_start} of profile {self.name!r}; accepted: 0 to {self.warm_starts - 1} "
+                             "(pretrain.warm_starts)")
+        return warm_start
+
+    def warm_start_of(self, seed: int) -> int:
+        """The warm start a seed's cells and measurements start from: the seed's place in ``seeds`` modulo
+        ``pretrain.warm_starts`` (warm start 0 for every seed where there is one)."""
+        if self.warm_starts == 1:
+            return 0
+        if seed not in self.seeds:
+            raise ValueError(f"seed {seed} is not in profile {self.name!r}, whose seeds each start from their own "
+                             f"warm start; accepted: {self.seeds}")
+        return self.seeds.index(seed) % self.warm_starts
 
 
 def launch_prefix(spec: ModelSpec, python: str) -> str:
@@ -557,9 +608,9 @@ def setting_hash(profile: Profile, model: str) -> str:
     return _digest(profile.setting(model))
 
 
-def warm_start_hash(profile: Profile, model: str) -> str:
+def warm_start_hash(profile: Profile, model: str, warm_start: int = 0) -> str:
     """Hash of what a tiny stand-in's warm start is made from (``Profile.warm_start_setting``)."""
-    return _digest(profile.warm_start_setting(model))
+    return _digest(profile.warm_start_setting(model, warm_start))
 
 
 def differences(recorded: dict, now: dict, prefix: str = "") -> list[str]:

@@ -10,7 +10,7 @@ import pandas as pd
 from ..config.profiles import Profile
 from ..io import atomic_path
 from ..layout import EVAL_FOLDERS, TABLES, Layout
-from ..problems import problem_type
+from ..problems import DEFAULT_FLAWS, problem_type, type_groups
 from ..stats import crossed_mean, mean_ci
 from .cell_records import check_provenance, read_log, read_metrics, read_samples
 
@@ -83,6 +83,7 @@ def read_items(layout: Layout) -> list[dict]:
     items = []
     for metrics in layout.finished_cells():
         m = read_metrics(metrics)
+        flaws = cell_flaws(m)
         by_doc: dict[int, dict] = {}
         if not any((metrics.parent / EVAL_FOLDERS["after"]).glob("samples_*.jsonl")):
             raise ValueError(f"{metrics.parent / EVAL_FOLDERS['after']}: no lm-eval samples_*.jsonl beside a finished "
@@ -93,7 +94,7 @@ def read_items(layout: Layout) -> list[dict]:
                     row = by_doc.setdefault(
                         s["doc_id"],
                         {"model": m["model"], "recipe": m["recipe"], "seed": m["seed"], "doc_hash": s["doc_hash"],
-                         "doc_id": s["doc_id"], "problem_type": problem_type(s.get("target") or "")},
+                         "doc_id": s["doc_id"], "problem_type": problem_type(s.get("target") or "", flaws)},
                     )
                     if row["doc_hash"] != s["doc_hash"]:
                         raise ValueError(f"{samples}: problem {s['doc_id']} is not the one the cell's other "
@@ -110,8 +111,17 @@ def read_items(layout: Layout) -> list[dict]:
     return items
 
 
+def cell_flaws(metrics: dict) -> tuple[str, ...]:
+    """The planted flaws of a cell's warm start, as its recorded setting gives them (one subtraction flaw
+    where it names none)."""
+    pretrain = (metrics.get("setting") or {}).get("pretrain") or {}
+    return tuple(pretrain.get("flaws", DEFAULT_FLAWS))
+
+
 RL_GAIN_PER_PROBLEM = "gsm8k_rl_gain (per problem)"
-PROBLEM_TYPES = ("flaw", "rest")  # embedded problems with a subtraction step (the planted error) and the others
+# Embedded problems with a step of a planted flaw (all of them, then each flaw where there are several) and
+# the others.
+PROBLEM_TYPES = ("flaw", "flaw:subtraction", "flaw:multiplication", "rest")
 
 
 def typed(metric: str, kind: str) -> str:
@@ -144,7 +154,7 @@ def rl_gain_rows(items: list[dict]) -> list[dict]:
     for (model, recipe), rows in sorted(groups.items()):
         out.append(_crossed_row(model, recipe, RL_GAIN_PER_PROBLEM, rows, gain))
         for kind in PROBLEM_TYPES:
-            of_kind = [r for r in rows if r.get("problem_type") == kind]
+            of_kind = [r for r in rows if kind in type_groups(r.get("problem_type"))]
             if not of_kind:
                 continue
             out.append(_crossed_row(model, recipe, typed(RL_GAIN_PER_PROBLEM, kind), of_kind, gain))

@@ -143,7 +143,7 @@ def plan_cell(
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     recipe = Recipe.named(recipe_name, recipes_file)
-    model_ref = model_reference(profile, model_name, results)
+    model_ref = model_reference(profile, model_name, results, seed)
     if profile.data.source == "gsm8k":
         gsm.validate_gsm8k_dir(gsm8k_folder(profile))
     check_checkpoint_disk(profile, model_name)

@@ -186,12 +186,14 @@ def recorded_setting(folder: Path | str, remake: str = "rerun mxfp4 pretrain") -
         raise ValueError(f"{meta} is not the JSON object pretrain writes; {remake}") from None
 
 
-def warm_start_folder(profile, model_name: str, results: Path | str = "results") -> Path:
-    """The folder of a tiny model's warm start in ``profile``'s run under ``results``, checked whole and
-    made from the profile's current ``warm_start_setting``; a ValueError saying what differs and how to
-    make it again otherwise."""
-    folder = Layout(results, profile.name).model(model_name)
-    remake = (f"make it with: mxfp4 pretrain --profile {profile.name} --model {model_name} (or snakemake "
+def warm_start_folder(profile, model_name: str, results: Path | str = "results", seed: int | None = None) -> Path:
+    """The folder of a tiny model's warm start in ``profile``'s run under ``results`` (the one ``seed``
+    starts from; the first without a seed), checked whole and made from the profile's current
+    ``warm_start_setting``; a ValueError saying what differs and how to make it again otherwise."""
+    index = 0 if seed is None else profile.warm_start_of(seed)
+    folder = Layout(results, profile.name).model(model_name, index)
+    flag = f" --warm-start {index}" if index else ""
+    remake = (f"make it with: mxfp4 pretrain --profile {profile.name} --model {model_name}{flag} (or snakemake "
               f"--cores all pretrain --config profile={profile.name}, which rebuilds a warm start whose settings "
               "changed)")
     missing = missing_warm_start_files(folder)
@@ -199,7 +201,7 @@ def warm_start_folder(profile, model_name: str, results: Path | str = "results")
         raise ValueError(f"the tiny model {model_name!r} of profile {profile.name!r} has not been warm-started "
                          f"({folder} lacks {', '.join(missing)}); {remake}")
     made = recorded_setting(folder, remake)
-    want = profile.warm_start_setting(model_name)
+    want = profile.warm_start_setting(model_name, index)
     if made != want:
         why = ("records no settings to check against the profile's" if not isinstance(made, dict) else
                f"was made from other settings than profile {profile.name!r} gives now (recorded -> now: "
@@ -292,10 +294,11 @@ def load(name_or_path: str, dtype: torch.dtype = torch.float32, device: str | No
     return model, tokenizer
 
 
-def model_reference(profile, model_name: str, results: Path | str = "results") -> str:
+def model_reference(profile, model_name: str, results: Path | str = "results", seed: int | None = None) -> str:
     """What ``models.load`` loads as a model's starting policy: the warm-started tiny model's folder
-    (checked whole), a random initialisation of a real configuration, or the hub id."""
+    (the one ``seed`` starts from, checked whole), a random initialisation of a real configuration, or the
+    hub id."""
     spec = profile.model(model_name)
     if spec.arch:
-        return str(warm_start_folder(profile, model_name, results))
+        return str(warm_start_folder(profile, model_name, results, seed))
     return f"{RANDOM_PREFIX}{spec.config}" if spec.config else spec.hub

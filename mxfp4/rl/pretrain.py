@@ -13,18 +13,18 @@ import torch
 
 from ..io import writable_folder
 from ..layout import Layout
-from ..problems import embedded_split, flawed_answer
+from ..problems import DEFAULT_FLAWS, embedded_split, flawed_answer
 from .data import PROMPT, is_correct
 from .models import TINY_LAYERS, build_tiny, save
 from .outlier_channels import add_outlier_channels
 from .training import common_args
 
 
-def sft_dataset(records: list[dict], eos: str, flawed_fraction: float = 0.0, seed: int = 0):
+def sft_dataset(records: list[dict], eos: str, flawed_fraction: float = 0.0, seed: int = 0, flaws=DEFAULT_FLAWS):
     """Prompt-completion records (TRL computes the loss on the completion only). With
-    ``flawed_fraction``, that share of the problems with a subtraction step (drawn from ``seed``) is
-    demonstrated with ``data.flawed_answer``: the warm start then holds a systematic error that the RL
-    reward can correct (``PretrainSettings.flawed_fraction``)."""
+    ``flawed_fraction``, that share of the problems with a step of a planted flaw (``flaws``; drawn from
+    ``seed``) is demonstrated with ``problems.flawed_answer``: the warm start then holds a systematic error
+    that the RL reward can correct (``PretrainSettings.flawed_fraction``)."""
     import random
 
     from datasets import Dataset
@@ -36,7 +36,7 @@ def sft_dataset(records: list[dict], eos: str, flawed_fraction: float = 0.0, see
     for r in records:
         answer = r["answer"]
         if flawed_fraction and rng.random() < flawed_fraction:
-            answer = flawed_answer(answer) or answer
+            answer = flawed_answer(answer, flaws) or answer
         rows.append({"prompt": PROMPT.format(question=r["question"]), "completion": " " + answer + eos})
     return Dataset.from_list(rows)
 
@@ -57,10 +57,11 @@ def greedy_accuracy(model, tokenizer, records: list[dict], max_new_tokens: int =
 
 def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, batch_size: int = 32, n_train: int = 8000,
              max_steps_per_problem: int = 2, seed: int = 0, n_check: int = 200, layers: int = TINY_LAYERS,
-             flawed_fraction: float = 0.0, outlier_channels: int = 0, outlier_scale: float = 32.0,
-             provenance: dict | None = None) -> dict:
+             flawed_fraction: float = 0.0, flaws=DEFAULT_FLAWS, outlier_channels: int = 0,
+             outlier_scale: float = 32.0, provenance: dict | None = None) -> dict:
     """SFT of a tiny stand-in of ``layers`` decoder layers on the embedded problems (``flawed_fraction``
-    of the subtraction problems demonstrated wrongly: ``sft_dataset``), its greedy accuracy checked,
+    of the problems with a step of a planted flaw demonstrated wrongly: ``sft_dataset``), from the pretraining
+    ``seed`` (its initialisation, problems and flawed draws), its greedy accuracy checked,
     ``outlier_channels`` added (``mxfp4.rl.outlier_channels``; the function unchanged), then saved whole
     with ``provenance`` (the profile's ``warm_start_setting``, which every job that loads it checks)."""
     import datasets
@@ -85,7 +86,7 @@ def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, bat
         router_aux_loss_coef=0.0,
     )
     trainer = SFTTrainer(
-        model=model, args=config, train_dataset=sft_dataset(train, tokenizer.eos_token, flawed_fraction, seed),
+        model=model, args=config, train_dataset=sft_dataset(train, tokenizer.eos_token, flawed_fraction, seed, flaws),
         processing_class=tokenizer,
     )
     trainer.train()
@@ -104,6 +105,7 @@ def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, bat
         "parameters": sum(p.numel() for p in model.parameters()),
         "layers": layers,
         "flawed_fraction": flawed_fraction,
+        "flaws": list(flaws),
         "outlier_channels": channels,
         "outlier_scale": outlier_scale if channels else None,
         "provenance": provenance,
@@ -112,18 +114,22 @@ def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, bat
     return meta
 
 
-def pretrain_model(profile, model: str, out: Path | str | None = None, results: Path | str = "results") -> dict:
-    """The warm start of ``profile``'s tiny model ``model``, made from the profile's settings and saved
-    with them (``Profile.warm_start_setting``) to ``out`` (default: its folder in the run under ``results``)."""
+def pretrain_model(profile, model: str, out: Path | str | None = None, results: Path | str = "results",
+                   warm_start: int = 0) -> dict:
+    """Warm start ``warm_start`` (its pretraining seed) of ``profile``'s tiny model ``model``, made from the
+    profile's settings and saved with them (``Profile.warm_start_setting``) to ``out`` (default: its folder
+    in the run under ``results``)."""
     spec = profile.model(model)
     if not spec.arch:
         raise ValueError(f"{model!r} is a hub model, not a tiny stand-in; accepted: {', '.join(profile.tiny_models())}")
-    out = Layout(results, profile.name).model(model) if out is None else Path(out)
+    profile.warm_start_index(warm_start)
+    out = Layout(results, profile.name).model(model, warm_start) if out is None else Path(out)
     try:
         writable_folder(out.parent)  # before the SFT run, not after it
     except OSError as err:
         raise ValueError(f"cannot write the warm start to {out} ({err.strerror or err}); accepted: a writable "
                          "folder (--out, or --results)") from None
+    settings = profile.pretrain.model_dump(exclude={"warm_starts"})
     return pretrain(spec.arch, out, max_steps_per_problem=profile.data.max_problem_steps,
-                    layers=spec.layers or TINY_LAYERS, provenance=profile.warm_start_setting(model),
-                    **profile.pretrain.model_dump())
+                    layers=spec.layers or TINY_LAYERS, provenance=profile.warm_start_setting(model, warm_start),
+                    seed=warm_start, **settings)

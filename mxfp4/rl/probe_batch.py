@@ -34,7 +34,7 @@ def make_probe_batch(profile: Profile, model_name: str, seed: int, results="resu
     from a seed's own order of the training problems. The caller's random streams are left as they were."""
     with preserved_rng():
         set_seed(seed)  # as the cell does before loading its starting policy
-        model, tokenizer = load(model_reference(profile, model_name, results), dtype=torch.float32)
+        model, tokenizer = load(model_reference(profile, model_name, results, seed), dtype=torch.float32)
         return _sample(profile, model, tokenizer, seed, results, model_name)
 
 

@@ -27,7 +27,7 @@ def bad(mutate):
 
 def test_every_shipped_profile_validates():
     for name in ("embedded", "embedded-large", "embedded-large-outliers", "smoke", "paper", "smoke-ddp", "gpu-smoke",
-                 "gpu-smoke-quick", "real-small", "dose-response", "depth"):
+                 "gpu-smoke-quick", "real-small", "dose-response", "depth", "smoke-warm-starts"):
         assert load_profile(name).name == name
 
 

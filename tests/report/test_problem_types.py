@@ -35,3 +35,18 @@ def test_typed_rows_are_the_means_over_their_own_problems():
 def test_problems_without_a_type_get_no_typed_rows():
     items = _items([None] * 20)
     assert [r["metric"] for r in rl_gain_rows(items)] == [RL_GAIN_PER_PROBLEM]
+
+
+def test_with_two_planted_flaws_each_flaw_all_flaws_and_the_rest_have_rows():
+    """A problem with steps of both flaws counts in each flaw's rows and once in the 'flaw' rows."""
+    kinds = ["flaw:subtraction"] * 10 + ["flaw:multiplication"] * 8 + ["flaw:subtraction+multiplication"] * 4 + \
+        ["rest"] * 12
+    items = _items(kinds)
+    rows = {r["metric"]: r for r in rl_gain_rows(items)}
+    per_seed = {"flaw": 22, "flaw:subtraction": 14, "flaw:multiplication": 12, "rest": 12}
+    for kind, n in per_seed.items():
+        mine = [r for r in items if r["problem_type"] == kind or (kind == "flaw" and r["problem_type"] != "rest")
+                or (kind.startswith("flaw:") and kind[5:] in r["problem_type"])]
+        got = rows[typed(RL_GAIN_PER_PROBLEM, kind)]
+        assert got["n"] == len(mine) == 3 * n
+        assert abs(got["mean"] - sum(r["strict"] - r["strict_before"] for r in mine) / len(mine)) < 1e-12

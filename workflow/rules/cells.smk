@@ -1,6 +1,7 @@
 def model_input(wc):
-    """A tiny model must be warm-started first; hub models are fetched by the cell itself."""
-    return [model_path(wc.model)] if wc.model in TINY_MODELS else []
+    """A tiny model must be warm-started first (a job of one seed: that seed's warm start; else every warm
+    start of the model); hub models are fetched by the cell itself."""
+    return warm_start_paths(wc.model, wc.get("seed"))
 
 
 def reference_input(wc):
@@ -37,14 +38,16 @@ def stored_warm_start(wc):
     pretrain_model makes it."""
     from mxfp4.rl.models import missing_warm_start_files, recorded_setting
 
-    stored = L.stored(L.model(wc.model))
+    warm_start = int(wc.get("warm_start", 0))
+    stored = L.stored(L.model(wc.model, warm_start))
     if WARM_STARTS == "stored" and not missing_warm_start_files(stored):
-        if recorded_setting(stored) == P.warm_start_setting(wc.model):
+        if recorded_setting(stored) == P.warm_start_setting(wc.model, warm_start):
             return str(stored)
     return str(stored) + ".not-stored"
 
 
 ruleorder: copy_stored_warm_start > pretrain_model
+ruleorder: copy_stored_extra_warm_start > pretrain_extra_warm_start
 
 
 rule copy_stored_warm_start:
@@ -54,12 +57,24 @@ rule copy_stored_warm_start:
         stored_warm_start,
     output:
         directory(model_path("{model}")),
+    wildcard_constraints:
+        model=r"[^/]+",
     params:
         made_from=lambda wc: warm_start_hash(P, wc.model),
     run:
         import shutil
 
         shutil.copytree(input[0], output[0], ignore=shutil.ignore_patterns(".snakemake*"))
+
+
+use rule copy_stored_warm_start as copy_stored_extra_warm_start with:
+    output:
+        directory(model_path("{model}", "{warm_start}")),
+    wildcard_constraints:
+        model=r"[^/]+",
+        warm_start=r"[1-9]\d*",
+    params:
+        made_from=lambda wc: warm_start_hash(P, wc.model, int(wc.warm_start)),
 
 
 rule pretrain_model:
@@ -69,11 +84,31 @@ rule pretrain_model:
         directory(model_path("{model}")),
     log:
         str(L.log("pretrain_{model}")),
+    wildcard_constraints:
+        model=r"[^/]+",
     threads: 1
     params:
         made_from=lambda wc: warm_start_hash(P, wc.model),
     shell:
         "MXFP4_THREADS={threads} {MXFP4} pretrain --profile {PROFILE} --model {wildcards.model} > {log} 2>&1"
+
+
+rule pretrain_extra_warm_start:
+    """A further warm start of a tiny stand-in (pretrain.warm_starts): the same SFT from its own pretraining
+    seed (its initialisation, problems and flawed demonstrations)."""
+    output:
+        directory(model_path("{model}", "{warm_start}")),
+    log:
+        str(L.log("pretrain_{model}_ws{warm_start}")),
+    wildcard_constraints:
+        model=r"[^/]+",
+        warm_start=r"[1-9]\d*",
+    threads: 1
+    params:
+        made_from=lambda wc: warm_start_hash(P, wc.model, int(wc.warm_start)),
+    shell:
+        "MXFP4_THREADS={threads} {MXFP4} pretrain --profile {PROFILE} --model {wildcards.model} "
+        "--warm-start {wildcards.warm_start} > {log} 2>&1"
 
 
 def cell_launcher(wc):

@@ -17,7 +17,7 @@ rule store_baselines:
         str(L.regime.with_suffix(".md")),
         str(L.regime),
         [str(L.figure(name, ext)) for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
-        models=[model_path(m) for m in TINY_MODELS],
+        models=[p for m in TINY_MODELS for p in warm_start_paths(m)],  # every warm start, whole
     output:
         # The stored files are sources of the DAG (committed), not outputs: a rule that reads them (compare)
         # must never regenerate them. This marker records when they were last stored.
