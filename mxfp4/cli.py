@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -442,22 +443,14 @@ def _cmd_probe_batch(args) -> int:
     return 0
 
 
-def _cmd_depth(args) -> int:
-    from .analysis.depth import run_depth
+def _cmd_depth(args, optimizers: bool = False) -> int:
+    """``mxfp4 depth`` (the gradient rows), or ``mxfp4 depth-optimizers`` (the short runs)."""
+    from .analysis.depth import run_depth, run_depth_optimizers
 
-    out = args.out or args.layout.depth_units(args.model)
-    units = run_depth(_profile(args), args.model, args.results, out_units=out,
-                      progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    print(f"wrote {out} ({len(units)} rows)")
-    return 0
-
-
-def _cmd_depth_optimizers(args) -> int:
-    from .analysis.depth import run_depth_optimizers
-
-    out = args.out or args.layout.depth_optimizer_units(args.model)
-    units = run_depth_optimizers(_profile(args), args.model, args.results, out_units=out,
-                                 progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    run = run_depth_optimizers if optimizers else run_depth
+    out = args.out or (args.layout.depth_optimizer_units if optimizers else args.layout.depth_units)(args.model)
+    units = run(_profile(args), args.model, args.results, out_units=out,
+                progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(f"wrote {out} ({len(units)} rows)")
     return 0
 
@@ -627,7 +620,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                 "with the scale component, its control and no injection")
     _model_args(p)
     p.add_argument("--out", default=None, help="default results/<profile>/depth/optimizers/<model>_units.csv")
-    p.set_defaults(func=_cmd_depth_optimizers)
+    p.set_defaults(func=functools.partial(_cmd_depth, optimizers=True))
 
     p = sub.add_parser("probe-batch", help="the GRPO batch every recipe's gradient probes of a model and seed are "
                                            "taken on (sampled once by the starting policy, unquantized)")

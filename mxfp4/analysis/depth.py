@@ -50,40 +50,47 @@ def unit_rows(model_name: str, layers: int, form: str, arm: str, site: str, batc
     return out
 
 
-def _warm_start(profile: Profile, model_name: str, results, seed: int, loaded):
-    """(model, tokenizer, (folder, model, tokenizer)): the seed's warm start in float32, loaded again only
-    where it is not the one ``loaded`` holds."""
+def _layers(profile: Profile, model_name: str) -> int:
+    """The decoder layers of a tiny stand-in (the study's models are of chosen depth)."""
+    spec = profile.model(model_name)
+    if not spec.arch:
+        raise ValueError(f"the depth study measures tiny stand-ins of chosen depth; {model_name!r} is not one")
+    return spec.layers or 2
+
+
+def _seed_batches(profile: Profile, model_name: str, results, n_batches: int, skip: int = 0):
+    """Per seed: (seed, model, trainer, batches), the seed's warm start in float32 in train mode (loaded again
+    only where it is another seed's than the last) and ``n_batches`` of its GRPO batches drawn as the pathway
+    matrix draws them, after the first ``skip``."""
     import torch
 
-    folder = warm_start_folder(profile, model_name, results, seed)
-    if loaded is None or loaded[0] != folder:
-        loaded = (folder, *load(str(folder), dtype=torch.float32))
-    return loaded[1], loaded[2], loaded
+    train, _ = gsm.cell_data(profile, results)
+    loaded = None
+    for seed in profile.seeds:
+        folder = warm_start_folder(profile, model_name, results, seed)
+        if loaded is None or loaded[0] != folder:
+            loaded = (folder, *load(str(folder), dtype=torch.float32))
+        model, tokenizer = loaded[1], loaded[2]
+        trainer = probe_trainer(model, tokenizer, profile, seed)
+        batches, _ = gradient_batches(trainer, seed_problems(train, profile.pathways, seed)[0], profile,
+                                      skip + n_batches, seed)
+        model.train()
+        yield seed, model, trainer, batches[skip:]
 
 
 def run_depth(profile: Profile, model_name: str, results="results", out_units=None, progress=print) -> list[dict]:
     """Per gradient batch of the warm start (``pathways.batches`` of each seed, drawn as the pathway matrix
     draws them), every arm of ``depth_arms`` at every site of ``pathways.sites`` in every form: the per-layer
     norm ratio and cosine against the unquantized gradient of the same batch. Returns the unit rows."""
-
     settings = profile.pathways
     if settings is None:
         raise ValueError(f"profile {profile.name!r} has no pathways section: the depth study draws its gradient "
                          "batches as the pathway matrix does (see experiments/profiles/depth.yaml)")
-    spec = profile.model(model_name)
-    if not spec.arch:
-        raise ValueError(f"the depth study measures tiny stand-ins of chosen depth; {model_name!r} is not one")
-    layers = spec.layers or 2
-    train, _ = gsm.cell_data(profile, results)
+    layers = _layers(profile, model_name)
     units = []
     batch_index = 0
-    loaded = None
-    for seed in profile.seeds:  # the seed's warm start, unchanged by the arms: each seed its own batches
-        model, tokenizer, loaded = _warm_start(profile, model_name, results, seed, loaded)
-        trainer = probe_trainer(model, tokenizer, profile, seed)
-        batches, _ = gradient_batches(trainer, seed_problems(train, settings, seed)[0], profile, settings.batches,
-                                      seed)
-        model.train()
+    # The seed's warm start, unchanged by the arms: each seed its own batches.
+    for seed, model, trainer, batches in _seed_batches(profile, model_name, results, settings.batches):
         reference = [batch_gradient(trainer, b) for b in batches]
         for form in settings.forms:
             for site in settings.sites:
@@ -173,23 +180,14 @@ def run_depth_optimizers(profile: Profile, model_name: str, results="results", o
     if settings is None:
         raise ValueError(f"profile {profile.name!r} has no depth_optimizers section (see "
                          "experiments/profiles/depth.yaml)")
-    spec = profile.model(model_name)
-    if not spec.arch:
-        raise ValueError(f"the depth study measures tiny stand-ins of chosen depth; {model_name!r} is not one")
-    layers = spec.layers or 2
-    train, _ = gsm.cell_data(profile, results)
-    units, run_index, loaded = [], 0, None
-    for seed in profile.seeds:
-        model, tokenizer, loaded = _warm_start(profile, model_name, results, seed, loaded)
-        trainer = probe_trainer(model, tokenizer, profile, seed)
-        skipped = settings.skip_runs * settings.steps
-        wanted = skipped + settings.runs_per_seed * settings.steps
-        batches, _ = gradient_batches(trainer, seed_problems(train, profile.pathways, seed)[0], profile, wanted, seed)
-        batches = batches[skipped:]
+    layers = _layers(profile, model_name)
+    units, run_index = [], 0
+    for seed, model, trainer, batches in _seed_batches(profile, model_name, results,
+                                                       settings.runs_per_seed * settings.steps,
+                                                       skip=settings.skip_runs * settings.steps):
         if len(batches) < settings.steps:
             raise ValueError(f"{model_name} seed {seed}: {len(batches)} GRPO batches with a non-zero advantage, "
                              f"fewer than one run's {settings.steps} steps")
-        model.train()
         gradient = functools.partial(batch_gradient, trainer)
         for r in range(len(batches) // settings.steps):
             run_batches = batches[r * settings.steps:(r + 1) * settings.steps]
@@ -199,7 +197,7 @@ def run_depth_optimizers(profile: Profile, model_name: str, results="results", o
                     lr = matched_sgd_lr(lr, batch_gradient(trainer, run_batches[0]))
                 moved = {}
                 for arm in OPTIMIZER_ARMS:
-                    torch.manual_seed(seed * 1000 + r)  # a control's random draws: the same for either optimizer
+                    torch.manual_seed(seed * 1000 + r)  # a control's draws: the same for either optimizer
                     with Arm(model, row_quantizer(arm, settings.site, form="gain")):
                         moved[arm] = short_run(model, gradient, run_batches, optimizer, lr)
                 for arm in OPTIMIZER_ARMS[1:]:

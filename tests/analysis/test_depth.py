@@ -241,3 +241,10 @@ def test_the_short_runs_measure_every_arm_optimizer_run_and_layer_of_a_warm_star
     assert {u["lr"] for u in units if u["optimizer"] == "adamw"} == {profile.grpo.learning_rate}
     assert len({u["lr"] for u in units if u["optimizer"] == "sgd"}) == 2
     assert any(abs(u["norm_ratio"] - 1) > 1e-6 for u in units if u["arm"] == "+scale")
+    # skip_runs leaves the first runs' batches to a pilot: the scale arm's one run left is the second run above,
+    # bit for bit (the controls' draws are seeded by the run's place among the runs measured)
+    later = run_depth_optimizers(profile.model_copy(update={"depth_optimizers": DepthOptimizerSettings(
+        optimizers=["sgd"], runs_per_seed=1, skip_runs=1, steps=1)}), "tiny-dense", results=smoke_results,
+        progress=lambda m: None)
+    second = [{**u, "run": 0} for u in units if (u["run"], u["optimizer"], u["arm"]) == (1, "sgd", "+scale")]
+    assert [u for u in later if u["arm"] == "+scale"] == second
