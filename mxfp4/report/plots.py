@@ -217,13 +217,20 @@ def _bar(ax, x, values, color, width, style="solid", label=None):
 
 def accuracy_bars(cells_csv: Path | str, out_stem: Path | str) -> list[Path]:
     """Per recipe, GSM8K strict accuracy before RL, after RL and after RL unquantized (top), and the RL
-    gain, after minus before (bottom), with 95% t intervals over seeds; BF16's as reference lines."""
+    gain, after minus before (middle), with 95% t intervals over seeds; BF16's as reference lines. Where
+    ``summary.csv`` beside the cells has per-problem-type rows (the embedded problems: the planted flaws and
+    the rest), the RL gain per type and recipe at the bottom, with its interval over problems and seeds."""
     rows = read_csv(cells_csv)
     models = sorted({r["model"] for r in rows})
     recipes = list(dict.fromkeys(r["recipe"] for r in rows))
-    fig, axes = plt.subplots(2, len(models), figsize=(6.5 * len(models), 7), squeeze=False, layout="constrained")
+    typed_gains = _typed_gains(Path(cells_csv).with_name("summary.csv"))
+    panels = 3 if typed_gains else 2
+    fig, axes = plt.subplots(panels, len(models), figsize=(6.5 * len(models), 3.5 * panels), squeeze=False,
+                             layout="constrained")
     width = 0.27
     for col, model in enumerate(models):
+        if typed_gains:
+            _typed_gain_bars(axes[2][col], model, recipes, typed_gains)
         top, bottom = axes[0][col], axes[1][col]
         for i, recipe in enumerate(recipes):
             cells = [r for r in rows if r["model"] == model and r["recipe"] == recipe]
@@ -248,6 +255,34 @@ def accuracy_bars(cells_csv: Path | str, out_stem: Path | str) -> list[Path]:
         "the trained policy through the recipe's quantized forward, and the trained weights unquantized"
     )
     return save(fig, out_stem)
+
+
+def _typed_gains(summary_csv: Path) -> dict[tuple[str, str, str], dict]:
+    """(model, recipe, problem type) -> the summary's RL gain row of that type (empty without typed rows)."""
+    from .aggregate import PROBLEM_TYPES, RL_GAIN_PER_PROBLEM, typed
+
+    if not summary_csv.is_file():
+        return {}
+    names = {typed(RL_GAIN_PER_PROBLEM, k): k for k in PROBLEM_TYPES}
+    return {(r["model"], r["recipe"], names[r["metric"]]): r for r in read_csv(summary_csv) if r["metric"] in names}
+
+
+def _typed_gain_bars(ax, model: str, recipes: list[str], gains: dict) -> None:
+    kinds = list(dict.fromkeys(k for m, _, k in gains if m == model))
+    width = 0.8 / max(1, len(kinds))
+    for j, kind in enumerate(kinds):
+        pts = [(i + (j - (len(kinds) - 1) / 2) * width, gains[(model, recipe, kind)])
+               for i, recipe in enumerate(recipes) if (model, recipe, kind) in gains]
+        if pts:
+            ax.bar([x for x, _ in pts], [r["mean"] for _, r in pts], width, yerr=error_bars([r for _, r in pts]),
+                   capsize=2, color=f"C{j}", label=f"{kind} problems (n = {pts[0][1]['n']} problem-seed pairs)")
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set_xticks(range(len(recipes)), recipes, rotation=25, ha="right", fontsize=8)
+    ax.set_xlim(-0.6, len(recipes) - 0.4)
+    ax.set_ylabel("RL gain (points of accuracy)")
+    ax.set_title(f"{model}: RL gain per problem type, paired by problem and seed\n(95% interval; problems and "
+                 "seeds crossed random factors)", fontsize=8)
+    ax.legend(fontsize=7)
 
 
 def _bar_groups(ax, rows, label_of, group_of, title):

@@ -40,7 +40,8 @@ rule figure_training:
 
 rule figure_accuracy:
     input:
-        str(L.table("cells")),
+        cells=str(L.table("cells")),
+        summary=str(L.table("summary")),  # the RL gain per problem type, read beside cells.csv
     output:
         png=report(str(L.figure("gsm8k_accuracy", ".png")), caption="../report/gsm8k_accuracy.rst", category="Cells"),
         pdf=str(L.figure("gsm8k_accuracy", ".pdf")),
@@ -50,7 +51,7 @@ rule figure_accuracy:
     log:
         str(L.log("figure_accuracy")),
     shell:
-        "{MXFP4} plot accuracy {input} --out {output.png} > {log} 2>&1"
+        "{MXFP4} plot accuracy {input.cells} --out {output.png} > {log} 2>&1"
 
 
 rule figure_kernels:
