@@ -106,7 +106,6 @@ def run_depth(profile: Profile, model_name: str, results="results", out_units=No
     return units
 
 
-
 # The short runs: does the gain reach training? -------------------------------------------------------------
 
 OPTIMIZER_ARMS = ("none", "+scale", "+scale~signflip")
