@@ -448,10 +448,6 @@ class Profile(_Strict):
                     m.arch for m in self.models.values()):
                 raise ValueError("dose_response adds outlier channels to tiny stand-ins' warm starts; accepted: tiny "
                                  "models only and a pretrain section with outlier_channels: 0 (doses do not stack)")
-        return self
-
-    @model_validator(mode="after")
-    def _depth_optimizers_have_batches(self):
         if self.depth_optimizers is not None and (self.pathways is None or not self.tiny_models()):
             raise ValueError("depth_optimizers draws its GRPO batches as the pathway matrix does, on tiny stand-ins; "
                              "accepted: a pathways section and tiny models (see experiments/profiles/depth.yaml)")
@@ -489,7 +485,7 @@ class Profile(_Strict):
         (``mxfp4 pretrain``): recorded in it, checked by every job that loads it, and the ``pretrain_model``
         rule's params (a change rebuilds it)."""
         spec = self.model(model)
-        self.warm_start_index(warm_start)
+        self.check_warm_start(warm_start)
         out = {
             "arch": spec.arch,
             "layers": spec.layers,
@@ -504,11 +500,11 @@ class Profile(_Strict):
         """Warm starts per tiny model (``pretrain.warm_starts``; 1 without a pretrain section)."""
         return 1 if self.pretrain is None else self.pretrain.warm_starts
 
-    def warm_start_index(self, warm_start: int) -> int:
+    def check_warm_start(self, warm_start: int) -> None:
+        """A ValueError unless ``warm_start`` is one of this profile's (0 to ``pretrain.warm_starts`` - 1)."""
         if not 0 <= warm_start < self.warm_starts:
             raise ValueError(f"warm start {warm_start} of profile {self.name!r}; accepted: 0 to {self.warm_starts - 1} "
                              "(pretrain.warm_starts)")
-        return warm_start
 
     def warm_start_of(self, seed: int) -> int:
         """The warm start a seed's cells and measurements start from: the seed's place in ``seeds`` modulo

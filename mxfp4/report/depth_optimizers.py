@@ -43,10 +43,11 @@ def run_slopes(units: list[dict]) -> dict[tuple, float | None]:
     return {k: log_slope(v) for k, v in groups.items()}
 
 
-def _row(key: dict, measure: str, distance, est: dict, method: str, **extra) -> dict:
+def _row(key: dict, measure: str, distance, est: dict, method: str) -> dict:
+    """A table row from ``mean_ci``'s estimate (its mean) or ``paired_diff``'s (its diff and p)."""
     return {**key, "measure": measure, "distance": distance, "mean": est.get("mean", est.get("diff")),
             "ci_low": est["ci_low"], "ci_high": est["ci_high"], "n": est["n"], "p": est.get("p"), "p_holm": None,
-            "verdict": None, "method": method, **extra}
+            "verdict": None, "method": method}
 
 
 def _by_run(slopes: dict, model: str, optimizer: str, arm: str) -> dict[int, float | None]:

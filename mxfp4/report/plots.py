@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from ..layout import REFERENCE_RECIPE  # noqa: E402
 from ..numerics.decompose import PAIRS  # noqa: E402
 from ..stats import mean_ci  # noqa: E402
-from .aggregate import read_csv  # noqa: E402
+from .aggregate import PROBLEM_TYPES, RL_GAIN_PER_PROBLEM, read_csv, typed  # noqa: E402
 from .pathway_table import estimate, main_site, read_rows  # noqa: E402
 
 COLORS = {"scale": "#d62728", "dead": "#1f77b4", "grid": "#2ca02c", "cross": "#7f7f7f"}
@@ -259,8 +259,6 @@ def accuracy_bars(cells_csv: Path | str, out_stem: Path | str) -> list[Path]:
 
 def _typed_gains(summary_csv: Path) -> dict[tuple[str, str, str], dict]:
     """(model, recipe, problem type) -> the summary's RL gain row of that type (empty without typed rows)."""
-    from .aggregate import PROBLEM_TYPES, RL_GAIN_PER_PROBLEM, typed
-
     if not summary_csv.is_file():
         return {}
     names = {typed(RL_GAIN_PER_PROBLEM, k): k for k in PROBLEM_TYPES}

@@ -122,7 +122,7 @@ def pretrain_model(profile, model: str, out: Path | str | None = None, results: 
     spec = profile.model(model)
     if not spec.arch:
         raise ValueError(f"{model!r} is a hub model, not a tiny stand-in; accepted: {', '.join(profile.tiny_models())}")
-    profile.warm_start_index(warm_start)
+    profile.check_warm_start(warm_start)
     out = Layout(results, profile.name).model(model, warm_start) if out is None else Path(out)
     try:
         writable_folder(out.parent)  # before the SFT run, not after it
