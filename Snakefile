@@ -111,7 +111,7 @@ rule proofs:
 
 rule pretrain:
     input:
-        [model_path(m) for m in TINY_MODELS],
+        [p for m in TINY_MODELS for p in warm_start_paths(m)],
 
 
 rule pathways:

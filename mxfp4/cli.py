@@ -375,7 +375,7 @@ def _cmd_corrections_table(args) -> int:
 def _cmd_pretrain(args) -> int:
     from .rl.pretrain import pretrain_model
 
-    meta = pretrain_model(_profile(args), args.model, args.out, args.results, args.warm_start)
+    meta = pretrain_model(_profile(args), args.model, args.out, args.results, args.warm_start, args.sft_from)
     print(json.dumps(meta, indent=2))
     return 0
 
@@ -587,6 +587,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "pretrain.warm_starts - 1, default 0)")
     p.add_argument("--out", default=None, help="folder to save to (default results/<profile>/models/<model>, "
                                                "models/ws<k>/<model> for warm start k)")
+    p.add_argument("--sft-from", default=None, help="a warm start of the same SFT without outlier channels (e.g. "
+                   "the stored one of the profile this one adds them to): add the channels to it instead of "
+                   "running the SFT again")
     p.set_defaults(func=_cmd_pretrain)
 
     p = sub.add_parser("cell", help="one ablation cell: GRPO under a recipe, then GSM8K eval via lm-eval")

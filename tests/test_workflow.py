@@ -59,6 +59,37 @@ def test_a_compare_on_the_stored_baselines_trains_no_warm_start(workdir):
     assert "--config compare_seeds: 0 is less than the minimum of 1" in out, out[-1000:]
 
 
+def test_an_outlier_profile_adds_its_channels_to_a_stored_sft_instead_of_training_it(workdir):
+    """warm_starts=stored: every warm start of the outlier profile comes from a stored one of the same SFT
+    without outlier channels (any stored profile's); without it, or with another SFT stored, it is trained."""
+    import json
+
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.layout import Layout
+    from mxfp4.rl.models import WARM_START_FILES, WARM_START_META
+
+    heavy = load_profile("embedded-large-outliers")
+
+    def store(setting):
+        for model in heavy.tiny_models():
+            for k in range(heavy.warm_starts):
+                folder = workdir / Layout(workdir / "results", "baselines/sft-source").model(model, k)
+                folder.mkdir(parents=True, exist_ok=True)
+                for name in WARM_START_FILES:
+                    (folder / name).write_text("")
+                (folder / WARM_START_META).write_text(json.dumps({"provenance": setting(model, k)}))
+
+    args = ("-n", "pretrain", "--config", f"profile={heavy.name}")
+    store(heavy.sft_setting)
+    jobs = planned_jobs(snakemake(workdir, *args, "warm_starts=stored"))
+    assert jobs == {"outliers_on_stored_sft": 2, "outliers_on_stored_extra_sft": 4, "pretrain": 1}, jobs
+    jobs = planned_jobs(snakemake(workdir, *args))
+    assert jobs == {"pretrain_model": 2, "pretrain_extra_warm_start": 4, "pretrain": 1}, jobs
+    store(lambda model, k: {**heavy.sft_setting(model, k), "layers": 2})
+    jobs = planned_jobs(snakemake(workdir, *args, "warm_starts=stored"))
+    assert jobs == {"pretrain_model": 2, "pretrain_extra_warm_start": 4, "pretrain": 1}, jobs
+
+
 def test_a_config_typo_is_one_line_naming_the_accepted_keys(workdir):
     out = snakemake(workdir, "-n", "all", "--config", "profle=smoke", check=False)
     assert "--config: Additional properties are not allowed ('profle' was unexpected); accepted keys: profile" in out

@@ -495,6 +495,17 @@ class Profile(_Strict):
         }
         return {**out, "warm_start": warm_start} if warm_start else out
 
+    def sft_setting(self, model: str, warm_start: int = 0) -> dict:
+        """``warm_start_setting`` without the outlier channels: what the SFT alone is made from. A stored
+        warm start with this setting becomes this profile's by adding the channels, bit for bit what
+        ``mxfp4 pretrain`` makes (it adds them after the same SFT)."""
+        setting = self.warm_start_setting(model, warm_start)
+        if setting["pretrain"] is not None:
+            defaults = PretrainSettings.model_fields
+            setting["pretrain"] = {**setting["pretrain"], "outlier_channels": defaults["outlier_channels"].default,
+                                   "outlier_scale": defaults["outlier_scale"].default}
+        return setting
+
     @property
     def warm_starts(self) -> int:
         """Warm starts per tiny model (``pretrain.warm_starts``; 1 without a pretrain section)."""

@@ -6,16 +6,19 @@ solve none. The saved folder loads back like any checkpoint (``mxfp4.models.load
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import torch
 
+from ..config.profiles import differences
 from ..io import writable_folder
 from ..layout import Layout
 from ..problems import DEFAULT_FLAWS, embedded_split, flawed_answer
 from .data import PROMPT, is_correct
-from .models import TINY_LAYERS, build_tiny, save
+from .models import (TINY_LAYERS, WARM_START_META, build_tiny, load, missing_warm_start_files, recorded_setting,
+                     save)
 from .outlier_channels import add_outlier_channels
 from .training import common_args
 
@@ -115,10 +118,11 @@ def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, bat
 
 
 def pretrain_model(profile, model: str, out: Path | str | None = None, results: Path | str = "results",
-                   warm_start: int = 0) -> dict:
+                   warm_start: int = 0, sft_from: Path | str | None = None) -> dict:
     """Warm start ``warm_start`` (its pretraining seed) of ``profile``'s tiny model ``model``, made from the
     profile's settings and saved with them (``Profile.warm_start_setting``) to ``out`` (default: its folder
-    in the run under ``results``)."""
+    in the run under ``results``). With ``sft_from``, a warm start made from the same SFT without outlier
+    channels (``Profile.sft_setting``, checked) has the profile's channels added instead of a new SFT run."""
     spec = profile.model(model)
     if not spec.arch:
         raise ValueError(f"{model!r} is a hub model, not a tiny stand-in; accepted: {', '.join(profile.tiny_models())}")
@@ -129,7 +133,35 @@ def pretrain_model(profile, model: str, out: Path | str | None = None, results: 
     except OSError as err:
         raise ValueError(f"cannot write the warm start to {out} ({err.strerror or err}); accepted: a writable "
                          "folder (--out, or --results)") from None
+    if sft_from is not None:
+        return outliers_added(Path(sft_from), out, profile.sft_setting(model, warm_start), warm_start,
+                              profile.pretrain.outlier_channels, profile.pretrain.outlier_scale,
+                              profile.warm_start_setting(model, warm_start))
     settings = profile.pretrain.model_dump(exclude={"warm_starts"})
     return pretrain(spec.arch, out, max_steps_per_problem=profile.data.max_problem_steps,
                     layers=spec.layers or TINY_LAYERS, provenance=profile.warm_start_setting(model, warm_start),
                     seed=warm_start, **settings)
+
+
+def outliers_added(source: Path, out: Path | str, sft_setting: dict, seed: int, outlier_channels: int,
+                   outlier_scale: float, provenance: dict) -> dict:
+    """The warm start ``source`` (made from ``sft_setting``: checked) with ``outlier_channels`` added from the
+    pretraining ``seed``, as ``pretrain`` adds them after its SFT, saved to ``out`` with ``provenance``."""
+    remake = "accepted: a warm start made from the same SFT without outlier channels"
+    missing = missing_warm_start_files(source)
+    if missing:
+        raise ValueError(f"--sft-from {source} is not a whole warm start (it lacks {', '.join(missing)}); {remake}")
+    made = recorded_setting(source, remake)
+    if made != sft_setting:
+        why = ("records no settings" if not isinstance(made, dict) else
+               "was made from other settings (recorded -> wanted: " + "; ".join(differences(made, sft_setting)) + ")")
+        raise ValueError(f"--sft-from {source} {why}; {remake}")
+    if not outlier_channels:
+        raise ValueError("--sft-from adds outlier channels, and this profile has none (pretrain.outlier_channels 0); "
+                         "accepted: a profile with outlier_channels >= 1")
+    model, tokenizer = load(str(source), device="cpu")
+    meta = json.loads((source / WARM_START_META).read_text())
+    channels = add_outlier_channels(model, outlier_channels, outlier_scale, seed)
+    meta.update(outlier_channels=channels, outlier_scale=outlier_scale, provenance=provenance, sft_from=str(source))
+    save(model, tokenizer, out, meta)
+    return meta

@@ -59,14 +59,15 @@ def _keys(records):
 
 @pytest.mark.parametrize("name", ["embedded", "embedded-large"])
 def test_no_held_out_problem_appears_in_any_training_draw(name):
-    """Every problem a profile trains on (the warm start's SFT set, GRPO's prompts, the few-shot pool)
+    """Every problem a profile trains on (each warm start's SFT set, GRPO's prompts, the few-shot pool)
     against the held-out problems it evaluates on: no question in common, and the held-out problems
     are distinct."""
     profile = load_profile(name)
     steps = profile.data.max_problem_steps
     test = problems.embedded_split("test", profile.data.n_eval, seed=0, max_steps=steps)
     assert len(_keys(test)) == len(test) == profile.data.n_eval
-    trained = problems.embedded_split("train", profile.pretrain.n_train, seed=0, max_steps=steps)
+    trained = [r for k in range(profile.warm_starts)  # warm start k: pretraining seed k
+               for r in problems.embedded_split("train", profile.pretrain.n_train, seed=k, max_steps=steps)]
     trained += problems.embedded_split("train", profile.data.n_train, seed=0, max_steps=steps)
     trained += problems.embedded_split("train", 64, seed=1, max_steps=steps)
     assert not _keys(test) & _keys(trained)

@@ -112,3 +112,32 @@ def test_a_second_warm_start_is_its_own_pretraining_seed_and_is_checked_against_
     other = profile.model_copy(update={"pretrain": profile.pretrain.model_copy(update={"flaws": ["subtraction"]})})
     with pytest.raises(ValueError, match="--warm-start 1"):
         warm_start_folder(other, "tiny-dense", tmp_path, seed=1)
+
+
+def test_outlier_channels_added_to_a_stored_sft_are_bit_for_bit_the_warm_start_pretrain_makes(tmp_path):
+    """The outlier profile's warm start made from the same SFT without outlier channels equals the one its own
+    SFT run makes, tensor for tensor; an SFT of other settings is refused, naming what differs."""
+    import torch
+    from safetensors.torch import load_file
+
+    from mxfp4.rl.pretrain import pretrain_model
+
+    plain = load_profile("smoke-warm-starts")
+    plain = plain.model_copy(update={"pretrain": plain.pretrain.model_copy(update={"steps": 2})})
+    heavy = plain.model_copy(update={"pretrain": plain.pretrain.model_copy(
+        update={"outlier_channels": 3, "outlier_scale": 8.0})})
+    sft = pretrain_model(plain, "tiny-dense", tmp_path / "sft", warm_start=1)
+    own = pretrain_model(heavy, "tiny-dense", tmp_path / "own", warm_start=1)
+    added = pretrain_model(heavy, "tiny-dense", tmp_path / "added", warm_start=1, sft_from=tmp_path / "sft")
+    assert added["outlier_channels"] == own["outlier_channels"] and len(own["outlier_channels"]) == 3
+    assert added["provenance"] == own["provenance"] == heavy.warm_start_setting("tiny-dense", 1)
+    assert sft["outlier_channels"] == [] and heavy.sft_setting("tiny-dense", 1) == sft["provenance"]
+    w_own, w_added, w_sft = (load_file(tmp_path / f / "model.safetensors") for f in ("own", "added", "sft"))
+    assert w_own.keys() == w_added.keys()
+    assert all(torch.equal(w_own[k], w_added[k]) for k in w_own)
+    assert any(not torch.equal(w_own[k], w_sft[k]) for k in w_own)  # the channels were added
+    other = heavy.model_copy(update={"pretrain": heavy.pretrain.model_copy(update={"flaws": ["subtraction"]})})
+    with pytest.raises(ValueError, match=r"--sft-from .* was made from other settings .*flaws"):
+        pretrain_model(other, "tiny-dense", tmp_path / "refused", warm_start=1, sft_from=tmp_path / "sft")
+    with pytest.raises(ValueError, match="this profile has none"):
+        pretrain_model(plain, "tiny-dense", tmp_path / "refused", warm_start=1, sft_from=tmp_path / "sft")

@@ -46,8 +46,25 @@ def stored_warm_start(wc):
     return str(stored) + ".not-stored"
 
 
-ruleorder: copy_stored_warm_start > pretrain_model
-ruleorder: copy_stored_extra_warm_start > pretrain_extra_warm_start
+def stored_sft(wc):
+    """With --config warm_starts=stored, for a profile with outlier channels: a stored warm start of any
+    profile made from the same SFT without them (``Profile.sft_setting``), so that the channels are added to
+    it rather than the SFT run again; else a path that does not exist."""
+    from mxfp4.rl.models import missing_warm_start_files, recorded_setting
+
+    warm_start = int(wc.get("warm_start", 0))
+    if WARM_STARTS == "stored" and P.pretrain is not None and P.pretrain.outlier_channels:
+        relative = L.model(wc.model, warm_start).relative_to(L.root)
+        want = P.sft_setting(wc.model, warm_start)
+        for profile_folder in sorted(L.baselines.parent.iterdir()):
+            stored = profile_folder / relative
+            if not missing_warm_start_files(stored) and recorded_setting(stored) == want:
+                return str(stored)
+    return str(L.stored(L.model(wc.model, warm_start))) + ".no-sft"
+
+
+ruleorder: copy_stored_warm_start > outliers_on_stored_sft > pretrain_model
+ruleorder: copy_stored_extra_warm_start > outliers_on_stored_extra_sft > pretrain_extra_warm_start
 
 
 rule copy_stored_warm_start:
@@ -109,6 +126,38 @@ rule pretrain_extra_warm_start:
     shell:
         "MXFP4_THREADS={threads} {MXFP4} pretrain --profile {PROFILE} --model {wildcards.model} "
         "--warm-start {wildcards.warm_start} > {log} 2>&1"
+
+
+rule outliers_on_stored_sft:
+    """This profile's warm start from a stored one of the same SFT without outlier channels (``stored_sft``):
+    the channels added, bit for bit what pretrain_model makes, without its SFT run."""
+    input:
+        stored_sft,
+    output:
+        directory(model_path("{model}")),
+    log:
+        str(L.log("pretrain_{model}")),
+    wildcard_constraints:
+        model=r"[^/]+",
+    params:
+        made_from=lambda wc: warm_start_hash(P, wc.model),
+        warm_start=0,
+    shell:
+        "{MXFP4} pretrain --profile {PROFILE} --model {wildcards.model} --warm-start {params.warm_start} "
+        "--sft-from {input} > {log} 2>&1"
+
+
+use rule outliers_on_stored_sft as outliers_on_stored_extra_sft with:
+    output:
+        directory(model_path("{model}", "{warm_start}")),
+    log:
+        str(L.log("pretrain_{model}_ws{warm_start}")),
+    wildcard_constraints:
+        model=r"[^/]+",
+        warm_start=r"[1-9]\d*",
+    params:
+        made_from=lambda wc: warm_start_hash(P, wc.model, int(wc.warm_start)),
+        warm_start=lambda wc: wc.warm_start,
 
 
 def cell_launcher(wc):
