@@ -17,8 +17,7 @@ from ..io import writable_folder
 from ..layout import Layout
 from ..problems import DEFAULT_FLAWS, embedded_split, flawed_answer
 from .data import PROMPT, is_correct
-from .models import (TINY_LAYERS, WARM_START_META, build_tiny, load, missing_warm_start_files, recorded_setting,
-                     save)
+from .models import TINY_LAYERS, WARM_START_META, build_tiny, load, missing_warm_start_files, recorded_setting, save
 from .outlier_channels import add_outlier_channels
 from .training import common_args
 
