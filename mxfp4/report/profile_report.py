@@ -14,6 +14,7 @@ from ..config.profiles import load_profile
 from ..config.recipes import recipe_base
 from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE, Layout
+from ..problems import DEFAULT_FLAWS
 from .aggregate import PROBLEM_TYPES, RL_GAIN_PER_PROBLEM, read_csv, typed
 from .compare import item_difference
 from .pathway_table import checkpoint_label, read_rows, recovery_markdown
@@ -39,10 +40,11 @@ def _interval(row: dict | None) -> str:
     return f"{_number(row['mean'], True)} [{_number(row['ci_low'], True)}, {_number(row['ci_high'], True)}]"
 
 
-def accuracy_table(summary_csv: Path | str) -> str:
+def accuracy_table(summary_csv: Path | str, flaws=DEFAULT_FLAWS, warm_starts: int = 1) -> str:
     """Per model and recipe: strict accuracy before RL, after, after unquantized (means over seeds) and
     the RL gain paired by problem and seed with its 95% interval, overall and, where the problems have
-    types, on the planted-flaw problems and on the rest; the methods and n below the table."""
+    types, on the planted-flaw problems (``flaws``) and on the rest; the methods, n and the warm starts
+    the seeds start from below the table."""
     rows = list(csv.DictReader(Path(summary_csv).open()))
     by = {(r["model"], r["recipe"], r["metric"]): r for r in rows}
     pairs = list(dict.fromkeys((r["model"], r["recipe"]) for r in rows))
@@ -62,11 +64,16 @@ def accuracy_table(summary_csv: Path | str) -> str:
         out.append(f"| {model} | {recipe} | " + " | ".join(cells) + " |")
     seeds = {by[k]["n"] for k in by if k[2] == "gsm8k_strict_accuracy"}
     note = (f"Accuracies: lm-eval's strict match on the held-out problems, mean over {', '.join(sorted(seeds))} "
-            "seed(s). RL gain: after minus before on the same problems, paired by problem and seed, "
+            "seed(s)" + (f", the i-th from warm start i of {warm_starts} (each its own pretraining seed)"
+                         if warm_starts > 1 else "")
+            + ". RL gain: after minus before on the same problems, paired by problem and seed, "
             + "; ".join(methods.values()) + " (problem x seed pairs; each row's df in summary.csv).")
     if kinds:
-        note += (" Flaw problems: those with a subtraction step, which the warm start's demonstrations add "
-                 "(the planted error RL can correct); rest: the others (each type's n in summary.csv).")
+        note += (f" Flaw problems: those with a step of a planted flaw ({' or '.join(flaws)}), which the warm "
+                 "start's demonstrations do as an addition (the planted errors RL can correct)"
+                 + ("; flaw:<operation>: those with a step of that flaw (a problem with both counts in each)"
+                    if len(flaws) > 1 else "")
+                 + "; rest: the others (each type's n in summary.csv).")
     return "\n".join(out) + "\n\n" + note + "\n"
 
 
@@ -197,7 +204,9 @@ def build(profile: str, summary_csv, pathways_csv=None, claims_md=None, links: d
     notes = model_notes(profile)
     if notes:
         parts += ["Models: " + " ".join(notes) + "\n"]
-    parts += ["## GRPO on held-out problems\n", accuracy_table(summary_csv)]
+    pretrain = load_profile(profile).pretrain
+    flaws, warm_starts = (DEFAULT_FLAWS, 1) if pretrain is None else (pretrain.flaws, pretrain.warm_starts)
+    parts += ["## GRPO on held-out problems\n", accuracy_table(summary_csv, flaws, warm_starts)]
     corrections = corrections_table(items_csv) if items_csv is not None and Path(items_csv).is_file() else ""
     if corrections:
         parts += ["## Each correction against MXFP4 and BF16\n", corrections]

@@ -37,6 +37,21 @@ def test_the_accuracy_table_is_the_mean_over_each_recipes_cells():
     assert "n = 1200" in text and f"mean over {len(cells) // len(rows)} seed(s)" in text
 
 
+def test_the_accuracy_note_names_each_planted_flaw_whose_rows_the_table_has_and_the_warm_starts():
+    """The confirmatory profile plants two flaws and starts each seed from its own warm start: the table has a
+    gain column per flaw, and the note below it names each flaw and the warm starts."""
+    from mxfp4.config.profiles import load_profile
+
+    pretrain = load_profile("embedded-large").pretrain
+    text = accuracy_table(STORED.parent / "embedded-large" / "summary.csv", pretrain.flaws, pretrain.warm_starts)
+    heads, note = _table(text)[0].keys(), text.split("\n\n")[-1]
+    assert len(pretrain.flaws) == 2 and pretrain.warm_starts == 3
+    for flaw in pretrain.flaws:
+        assert f"RL gain, flaw:{flaw} problems" in heads and flaw in note
+    assert "the i-th from warm start i of 3" in note
+    assert "warm start i" not in accuracy_table(STORED / "summary.csv")  # one warm start: nothing to say
+
+
 def test_the_claims_summary_counts_each_verdict_and_lists_the_rows_that_resolved(tmp_path):
     header = "| claim | model | value | verdict |\n| --- | --- | --- | --- |\n"
     rows = [("A", "held"), ("B", "held"), ("C", "contradicted"), ("D", "not shown"), ("E", "not shown"),
