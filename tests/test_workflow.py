@@ -13,14 +13,17 @@ REPO = Path(__file__).resolve().parent.parent
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """A copy of the workflow files, so runs never touch the checkout's results/."""
-    d = tmp_path_factory.mktemp("wf")
+def copy_of_the_workflow(d: Path) -> Path:
+    """The workflow files copied to ``d``, so runs never touch the checkout's results/."""
     shutil.copy(REPO / "Snakefile", d)
     for sub in ("workflow", "experiments", "kernels"):
         shutil.copytree(REPO / sub, d / sub)
     return d
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return copy_of_the_workflow(tmp_path_factory.mktemp("wf"))
 
 
 def snakemake(workdir, *args, check=True, env=None):
@@ -59,7 +62,7 @@ def test_a_compare_on_the_stored_baselines_trains_no_warm_start(workdir):
     assert "--config compare_seeds: 0 is less than the minimum of 1" in out, out[-1000:]
 
 
-def test_an_outlier_profile_adds_its_channels_to_a_stored_sft_instead_of_training_it(workdir):
+def test_an_outlier_profile_adds_its_channels_to_a_stored_sft_instead_of_training_it(tmp_path):
     """warm_starts=stored: every warm start of the outlier profile comes from a stored one of the same SFT
     without outlier channels (any stored profile's); without it, or with another SFT stored, it is trained."""
     import json
@@ -69,6 +72,7 @@ def test_an_outlier_profile_adds_its_channels_to_a_stored_sft_instead_of_trainin
     from mxfp4.rl.models import WARM_START_FILES, WARM_START_META
 
     heavy = load_profile("embedded-large-outliers")
+    workdir = copy_of_the_workflow(tmp_path)  # no stored baselines but the ones written here
 
     def store(setting):
         for model in heavy.tiny_models():
