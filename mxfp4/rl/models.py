@@ -175,6 +175,11 @@ def missing_warm_start_files(folder: Path | str) -> list[str]:
     return [f for f in WARM_START_FILES if not (Path(folder) / f).is_file()]
 
 
+def made_from(folder: Path | str, setting: dict) -> bool:
+    """Whether ``folder`` is a whole warm start that records it was made from ``setting``."""
+    return not missing_warm_start_files(folder) and recorded_setting(folder) == setting
+
+
 def recorded_setting(folder: Path | str, remake: str = "rerun mxfp4 pretrain") -> dict | None:
     """The settings a complete warm start records it was made from (``Profile.warm_start_setting``, saved
     by ``pretrain``), or None when it records none; a ValueError (ending in ``remake``) when its meta file

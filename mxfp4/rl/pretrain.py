@@ -146,6 +146,9 @@ def outliers_added(source: Path, out: Path | str, sft_setting: dict, seed: int, 
                    outlier_scale: float, provenance: dict) -> dict:
     """The warm start ``source`` (made from ``sft_setting``: checked) with ``outlier_channels`` added from the
     pretraining ``seed``, as ``pretrain`` adds them after its SFT, saved to ``out`` with ``provenance``."""
+    if not outlier_channels:
+        raise ValueError("--sft-from adds outlier channels, and this profile has none (pretrain.outlier_channels 0); "
+                         "accepted: a profile with outlier_channels >= 1")
     remake = "accepted: a warm start made from the same SFT without outlier channels"
     missing = missing_warm_start_files(source)
     if missing:
@@ -155,9 +158,6 @@ def outliers_added(source: Path, out: Path | str, sft_setting: dict, seed: int, 
         why = ("records no settings" if not isinstance(made, dict) else
                "was made from other settings (recorded -> wanted: " + "; ".join(differences(made, sft_setting)) + ")")
         raise ValueError(f"--sft-from {source} {why}; {remake}")
-    if not outlier_channels:
-        raise ValueError("--sft-from adds outlier channels, and this profile has none (pretrain.outlier_channels 0); "
-                         "accepted: a profile with outlier_channels >= 1")
     model, tokenizer = load(str(source), device="cpu")
     meta = json.loads((source / WARM_START_META).read_text())
     channels = add_outlier_channels(model, outlier_channels, outlier_scale, seed)

@@ -36,13 +36,12 @@ def stored_warm_start(wc):
     """With --config warm_starts=stored: the stored baselines' warm start of this model, when it was made
     from what the profile gives now (its recorded settings); else a path that does not exist, so that
     pretrain_model makes it."""
-    from mxfp4.rl.models import missing_warm_start_files, recorded_setting
+    from mxfp4.rl.models import made_from
 
     warm_start = int(wc.get("warm_start", 0))
     stored = L.stored(L.model(wc.model, warm_start))
-    if WARM_STARTS == "stored" and not missing_warm_start_files(stored):
-        if recorded_setting(stored) == P.warm_start_setting(wc.model, warm_start):
-            return str(stored)
+    if WARM_STARTS == "stored" and made_from(stored, P.warm_start_setting(wc.model, warm_start)):
+        return str(stored)
     return str(stored) + ".not-stored"
 
 
@@ -50,16 +49,15 @@ def stored_sft(wc):
     """With --config warm_starts=stored, for a profile with outlier channels: a stored warm start of any
     profile made from the same SFT without them (``Profile.sft_setting``), so that the channels are added to
     it rather than the SFT run again; else a path that does not exist."""
-    from mxfp4.rl.models import missing_warm_start_files, recorded_setting
+    from mxfp4.rl.models import made_from
 
     warm_start = int(wc.get("warm_start", 0))
     if WARM_STARTS == "stored" and P.pretrain is not None and P.pretrain.outlier_channels:
         relative = L.model(wc.model, warm_start).relative_to(L.root)
         want = P.sft_setting(wc.model, warm_start)
         for profile_folder in sorted(L.baselines.parent.iterdir()):
-            stored = profile_folder / relative
-            if not missing_warm_start_files(stored) and recorded_setting(stored) == want:
-                return str(stored)
+            if made_from(profile_folder / relative, want):
+                return str(profile_folder / relative)
     return str(L.stored(L.model(wc.model, warm_start))) + ".no-sft"
 
 
