@@ -20,17 +20,19 @@ def kernels_script(name: str):
     return module
 
 
-def session_env(out: Path, work: Path, wheels: Path, **extra: str) -> dict:
+def session_env(out: Path, work: Path, wheels: Path | str = "none", **extra: str) -> dict:
     """The environment of a kernels/gpu/gpu_session.sh run here: this Python first on PATH (python3 there),
-    ``wheels`` as the carried bundle, a deadline that leaves the step room."""
+    ``wheels`` as the carried bundle ("none": this environment has every package), a deadline that leaves
+    the step room."""
 
     return {**os.environ, "OUT": str(out), "WORK": str(work), "DEADLINE_S": "120", "WHEELS": str(wheels),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **extra}
 
 
-def smoke_cell(results, recipe, step_times, peak=None, log=None, autotune=None):
-    """A finished gpu-smoke-quick cell (rollout_time half of each step_time), or only the log of one that died;
-    ``autotune``: per step (autotune_time, rollout_autotune_time, autotune_keys) as StepLogger logs them."""
+def smoke_cell(results, recipe, step_times, peak=None, log=None, autotune=None, grad_norm=0.5):
+    """A finished gpu-smoke-quick cell (rollout_time half of each step_time, every step's gradient norm
+    ``grad_norm``), or only the log of one that died; ``autotune``: per step (autotune_time,
+    rollout_autotune_time, autotune_keys) as StepLogger logs them."""
     from mxfp4.layout import TRAIN_LOG, Layout
 
     layout = Layout(results, "gpu-smoke-quick")
@@ -44,7 +46,7 @@ def smoke_cell(results, recipe, step_times, peak=None, log=None, autotune=None):
                                                    "versions": {"torch": "2.11.0"}}))
     tuned = [dict(zip(("autotune_time", "rollout_autotune_time", "autotune_keys"), t)) for t in autotune or []]
     (cell / TRAIN_LOG).write_text("".join(json.dumps({"step": i + 1, "step_time": s, "rollout_time": s / 2,
-                                                      "peak_memory_gib": peak,
+                                                      "peak_memory_gib": peak, "grad_norm": grad_norm,
                                                       "peak_reserved_gib": None if peak is None else peak + i,
                                                       **(tuned[i] if tuned else {})}) + "\n"
                                           for i, s in enumerate(step_times)))

@@ -84,7 +84,12 @@ def call_device(folder: Path) -> str:
         device = _json(metrics).get("device")
         if device:
             return device
-    raise ValueError(f"{folder}: no file of this call names its device (stack.json, a report or a cell's metrics)")
+    smi = folder / "device.csv"  # nvidia-smi's line, written before any step: a call whose every step failed
+    rows = smi.read_text().splitlines()[1:] if smi.is_file() else []
+    if rows and rows[0].split(",")[0].strip():
+        return rows[0].split(",")[0].strip()
+    raise ValueError(f"{folder}: no file of this call names its device (stack.json, a report, a cell's metrics "
+                     "or device.csv)")
 
 
 def collect(calls: list[Path], root: Path = ROOT) -> dict[str, list[dict]]:

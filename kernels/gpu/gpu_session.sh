@@ -33,10 +33,14 @@
 # each step's wall time and exit status for planning the next call. Set DEADLINE_S lower when the session
 # has less device time left than a full call.
 #
-# Planned calls for a 30-minute session, in this order (send each as soon as the previous returns, within
-# the tool's 30 s idle release, so that the warm machine keeps /tmp/site and the Triton cache):
+# The plan for a session of 15 minutes of device time (1-4 of them the machine's start): one call,
+# steps in order of priority, the smoke cells untuned (their kernels at each space's first config: no tuning
+# compiles; the report says kernels_autotuned false), the deadline cutting what does not fit:
+#   DEADLINE_S=480 SMOKE_AUTOTUNE=0 bash kernels/gpu/gpu_session.sh stack smoke-dense1 smoke-moe tests memory1
+# With 30 minutes or more, three calls back to back (each within the tool's 30 s idle release, so that the
+# warm machine keeps /tmp/site and the Triton cache):
 #   1. stack smoke-moe smoke-dense1     2. smoke-dense2 tests     3. checks memory1 gemm memory2 configs
-# Back here, `python kernels/gpu/collect_gpu_session.py CALL1 CALL2 CALL3` (the folders each call brought back)
+# Back here, `python kernels/gpu/collect_gpu_session.py CALL1 [CALL2 ...]` (the folders the calls brought back)
 # unpacks the calls into results/gpu/calls/<device>/, writes the GPU result files and prints every target.
 # kernels/NOTES.md says what each kernel step predicts.
 set -uo pipefail
@@ -51,13 +55,16 @@ RESULTS=$WORK/results
 DEADLINE_S=${DEADLINE_S:-540}
 SMOKE_PROFILE=${SMOKE_PROFILE:-gpu-smoke-quick}   # the dense cells' profile and model (one model, one seed)
 SMOKE_MODEL=${SMOKE_MODEL:-qwen2.5-3b-random}
+SMOKE_AUTOTUNE=${SMOKE_AUTOTUNE:-1}   # 0: the cells' kernels run each space's first config (no tuning compiles)
 mkdir -p "$OUT" "$WORK" "$RESULTS"
 export PYTHONUNBUFFERED=1
 # No network there: libraries that would ask the hub fail at once instead of waiting on a timeout
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
-WHEELS=${WHEELS:-.whl}   # the packages the machine lacks (kernels/gpu/gpu_wheels.txt)
+WHEELS=${WHEELS:-.whl}   # the packages the machine lacks (kernels/gpu/gpu_wheels.txt); none: the environment has them all
 SITE=${SITE:-/tmp/site}  # where they go: outside the work tree, so a warm machine's next call finds them
-if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+if [ "$WHEELS" = none ]; then
+    export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+elif ls "$WHEELS"/*.whl >/dev/null 2>&1; then
     bundle=$(ls "$WHEELS" | sha1sum)
     if [ "$(cat "$SITE/.bundle" 2>/dev/null)" != "$bundle" ]; then   # a warm machine keeps them
         bash kernels/gpu/install_carried_wheels.sh "$WHEELS" "$SITE" \
@@ -65,8 +72,10 @@ if ls "$WHEELS"/*.whl >/dev/null 2>&1; then
         echo "$bundle" > "$SITE/.bundle"
     fi
     export PYTHONPATH=$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}
-else
-    export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+else   # without them every step would die at its first import: stop before spending device time
+    echo "no wheels in '$WHEELS': run kernels/gpu/fetch_gpu_wheels.sh here and carry .whl" \
+         "(WHEELS=none where the environment already has every package)" >&2
+    exit 3
 fi
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv > "$WORK/device.csv" 2>/dev/null || true
 
@@ -106,9 +115,9 @@ smoke_dense() {   # the given recipes' gpu-smoke-quick cells, the report rewritt
         # printed into the cell's log (steps are timed net of tuning: mxfp4.report.gpu_smoke). Expandable
         # segments: the memory plan's peak leaves about 7 GiB of the H100's 78 for the allocator's fragments
         # (the log's peak_reserved_gib says what it held)
-        TRITON_CACHE_AUTOTUNING=1 TRITON_PRINT_AUTOTUNING=1 \
+        MXFP4_AUTOTUNE=$SMOKE_AUTOTUNE TRITON_CACHE_AUTOTUNING=1 TRITON_PRINT_AUTOTUNING=1 \
         PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
-        timeout "$(cap 290)" python3 -m mxfp4 cell --profile "$SMOKE_PROFILE" --model "$SMOKE_MODEL" \
+        timeout -k 10 "$(cap 290)" python3 -m mxfp4 cell --profile "$SMOKE_PROFILE" --model "$SMOKE_MODEL" \
             --recipe "$recipe" --seed 0 --results "$RESULTS" > "$log" 2>&1 \
             || echo "cell $recipe stopped with exit status $?" >&2
         python3 -m mxfp4 gpu-smoke-report --profile "$SMOKE_PROFILE" --results "$RESULTS" \
@@ -139,23 +148,24 @@ PY
                cat "$WORK/stack.json"
                python3 kernels/gpu/gpu_bundle.py --installed --out "$WORK/stack_requirements.json" \
                    || echo "unmet requirements: stack_requirements.json (in session.tgz) names them" >&2 ;;
-        tests) MXFP4_TEST_CUDA=1 MXFP4_AUTOTUNE=0 timeout "$(cap 400)" python3 -m pytest -m gpu -q -p no:cacheprovider \
-                   --junitxml="$WORK/tests_gpu.xml" tests > "$WORK/tests_gpu.log" 2>&1
+        tests) workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")   # compiles in parallel where xdist is
+               MXFP4_TEST_CUDA=1 MXFP4_AUTOTUNE=0 timeout -k 10 "$(cap 400)" python3 -m pytest -m gpu -q -p no:cacheprovider \
+                   $workers --junitxml="$WORK/tests_gpu.xml" tests > "$WORK/tests_gpu.log" 2>&1
                tail -3 "$WORK/tests_gpu.log" ;;
         smoke-dense1) smoke_dense bf16 mxfp4 mxfp4+macro ;;
         smoke-dense2) smoke_dense bf16 mxfp4+fallback mxfp4+aqn mxfp4+all ;;
-        smoke-moe) timeout "$(cap 150)" python3 kernels/bench/bench_moe.py --device cuda --compute bfloat16 --cases all --reps 3 \
+        smoke-moe) timeout -k 10 "$(cap 150)" python3 kernels/bench/bench_moe.py --device cuda --compute bfloat16 --cases all --reps 3 \
                        --out "$WORK/gpu_smoke_moe.json" ;;
-        checks)  MXFP4_AUTOTUNE=0 timeout "$(cap 280)" python3 kernels/check_kernels.py --out "$WORK/checks.json" ;;
-        configs) timeout "$(cap 280)" python3 kernels/check_kernels.py --every-config --out "$WORK/checks_configs.json" ;;
-        memory1) TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench/bench_kernels.py --only memory \
+        checks)  MXFP4_AUTOTUNE=0 timeout -k 10 "$(cap 280)" python3 kernels/check_kernels.py --out "$WORK/checks.json" ;;
+        configs) timeout -k 10 "$(cap 280)" python3 kernels/check_kernels.py --every-config --out "$WORK/checks_configs.json" ;;
+        memory1) TRITON_PRINT_AUTOTUNING=1 timeout -k 10 "$(cap 280)" python3 kernels/bench/bench_kernels.py --only memory \
                      --shapes 16384x8192,8192x4096 --out "$WORK/bench_memory1.json" ;;
-        memory2) TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench/bench_kernels.py --only memory \
+        memory2) TRITON_PRINT_AUTOTUNING=1 timeout -k 10 "$(cap 280)" python3 kernels/bench/bench_kernels.py --only memory \
                      --shapes 8192x11008,128x768x2048,64x2048 --out "$WORK/bench_memory2.json" ;;
-        gemm)    TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench/bench_kernels.py --only gemm --out "$WORK/bench_gemm.json" ;;
+        gemm)    TRITON_PRINT_AUTOTUNING=1 timeout -k 10 "$(cap 280)" python3 kernels/bench/bench_kernels.py --only gemm --out "$WORK/bench_gemm.json" ;;
         stats-patch) if apply_patch kernels/gpu/patches/stats_fewer_instructions.patch; then
-                 MXFP4_AUTOTUNE=0 timeout "$(cap 120)" python3 kernels/check_kernels.py --out "$WORK/checks_stats_patch.json" || true
-                 TRITON_PRINT_AUTOTUNING=1 timeout "$(cap 280)" python3 kernels/bench/bench_kernels.py --only memory \
+                 MXFP4_AUTOTUNE=0 timeout -k 10 "$(cap 120)" python3 kernels/check_kernels.py --out "$WORK/checks_stats_patch.json" || true
+                 TRITON_PRINT_AUTOTUNING=1 timeout -k 10 "$(cap 280)" python3 kernels/bench/bench_kernels.py --only memory \
                      --shapes 16384x8192 --out "$WORK/bench_memory_stats_patch.json" || true
                  apply_patch -R kernels/gpu/patches/stats_fewer_instructions.patch
                  else echo "kernels/gpu/patches/stats_fewer_instructions.patch does not apply to this tree: nothing run" >&2; false; fi ;;

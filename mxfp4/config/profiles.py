@@ -182,6 +182,11 @@ class GRPOSettings(_Strict):
     temperature: float = Field(gt=0, le=10, description="sampling temperature of the rollouts")
     beta: float = Field(ge=0, description="KL coefficient (0: no reference model)")
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = "dapo"
+    reward: Literal["accuracy", "token_parity"] = Field(
+        "accuracy",
+        description="accuracy: GSM8K's strict answer match; token_parity: the fraction of even token ids, "
+        "for random-weight models (no task signal, but advantages that are not all zero)",
+    )
     rollout: Literal["hf", "vllm"] = Field(
         "hf",
         description="rollout backend: hf (generate through the patched "
@@ -476,6 +481,8 @@ class Profile(_Strict):
             **self.model_dump(include={"data", "grpo", "probe_every", "probe_rows", "eval"}),
             "pretrain": None if self.pretrain is None else self.pretrain.recorded(),
         }
+        if out["grpo"]["reward"] == "accuracy":  # the task's own reward is implied; only another one is named
+            del out["grpo"]["reward"]
         if self.data.source == "gsm8k":
             out["data_files"] = data_digest(self)
         return out

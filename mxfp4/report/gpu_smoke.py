@@ -1,8 +1,9 @@
 """The GPU smoke report (``results/gpu/gpu_smoke_dense.json``): per recipe of a profile's cells, the step
 and generation times as ratios to the bf16 cell of the same run, peak memory (beside the memory plan's),
 the weight update and the rollout backend; a recipe whose cell did not finish is reported as failed, with
-its log's tail. Several runs (results folders, e.g. the two halves of ``kernels/gpu/gpu_session.sh``, each
-with its own bf16 cell) are joined: each recipe is timed within its run, and the bf16 cells of the runs
+its log's tail, and so is one whose gradient was zero at every step (its times would not be of the real
+work). Several runs (results folders, e.g. the two halves of ``kernels/gpu/gpu_session.sh``, each with its
+own bf16 cell) are joined: each recipe is timed within its run, and the bf16 cells of the runs
 against each other.
 
 The method in full: docs/methods.md, ``mxfp4.report.gpu_smoke``."""
@@ -46,8 +47,14 @@ def recipe_record(cell: Path, log: Path | None) -> dict:
     tuned = {"seconds": sum(r.get("autotune_time") or 0.0 for r in rows[1:]),
              "keys": sum(r.get("autotune_keys") or 0 for r in rows[1:])}
     probe = [r["probe_time"] for r in rows if r.get("probe_time")]
-    return {"status": "ok", "steps": m["steps"], "timed_steps": n, "step_time_s": step, "rollout_time_s": gen,
+    norms = [r["grad_norm"] for r in rows if r.get("grad_norm") is not None]
+    if not norms or not any(norms):  # a step that multiplies zero advantages is not the work being timed
+        return {"status": "failed", "why": f"the gradient norm is 0 at every one of {len(rows)} steps (or never "
+                "logged): no group's reward varied, so no step did the real backward work", "steps": len(rows)}
+    return {"status": "ok", "zero_gradient_steps": sum(1 for g in norms if g == 0), "steps": m["steps"],
+            "timed_steps": n, "step_time_s": step, "rollout_time_s": gen,
             "autotuning_in_timed_steps": tuned,
+            "kernels_autotuned": any(r.get("autotune_keys") for r in rows),  # False: each space's first config
             "probe_time_s": max(probe) if probe else None, "peak_memory_gib": _most(rows, "peak_memory_gib"),
             "peak_reserved_gib": _most(rows, "peak_reserved_gib"),
             "weight_update": m.get("weight_update"), "rollout": m.get("rollout"), "precision": m.get("precision"),

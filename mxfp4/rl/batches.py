@@ -20,7 +20,7 @@ def probe_trainer(model, tokenizer, profile: Profile, seed: int, prompts: int | 
     size = prompts or batch_prompts(profile)
     args = grpo_config(g, seed, micro_batch=g.num_generations * size, max_steps=1, beta=0.0)
     dummy = Dataset.from_list([{"prompt": "x", "answer": "0"}])
-    return build_trainer(model, tokenizer, args, dummy)
+    return build_trainer(model, tokenizer, args, dummy, reward=g.reward)
 
 
 def batch_prompts(profile: Profile) -> int:

@@ -321,6 +321,7 @@ def prepare(plan: CellPlan, dist) -> CellRun:
         tokenizer,
         grpo_args(plan, checkpoints, dist.num_processes),
         dataset,
+        reward=grpo.reward,
         corrections=corrections,
         probe_every=profile.probe_every,
         probe_rows=profile.probe_rows,

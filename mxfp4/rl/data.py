@@ -120,6 +120,14 @@ def accuracy_reward(completions, answer, **kwargs) -> list[float]:
     return [1.0 if is_correct(c, a) else 0.0 for c, a in zip(completions, answer)]
 
 
+def token_parity_reward(completions, completion_ids, **kwargs) -> list[float]:
+    """The fraction of a completion's token ids that are even (TRL reward signature). No task signal:
+    for a random-weight model, which never earns the accuracy reward, it differs between the completions
+    of a group, so GRPO's advantages and gradients are not all zero and a step does the real work."""
+    return [sum(1 for t in ids if t % 2 == 0) / len(ids) if len(ids) else 0.0 for ids in completion_ids]
+
+
+
 def cell_data(profile: Profile, results: Path | str) -> tuple[list[dict], Path]:
     """(training problems, folder with train/test jsonl for lm-eval) for the profile's data source."""
     d = profile.data

@@ -410,12 +410,13 @@ class MXGRPOTrainer(GRPOTrainer):
         self.mx_step_metrics.update(metrics)
 
 
-def build_trainer(model, tokenizer, args, train_dataset, **probes) -> MXGRPOTrainer:
-    """TRL's GRPO trainer of this harness: the policy ``model``, the GSM8K accuracy reward, ``args`` (a
-    ``GRPOConfig``, ``training.grpo_config``) and the prompts of ``train_dataset``; ``probes`` are
-    ``MXGRPOTrainer``'s own arguments (corrections, probe_every, probe_rows, probe_batch)."""
-    return MXGRPOTrainer(model=model, reward_funcs=[gsm.accuracy_reward], args=args, train_dataset=train_dataset,
-                         processing_class=tokenizer, **probes)
+def build_trainer(model, tokenizer, args, train_dataset, reward: str = "accuracy", **probes) -> MXGRPOTrainer:
+    """TRL's GRPO trainer of this harness: the policy ``model``, the ``reward`` (``data.<reward>_reward``,
+    looked up at the call; GSM8K accuracy by default), ``args`` (a ``GRPOConfig``, ``training.grpo_config``) and
+    the prompts of ``train_dataset``; ``probes`` are ``MXGRPOTrainer``'s own arguments (corrections,
+    probe_every, probe_rows, probe_batch)."""
+    return MXGRPOTrainer(model=model, reward_funcs=[getattr(gsm, f"{reward}_reward")], args=args,
+                         train_dataset=train_dataset, processing_class=tokenizer, **probes)
 
 
 class WeightCacheReset(TrainerCallback):

@@ -25,6 +25,28 @@ def test_the_moe_bench_times_the_unquantized_grouped_and_per_expert_paths_and_wr
     assert "compute bfloat16" in report["method"] and row["weight_cache"] is True and row["decode_tokens"] == 64
 
 
+def test_the_moe_benchs_unquantized_baseline_runs_transformers_grouped_mm_experts(tmp_path, monkeypatch):
+    """The baseline is the experts as a real model runs them (transformers' grouped_mm implementation), not
+    the per-expert Python loop a bare config falls back to: the grouped function is called, once per layer
+    and pass, and the report names it."""
+    from transformers.integrations import moe
+
+    bench = kernels_script("bench_moe")
+    bench.CASES = {"tiny": (8, 2, 64, 32, 1, 64)}
+    calls = []
+    grouped = moe.ALL_EXPERTS_FUNCTIONS["grouped_mm"]
+
+    def spy(*args, **kw):
+        calls.append(1)
+        return grouped(*args, **kw)
+
+    monkeypatch.setitem(moe.ALL_EXPERTS_FUNCTIONS._global_mapping, "grouped_mm", spy)
+    out = tmp_path / "moe.json"
+    assert bench.main(["--out", str(out), "--reps", "1", "--device", "cpu"]) == 0
+    assert len(calls) == 4  # unquantized only: (warm-up + 1 rep) x (training step, generation), 1 layer
+    assert json.loads(out.read_text())["baseline_experts_implementation"] == "grouped_mm"
+
+
 def test_bench_calls_of_one_device_merge_with_every_target_met_or_missed(tmp_path):
     bench = kernels_script("bench_kernels")
 
@@ -65,7 +87,7 @@ def test_a_session_over_the_device_tools_file_limit_still_brings_back_its_report
     work.mkdir()
     (work / "activations.dat").write_bytes(os.urandom(16 << 20))   # incompressible, over the limit alone
     (work / "tests_gpu.xml").write_text("<testsuites/>")
-    env = session_env(out, work, wheels=tmp_path)
+    env = session_env(out, work)
     subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack"], cwd=root, env=env, capture_output=True, text=True,
                    timeout=300, check=True)
     assert (out / "session.tgz").stat().st_size < 16 << 20
@@ -185,7 +207,7 @@ def test_the_gpu_session_returns_what_the_device_tool_can_bring_back(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     out, work = tmp_path / "out", tmp_path / "work"
-    env = session_env(out, work, wheels=tmp_path)
+    env = session_env(out, work)
     done = subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack", "checks"], cwd=root,
                           env={**env, "DEADLINE_S": "1"}, capture_output=True, text=True,
                           timeout=60)  # a deadline already past: both skipped
@@ -193,6 +215,10 @@ def test_the_gpu_session_returns_what_the_device_tool_can_bring_back(tmp_path):
     typo = subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack", "smoke-dense"], cwd=root, env=env,
                           capture_output=True, text=True, timeout=60)
     assert typo.returncode == 2 and "unknown step 'smoke-dense'" in typo.stderr  # refused before any step runs
+    bare = subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack"], cwd=root,
+                          env=session_env(tmp_path / "bare", work, wheels=tmp_path), capture_output=True, text=True,
+                          timeout=60)  # no bundle carried: every step would die at its first import
+    assert bare.returncode == 3 and "no wheels in" in bare.stderr and not (tmp_path / "bare" / "steps.tsv").exists()
     subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack"], cwd=root, env=env, capture_output=True, text=True,
                    timeout=300, check=True)
     files = sorted(p.name for p in out.iterdir())
@@ -203,3 +229,17 @@ def test_the_gpu_session_returns_what_the_device_tool_can_bring_back(tmp_path):
         assert {"./stack_requirements.json", "./stack.err", "./steps.tsv"} <= set(archive.getnames())
     steps = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()]
     assert [s[:2] for s in steps] == [["stack", "skipped"], ["checks", "skipped"], ["stack", "0"]]
+
+
+def test_a_call_whose_every_step_failed_is_still_placed_by_nvidia_smis_device_name(tmp_path):
+    """stack.json and every report missing (each step died): the device comes from the device.csv that
+    gpu_session.sh writes before any step, so the other calls are still collected."""
+    collect = kernels_script("collect_gpu_session")
+    folder = tmp_path / "call"
+    folder.mkdir()
+    (folder / "device.csv").write_text("name, clocks.max.sm [MHz], clocks.max.memory [MHz]\n"
+                                       "NVIDIA H200, 1980 MHz, 3201 MHz\n")
+    assert collect.call_device(folder) == "NVIDIA H200"
+    (folder / "device.csv").write_text("name, clocks.max.sm [MHz], clocks.max.memory [MHz]\n")
+    with pytest.raises(ValueError, match="or device.csv"):
+        collect.call_device(folder)

@@ -45,3 +45,14 @@ def test_the_gpu_smoke_report_times_steps_net_of_the_autotuning_inside_them(tmp_
     assert rec["rollout_time_s"] == pytest.approx(1.8) and rec["rollout_time_vs_bf16"] == pytest.approx(1.2)
     assert rec["autotuning_in_timed_steps"] == {"seconds": pytest.approx(6.0), "keys": 3}  # step 1's not counted
     assert rec["meets_target"] is True and rec["timed_steps"] == 2
+
+
+def test_a_smoke_cell_whose_gradient_was_zero_at_every_step_fails(tmp_path):
+    """Zero advantages make a backward of zeros: its step time is not the work the targets are about."""
+    from mxfp4.report.gpu_smoke import report
+
+    smoke_cell(tmp_path, "bf16", [50.0, 3.0, 3.0])
+    smoke_cell(tmp_path, "mxfp4", [90.0, 3.6, 3.6], grad_norm=0.0)
+    rec = report([tmp_path], "gpu-smoke-quick", "qwen2.5-3b-random", ["bf16", "mxfp4"])
+    assert rec["failed"] == ["mxfp4"] and "gradient norm is 0 at every one of 3 steps" in rec["recipes"]["mxfp4"]["why"]
+    assert rec["recipes"]["bf16"]["status"] == "ok" and rec["recipes"]["bf16"]["zero_gradient_steps"] == 0

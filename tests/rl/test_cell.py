@@ -5,6 +5,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from transformers import PreTrainedTokenizerFast
 
 from mxfp4.config.profiles import load_profile
@@ -304,6 +306,29 @@ def test_a_policy_that_never_solves_still_gets_a_probe_batch(results, monkeypatc
     monkeypatch.setattr(data, "accuracy_reward", lambda completions, **kw: [0.0] * len(completions))
     batch = make_probe_batch(load_profile("smoke"), "tiny-dense", 3, results)
     assert batch["advantages"].abs().max() == 0 and batch["completion_ids"].shape[0] == 2 * 4
+
+
+def test_the_token_parity_reward_gives_a_random_policy_advantages_that_are_not_all_zero(results):
+    """The GPU smoke profiles' reward: the probe batch (and every step) of a policy that never solves has
+    non-zero advantages, so its backward is the real work."""
+    from mxfp4.rl.probe_batch import make_probe_batch
+
+    smoke = load_profile("smoke")
+    parity = smoke.model_copy(update={"grpo": smoke.grpo.model_copy(update={"reward": "token_parity"})})
+    batch = make_probe_batch(parity, "tiny-dense", 3, results)
+    assert batch["advantages"].abs().max() > 0
+
+
+@given(st.lists(st.lists(st.integers(0, 151_935), min_size=1, max_size=64), min_size=1, max_size=8))
+def test_token_parity_is_complementary_under_a_shift_of_every_id(ids):
+    """Shifting every id by one flips each parity: the two rewards of a completion sum to 1."""
+    from mxfp4.rl.data import token_parity_reward
+
+    shifted = [[t + 1 for t in c] for c in ids]
+    got = token_parity_reward([""] * len(ids), ids)
+    assert all(0 <= r <= 1 for r in got)
+    back = token_parity_reward([""] * len(ids), shifted)
+    assert [a + b for a, b in zip(got, back)] == pytest.approx([1.0] * len(ids))
 
 
 def test_the_probe_batch_frees_its_policy_before_the_cell_loads_its_own(results, monkeypatch):
