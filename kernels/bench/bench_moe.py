@@ -20,6 +20,7 @@ target on an H100: the grouped MXFP4 training step <= 1.5x the unquantized one o
 from __future__ import annotations
 
 import argparse
+import copy
 import platform
 import sys
 import time
@@ -87,6 +88,10 @@ def one_case(experts_n, k, h, inter, layers, tokens, reps, recipe, device="cpu",
     holder = torch.nn.ModuleList(blocks)
     holder.config = types.SimpleNamespace(tie_word_embeddings=False)
     autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=compute == "bfloat16")
+    # transformers' grouped_mm is not on autocast's list and casts its input to the weight's dtype: fp32
+    # master weights run fp32 GEMMs under bf16 autocast. The baseline is a bf16 model's experts (weights in
+    # the compute dtype); the fp32-master path, what an unpatched model with fp32 masters runs, is timed beside
+    twins = {b: copy.deepcopy(b).to(torch.bfloat16 if compute == "bfloat16" else torch.float32) for b in blocks}
 
     def train_step(forward_of):
         clear_weight_caches(holder)  # as at every optimizer step (a no-op unpatched or without the cache)
@@ -95,7 +100,7 @@ def one_case(experts_n, k, h, inter, layers, tokens, reps, recipe, device="cpu",
             for b in blocks:
                 y = forward_of(b)(y, idx, w)
         y.float().sum().backward()
-        for b in blocks:
+        for b in [*blocks, *twins.values()]:
             b.gate_up_proj.grad = b.down_proj.grad = None
         x.grad = None
 
@@ -123,7 +128,10 @@ def one_case(experts_n, k, h, inter, layers, tokens, reps, recipe, device="cpu",
         return seconds, torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
 
     out, peaks = {}, {}
-    out["bf16"], peaks["bf16"] = timed(lambda b: b.forward)  # unpatched: the baseline
+    out["bf16"], peaks["bf16"] = timed(lambda b: twins[b].forward)  # unpatched, compute-dtype weights: the baseline
+    if compute == "bfloat16":
+        out["fp32 masters"], peaks["fp32 masters"] = timed(lambda b: b.forward)
+    twins.clear()  # free the copies before the quantized paths run
     patch_model(holder, Recipe.named(recipe).quantizer(), cache_weights=cache_weights)
     try:
         for name, fwd in (
@@ -177,6 +185,8 @@ def main(argv=None) -> int:
             "grouped_over_bf16": train["grouped"] / train["bf16"],
             "generate_grouped_over_bf16": generate["grouped"] / generate["bf16"],
         }
+        if "fp32 masters" in train:
+            row["grouped_over_fp32_masters"] = train["grouped"] / train["fp32 masters"]
         if real:
             row.update(target_grouped_over_bf16=TARGET_GROUPED_OVER_BF16,
                        meets_target=row["grouped_over_bf16"] <= TARGET_GROUPED_OVER_BF16)
@@ -188,11 +198,14 @@ def main(argv=None) -> int:
             "method": f"best of {args.reps} runs (after one warm-up) of a training step (forward+backward through "
             f"every layer's experts, the weight cache cleared before each) and of a generation step (forward of "
             f"{DECODE_TOKENS} tokens, no gradients), recipe {args.recipe}, compute {args.compute}; bf16 = the "
-            f"experts unquantized in that compute dtype through transformers' {BASELINE_EXPERTS} experts; the real "
-            f"layers without the weight cache, as at 30B",
+            f"experts unquantized with weights in that compute dtype through transformers' {BASELINE_EXPERTS} "
+            f"experts (a bf16 model); fp32 masters = the same unpatched experts on fp32 master weights under the "
+            f"autocast (grouped_mm casts its input to the weight's dtype: fp32 GEMMs); the real layers without "
+            f"the weight cache, as at 30B",
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "baseline_experts_implementation": BASELINE_EXPERTS,
+            "baseline_weights": "compute dtype",  # a bf16 model's experts under bfloat16 compute
             "complete": len(rows) == len(cases),
             "rows": rows,
         }

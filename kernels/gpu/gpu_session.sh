@@ -151,7 +151,7 @@ PY
         tests) workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")   # compiles in parallel where xdist is
                MXFP4_TEST_CUDA=1 MXFP4_AUTOTUNE=0 timeout -k 10 "$(cap 400)" python3 -m pytest -m gpu -q -p no:cacheprovider \
                    $workers --junitxml="$WORK/tests_gpu.xml" tests > "$WORK/tests_gpu.log" 2>&1
-               tail -3 "$WORK/tests_gpu.log" ;;
+               rc=$?; tail -3 "$WORK/tests_gpu.log"; (exit $rc) ;;   # the step's status is pytest's, not tail's
         smoke-dense1) smoke_dense bf16 mxfp4 mxfp4+macro ;;
         smoke-dense2) smoke_dense bf16 mxfp4+fallback mxfp4+aqn mxfp4+all ;;
         smoke-moe) timeout -k 10 "$(cap 150)" python3 kernels/bench/bench_moe.py --device cuda --compute bfloat16 --cases all --reps 3 \

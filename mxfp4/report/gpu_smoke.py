@@ -39,7 +39,11 @@ def recipe_record(cell: Path, log: Path | None) -> dict:
     metrics = cell / METRICS
     if not metrics.exists():
         tail = log.read_text()[-2000:] if log is not None and log.exists() else "no log"
-        return {"status": "failed", "log_tail": tail}
+        steps = cell / TRAIN_LOG
+        logged = [json.loads(line) for line in steps.read_text().splitlines() if line.strip()] if steps.exists() else []
+        return {"status": "failed", "log_tail": tail,  # the last step it logged: what the trace may not say
+                "last_logged_step": {k: logged[-1].get(k) for k in ("step", "loss", "grad_norm", "reward_std")}
+                if logged else None}
     m = json.loads(metrics.read_text())
     rows = [json.loads(line) for line in (cell / TRAIN_LOG).read_text().splitlines() if line.strip()]
     step, n = _median_after_first(rows, "step_time", less="autotune_time")

@@ -441,8 +441,9 @@ class StepLogger(TrainerCallback):
     a step that meets a new shape bucket tunes it, on CUDA only) and on GPU the step's ``peak_memory_gib``
     (the most bytes in tensors) and ``peak_reserved_gib`` (the most the caching allocator held: the margin to
     an out-of-memory error that fragmentation eats)),
-    passes the step's metrics to every correction's ``observe``, and adds to every checkpoint what a
-    resumed cell needs (``on_save``). Only the main process writes."""
+    passes the step's metrics to every correction's ``observe``, stops the run at a step whose gradient
+    norm is not finite, and adds to every checkpoint what a resumed cell needs (``on_save``). Only the main
+    process writes."""
 
     def __init__(self, trainer: MXGRPOTrainer, path: Path, progress=None, config_hash: str | None = None):
         self.trainer, self.path, self.progress, self.config_hash = trainer, Path(path), progress, config_hash
@@ -494,6 +495,13 @@ class StepLogger(TrainerCallback):
                 f.write(json.dumps(row) + "\n")
             if self.progress is not None:
                 self.progress(row)
+        norm = logs.get("grad_norm")
+        if norm is not None and not math.isfinite(norm):
+            # the optimizer has applied it: every weight is now non-finite, and the next rollout would stop
+            # on a device-side assert far from the cause
+            raise FloatingPointError(
+                f"step {state.global_step}: the gradient norm is {norm}, so the optimizer step made the weights "
+                f"non-finite; stopping the run (the step's row is in {self.path.name})")
 
     def on_save(self, args, state, control, **kw):
         """The checkpoint the trainer just wrote gets the log so far, the corrections' state and a

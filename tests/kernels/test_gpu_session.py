@@ -19,9 +19,10 @@ def test_the_moe_bench_times_the_unquantized_grouped_and_per_expert_paths_and_wr
     assert bench.main(["--out", str(out), "--reps", "1", "--device", "cpu", "--compute", "bfloat16"]) == 0
     report = json.loads(out.read_text())
     row = report["rows"][0]
-    paths = {"bf16", "grouped", "per-expert loop"}
+    paths = {"bf16", "fp32 masters", "grouped", "per-expert loop"}  # bf16 weights, and fp32 ones under autocast
     assert report["complete"] and set(row["seconds_fwd_bwd"]) == set(row["seconds_generate"]) == paths
     assert row["grouped_over_bf16"] > 0 and row["generate_grouped_over_bf16"] > 0
+    assert row["grouped_over_fp32_masters"] > 0
     assert "compute bfloat16" in report["method"] and row["weight_cache"] is True and row["decode_tokens"] == 64
 
 
@@ -120,7 +121,7 @@ def test_a_sessions_calls_are_collected_into_the_gpu_files_with_every_target_met
             (out / f).write_text(json.dumps(content))
         return out
 
-    moe = {"device": "cuda: NVIDIA H100 80GB HBM3", "complete": True, "rows": [
+    moe = {"device": "cuda: NVIDIA H100 80GB HBM3", "complete": True, "baseline_weights": "compute dtype", "rows": [
         {"case": "tiny-moe", "grouped_over_bf16": 3.0},
         {"case": "qwen3-30b-a3b layers", "grouped_over_bf16": 1.4, "target_grouped_over_bf16": 1.5,
          "meets_target": True}]}
@@ -243,3 +244,37 @@ def test_a_call_whose_every_step_failed_is_still_placed_by_nvidia_smis_device_na
     (folder / "device.csv").write_text("name, clocks.max.sm [MHz], clocks.max.memory [MHz]\n")
     with pytest.raises(ValueError, match="or device.csv"):
         collect.call_device(folder)
+
+
+def test_the_tests_steps_status_is_pytests(tmp_path):
+    """A failing or killed pytest is the step's status in steps.tsv (not that of the tail printed after it)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "python3").write_text(f'#!/bin/sh\ncase "$*" in *pytest*) echo "1 failed"; exit 5;; esac\n'
+                                  f'exec {sys.executable} "$@"\n')
+    (shim / "python3").chmod(0o755)
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = session_env(out, work)
+    env["PATH"] = f"{shim}:{env['PATH']}"
+    subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "tests"], cwd=root, env=env, capture_output=True, text=True,
+                   timeout=120)
+    assert (out / "steps.tsv").read_text().split("\t")[:2] == ["tests", "5"]
+
+
+def test_the_collector_neither_decides_a_moe_target_against_fp32_masters_nor_drops_a_killed_test_step(tmp_path):
+    """A MoE report whose baseline ran fp32 master weights (no baseline_weights) leaves its target undecided;
+    a tests step killed before pytest's summary (a log, no JUnit XML) misses its target with the count so far."""
+    collect = kernels_script("collect_gpu_session")
+    row = {"case": "real", "grouped_over_bf16": 0.4, "target_grouped_over_bf16": 1.5, "meets_target": True}
+    old, new = {"rows": [row]}, {"rows": [row], "baseline_weights": "compute dtype"}
+    (undecided,) = collect.moe_targets(old, "m")
+    assert undecided["met"] is None and "fp32" in undecided["why_undecided"]
+    assert collect.moe_targets(new, "m")[0]["met"] is True
+    call = tmp_path / "call1"
+    call.mkdir()
+    (call / "tests_gpu.log").write_text("bringing up nodes...\n\n...F.s\n")
+    (got,) = collect.device_checks(tmp_path, [Path("call1")])
+    assert got["met"] is False and got["value"] == "stopped before its summary: 4 passed, 1 failed, 0 errors so far"

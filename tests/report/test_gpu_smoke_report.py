@@ -56,3 +56,23 @@ def test_a_smoke_cell_whose_gradient_was_zero_at_every_step_fails(tmp_path):
     rec = report([tmp_path], "gpu-smoke-quick", "qwen2.5-3b-random", ["bf16", "mxfp4"])
     assert rec["failed"] == ["mxfp4"] and "gradient norm is 0 at every one of 3 steps" in rec["recipes"]["mxfp4"]["why"]
     assert rec["recipes"]["bf16"]["status"] == "ok" and rec["recipes"]["bf16"]["zero_gradient_steps"] == 0
+
+
+def test_a_cell_that_died_after_logging_a_step_reports_that_steps_gradient_norm(tmp_path):
+    """A cell that died in its second step (a NaN gradient at the first made every weight NaN, and sampling
+    asserted): the report carries the first step's row beside the trace."""
+    import json
+    import math
+
+    from mxfp4.layout import TRAIN_LOG, Layout
+    from mxfp4.report.gpu_smoke import report
+
+    layout = Layout(tmp_path, "gpu-smoke-quick")
+    smoke_cell(tmp_path, "bf16", [], log="torch.AcceleratorError: CUDA error: device-side assert triggered")
+    cell = layout.cell("qwen2.5-3b-random", "bf16", 0)
+    cell.mkdir(parents=True)
+    (cell / TRAIN_LOG).write_text(json.dumps({"step": 1, "loss": 0.0, "grad_norm": float("nan")}) + "\n")
+    got = report([tmp_path], "gpu-smoke-quick", "qwen2.5-3b-random", ["bf16"])["recipes"]["bf16"]
+    assert got["status"] == "failed" and "device-side assert" in got["log_tail"]
+    last = got["last_logged_step"]
+    assert last["step"] == 1 and math.isnan(last["grad_norm"])

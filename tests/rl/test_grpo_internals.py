@@ -2,6 +2,7 @@
 
 import inspect
 import json
+import math
 import re
 from pathlib import Path
 
@@ -139,3 +140,19 @@ def test_the_logged_step_time_is_the_loggers_own_not_trls(tmp_path):
     logger.on_log(None, state, None, logs={"step_time": 1.25, "loss": 0.5})
     row = json.loads((tmp_path / "log.jsonl").read_text())
     assert (row["step_time"], row["probe_time"], row["loss"]) == (0.25, 1.0, 0.5)
+
+
+def test_a_step_whose_gradient_is_not_finite_stops_the_run_with_its_row_logged(tmp_path):
+    """A NaN gradient (as bf16 kernels can make) turns every weight NaN at the optimizer step; the next
+    rollout would then stop on a sampling assert far from the cause. The run stops at that step, saying so."""
+    model, tok = build_tiny("tiny-dense", seed=0)
+    model.lm_head.weight.register_hook(lambda g: g * float("nan"))
+    args = GRPOConfig(max_steps=3, learning_rate=1e-4, per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=8, top_k=0, beta=0.0, logging_steps=1, **common_args(0))
+    data = Dataset.from_list([{"prompt": f"Question: {i}+1\nAnswer:"} for i in range(8)])
+    trainer = MXGRPOTrainer(model=model, reward_funcs=[_reward], args=args, train_dataset=data, processing_class=tok)
+    trainer.add_callback(StepLogger(trainer, tmp_path / "log.jsonl"))
+    with pytest.raises(FloatingPointError, match="step 1: the gradient norm is nan"):
+        trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and math.isnan(rows[0]["grad_norm"])
