@@ -127,7 +127,6 @@ def token_parity_reward(completions, completion_ids, **kwargs) -> list[float]:
     return [sum(1 for t in ids if t % 2 == 0) / len(ids) if len(ids) else 0.0 for ids in completion_ids]
 
 
-
 def cell_data(profile: Profile, results: Path | str) -> tuple[list[dict], Path]:
     """(training problems, folder with train/test jsonl for lm-eval) for the profile's data source."""
     d = profile.data
