@@ -86,8 +86,9 @@ def call_device(folder: Path) -> str:
             return device
     smi = folder / "device.csv"  # nvidia-smi's line, written before any step: a call whose every step failed
     rows = smi.read_text().splitlines()[1:] if smi.is_file() else []
-    if rows and rows[0].split(",")[0].strip():
-        return rows[0].split(",")[0].strip()
+    name = rows[0].split(",")[0].strip() if rows else ""
+    if name:
+        return name
     raise ValueError(f"{folder}: no file of this call names its device (stack.json, a report, a cell's metrics "
                      "or device.csv)")
 

@@ -36,16 +36,14 @@ def _most(rows: list[dict], key: str) -> float | None:
 
 def recipe_record(cell: Path, log: Path | None) -> dict:
     """What one cell measured, or why it has no metrics."""
-    metrics = cell / METRICS
+    metrics, steps = cell / METRICS, cell / TRAIN_LOG
+    rows = [json.loads(line) for line in steps.read_text().splitlines() if line.strip()] if steps.exists() else []
     if not metrics.exists():
         tail = log.read_text()[-2000:] if log is not None and log.exists() else "no log"
-        steps = cell / TRAIN_LOG
-        logged = [json.loads(line) for line in steps.read_text().splitlines() if line.strip()] if steps.exists() else []
         return {"status": "failed", "log_tail": tail,  # the last step it logged: what the trace may not say
-                "last_logged_step": {k: logged[-1].get(k) for k in ("step", "loss", "grad_norm", "reward_std")}
-                if logged else None}
+                "last_logged_step": {k: rows[-1].get(k) for k in ("step", "loss", "grad_norm", "reward_std")}
+                if rows else None}
     m = json.loads(metrics.read_text())
-    rows = [json.loads(line) for line in (cell / TRAIN_LOG).read_text().splitlines() if line.strip()]
     step, n = _median_after_first(rows, "step_time", less="autotune_time")
     gen, _ = _median_after_first(rows, "rollout_time", less="rollout_autotune_time")
     tuned = {"seconds": sum(r.get("autotune_time") or 0.0 for r in rows[1:]),

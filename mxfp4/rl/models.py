@@ -177,7 +177,22 @@ def missing_warm_start_files(folder: Path | str) -> list[str]:
 
 def made_from(folder: Path | str, setting: dict) -> bool:
     """Whether ``folder`` is a whole warm start that records it was made from ``setting``."""
-    return not missing_warm_start_files(folder) and recorded_setting(folder) == setting
+    return provenance_refusal(folder, setting) is None
+
+
+def provenance_refusal(folder: Path | str, want: dict, remake: str = "rerun mxfp4 pretrain") -> str | None:
+    """Why ``folder`` is not a whole warm start made from ``want`` (the files it lacks, no recorded settings,
+    or the settings that differ, recorded -> wanted), or None when it is; ``remake`` ends the error of a
+    meta file that cannot be read."""
+    missing = missing_warm_start_files(folder)
+    if missing:
+        return f"lacks {', '.join(missing)}"
+    made = recorded_setting(folder, remake)
+    if made == want:
+        return None
+    if not isinstance(made, dict):
+        return "records no settings"
+    return "was made from other settings (recorded -> wanted: " + "; ".join(differences(made, want)) + ")"
 
 
 def recorded_setting(folder: Path | str, remake: str = "rerun mxfp4 pretrain") -> dict | None:
@@ -201,17 +216,10 @@ def warm_start_folder(profile, model_name: str, results: Path | str = "results",
     remake = (f"make it with: mxfp4 pretrain --profile {profile.name} --model {model_name}{flag} (or snakemake "
               f"--cores all pretrain --config profile={profile.name}, which rebuilds a warm start whose settings "
               "changed)")
-    missing = missing_warm_start_files(folder)
-    if missing:
-        raise ValueError(f"the tiny model {model_name!r} of profile {profile.name!r} has not been warm-started "
-                         f"({folder} lacks {', '.join(missing)}); {remake}")
-    made = recorded_setting(folder, remake)
-    want = profile.warm_start_setting(model_name, index)
-    if made != want:
-        why = ("records no settings to check against the profile's" if not isinstance(made, dict) else
-               f"was made from other settings than profile {profile.name!r} gives now (recorded -> now: "
-               + "; ".join(differences(made, want)) + ")")
-        raise ValueError(f"the warm start {folder} {why}; {remake}")
+    why = provenance_refusal(folder, profile.warm_start_setting(model_name, index), remake)
+    if why:
+        raise ValueError(f"the warm start {folder} of the tiny model {model_name!r} of profile {profile.name!r} "
+                         f"{why}; {remake}")
     return folder
 
 

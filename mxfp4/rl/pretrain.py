@@ -12,12 +12,11 @@ from pathlib import Path
 
 import torch
 
-from ..config.profiles import differences
 from ..io import writable_folder
 from ..layout import Layout
 from ..problems import DEFAULT_FLAWS, embedded_split, flawed_answer
 from .data import PROMPT, is_correct
-from .models import TINY_LAYERS, WARM_START_META, build_tiny, load, missing_warm_start_files, recorded_setting, save
+from .models import TINY_LAYERS, WARM_START_META, build_tiny, load, provenance_refusal, save
 from .outlier_channels import add_outlier_channels
 from .training import common_args
 
@@ -150,13 +149,8 @@ def outliers_added(source: Path, out: Path | str, sft_setting: dict, seed: int, 
         raise ValueError("--sft-from adds outlier channels, and this profile has none (pretrain.outlier_channels 0); "
                          "accepted: a profile with outlier_channels >= 1")
     remake = "accepted: a warm start made from the same SFT without outlier channels"
-    missing = missing_warm_start_files(source)
-    if missing:
-        raise ValueError(f"--sft-from {source} is not a whole warm start (it lacks {', '.join(missing)}); {remake}")
-    made = recorded_setting(source, remake)
-    if made != sft_setting:
-        why = ("records no settings" if not isinstance(made, dict) else
-               "was made from other settings (recorded -> wanted: " + "; ".join(differences(made, sft_setting)) + ")")
+    why = provenance_refusal(source, sft_setting, remake)
+    if why:
         raise ValueError(f"--sft-from {source} {why}; {remake}")
     model, tokenizer = load(str(source), device="cpu")
     meta = json.loads((source / WARM_START_META).read_text())

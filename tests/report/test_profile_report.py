@@ -93,11 +93,12 @@ def test_the_claims_summary_shows_the_primary_family_apart_from_the_secondary_ro
 def test_a_packaged_models_weight_caveat_and_the_regime_table_open_the_report():
     """A packaged checkpoint's model line says where its weights come from (Q4_1 for SmolLM2): the report
     states it; the regime table of regime.md, its rows unchanged, has a section of its own."""
+    from mxfp4.config.profiles import load_profile
     from mxfp4.report.profile_report import model_notes, regime_section
 
-    notes = model_notes("real-small")
+    notes = model_notes(load_profile("real-small"))
     assert len(notes) == 1 and notes[0].startswith("smollm2-135m: ") and "Q4_1" in notes[0]
-    assert model_notes("embedded") == []  # tiny stand-ins: no model line
+    assert model_notes(load_profile("embedded")) == []  # tiny stand-ins: no model line
     regime = STORED / "regime.md"
     section = regime_section(regime)
     rows = [ln for ln in regime.read_text().splitlines() if ln.startswith("| tiny-")]
