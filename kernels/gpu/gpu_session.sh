@@ -104,7 +104,13 @@ apply_patch() {   # apply_patch [-R] FILE: every hunk or none (git apply where g
         && patch -p1 --force --quiet --no-backup-if-mismatch $reverse < "$1"
 }
 left() { echo $(( DEADLINE_S - SECONDS )); }   # SECONDS: since the script started
-cap() { local l; l=$(left); (( l > 1 )) || l=1; echo $(( $1 < l ? $1 : l )); }   # its own cap or the time left
+# capped SECONDS CMD...: CMD under its own cap or the time left, whichever is less; killed 10 s after the
+# TERM where it ignores it
+capped() {
+    local l; l=$(left); (( l > 1 )) || l=1
+    local s=$(( $1 < l ? $1 : l )); shift
+    timeout -k 10 "$s" "$@"
+}
 
 smoke_dense() {   # the given recipes' gpu-smoke-quick cells, the report rewritten after each
     for recipe in "$@"; do
@@ -117,7 +123,7 @@ smoke_dense() {   # the given recipes' gpu-smoke-quick cells, the report rewritt
         # (the log's peak_reserved_gib says what it held)
         MXFP4_AUTOTUNE=$SMOKE_AUTOTUNE TRITON_CACHE_AUTOTUNING=1 TRITON_PRINT_AUTOTUNING=1 \
         PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
-        timeout -k 10 "$(cap 290)" python3 -m mxfp4 cell --profile "$SMOKE_PROFILE" --model "$SMOKE_MODEL" \
+        capped 290 python3 -m mxfp4 cell --profile "$SMOKE_PROFILE" --model "$SMOKE_MODEL" \
             --recipe "$recipe" --seed 0 --results "$RESULTS" > "$log" 2>&1 \
             || echo "cell $recipe stopped with exit status $?" >&2
         python3 -m mxfp4 gpu-smoke-report --profile "$SMOKE_PROFILE" --results "$RESULTS" \
@@ -149,23 +155,23 @@ PY
                python3 kernels/gpu/gpu_bundle.py --installed --out "$WORK/stack_requirements.json" \
                    || echo "unmet requirements: stack_requirements.json (in session.tgz) names them" >&2 ;;
         tests) workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")   # compiles in parallel where xdist is
-               MXFP4_TEST_CUDA=1 MXFP4_AUTOTUNE=0 timeout -k 10 "$(cap 400)" python3 -m pytest -m gpu -q -p no:cacheprovider \
+               MXFP4_TEST_CUDA=1 MXFP4_AUTOTUNE=0 capped 400 python3 -m pytest -m gpu -q -p no:cacheprovider \
                    $workers --junitxml="$WORK/tests_gpu.xml" tests > "$WORK/tests_gpu.log" 2>&1
                rc=$?; tail -3 "$WORK/tests_gpu.log"; (exit $rc) ;;   # the step's status is pytest's, not tail's
         smoke-dense1) smoke_dense bf16 mxfp4 mxfp4+macro ;;
         smoke-dense2) smoke_dense bf16 mxfp4+fallback mxfp4+aqn mxfp4+all ;;
-        smoke-moe) timeout -k 10 "$(cap 150)" python3 kernels/bench/bench_moe.py --device cuda --compute bfloat16 --cases all --reps 3 \
+        smoke-moe) capped 150 python3 kernels/bench/bench_moe.py --device cuda --compute bfloat16 --cases all --reps 3 \
                        --out "$WORK/gpu_smoke_moe.json" ;;
-        checks)  MXFP4_AUTOTUNE=0 timeout -k 10 "$(cap 280)" python3 kernels/check_kernels.py --out "$WORK/checks.json" ;;
-        configs) timeout -k 10 "$(cap 280)" python3 kernels/check_kernels.py --every-config --out "$WORK/checks_configs.json" ;;
-        memory1) TRITON_PRINT_AUTOTUNING=1 timeout -k 10 "$(cap 280)" python3 kernels/bench/bench_kernels.py --only memory \
+        checks)  MXFP4_AUTOTUNE=0 capped 280 python3 kernels/check_kernels.py --out "$WORK/checks.json" ;;
+        configs) capped 280 python3 kernels/check_kernels.py --every-config --out "$WORK/checks_configs.json" ;;
+        memory1) TRITON_PRINT_AUTOTUNING=1 capped 280 python3 kernels/bench/bench_kernels.py --only memory \
                      --shapes 16384x8192,8192x4096 --out "$WORK/bench_memory1.json" ;;
-        memory2) TRITON_PRINT_AUTOTUNING=1 timeout -k 10 "$(cap 280)" python3 kernels/bench/bench_kernels.py --only memory \
+        memory2) TRITON_PRINT_AUTOTUNING=1 capped 280 python3 kernels/bench/bench_kernels.py --only memory \
                      --shapes 8192x11008,128x768x2048,64x2048 --out "$WORK/bench_memory2.json" ;;
-        gemm)    TRITON_PRINT_AUTOTUNING=1 timeout -k 10 "$(cap 280)" python3 kernels/bench/bench_kernels.py --only gemm --out "$WORK/bench_gemm.json" ;;
+        gemm)    TRITON_PRINT_AUTOTUNING=1 capped 280 python3 kernels/bench/bench_kernels.py --only gemm --out "$WORK/bench_gemm.json" ;;
         stats-patch) if apply_patch kernels/gpu/patches/stats_fewer_instructions.patch; then
-                 MXFP4_AUTOTUNE=0 timeout -k 10 "$(cap 120)" python3 kernels/check_kernels.py --out "$WORK/checks_stats_patch.json" || true
-                 TRITON_PRINT_AUTOTUNING=1 timeout -k 10 "$(cap 280)" python3 kernels/bench/bench_kernels.py --only memory \
+                 MXFP4_AUTOTUNE=0 capped 120 python3 kernels/check_kernels.py --out "$WORK/checks_stats_patch.json" || true
+                 TRITON_PRINT_AUTOTUNING=1 capped 280 python3 kernels/bench/bench_kernels.py --only memory \
                      --shapes 16384x8192 --out "$WORK/bench_memory_stats_patch.json" || true
                  apply_patch -R kernels/gpu/patches/stats_fewer_instructions.patch
                  else echo "kernels/gpu/patches/stats_fewer_instructions.patch does not apply to this tree: nothing run" >&2; false; fi ;;
