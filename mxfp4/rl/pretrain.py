@@ -56,6 +56,13 @@ def greedy_accuracy(model, tokenizer, records: list[dict], max_new_tokens: int =
     return correct / len(records)
 
 
+def with_outlier_channels(model, outlier_channels: int, outlier_scale: float, seed: int) -> dict:
+    """``outlier_channels`` added to ``model`` in place from ``seed`` (``mxfp4.rl.outlier_channels``) and what
+    a warm start's meta records of them: one path for a warm start's own SFT and one made ``--sft-from``."""
+    channels = add_outlier_channels(model, outlier_channels, outlier_scale, seed)
+    return {"outlier_channels": channels, "outlier_scale": outlier_scale if channels else None}
+
+
 def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, batch_size: int = 32, n_train: int = 8000,
              max_steps_per_problem: int = 2, seed: int = 0, n_check: int = 200, layers: int = TINY_LAYERS,
              flawed_fraction: float = 0.0, flaws=DEFAULT_FLAWS, outlier_channels: int = 0,
@@ -93,7 +100,7 @@ def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, bat
     trainer.train()
     test = embedded_split("test", n_check, seed=seed, max_steps=max_steps_per_problem)
     acc = greedy_accuracy(model, tokenizer, test)
-    channels = add_outlier_channels(model, outlier_channels, outlier_scale, seed)
+    outliers = with_outlier_channels(model, outlier_channels, outlier_scale, seed)
     meta = {
         "arch": arch,
         "sft_steps": steps,
@@ -107,8 +114,7 @@ def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, bat
         "layers": layers,
         "flawed_fraction": flawed_fraction,
         "flaws": list(flaws),
-        "outlier_channels": channels,
-        "outlier_scale": outlier_scale if channels else None,
+        **outliers,
         "provenance": provenance,
     }
     save(model, tokenizer, out, meta)
@@ -154,7 +160,7 @@ def outliers_added(source: Path, out: Path | str, sft_setting: dict, seed: int, 
         raise ValueError(f"--sft-from {source} {why}; {remake}")
     model, tokenizer = load(str(source), device="cpu")
     meta = json.loads((source / WARM_START_META).read_text())
-    channels = add_outlier_channels(model, outlier_channels, outlier_scale, seed)
-    meta.update(outlier_channels=channels, outlier_scale=outlier_scale, provenance=provenance, sft_from=str(source))
+    meta.update(with_outlier_channels(model, outlier_channels, outlier_scale, seed), provenance=provenance,
+                sft_from=str(source))
     save(model, tokenizer, out, meta)
     return meta
