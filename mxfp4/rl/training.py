@@ -35,6 +35,15 @@ def checkpointing_args(enabled: bool, fields: set[str] | None = None) -> dict:
                      "gradient_checkpointing; accepted: transformers >= 4.57")
 
 
+def finite_attention_gradients() -> None:
+    """Keep masked attention off cuDNN's SDPA kernel. Its Hopper backward (the default backend from torch
+    2.11) returns NaN in grad_q when the sequence length is 64 mod 128 and a query row's logsumexp is under
+    ln(FLT_MAX), which every left-padded row of a GRPO batch is (pytorch/pytorch#196678); the loss stays
+    finite, the gradient norm is NaN and the next rollout samples from NaN weights. The memory-efficient
+    kernel that runs instead is exact on those rows."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 SAVE_TOTAL_LIMIT = 2  # checkpoints kept; one more exists while the newest is written, before rotation
 CHECKPOINT_BYTES_PER_PARAMETER = 12  # fp32 master weight + AdamW's two fp32 moments
 
@@ -52,12 +61,15 @@ def common_args(seed: int, *, compute: str = "float32", output_dir: Path | str |
     """Seeded data order, progress bars on, no trackers. ``output_dir`` (with ``save_steps``) is where
     checkpoints go; without it the trainer writes to a throwaway temporary folder and saves nothing.
     ``gradient_checkpointing`` is non-reentrant (it composes with the patched layers' autograd
-    function and with DDP / FSDP2)."""
+    function and with DDP / FSDP2). On a GPU it also keeps attention off cuDNN
+    (``finite_attention_gradients``) for every trainer built from these arguments."""
     if compute not in ("float32", "bfloat16"):
         raise ValueError(f"compute must be float32 or bfloat16, got {compute!r}")
     if save_steps is not None and output_dir is None:
         raise ValueError("save_steps needs an output_dir for the checkpoints")
     on_gpu = torch.cuda.is_available()
+    if on_gpu:
+        finite_attention_gradients()
     return dict(
         output_dir=str(output_dir) if output_dir is not None else tempfile.mkdtemp(prefix="mxfp4-trainer-"),
         save_strategy="steps" if save_steps else "no",

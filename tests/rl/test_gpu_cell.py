@@ -51,6 +51,20 @@ def test_a_1e6_learning_rate_step_moves_fp32_master_weights_under_bf16_compute()
     assert weight_update(model16, snap16)["changed_fraction"] < 0.05
 
 
+def test_a_trainer_on_a_gpu_keeps_masked_attention_off_cudnn_and_one_on_the_cpu_changes_nothing(monkeypatch):
+    enabled = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        common_args(0)  # this machine: no GPU, the process-wide backends untouched
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        common_args(0)
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.mem_efficient_sdp_enabled()  # the kernel that takes masked rows instead
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(enabled)
+
+
 def test_bf16_compute_is_autocast_over_fp32_masters_and_cpu_profiles_keep_float32():
     assert common_args(0, compute="bfloat16")["bf16"] is True
     assert common_args(0)["bf16"] is False
@@ -253,14 +267,18 @@ def test_random_weights_are_drawn_on_the_gpu_that_trains_them_and_loaded_weights
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("checkpointing", [True, False])
 def test_the_smoke_models_policy_gradient_is_finite_on_cuda_with_left_padding(recipe, attention, checkpointing):
-    """The GPU smoke cells' backward, cut to 4 layers of the real Qwen2.5-3B widths: left-padded prompts (the
-    rows a padded query attends nothing in), bf16 autocast over fp32 masters, a policy-gradient loss with
-    non-zero advantages on the completion tokens. Every gradient is finite; a failure names the parameters
-    whose gradient is not, first in the model's order (where the NaN was born), per attention and
-    checkpointing, which tells the kernels apart."""
+    """The GPU smoke cells' backward, cut to 4 layers of the real Qwen2.5-3B widths, under the attention
+    backends every trainer of the harness sets (``finite_attention_gradients``): left-padded prompts (the
+    rows a padded query attends nothing in), 192 tokens (64 mod 128, where cuDNN's Hopper backward gives NaN),
+    bf16 autocast over fp32 masters, a policy-gradient loss with non-zero advantages on the completion
+    tokens. Every gradient is finite; a failure names the parameters whose gradient is not, first in the
+    model's order (where the NaN was born), per attention and checkpointing, which tells the kernels apart."""
     from transformers import AutoModelForCausalLM
 
     from mxfp4.rl.models import real_config
+    from mxfp4.rl.training import finite_attention_gradients
+
+    finite_attention_gradients()
 
     config = real_config("qwen2.5-3b")
     config.num_hidden_layers, config.layer_types = 4, config.layer_types[:4]
@@ -272,7 +290,7 @@ def test_the_smoke_models_policy_gradient_is_finite_on_cuda_with_left_padding(re
     if checkpointing:
         model.gradient_checkpointing_enable()
     model.train()
-    pad, prompt, completion = 24, 40, 64
+    pad, prompt, completion = 24, 128, 64
     ids = torch.randint(100, config.vocab_size, (8, prompt + completion), device="cuda")
     mask = torch.ones_like(ids)
     mask[::2, :pad] = 0  # every other row left-padded
