@@ -25,7 +25,16 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
 from ..layout import TRAIN_LOG
-from ..nn import bypassed, clear_weight_caches, gemm_weights, patch_state, patched_modules, quantized_weights, set_probe
+from ..nn import (
+    bypassed,
+    clear_weight_caches,
+    gemm_weights,
+    patch_state,
+    patched_modules,
+    quantized_weights,
+    rollout_weight_cache,
+    set_probe,
+)
 from ..nn.linear import KIND_OPERANDS
 from ..numerics.decompose import COMPONENTS, SUMMARY_KEYS, pool_stats
 from ..numerics.dispatch import autotune_spent
@@ -288,6 +297,8 @@ class MXGRPOTrainer(GRPOTrainer):
         with contextlib.ExitStack() as stack:
             for c in self.mx_corrections:
                 stack.enter_context(c.rollout_context(self.model, step))
+            sharded = self.is_fsdp_enabled or self.is_deepspeed_enabled
+            stack.enter_context(rollout_weight_cache(self.model, sharded=sharded))
             t0, tuned0 = synced_clock(), autotune_spent()[0]
             output = super()._generate_and_score_completions(inputs)
             self.mx_rollout_seconds += synced_clock() - t0

@@ -257,3 +257,42 @@ def test_backward_quantizes_dy_along_both_axes_in_one_read_bit_identically(monke
         two_reads = grads()
     assert calls == [True]
     assert all(torch.equal(a, b) for a, b in zip(one_read, two_reads))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("recipe", ["mxfp4", "mxfp4+macro"])
+def test_a_rollout_quantizes_each_weight_once_for_a_model_without_a_weight_cache(arch, recipe, monkeypatch):
+    """A generation of several tokens by a model patched without a cache (a 3B model's layers): inside
+    ``rollout_weight_cache`` each weight is quantized once, outside once per decoded token; the tokens and
+    scores are the same bit for bit, and after it the layers cache nothing again."""
+    from mxfp4.nn import patched_modules, rollout_weight_cache
+    from mxfp4.numerics.quantizer import Quantizer
+
+    model, tok = build_tiny(arch, seed=0)
+    batch = tok(["Q: 12+7=? A:", "Tom has 3 apples"], return_tensors="pt", padding=True, padding_side="left")
+    patch_model(model, Recipe.named(recipe).quantizer(), cache_weights=False)
+    weights = sum(1 for _, m, _ in patched_modules(model) for p in m.parameters(recurse=False) if p.dim() >= 2)
+    roles = []
+    real = Quantizer.__call__
+
+    def counted(self, x, axis, *args, operand=None, **kwargs):
+        roles.append(operand.role if operand is not None else None)
+        return real(self, x, axis, *args, operand=operand, **kwargs)
+
+    monkeypatch.setattr(Quantizer, "__call__", counted)
+    settings = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, output_scores=True,
+                    return_dict_in_generate=True, pad_token_id=tok.pad_token_id)
+    with torch.no_grad():
+        plain = model.generate(**batch, **settings)
+        per_token = roles.count("weight")
+        roles.clear()
+        with rollout_weight_cache(model):
+            cached = model.generate(**batch, **settings)
+    assert per_token == 5 * weights and roles.count("weight") == weights
+    assert torch.equal(plain.sequences, cached.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(plain.scores, cached.scores))
+    assert all(not g.cache and not g._cache for _, _, g in patched_modules(model))
+    roles.clear()
+    with torch.no_grad(), rollout_weight_cache(model, sharded=True):  # FSDP2 / ZeRO-3: nothing cached
+        model.generate(**batch, **settings)
+    assert roles.count("weight") == per_token
