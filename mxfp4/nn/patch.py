@@ -113,11 +113,15 @@ def quantized_class(cls: type, kind: str) -> type:
 WEIGHT_CACHE_LIMIT_BYTES = 2 * 1024**3
 
 
+def _weight_elements(modules) -> int:
+    """The elements of the modules' own weight matrices (and expert stacks): what a weight cache holds."""
+    return sum(p.numel() for module in modules for p in module.parameters(recurse=False) if p.dim() >= 2)
+
+
 def weight_cache_bytes(model, quantizer: Quantizer) -> int:
     """An upper bound on the cache ``patch_model(model, quantizer)`` would fill: every weight of every
     module it patches, quantized along both GEMM axes (forward and input gradient), in float32."""
-    return sum(2 * 4 * p.numel() for _, module, _ in targets(model, quantizer.modules)
-               for p in module.parameters(recurse=False) if p.dim() >= 2)
+    return 2 * 4 * _weight_elements(module for _, module, _ in targets(model, quantizer.modules))
 
 
 def weight_cache_pays(model, quantizer: Quantizer | None, sharded: bool = False) -> bool:
@@ -142,18 +146,15 @@ def rollout_weight_cache(model, sharded: bool = False):
     cache would hold every layer's gathered weights on every rank), nor where the forward copies would pass
     ``ROLLOUT_CACHE_LIMIT_BYTES``."""
     uncached = [(module, gemm) for _, module, gemm in patched_modules(model) if not gemm.cache]
-    forward_bytes = sum(4 * p.numel() for module, _ in uncached
-                        for p in module.parameters(recurse=False) if p.dim() >= 2)
-    if sharded or not uncached or forward_bytes > ROLLOUT_CACHE_LIMIT_BYTES:
+    if sharded or not uncached or 4 * _weight_elements(m for m, _ in uncached) > ROLLOUT_CACHE_LIMIT_BYTES:
         yield
         return
-    uncached = [gemm for _, gemm in uncached]
-    for gemm in uncached:
+    for _, gemm in uncached:
         gemm.cache = True
     try:
         yield
     finally:
-        for gemm in uncached:
+        for _, gemm in uncached:
             gemm.cache = False
             gemm.clear()
 
