@@ -31,7 +31,7 @@ from ..config.recipes import Recipe
 from ..io import exclusive, writable_folder, write_json_atomic
 from ..layout import EVAL_FOLDERS, EVAL_RESULTS, METRICS, REFERENCE_RECIPE, TRAIN_LOG, Layout
 from ..machine import describe
-from ..nn import bypassed, patch_model, patch_state, rollout_weight_cache, weight_cache_pays
+from ..nn import bypassed, patch_model, patch_state, weight_cache_pays
 from . import data as gsm
 from .evaluate import doc_hashes, evaluate_gsm8k, hf_lm, read_summary
 from .grpo import StepLogger, build_trainer, last_checkpoint, resume_state, weight_decomposition
@@ -358,8 +358,8 @@ def evaluate(run: CellRun, stage: str) -> dict | None:
     RL (the warm start under the recipe's quantization: the RNG streams of training are left as they
     were, and a resumed cell reads back what it measured), ``after`` RL under the recipe's quantization,
     or the trained weights ``unquantized`` (the patched layers bypassed). Each weight is quantized once
-    for the whole evaluation (``rollout_weight_cache``). Every rank evaluates its share; the main process
-    gets the summary."""
+    for the whole evaluation (``MXGRPOTrainer.generation_weight_cache``). Every rank evaluates its share;
+    the main process gets the summary."""
     if stage not in EVAL_FOLDERS:
         raise ValueError(f"unknown evaluation stage {stage!r}; accepted: {', '.join(EVAL_FOLDERS)}")
     ev, out = run.plan.profile.eval, run.plan.out / EVAL_FOLDERS[stage]
@@ -369,8 +369,7 @@ def evaluate(run: CellRun, stage: str) -> dict | None:
     lm = hf_lm(run.model, run.tokenizer, batch_size=ev.batch_size, compute_dtype=compute_dtype(run))
     full_precision = bypassed(run.model) if stage == "unquantized" else contextlib.nullcontext()
     keep_rng = preserved_rng() if stage == "before" else contextlib.nullcontext()
-    sharded = run.plan.profile.model(run.plan.model).sharded
-    with full_precision, keep_rng, rollout_weight_cache(run.model, sharded=sharded):
+    with full_precision, keep_rng, run.trainer.generation_weight_cache():
         return evaluate_gsm8k(lm, run.eval_folder, num_fewshot=ev.num_fewshot, limit=ev.limit,
                               max_gen_toks=ev.max_gen_toks, output_dir=out, seed=run.plan.seed,
                               chat=run.plan.profile.model(run.plan.model).chat)

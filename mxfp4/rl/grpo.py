@@ -297,8 +297,7 @@ class MXGRPOTrainer(GRPOTrainer):
         with contextlib.ExitStack() as stack:
             for c in self.mx_corrections:
                 stack.enter_context(c.rollout_context(self.model, step))
-            sharded = self.is_fsdp_enabled or self.is_deepspeed_enabled
-            stack.enter_context(rollout_weight_cache(self.model, sharded=sharded))
+            stack.enter_context(self.generation_weight_cache())
             t0, tuned0 = synced_clock(), autotune_spent()[0]
             output = super()._generate_and_score_completions(inputs)
             self.mx_rollout_seconds += synced_clock() - t0
@@ -309,6 +308,11 @@ class MXGRPOTrainer(GRPOTrainer):
         train = self._completion_logps(output) if rollout is not None else None
         self.mx_step_metrics.update(self._gathered_ledger(train, rollout, output["completion_mask"]))
         return output
+
+    def generation_weight_cache(self):
+        """``rollout_weight_cache`` of the policy, for a rollout or an evaluation: nothing cached where
+        accelerate shards the parameters (FSDP, DeepSpeed)."""
+        return rollout_weight_cache(self.model, sharded=self.is_fsdp_enabled or self.is_deepspeed_enabled)
 
     def _completion_logps(self, output) -> torch.Tensor:
         """Per-token log-probs of the completions under the model as it is now (no grad; the run's
