@@ -37,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SMOKE_PROFILE = "gpu-smoke-quick"
 PLAN = "results/gpu/memory_plan_qwen2.5-3b.json"
 BENCH_STEPS = ("bench_memory1.json", "bench_memory2.json", "bench_gemm.json")
+# a line of pytest -q progress: one character a test, and " [ NN%]" once the line is full or the run ends
+PYTEST_PROGRESS = re.compile(r"([.FEsxX]+)(?:\s+\[\s*\d+%\])?")
 
 
 def device_slug(name: str) -> str:
@@ -191,8 +193,8 @@ def device_checks(root: Path, rel: list[Path]) -> list[dict]:
                          "threshold": "all passed, complete", "met": c["passed"]})
     logs = _in_calls(root, rel, "tests_gpu.log")
     if logs and not _in_calls(root, rel, "tests_gpu.xml"):  # killed at its time limit: only pytest's progress
-        progress = "".join(line for line in (root / logs[-1]).read_text().splitlines()
-                           if line and set(line) <= set(".FEsxX"))
+        progress = "".join(m.group(1) for line in (root / logs[-1]).read_text().splitlines()
+                           if (m := PYTEST_PROGRESS.fullmatch(line)))
         rows.append({"source": str(logs[-1]), "target": "the suite's CUDA tests pass (pytest -m gpu)",
                      "value": f"stopped before its summary: {progress.count('.')} passed, {progress.count('F')} "
                               f"failed, {progress.count('E')} errors so far", "threshold": "none failed",
