@@ -33,13 +33,8 @@
 # each step's wall time and exit status for planning the next call. Set DEADLINE_S lower when the session
 # has less device time left than a full call.
 #
-# The plan for a session of 15 minutes of device time (1-4 of them the machine's start): one call,
-# steps in order of priority, the smoke cells untuned (their kernels at each space's first config: no tuning
-# compiles; the report says kernels_autotuned false), the deadline cutting what does not fit:
-#   DEADLINE_S=480 SMOKE_AUTOTUNE=0 bash kernels/gpu/gpu_session.sh stack smoke-dense1 smoke-moe tests memory1
-# With 30 minutes or more, three calls back to back (each within the tool's 30 s idle release, so that the
-# warm machine keeps /tmp/site and the Triton cache):
-#   1. stack smoke-moe smoke-dense1     2. smoke-dense2 tests     3. checks memory1 gemm memory2 configs
+# Which calls to send, for the device time a session has: kernels/gpu/README.md ("On the device"), the
+# one place the plan is kept, with what the stored calls fitted.
 # Back here, `python kernels/gpu/collect_gpu_session.py CALL1 [CALL2 ...]` (the folders the calls brought back)
 # unpacks the calls into results/gpu/calls/<device>/, writes the GPU result files and prints every target.
 # kernels/NOTES.md says what each kernel step predicts.
