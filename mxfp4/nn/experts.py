@@ -2,7 +2,8 @@
 
 One forward for all experts, with no Python loop over experts and no host sync: tokens dispatched
 into aligned per-expert segments, each GEMM a grouped GEMM over them, the operands quantized as the
-dense layer's are, so the result equals the per-expert loop's.
+dense layer's are, so the result equals the per-expert loop's (bit for bit where the BLAS's sums do not
+depend on a segment's zero padding: MKL's strict mode, ``mxfp4.machine.STRICT_GEMM``, which the suite pins).
 
 The method in full: docs/methods.md, ``mxfp4.nn.experts``."""
 
