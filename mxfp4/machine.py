@@ -8,8 +8,8 @@ last decade has (ATen's ``ATEN_CPU_CAPABILITY``, MKL's conditional numerical rep
 the ``mxfp4`` command do so). The pins do not make CPUs of two vendors agree: MKL takes other paths on
 each (the embedded profile's tiny-moe cells stored from an AMD EPYC differ on an Intel Xeon), which is
 why ``compare`` reruns stored cells before it uses them. ``MXFP4_CPU_ISA=native`` leaves the libraries
-to choose. ``describe``
-says what is in force, for ``metrics.json``. This module imports no torch at import time.
+to choose. ``describe`` says what is in force, for ``metrics.json``. This module imports no torch at
+import time.
 """
 
 from __future__ import annotations
