@@ -4,8 +4,8 @@ every target met or missed; run here, after the calls, on the folders the device
     python kernels/gpu/collect_gpu_session.py CALL1 CALL2 CALL3      # each: what one call left in $OUT
 
 Each call's ``session.tgz`` is unpacked into ``results/gpu/calls/<device>/call<N>/`` (cell logs and results,
-lm-eval outputs, stack.json, steps.tsv, each step's stderr; weights were left out on the device), and from
-those folders:
+lm-eval outputs, stack.json, steps.tsv, each step's stderr; weights were left out on the device), numbered on
+after that device's stored calls, and from all of that device's calls, stored ones included:
 - ``results/gpu/gpu_smoke_dense.json``: ``mxfp4 gpu-smoke-report`` over every call that ran gpu-smoke-quick
   cells, each recipe against its own call's bf16, the memory plan's peaks beside;
 - ``results/gpu/gpu_smoke_moe.json``: the MoE slice (the call that ran ``smoke-moe``);
@@ -141,8 +141,9 @@ def collect(calls: list[Path], root: Path = ROOT) -> dict[str, list[dict]]:
 
 
 def place(calls: list[Path], root: Path) -> dict[str, list[Path]]:
-    """Each call unpacked into results/gpu/calls/<device>/call<N>/ (N counted per device, in call order);
-    nothing moved into place unless every call unpacks and no destination exists. Folders relative to root."""
+    """Each call unpacked into results/gpu/calls/<device>/call<N>/, N counted on after the device's stored calls
+    (a later session adds to a device's record); nothing moved into place unless every call unpacks. Returns
+    every call of each device these calls landed on, stored ones first, as folders relative to root."""
     staging = root / "results/gpu/calls/.staging"
     try:
         unpacked = [unpack(call, staging / str(i)) for i, call in enumerate(calls)]
@@ -150,17 +151,26 @@ def place(calls: list[Path], root: Path) -> dict[str, list[Path]]:
         for folder in unpacked:
             slug = device_slug(call_device(folder))
             by_device.setdefault(slug, []).append(folder)
-        moves = {folder: Path("results/gpu/calls") / slug / f"call{n}"
+        stored = {slug: stored_calls(root, slug) for slug in by_device}
+        moves = {folder: Path("results/gpu/calls") / slug / f"call{len(stored[slug]) + n}"
                  for slug, group in by_device.items() for n, folder in enumerate(group, start=1)}
-        for dest in moves.values():
-            if (root / dest).exists():
-                raise FileExistsError(f"{root / dest} exists: move it away or delete it before collecting again")
         for folder, dest in moves.items():
             (root / dest).parent.mkdir(parents=True, exist_ok=True)
             folder.rename(root / dest)
-        return {slug: [moves[f] for f in group] for slug, group in by_device.items()}
+        return {slug: stored[slug] + [moves[f] for f in group] for slug, group in by_device.items()}
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def stored_calls(root: Path, slug: str) -> list[Path]:
+    """The device's collected calls, call1, call2, ... in order; a gap in the numbering is an error (a call
+    folder removed by hand would otherwise be overwritten)."""
+    folder = root / "results/gpu/calls" / slug
+    numbers = sorted(int(m.group(1)) for f in (folder.iterdir() if folder.is_dir() else [])
+                     if (m := re.fullmatch(r"call(\d+)", f.name)))
+    if numbers != list(range(1, len(numbers) + 1)):
+        raise ValueError(f"{folder} holds calls {numbers}: expected call1..callN without gaps")
+    return [Path("results/gpu/calls") / slug / f"call{n}" for n in numbers]
 
 
 def dense_targets(rec: dict, source: str) -> list[dict]:

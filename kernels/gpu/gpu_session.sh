@@ -8,6 +8,7 @@
 #                                              # the benchmark checks the tuned ones bit for bit before timing)
 #   bash kernels/gpu/gpu_session.sh smoke-dense1   # gpu-smoke-quick cells bf16, mxfp4, mxfp4+macro  -> gpu_smoke_dense.json
 #   bash kernels/gpu/gpu_session.sh smoke-dense2   # gpu-smoke-quick cells bf16, mxfp4+fallback, mxfp4+aqn, mxfp4+all
+#   bash kernels/gpu/gpu_session.sh smoke:mxfp4+all,mxfp4+macro   # bf16, then the named cells (what a device still lacks)
 #   bash kernels/gpu/gpu_session.sh smoke-moe      # Qwen3-30B-A3B expert layers: bf16 vs grouped MXFP4 vs per-expert -> gpu_smoke_moe.json
 #   bash kernels/gpu/gpu_session.sh checks         # bit-exact on the device: every kernel, dtype, rule, layout; the GEMMs
 #   bash kernels/gpu/gpu_session.sh configs        # each config of every autotune space forced and checked (the tuner may pick any)
@@ -40,8 +41,20 @@
 # kernels/NOTES.md says what each kernel step predicts.
 set -uo pipefail
 STEPS="stack tests smoke-dense1 smoke-dense2 smoke-moe checks configs memory1 memory2 gemm stats-patch"
+SMOKE_RECIPES="bf16 mxfp4 mxfp4+macro mxfp4+fallback mxfp4+aqn mxfp4+all"   # the gpu-smoke-quick profile's
 for step in "$@"; do   # every name checked before any device time is spent
-    [[ " $STEPS " == *" $step "* ]] || { echo "unknown step '$step'; the steps: $STEPS" >&2; exit 2; }
+    if [[ $step == smoke:* ]]; then
+        IFS=, read -ra picked <<< "${step#smoke:}"
+        (( ${#picked[@]} )) || { echo "step '$step' names no recipe; the recipes: $SMOKE_RECIPES" >&2; exit 2; }
+        for recipe in "${picked[@]}"; do
+            [ "$recipe" != bf16 ] || { echo "step '$step': bf16 runs first in every smoke step; name the others" >&2; exit 2; }
+            [[ " $SMOKE_RECIPES " == *" $recipe "* ]] \
+                || { echo "unknown recipe '$recipe' in step '$step'; the recipes: $SMOKE_RECIPES" >&2; exit 2; }
+        done
+        continue
+    fi
+    [[ " $STEPS " == *" $step "* ]] \
+        || { echo "unknown step '$step'; the steps: $STEPS, smoke:<recipe>[,<recipe>...]" >&2; exit 2; }
 done
 
 OUT=${OUT:-results/gpu/session}
@@ -155,6 +168,7 @@ PY
                rc=$?; tail -3 "$WORK/tests_gpu.log"; (exit $rc) ;;   # the step's status is pytest's, not tail's
         smoke-dense1) smoke_dense bf16 mxfp4 mxfp4+macro ;;
         smoke-dense2) smoke_dense bf16 mxfp4+fallback mxfp4+aqn mxfp4+all ;;
+        smoke:*) IFS=, read -ra picked <<< "${step#smoke:}"; smoke_dense bf16 "${picked[@]}" ;;
         smoke-moe) capped 150 python3 kernels/bench/bench_moe.py --device cuda --compute bfloat16 --cases all --reps 3 \
                        --out "$WORK/gpu_smoke_moe.json" ;;
         checks)  MXFP4_AUTOTUNE=0 capped 280 python3 kernels/check_kernels.py --out "$WORK/checks.json" ;;

@@ -83,7 +83,8 @@ def run_records(layout: Layout, model: str, recipes: list[str], seed: int = 0) -
 
 def report(runs: list[Path | str], profile: str, model: str, recipes: list[str], seed: int = 0,
            plan: dict | None = None) -> dict:
-    """Every run's records, and per recipe the record of the first run that has it; the bf16 cells of
+    """Every run's records, and per recipe the record of the first run where it finished, else of the first run
+    that has it (a later session's finished cell stands over an earlier one that died); the bf16 cells of
     different runs timed against each other (an A/A check of the machines); the memory plan's peak beside
     each measured one."""
     if not runs:
@@ -91,9 +92,11 @@ def report(runs: list[Path | str], profile: str, model: str, recipes: list[str],
     layouts = [Layout(results, profile) for results in runs]
     per_run = [run_records(layout, model, recipes, seed) for layout in layouts]
     merged: dict[str, dict] = {}
-    for index, per in enumerate(per_run):
-        for name, rec in per.items():
-            merged.setdefault(name, {**rec, "run": index})
+    for finished in (True, False):
+        for index, per in enumerate(per_run):
+            for name, rec in per.items():
+                if rec["status"] == "ok" or not finished:
+                    merged.setdefault(name, {**rec, "run": index})
     for name in recipes:
         merged.setdefault(name, {"status": "not run"})
     if plan is not None and plan.get("profile") != profile:

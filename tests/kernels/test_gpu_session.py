@@ -2,6 +2,7 @@
 brings back, the collector, and the stats patch the device times."""
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -164,18 +165,27 @@ def test_a_sessions_calls_are_collected_into_the_gpu_files_with_every_target_met
     assert (root / "results/gpu/gpu_smoke_moe.json").is_file() and (root / "results/gpu/targets_h200.json").is_file()
     assert (root / "results/gpu/calls/h200/call1/steps.tsv").is_file()
     assert sorted(p.name for p in (root / "results/gpu/calls").iterdir()) == ["h100", "h200"]  # no staging left
-    with pytest.raises(FileExistsError, match="h100/call1 exists"):   # a second collection overwrites nothing
-        collect.collect([one], root)
+    first = (root / "results/gpu/calls/h100/call1/stack.json").read_text()
+    four = call("four", {}, [("bf16", [50.0, 5.0, 5.0]), ("mxfp4+macro", [90.0, 6.5, 6.5])])
+    later = {t["target"]: (t["value"], t["met"]) for t in collect.collect([four], root)["h100"]}   # a later session
+    assert (root / "results/gpu/calls/h100/call1/stack.json").read_text() == first       # adds, overwrites nothing
+    assert (root / "results/gpu/calls/h100/call3/steps.tsv").is_file()
+    assert later["mxfp4+macro step / bf16 step"] == (pytest.approx(1.3), True)          # its own call's bf16
+    assert later["mxfp4 step / bf16 step"] == (pytest.approx(1.2), True)                # the stored calls still count
+    assert later["MoE grouped MXFP4 step / bf16 step, qwen3-30b-a3b layers"] == (1.4, True)
+    dense = json.loads((root / "results/gpu/gpu_smoke_dense.json").read_text())
+    assert [r["results"] for r in dense["runs"]] == [f"results/gpu/calls/h100/call{n}/results" for n in (1, 2, 3)]
+    shutil.rmtree(root / "results/gpu/calls/h100/call2")
+    with pytest.raises(ValueError, match=r"calls \[1, 3\]: expected call1..callN without gaps"):
+        collect.collect([four], root)
     with pytest.raises(FileNotFoundError, match="not a gpu_session.sh call"):
         collect.collect([tmp_path / "one" / "work" / "results"], root)
 
 
 def test_the_stats_patch_the_device_times_applies_to_this_tree_whole(tmp_path):
     """gpu_session.sh's stats-patch step applies kernels/gpu/patches/stats_fewer_instructions.patch, times it and
-    reverts it. The patch had stopped applying when the kernels were reformatted (two of its three hunks
-    failed, and patch(1) would have left the first one applied); now the step applies all or nothing, and
-    this holds the patch to the tree, both ways."""
-    import shutil
+    reverts it. A reformatted kernel breaks its hunks silently (patch(1) leaves the hunks that applied), so the
+    step applies all or nothing, and this holds the patch to the tree, both ways."""
     import subprocess
 
     root = Path(__file__).resolve().parents[2]
@@ -197,6 +207,8 @@ def test_the_gpu_session_runs_every_gpu_smoke_recipe_each_half_against_its_own_b
     halves = [line.split() for line in re.findall(r"smoke-dense\d\) smoke_dense ([^;]+);;", script)]
     assert len(halves) == 2 and all(half[0] == "bf16" for half in halves)
     assert set().union(*halves) == set(load_profile("gpu-smoke-quick").recipes)
+    (named,) = re.findall(r'^SMOKE_RECIPES="([^"]+)"', script, flags=re.M)   # what a smoke:<recipes> step accepts
+    assert sorted(named.split()) == sorted(load_profile("gpu-smoke-quick").recipes)
 
 
 def test_the_gpu_session_returns_what_the_device_tool_can_bring_back(tmp_path):
@@ -216,6 +228,15 @@ def test_the_gpu_session_returns_what_the_device_tool_can_bring_back(tmp_path):
     typo = subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack", "smoke-dense"], cwd=root, env=env,
                           capture_output=True, text=True, timeout=60)
     assert typo.returncode == 2 and "unknown step 'smoke-dense'" in typo.stderr  # refused before any step runs
+    for step, why in (("smoke:mxfp4+al", "unknown recipe 'mxfp4+al'"), ("smoke:", "names no recipe"),
+                      ("smoke:bf16,mxfp4", "bf16 runs first")):
+        refused = subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack", step], cwd=root,
+                                 env=session_env(tmp_path / "refused", work), capture_output=True, text=True,
+                                 timeout=60)
+        assert refused.returncode == 2 and why in refused.stderr and not (tmp_path / "refused").exists()
+    picked = subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "smoke:mxfp4+all,mxfp4+macro"], cwd=root,
+                            env={**env, "DEADLINE_S": "1"}, capture_output=True, text=True, timeout=60)
+    assert picked.returncode == 0 and "step smoke:mxfp4+all,mxfp4+macro skipped" in picked.stderr
     bare = subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack"], cwd=root,
                           env=session_env(tmp_path / "bare", work, wheels=tmp_path), capture_output=True, text=True,
                           timeout=60)  # no bundle carried: every step would die at its first import
@@ -229,7 +250,8 @@ def test_the_gpu_session_returns_what_the_device_tool_can_bring_back(tmp_path):
     with tarfile.open(out / "session.tgz") as archive:
         assert {"./stack_requirements.json", "./stack.err", "./steps.tsv"} <= set(archive.getnames())
     steps = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines()]
-    assert [s[:2] for s in steps] == [["stack", "skipped"], ["checks", "skipped"], ["stack", "0"]]
+    assert [s[:2] for s in steps] == [["stack", "skipped"], ["checks", "skipped"],
+                                      ["smoke:mxfp4+all,mxfp4+macro", "skipped"], ["stack", "0"]]
 
 
 def test_a_call_whose_every_step_failed_is_still_placed_by_nvidia_smis_device_name(tmp_path):

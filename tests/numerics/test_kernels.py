@@ -16,15 +16,17 @@ DEVICES = [pytest.param("cpu", id="interpreter"), pytest.param("cuda", id="cuda"
 
 
 @functools.cache
-def results(device: str) -> list[dict]:
-    """Every kernel case on ``device`` (run once per session, on first use)."""
-    return list(kernel_checks.check_cases(device))
+def results(device: str, kernel: str) -> list[dict]:
+    """Every case of one kernel on ``device``: each test checks its own kernel, so pytest-xdist workers share
+    the compiles out instead of each compiling every kernel's cases."""
+    return list(kernel_checks.check_cases(device, kernels=(kernel,)))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kernel", kernel_checks.KERNELS)
 def test_kernel_is_bit_exact_with_reference_on_every_case(kernel, device):
-    mine = [r for r in results(device) if r["kernel"] == kernel]
+    mine = results(device, kernel)
+    assert {r["kernel"] for r in mine} == {kernel}
     # 2D cases (adversarial rows + the transposed one) x 2 axes, 3D cases x 3 axes; x dtypes x rules
     assert len(mine) == ((len(adversarial_rows()) + 1) * 2 + 2 * 3) * 3 * 4
     failed = [r for r in mine if not r["passed"]]

@@ -33,6 +33,21 @@ def test_the_gpu_smoke_report_times_each_recipe_against_its_own_runs_bf16(tmp_pa
     assert "planned_peak_gib" not in other["recipes"]["mxfp4"] and "not compared" in other["memory_plan"]
 
 
+def test_a_recipe_that_finished_in_a_later_run_stands_over_its_earlier_failure(tmp_path):
+    from mxfp4.report.gpu_smoke import report
+
+    early, late = tmp_path / "early", tmp_path / "late"
+    smoke_cell(early, "bf16", [50.0, 3.0, 3.0])
+    smoke_cell(early, "mxfp4+macro", [], log="cut at the call's deadline")
+    smoke_cell(late, "bf16", [50.0, 5.0, 5.0])
+    smoke_cell(late, "mxfp4+macro", [90.0, 6.0, 6.0])     # against late's bf16: 1.2 (against early's: 2.0)
+    rec = report([early, late], "gpu-smoke-quick", "qwen2.5-3b-random", ["bf16", "mxfp4+macro"])
+    got = rec["recipes"]["mxfp4+macro"]
+    assert got["status"] == "ok" and got["run"] == 1 and got["step_time_vs_bf16"] == pytest.approx(1.2)
+    assert rec["failed"] == [] and rec["recipes"]["bf16"]["run"] == 0
+    assert rec["runs"][0]["recipes"]["mxfp4+macro"]["status"] == "failed"   # the failure stays on record
+
+
 def test_the_gpu_smoke_report_times_steps_net_of_the_autotuning_inside_them(tmp_path):
     """A timed step that met a new shape bucket tuned it: its time counts net of that tuning, else one retune
     of three steps decides the median (here 9.6 s raw: 1.2x BF16 net, 2.2x raw)."""
