@@ -92,11 +92,11 @@ def report(runs: list[Path | str], profile: str, model: str, recipes: list[str],
     layouts = [Layout(results, profile) for results in runs]
     per_run = [run_records(layout, model, recipes, seed) for layout in layouts]
     merged: dict[str, dict] = {}
-    for finished in (True, False):
-        for index, per in enumerate(per_run):
-            for name, rec in per.items():
-                if rec["status"] == "ok" or not finished:
-                    merged.setdefault(name, {**rec, "run": index})
+    for index, per in enumerate(per_run):
+        for name, rec in per.items():
+            kept = merged.get(name)
+            if kept is None or (kept["status"] != "ok" and rec["status"] == "ok"):
+                merged[name] = {**rec, "run": index}
     for name in recipes:
         merged.setdefault(name, {"status": "not run"})
     if plan is not None and plan.get("profile") != profile:
