@@ -39,6 +39,31 @@ PLAN = "results/gpu/memory_plan_qwen2.5-3b.json"
 BENCH_STEPS = ("bench_memory1.json", "bench_memory2.json", "bench_gemm.json")
 # a line of pytest -q progress: one character a test, and " [ NN%]" once the line is full or the run ends
 PYTEST_PROGRESS = re.compile(r"([.FEsxX]+)(?:\s+\[\s*\d+%\])?")
+# a finished test under pytest -v: "[gw3] [ 40%] PASSED tests/a.py::t[x]" (xdist) or "tests/a.py::t[x] PASSED [ 40%]"
+PYTEST_VERBOSE = re.compile(r"(?:\[gw\d+\] \[\s*\d+%\] (?P<o1>[A-Z]+) (?P<id1>\S+::\S+))"
+                            r"|(?:(?P<id2>\S+::\S+) (?P<o2>[A-Z]+)\s+\[\s*\d+%\])")
+OUTCOME_MARK = {"PASSED": ".", "FAILED": "F", "ERROR": "E", "SKIPPED": "s", "XFAIL": "x", "XPASS": "X"}
+
+
+def finished_tests(log: str) -> tuple[str, dict[str, str]]:
+    """A killed pytest log's outcomes so far: the -q progress marks, and under -v each test's id and outcome
+    (pytest's mark for it, as -q prints it), so the tests that never finished can be named."""
+    marks, named = [], {}
+    for line in log.splitlines():
+        if m := PYTEST_PROGRESS.fullmatch(line.strip()):
+            marks.append(m.group(1))
+        elif (m := PYTEST_VERBOSE.fullmatch(line.strip())) and (m["o1"] or m["o2"]) in OUTCOME_MARK:
+            named[m["id1"] or m["id2"]] = OUTCOME_MARK[m["o1"] or m["o2"]]
+    return "".join(marks) + "".join(named.values()), named
+
+
+def gpu_test_ids() -> list[str]:
+    """The ids of the suite's CUDA tests (pytest -m gpu), collected here: collection needs no device."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q", "-p",
+                          "no:cacheprovider", "tests"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return [line.strip() for line in out.stdout.splitlines() if "::" in line]
 
 
 def device_slug(name: str) -> str:
@@ -203,12 +228,14 @@ def device_checks(root: Path, rel: list[Path]) -> list[dict]:
                          "threshold": "all passed, complete", "met": c["passed"]})
     logs = _in_calls(root, rel, "tests_gpu.log")
     if logs and not _in_calls(root, rel, "tests_gpu.xml"):  # killed at its time limit: only pytest's progress
-        progress = "".join(m.group(1) for line in (root / logs[-1]).read_text().splitlines()
-                           if (m := PYTEST_PROGRESS.fullmatch(line)))
-        rows.append({"source": str(logs[-1]), "target": "the suite's CUDA tests pass (pytest -m gpu)",
-                     "value": f"stopped before its summary: {progress.count('.')} passed, {progress.count('F')} "
-                              f"failed, {progress.count('E')} errors so far", "threshold": "none failed",
-                     "met": False})
+        progress, named = finished_tests((root / logs[-1]).read_text())
+        row = {"source": str(logs[-1]), "target": "the suite's CUDA tests pass (pytest -m gpu)",
+               "value": f"stopped before its summary: {progress.count('.')} passed, {progress.count('F')} "
+                        f"failed, {progress.count('E')} errors so far", "threshold": "none failed", "met": False}
+        if named:  # a -v log names them: which failed, and which never finished
+            row["failed"] = sorted(t for t, mark in named.items() if mark in "FE")
+            row["not_finished"] = [t for t in gpu_test_ids() if t not in named]
+        rows.append(row)
     for f in _in_calls(root, rel, "tests_gpu.xml")[-1:]:
         suite = ET.parse(root / f).getroot()
         suite = suite if suite.tag == "testsuite" else suite.find("testsuite")

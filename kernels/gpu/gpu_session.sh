@@ -64,6 +64,10 @@ DEADLINE_S=${DEADLINE_S:-540}
 SMOKE_PROFILE=${SMOKE_PROFILE:-gpu-smoke-quick}   # the dense cells' profile and model (one model, one seed)
 SMOKE_MODEL=${SMOKE_MODEL:-qwen2.5-3b-random}
 SMOKE_AUTOTUNE=${SMOKE_AUTOTUNE:-1}   # 0: the cells' kernels run each space's first config (no tuning compiles)
+SMOKE_CELL_CAP_S=${SMOKE_CELL_CAP_S:-290}   # one cell's cap; mxfp4+all (about 310 s on an H100) needs more
+for knob in DEADLINE_S SMOKE_CELL_CAP_S; do   # checked before any device time is spent
+    [[ ${!knob} =~ ^[0-9]+$ ]] || { echo "$knob='${!knob}' is not a whole number of seconds" >&2; exit 2; }
+done
 mkdir -p "$OUT" "$WORK" "$RESULTS"
 export PYTHONUNBUFFERED=1
 # No network there: libraries that would ask the hub fail at once instead of waiting on a timeout
@@ -131,7 +135,7 @@ smoke_dense() {   # the given recipes' gpu-smoke-quick cells, the report rewritt
         # (the log's peak_reserved_gib says what it held)
         MXFP4_AUTOTUNE=$SMOKE_AUTOTUNE TRITON_CACHE_AUTOTUNING=1 TRITON_PRINT_AUTOTUNING=1 \
         PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True} \
-        capped 290 python3 -m mxfp4 cell --profile "$SMOKE_PROFILE" --model "$SMOKE_MODEL" \
+        capped "$SMOKE_CELL_CAP_S" python3 -m mxfp4 cell --profile "$SMOKE_PROFILE" --model "$SMOKE_MODEL" \
             --recipe "$recipe" --seed 0 --results "$RESULTS" > "$log" 2>&1 \
             || echo "cell $recipe stopped with exit status $?" >&2
         python3 -m mxfp4 gpu-smoke-report --profile "$SMOKE_PROFILE" --results "$RESULTS" \
@@ -163,8 +167,9 @@ PY
                python3 kernels/gpu/gpu_bundle.py --installed --out "$WORK/stack_requirements.json" \
                    || echo "unmet requirements: stack_requirements.json (in session.tgz) names them" >&2 ;;
         tests) workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")   # compiles in parallel where xdist is
-               MXFP4_TEST_CUDA=1 MXFP4_AUTOTUNE=0 capped 400 python3 -m pytest -m gpu -q -p no:cacheprovider \
-                   $workers --junitxml="$WORK/tests_gpu.xml" tests > "$WORK/tests_gpu.log" 2>&1
+               # -v: the log names each test as it ends, so a run cut at its cap says which never finished
+               MXFP4_TEST_CUDA=1 MXFP4_AUTOTUNE=0 capped 400 python3 -m pytest -m gpu -v --durations=10 \
+                   -p no:cacheprovider $workers --junitxml="$WORK/tests_gpu.xml" tests > "$WORK/tests_gpu.log" 2>&1
                rc=$?; tail -3 "$WORK/tests_gpu.log"; (exit $rc) ;;   # the step's status is pytest's, not tail's
         smoke-dense1) smoke_dense bf16 mxfp4 mxfp4+macro ;;
         smoke-dense2) smoke_dense bf16 mxfp4+fallback mxfp4+aqn mxfp4+all ;;

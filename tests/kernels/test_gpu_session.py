@@ -234,6 +234,12 @@ def test_the_gpu_session_returns_what_the_device_tool_can_bring_back(tmp_path):
                                  env=session_env(tmp_path / "refused", work), capture_output=True, text=True,
                                  timeout=60)
         assert refused.returncode == 2 and why in refused.stderr and not (tmp_path / "refused").exists()
+    for knob, value in (("DEADLINE_S", "8m"), ("SMOKE_CELL_CAP_S", "290.5")):
+        refused = subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "stack"], cwd=root,
+                                 env={**session_env(tmp_path / "refused", work), knob: value}, capture_output=True,
+                                 text=True, timeout=60)
+        assert refused.returncode == 2 and f"{knob}='{value}' is not a whole number" in refused.stderr
+        assert not (tmp_path / "refused").exists()
     picked = subprocess.run(["bash", "kernels/gpu/gpu_session.sh", "smoke:mxfp4+all,mxfp4+macro"], cwd=root,
                             env={**env, "DEADLINE_S": "1"}, capture_output=True, text=True, timeout=60)
     assert picked.returncode == 0 and "step smoke:mxfp4+all,mxfp4+macro skipped" in picked.stderr
@@ -301,3 +307,20 @@ def test_the_collector_neither_decides_a_moe_target_against_fp32_masters_nor_dro
     (call / "tests_gpu.log").write_text(f"bringing up nodes...\n\n{full_line}\n...F.s\n")
     (got,) = collect.device_checks(tmp_path, [Path("call1")])
     assert got["met"] is False and got["value"] == "stopped before its summary: 75 passed, 1 failed, 1 errors so far"
+
+
+def test_a_killed_verbose_test_step_names_its_failures_and_the_tests_that_never_finished(tmp_path):
+    """Under pytest -v (xdist's form and the plain one) each finished test is named; the row lists the
+    failed ones and, against the suite's collected CUDA tests, the ones the cut left unfinished."""
+    collect = kernels_script("collect_gpu_session")
+    ids = collect.gpu_test_ids()
+    assert len(ids) > 3 and all("::" in t for t in ids)
+    lines = ["bringing up nodes...", f"8 workers [{len(ids)} items]"]
+    lines += [f"[gw{i % 8}] [{100 * (i + 1) // len(ids):3d}%] PASSED {t} " for i, t in enumerate(ids[:-3])]
+    lines += [f"[gw1] [ 97%] FAILED {ids[-3]} ", f"{ids[-2]} ERROR [ 98%]"]
+    call = tmp_path / "call1"
+    call.mkdir()
+    (call / "tests_gpu.log").write_text("\n".join(lines) + "\n")
+    (got,) = collect.device_checks(tmp_path, [Path("call1")])
+    assert got["value"] == f"stopped before its summary: {len(ids) - 3} passed, 1 failed, 1 errors so far"
+    assert got["failed"] == sorted(ids[-3:-1]) and got["not_finished"] == [ids[-1]] and got["met"] is False
