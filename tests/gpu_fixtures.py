@@ -29,7 +29,7 @@ def session_env(out: Path, work: Path, wheels: Path | str = "none", **extra: str
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **extra}
 
 
-def smoke_cell(results, recipe, step_times, peak=None, log=None, autotune=None, grad_norm=0.5):
+def smoke_cell(results, recipe, step_times, peak=None, log=None, autotune=None, grad_norm=0.5, commit="a" * 40):
     """A finished gpu-smoke-quick cell (rollout_time half of each step_time, every step's gradient norm
     ``grad_norm``), or only the log of one that died; ``autotune``: per step (autotune_time,
     rollout_autotune_time, autotune_keys) as StepLogger logs them."""
@@ -43,7 +43,7 @@ def smoke_cell(results, recipe, step_times, peak=None, log=None, autotune=None, 
     cell = layout.cell("qwen2.5-3b-random", recipe, 0)
     cell.mkdir(parents=True)
     (cell / "metrics.json").write_text(json.dumps({"steps": len(step_times), "device": "NVIDIA H100 80GB HBM3",
-                                                   "versions": {"torch": "2.11.0"}}))
+                                                   "versions": {"torch": "2.11.0"}, "git_commit": commit}))
     tuned = [dict(zip(("autotune_time", "rollout_autotune_time", "autotune_keys"), t)) for t in autotune or []]
     (cell / TRAIN_LOG).write_text("".join(json.dumps({"step": i + 1, "step_time": s, "rollout_time": s / 2,
                                                       "peak_memory_gib": peak, "grad_norm": grad_norm,

@@ -108,16 +108,25 @@ def report(runs: list[Path | str], profile: str, model: str, recipes: list[str],
             rec["measured_over_planned_peak"] = rec["peak_memory_gib"] / planned[name]["peak_gib"]
     bf16 = [per[REFERENCE_RECIPE]["step_time_s"] for per in per_run
             if per.get(REFERENCE_RECIPE, {}).get("status") == "ok" and per[REFERENCE_RECIPE]["step_time_s"]]
-    ok = [(index, r) for index, per in enumerate(per_run) for r in recipes if per.get(r, {}).get("status") == "ok"]
-    some = json.loads(layouts[ok[0][0]].metrics(model, ok[0][1], seed).read_text()) if ok else {}
+    # each run's provenance from its first finished cell: runs of different sessions ran different trees
+    provenance = []
+    for layout, per in zip(layouts, per_run):
+        done = [r for r in recipes if per.get(r, {}).get("status") == "ok"]
+        m = json.loads(layout.metrics(model, done[0], seed).read_text()) if done else {}
+        provenance.append({"git_commit": m.get("git_commit"), "versions": m.get("versions"), "device": m.get("device")})
+    known = [p for p in provenance if p["git_commit"] or p["versions"] or p["device"]]
+    some = known[0] if known else {}
+    commits = list(dict.fromkeys(p["git_commit"] for p in known))
     return {"profile": profile, "model": model, "seed": seed, "device": some.get("device"),
-            "versions": some.get("versions"), "git_commit": some.get("git_commit"),
+            "versions": some.get("versions"),
+            "git_commit": commits[0] if len(commits) == 1 else commits or None,   # a list: the runs' trees differ
             "method": "median over steps 2..N of each cell (step 1 excluded: autotuning and warm-up), each step net "
                       "of the Triton autotuning inside it (host time of the launches that tuned a new key); ratios to "
                       "the bf16 cell of the same run (results folder, one device call); step_time excludes the probe; "
                       "peak memory: torch.cuda.max_memory_allocated over each step, probes included (the plan's "
                       "measure); peak reserved: torch.cuda.max_memory_reserved, what the caching allocator held",
-            "runs": [{"results": str(results), "recipes": per} for results, per in zip(runs, per_run)],
+            "runs": [{"results": str(results), **prov, "recipes": per}
+                     for results, prov, per in zip(runs, provenance, per_run)],
             "bf16_step_time_a_a": {"step_time_s": bf16, "max_over_min": max(bf16) / min(bf16)} if len(bf16) > 1
             else None,
             "memory_plan": (plan or {}).get("method"),

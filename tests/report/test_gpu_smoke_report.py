@@ -40,8 +40,13 @@ def test_a_recipe_that_finished_in_a_later_run_stands_over_its_earlier_failure(t
     smoke_cell(early, "bf16", [50.0, 3.0, 3.0])
     smoke_cell(early, "mxfp4+macro", [], log="cut at the call's deadline")
     smoke_cell(late, "bf16", [50.0, 5.0, 5.0])
-    smoke_cell(late, "mxfp4+macro", [90.0, 6.0, 6.0])     # against late's bf16: 1.2 (against early's: 2.0)
+    smoke_cell(late, "mxfp4+macro", [90.0, 6.0, 6.0], commit="b" * 40)   # against late's bf16: 1.2 (early's: 2.0)
     rec = report([early, late], "gpu-smoke-quick", "qwen2.5-3b-random", ["bf16", "mxfp4+macro"])
+    # the late run's provenance is its first finished cell's (bf16), not the header's first run's
+    assert [r["git_commit"] for r in rec["runs"]] == ["a" * 40, "a" * 40] and rec["git_commit"] == "a" * 40
+    smoke_cell(late / "other", "bf16", [50.0, 5.0, 5.0], commit="b" * 40)
+    mixed = report([early, late / "other"], "gpu-smoke-quick", "qwen2.5-3b-random", ["bf16", "mxfp4+macro"])
+    assert mixed["git_commit"] == ["a" * 40, "b" * 40] and mixed["runs"][1]["git_commit"] == "b" * 40
     got = rec["recipes"]["mxfp4+macro"]
     assert got["status"] == "ok" and got["run"] == 1 and got["step_time_vs_bf16"] == pytest.approx(1.2)
     assert rec["failed"] == [] and rec["recipes"]["bf16"]["run"] == 0
