@@ -49,11 +49,11 @@ def finished_tests(log: str) -> tuple[str, dict[str, str]]:
     """A killed pytest log's outcomes so far: the -q progress marks, and under -v each test's id and outcome
     (pytest's mark for it, as -q prints it), so the tests that never finished can be named."""
     marks, named = [], {}
-    for line in log.splitlines():
-        if m := PYTEST_PROGRESS.fullmatch(line.strip()):
+    for line in map(str.strip, log.splitlines()):
+        if m := PYTEST_PROGRESS.fullmatch(line):
             marks.append(m.group(1))
-        elif (m := PYTEST_VERBOSE.fullmatch(line.strip())) and (m["o1"] or m["o2"]) in OUTCOME_MARK:
-            named[m["id1"] or m["id2"]] = OUTCOME_MARK[m["o1"] or m["o2"]]
+        elif (m := PYTEST_VERBOSE.fullmatch(line)) and (outcome := m["o1"] or m["o2"]) in OUTCOME_MARK:
+            named[m["id1"] or m["id2"]] = OUTCOME_MARK[outcome]
     return "".join(marks) + "".join(named.values()), named
 
 
@@ -63,6 +63,9 @@ def gpu_test_ids() -> list[str]:
 
     out = subprocess.run([sys.executable, "-m", "pytest", "-m", "gpu", "--collect-only", "-q", "-p",
                           "no:cacheprovider", "tests"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:  # an empty list would claim every test finished
+        raise RuntimeError(f"collecting the CUDA tests failed (pytest exit {out.returncode}):\n{out.stdout[-2000:]}"
+                           f"{out.stderr[-2000:]}")
     return [line.strip() for line in out.stdout.splitlines() if "::" in line]
 
 
