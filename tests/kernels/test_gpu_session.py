@@ -167,12 +167,16 @@ def test_a_sessions_calls_are_collected_into_the_gpu_files_with_every_target_met
     assert sorted(p.name for p in (root / "results/gpu/calls").iterdir()) == ["h100", "h200"]  # no staging left
     first = (root / "results/gpu/calls/h100/call1/stack.json").read_text()
     four = call("four", {}, [("bf16", [50.0, 5.0, 5.0]), ("mxfp4+macro", [90.0, 6.5, 6.5])])
+    stored_bench = json.dumps({**bench, "device": "NVIDIA H100 80GB HBM3", "rows": [{**memory, "fraction": 0.5}]})
+    (root / "results/bench/bench_h100.json").write_text(stored_bench)   # kernels timed before any call folder
     later = {t["target"]: (t["value"], t["met"]) for t in collect.collect([four], root)["h100"]}   # a later session
     assert (root / "results/gpu/calls/h100/call1/stack.json").read_text() == first       # adds, overwrites nothing
     assert (root / "results/gpu/calls/h100/call3/steps.tsv").is_file()
     assert later["mxfp4+macro step / bf16 step"] == (pytest.approx(1.3), True)          # its own call's bf16
     assert later["mxfp4 step / bf16 step"] == (pytest.approx(1.2), True)                # the stored calls still count
     assert later["MoE grouped MXFP4 step / bf16 step, qwen3-30b-a3b layers"] == (1.4, True)
+    assert later["triton quantize (axis -1) / copy bandwidth at 8192x4096"] == (0.5, False)   # judged as stored
+    assert (root / "results/bench/bench_h100.json").read_text() == stored_bench
     dense = json.loads((root / "results/gpu/gpu_smoke_dense.json").read_text())
     assert [r["results"] for r in dense["runs"]] == [f"results/gpu/calls/h100/call{n}/results" for n in (1, 2, 3)]
     shutil.rmtree(root / "results/gpu/calls/h100/call2")
