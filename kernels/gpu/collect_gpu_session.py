@@ -9,7 +9,8 @@ after that device's stored calls, and from all of that device's calls, stored on
 - ``results/gpu/gpu_smoke_dense.json``: ``mxfp4 gpu-smoke-report`` over every call that ran gpu-smoke-quick
   cells, each recipe against its own call's bf16, the memory plan's peaks beside;
 - ``results/gpu/gpu_smoke_moe.json``: the MoE slice (the call that ran ``smoke-moe``);
-- ``results/bench/bench_<device>.json``: the kernel calls (memory1, memory2, gemm) of one device merged;
+- ``results/bench/bench_<device>.json``: the kernel calls (memory1, memory2, gemm) of one device merged (where
+  no call of the device timed kernels, a stored file is judged as it is and left unchanged);
 - ``results/gpu/targets_<device>.json``: every GPU target with its number, met or missed, and the two
   checks of correctness on the device (every kernel bit-exact; every autotune config; the suite's CUDA tests).
 Calls that landed on different devices (the device tool may start an H200 where no H100 opens) are kept
@@ -158,13 +159,14 @@ def collect(calls: list[Path], root: Path = ROOT) -> dict[str, list[dict]]:
         if kernel_calls:
             merged = bench_kernels.merge([_json(root / k) for k in kernel_calls], [str(k) for k in kernel_calls])
             write_json_atomic(root / bench_out, merged)
+            kernel_targets = merged["targets"]
         elif (root / bench_out).is_file():  # measured in calls made before the call folders: judged as stored
-            merged = {"targets": bench_kernels.targets(_json(root / bench_out)["rows"])}
+            kernel_targets = bench_kernels.targets(_json(root / bench_out)["rows"])
         else:
-            merged = {"targets": []}
+            kernel_targets = []
         targets += [{"source": bench_out, "target": f"{t['target']} at {'x'.join(map(str, t['shape']))}",
                      "value": t["value"], "threshold": f">= {t['threshold']}", "met": t["met"]}
-                    for t in merged["targets"]]
+                    for t in kernel_targets]
         targets += device_checks(root, rel)
         write_json_atomic(root / f"results/gpu/targets_{slug}.json",
                           {"device_calls": [str(f) for f in rel], "targets": targets})
