@@ -61,6 +61,9 @@ class AdaptiveQuantizationNoise(Correction):
         self._sigma = self.sigma_start
         self.last_sigma = 0.0
 
+    def kernel_terms(self) -> dict:
+        return {}  # no numerics hook: the noise goes on the RMSNorm weights around the rollout
+
     def stage(self, step: int) -> int:
         return min(self.stages - 1, step * self.stages // self.total_steps)
 

@@ -55,6 +55,18 @@ class Correction:
         MoE experts), so that what a correction counts covers only those."""
         return None
 
+    def kernel_terms(self) -> dict | None:
+        """This correction's numerics in the terms the fused kernels compute, so that a quantizer whose
+        corrections all have terms runs them in one kernel pass: ``{}`` (no numerics hook: it acts outside the
+        quantizer), ``{"split": "block_max"}`` (each block's largest magnitude kept in bfloat16, ``split``'s
+        values), ``{"macro_blocks": n}`` (macro-block scaling over n blocks, one row, the largest block's
+        candidate). None (the default): no kernel computes it, and the quantizer composes its hooks."""
+        return None
+
+    def record_split(self, kept: int, seen: int) -> None:
+        """Told, where a fused kernel ran this correction's ``split`` (``kernel_terms``), how many elements
+        it kept in high precision out of how many it saw: what ``split`` would have counted."""
+
     def blocks_per_group(self) -> int:
         """How many consecutive blocks along the blocked axis the correction treats together."""
         return 1

@@ -73,6 +73,9 @@ class MacroBlockScaling(Correction):
     def rows_per_group(self) -> int:
         return self.rows
 
+    def kernel_terms(self) -> dict | None:
+        return {"macro_blocks": self.blocks} if self.rows == 1 and self.candidates == "max" else None
+
     def block_quantizer(self, fmt, rule):
         fmt = get_format(fmt)
         elem = fmt.element

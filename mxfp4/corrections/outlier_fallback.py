@@ -77,6 +77,13 @@ class OutlierFallback(Correction):
         strides = _torch_path_strides(tuple(x.shape), x.stride(), x.dtype, axis)
         return fused_cpu.split_max(x, axis, 32, *strides)
 
+    def kernel_terms(self) -> dict | None:
+        return {"split": "block_max"} if self.mode == "element" and self.k == 1 else None
+
+    def record_split(self, kept: int, seen: int) -> None:
+        self._kept[0] = self._kept[0] + kept
+        self._kept[1] = self._kept[1] + seen
+
     def state_dict(self) -> dict:
         return {"kept": [int(v) for v in self._kept]}
 

@@ -170,6 +170,21 @@ def fake_quantize(x, fmt="mxfp4", axis=-1, scale_rule=None) -> torch.Tensor:
     return reference.fake_quantize(x, fmt, axis, scale_rule)
 
 
+def fake_quantize_stochastic(x: torch.Tensor, fmt, axis: int, scale_rule, generator: torch.Generator) -> torch.Tensor:
+    """``reference.fake_quantize_stochastic`` (elements rounded stochastically under the block scales, the draws
+    from ``generator``): the fused CPU kernel for a contiguous float32 x blocked along its last axis (the
+    gradients the recipes round) on the fused backend with a CPU generator, the same values, layout and draws;
+    the reference elsewhere."""
+    if (x.dtype == torch.float32 and x.numel() and x.is_contiguous() and axis in (-1, x.dim() - 1)
+            and isinstance(generator, torch.Generator) and generator.device.type == "cpu"
+            and backend_for(x, fmt) == "fused"):
+        fmt_, ax, rule = reference.check_input(x, fmt, axis, scale_rule)
+        out = fused_cpu.stochastic(x, fmt_, ax, rule, generator)
+        if out is not None:
+            return out
+    return reference.fake_quantize_stochastic(x, fmt, axis, scale_rule, generator)
+
+
 def fake_quantize_with_stats(x, fmt="mxfp4", axis=-1, scale_rule=None) -> tuple[torch.Tensor, dict]:
     """Fake-quantize and return the decomposition energies and counts of the same tensor, as Python
     numbers (the Triton path's float32 energies: relative 1e-5 of the float64 reference; for device

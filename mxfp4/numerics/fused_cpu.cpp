@@ -412,6 +412,257 @@ bool split_max_block(const T* x, int64_t sk, bool* mask, int64_t mk, T* rest, in
   return true;
 }
 
+// ---- outlier fallback and macro-block scaling in one pass, eight groups a time --------------------------
+
+constexpr int kLanes = 8;
+constexpr int kMaxLaneSpan = 256;  // elements of one group on the lane path (macro-block groups of up to 8 blocks)
+
+// Eight groups of `span` elements side by side, one vector lane a group (element j of group c at
+// lane[c][j * sk]), quantized as the torch path of the quantizer composes the corrections: with `split`,
+// each 32-block's largest magnitude (the first of equal ones) is kept and zeroed in the rest; the rest is
+// quantized plain (blocks == 0) or with macro-block scaling (the group's candidate m against m = 1, their
+// error energies summed in float64 element by element in order, the rule of corrections.macro_block; plain
+// wins ties); the kept elements are written rounded to bfloat16. Per lane, the work the one-group path
+// does, but each loop runs across the eight lanes, so the float64 sums are eight independent sequential
+// sums in vector registers. Lanes c >= cols are zeros and not stored; n real elements per group (the rest
+// of the span is the zero padding of the torch path's groups). False where an element is not finite.
+template <bool kSplit, bool kMacro>
+bool corrected_lanes(const float* const* lane, int64_t sk, float* const* olane, int64_t ok, int n, int span,
+                     int bs, int cols, const Format& f) {
+  alignas(32) float t[kMaxLaneSpan][kLanes], plain[kMaxLaneSpan][kLanes];
+  alignas(32) float macro[kMacro ? kMaxLaneSpan : 1][kLanes];
+  for (int j = 0; j < span; ++j)
+    for (int c = 0; c < kLanes; ++c) t[j][c] = (j < n && c < cols) ? lane[c][j * sk] : 0.0f;
+  uint32_t nonfinite = 0;
+  for (int j = 0; j < n; ++j)
+    for (int c = 0; c < kLanes; ++c) nonfinite |= uint32_t((bits_of(t[j][c]) & 0x7FFFFFFFu) >= 0x7F800000u);
+  if (nonfinite) return false;
+  const int nb = span / bs;
+  int top[kSplit ? kMaxLaneSpan : 1][kLanes];
+  float kept[kSplit ? kMaxLaneSpan : 1][kLanes];
+  if constexpr (kSplit) {  // each block's largest magnitude (strictly greater: the first of equal ones)
+    for (int b = 0; b < nb; ++b) {
+      int32_t best[kLanes], at[kLanes];  // magnitudes' bits are below 2^31: signed lanes compare them alike
+      for (int c = 0; c < kLanes; ++c) best[c] = 0, at[c] = b * bs;
+      for (int j = b * bs; j < (b + 1) * bs; ++j)
+        for (int c = 0; c < kLanes; ++c) {
+          const int32_t ab = int32_t(bits_of(t[j][c]) & 0x7FFFFFFFu);
+          const bool more = ab > best[c];
+          best[c] = more ? ab : best[c];
+          at[c] = more ? j : at[c];
+        }
+      for (int c = 0; c < kLanes; ++c) top[b][c] = at[c];
+      for (int c = 0; c < kLanes; ++c) {
+        kept[b][c] = t[top[b][c]][c];
+        t[top[b][c]][c] = 0.0f;  // the torch path's rest: zeros_like(x) where the mask is set
+      }
+    }
+  }
+  // plain MX of the rest, block by block: grid(y * 2^-e) * 2^e as the reference computes it
+  for (int b = 0; b < nb; ++b) {
+    uint32_t a[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int j = b * bs; j < (b + 1) * bs; ++j)
+      for (int c = 0; c < kLanes; ++c) {
+        const uint32_t ab = bits_of(t[j][c]) & 0x7FFFFFFFu;
+        a[c] = ab > a[c] ? ab : a[c];
+      }
+    float scale[kLanes], inverse[kLanes];
+    for (int c = 0; c < kLanes; ++c) {
+      const int byte = shared_exponent(from_bits(a[c]), f) + 127;
+      scale[c] = e8m0_value(byte);
+      inverse[c] = e8m0_value(std::min(254, std::max(0, 254 - byte)));
+    }
+    for (int j = b * bs; j < (b + 1) * bs; ++j)
+      for (int c = 0; c < kLanes; ++c)
+        plain[j][c] = round_to_grid(t[j][c] * inverse[c], f.emin, f.mbits, f.max_value) * scale[c];
+  }
+  bool use_macro[kLanes] = {false, false, false, false, false, false, false, false};
+  if constexpr (kMacro) {
+    uint32_t g[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int j = 0; j < span; ++j)
+      for (int c = 0; c < kLanes; ++c) {
+        const uint32_t ab = bits_of(t[j][c]) & 0x7FFFFFFFu;
+        g[c] = ab > g[c] ? ab : g[c];
+      }
+    float m[kLanes];
+    for (int c = 0; c < kLanes; ++c) m[c] = macro_candidate(from_bits(g[c]), f.max_value);
+    for (int b = 0; b < nb; ++b) {
+      uint32_t a[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int j = b * bs; j < (b + 1) * bs; ++j)
+        for (int c = 0; c < kLanes; ++c) {
+          macro[j][c] = t[j][c] / m[c];  // y = x / m, as the torch path divides
+          const uint32_t ab = bits_of(macro[j][c]) & 0x7FFFFFFFu;
+          a[c] = ab > a[c] ? ab : a[c];
+        }
+      float eff[kLanes], inverse[kLanes];
+      for (int c = 0; c < kLanes; ++c) {
+        const int byte = shared_exponent(from_bits(a[c]), f) + 127;
+        eff[c] = e8m0_value(byte) * m[c];
+        inverse[c] = e8m0_value(std::min(254, std::max(0, 254 - byte)));
+      }
+      for (int j = b * bs; j < (b + 1) * bs; ++j)
+        for (int c = 0; c < kLanes; ++c)
+          macro[j][c] = round_to_grid(macro[j][c] * inverse[c], f.emin, f.mbits, f.max_value) * eff[c];
+    }
+    double e_plain[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0}, e_macro[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int j = 0; j < span; ++j)
+      for (int c = 0; c < kLanes; ++c) {
+        const double x = double(t[j][c]), dp = double(plain[j][c]) - x, dm = double(macro[j][c]) - x;
+        e_plain[c] += dp * dp;
+        e_macro[c] += dm * dm;
+      }
+    for (int c = 0; c < kLanes; ++c) use_macro[c] = e_macro[c] < e_plain[c];
+  }
+  for (int c = 0; c < cols; ++c) {
+    float* o = olane[c];
+    const bool pick_macro = kMacro && use_macro[c];
+    if constexpr (kSplit) {
+      for (int b = 0; b < nb; ++b) {  // the kept elements, rounded to bfloat16 (finite: no NaN case)
+        float* src = pick_macro ? &macro[0][0] : &plain[0][0];
+        src[top[b][c] * kLanes + c] = from_bits(uint32_t(bf16_bits(kept[b][c])) << 16);
+      }
+    }
+    const float* src = pick_macro ? &macro[0][c] : &plain[0][c];
+    if (ok == 1) {
+      for (int j = 0; j < n; ++j) o[j] = src[j * kLanes];
+    } else {
+      for (int j = 0; j < n; ++j) o[j * ok] = src[j * kLanes];
+    }
+  }
+  return true;
+}
+
+// One group of `span` contiguous elements (n real, the rest zero padding) into contiguous out: what
+// corrected_lanes computes for one lane, with the elements along the vector (no transposition): the plain
+// blocks through quantize_loaded (the plain kernel's path, equal to the reference), the two float64 error sums
+// sequential in the group's order. False where an element is not finite.
+template <bool kSplit, bool kMacro>
+bool corrected_row(const float* x, float* out, int n, int span, int bs, const Format& f) {
+  alignas(32) float t[kMaxLaneSpan], plain[kMaxLaneSpan];
+  alignas(32) float macro[kMacro ? kMaxLaneSpan : 1];
+  uint32_t any = 0;
+  for (int j = 0; j < n; ++j) {
+    t[j] = x[j];
+    any = std::max(any, bits_of(t[j]) & 0x7FFFFFFFu);
+  }
+  if (any >= 0x7F800000u) return false;
+  for (int j = n; j < span; ++j) t[j] = 0.0f;
+  const int nb = span / bs;
+  int top[kSplit ? kMaxLaneSpan : 1];
+  float kept[kSplit ? kMaxLaneSpan : 1];
+  if constexpr (kSplit) {
+    for (int b = 0; b < nb; ++b) {
+      uint32_t best = 0;
+      int at = b * bs;
+      for (int j = b * bs; j < (b + 1) * bs; ++j) {
+        const uint32_t ab = bits_of(t[j]) & 0x7FFFFFFFu;
+        if (ab > best) best = ab, at = j;
+      }
+      top[b] = at;
+      kept[b] = t[at];
+      t[at] = 0.0f;
+    }
+  }
+  for (int b = 0; b < nb; ++b) quantize_loaded(t + b * bs, plain + b * bs, 1, bs, f);
+  const float* pick = plain;
+  if constexpr (kMacro) {
+    uint32_t g = 0;
+    for (int j = 0; j < span; ++j) g = std::max(g, bits_of(t[j]) & 0x7FFFFFFFu);
+    const float m = macro_candidate(from_bits(g), f.max_value);
+    for (int j = 0; j < span; ++j) macro[j] = t[j] / m;
+    for (int b = 0; b < nb; ++b) {
+      float* y = macro + b * bs;
+      uint32_t a = 0;
+      for (int j = 0; j < bs; ++j) a = std::max(a, bits_of(y[j]) & 0x7FFFFFFFu);
+      const int byte = shared_exponent(from_bits(a), f) + 127;
+      const float eff = e8m0_value(byte) * m, inverse = e8m0_value(std::min(254, std::max(0, 254 - byte)));
+      for (int j = 0; j < bs; ++j) y[j] = round_to_grid(y[j] * inverse, f.emin, f.mbits, f.max_value) * eff;
+    }
+    double e_plain = 0.0, e_macro = 0.0;
+    for (int j = 0; j < span; ++j) {
+      const double v = double(t[j]), dp = double(plain[j]) - v, dm = double(macro[j]) - v;
+      e_plain += dp * dp;
+      e_macro += dm * dm;
+    }
+    if (e_macro < e_plain) pick = macro;
+  }
+  for (int j = 0; j < n; ++j) out[j] = pick[j];
+  if constexpr (kSplit) {
+    for (int b = 0; b < nb; ++b)
+      if (top[b] < n) out[top[b]] = from_bits(uint32_t(bf16_bits(kept[b])) << 16);
+  }
+  return true;
+}
+
+// Outlier fallback (one element a block) and/or macro-block scaling (rows 1, candidates max: `blocks` > 0)
+// of a float32 [O, K, I] view x into out, blocks of block_size along K: the torch path's composition
+// (Quantizer._quantize) in one pass. False (out unspecified) where x holds a non-finite element.
+bool corrected_into(const at::Tensor& x, at::Tensor out, int64_t block_size, bool split, int64_t blocks,
+                    int64_t emin, int64_t emax, int64_t mbits, double max_value, int64_t rule) {
+  TORCH_CHECK(x.dim() == 3 && out.sizes() == x.sizes(), "fused_cpu: x and out must be [O, K, I] views of one shape");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat,
+              "fused_cpu: the corrected kernel takes float32");
+  const int64_t per_group = blocks > 0 ? blocks : 1;
+  TORCH_CHECK(block_size >= 1 && block_size <= kMaxBlock && block_size * per_group <= kMaxLaneSpan,
+              "fused_cpu: a group on the lane path holds at most ", kMaxLaneSpan, " elements");
+  TORCH_CHECK(split || blocks > 0, "fused_cpu: the corrected kernel needs the split, macro-block groups or both");
+  const Format f{int(emin), int(emax), int(mbits), float(max_value), int(rule)};
+  const int64_t O = x.size(0), K = x.size(1), I = x.size(2);
+  const int64_t so = x.stride(0), sk = x.stride(1), si = x.stride(2);
+  const int64_t oo = out.stride(0), ok = out.stride(1), oi = out.stride(2);
+  const int bs = int(block_size), span = int(block_size * per_group);
+  const int64_t groups = (K + span - 1) / span;
+  const float* xp = x.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  auto kernel = split ? (blocks > 0 ? &corrected_lanes<true, true> : &corrected_lanes<true, false>)
+                      : &corrected_lanes<false, true>;
+  auto row = split ? (blocks > 0 ? &corrected_row<true, true> : &corrected_row<true, false>)
+                   : &corrected_row<false, true>;
+  const bool contiguous = I == 1 && sk == 1 && ok == 1;
+  std::atomic<bool> finite{true};
+  // lanes: eight columns i of one (o, group) where I > 1; else eight groups of the flattened (o, group) list
+  const int64_t lane_sets = I > 1 ? O * groups * ((I + kLanes - 1) / kLanes) : (O * groups + kLanes - 1) / kLanes;
+  at::parallel_for(0, lane_sets, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t idx = begin; idx < end && finite; ++idx) {
+      if (I > 1) {
+        const float* in[kLanes];
+        float* dst[kLanes];
+        const int64_t per = (I + kLanes - 1) / kLanes, o = idx / (groups * per), rest = idx % (groups * per);
+        const int64_t k0 = (rest / per) * span, i0 = (rest % per) * kLanes;
+        const int cols = int(std::min<int64_t>(kLanes, I - i0)), n = int(std::min<int64_t>(span, K - k0));
+        for (int c = 0; c < cols; ++c) {
+          in[c] = xp + o * so + k0 * sk + (i0 + c) * si;
+          dst[c] = op + o * oo + k0 * ok + (i0 + c) * oi;
+        }
+        if (!kernel(in, sk, dst, ok, n, span, bs, cols, f)) finite = false;
+        continue;
+      }
+      // I == 1: eight groups of the flattened (o, group) list: one after another along a contiguous axis,
+      // else gathered into lanes (a short group, the row's last, alone with its own n)
+      const int64_t g0 = idx * kLanes, g1 = std::min<int64_t>(g0 + kLanes, O * groups);
+      const float* in[kLanes];
+      float* dst[kLanes];
+      int cols = 0;
+      for (int64_t gi = g0; gi < g1; ++gi) {
+        const int64_t o = gi / groups, k0 = (gi % groups) * span;
+        const int gn = int(std::min<int64_t>(span, K - k0));
+        if (contiguous) {
+          if (!row(xp + o * so + k0, op + o * oo + k0, gn, span, bs, f)) finite = false;
+        } else if (gn < span) {
+          const float* one[kLanes] = {xp + o * so + k0 * sk};
+          float* out1[kLanes] = {op + o * oo + k0 * ok};
+          if (!kernel(one, sk, out1, ok, gn, span, bs, 1, f)) finite = false;
+        } else {
+          in[cols] = xp + o * so + k0 * sk;
+          dst[cols++] = op + o * oo + k0 * ok;
+        }
+      }
+      if (cols && !kernel(in, sk, dst, ok, span, span, bs, cols, f)) finite = false;
+    }
+  });
+  return finite;
+}
+
 // ---- error components (decompose.error_components), fused -------------------------------------------------
 
 // One block's quantization q (as fake_quantize), its ideal-scale grid projection x_grid = G(x * max / amax) *
@@ -567,6 +818,68 @@ bool macro_block_into(const at::Tensor& x, at::Tensor out, int64_t block_size, i
   return finite;
 }
 
+// Stochastic rounding (reference.fake_quantize_stochastic) of a float32 [O, K, I] view x into out, blocks of
+// block_size along K, with the reference's uniform draws u: contiguous [O, I, blocks along K, block_size], its
+// blocks' layout. Per block: the E8M0 scale 2^e of its max, y = x / 2^e (a division, as the reference), |y|
+// clamped at max_value between the grid values lo <= |y| < hi (lo: |y| with the mantissa bits below the
+// element's cleared, or a multiple of the subnormal step; hi = lo + step, lo at max_value), up with
+// probability (|y| - lo) / (hi - lo) when u is below it, the sign of y kept, times 2^e. False (out unspecified)
+// where x holds a non-finite element.
+bool stochastic_into(const at::Tensor& x, const at::Tensor& u, at::Tensor out, int64_t block_size, int64_t emin,
+                     int64_t emax, int64_t mbits, double max_value, int64_t rule) {
+  TORCH_CHECK(x.dim() == 3 && out.sizes() == x.sizes(), "fused_cpu: x and out must be [O, K, I] views of one shape");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && u.scalar_type() == at::kFloat &&
+                  u.is_contiguous(), "fused_cpu: stochastic rounding takes float32 x, out and contiguous draws");
+  TORCH_CHECK(block_size >= 1 && block_size <= kMaxBlock, "fused_cpu: block size must be in [1, ", kMaxBlock, "]");
+  const Format f{int(emin), int(emax), int(mbits), float(max_value), int(rule)};
+  const int64_t O = x.size(0), K = x.size(1), I = x.size(2), bs = block_size, nb = (K + bs - 1) / bs;
+  TORCH_CHECK(u.numel() == O * I * nb * bs, "fused_cpu: the draws must hold one value per padded block element");
+  const int64_t so = x.stride(0), sk = x.stride(1), si = x.stride(2);
+  const int64_t oo = out.stride(0), ok = out.stride(1), oi = out.stride(2);
+  const float* xp = x.data_ptr<float>();
+  const float* up = u.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const uint32_t low_bits = (1u << (23 - f.mbits)) - 1;
+  const float sub_step = from_bits(uint32_t(f.emin - f.mbits + 127) << 23);
+  std::atomic<bool> finite{true};
+  at::parallel_for(0, O * I * nb, 64, [&](int64_t begin, int64_t end) {
+    float t[kMaxBlock];
+    for (int64_t idx = begin; idx < end && finite; ++idx) {
+      const int64_t o = idx / (I * nb), i = (idx / nb) % I, kb = idx % nb, k0 = kb * bs;
+      const int n = int(std::min<int64_t>(bs, K - k0));
+      const float* xb = xp + o * so + k0 * sk + i * si;
+      for (int j = 0; j < n; ++j) t[j] = xb[j * sk];
+      bool nonfinite;
+      const float amax = from_bits(amax_bits(t, n, &nonfinite));
+      if (nonfinite) {
+        finite = false;
+        break;
+      }
+      const float scale = e8m0_value(shared_exponent(amax, f) + 127);
+      const float* ub = up + idx * bs;
+      float* ob = op + o * oo + k0 * ok + i * oi;
+      for (int j = 0; j < n; ++j) {
+        const float y = t[j] / scale;
+        const float a = std::min(std::fabs(y), f.max_value);
+        const int e = int((bits_of(a) >> 23) & 0xFF) - 127;
+        float lo, step;
+        if (e >= f.emin) {
+          lo = from_bits(bits_of(a) & ~low_bits);
+          step = from_bits(uint32_t(e - f.mbits + 127) << 23);
+        } else {
+          step = sub_step;
+          lo = std::floor(a / step) * step;
+        }
+        const float hi = lo < f.max_value ? lo + step : lo;
+        const float p = hi > lo ? (a - lo) / (hi - lo) : 0.0f;
+        const float q = ub[j] < p ? hi : lo;
+        ob[j * ok] = std::copysign(q, y) * scale;
+      }
+    }
+  });
+  return finite;
+}
+
 // Outlier fallback's split (one element a block) of an [O, K, I] view x (float32 or bfloat16) into mask and
 // rest ([O, K, I] views, any strides), blocks along K; false (outputs unspecified) where x is not all finite.
 bool split_max_into(const at::Tensor& x, at::Tensor mask, at::Tensor rest, int64_t block_size) {
@@ -626,5 +939,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("canonical_components_into", &canonical_components_into, "the canonical form's error components of blocks");
   m.def("gain_products_into", &gain_products_into, "the gain form's first pass: q and the products to sum per block");
   m.def("gain_components_into", &gain_components_into, "the gain form's second pass: the components from the sums");
+  m.def("corrected_into", &corrected_into, "outlier fallback and/or macro-block scaling of an [O, K, I] view, one pass");
+  m.def("stochastic_into", &stochastic_into, "stochastic rounding of an [O, K, I] view with the reference's draws");
   m.def("split_max_into", &split_max_into, "each block's largest element of an [O, K, I] view: its mask, and x without it");
 }

@@ -180,6 +180,45 @@ def macro_block(x: torch.Tensor, fmt: BlockFormat, axis: int, rule: str, blocks:
     return out if ok else None
 
 
+LANE_SPAN = 256  # kMaxLaneSpan in the source: the most elements of one group on the corrected kernel
+
+
+def corrected(x: torch.Tensor, fmt: BlockFormat, axis: int, rule: str, split: bool, blocks: int, strides: tuple
+              ) -> torch.Tensor | None:
+    """Outlier fallback (``split``: each block's largest magnitude kept, rounded to bfloat16) and/or macro-block
+    scaling (``blocks`` > 0 blocks a group, one row, the largest block's candidate) of a float32 x in one pass:
+    the values of the quantizer's torch composition of the two (split, quantize the rest, put the kept
+    elements back) bit for bit, laid out with ``strides``. None where x holds a NaN or an infinity."""
+    x = x.detach()
+    out = torch.empty_strided(x.shape, strides, dtype=torch.float32)
+    elem = fmt.element
+    ok = _views_3d(x, axis, [out], _extension().corrected_into, fmt.block_size, split, blocks, elem.emin, elem.emax,
+                   elem.mbits, elem.max_value, SCALE_RULES_E8M0.index(rule))
+    return out if ok else None
+
+
+def stochastic(x: torch.Tensor, fmt: BlockFormat, axis: int, rule: str, generator: torch.Generator
+               ) -> torch.Tensor | None:
+    """``reference.fake_quantize_stochastic`` of a contiguous float32 x blocked along its last axis, for checked
+    arguments, in one pass: the uniform draws taken from ``generator`` exactly as the reference takes them (one
+    per element of its zero-padded blocks, in their order), the rounding fused, the result laid out as the
+    reference's (its padded buffer, cropped). None, with the generator's state restored, where x holds a NaN or
+    an infinity (the reference then runs and draws the same values)."""
+    x = x.detach()
+    k = x.shape[axis]
+    nb = -(-k // fmt.block_size)
+    state = generator.get_state()
+    u = torch.rand((*x.shape[:axis], *x.shape[axis + 1:], nb, fmt.block_size), generator=generator,
+                   dtype=torch.float32)
+    out = torch.empty_strided(x.shape, moved_back_strides(tuple(x.shape), axis, fmt.block_size), dtype=torch.float32)
+    elem = fmt.element
+    if _views_3d(x, axis, [out], lambda x3, o3: _extension().stochastic_into(
+            x3, u, o3, fmt.block_size, elem.emin, elem.emax, elem.mbits, elem.max_value, SCALE_RULES_E8M0.index(rule))):
+        return out
+    generator.set_state(state)
+    return None
+
+
 def split_max(x: torch.Tensor, axis: int, block_size: int, mask_strides: tuple, rest_strides: tuple
               ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(mask of each block's largest magnitude, the first of equal ones as torch's argmax picks it; x with it

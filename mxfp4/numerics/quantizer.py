@@ -11,15 +11,17 @@ layer does not import the corrections).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 
-from . import dispatch
+from . import dispatch, fused_cpu
 from .decompose import Decomposition, decompose
 from .formats import get_format
-from .reference import fake_quantize_stochastic, from_blocks, to_blocks
+from .reference import from_blocks, to_blocks
 
 GEMMS = ("forward", "input_grad", "weight_grad")
 MODULE_KINDS = ("linear", "experts", "lm_head", "router")
@@ -101,6 +103,9 @@ class Quantizer:
             raise ValueError("stochastic rounding replaces the element rounding: it takes no second rounding "
                              "correction and no block-replacing one (macro_block)")
         self._rounding = rounding[0] if rounding else None
+        self._kernel_terms = self._merged_kernel_terms()
+        self._kernel_strides: dict = {}
+        self._stride_probe: Quantizer | None = None
 
     @property
     def plain(self) -> bool:
@@ -140,6 +145,56 @@ class Quantizer:
         return (f"Quantizer({label}format={self.fmt.name}, scale_rule={self.scale_rule}, corrections=[{corr}], "
                 f"gemms={on}{weights_only})")
 
+    def _merged_kernel_terms(self) -> dict | None:
+        """The corrections' ``kernel_terms`` merged, where every one has terms and together they split or
+        group blocks (what the fused CPU kernel for corrections computes); None otherwise."""
+        terms: dict = {}
+        for c in self.corrections:
+            t = c.kernel_terms()
+            if t is None:
+                return None
+            terms.update(t)
+        if terms.get("split", "block_max") != "block_max" or not terms or self.fmt.scale != "e8m0":
+            return None
+        if self.fmt.block_size * terms.get("macro_blocks", 1) > fused_cpu.LANE_SPAN:
+            return None
+        return terms
+
+    def _fused_corrected(self, x: torch.Tensor, axis: int, valid) -> torch.Tensor | None:
+        """The corrections' values from one pass of the fused CPU kernel, laid out as the torch composition
+        lays them out, where it applies (kernel terms for every correction, a float32 x with data on the
+        fused backend, no padding mask); None otherwise or where x is not finite (the torch path then runs)."""
+        terms = self._kernel_terms
+        if (terms is None or x.dtype != torch.float32 or not x.numel() or dispatch.backend_for(x, self.fmt) != "fused"
+                or (valid is not None and "split" in terms)):  # the split counts valid elements only: its mask
+            return None
+        ax = axis % x.dim()
+        key = (tuple(x.shape), x.stride(), ax)
+        strides = self._kernel_strides.get(key)
+        if strides is None:
+            strides = self._kernel_strides[key] = self._composed_strides(x, ax)
+        split = "split" in terms
+        out = fused_cpu.corrected(x, self.fmt, ax, self.scale_rule, split, terms.get("macro_blocks", 0), strides)
+        if out is not None and split:
+            kept = x.numel() // x.shape[ax] * -(-x.shape[ax] // self.fmt.block_size)  # one element a block
+            for c in self.corrections:
+                if "split" in c.kernel_terms():
+                    c.record_split(kept, x.numel())
+        return out
+
+    def _composed_strides(self, x: torch.Tensor, axis: int) -> tuple:
+        """The strides of the torch composition's result for an x of this shape and strides: the composition
+        run on a meta tensor (no data, the same stride rules) by a quantizer of fresh copies of the corrections,
+        whose counts are their own."""
+        if self._stride_probe is None:
+            fresh = [dataclasses.replace(c) if dataclasses.is_dataclass(c) else copy.deepcopy(c)
+                     for c in self.corrections]
+            self._stride_probe = Quantizer(self.fmt, self.scale_rule, fresh)
+        fmt, rule = self.fmt, self.scale_rule
+        meta = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+        return self._stride_probe._compose(meta, axis, None, None, lambda r: torch.empty_strided(
+            r.shape, fused_cpu.output_strides(r, axis, fmt, rule), dtype=r.dtype, device="meta")).stride()
+
     def _split(self, x, axis, valid=None):
         mask = None
         for c in self.corrections:
@@ -166,12 +221,21 @@ class Quantizer:
         return self._in_rotated_basis(x, axis, valid, rotation, lambda r, v: self._quantize(r, -1, v, operand))
 
     def _quantize(self, x: torch.Tensor, axis: int, valid, operand) -> torch.Tensor:
+        fused = self._fused_corrected(x, axis, valid)
+        if fused is not None:
+            return fused
+        return self._compose(x, axis, valid, operand, lambda r: dispatch.fake_quantize(r, self.fmt, axis,
+                                                                                       self.scale_rule))
+
+    def _compose(self, x: torch.Tensor, axis: int, valid, operand, plain) -> torch.Tensor:
+        """The corrections' hooks composed: high-precision elements split off, the rest rounded
+        stochastically, by the block-replacing correction or by ``plain``, the split elements put back."""
         mask, rest = self._split(x, axis, valid)
         generator = self._generator(x, operand)
         if generator is not None:
-            q = fake_quantize_stochastic(rest, self.fmt, axis, self.scale_rule, generator)
+            q = dispatch.fake_quantize_stochastic(rest, self.fmt, axis, self.scale_rule, generator)
         elif self.block_quantizer is None:
-            q = dispatch.fake_quantize(rest, self.fmt, axis, self.scale_rule)
+            q = plain(rest)
         else:
             q = self._block_quantize(rest, axis)
         if mask is None:

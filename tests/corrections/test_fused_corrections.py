@@ -1,6 +1,7 @@
-"""Macro-block scaling and outlier fallback on the fused CPU kernel: the values and layouts of the torch
-path (the reference backend: the block path and the torch split, an independent computation), bit for bit,
-over shapes, axes, strides, dtypes, formats, scale rules and the adversarial inputs."""
+"""Macro-block scaling, outlier fallback and stochastic rounding on the fused CPU kernels: the values and
+layouts of the torch path (the reference backend: the block path, the torch split and the reference's
+draws, an independent computation), bit for bit, over shapes, axes, strides, dtypes, formats, scale rules
+and the adversarial inputs."""
 
 import math
 
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mxfp4.corrections import MacroBlockScaling, OutlierFallback
-from mxfp4.numerics import dispatch, fused_cpu
+from mxfp4.numerics import dispatch, fused_cpu, reference
 from mxfp4.numerics.formats import FORMATS, SCALE_RULES_E8M0
 from mxfp4.numerics.quantizer import Quantizer
 from mxfp4.verify.adversarial import adversarial_rows
@@ -78,21 +79,43 @@ def test_every_adversarial_row_equals_the_torch_path(kind, rule):
 
 
 def test_the_fused_kernels_run_and_hand_non_finite_tensors_back(monkeypatch):
-    """On finite float32 tensors the corrections take their kernels; a NaN makes each kernel decline (None),
+    """On finite float32 tensors the corrections take their kernels (the one-pass corrected kernel where every
+    correction has kernel terms, the per-correction kernels otherwise); a NaN makes each kernel decline (None),
     and the quantizer's result is still the torch path's."""
     x = torch.randn(8, 128)
     macro, fallback = MacroBlockScaling(blocks=4), OutlierFallback(k=1)
     fmt = FORMATS["mxfp4"]
     assert fused_cpu.macro_block(x, fmt, 1, "floor", 4, x.stride()) is not None
     assert fused_cpu.split_max(x, 1, 32, x.stride(), x.stride()) is not None
+    assert fused_cpu.corrected(x, fmt, 1, "floor", True, 4, x.stride()) is not None
     x[3, 5] = math.nan
     assert fused_cpu.macro_block(x, fmt, 1, "floor", 4, x.stride()) is None
     assert fused_cpu.split_max(x, 1, 32, x.stride(), x.stride()) is None
-    calls = []
-    real = fused_cpu.macro_block
-    monkeypatch.setattr(fused_cpu, "macro_block", lambda *a: calls.append(a) or real(*a))
-    Quantizer(corrections=[macro])(torch.randn(4, 64), -1)
-    assert calls and fallback._fused_split(torch.randn(4, 64), -1) is not None
+    assert fused_cpu.corrected(x, fmt, 1, "floor", True, 4, x.stride()) is None
+    calls = {"corrected": [], "macro_block": []}
+    for name in calls:
+        real = getattr(fused_cpu, name)
+        monkeypatch.setattr(fused_cpu, name, lambda *a, real=real, name=name: calls[name].append(a) or real(*a))
+    Quantizer(corrections=[fallback, macro])(torch.randn(4, 64), -1)
+    assert len(calls["corrected"]) == 1 and not calls["macro_block"]
+    Quantizer(corrections=[MacroBlockScaling(blocks=16)])(torch.randn(4, 1024), -1)  # 512 a group: beyond the lanes
+    assert len(calls["corrected"]) == 1 and len(calls["macro_block"]) == 1
+    assert fallback._fused_split(torch.randn(4, 64), -1) is not None
+
+
+def test_a_padding_mask_keeps_the_counted_split_on_the_torch_path():
+    """With ``valid`` (grouped experts' zero padding) the fallback counts only real elements, which needs its
+    mask: the values are the torch path's and so is the count."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(70, 48, generator=g)
+    valid = torch.arange(70).unsqueeze(1) < 50
+    x = torch.where(valid, x, torch.zeros_like(x))
+    for make in (_quantizer("both"), _quantizer("macro")):
+        fused, ref = make(), make()
+        got = fused(x, 0, valid)
+        with dispatch.use_backend("reference"):
+            want = ref(x, 0, valid)
+        assert _same_layout(got, want) and fused.cost() == ref.cost()
 
 
 def test_the_macro_choice_is_never_worse_than_plain_mxfp4_under_its_float64_sequential_sum():
@@ -109,3 +132,35 @@ def test_the_macro_choice_is_never_worse_than_plain_mxfp4_under_its_float64_sequ
             e_plain += (p - a) ** 2
             e_got += (v - a) ** 2
         assert e_got <= e_plain  # the chosen candidate is never worse than plain MXFP4 under the rule
+
+
+@settings(max_examples=80, deadline=None)
+@given(shape=st.lists(st.sampled_from([1, 2, 3, 31, 32, 33, 64, 70]), min_size=1, max_size=3), data=st.data(),
+       fmt=st.sampled_from(E8M0_FORMATS), rule=st.sampled_from(SCALE_RULES_E8M0), log_scale=st.integers(-130, 120),
+       spread=st.integers(0, 12), transposed=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_fused_stochastic_rounding_equals_the_reference_draw_for_draw(shape, data, fmt, rule, log_scale, spread,
+                                                                      transposed, seed):
+    """The fused kernel takes the reference's uniform draws in the reference's order: the same values and layout,
+    and the generator left where the reference leaves it (the next draw equal)."""
+    g = torch.Generator().manual_seed(seed)
+    x = _tensor(g, shape, log_scale, spread, ties=False)
+    if transposed and x.dim() >= 2:
+        x = x.transpose(0, -1)
+    axis = data.draw(st.integers(-x.dim(), x.dim() - 1))
+    g_fused, g_ref = torch.Generator().manual_seed(seed + 1), torch.Generator().manual_seed(seed + 1)
+    got = dispatch.fake_quantize_stochastic(x, fmt, axis, rule, g_fused)
+    want = reference.fake_quantize_stochastic(x, fmt, axis, rule, g_ref)
+    assert _same_layout(got, want)
+    assert torch.rand(1, generator=g_fused).item() == torch.rand(1, generator=g_ref).item()
+
+
+def test_fused_stochastic_rounding_runs_and_hands_adversarial_rows_back():
+    """On a finite float32 tensor the kernel runs; on every adversarial row (NaN and infinities included, which it
+    hands back to the reference with the generator restored) the result is the reference's."""
+    fmt = FORMATS["mxfp4"]
+    assert fused_cpu.stochastic(torch.randn(4, 64), fmt, 1, "floor", torch.Generator().manual_seed(0)) is not None
+    for name, x in adversarial_rows().items():
+        for axis in (-1, 0):
+            got = dispatch.fake_quantize_stochastic(x, "mxfp4", axis, "floor", torch.Generator().manual_seed(5))
+            want = reference.fake_quantize_stochastic(x, "mxfp4", axis, "floor", torch.Generator().manual_seed(5))
+            assert _same_layout(got, want), (name, axis)

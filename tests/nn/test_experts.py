@@ -66,7 +66,8 @@ def test_grouped_equals_the_per_expert_loop_on_a_128_expert_top8_slice(recipe):
 
 
 def _fallback_counts(experts, x, idx, w, forward_of):
-    """Run under mxfp4+fallback; (outputs, {(axis, width): [kept, seen]}) of every quantizer call."""
+    """Run under mxfp4+fallback; (outputs, {(axis, width): [kept, seen]}) of every quantizer call (split by the
+    torch path or by the fused kernel)."""
     q = Recipe.named("mxfp4+fallback").quantizer()
     fb, counts = q.corrections[0], {}
     split = fb.split
@@ -79,7 +80,19 @@ def _fallback_counts(experts, x, idx, w, forward_of):
         c[1] += fb._kept[1] - before[1]
         return out
 
-    fb.split = counting
+    def recorded(kept, seen):  # a fused kernel's split of a whole operand, widths as the split would see them
+        c = counts.setdefault(recorded.key, [0, 0])
+        c[0] += kept
+        c[1] += seen
+        record(kept, seen)
+
+    quantize, record = q._fused_corrected, fb.record_split
+
+    def fused(t, axis, valid):
+        recorded.key = (axis, t.shape[-1])
+        return quantize(t, axis, valid)
+
+    fb.split, fb.record_split, q._fused_corrected = counting, recorded, fused
     holder = torch.nn.ModuleDict({"experts": experts})
     holder.config = types.SimpleNamespace(tie_word_embeddings=False)
     patch_model(holder, q)
