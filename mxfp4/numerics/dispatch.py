@@ -38,6 +38,25 @@ def use_backend(name: str):
         _override.pop()
 
 
+_fused_corrections: list[bool] = []
+
+
+@contextlib.contextmanager
+def use_fused_corrections(enabled: bool):
+    """Switch the fused kernels of the corrections (one pass for outlier fallback and macro-block scaling,
+    stochastic rounding with the reference's draws) on or off inside a ``with`` block: off, the quantizer
+    composes the corrections' hooks around the plain kernel (the same values; benchmarks measure both)."""
+    _fused_corrections.append(bool(enabled))
+    try:
+        yield
+    finally:
+        _fused_corrections.pop()
+
+
+def fused_corrections_enabled() -> bool:
+    return _fused_corrections[-1] if _fused_corrections else True
+
+
 def requested_backend() -> str:
     name = _override[-1] if _override else os.environ.get("MXFP4_BACKEND", "auto")
     if name not in BACKENDS:
@@ -175,7 +194,8 @@ def fake_quantize_stochastic(x: torch.Tensor, fmt, axis: int, scale_rule, genera
     from ``generator``): the fused CPU kernel for a contiguous float32 x blocked along its last axis (the
     gradients the recipes round) on the fused backend with a CPU generator, the same values, layout and draws;
     the reference elsewhere."""
-    if (x.dtype == torch.float32 and x.numel() and x.is_contiguous() and axis in (-1, x.dim() - 1)
+    if (fused_corrections_enabled() and x.dtype == torch.float32 and x.numel() and x.is_contiguous()
+            and axis in (-1, x.dim() - 1)
             and isinstance(generator, torch.Generator) and generator.device.type == "cpu"
             and backend_for(x, fmt) == "fused"):
         fmt_, ax, rule = reference.check_input(x, fmt, axis, scale_rule)

@@ -163,9 +163,11 @@ class Quantizer:
     def _fused_corrected(self, x: torch.Tensor, axis: int, valid) -> torch.Tensor | None:
         """The corrections' values from one pass of the fused CPU kernel, laid out as the torch composition
         lays them out, where it applies (kernel terms for every correction, a float32 x with data on the
-        fused backend, no padding mask); None otherwise or where x is not finite (the torch path then runs)."""
+        fused backend, the fused corrections switched on (``dispatch.use_fused_corrections``), with a padding
+        mask no split to count); None otherwise or where x is not finite (the torch path then runs)."""
         terms = self._kernel_terms
-        if (terms is None or x.dtype != torch.float32 or not x.numel() or dispatch.backend_for(x, self.fmt) != "fused"
+        if (terms is None or not dispatch.fused_corrections_enabled() or x.dtype != torch.float32 or not x.numel()
+                or dispatch.backend_for(x, self.fmt) != "fused"
                 or (valid is not None and "split" in terms)):  # the split counts valid elements only: its mask
             return None
         ax = axis % x.dim()

@@ -101,6 +101,9 @@ def test_the_fused_kernels_run_and_hand_non_finite_tensors_back(monkeypatch):
     Quantizer(corrections=[MacroBlockScaling(blocks=16)])(torch.randn(4, 1024), -1)  # 512 a group: beyond the lanes
     assert len(calls["corrected"]) == 1 and len(calls["macro_block"]) == 1
     assert fallback._fused_split(torch.randn(4, 64), -1) is not None
+    with dispatch.use_fused_corrections(False):  # the switch the benchmarks flip: the composition runs
+        Quantizer(corrections=[fallback, macro])(torch.randn(4, 64), -1)
+    assert len(calls["corrected"]) == 1
 
 
 def test_a_padding_mask_keeps_the_counted_split_on_the_torch_path():

@@ -328,3 +328,23 @@ def test_a_killed_verbose_test_step_names_its_failures_and_the_tests_that_never_
     (got,) = collect.device_checks(tmp_path, [Path("call1")])
     assert got["value"] == f"stopped before its summary: {len(ids) - 3} passed, 1 failed, 1 errors so far"
     assert got["failed"] == sorted(ids[-3:-1]) and got["not_finished"] == [ids[-1]] and got["met"] is False
+
+
+def test_the_layer_bench_reports_host_device_quantizer_calls_and_launches_per_recipe_and_phase(tmp_path):
+    """On CPU, the dense layer (the real shape) at 8 tokens: each recipe has both phases with positive times, the
+    quantizer's calls counted (none for bf16) and the reference's ratio 1; the fused corrections' switch is
+    recorded."""
+    bench = kernels_script("bench_layer")
+    out = tmp_path / "layer.json"
+    assert bench.main(["--out", str(out), "--reps", "1", "--tokens", "8", "--layers", "dense", "--recipes", "bf16",
+                       "mxfp4+fallback", "--fused-corrections", "off"]) == 0
+    report = json.loads(out.read_text())
+    assert report["settings"]["fused_corrections"] == "off" and set(report["layers"]) == {"dense"}
+    rows = report["layers"]["dense"]
+    assert rows["bf16"]["train"]["quantizer_calls"] == 0 and rows["bf16"]["train"]["device_vs_reference"] == 1
+    dense = rows["mxfp4+fallback"]
+    for phase in ("decode", "train"):
+        assert dense[phase]["host_ms"] > 0 and dense[phase]["launches"] > 0
+        assert dense[phase]["quantizer_host_us_per_call"] > 0
+    assert dense["decode"]["quantizer_calls"] == 7  # each Linear's input: the weights stay cached while decoding
+    assert dense["train"]["quantizer_calls"] == 7 * 6  # weight on both axes, x, dY twice and x along tokens
