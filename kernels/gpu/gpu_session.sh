@@ -10,6 +10,7 @@
 #   bash kernels/gpu/gpu_session.sh smoke-dense2   # gpu-smoke-quick cells bf16, mxfp4+fallback, mxfp4+aqn, mxfp4+all
 #   bash kernels/gpu/gpu_session.sh smoke:mxfp4+all,mxfp4+macro   # bf16, then the named cells (what a device still lacks)
 #   bash kernels/gpu/gpu_session.sh smoke-moe      # Qwen3-30B-A3B expert layers: bf16 vs grouped MXFP4 vs per-expert -> gpu_smoke_moe.json
+#   bash kernels/gpu/gpu_session.sh layer          # real-shape dense and MoE layers, every recipe: host vs device, launches -> bench_layer.json
 #   bash kernels/gpu/gpu_session.sh checks         # bit-exact on the device: every kernel, dtype, rule, layout; the GEMMs
 #   bash kernels/gpu/gpu_session.sh configs        # each config of every autotune space forced and checked (the tuner may pick any)
 #   bash kernels/gpu/gpu_session.sh memory1        # memory-bound rows at 16384x8192 and 8192x4096, copy bandwidth beside
@@ -40,7 +41,7 @@
 # unpacks the calls into results/gpu/calls/<device>/, writes the GPU result files and prints every target.
 # kernels/NOTES.md says what each kernel step predicts.
 set -uo pipefail
-STEPS="stack tests smoke-dense1 smoke-dense2 smoke-moe checks configs memory1 memory2 gemm stats-patch"
+STEPS="stack tests smoke-dense1 smoke-dense2 smoke-moe layer checks configs memory1 memory2 gemm stats-patch"
 SMOKE_RECIPES="bf16 mxfp4 mxfp4+macro mxfp4+fallback mxfp4+aqn mxfp4+all"   # the gpu-smoke-quick profile's
 for step in "$@"; do   # every name checked before any device time is spent
     if [[ $step == smoke:* ]]; then
@@ -176,6 +177,8 @@ PY
         smoke:*) IFS=, read -ra picked <<< "${step#smoke:}"; smoke_dense bf16 "${picked[@]}" ;;
         smoke-moe) capped 150 python3 kernels/bench/bench_moe.py --device cuda --compute bfloat16 --cases all --reps 3 \
                        --out "$WORK/gpu_smoke_moe.json" ;;
+        layer)   capped 200 python3 kernels/bench/bench_layer.py --device cuda --compute bfloat16 --reps 3 \
+                     --out "$WORK/bench_layer.json" ;;
         checks)  MXFP4_AUTOTUNE=0 capped 280 python3 kernels/check_kernels.py --out "$WORK/checks.json" ;;
         configs) capped 280 python3 kernels/check_kernels.py --every-config --out "$WORK/checks_configs.json" ;;
         memory1) TRITON_PRINT_AUTOTUNING=1 capped 280 python3 kernels/bench/bench_kernels.py --only memory \
