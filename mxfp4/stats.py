@@ -414,3 +414,122 @@ def units_for_power(effect: float, sd: float, alpha: float, power: float = POWER
     if n is None:
         raise ValueError(f"no design of up to {limit} units has power {power} for effect {effect} at sd {sd}")
     return n
+
+
+def network_means(values: list, networks: list) -> dict:
+    """{network: the mean of its units' values}: units (batches, prompts) are nested in the network they were
+    measured on, so a network, not a unit, is one replicate. None and NaN values are dropped."""
+    by: dict = {}
+    for v, g in zip(values, networks, strict=True):
+        if _clean([v]):
+            by.setdefault(g, []).append(float(v))
+    return {g: float(np.mean(vs)) for g, vs in sorted(by.items(), key=lambda kv: str(kv[0]))}
+
+
+def network_contrast(own: dict, rival: dict, margin: float, level: float = 0.95) -> dict:
+    """own - rival over the networks both have (one value each: ``network_means``), a one-sample t on k - 1 df:
+    the mean, sd, standard error and interval at ``level``; one-sided p of the mean above 0 (``p_greater``) and
+    below 0 (``p_less``); the equivalence p (TOST: the mean inside (-margin, +margin), the larger of its two
+    one-sided p). Fewer than two networks: estimates only, p None."""
+    nets = [g for g in own if g in rival]
+    d = np.array([own[g] - rival[g] for g in nets])
+    out = {"diff": float(d.mean()) if len(d) else None, "networks": len(d), "sd": None, "se": None, "ci_low": None,
+           "ci_high": None, "p_greater": None, "p_less": None, "p_equivalent": None,
+           "per_network": {str(g): float(x) for g, x in zip(nets, d)}}
+    if len(d) < 2:
+        return out
+    k, m = len(d), float(d.mean())
+    sd = float(d.std(ddof=1))
+    if _no_spread(d):
+        sd = 0.0
+    se = sd / math.sqrt(k)
+    out.update(sd=sd, se=se)
+    if se == 0:
+        out.update(ci_low=m, ci_high=m, p_greater=0.0 if m > 0 else 1.0, p_less=0.0 if m < 0 else 1.0,
+                   p_equivalent=0.0 if abs(m) < margin else 1.0)
+        return out
+    q = stats.t.ppf(0.5 + level / 2, k - 1)
+    out.update(ci_low=m - q * se, ci_high=m + q * se, p_greater=float(stats.t.sf(m / se, k - 1)),
+               p_less=float(stats.t.cdf(m / se, k - 1)),
+               p_equivalent=float(max(stats.t.sf((m + margin) / se, k - 1), stats.t.cdf((m - margin) / se, k - 1))))
+    return out
+
+
+def three_outcome_test(own: dict, rivals: dict[str, dict], margin: float) -> dict:
+    """The claim "this arm harms more than every rival", decided three ways on network values (one per network,
+    ``network_means``; each contrast a t over networks, ``network_contrast``), each outcome naming the contrast
+    that decided it:
+
+    - held: own - r > 0 for every rival r (intersection-union: p = the largest one-sided p; ``held_by``, the
+      weakest contrast);
+    - contradicted: some rival harms significantly more, own - r < 0 (union over rivals, Bonferroni: the
+      smallest one-sided p times their number; ``contradicted_by``);
+    - no dominance: own within +-margin of some rival (TOST per rival, union over rivals, Bonferroni;
+      ``equivalent_to``).
+    Held and contradicted exclude each other; no dominance may accompany either (a lead or deficit inside the
+    margin). ``margin`` >= 0 is the smallest difference of interest, in the harm's units."""
+    if not rivals:
+        raise ValueError("three_outcome_test needs at least one rival arm")
+    if margin < 0 or not math.isfinite(margin):
+        raise ValueError(f"margin must be finite and >= 0, got {margin!r}")
+    contrasts = {r: network_contrast(own, h, margin) for r, h in rivals.items()}
+    out = {"contrasts": contrasts, "networks": min(c["networks"] for c in contrasts.values()), "p_held": None,
+           "p_contradicted": None, "p_equivalent": None, "held_by": None, "contradicted_by": None,
+           "equivalent_to": None, "margin": margin}
+    if any(c["p_greater"] is None for c in contrasts.values()):
+        return out
+    n = len(contrasts)
+    held_by = max(contrasts, key=lambda r: contrasts[r]["p_greater"])
+    contra_by = min(contrasts, key=lambda r: contrasts[r]["p_less"])
+    equiv_to = min(contrasts, key=lambda r: contrasts[r]["p_equivalent"])
+    out.update(p_held=contrasts[held_by]["p_greater"], held_by=held_by,
+               p_contradicted=min(1.0, contrasts[contra_by]["p_less"] * n), contradicted_by=contra_by,
+               p_equivalent=min(1.0, contrasts[equiv_to]["p_equivalent"] * n), equivalent_to=equiv_to)
+    return out
+
+
+OUTCOMES = ("held", "contradicted", "no dominance")
+
+
+def three_outcome_verdict(test: dict, p_adjusted: dict | None = None, alpha: float = ALPHA) -> tuple[str, str | None]:
+    """(verdict, the rival whose contrast decided it) of a ``three_outcome_test`` at ``alpha`` (with the family's
+    adjusted p of each outcome where given): contradicted where a rival harms significantly more; else held
+    where every rival is beaten (noting a lead inside the margin); else no dominance where a rival is shown
+    within the margin; else not shown (the rival of the weakest contrast named)."""
+    p = p_adjusted or {"held": test["p_held"], "contradicted": test["p_contradicted"],
+                       "no dominance": test["p_equivalent"]}
+    if p["held"] is None:
+        return "inconclusive (fewer than two networks)", None
+    if p["contradicted"] < alpha:
+        return "contradicted", test["contradicted_by"]
+    if p["held"] < alpha:
+        if p["no dominance"] < alpha:
+            return "held (a lead inside the margin)", test["held_by"]
+        return "held", test["held_by"]
+    if p["no dominance"] < alpha:
+        return "no dominance", test["equivalent_to"]
+    return "not shown", test["held_by"]
+
+
+def between_half_z(a: dict, b: dict) -> float | None:
+    """z of the difference between one contrast's estimates on two disjoint halves of the networks
+    (``network_contrast`` results): (d_a - d_b) / sqrt(se_a^2 + se_b^2); None where a half has no standard
+    error (fewer than two networks). Over many contrasts that replicate, z^2 averages 1."""
+    if a.get("se") is None or b.get("se") is None or (a["se"] == 0 and b["se"] == 0):
+        return None
+    return float((a["diff"] - b["diff"]) / math.sqrt(a["se"] ** 2 + b["se"] ** 2))
+
+
+def fixed_halves(networks: list) -> tuple[list, list]:
+    """The two replication halves, fixed before any value is seen: the networks in their sorted order, alternately
+    (the first, third, ... against the second, fourth, ...)."""
+    ordered = sorted(networks, key=lambda g: (len(str(g)), str(g)))
+    return ordered[0::2], ordered[1::2]
+
+
+def upper_sd(sd: float, k: int, confidence: float = 0.80) -> float:
+    """The upper ``confidence`` limit of a standard deviation estimated from k values (chi-square on k - 1 df):
+    what a power calculation takes where the pilot had few replicates."""
+    if k < 2 or not sd > 0:
+        raise ValueError(f"upper_sd needs k >= 2 and sd > 0, got k={k}, sd={sd}")
+    return float(sd * math.sqrt((k - 1) / stats.chi2.ppf(1 - confidence, k - 1)))
