@@ -282,6 +282,17 @@ def _cmd_primary_summary(args) -> int:
     return 0
 
 
+def _cmd_network_claims(args) -> int:
+    from .report.network_claims import run
+
+    rows = run(args.units, args.profile, args.out)
+    for r in rows:
+        print(f"{r['family']:9s} {r['model']:12s} {r['claim']}: {r['verdict']} (decided by {r['decided_by']}; "
+              f"halves: {' / '.join(r['half_verdicts'])})")
+    print(f"wrote {args.out}")
+    return 0
+
+
 def _cmd_power_design(args) -> int:
     import yaml
 
@@ -663,6 +674,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", default="results", help="the results root (default results)")
     p.add_argument("--out", default="results/baselines/PRIMARY.md", help="default results/baselines/PRIMARY.md")
     p.set_defaults(func=_cmd_primary_summary)
+
+    p = sub.add_parser("network-claims", help="every claim-level test recomputed from the per-unit files with the "
+                       "network (warm start) as the replicate: three outcomes, the deciding rival, both halves")
+    _profile_args(p)
+    p.add_argument("units", nargs="+", help="per-unit files of the pathway matrix (<checkpoint>_units.csv)")
+    p.add_argument("--out", required=True, help="the markdown table to write")
+    p.set_defaults(func=_cmd_network_claims)
 
     p = sub.add_parser("power-design", help="a confirmatory profile's claim-level sample size from a pilot's stored "
                        "pathway matrix: the pathways.claims.power block to write into the profile")

@@ -8,8 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mxfp4.stats import (between_half_z, fixed_halves, network_contrast, network_means, three_outcome_test,
-                         three_outcome_verdict, upper_sd)
+from mxfp4.stats import (
+    between_half_z,
+    fixed_halves,
+    network_contrast,
+    network_means,
+    three_outcome_test,
+    three_outcome_verdict,
+    upper_sd,
+)
 
 
 def _draw(rng, networks, units, effect, between, within):
@@ -94,7 +101,7 @@ def test_between_half_z_squares_average_one_when_contrasts_replicate():
     assert first == [0, 2, 4, 6, 8, 10, 12, 14] and second == [1, 3, 5, 7, 9, 11, 13, 15]
     for _ in range(2000):
         own = {g: float(rng.normal(0.2, 1)) for g in range(16)}
-        rival = {g: 0.0 for g in range(16)}
+        rival = dict.fromkeys(range(16), 0.0)
         halves = [network_contrast({g: own[g] for g in h}, rival, 0.1) for h in (first, second)]
         zs.append(between_half_z(*halves))
     assert 0.85 <= float(np.mean(np.square(zs))) <= 1.25

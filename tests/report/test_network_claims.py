@@ -1,0 +1,82 @@
+"""The claims decided from per-unit files with the network as the replicate: a per-unit file written by hand
+(known harms per network) gives the verdicts its numbers imply, each naming its rival, with the energy question a
+row of its own and each half of the networks decided apart."""
+
+import csv
+
+import numpy as np
+import pytest
+
+from mxfp4.analysis.pathway_spec import UNIT_FIELDS
+from mxfp4.config.profiles import ClaimDesign
+from mxfp4.report.network_claims import claim_rows, markdown, read_units, run
+
+DESIGN = ClaimDesign(margins={"gradient": 0.02, "rollout": 0.1, "entropy": 0.0025})
+
+
+def _units(networks, arm_means, pathway="gradient", units=6, noise=0.01, seed=0, model="tiny-dense"):
+    """Per-unit rows: arm a's harm on network g is arm_means[a] + a network shift shared by every arm + unit noise."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for g in range(networks):
+        shift = rng.normal(0, 0.05)
+        for i in range(units):
+            base = rng.normal(0, 0.02)
+            for arm, mean in arm_means.items():
+                rows.append({"model": model, "checkpoint": "warm", "form": "gain", "pathway": pathway, "arm": arm,
+                             "unit": g * units + i, "group": 10 + g, "key": f"k{g}-{i}",
+                             "harm": mean + shift + base + rng.normal(0, noise)})
+    return rows
+
+
+def test_a_dominant_component_is_held_and_its_control_is_a_row_of_its_own():
+    units = _units(8, {"+scale": 0.5, "+dead": 0.2, "+grid": 0.3, "+scale~signflip": 0.45, "none": 0.0})
+    rows = claim_rows(units, DESIGN)
+    primary = [r for r in rows if r["family"] == "primary"]
+    assert [(r["claim"], r["verdict"], r["decided_by"]) for r in primary] == [
+        ("Scale bias dominates gradient accuracy", "held", "+grid")]  # the weaker contrast decides
+    energy = [r for r in rows if r["family"] == "secondary"]
+    assert len(energy) == 1 and "+scale~signflip" in energy[0]["z"] and energy[0]["verdict"] == "held"
+    assert primary[0]["networks"] == 8 and primary[0]["half_networks"] == [[10, 12, 14, 16], [11, 13, 15, 17]]
+    assert primary[0]["half_verdicts"] == ["held", "held"] and primary[0]["replicates"] is True
+
+
+def test_a_rival_that_harms_more_contradicts_and_a_tie_is_no_dominance():
+    contra = claim_rows(_units(8, {"+scale": 0.3, "+dead": 0.5, "+grid": 0.1}), DESIGN)[0]
+    assert (contra["verdict"], contra["decided_by"]) == ("contradicted", "+dead")
+    tie = claim_rows(_units(12, {"+scale": 0.3, "+dead": 0.3, "+grid": 0.1}, noise=0.001), DESIGN)[0]
+    assert (tie["verdict"], tie["decided_by"]) == ("no dominance", "+dead")
+
+
+def test_the_network_not_the_unit_is_the_replicate():
+    """Three networks of 200 units each, a lead that varies between networks: pooled units would call it held; over
+    the networks (2 df) it is not shown."""
+    rng = np.random.default_rng(4)
+    rows = []
+    for g, lead in enumerate([0.25, -0.05, 0.1]):
+        for i in range(200):
+            for arm, mean in {"+scale": lead, "+dead": 0.0, "+grid": -0.2}.items():
+                rows.append({"model": "m", "checkpoint": "warm", "form": "gain", "pathway": "gradient", "arm": arm,
+                             "unit": g * 200 + i, "group": g, "key": "", "harm": mean + rng.normal(0, 0.01)})
+    r = claim_rows(rows, DESIGN)[0]
+    assert r["verdict"] == "not shown" and r["networks"] == 3 and r["replicates"] is None
+
+
+def test_the_table_recomputes_from_the_stored_files_and_refuses_a_file_that_is_not_one(tmp_path):
+    path = tmp_path / "warm_units.csv"
+    units = _units(8, {"+scale": 0.5, "+dead": 0.2, "+grid": 0.3}) + _units(
+        8, {"+dead": 0.9, "+scale": 0.2, "+grid": 0.3, "none": 0.0}, pathway="rollout", seed=1)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, UNIT_FIELDS)
+        w.writeheader()
+        w.writerows(units)
+    rows = run([path], "embedded-large", tmp_path / "net.md")
+    assert [r["verdict"] for r in rows if r["family"] == "primary"] == ["held", "held"]
+    text = (tmp_path / "net.md").read_text()
+    assert "decided by" in text and "mean z²" in text and "over the 8 networks" in text
+    assert read_units([path])[0]["harm"] == pytest.approx(units[0]["harm"])
+    bad = tmp_path / "bad.csv"
+    bad.write_text("model,harm\nm,1\n")
+    with pytest.raises(ValueError, match=r"bad.csv: not a per-unit file .*'arm'"):
+        read_units([bad])
+    assert markdown(rows, "x").startswith("# Claims with the network as the replicate: x")
