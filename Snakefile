@@ -96,6 +96,7 @@ rule all:
         rules.figures.input,
         rules.kernel_checks.output,
         str(L.claims),
+        [str(L.network_claims)] if P.pathways and P.pathways.claims and "warm" in P.pathways.checkpoints else [],
 
 
 rule kernels:

@@ -303,6 +303,13 @@ def _cmd_power_design(args) -> int:
     claims = profile.pathways.claims if profile.pathways else None
     if claims is None:
         raise ValueError(f"profile {args.profile!r} sets no pathways.claims (form, control, margins) to size")
+    if args.units:  # the network as the replicate: a pilot of the same design, its per-unit files
+        from .report.network_claims import read_units
+        from .report.power_design import network_design
+
+        block = network_design(read_units(args.units), claims, family=args.family)
+        print(yaml.safe_dump({"networks": block}, sort_keys=False).rstrip())
+        return 0
     stored = Layout(args.results, args.pilot)
     block = design(read_rows(stored.stored(stored.pathways())), claims.margins, claims.form, args.pilot,
                    family=args.family, corrections=len(profile.pathways.corrections))
@@ -689,6 +696,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--family", type=int, default=8,
                    help="hypotheses in the primary family (default 8: per model 3 mechanism claims and the headline; "
                         "14 with the 3 recovery claims)")
+    p.add_argument("--units", nargs="+", default=None,
+                   help="per-unit files of a pilot of the same design (three or more networks): size the design in "
+                        "networks, the network as the replicate (the between-network sd at its upper 80%% limit)")
     p.set_defaults(func=_cmd_power_design)
 
     p = sub.add_parser("report", help="REPORT.md of a profile's run: held-out accuracy, the pathway matrix's "

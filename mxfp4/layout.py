@@ -169,6 +169,12 @@ class Layout:
         return self.root / "claims.md"
 
     @property
+    def network_claims(self) -> Path:
+        """The claim-level tests decided with the network (warm start) as the replicate, from the per-unit
+        files (``mxfp4 network-claims``)."""
+        return self.root / "claims_networks.md"
+
+    @property
     def report(self) -> Path:
         """The run's results in one page (``mxfp4 report``); the stored baselines have their own."""
         return self.root / "REPORT.md"
@@ -189,11 +195,14 @@ class Layout:
     def stored(self, path: Path) -> Path:
         """Where the stored baselines keep one of the run's files (``path``, a file of this layout): the
         aggregate tables, claims, pathway, regime, dose-response and depth tables side by side, figures under
-        ``figures/``, the profile contrasts under ``contrast/``."""
+        ``figures/``, the per-unit files of the pathway matrix under ``units/`` (``<model>_<checkpoint>_units.csv``),
+        the profile contrasts under ``contrast/``."""
         path = Path(path)
         if path.parent == self.figures:
             return self.baselines / "figures" / path.name
         relative = path.relative_to(self.root)
+        if relative.parts[0] == "pathways" and path.name.endswith("_units.csv"):  # one per model: kept apart
+            return self.baselines / "units" / f"{relative.parts[1]}_{path.name}"
         flat = len(relative.parts) == 1 or relative.parts[0] in ("aggregate", "pathways", "dose_response", "depth")
         return self.baselines / (path.name if flat else relative)
 

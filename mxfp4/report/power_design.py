@@ -21,7 +21,8 @@ the tests)."""
 from __future__ import annotations
 
 from ..analysis.pathway_spec import MAPPING
-from ..stats import units_for_power
+from ..stats import units_for_power, upper_sd
+from .network_claims import claim_rows
 from .pathway_table import warm_claim_rows
 
 RIVALS = 3  # a mechanism claim's: the two other components and the claimed component's own control
@@ -80,3 +81,52 @@ def units_in(profile) -> dict[str, int]:
     s = profile.pathways
     seeds = len(profile.seeds)
     return {"gradient": s.batches * seeds, "rollout": s.prompts * seeds, "entropy": s.prompts * seeds}
+
+
+MIN_NETWORKS = 8  # a confirmatory design's floor, whatever a pilot's spread suggests
+
+
+def network_claim_size(contrasts: dict, margin: float, alpha: float, power: float) -> dict:
+    """The networks one claim needs, from a pilot's network-level contrasts (``stats.network_contrast`` per rival:
+    own - rival over the pilot's networks), the between-network sd taken at its upper 80% confidence limit, every
+    side of the three-outcome test powered at ``alpha`` (the claim's share of the family):
+
+    - held: each of the R one-sided tests at power ``power ** (1 / R)``, effect max(pilot lead, margin);
+    - contradicted: a rival that harms more by the margin, found by its one-sided test at ``alpha / R``;
+    - no dominance: a true difference of 0 shown within the margin by TOST (each side at ``alpha / R``).
+    The largest of the three, and at least ``MIN_NETWORKS``."""
+    rivals = len(contrasts)
+    sides = {}
+    for name, c in contrasts.items():
+        if c["sd"] is None or c["networks"] < 2:
+            raise ValueError(f"the pilot's contrast against {name} has fewer than two networks: no between-network sd")
+        sd = upper_sd(max(c["sd"], 1e-12), c["networks"])
+        lead = max(c["diff"], margin)
+        need = {}
+        if margin > 0:  # a margin of 0 leaves no difference of interest to find on these sides
+            need["contradicted"] = units_for_power(margin, sd, alpha / rivals, power)
+            need["no dominance"] = units_for_power(margin, sd, alpha / rivals / 2, power ** 0.5)
+        if lead > 0:
+            need["held"] = units_for_power(lead, sd, alpha, power, comparisons=rivals)
+        for side, n in need.items():
+            if n > sides.get(side, (0, None))[0]:
+                sides[side] = (n, name)
+    networks = max([MIN_NETWORKS, *(n for n, _ in sides.values())])
+    return {"networks": networks, "sides": {k: {"networks": n, "rival": r} for k, (n, r) in sides.items()}}
+
+
+def network_design(units: list[dict], design, alpha: float = 0.05, family: int = 12, power: float = 0.8) -> dict:
+    """Per model and claim, the networks the confirmatory design needs (``network_claim_size``) from a pilot of the
+    same design (its per-unit files, at least three networks), each claim tested at ``alpha / family / 3`` (Holm's
+    strictest step over the family's claims, Bonferroni over each claim's three outcomes); the largest over them."""
+    rows = [r for r in claim_rows(units, design) if r["family"] == "primary"]
+    if not rows:
+        raise ValueError("the pilot's per-unit files hold no claim-level test (warm start, the design's form)")
+    few = sorted({r["networks"] for r in rows if r["networks"] < 3})
+    if few:
+        raise ValueError(f"a pilot of the design needs at least three networks per model; it has {few}")
+    level = alpha / family / 3
+    sizes = {f"{r['model']}: {r['claim']}": network_claim_size(r["test"]["contrasts"], r["margin"], level, power)
+             for r in rows}
+    return {"alpha": alpha, "family": family, "power": power, "level": level,
+            "networks": max(s["networks"] for s in sizes.values()), "claims": sizes}

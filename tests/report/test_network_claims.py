@@ -80,3 +80,27 @@ def test_the_table_recomputes_from_the_stored_files_and_refuses_a_file_that_is_n
     with pytest.raises(ValueError, match=r"bad.csv: not a per-unit file .*'arm'"):
         read_units([bad])
     assert markdown(rows, "x").startswith("# Claims with the network as the replicate: x")
+
+
+def test_the_network_power_design_powers_every_side_and_never_asks_for_fewer_than_eight():
+    """A pilot of 3 networks with a clear lead: the held side needs few networks, but the floor is 8; a pilot whose
+    networks disagree (a large between-network sd) asks for more, and the upper sd limit makes 3 pilot networks
+    ask for more than the same spread estimated from 12."""
+    from mxfp4.report.power_design import MIN_NETWORKS, network_claim_size, network_design
+    from mxfp4.stats import network_contrast
+
+    clear = network_design(_units(3, {"+scale": 0.9, "+dead": 0.2, "+grid": 0.3}, noise=0.001), DESIGN)
+    size = next(iter(clear["claims"].values()))
+    assert set(size["sides"]) == {"held", "contradicted", "no dominance"}
+    assert clear["networks"] == MIN_NETWORKS == size["networks"] > size["sides"]["held"]["networks"]
+    rng = np.random.default_rng(0)
+    noisy = {g: float(rng.normal(0.05, 0.1)) for g in range(3)}
+    wide = network_claim_size({"r": network_contrast(noisy, dict.fromkeys(range(3), 0.0), 0.02)}, 0.02, 0.001, 0.8)
+    assert wide["networks"] > MIN_NETWORKS
+    same_sd = {g: float(v) for g, v in enumerate(np.tile([-1.0, 0.0, 1.0], 4) * 0.1 + 0.05)}
+    many = network_claim_size({"r": network_contrast(same_sd, dict.fromkeys(range(12), 0.0), 0.02)}, 0.02, 0.001, 0.8)
+    few = network_claim_size({"r": network_contrast({0: -0.05, 1: 0.05, 2: 0.15}, dict.fromkeys(range(3), 0.0), 0.02)},
+                             0.02, 0.001, 0.8)
+    assert few["networks"] > many["networks"]
+    with pytest.raises(ValueError, match="at least three networks"):
+        network_design(_units(2, {"+scale": 0.9, "+dead": 0.2, "+grid": 0.3}), DESIGN)

@@ -46,12 +46,28 @@ rule claims:
         "--corrections {input.corrections} --pathways {input.pathways} --out {output} > {log} 2>&1"
 
 
+rule network_claims:
+    """The claim-level tests with the network (warm start) as the replicate, recomputed from every model's
+    per-unit file: three outcomes with the deciding rival, each half of the networks apart."""
+    input:
+        [str(L.pathway_units(m, "warm")) for m in MODELS] if P.pathways and P.pathways.claims
+        and "warm" in P.pathways.checkpoints else [],
+    output:
+        report(str(L.network_claims), caption="../report/claims.rst", category="Claims"),
+    log:
+        str(L.log("network_claims")),
+    shell:
+        "{MXFP4} network-claims --profile {PROFILE} {input} --out {output} > {log} 2>&1"
+
+
 rule report_md:
     """The run's results in one page: held-out accuracy, the pathway matrix's headline, the claims."""
     input:
         summary=str(L.table("summary")),
         claims=str(L.claims),
         pathways=str(L.pathways()),
+        network=rules.network_claims.output if P.pathways and P.pathways.claims and "warm" in P.pathways.checkpoints
+        else [],
     output:
         str(L.report),
     log:
