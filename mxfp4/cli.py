@@ -113,6 +113,7 @@ def _cmd_decompose(args) -> int:
         stats = decompose(x, args.format or "mxfp4", axis=args.axis, scale_rule=args.scale_rule, form=args.form).stats
     else:
         from .config.recipes import Recipe
+        from .corrections.base import numerics_hooks
 
         if args.format is not None or args.scale_rule is not None:
             raise ValueError("--recipe names its format and scale rule; drop --format / --scale-rule")
@@ -121,11 +122,16 @@ def _cmd_decompose(args) -> int:
             raise ValueError(f"--recipe {args.recipe!r} does not quantize; accepted: a recipe with quantize: true")
         stats = quantizer.decompose(x, args.axis, form=args.form).stats
         label = f"{label} under recipe {args.recipe}"
+        applied = [f"{c.name} ({', '.join(numerics_hooks(c)) or 'no numerics hook: acts outside the quantizer'})"
+                   for c in quantizer.corrections]
+        stats["corrections_applied"] = applied
     if args.json:
         print(json.dumps(stats, indent=2))
         return 0
     print(f"{label}: {stats['format']} ({stats['scale_rule']}), shape {stats['shape']}, axis {stats['axis']}, "
           f"{stats['form']} form")
+    if "corrections_applied" in stats:
+        print("corrections applied (their numerics hooks): " + ("; ".join(stats["corrections_applied"]) or "none"))
     print(f"{'component':<10} {'energy':>12} {'share':>8} {'shapley':>8} {'mean':>12}")
     for c in COMPONENTS:
         print(

@@ -108,3 +108,12 @@ class Correction:
 
     def cost(self) -> dict:
         return {"extra_bits_per_element": 0.0, "bf16_fraction": 0.0}
+
+
+NUMERICS_HOOKS = ("split", "block_quantizer", "fake_quantize", "rotation", "rounding_generator")
+
+
+def numerics_hooks(correction) -> list[str]:
+    """The numerics hooks ``correction`` overrides (what the quantizer calls on it beyond the defaults that change
+    nothing): what ``mxfp4 decompose --recipe`` lists, so the screen confirms a plugin ran."""
+    return [h for h in NUMERICS_HOOKS if getattr(type(correction), h, None) is not getattr(Correction, h)]

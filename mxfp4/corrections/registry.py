@@ -106,7 +106,8 @@ def build(spec: dict | str) -> Correction:
     name = spec.pop("name", None)
     known = available()
     if name not in known:
-        raise ValueError(f"unknown correction {name!r}; known: {', '.join(sorted(known))}")
+        raise ValueError(f"unknown correction {name!r}; known: {', '.join(sorted(known))} (a correction of your own: "
+                         "name its module in MXFP4_PLUGINS, or install it under the mxfp4.corrections entry point)")
     cls = known[name]
     if dataclasses.is_dataclass(cls):
         spec = _checked_parameters(name, cls, spec)

@@ -183,6 +183,7 @@ def test_decompose_and_the_correction_table_take_a_recipe_and_decompose_in_its_b
     with open(out, "w") as f, contextlib.redirect_stdout(f):
         assert main(["decompose", "--dist", "llm_rows", "--recipe", "mxfp4+rht-sr", "--json"]) == 0
     got = json.loads(out.read_text())
+    assert got["corrections_applied"] == ["hadamard (rotation)", "stochastic_rounding (rounding_generator)"]
     h = Recipe.named("mxfp4+rht-sr").build_corrections()[0]
     x = sample("llm_rows", 256, 1024, seed=0)
     rotated = (x.double().reshape(256, 32, 32) @ h.rotation(None, 32, "cpu")).reshape(256, 1024).float()
