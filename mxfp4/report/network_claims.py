@@ -23,6 +23,7 @@ from statsmodels.stats.multitest import multipletests
 from ..analysis.pathway_spec import COMPONENTS, HARMS, MAPPING, RECOVERIES, RECOVERY_HARMS, UNIT_FIELDS, UNITS
 from ..config.profiles import load_profile
 from ..io import write_text_atomic
+from ..layout import Layout
 from ..stats import (
     ALPHA,
     OUTCOMES,
@@ -218,3 +219,39 @@ def run(unit_files, profile_name: str, out_md) -> list[dict]:
                          f"warm-start units in the {design.form} form with the claimed and rival arms")
     write_text_atomic(out_md, markdown(rows, profile_name))
     return rows
+
+
+def stored_units(layout: Layout) -> list:
+    """The per-unit files a profile's stored baselines keep (``Layout.stored`` of each model's warm-start file)."""
+    profile = load_profile(layout.profile)
+    return [p for p in (layout.stored(layout.pathway_units(m, "warm")) for m in profile.models) if p.is_file()]
+
+
+def network_summary(profiles: list[str], results="results") -> str:
+    """Each profile's primary claims decided with the network as the replicate, recomputed from its stored per-unit
+    files, side by side (a profile that stores none says so)."""
+    cols, lines, missing = [], {}, []
+    for name in profiles:
+        layout = Layout(results, name)
+        files = stored_units(layout)
+        design = load_profile(name).pathways
+        if not files or design is None or design.claims is None:
+            missing.append(name)
+            continue
+        cols.append(name)
+        for r in claim_rows(read_units(files), design.claims):
+            if r["family"] == "primary":
+                rival = f", by {r['decided_by']}" if r["decided_by"] else ""
+                lines.setdefault((r["claim"], r["model"]), {})[name] = (
+                    f"**{r['verdict']}**{rival} {_g(r['diff'])} [{_g(r['ci_low'])}, {_g(r['ci_high'])}] "
+                    f"({r['networks']} networks; halves: {' / '.join(r['half_verdicts'])})")
+    out = []
+    if cols:
+        out += ["| claim | model | " + " | ".join(f"`{c}`" for c in cols) + " |",
+                "| --- | --- | " + " | ".join("---" for _ in cols) + " |"]
+        out += [f"| {claim} | {model} | " + " | ".join(by.get(c, "not in this profile") for c in cols) + " |"
+                for (claim, model), by in lines.items()]
+    if missing:
+        out += ["", "No per-unit file stored (rerun the profile's pathways and store its baselines): "
+                + ", ".join(f"`{m}`" for m in missing) + "."]
+    return "\n".join(out) + "\n"

@@ -183,17 +183,20 @@ def test_the_precondition_row_says_whether_bf16_rl_trains_and_stays_outside_holm
 
 def test_the_stored_primary_summary_is_what_the_stored_baselines_make():
     """results/baselines/PRIMARY.md (linked from the README) is each named profile's primary family as its
-    stored tables give it now."""
+    stored tables give it now, then the same claims with the network as the replicate from its stored per-unit
+    files."""
     import re
     from pathlib import Path
 
     from mxfp4.report.claims import primary_summary
+    from mxfp4.report.network_claims import network_summary
 
     results = Path(__file__).resolve().parents[2] / "results"
     text = (results / "baselines" / "PRIMARY.md").read_text()
     profiles = re.search(r"`mxfp4 primary-summary ([^`]+)`", text).group(1).split()
     assert "embedded" in profiles
-    assert text.endswith(primary_summary(profiles, results))
+    assert primary_summary(profiles, results) in text
+    assert text.endswith(network_summary(profiles, results))
 
 
 def test_a_profile_without_stored_baselines_is_named_in_the_error(tmp_path):
