@@ -321,8 +321,27 @@ def crossed_mean(values: list, rows: list, cols: list, level: float = 0.95) -> d
     se = math.sqrt(combo / y.size)
     q = stats.t.ppf(0.5 + level / 2, df)
     out.update(ci_low=m - q * se, ci_high=m + q * se, p=float(2 * stats.t.sf(abs(m) / se, df)), df=float(df),
-               interval=f"two-way crossed random effects ({n_r} x {n_c}), Satterthwaite df {df:.1f}")
+               se=se, interval=f"two-way crossed random effects ({n_r} x {n_c}), Satterthwaite df {df:.1f}",
+               components={"rows": max(0.0, (ms_r - ms_e) / n_c), "cols": max(0.0, (ms_c - ms_e) / n_r),
+                           "residual": ms_e})
     return out
+
+
+def crossed_mde(components: dict, rows: int, cols: int, alpha: float = ALPHA, power: float = POWER) -> float:
+    """The smallest mean a crossed design of ``rows`` x ``cols`` detects (two-sided ``alpha``, ``power``; normal
+    approximation) with the variance ``components`` of ``crossed_mean`` (rows, cols, residual):
+    (z_{1-alpha/2} + z_power) sqrt(s2_rows / rows + s2_cols / cols + s2_residual / (rows cols))."""
+    var = components["rows"] / rows + components["cols"] / cols + components["residual"] / (rows * cols)
+    return float((stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)) * math.sqrt(var))
+
+
+def crossed_cols_needed(effect: float, components: dict, rows: int, alpha: float = ALPHA, power: float = POWER,
+                        limit: int = 100_000) -> int | None:
+    """The columns (networks, seeds) a crossed design of ``rows`` problems needs to detect ``effect``
+    (``crossed_mde``); None where no number of columns suffices with that many rows (the rows' own variance)."""
+    if effect <= 0:
+        raise ValueError(f"crossed_cols_needed needs effect > 0, got {effect}")
+    return _smallest_n(lambda c: crossed_mde(components, rows, c, alpha, power) <= effect, 2, limit)
 
 
 def hierarchical_bootstrap(values_by_seed: dict, n_boot: int = 2000, seed: int = 0, level: float = 0.95) -> dict:

@@ -1,5 +1,7 @@
 """Symmetric verdicts of the claims table, and the Shapley attribution of the pathway matrix's outcomes."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -204,3 +206,60 @@ def test_a_profile_without_stored_baselines_is_named_in_the_error(tmp_path):
 
     with pytest.raises(ValueError, match="profile 'embedded' has no stored baselines"):
         primary_summary(["embedded"], tmp_path)
+
+
+def _headline_items(rng, seeds: int, problems: int, network_sd: float, shift: float = 0.0):
+    """(cells, items) of bf16 and mxfp4+all on one MoE model: each problem's difficulty shared by every seed, each
+    seed's network moving mxfp4+all's log-odds by its own N(shift, network_sd) (the between-network variance the
+    headline must carry), binary correctness."""
+    import numpy as np
+
+    difficulty = rng.normal(0, 1.5, problems)
+    cells, items = [], []
+    for s in range(seeds):
+        net = rng.normal(shift, network_sd)
+        for recipe, offset in (("bf16", 0.0), ("mxfp4+all", net)):
+            correct = (rng.random(problems) < 1 / (1 + np.exp(-(difficulty + offset)))).astype(float)
+            items += [{"model": "tiny-moe", "recipe": recipe, "seed": s, "doc_id": p, "doc_hash": f"h{p}",
+                       "strict": c, "strict_before": 0.0} for p, c in enumerate(correct)]
+            cells.append({"model": "tiny-moe", "recipe": recipe, "seed": s, "gsm8k_strict_accuracy": correct.mean()})
+    return cells, items
+
+
+def test_the_headline_on_the_crossed_model_gives_at_most_five_percent_false_verdicts_in_an_aa_simulation():
+    """bf16 against an mxfp4+all that is bf16 on average (networks differ around it): the crossed model (problems x
+    networks) rejects the superiority null in at most 5% of 300 runs (within Monte Carlo error); pairing the 800
+    (seed, problem) items as independent, as a paired t would, rejects far more often."""
+    import numpy as np
+
+    from mxfp4.report.claims import recovery_row
+    from mxfp4.stats import paired_diff
+
+    rng = np.random.default_rng(0)
+    runs, crossed_false, pooled_false = 300, 0, 0
+    for _ in range(runs):
+        cells, items = _headline_items(rng, seeds=4, problems=200, network_sd=0.3)
+        row = recovery_row(cells, "tiny-moe", 200, "gsm8k_strict_accuracy", items)
+        crossed_false += row["p"] < 0.05
+        a = [i["strict"] for i in items if i["recipe"] == "mxfp4+all"]
+        b = [i["strict"] for i in items if i["recipe"] == "bf16"]
+        pooled_false += paired_diff(a, b)["p"] < 0.05
+    assert crossed_false / runs <= 0.05 + 1.96 * math.sqrt(0.05 * 0.95 / runs)
+    assert pooled_false / runs > 0.2
+
+
+def test_the_headline_states_its_mde_and_the_networks_the_papers_margin_needs():
+    """Where the design cannot detect 3 points, the headline leaves the primary family for a secondary row that
+    says so; its MDE falls as networks are added, and the networks the paper's 1.0 point needs are stated."""
+    import numpy as np
+
+    from mxfp4.report.claims import primary_family, recovery_row
+
+    cells, items = _headline_items(np.random.default_rng(2), 3, 400, 0.5)
+    few = recovery_row(cells, "tiny-moe", 400, "gsm8k_strict_accuracy", items)
+    cells40, items40 = _headline_items(np.random.default_rng(2), 40, 400, 0.5)
+    many = recovery_row(cells40, "tiny-moe", 400, "gsm8k_strict_accuracy", items40)
+    assert few["mde80"] > 0.03 and not few["primary_eligible"] and few["n_needed"] > 3
+    assert many["mde80"] < few["mde80"] and few["design"]["networks"] == 3 and many["design"]["networks"] == 40
+    assert "needs" in few["method"] and "networks" in few["method"]
+    assert not any(r["claim"].startswith("Combined corrections") for r in primary_family(cells, [], 400, None, items))
