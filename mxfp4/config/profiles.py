@@ -244,7 +244,7 @@ Pathway = Literal["gradient", "rollout", "entropy"]
 PATHWAYS = get_args(Pathway)
 # a claim-level test by its pathway matrix metric: <pathway>_claim (mechanism) or <pathway>_recovery_claim
 ClaimKey = Literal["gradient_claim", "rollout_claim", "entropy_claim", "gradient_recovery_claim",
-                   "rollout_recovery_claim", "entropy_recovery_claim"]
+                   "rollout_recovery_claim", "entropy_recovery_claim", "headline"]
 
 
 class PowerClaim(_Strict):

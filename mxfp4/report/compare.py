@@ -26,6 +26,9 @@ from ..stats import (
     ALPHA,
     HIGHER_IS_BETTER,
     POWER,
+    crossed_cols_needed,
+    crossed_mde,
+    crossed_mean,
     mcnemar_diff,
     mcnemar_min_detectable_effect,
     mcnemar_pairs_needed,
@@ -100,28 +103,49 @@ def difference(mine: list[dict], theirs: list[dict], metric: str, level: float =
             "method": "Welch (seeds differ)", **means}
 
 
-def _item_pairs(mine: list[dict], theirs: list[dict], key: str) -> list[tuple[float, float]]:
+def _item_pairs(mine: list[dict], theirs: list[dict], key: str) -> list[tuple[tuple, float, float]]:
     def key_of(r):
         return int(r["seed"]), int(r["doc_id"]), r["doc_hash"]
 
     theirs_by = {key_of(r): r.get(key) for r in theirs}
-    return [(r.get(key), theirs_by[key_of(r)]) for r in mine if key_of(r) in theirs_by]
+    return [(key_of(r), r.get(key), theirs_by[key_of(r)]) for r in mine if key_of(r) in theirs_by]
 
 
 def item_difference(mine: list[dict], theirs: list[dict], key: str = "strict", level: float = 0.95) -> dict | None:
-    """Problem by problem: the (seed, problem) pairs both sides answered (lm-eval's doc hash must
-    match), McNemar's exact test on the discordant ones (``mxfp4.stats.mcnemar_diff``). None when no
+    """Problem by problem: the (seed, problem) pairs both sides answered (lm-eval's doc hash must match). With two
+    or more seeds that differ, the differences on the crossed random-effects model (problems x seeds, each seed's
+    network the replicate: ``mxfp4.stats.crossed_mean``); where every seed gave every problem the same value on
+    both sides (one warm start's evaluation before RL, repeated per seed), that one measurement is counted once;
+    with one seed, McNemar's exact test on the discordant problems (``mxfp4.stats.mcnemar_diff``). None when no
     pair is shared."""
-    pairs = [(a, b) for a, b in _item_pairs(mine, theirs, key) if a is not None and b is not None]
+    pairs = [(k, a, b) for k, a, b in _item_pairs(mine, theirs, key) if a is not None and b is not None]
     if not pairs:
         return None
-    d = mcnemar_diff(pairs, level)
-    seeds = {int(r["seed"]) for r in mine}
+    seeds = sorted({k[0] for k, _, _ in pairs})
+    by_problem: dict = {}
+    for k, a, b in pairs:
+        by_problem.setdefault(k[1:], {})[k[0]] = (a, b)
+    repeated = len(seeds) > 1 and all(len(set(v.values())) == 1 for v in by_problem.values())
+    if repeated:  # one measurement per problem, copied to every seed: its first seed's copy
+        pairs = [(k, a, b) for k, a, b in pairs if k[0] == seeds[0]]
+        seeds = seeds[:1]
+    means = {"mean_new": _mean(a for _, a, _ in pairs), "mean_ref": _mean(b for _, _, b in pairs)}
+    complete = {p: v for p, v in by_problem.items() if all(s in v for s in seeds)}
+    if len(seeds) > 1 and len(complete) > 1:
+        rows = [(p, s) for p in complete for s in seeds]
+        d = crossed_mean([complete[p][s][0] - complete[p][s][1] for p, s in rows], [p for p, _ in rows],
+                         [s for _, s in rows], level)
+        if d.get("components") is not None:
+            return {"diff": d["mean"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n_a": d["n"], "n_b": d["n"],
+                    "p": d["p"], "unit": "(seed, problem) pairs, crossed", "problems_per_seed": d["rows"],
+                    "seeds": d["cols"], "components": d["components"], **means,
+                    "method": f"{d['interval']}: problems and seeds (each seed's network) both random"}
+    d = mcnemar_diff([(a, b) for _, a, b in pairs], level)
+    once = " (the same value for every seed: counted once)" if repeated else ""
     return {"diff": d["diff"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n_a": d["n"], "n_b": d["n"],
-            "p": d["p"], "discordant_rate": d["discordant_rate"], "unit": "(seed, problem) pairs",
-            "problems_per_seed": d["n"] / max(1, len(seeds)), "mean_new": _mean(a for a, _ in pairs),
-            "mean_ref": _mean(b for _, b in pairs),
-            "method": f"McNemar exact over (seed, problem) pairs: {d['gained']} gained, {d['lost']} lost"}
+            "p": d["p"], "discordant_rate": d["discordant_rate"], "unit": "problems of one seed",
+            "problems_per_seed": d["n"], **means,
+            "method": f"McNemar exact over {d['n']} problems{once}: {d['gained']} gained, {d['lost']} lost"}
 
 
 def _recorded(rows: list[dict], metric: str) -> bool:
@@ -212,6 +236,10 @@ def power_note(r: dict) -> dict:
         n = min(r["n_a"], r["n_b"])
         mde = min_detectable_effect(r["sd"], n, alpha, POWER)
         needed = [n_needed(e, r["sd"], alpha, POWER) for e in PAPER_EFFECTS]
+    elif "components" in r:  # the crossed model: networks needed at this many problems
+        mde = crossed_mde(r["components"], r["problems_per_seed"], r["seeds"], alpha, POWER)
+        needed = [crossed_cols_needed(e, r["components"], r["problems_per_seed"], alpha, POWER)
+                  for e in PAPER_EFFECTS]
     else:
         mde = mcnemar_min_detectable_effect(r["n_a"], r["discordant_rate"], alpha, POWER)
         pairs = [mcnemar_pairs_needed(e, r["discordant_rate"], alpha, POWER) for e in PAPER_EFFECTS]

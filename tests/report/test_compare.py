@@ -1,5 +1,6 @@
 """Aggregation statistics, comparisons against baselines and the claims table."""
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -135,22 +136,30 @@ def test_direct_claims_come_from_the_pathway_contrasts():
     assert rows[1]["n_needed"] is None  # an estimate of the wrong sign: no n resolves it
 
 
-def test_per_problem_comparison_is_mcnemar_on_the_discordant_pairs():
+def test_per_problem_comparison_counts_a_repeated_measurement_once_and_crosses_seeds_that_differ():
+    """Every seed giving every problem the same value (one warm start's evaluation copied per seed): McNemar over
+    the problems once, not over seed copies; seeds that differ: the crossed model (problems x seeds), whose
+    interval is wider than McNemar's over the pooled pairs."""
     from mxfp4.report.compare import item_difference
+    from mxfp4.stats import mcnemar_diff
 
-    def items(recipe, correct):
-        return [
-            {"model": "m", "recipe": recipe, "seed": s, "doc_id": i, "doc_hash": f"h{i}", "strict": float(c)}
-            for s in (0, 1)
-            for i, c in enumerate(correct)
-        ]
+    def items(recipe, per_seed):
+        return [{"model": "m", "recipe": recipe, "seed": s, "doc_id": i, "doc_hash": f"h{i}", "strict": float(c)}
+                for s, correct in enumerate(per_seed) for i, c in enumerate(correct)]
 
-    base = items("b", [1] * 20 + [0] * 20)
-    same = item_difference(items("a", [1] * 20 + [0] * 20), base)
-    assert same["diff"] == 0 and same["p"] == 1.0 and same["n_a"] == 80
-    better = item_difference(items("a", [1] * 20 + [1] * 10 + [0] * 10), base)  # 20 gained, 0 lost over 80 pairs
-    assert better["diff"] == 0.25 and better["p"] < 1e-5 and "20 gained, 0 lost" in better["method"]
-    other_problems = [dict(r, doc_hash="x" + r["doc_hash"]) for r in items("a", [1] * 40)]
+    base = items("b", [[1] * 20 + [0] * 20] * 2)
+    same = item_difference(items("a", [[1] * 20 + [0] * 20] * 2), base)
+    assert same["diff"] == 0 and same["p"] == 1.0 and same["n_a"] == 40 and "counted once" in same["method"]
+    better = item_difference(items("a", [[1] * 30 + [0] * 10] * 2), base)  # 10 gained, 0 lost over 40 problems
+    assert better["diff"] == 0.25 and better["p"] < 0.01 and "10 gained, 0 lost" in better["method"]
+    rng = np.random.default_rng(0)
+    ref = [[int(v) for v in rng.random(200) < 0.5] for _ in range(4)]
+    new = [[int(v) for v in rng.random(200) < 0.5 + 0.1 * (s % 2)] for s in range(4)]  # networks differ
+    crossed = item_difference(items("a", new), items("b", ref))
+    assert crossed["unit"].endswith("crossed") and crossed["seeds"] == 4 and crossed["n_a"] == 800
+    pooled = mcnemar_diff([(a, b) for n, r in zip(new, ref) for a, b in zip(n, r)])
+    assert crossed["ci_high"] - crossed["ci_low"] > pooled["ci_high"] - pooled["ci_low"]
+    other_problems = [dict(r, doc_hash="x" + r["doc_hash"]) for r in items("a", [[1] * 40] * 2)]
     assert item_difference(other_problems, base) is None  # a different test set pairs nothing
 
 
@@ -276,7 +285,8 @@ def test_the_cost_estimate_counts_the_cells_to_run_at_their_stored_wall_times():
 def test_a_measurement_no_seed_changes_is_tested_per_problem_not_per_seed():
     """Before RL every seed evaluates the same warm start: one value a side for all seeds. Three equal
     differences are no replicates, so the per-seed row stays untested (a t test would read their zero
-    spread as certainty) and the per-problem row carries the test (McNemar, as scipy's binomial test)."""
+    spread as certainty) and the per-problem row carries the test (McNemar, as scipy's binomial test), each
+    problem's one measurement counted once, not once per seed."""
     from scipy.stats import binomtest
 
     def cells(recipe, before, after):
@@ -286,7 +296,7 @@ def test_a_measurement_no_seed_changes_is_tested_per_problem_not_per_seed():
         return [{"model": "tiny-dense", "recipe": recipe, "seed": s, "doc_id": i, "doc_hash": f"h{i}",
                  "strict": 1.0, "strict_before": float(c)} for s in range(3) for i, c in enumerate(before)]
 
-    # 6 problems gained and 1 lost a seed, the same ones in every seed: 18 gained, 3 lost over 120 pairs
+    # 6 problems gained and 1 lost, the same ones in every seed's copy: 6 gained, 1 lost over 40 problems
     base_before = [1] * 10 + [0] * 30
     new_before = [0] + [1] * 9 + [1] * 6 + [0] * 24
     rows = compare_rows(cells("mine", 0.4, [0.5, 0.6, 0.7]), cells("mxfp4", 0.25, [0.4, 0.45, 0.5]), "mine",
@@ -295,8 +305,8 @@ def test_a_measurement_no_seed_changes_is_tested_per_problem_not_per_seed():
     assert per_seed["p"] is None and per_seed["diff"] == pytest.approx(0.15)
     assert per_seed["verdict"].startswith("untested per seed")
     per_problem = next(r for r in rows if r["metric"] == "gsm8k_strict_accuracy_before (per problem)")
-    assert per_problem["diff"] == pytest.approx(15 / 120) and per_problem["n_a"] == 120
-    assert per_problem["p"] == pytest.approx(binomtest(18, 21).pvalue)
+    assert per_problem["diff"] == pytest.approx(5 / 40) and per_problem["n_a"] == 40
+    assert per_problem["p"] == pytest.approx(binomtest(6, 7).pvalue) and "counted once" in per_problem["method"]
     # a metric that varies over seeds keeps its paired t test
     after = next(r for r in rows if r["metric"] == "gsm8k_strict_accuracy")
     assert after["method"] == "paired by seed (t)" and after["p"] is not None
