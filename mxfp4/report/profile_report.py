@@ -84,8 +84,8 @@ STAGES = (("strict_before", "before RL"), ("strict", "after RL"))
 def _versus(d: dict | None) -> str:
     if d is None:
         return "—"
-    return (f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}], p {d['p']:.2g} "
-            f"({d['method'].split(': ', 1)[1]})")
+    how = "crossed" if "components" in d else d["method"].split(": ", 1)[1]
+    return f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}], p {d['p']:.2g} ({how})"
 
 
 def corrections_table(items_csv: Path | str) -> str:
@@ -113,9 +113,12 @@ def corrections_table(items_csv: Path | str) -> str:
                 out.append(f"| {model} | {recipe} | {stage} | {sum(r[key] for r in rows) / len(rows):.3f} | "
                            + " | ".join(_versus(d) for d in vs) + " |")
     return ("Strict accuracy on the held-out problems; each difference paired over the (seed, problem) pairs both "
-            f"recipes answered (n = {', '.join(str(k) for k in sorted(n))}), McNemar's exact test and its "
-            "Clopper-Pearson interval (gained: problems the correction solves that the reference does not; "
-            "lost: the reverse). Unadjusted: these rows are descriptive, not in the claims' families.\n\n"
+            f"recipes answered (n = {', '.join(str(k) for k in sorted(n))}). Where the seeds differ (crossed): the "
+            "two-way crossed random-effects model, problems and seeds (each seed's network) both random, "
+            "Satterthwaite df; where every seed gave each problem the same value (one warm start's evaluation "
+            "before RL), that value counted once, McNemar's exact test and its Clopper-Pearson interval (gained: "
+            "problems the correction solves that the reference does not; lost: the reverse). Unadjusted: these "
+            "rows are descriptive, not in the claims' families.\n\n"
             + "\n".join(out) + "\n")
 
 
