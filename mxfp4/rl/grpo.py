@@ -527,15 +527,27 @@ class StepLogger(TrainerCallback):
             return
         folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         shutil.copyfile(self.path, folder / TRAIN_LOG)
-        payload = {
+        payload = sealed_state({
             "step": state.global_step,
             "config_hash": self.config_hash,
             "corrections": [c.state_dict() for c in self.trainer.mx_corrections],
             "files": checkpoint_manifest(folder),
-        }
+        })
         tmp = folder / (STATE_FILE + ".tmp")
         tmp.write_text(json.dumps(payload))
         tmp.rename(folder / STATE_FILE)
+
+
+def _state_digest(state: dict) -> str:
+    """SHA-256 of a checkpoint state's content (every key but the digest, canonical JSON)."""
+    body = {k: v for k, v in state.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def sealed_state(state: dict) -> dict:
+    """The checkpoint state with the digest of its own content, so that the state file is inside the checksums
+    too (a flipped step or correction state is found like a flipped weight)."""
+    return {**state, "digest": _state_digest(state)}
 
 
 def checkpoint_manifest(folder: Path) -> dict[str, str]:
@@ -551,15 +563,22 @@ def checkpoint_manifest(folder: Path) -> dict[str, str]:
 
 
 def checkpoint_problem(checkpoint: Path, config_hash: str | None) -> str | None:
-    """Why ``checkpoint`` cannot be resumed (None: it can): no state file (an interrupted save), another
-    configuration's, no manifest, or a file missing or changed since it was written (a truncated or
-    corrupted write)."""
+    """Why ``checkpoint`` cannot be resumed (None: it can): no state file (an interrupted save), a state that is
+    no JSON object or differs from its own digest (``sealed_state``) or names another step, another
+    configuration's, no manifest, or a file missing or changed since it was written (a truncated or corrupted
+    write)."""
     try:
         state = json.loads((checkpoint / STATE_FILE).read_text())
     except FileNotFoundError:
         return "no state file (the save was interrupted)"
     except (json.JSONDecodeError, UnicodeDecodeError):
         return f"{STATE_FILE} is not JSON"
+    if not isinstance(state, dict):
+        return f"{STATE_FILE} holds {type(state).__name__}, not a JSON object"
+    if state.get("digest") != _state_digest(state):
+        return f"{STATE_FILE} differs from its own digest (SHA-256), a changed or corrupted state"
+    if not checkpoint.name.endswith(f"-{state.get('step')}"):
+        return f"{STATE_FILE} names step {state.get('step')!r}, the folder another"
     if state.get("config_hash") != config_hash:
         return "a checkpoint of another configuration (config hash differs)"
     files = state.get("files")

@@ -81,12 +81,13 @@ def test_a_killed_cell_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_
 
 def _checkpoint(root: Path, step: int, config_hash: str, content: bytes = b"weights") -> Path:
     """A checkpoint folder as StepLogger.on_save leaves it: a file, then the state with its manifest."""
-    from mxfp4.rl.grpo import STATE_FILE, checkpoint_manifest
+    from mxfp4.rl.grpo import STATE_FILE, checkpoint_manifest, sealed_state
 
     folder = root / "checkpoints" / f"checkpoint-{step}"
     folder.mkdir(parents=True)
     (folder / "model.safetensors").write_bytes(content)
-    state = {"step": step, "config_hash": config_hash, "corrections": [], "files": checkpoint_manifest(folder)}
+    state = sealed_state({"step": step, "config_hash": config_hash, "corrections": [],
+                          "files": checkpoint_manifest(folder)})
     (folder / STATE_FILE).write_text(json.dumps(state))
     return folder
 
@@ -118,6 +119,33 @@ def test_a_damaged_checkpoint_is_passed_over_for_the_previous_valid_one(tmp_path
     assert heard == [(newer, heard[0][1])] and why in heard[0][1]
     damage(older / "model.safetensors")
     assert last_checkpoint(tmp_path / "checkpoints", "h") is None
+
+
+def _state_edit(edit):
+    def damage(state_file):
+        state = json.loads(state_file.read_text())
+        state_file.write_text(json.dumps(edit(state)))
+    return damage
+
+
+@pytest.mark.parametrize("damage,why", [
+    (_state_edit(lambda s: {**s, "step": s["step"] + 1}), "differs from its own digest"),  # one flipped step
+    (_state_edit(lambda s: {**s, "corrections": [{"kept": [1, 2]}]}), "differs from its own digest"),
+    (_state_edit(lambda s: None), "holds NoneType, not a JSON object"),
+    (_state_edit(lambda s: []), "holds list, not a JSON object"),
+])
+def test_a_damaged_state_file_marks_a_damaged_checkpoint(tmp_path, damage, why):
+    """The state file is inside the checksums: an edited step or correction state, or a state that is no JSON
+    object, is passed over like a damaged weight file (the untouched checkpoint resumes first)."""
+    from mxfp4.rl.grpo import STATE_FILE, last_checkpoint
+
+    older = _checkpoint(tmp_path, 1, "h", b"older")
+    newer = _checkpoint(tmp_path, 2, "h")
+    assert last_checkpoint(tmp_path / "checkpoints", "h") == newer
+    damage(newer / STATE_FILE)
+    heard = []
+    assert last_checkpoint(tmp_path / "checkpoints", "h", lambda d, w: heard.append(w)) == older
+    assert len(heard) == 1 and why in heard[0]
 
 
 def test_a_cell_whose_newest_checkpoint_is_corrupt_resumes_from_the_one_before_and_ends_as_uninterrupted(
