@@ -44,11 +44,33 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+MAX_YAML_BYTES = 1 << 20  # a profile or recipe file is a few KiB
+MAX_YAML_NODES = 100_000  # values after aliases are expanded: an alias bomb stops here, not in memory
+
+
+def _expanded_nodes(node, memo: dict) -> int:
+    """The values a composed YAML node becomes once every alias is expanded (each alias counted as the whole value
+    it repeats), in one pass over the composed graph."""
+    key = id(node)
+    if key not in memo:
+        memo[key] = 0  # a recursive alias counts once (the constructor refuses it)
+        if isinstance(node, yaml.SequenceNode):
+            memo[key] = 1 + sum(_expanded_nodes(n, memo) for n in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            memo[key] = 1 + sum(_expanded_nodes(k, memo) + _expanded_nodes(v, memo) for k, v in node.value)
+        else:
+            memo[key] = 1
+    return memo[key]
+
+
 def load_yaml(path: Path | str):
-    """A YAML file's content; a syntax error or a duplicate key is one ValueError naming the file,
-    the line and the problem."""
+    """A YAML file's content; a syntax error, a duplicate key, a file over ``MAX_YAML_BYTES`` or one whose aliases
+    expand past ``MAX_YAML_NODES`` values is one ValueError naming the file, the line and the problem."""
     path = Path(path)
     try:
+        if path.stat().st_size > MAX_YAML_BYTES:
+            raise ValueError(f"{path}: {path.stat().st_size:,} bytes; accepted: a YAML file of at most "
+                             f"{MAX_YAML_BYTES:,} bytes")
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason}); accepted: a UTF-8 YAML file") \
@@ -56,7 +78,15 @@ def load_yaml(path: Path | str):
     except OSError as err:
         raise ValueError(f"{path}: cannot be read ({err.strerror or err})") from None
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        loader = _UniqueKeyLoader(text)
+        try:
+            root = loader.get_single_node()
+            if root is not None and _expanded_nodes(root, {}) > MAX_YAML_NODES:
+                raise ValueError(f"{path}: its aliases expand to more than {MAX_YAML_NODES:,} values (an alias "
+                                 "bomb?); accepted: a file without self-multiplying anchors")
+            return None if root is None else loader.construct_document(root)
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

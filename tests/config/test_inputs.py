@@ -98,6 +98,9 @@ FAILING_BLOCKS = ("from mxfp4.corrections import Correction, register\n@register
 SHADOW_AQN = "from mxfp4.corrections import Correction, register\n@register('aqn')\nclass Mine(Correction):\n    pass\n"
 RAISING_PLUGIN = "raise RuntimeError('no GPU here')\n"
 
+ALIAS_BOMB = b"a: &a [x, x, x, x, x, x, x, x, x, x]\n" + b"".join(  # each level ten times the last
+    b"%c: &%c [*%c, *%c, *%c, *%c, *%c, *%c, *%c, *%c, *%c, *%c]\n" % ((c, c) + (c - 1,) * 10) for c in range(98, 108))
+
 RAISES = [  # (case, function of (tmp_path, monkeypatch) giving the call, the error it must raise)
     ("an infinite learning rate", lambda t, m: profile_with(lambda s: s["grpo"].update(learning_rate=float("inf"))),
      r"grpo.learning_rate: Input should be a finite number"),
@@ -138,6 +141,10 @@ RAISES = [  # (case, function of (tmp_path, monkeypatch) giving the call, the er
      r"bad.yaml:2:1: a key must be a plain name, got a list"),
     ("a YAML file that is not UTF-8", lambda t, m: yaml_file(t, b"name: \xff\xfe\n"),
      r"bad.yaml: not UTF-8 text"),
+    ("a YAML alias bomb (10^11 values)", lambda t, m: yaml_file(t, ALIAS_BOMB),
+     r"bad.yaml: its aliases expand to more than 100,000 values"),
+    ("a YAML file of 2 MB", lambda t, m: yaml_file(t, b"a: " + b"x" * (2 << 20) + b"\n"),
+     r"bad.yaml: 2,097,156 bytes; accepted: a YAML file of at most 1,048,576 bytes"),
     ("a GSM8K answer of '#### .'", lambda t, m: gsm8k_test_line(t, '{"question": "q", "answer": "a #### ."}'),
      r"test.jsonl:1: the answer has no final '#### n' line with a number n"),
     ("AQN adaptive given as a string", lambda t, m: recipe_with({"name": "aqn", "adaptive": "no"}),
