@@ -557,7 +557,30 @@ def primary_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def markdown(rows: list[dict], profile: str) -> str:
+def removal_table(corrections: list[dict]) -> list[str]:
+    """What each correction removes from each error component on the measured operands (``corrections-table``:
+    the standard distributions and the models' weights): the energy of scale bias, deadzone and grid noise before
+    and after, as the share removed. A recovery of a pathway is evidence for its mechanism only where the
+    correction removes the component the mechanism names."""
+    if not corrections:
+        return []
+    out = ["## What each correction removes", "",
+           "Energy of each component before -> after the correction on each operand (its change; the total "
+           "error's last), from `mxfp4 corrections-table`: a recovery is evidence for the component its claim names "
+           "only where the correction removes that component.", "",
+           "| correction | operand | scale bias | deadzone | grid noise | total |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for r in corrections:
+        cells = []
+        for c in ("scale", "dead", "grid", "total"):
+            before, after = r.get(f"energy_{c}_before"), r.get(f"energy_{c}_after")
+            cells.append("—" if before is None or after is None else
+                         f"{before:.3g} -> {after:.3g} ({(after / before - 1) if before else 0:+.0%})")
+        out.append(f"| {r['correction']} | {r['source']} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+def markdown(rows: list[dict], profile: str, corrections: list[dict] = ()) -> str:
     primary = [r for r in rows if r.get("family") == "primary"]
     lines = [
         f"# Claims of arXiv 2605.20402 against the `{profile}` profile",
@@ -578,6 +601,7 @@ def markdown(rows: list[dict], profile: str) -> str:
         "",
         *(primary_table(primary) if primary else ["No primary test was measured in this run."]),
         "",
+        *removal_table(list(corrections)),
         "## Secondary rows",
         "",
         "Mechanism claims are tested directly by the pathway matrix (the claimed component injected alone against",
@@ -632,5 +656,5 @@ def run_claims(cells_csv, proofs_json, corrections_json, out_md, profile: str, p
         read_csv(items_csv) if items_csv.is_file() else [],
         settings.claims if settings is not None else None,
     )
-    write_text_atomic(out_md, markdown(rows, profile))
+    write_text_atomic(out_md, markdown(rows, profile, json.loads(Path(corrections_json).read_text())))
     return rows
