@@ -54,7 +54,7 @@ SAME_EVERY_SEED = ("the same value for every seed on each side (a measurement no
 PRIMARY_METRICS = ["gsm8k_strict_accuracy", PER_PROBLEM, "gsm8k_rl_gain"]
 COMPARED = ["gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "gsm8k_rl_gain", "gsm8k_strict_accuracy_before",
             "gsm8k_strict_accuracy_unquantized", "mean_rollout_accuracy", "mean_entropy", "mean_grad_cosine",
-            "mean_grad_rel_norm_error", "step_time_vs_bf16", "mean_step_time"]
+            "mean_grad_rel_norm_error", "step_time_vs_bf16"]  # seconds across two runs (machines, loads) never
 STAGES = [  # the accuracies a cell records, in the order a reader follows them
     ("gsm8k_strict_accuracy_before", "before RL"), ("gsm8k_strict_accuracy", "after RL"),
     ("gsm8k_rl_gain", "RL gain"), ("gsm8k_strict_accuracy_unquantized", "after RL, unquantized")]

@@ -32,17 +32,16 @@ def test_a_recipe_identical_to_a_baseline_shows_no_significant_difference():
 
 def test_step_times_are_compared_as_ratios_to_the_same_runs_bf16_and_get_no_verdict():
     """A new run on a machine 2.5x slower than the baselines' differs in seconds, but its ratio to its
-    own bf16 cells matches the baselines'; neither timing row carries a verdict or joins the family."""
+    own bf16 cells matches the baselines': only the ratio is compared (seconds of two runs never are), with no
+    verdict and outside the family."""
     from mxfp4.report.compare import with_time_ratio
 
     base = with_time_ratio(_cells("bf16", [0.5, 0.5, 0.5], step=0.4) + _cells("mxfp4", [0.4, 0.4, 0.4], step=0.8))
     new = with_time_ratio(_cells("bf16", [0.5, 0.5, 0.5], step=1.0) + _cells("mine", [0.4, 0.4, 0.4], step=2.0))
     rows = compare_rows([c for c in new if c["recipe"] == "mine"], base, "mine")
-    seconds = next(r for r in rows if r["metric"] == "mean_step_time" and r["baseline"] == "mxfp4")
+    assert not [r for r in rows if r["metric"] == "mean_step_time"]
     ratio = next(r for r in rows if r["metric"] == "step_time_vs_bf16" and r["baseline"] == "mxfp4")
-    assert seconds["verdict"].startswith("no verdict") and seconds["diff"] > 1
-    assert ratio["diff"] == pytest.approx(0) and ratio["verdict"].startswith("no verdict")
-    assert seconds["p_adj"] is None and ratio["p_adj"] is None
+    assert ratio["diff"] == pytest.approx(0) and ratio["verdict"].startswith("no verdict") and ratio["p_adj"] is None
 
 
 def test_a_clearly_better_recipe_is_called_better_and_a_worse_one_worse():
