@@ -161,10 +161,15 @@ def fake_quantize(x: torch.Tensor, fmt: BlockFormat, axis: int, rule: str) -> to
     the axis in range and non-negative, the rule resolved) and a format ``applies`` to."""
     x = x.detach()
     out = torch.empty_strided(x.shape, output_strides(x, axis, fmt, rule), dtype=x.dtype)
-    elem = fmt.element
-    _views_3d(x, axis, [out], _extension().fake_quantize_into, fmt.block_size, elem.emin, elem.emax, elem.mbits,
-              elem.max_value, SCALE_RULES_E8M0.index(rule))
+    _views_3d(x, axis, [out], _extension().fake_quantize_into, *_format_args(fmt, rule))
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _format_args(fmt: BlockFormat, rule: str) -> tuple:
+    """The kernel's format arguments (block size, element emin, emax, mantissa bits, max value, rule index)."""
+    elem = fmt.element
+    return fmt.block_size, elem.emin, elem.emax, elem.mbits, elem.max_value, SCALE_RULES_E8M0.index(rule)
 
 
 def macro_block(x: torch.Tensor, fmt: BlockFormat, axis: int, rule: str, blocks: int, strides: tuple
