@@ -318,10 +318,12 @@ def _cmd_power_design(args) -> int:
     if claims is None:
         raise ValueError(f"profile {args.profile!r} sets no pathways.claims (form, control, margins) to size")
     if args.units:  # the network as the replicate: a pilot of the same design, its per-unit files
-        from .report.network_claims import read_units
+        from .config.profiles import load_profile
+        from .report.network_claims import profile_networks, read_units
         from .report.power_design import network_design
 
-        block = network_design(read_units(args.units), claims, family=args.family)
+        block = network_design(read_units(args.units), claims, family=args.family,
+                               network_of=profile_networks(load_profile(args.pilot)))
         print(yaml.safe_dump({"networks": block}, sort_keys=False).rstrip())
         return 0
     stored = Layout(args.results, args.pilot)

@@ -63,8 +63,14 @@ def read_units(paths) -> list[dict]:
     return rows
 
 
-def harms_by_network(units: list[dict], model: str, checkpoint: str, form: str) -> dict[str, dict[str, dict]]:
-    """{pathway: {arm: {network: mean harm over its units}}} of one model, checkpoint and form; the entropy
+def _identity(group):
+    return group
+
+
+def harms_by_network(units: list[dict], model: str, checkpoint: str, form: str,
+                     network_of=_identity) -> dict[str, dict[str, dict]]:
+    """{pathway: {arm: {network: mean harm over its units}}} of one model, checkpoint and form, a unit's network
+    ``network_of(its group)`` (the seed's warm start: seeds that share one pool their units in it); the entropy
     pathway's recovery harm (the gap to the unquantized arm's entropy, unit by unit) under ``entropy_gap``."""
     per: dict = {}
     for r in units:
@@ -75,14 +81,14 @@ def harms_by_network(units: list[dict], model: str, checkpoint: str, form: str) 
         out[pathway] = {}
         for arm, rows in arms.items():
             rows.sort(key=lambda r: int(r["unit"]))
-            out[pathway][arm] = network_means([r["harm"] for r in rows], [r["group"] for r in rows])
+            out[pathway][arm] = network_means([r["harm"] for r in rows], [network_of(r["group"]) for r in rows])
         if pathway == "entropy" and "none" in arms:
             base = {int(r["unit"]): r["harm"] for r in arms["none"]}
             out["entropy_gap"] = {}
             for arm, rows in arms.items():
                 gaps = [None if r["harm"] is None or base.get(int(r["unit"])) is None
                         else abs(r["harm"] - base[int(r["unit"])]) for r in rows]
-                out["entropy_gap"][arm] = network_means(gaps, [r["group"] for r in rows])
+                out["entropy_gap"][arm] = network_means(gaps, [network_of(r["group"]) for r in rows])
     return out
 
 
@@ -105,12 +111,14 @@ def _decided(claim, model, pathway, family, own, rivals, margin, what, method, h
             "margin": margin}
 
 
-def claim_rows(units: list[dict], design, checkpoint: str = "warm", halves=fixed_halves) -> list[dict]:
+def claim_rows(units: list[dict], design, checkpoint: str = "warm", halves=fixed_halves,
+               network_of=_identity) -> list[dict]:
     """The mechanism and recovery claims of every model (primary; the energy rows secondary), each decided on
-    network means. ``design``: the profile's ``pathways.claims`` (form, control, margins)."""
+    network means. ``design``: the profile's ``pathways.claims`` (form, control, margins); ``network_of``: a
+    unit's network from its group (the seed), ``profile_networks`` for a profile."""
     rows = []
     for model in sorted({r["model"] for r in units}):
-        h = harms_by_network(units, model, checkpoint, design.form)
+        h = harms_by_network(units, model, checkpoint, design.form, network_of)
         for pathway, claim in MECHANISM_CLAIMS.items():
             arms, top = h.get(pathway, {}), MAPPING[pathway]
             rivals = [f"+{c}" for c in COMPONENTS if c != top]
@@ -206,6 +214,11 @@ def markdown(rows: list[dict], profile: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def profile_networks(profile):
+    """A unit's network in ``profile``: the warm start its seed (the unit's group) was measured from."""
+    return lambda group: profile.warm_start_of(int(group))
+
+
 def run(unit_files, profile_name: str, out_md) -> list[dict]:
     """Read the per-unit files, decide every claim as the profile's ``pathways.claims`` fixes it, write the
     table; the rows."""
@@ -213,7 +226,7 @@ def run(unit_files, profile_name: str, out_md) -> list[dict]:
     design = profile.pathways.claims if profile.pathways else None
     if design is None:
         raise ValueError(f"profile {profile_name!r} fixes no claim-level tests (pathways.claims)")
-    rows = claim_rows(read_units(unit_files), design)
+    rows = claim_rows(read_units(unit_files), design, network_of=profile_networks(profile))
     if not rows:
         raise ValueError(f"no claim could be tested from {', '.join(map(str, unit_files))}: the files hold no "
                          f"warm-start units in the {design.form} form with the claimed and rival arms")
@@ -239,7 +252,7 @@ def network_summary(profiles: list[str], results="results") -> str:
             missing.append(name)
             continue
         cols.append(name)
-        for r in claim_rows(read_units(files), design.claims):
+        for r in claim_rows(read_units(files), design.claims, network_of=profile_networks(load_profile(name))):
             if r["family"] == "primary":
                 rival = f", by {r['decided_by']}" if r["decided_by"] else ""
                 lines.setdefault((r["claim"], r["model"]), {})[name] = (

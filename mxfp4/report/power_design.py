@@ -115,11 +115,14 @@ def network_claim_size(contrasts: dict, margin: float, alpha: float, power: floa
     return {"networks": networks, "sides": {k: {"networks": n, "rival": r} for k, (n, r) in sides.items()}}
 
 
-def network_design(units: list[dict], design, alpha: float = 0.05, family: int = 12, power: float = 0.8) -> dict:
+def network_design(units: list[dict], design, alpha: float = 0.05, family: int = 12, power: float = 0.8,
+                   network_of=None) -> dict:
     """Per model and claim, the networks the confirmatory design needs (``network_claim_size``) from a pilot of the
     same design (its per-unit files, at least three networks), each claim tested at ``alpha / family / 3`` (Holm's
-    strictest step over the family's claims, Bonferroni over each claim's three outcomes); the largest over them."""
-    rows = [r for r in claim_rows(units, design) if r["family"] == "primary"]
+    strictest step over the family's claims, Bonferroni over each claim's three outcomes); the largest over them.
+    ``network_of``: a unit's network from its group (``network_claims.profile_networks`` of the pilot)."""
+    rows = [r for r in claim_rows(units, design, **({"network_of": network_of} if network_of else {}))
+            if r["family"] == "primary"]
     if not rows:
         raise ValueError("the pilot's per-unit files hold no claim-level test (warm start, the design's form)")
     few = sorted({r["networks"] for r in rows if r["networks"] < 3})
