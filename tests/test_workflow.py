@@ -112,6 +112,7 @@ def test_dry_run_resolves_the_full_dag(workdir, profile):
     for rule in ("aggregate", "claims", "figure_training", "figure_accuracy", "kernel_checks", "prove_decomposition",
                  "pathways_table", "figure_pathways"):
         assert jobs[rule] == 1, rule
+    assert jobs.get("network_claims", 0) == (1 if profile == "embedded" else 0)  # where the profile fixes claims
 
 
 def test_each_seeds_cells_start_from_their_own_warm_start(workdir):
