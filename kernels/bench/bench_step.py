@@ -35,7 +35,7 @@ from mxfp4.config.profiles import load_profile  # noqa: E402
 from mxfp4.config.recipes import Recipe  # noqa: E402
 from mxfp4.io import write_json_atomic  # noqa: E402
 from mxfp4.layout import TRAIN_LOG, Layout  # noqa: E402
-from mxfp4.numerics.dispatch import BACKENDS, use_backend  # noqa: E402
+from mxfp4.numerics.dispatch import BACKENDS, use_backend, use_fused_corrections  # noqa: E402
 from mxfp4.rl.cell import plan_cell, prepare  # noqa: E402
 from mxfp4.rl.models import warm_start_folder  # noqa: E402
 
@@ -88,6 +88,9 @@ def main(argv=None) -> int:
     p.add_argument("--recipes", nargs="+", default=["bf16", "mxfp4"], help="the first is the reference")
     p.add_argument("--backends", nargs="+", default=["auto"], choices=BACKENDS,
                    help="the quantization backends each quantizing recipe runs under (MXFP4_BACKEND's values)")
+    p.add_argument("--fused-corrections", nargs="+", default=["on"], choices=["on", "off"],
+                   help="each quantizing recipe with the corrections' fused kernels on and/or off "
+                        "(dispatch.use_fused_corrections: the same values, the time each path costs)")
     p.add_argument("--seed", type=int, default=0, help="the cells' seed")
     p.add_argument("--steps", type=int, default=10,
                    help="GRPO steps per recipe: 1 warm-up, half timed, the rest profiled")
@@ -119,12 +122,14 @@ def main(argv=None) -> int:
         for recipe in args.recipes:
             quantizes = Recipe.named(recipe).quantize
             for backend in args.backends if quantizes else ["auto"]:
-                name = recipe if backend == "auto" or not quantizes else f"{recipe} [{backend}]"
-                print(f"{name}: {args.steps} steps", file=sys.stderr, flush=True)
-                with use_backend(backend):
-                    out["recipes"][name] = run_recipe(profile, args.model, recipe, args.seed, root, args.steps)
-                out["recipes"][name]["backend"] = backend
-                write_json_atomic(args.out, out)
+                for fused in args.fused_corrections if quantizes else ["on"]:
+                    name = recipe if backend == "auto" or not quantizes else f"{recipe} [{backend}]"
+                    name += " [fused corrections off]" if fused == "off" else ""
+                    print(f"{name}: {args.steps} steps", file=sys.stderr, flush=True)
+                    with use_backend(backend), use_fused_corrections(fused == "on"):
+                        out["recipes"][name] = run_recipe(profile, args.model, recipe, args.seed, root, args.steps)
+                    out["recipes"][name].update(backend=backend, fused_corrections=fused)
+                    write_json_atomic(args.out, out)
     ref = out["recipes"][args.recipes[0]]
     for name, rec in out["recipes"].items():
         rec["step_time_vs_reference"] = rec["step_time_s"] / ref["step_time_s"]
