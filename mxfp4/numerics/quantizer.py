@@ -174,6 +174,8 @@ class Quantizer:
         key = (tuple(x.shape), x.stride(), ax)
         strides = self._kernel_strides.get(key)
         if strides is None:
+            if len(self._kernel_strides) >= 4096:  # token counts vary step by step: keep the cache bounded
+                self._kernel_strides.clear()
             strides = self._kernel_strides[key] = self._composed_strides(x, ax)
         split = "split" in terms
         out = fused_cpu.corrected(x, self.fmt, ax, self.scale_rule, split, terms.get("macro_blocks", 0), strides)

@@ -33,13 +33,8 @@ from ..stats import (
     three_outcome_test,
     three_outcome_verdict,
 )
+from .claims import MECHANISMS, RECOVERY_CLAIMS
 
-MECHANISM_CLAIMS = {"gradient": "Scale bias dominates gradient accuracy",
-                    "rollout": "Deadzone truncation dominates rollout quality",
-                    "entropy": "Grid noise dominates policy entropy"}
-RECOVERY_CLAIMS = {"gradient": "Macro-block scaling restores gradient accuracy",
-                   "rollout": "Outlier fallback restores rollout quality",
-                   "entropy": "AQN restores policy entropy"}
 CORRECTION_ARMS = {"macro_block": "mxfp4+macro", "outlier_fallback": "mxfp4+fallback", "aqn": "mxfp4+aqn"}
 METHOD = ("per network, the mean over its {unit} of each arm's harm ({harm}); own - rival over the {k} networks, "
           "t on {df} df; held: every rival beaten (intersection-union, the largest one-sided p); contradicted: a "
@@ -119,7 +114,7 @@ def claim_rows(units: list[dict], design, checkpoint: str = "warm", halves=fixed
     rows = []
     for model in sorted({r["model"] for r in units}):
         h = harms_by_network(units, model, checkpoint, design.form, network_of)
-        for pathway, claim in MECHANISM_CLAIMS.items():
+        for pathway, (_, claim) in MECHANISMS.items():
             arms, top = h.get(pathway, {}), MAPPING[pathway]
             rivals = [f"+{c}" for c in COMPONENTS if c != top]
             control = f"+{top}~{design.control}"
@@ -164,6 +159,9 @@ def decide(rows: list[dict], alpha: float = ALPHA) -> None:
             r["p_adjusted"] = dict(zip(OUTCOMES, (float(next(adjusted)) for _ in OUTCOMES)))
     for r in rows:
         r["verdict"], r["decided_by"] = three_outcome_verdict(r["test"], r.get("p_adjusted"), alpha)
+        if r["decided_by"] is not None:  # the contrast shown is the one that decided the verdict
+            c = r["test"]["contrasts"][r["decided_by"]]
+            r["diff"], r["ci_low"], r["ci_high"] = c["diff"], c["ci_low"], c["ci_high"]
         r["half_verdicts"] = [three_outcome_verdict(t, None, alpha)[0] for t in r["halves"]]
         base = [v.split(" (")[0] for v in (r["verdict"], *r["half_verdicts"]) if not v.startswith("inconclusive")]
         r["replicates"] = None if len(base) < 3 else len(set(base)) == 1
