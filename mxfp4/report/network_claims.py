@@ -38,7 +38,7 @@ from .claims import MECHANISMS, RECOVERY_CLAIMS
 CORRECTION_ARMS = {"macro_block": "mxfp4+macro", "outlier_fallback": "mxfp4+fallback", "aqn": "mxfp4+aqn"}
 METHOD = ("per network, the mean over its {unit} of each arm's harm ({harm}); own - rival over the {k} networks, "
           "t on {df} df; held: every rival beaten (intersection-union, the largest one-sided p); contradicted: a "
-          "rival harms more (smallest one-sided p x {r} rivals); no dominance: within +-{margin:g} of a rival "
+          "rival harms more (smallest one-sided p x {r} rival(s)); no dominance: within +-{margin:g} of a rival "
           "(TOST, x {r}); Holm over the family's outcome hypotheses")
 
 
@@ -127,9 +127,10 @@ def claim_rows(units: list[dict], design, checkpoint: str = "warm", halves=fixed
             rows.append(_decided(claim, model, pathway, "primary", arms[f"+{top}"], {r: arms[r] for r in rivals},
                                  margin, f"harm(+{top}) minus each other component's", method, halves))
             if control in arms:
+                energy = METHOD.format(unit=UNITS[pathway], harm=HARMS[pathway], k=k, df=k - 1, r=1, margin=margin)
                 rows.append(_decided(f"{claim}: beyond its own {design.control} control (the energy question)",
                                      model, pathway, "secondary", arms[f"+{top}"], {control: arms[control]}, margin,
-                                     f"harm(+{top}) minus harm({control})", method, halves))
+                                     f"harm(+{top}) minus harm({control})", energy, halves))
         for pathway, claim in RECOVERY_CLAIMS.items():
             arms = h.get("entropy_gap" if pathway == "entropy" else pathway, {})
             claimed = CORRECTION_ARMS[RECOVERIES[pathway]]
