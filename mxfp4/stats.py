@@ -327,6 +327,18 @@ def crossed_mean(values: list, rows: list, cols: list, level: float = 0.95) -> d
     return out
 
 
+def crossed_differences(diffs: dict, level: float = 0.95) -> dict | None:
+    """``crossed_mean`` of paired differences keyed (row, column), e.g. (problem, seed): only the rows measured
+    under every column are kept, so that the design is complete; None with fewer than two columns or rows."""
+    cols = sorted({c for _, c in diffs})
+    rows = sorted({r for r, _ in diffs}, key=str)
+    complete = [r for r in rows if all((r, c) in diffs for c in cols)]
+    if len(cols) < 2 or len(complete) < 2:
+        return None
+    keys = [(r, c) for r in complete for c in cols]
+    return crossed_mean([diffs[k] for k in keys], [r for r, _ in keys], [c for _, c in keys], level)
+
+
 def crossed_mde(components: dict, rows: int, cols: int, alpha: float = ALPHA, power: float = POWER) -> float:
     """The smallest mean a crossed design of ``rows`` x ``cols`` detects (two-sided ``alpha``, ``power``; normal
     approximation) with the variance ``components`` of ``crossed_mean`` (rows, cols, residual):

@@ -161,15 +161,15 @@ def fake_quantize(x: torch.Tensor, fmt: BlockFormat, axis: int, rule: str) -> to
     the axis in range and non-negative, the rule resolved) and a format ``applies`` to."""
     x = x.detach()
     out = torch.empty_strided(x.shape, output_strides(x, axis, fmt, rule), dtype=x.dtype)
-    _views_3d(x, axis, [out], _extension().fake_quantize_into, *_format_args(fmt, rule))
+    _views_3d(x, axis, [out], _extension().fake_quantize_into, fmt.block_size, *_element_args(fmt, rule))
     return out
 
 
 @functools.lru_cache(maxsize=64)
-def _format_args(fmt: BlockFormat, rule: str) -> tuple:
-    """The kernel's format arguments (block size, element emin, emax, mantissa bits, max value, rule index)."""
+def _element_args(fmt: BlockFormat, rule: str) -> tuple:
+    """The kernels' element-format arguments: emin, emax, mantissa bits, max value and the rule's index."""
     elem = fmt.element
-    return fmt.block_size, elem.emin, elem.emax, elem.mbits, elem.max_value, SCALE_RULES_E8M0.index(rule)
+    return elem.emin, elem.emax, elem.mbits, elem.max_value, SCALE_RULES_E8M0.index(rule)
 
 
 def macro_block(x: torch.Tensor, fmt: BlockFormat, axis: int, rule: str, blocks: int, strides: tuple
@@ -179,9 +179,7 @@ def macro_block(x: torch.Tensor, fmt: BlockFormat, axis: int, rule: str, blocks:
     ``strides``. None where x holds a NaN or an infinity (the reference then runs)."""
     x = x.detach()
     out = torch.empty_strided(x.shape, strides, dtype=x.dtype)
-    elem = fmt.element
-    ok = _views_3d(x, axis, [out], _extension().macro_block_into, fmt.block_size, blocks, elem.emin, elem.emax,
-                   elem.mbits, elem.max_value, SCALE_RULES_E8M0.index(rule))
+    ok = _views_3d(x, axis, [out], _extension().macro_block_into, fmt.block_size, blocks, *_element_args(fmt, rule))
     return out if ok else None
 
 
@@ -196,9 +194,8 @@ def corrected(x: torch.Tensor, fmt: BlockFormat, axis: int, rule: str, split: bo
     elements back) bit for bit, laid out with ``strides``. None where x holds a NaN or an infinity."""
     x = x.detach()
     out = torch.empty_strided(x.shape, strides, dtype=torch.float32)
-    elem = fmt.element
-    ok = _views_3d(x, axis, [out], _extension().corrected_into, fmt.block_size, split, blocks, elem.emin, elem.emax,
-                   elem.mbits, elem.max_value, SCALE_RULES_E8M0.index(rule))
+    ok = _views_3d(x, axis, [out], _extension().corrected_into, fmt.block_size, split, blocks,
+                   *_element_args(fmt, rule))
     return out if ok else None
 
 
@@ -216,9 +213,8 @@ def stochastic(x: torch.Tensor, fmt: BlockFormat, axis: int, rule: str, generato
     u = torch.rand((*x.shape[:axis], *x.shape[axis + 1:], nb, fmt.block_size), generator=generator,
                    dtype=torch.float32)
     out = torch.empty_strided(x.shape, moved_back_strides(tuple(x.shape), axis, fmt.block_size), dtype=torch.float32)
-    elem = fmt.element
     if _views_3d(x, axis, [out], lambda x3, o3: _extension().stochastic_into(
-            x3, u, o3, fmt.block_size, elem.emin, elem.emax, elem.mbits, elem.max_value, SCALE_RULES_E8M0.index(rule))):
+            x3, u, o3, fmt.block_size, *_element_args(fmt, rule))):
         return out
     generator.set_state(state)
     return None
@@ -248,8 +244,7 @@ def components(blocks: torch.Tensor, fmt: BlockFormat, rule: str, form: str, sum
     (``decompose._block_components``' names: ``quantized``, ``e_scale``, ``e_dead``, ``e_grid``), each
     contiguous [N, block size]; None where a block holds a non-finite element. The gain form's per-block
     sums are ``sums([kept_sq, cross])`` (the caller sums as the reference does)."""
-    ext, elem = _extension(), fmt.element
-    args = (elem.emin, elem.emax, elem.mbits, elem.max_value, SCALE_RULES_E8M0.index(rule))
+    ext, args = _extension(), _element_args(fmt, rule)
     q, e_scale, e_dead, e_grid = (torch.empty_like(blocks) for _ in range(4))
     if form == "canonical":
         if not ext.canonical_components_into(blocks, q, e_scale, e_dead, e_grid, *args):

@@ -104,6 +104,7 @@ class Quantizer:
                              "correction and no block-replacing one (macro_block)")
         self._rounding = rounding[0] if rounding else None
         self._kernel_terms = self._merged_kernel_terms()
+        self._splitters = [c for c in self.corrections if "split" in (c.kernel_terms() or {})]  # told what is kept
         self._kernel_strides: dict = {}
         self._stride_probe: Quantizer | None = None
 
@@ -181,9 +182,8 @@ class Quantizer:
         out = fused_cpu.corrected(x, self.fmt, ax, self.scale_rule, split, terms.get("macro_blocks", 0), strides)
         if out is not None and split:
             kept = x.numel() // x.shape[ax] * -(-x.shape[ax] // self.fmt.block_size)  # one element a block
-            for c in self.corrections:
-                if "split" in c.kernel_terms():
-                    c.record_split(kept, x.numel())
+            for c in self._splitters:
+                c.record_split(kept, x.numel())
         return out
 
     def _composed_strides(self, x: torch.Tensor, axis: int) -> tuple:

@@ -18,8 +18,8 @@ from ..layout import REFERENCE_RECIPE, Layout
 from ..stats import (
     ALPHA,
     crossed_cols_needed,
+    crossed_differences,
     crossed_mde,
-    crossed_mean,
     min_detectable_effect,
     n_needed,
     paired_diff,
@@ -213,15 +213,8 @@ def _crossed_problems(items: list[dict], model: str, a: str, b: str, metric: str
         if r["model"] == model and r["recipe"] in (a, b) and r.get("strict") is not None \
                 and r.get("strict_before") is not None:
             by.setdefault((r["doc_id"], r["doc_hash"], int(r["seed"])), {})[r["recipe"]] = value(r)
-    pairs = {k: v[a] - v[b] for k, v in by.items() if a in v and b in v}
-    seeds = sorted({k[2] for k in pairs})
-    if len(seeds) < 2:
-        return None
-    problems = sorted({k[:2] for k in pairs}, key=str)
-    complete = [p for p in problems if all((*p, s) in pairs for s in seeds)]
-    keys = [(*p, s) for p in complete for s in seeds]
-    est = crossed_mean([pairs[k] for k in keys], [k[:2] for k in keys], [k[2] for k in keys])
-    return est if est.get("se") else None
+    est = crossed_differences({((k[0], k[1]), k[2]): v[a] - v[b] for k, v in by.items() if a in v and b in v})
+    return est if est is not None and est.get("se") else None
 
 
 def recovery_row(cells: list[dict], model: str, problems: int | None = None,

@@ -27,8 +27,8 @@ from ..stats import (
     HIGHER_IS_BETTER,
     POWER,
     crossed_cols_needed,
+    crossed_differences,
     crossed_mde,
-    crossed_mean,
     mcnemar_diff,
     mcnemar_min_detectable_effect,
     mcnemar_pairs_needed,
@@ -130,16 +130,13 @@ def item_difference(mine: list[dict], theirs: list[dict], key: str = "strict", l
         pairs = [(k, a, b) for k, a, b in pairs if k[0] == seeds[0]]
         seeds = seeds[:1]
     means = {"mean_new": _mean(a for _, a, _ in pairs), "mean_ref": _mean(b for _, _, b in pairs)}
-    complete = {p: v for p, v in by_problem.items() if all(s in v for s in seeds)}
-    if len(seeds) > 1 and len(complete) > 1:
-        rows = [(p, s) for p in complete for s in seeds]
-        d = crossed_mean([complete[p][s][0] - complete[p][s][1] for p, s in rows], [p for p, _ in rows],
-                         [s for _, s in rows], level)
-        if d.get("components") is not None:
-            return {"diff": d["mean"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n_a": d["n"], "n_b": d["n"],
-                    "p": d["p"], "unit": "(seed, problem) pairs, crossed", "problems_per_seed": d["rows"],
-                    "seeds": d["cols"], "components": d["components"], **means,
-                    "method": f"{d['interval']}: problems and seeds (each seed's network) both random"}
+    d = crossed_differences({(p, s): a - b for p, v in by_problem.items() for s, (a, b) in v.items()}, level) \
+        if len(seeds) > 1 else None
+    if d is not None and d.get("components") is not None:
+        return {"diff": d["mean"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n_a": d["n"], "n_b": d["n"],
+                "p": d["p"], "unit": "(seed, problem) pairs, crossed", "problems_per_seed": d["rows"],
+                "seeds": d["cols"], "components": d["components"], **means,
+                "method": f"{d['interval']}: problems and seeds (each seed's network) both random"}
     d = mcnemar_diff([(a, b) for _, a, b in pairs], level)
     once = " (the same value for every seed: counted once)" if repeated else ""
     return {"diff": d["diff"], "ci_low": d["ci_low"], "ci_high": d["ci_high"], "n_a": d["n"], "n_b": d["n"],

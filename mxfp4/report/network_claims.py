@@ -58,15 +58,13 @@ def read_units(paths) -> list[dict]:
     return rows
 
 
-def _identity(group):
-    return group
-
-
 def harms_by_network(units: list[dict], model: str, checkpoint: str, form: str,
-                     network_of=_identity) -> dict[str, dict[str, dict]]:
+                     network_of=None) -> dict[str, dict[str, dict]]:
     """{pathway: {arm: {network: mean harm over its units}}} of one model, checkpoint and form, a unit's network
-    ``network_of(its group)`` (the seed's warm start: seeds that share one pool their units in it); the entropy
-    pathway's recovery harm (the gap to the unquantized arm's entropy, unit by unit) under ``entropy_gap``."""
+    ``network_of(its group)`` (the seed's warm start: seeds that share one pool their units in it; None: the group
+    itself); the entropy pathway's recovery harm (the gap to the unquantized arm's entropy, unit by unit) under
+    ``entropy_gap``."""
+    network_of = network_of or (lambda group: group)  # None: the group is its own network
     per: dict = {}
     for r in units:
         if r["model"] == model and r["checkpoint"] == checkpoint and r["form"] == form:
@@ -107,7 +105,7 @@ def _decided(claim, model, pathway, family, own, rivals, margin, what, method, h
 
 
 def claim_rows(units: list[dict], design, checkpoint: str = "warm", halves=fixed_halves,
-               network_of=_identity) -> list[dict]:
+               network_of=None) -> list[dict]:
     """The mechanism and recovery claims of every model (primary; the energy rows secondary), each decided on
     network means. ``design``: the profile's ``pathways.claims`` (form, control, margins); ``network_of``: a
     unit's network from its group (the seed), ``profile_networks`` for a profile."""

@@ -121,8 +121,7 @@ def network_design(units: list[dict], design, alpha: float = 0.05, family: int =
     same design (its per-unit files, at least three networks), each claim tested at ``alpha / family / 3`` (Holm's
     strictest step over the family's claims, Bonferroni over each claim's three outcomes); the largest over them.
     ``network_of``: a unit's network from its group (``network_claims.profile_networks`` of the pilot)."""
-    rows = [r for r in claim_rows(units, design, **({"network_of": network_of} if network_of else {}))
-            if r["family"] == "primary"]
+    rows = [r for r in claim_rows(units, design, network_of=network_of) if r["family"] == "primary"]
     if not rows:
         raise ValueError("the pilot's per-unit files hold no claim-level test (warm start, the design's form)")
     few = sorted({r["networks"] for r in rows if r["networks"] < 3})

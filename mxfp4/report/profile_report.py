@@ -256,11 +256,10 @@ def run(layout: Layout, out: Path | str | None = None, stored: bool = False) -> 
     if not files["summary"].is_file():
         raise ValueError(f"{files['summary']} is missing: run the profile's aggregate step first "
                          f"(snakemake --cores all aggregate --config profile={layout.profile})")
-    tables = {"claims": layout.claims, "claims with the network as the replicate": layout.network_claims,
-              "pathway matrix": layout.pathways().with_suffix(".md"),
+    tables = {"claims": layout.claims, "pathway matrix": layout.pathways().with_suffix(".md"),
               "regime statistics": layout.regime.with_suffix(".md"), "cells": layout.table("cells")}
     tables = {label: where(path) for label, path in tables.items()}
-    network = tables.pop("claims with the network as the replicate")
+    network = where(layout.network_claims)
     if network.is_file():
         tables["claims with the network as the replicate"] = network
     tables["figures"] = where(layout.figure("any")).parent

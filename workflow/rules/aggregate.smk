@@ -50,8 +50,7 @@ rule network_claims:
     """The claim-level tests with the network (warm start) as the replicate, recomputed from every model's
     per-unit file: three outcomes with the deciding rival, each half of the networks apart."""
     input:
-        [str(L.pathway_units(m, "warm")) for m in MODELS] if P.pathways and P.pathways.claims
-        and "warm" in P.pathways.checkpoints else [],
+        [str(L.pathway_units(m, "warm")) for m in MODELS] if NETWORK_CLAIMS else [],
     output:
         report(str(L.network_claims), caption="../report/claims.rst", category="Claims"),
     log:
@@ -66,8 +65,7 @@ rule report_md:
         summary=str(L.table("summary")),
         claims=str(L.claims),
         pathways=str(L.pathways()),
-        network=rules.network_claims.output if P.pathways and P.pathways.claims and "warm" in P.pathways.checkpoints
-        else [],
+        network=NETWORK_CLAIMS,
     output:
         str(L.report),
     log:

@@ -19,7 +19,7 @@ rule store_baselines:
         [str(L.figure(name, ext)) for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
         # every unit's harm behind the claim-level tests, and those tests per network (recomputable from them)
         [str(L.pathway_units(m, c)) for m in MODELS for c in (P.pathways.checkpoints if P.pathways else [])],
-        [str(L.network_claims)] if P.pathways and P.pathways.claims and "warm" in P.pathways.checkpoints else [],
+        NETWORK_CLAIMS,
         models=[p for m in TINY_MODELS for p in warm_start_paths(m)],  # every warm start, whole
     output:
         # The stored files are sources of the DAG (committed), not outputs: a rule that reads them (compare)
