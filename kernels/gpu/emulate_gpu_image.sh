@@ -9,7 +9,7 @@
 # interpreter of triton 3.6 fails on some kernels (README, Kernels).
 #
 #   bash kernels/gpu/emulate_gpu_image.sh /tmp/gpu-image                   # build (minutes; pip reaches a registry)
-#   /tmp/gpu-image/run python -m pytest -q tests/test_kernels.py       # run anything under it, from the repo root
+#   /tmp/gpu-image/run python -m pytest -q tests/numerics/test_kernels.py       # run anything under it, from the repo root
 #
 # What it stands in for, and with what: CPython 3.12.3 there by this machine's Python (the wheels are fetched
 # for it); torch 2.11 CUDA 13 by torch 2.13 CPU, the only build here, with torch's own pin on triton ignored

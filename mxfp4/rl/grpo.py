@@ -4,7 +4,7 @@
 decomposition probes every ``probe_every`` steps, keeps the rollout/train mismatch ledger and pushes
 the recipe's quantized weights to vLLM; ``StepLogger`` writes ``train_log.jsonl`` and makes every
 checkpoint resumable. What each logs is in docs/design.md ("The cell"). Every use of TRL's private
-API is in the block marked "TRL INTERNALS" (``tests/test_grpo_internals.py`` checks it against the
+API is in the block marked "TRL INTERNALS" (``tests/rl/test_grpo_internals.py`` checks it against the
 pinned TRL, and that no other module names it).
 """
 
@@ -245,7 +245,7 @@ class MXGRPOTrainer(GRPOTrainer):
 
     # ---------------------------------------------------------------- TRL INTERNALS (begin)
     # Every use of TRL's private API is in this block (pinned in constraints.txt; checked by
-    # tests/test_grpo_internals.py, which also checks that no other module names them):
+    # tests/rl/test_grpo_internals.py, which also checks that no other module names them):
     # 1. ``_generate_and_score_completions``: the one method that generates a step's rollouts; it is
     #    wrapped so the corrections' rollout contexts (AQN's noise) hold during generation only, and
     #    called by ``scored_batch``.

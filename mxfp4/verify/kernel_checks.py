@@ -168,7 +168,8 @@ def check_matmul(device: str = "cpu", m: int = 48, n: int = 40, k: int = 200, se
                 "shape": [rows, n, k],
                 "fast_upcast": packed.fast_upcast,
             }
-    if device != "cpu":  # the whole-K path needs DIRECT_MIN_TILES weight tiles (tests/test_kernels.py forces it on CPU)
+    # the whole-K path needs DIRECT_MIN_TILES weight tiles (tests/numerics/test_kernels.py forces it on CPU)
+    if device != "cpu":
         results.update(_check_w4a16_direct(device, k, g))
     return results
 
