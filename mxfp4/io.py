@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import hashlib
 import io
 import json
 import os
@@ -114,3 +115,20 @@ def jsonl_records(path: Path | str, lines=None, skip_blank: bool = False, advice
             yield lineno, json.loads(text)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{lineno}: malformed JSON ({err.msg}){tail}") from None
+
+
+def file_sha256(path: Path | str) -> str:
+    """The SHA-256 of a file's bytes (hex), read in chunks."""
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def changed_files(folder: Path | str, digests: dict) -> list[str]:
+    """The files of ``digests`` (name -> SHA-256, as recorded where ``folder`` was made) whose bytes differ
+    now, or that are gone."""
+    folder = Path(folder)
+    return [name for name, want in sorted(digests.items())
+            if not (folder / name).is_file() or file_sha256(folder / name) != want]

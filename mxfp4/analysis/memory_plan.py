@@ -18,6 +18,7 @@ from ..config.recipes import Recipe
 from ..io import write_json_atomic
 from ..machine import describe
 from ..nn import bypassed, patch_model, weight_cache_pays
+from ..numerics.hooks import lifecycle
 from ..rl.models import real_config
 
 GIB = 2**30
@@ -45,7 +46,7 @@ def step_plan(config_name: str, recipe_name: str, micro: int, seq: int, checkpoi
         model.train()
         corrections = recipe.build_corrections()
         for c in corrections:
-            c.bind(total_steps=3, seed=0)
+            lifecycle(c.bind, total_steps=3, seed=0)
         quantizer = recipe.quantizer(corrections) if recipe.quantize else None
         cached = weight_cache_pays(model, quantizer)  # the cell's rule (single-process cells)
         if quantizer is not None:

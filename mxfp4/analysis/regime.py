@@ -179,7 +179,7 @@ def run_regime(profile: Profile, results="results", seed: int | None = None,
         if profile.regime_batch == "gsm8k-test":
             loss = gsm8k_loss(profile, model_name, tokenizer, seed)
         else:
-            batch = load_probe_batch(ensure_probe_batch(profile, model_name, seed, results))
+            batch = load_probe_batch(ensure_probe_batch(profile, model_name, seed, results), model_name, seed)
             trainer = probe_trainer(model, tokenizer, profile, seed, prompts=profile.grpo.prompts_per_step)
             loss = lambda m, t=trainer, b=batch: t.batch_loss(b)  # noqa: E731
         out += regime_rows(model, model_name, loss, rows=profile.probe_rows, batch=profile.regime_batch)

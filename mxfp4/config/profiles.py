@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Literal, get_args
@@ -132,6 +133,14 @@ class PretrainSettings(_Strict):
         0, ge=0, description="hidden channels given outlier activations after SFT, the function unchanged "
         "(mxfp4.rl.outlier_channels): the heavy-tail knob")
     outlier_scale: float = Field(32.0, gt=0, description="the outlier channels' factor (a power of two)")
+
+    @field_validator("outlier_scale")
+    @classmethod
+    def _power_of_two(cls, scale):
+        if not 2 <= scale <= 1024 or 2.0 ** round(math.log2(scale)) != scale:
+            raise ValueError(f"{scale} is not a power of two in 2..1024 (the outlier-channel "
+                             "transform is exact only then); accepted: 2, 4, ..., 1024")
+        return scale
 
     @field_validator("flaws")
     @classmethod

@@ -178,6 +178,14 @@ def _raw_recipes(path: Path | str | None = None) -> dict[str, dict]:
         table = load_yaml(f) or {}
         if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
             raise ValueError(f"{f}: expected a mapping of recipe name -> fields")
+        for name, spec in table.items():
+            if not isinstance(name, str):
+                raise ValueError(f"{f}: recipe name {name!r} is not text; accepted: a name (text, "
+                                 "e.g. mxfp4+mine)")
+            base = spec.get("base")
+            if base is not None and not isinstance(base, str):
+                raise ValueError(f"{f}: recipe {name!r}: base {base!r} is a {type(base).__name__}; accepted: the name "
+                                 "of one recipe")
         raw.update(table)
     return raw
 

@@ -3,6 +3,7 @@ what is accepted."""
 
 from __future__ import annotations
 
+import re
 import types
 import typing
 
@@ -29,6 +30,14 @@ def _accepted_keys(model: type[pydantic.BaseModel], loc: tuple) -> list[str]:
     return []
 
 
+def _yaml_number_hint(value) -> str:
+    """Why a number came as text: YAML 1.1 reads an exponent without a dot (1e-5) as a string."""
+    if isinstance(value, str) and re.fullmatch(r"[-+]?\d+[eE][-+]?\d+", value.strip()):
+        mantissa, exponent = value.strip().lower().split("e")
+        return f"; YAML reads {value} as text, not a number: write {mantissa}.0e{exponent}"
+    return ""
+
+
 def parse(model: type[pydantic.BaseModel], data, where: str):
     """``model.model_validate(data)``, its errors raised as one ValueError."""
     if not isinstance(data, dict):
@@ -48,5 +57,5 @@ def parse(model: type[pydantic.BaseModel], data, where: str):
             else:
                 msg = e["msg"].removeprefix("Value error, ")
                 got = f" (got {e.get('input')!r})" if loc else ""  # a whole-file check: the file is the input
-                problems.append(f"{key}: {msg}{got}")
+                problems.append(f"{key}: {msg}{got}{_yaml_number_hint(e.get('input'))}")
         raise ValueError(f"{where}: " + "; ".join(problems)) from None

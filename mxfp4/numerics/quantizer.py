@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 import torch
 
-from . import dispatch, fused_cpu
+from . import dispatch, fused_cpu, hooks
 from .decompose import Decomposition, decompose
 from .formats import get_format
+from .hooks import HookError
 from .reference import from_blocks, to_blocks
 
 GEMMS = ("forward", "input_grad", "weight_grad")
@@ -58,16 +59,6 @@ class Operand:
                              f"{', '.join(ROLES)}, gemm one of {', '.join(GEMMS)}")
 
 
-class HookError(ValueError):
-    """A correction's hook raised: the message names the correction, its class and the hook (the
-    original exception is its ``__cause__``; ``MXFP4_TRACEBACK=1`` makes the CLI print it)."""
-
-    @classmethod
-    def of(cls, correction, hook: str, err: BaseException) -> HookError:
-        where = f"{type(correction).__module__}.{type(correction).__qualname__}"
-        return cls(f"correction {correction.name!r} ({where}) failed in its {hook} hook: {type(err).__name__}: {err}")
-
-
 class Quantizer:
     """``q(x, axis)``: x fake-quantized with blocks along ``axis``.
 
@@ -91,7 +82,8 @@ class Quantizer:
             raise ValueError(f"unknown module kind(s) {bad}; accepted: {', '.join(MODULE_KINDS)}")
         self.modules = tuple(modules)
         self.name = name
-        custom = [(c, q) for c in self.corrections if (q := c.block_quantizer(self.fmt, self.scale_rule)) is not None]
+        custom = [(c, q) for c in self.corrections
+                  if (q := hooks.call(c, c.block_quantizer, self.fmt, self.scale_rule)) is not None]
         if len(custom) > 1:
             raise ValueError("at most one correction may replace the block quantizer (e.g. one macro_block)")
         self._block_owner, self.block_quantizer = custom[0] if custom else (None, None)
@@ -107,6 +99,7 @@ class Quantizer:
         self._splitters = [c for c in self.corrections if "split" in (c.kernel_terms() or {})]  # told what is kept
         self._kernel_strides: dict = {}
         self._stride_probe: Quantizer | None = None
+        self._checked_rotation = hooks.RotationCheck()
 
     @property
     def plain(self) -> bool:
@@ -202,10 +195,7 @@ class Quantizer:
     def _split(self, x, axis, valid=None):
         mask = None
         for c in self.corrections:
-            try:
-                part = c.split(x, axis, valid=valid)
-            except Exception as err:  # noqa: BLE001 - named, with its cause chained
-                raise HookError.of(c, "split", err) from err
+            part = hooks.checked_split(c, hooks.call(c, c.split, x, axis, valid=valid), x)
             if part is not None:
                 mask = part[0] if mask is None else mask | part[0]
         if mask is None:
@@ -251,19 +241,15 @@ class Quantizer:
         if not self._rotating:
             return None
         c = self._rotating[0]
-        try:
-            return c.rotation(operand, self.fmt.block_size, x.device)
-        except Exception as err:  # noqa: BLE001 - named, with its cause chained
-            raise HookError.of(c, "rotation", err) from err
+        return self._checked_rotation(c, hooks.call(c, c.rotation, operand, self.fmt.block_size, x.device),
+                                      self.fmt.block_size)
 
     def _generator(self, x: torch.Tensor, operand) -> torch.Generator | None:
         """The stochastic-rounding correction's random stream for this operand, or None (nearest)."""
         if self._rounding is None:
             return None
-        try:
-            return self._rounding.rounding_generator(operand, x.device)
-        except Exception as err:  # noqa: BLE001 - named, with its cause chained
-            raise HookError.of(self._rounding, "rounding_generator", err) from err
+        c = self._rounding
+        return hooks.checked_generator(c, hooks.call(c, c.rounding_generator, operand, x.device))
 
     def _in_rotated_basis(self, x, axis, valid, rotation, quantize, inverse: bool = True):
         """``quantize`` applied to x's blocks along ``axis`` rotated by ``rotation`` (each zero-padded
@@ -284,18 +270,22 @@ class Quantizer:
         CPU one) and the correction has a path through it (its ``fake_quantize``), that path; else the
         reference block path (identical values)."""
         owner = self._block_owner
+        if dispatch.backend_for(x, self.fmt) != "reference":
+            q = hooks.call(owner, owner.fake_quantize, x, axis, self.fmt, self.scale_rule)
+            if q is not None:
+                return hooks.checked_values(owner, "fake_quantize", q, x)
+        blocks = to_blocks(x, axis % x.dim(), self.fmt.block_size)
         try:
-            if dispatch.backend_for(x, self.fmt) != "reference":
-                q = owner.fake_quantize(x, axis, self.fmt, self.scale_rule)
-                if q is not None:
-                    return q
-            ax = axis % x.dim()
-            grid, scale = self.block_quantizer(to_blocks(x, ax, self.fmt.block_size))
+            out = self.block_quantizer(blocks)
         except HookError:
             raise
         except Exception as err:  # noqa: BLE001 - named, with its cause chained
             raise HookError.of(owner, "block_quantizer", err) from err
-        return from_blocks(grid * scale.unsqueeze(-1), x.shape, ax).to(x.dtype)
+        if not isinstance(out, tuple | list) or len(out) != 2:
+            raise HookError.says(owner, "block_quantizer", f"returned {type(out).__name__}; expected (grid values, "
+                                                           "scales)")
+        grid, scale = hooks.checked_block_values(owner, *out, blocks)
+        return from_blocks(grid * scale.unsqueeze(-1), x.shape, axis % x.dim()).to(x.dtype)
 
     def decompose(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None,
                   form: str = "canonical", operand: Operand | None = None) -> Decomposition:

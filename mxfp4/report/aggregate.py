@@ -3,6 +3,7 @@ with 95% t intervals over seeds (``mxfp4.stats``)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -12,7 +13,7 @@ from ..io import atomic_path
 from ..layout import EVAL_FOLDERS, TABLES, Layout
 from ..problems import DEFAULT_FLAWS, problem_type, type_groups
 from ..stats import crossed_mean, mean_ci
-from .cell_records import check_provenance, read_log, read_metrics, read_samples
+from .cell_records import check_provenance, check_recipe, read_log, read_metrics, read_samples
 
 CELL_METRICS = [
     "gsm8k_strict_accuracy", "gsm8k_strict_accuracy_before", "gsm8k_strict_accuracy_unquantized", "gsm8k_rl_gain",
@@ -37,16 +38,63 @@ STEP_KEYS = {
 }
 
 
-def read_cells(layout: Layout, profile: Profile | None = None) -> tuple[list[dict], list[dict]]:
-    """(one row per cell, one row per cell-step) of a run, from every finished cell's metrics.json and
-    train_log.jsonl, each validated (``cell_records``) and, given the run's ``profile``, checked to be made
-    from what the profile and its recipe say now."""
-    cells, steps = [], []
+def grid_cells(layout: Layout, profile: Profile, allow_missing: bool = False, outside_grid: bool = False) -> list[Path]:
+    """The finished cells of the profile's grid (models x recipes x seeds): a cell outside it is named and left
+    out (``outside_grid``: kept), a grid cell not finished is an error naming it (``allow_missing``: named, and
+    the rest aggregated)."""
+    grid = {(m, r, s) for m in profile.models for r in profile.recipes for s in profile.seeds}
+    found, outside = {}, []
     for metrics in layout.finished_cells():
+        m = read_metrics(metrics)
+        key = (m["model"], m["recipe"], m["seed"])
+        if key in grid or outside_grid:
+            found[key] = metrics
+        else:
+            outside.append(f"{key[0]}/{key[1]}/seed{key[2]}")
+    if outside:
+        print(f"aggregate: left out {len(outside)} cell(s) outside profile {profile.name!r}'s grid: "
+              f"{', '.join(outside)} (--outside-grid keeps them)", file=sys.stderr)
+    missing = [f"{m}/{r}/seed{s}" for m, r, s in sorted(grid - set(found), key=str)]
+    if missing:
+        what = f"{len(missing)} cell(s) of profile {profile.name!r}'s grid not finished under {layout.cells}: " + \
+            ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        if not allow_missing:
+            raise ValueError(f"{what}; run them (snakemake ablations), or aggregate the rest with --allow-missing")
+        print(f"aggregate: {what} (aggregating the rest: --allow-missing)", file=sys.stderr)
+    return sorted(found.values())
+
+
+def _check_complete(path: Path, m: dict, profile: Profile) -> None:
+    """A cell that ran the profile's every step and has every evaluation it records."""
+    if m["steps"] != profile.grpo.max_steps:
+        raise ValueError(f"{path}: steps {m['steps']}, but profile {profile.name!r} trains {profile.grpo.max_steps} "
+                         "(grpo.max_steps); rerun the cell")
+    stages = set(m.get("eval_stages") or {}) | {"after"}
+    if m.get("gsm8k_strict_accuracy_before") is not None:
+        stages.add("before")
+    for stage in sorted(stages):
+        folder = path.parent / EVAL_FOLDERS.get(stage, str(stage))
+        if not any(folder.glob("samples_*.jsonl")):
+            raise ValueError(f"{folder}: the cell records its {stage} evaluation, and no lm-eval samples_*.jsonl is "
+                             "there (its per-problem results are lost); rerun the cell")
+
+
+def read_cells(layout: Layout, profile: Profile | None = None, allow_missing: bool = False,
+               outside_grid: bool = False) -> tuple[list[dict], list[dict]]:
+    """(one row per cell, one row per cell-step) of a run, from every finished cell's metrics.json and
+    train_log.jsonl, each validated (``cell_records``) and, given the run's ``profile``, those of its grid
+    (``grid_cells``), each checked to be made from what the profile and its recipe say now, with every step
+    and every evaluation it records."""
+    cells, steps = [], []
+    paths = layout.finished_cells() if profile is None else grid_cells(layout, profile, allow_missing, outside_grid)
+    for metrics in paths:
         m = read_metrics(metrics)
         log = read_log(metrics, m)
         if profile is not None:
             check_provenance(metrics, m, profile)
+            _check_complete(metrics, m, profile)
+        else:  # a partial run (compare's): each cell under the recipe definition in force, at least
+            check_recipe(metrics, m)
         row = {"profile": layout.profile, "model": m["model"], "recipe": m["recipe"], "seed": m["seed"]}
         row.update({k: m.get(k) for k in CELL_METRICS})
         w = m.get("decomposition_weights") or {}
@@ -75,7 +123,7 @@ def read_cells(layout: Layout, profile: Profile | None = None) -> tuple[list[dic
     return cells, steps
 
 
-def read_items(layout: Layout) -> list[dict]:
+def read_items(layout: Layout, keep: set | None = None) -> list[dict]:
     """One row per (cell, GSM8K problem) from lm-eval's per-sample output: strict and flexible
     correctness after RL, with lm-eval's ``doc_id`` and ``doc_hash`` (two runs pair a problem on both),
     and, where the cell evaluated them, strict correctness before RL (``strict_before``) and of the
@@ -83,6 +131,8 @@ def read_items(layout: Layout) -> list[dict]:
     items = []
     for metrics in layout.finished_cells():
         m = read_metrics(metrics)
+        if keep is not None and (m["model"], m["recipe"], m["seed"]) not in keep:  # the cells aggregated, only
+            continue
         flaws = cell_flaws(m)
         by_doc: dict[int, dict] = {}
         if not any((metrics.parent / EVAL_FOLDERS["after"]).glob("samples_*.jsonl")):
@@ -189,16 +239,18 @@ def read_csv(path: Path | str) -> list[dict]:
     return df.astype(object).where(df.notna(), None).to_dict("records")
 
 
-def aggregate(layout: Layout, out: Path | str | None = None, profile: Profile | None = None) -> dict:
+def aggregate(layout: Layout, out: Path | str | None = None, profile: Profile | None = None,
+              allow_missing: bool = False, outside_grid: bool = False) -> dict:
     """The run's aggregate tables (``layout.table``), written to ``out`` (default: the run's aggregate
-    folder) under their own names; given the run's ``profile``, every cell's provenance is checked first."""
-    cells, steps = read_cells(layout, profile)
+    folder) under their own names; given the run's ``profile``, exactly its grid (``read_cells``), every
+    cell's provenance checked first."""
+    cells, steps = read_cells(layout, profile, allow_missing, outside_grid)
     if not cells:
         raise ValueError(f"no finished cells under {layout.cells}")
     out = layout.aggregate if out is None else Path(out)
     write_csv(cells, out / TABLES["cells"])
     write_csv(steps, out / TABLES["steps"])
-    items = read_items(layout)
+    items = read_items(layout, {(c["model"], c["recipe"], c["seed"]) for c in cells})
     write_csv(summarize(cells) + rl_gain_rows(items), out / TABLES["summary"])
     if items:
         write_csv(items, out / TABLES["items"])

@@ -98,7 +98,7 @@ def read_log(metrics_path: Path, metrics: dict) -> list[dict]:
 
 def check_provenance(path: Path, metrics: dict, profile: Profile) -> None:
     """A cell made from what ``profile`` and its recipe say now, or a ValueError naming what differs."""
-    model, recipe = metrics["model"], metrics["recipe"]
+    model = metrics["model"]
     if metrics["profile"] != profile.name:
         raise ValueError(f"{path}: a cell of profile {metrics['profile']!r} in the results of {profile.name!r}")
     if model not in profile.models:
@@ -110,6 +110,12 @@ def check_provenance(path: Path, metrics: dict, profile: Profile) -> None:
                 else f"setting hash {metrics.get('setting_hash')} -> {setting_hash(profile, model)}")
         raise ValueError(f"{path}: made from other settings than profile {profile.name!r} gives now (recorded -> "
                          f"now: {what}); rerun it (snakemake reruns cells whose settings changed)")
+    check_recipe(path, metrics)
+
+
+def check_recipe(path: Path, metrics: dict) -> None:
+    """A cell made under the definition its recipe has now, or a ValueError naming both (recorded -> now)."""
+    recipe = metrics["recipe"]
     try:
         now = Recipe.named(recipe).to_dict()
     except ValueError as err:

@@ -4,7 +4,6 @@ The method in full: docs/methods.md, ``mxfp4.report.claims``."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -25,8 +24,9 @@ from ..stats import (
     paired_diff,
     verdict_level,
 )
-from .aggregate import RL_GAIN_PER_PROBLEM, read_csv, rl_gain_rows
+from .aggregate import RL_GAIN_PER_PROBLEM, rl_gain_rows
 from .pathway_table import read_rows, warm_claim_rows
+from .tables import read_report, read_table
 
 NONINFERIORITY_MARGIN = 0.007  # dense: "BF16 accuracy recovered to within 0.7%"
 MOE_REPORTED_GAIN = 0.010  # MoE: "+1.0% above BF16" (tested as superiority, diff > 0)
@@ -518,9 +518,9 @@ def primary_summary(profiles: list[str], results="results") -> str:
                              "(snakemake --cores 2 store_baselines --config profile=...)")
         settings = load_profile(name).pathways
         items_csv = Path(cells_csv).with_name("items.csv")
-        rows = primary_family(read_csv(cells_csv), read_pathways(pathways_csv), eval_problems(name),
+        rows = primary_family(read_table(cells_csv, "cells"), read_pathways(pathways_csv), eval_problems(name),
                               settings.claims if settings is not None else None,
-                              read_csv(items_csv) if items_csv.is_file() else [])
+                              read_table(items_csv, "items") if items_csv.is_file() else [])
         cols.append(name)
         for r in rows:
             ci = "" if r["ci_low"] is None else f" [{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]"
@@ -641,13 +641,13 @@ def run_claims(cells_csv, proofs_json, corrections_json, out_md, profile: str, p
     items_csv = Path(cells_csv).with_name("items.csv")
     settings = load_profile(profile).pathways
     rows = build_claims(
-        read_csv(cells_csv),
-        json.loads(Path(proofs_json).read_text()),
-        json.loads(Path(corrections_json).read_text()),
+        read_table(cells_csv, "cells"),
+        read_report(proofs_json, "proofs"),
+        read_report(corrections_json, "corrections"),
         read_pathways(pathways_csv),
         eval_problems(profile),
-        read_csv(items_csv) if items_csv.is_file() else [],
+        read_table(items_csv, "items") if items_csv.is_file() else [],
         settings.claims if settings is not None else None,
     )
-    write_text_atomic(out_md, markdown(rows, profile, json.loads(Path(corrections_json).read_text())))
+    write_text_atomic(out_md, markdown(rows, profile, read_report(corrections_json, "corrections")))
     return rows

@@ -4,11 +4,9 @@ excess harm over its energy-matched controls and the Shapley values of the eight
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
-
 from ..analysis.pathway_spec import MAPPING
 from ..io import write_text_atomic
+from .tables import read_text_table
 
 COLUMNS = (  # (metric, header, turn a cosine into 1 - cosine)
     ("grad_cosine", "1 - grad cosine", True),
@@ -45,7 +43,7 @@ def warm_claim_rows(rows: list[dict], form: str, suffix: str):
 def read_rows(path) -> list[dict]:
     """pathways.csv as dicts, each checkpoint named by ``checkpoint_label``, so every table, figure and
     claim keeps the two forms apart."""
-    rows = list(csv.DictReader(Path(path).open()))
+    rows = read_text_table(path, "pathways")
     for r in rows:
         r["checkpoint"] = checkpoint_label(r["checkpoint"], r.get("form") or "canonical")
     return rows

@@ -15,6 +15,7 @@ from ..numerics.decompose import PAIRS  # noqa: E402
 from ..stats import mean_ci  # noqa: E402
 from .aggregate import PROBLEM_TYPES, RL_GAIN_PER_PROBLEM, read_csv, typed  # noqa: E402
 from .pathway_table import estimate, main_site, read_rows  # noqa: E402
+from .tables import read_report, read_table  # noqa: E402
 
 COLORS = {"scale": "#d62728", "dead": "#1f77b4", "grid": "#2ca02c", "cross": "#7f7f7f"}
 
@@ -33,7 +34,7 @@ def save(fig, out_stem: Path | str) -> list[Path]:
 def decomposition_shares(proofs_json: Path | str, out_stem: Path | str) -> list[Path]:
     """Energy shares of the three components per distribution and format (default scale rule, float32):
     left the canonical split with its cross term, right the order-free Shapley split."""
-    report = json.loads(Path(proofs_json).read_text())
+    report = read_report(proofs_json, "proofs")
     cases = [c for c in report["cases"] if c["dtype"] == "float32" and c["scale_rule"] in ("floor", "nearest")
              and c.get("form", "canonical") == "canonical"]
     formats = list(dict.fromkeys(c["format"] for c in cases))
@@ -77,7 +78,7 @@ def _color(recipe: str, i: int) -> str:
 
 def correction_effects(corrections_json: Path | str, out_stem: Path | str) -> list[Path]:
     """Relative change of each component's energy (and the deadzone fraction) per correction and source."""
-    rows = json.loads(Path(corrections_json).read_text())
+    rows = read_report(corrections_json, "corrections")
     sources = list(dict.fromkeys(r["source"] for r in rows))
     corrs = list(dict.fromkeys(r["correction"] for r in rows))
     keys = [("energy_scale", "scale-bias energy"), ("deadzone_fraction", "deadzone fraction"),
@@ -110,9 +111,9 @@ def correction_effects(corrections_json: Path | str, out_stem: Path | str) -> li
 
 def training_curves(steps_csv: Path | str, out_stem: Path | str) -> list[Path]:
     """Reward, entropy and gradient cosine per step, per recipe: mean over seeds with a 95% t interval."""
-    rows = read_csv(steps_csv)
+    rows = read_table(steps_csv, "steps")
     cells_csv = Path(steps_csv).with_name("cells.csv")  # aggregate writes both: held-out accuracy before and after
-    cells = read_csv(cells_csv) if cells_csv.is_file() else []
+    cells = read_table(cells_csv, "cells") if cells_csv.is_file() else []
     models = sorted({r["model"] for r in rows})
     recipes = list(dict.fromkeys(r["recipe"] for r in rows))
     metrics = [
@@ -220,7 +221,7 @@ def accuracy_bars(cells_csv: Path | str, out_stem: Path | str) -> list[Path]:
     gain, after minus before (middle), with 95% t intervals over seeds; BF16's as reference lines. Where
     ``summary.csv`` beside the cells has per-problem-type rows (the embedded problems: the planted flaws and
     the rest), the RL gain per type and recipe at the bottom, with its interval over problems and seeds."""
-    rows = read_csv(cells_csv)
+    rows = read_table(cells_csv, "cells")
     models = sorted({r["model"] for r in rows})
     recipes = list(dict.fromkeys(r["recipe"] for r in rows))
     typed_gains = _typed_gains(Path(cells_csv).with_name("summary.csv"))
@@ -262,7 +263,8 @@ def _typed_gains(summary_csv: Path) -> dict[tuple[str, str, str], dict]:
     if not summary_csv.is_file():
         return {}
     names = {typed(RL_GAIN_PER_PROBLEM, k): k for k in PROBLEM_TYPES}
-    return {(r["model"], r["recipe"], names[r["metric"]]): r for r in read_csv(summary_csv) if r["metric"] in names}
+    return {(r["model"], r["recipe"], names[r["metric"]]): r for r in read_table(summary_csv, "summary")
+            if r["metric"] in names}
 
 
 def _typed_gain_bars(ax, model: str, recipes: list[str], gains: dict) -> None:
@@ -343,10 +345,9 @@ VERDICT_COLORS = {"better": "#2ca02c", "worse": "#d62728", "higher": "#9467bd", 
 
 def compare_figure(rows: list[dict], recipe: str, out_stem: Path | str) -> list[Path]:
     """The primary contrasts of a compare report, readable without the table: per model (rows) and
-    measure (columns), the recipe's accuracy minus its base recipe's with the adjusted interval of that
-    contrast (tested against the base's line at 0), and the contrast against BF16 drawn on the same axis
-    (shifted by BF16's mean minus the base's, so it is tested against the BF16 line). Colour is the
-    verdict; each label gives the adjusted p."""
+    measure (columns), one bar per reference: the recipe minus that reference (its own row, labelled
+    "minus <reference>"), with the adjusted interval of that contrast, tested against 0 (no difference from
+    the row's reference). Colour is the verdict; each label gives the adjusted p."""
     primary = [r for r in rows if r["part"] == "primary" and r["diff"] is not None]
     models = list(dict.fromkeys(r["model"] for r in primary)) or ["(no primary contrast)"]
     measures = list(dict.fromkeys(r["metric"] for r in primary)) or ["gsm8k_strict_accuracy"]
@@ -360,26 +361,17 @@ def compare_figure(rows: list[dict], recipe: str, out_stem: Path | str) -> list[
             if not sel:
                 ax.set_axis_off()
                 continue
-            anchor = sel[0]  # the first primary reference: the base recipe if the recipe has one, else bf16
-            shift = {r["baseline"]: (r["mean_ref"] or 0.0) - (anchor["mean_ref"] or 0.0) for r in sel}
             ax.axvline(0, color="gray", lw=0.8)
-            ax.text(0, -0.55, f" {anchor['baseline']}", color="gray", fontsize=8, va="bottom")
-            if REFERENCE_RECIPE in shift:
-                ax.axvline(shift[REFERENCE_RECIPE], color="#d62728", ls="--", lw=1)
-                ax.text(shift[REFERENCE_RECIPE], len(sel) - 0.45, " BF16", color="#d62728", fontsize=8, va="bottom")
             for k, r in enumerate(reversed(sel)):
-                x = r["diff"] + shift[r["baseline"]]
                 err = None if r["ci_low"] is None else [[r["diff"] - r["ci_low"]], [r["ci_high"] - r["diff"]]]
                 color = VERDICT_COLORS.get(r["verdict"], "k")
-                ax.errorbar(x, k, xerr=err, fmt="o", color=color, capsize=3)
+                ax.errorbar(r["diff"], k, xerr=err, fmt="o", color=color, capsize=3)
                 p = "—" if r.get("p_adj") is None else f"{r['p_adj']:.2g}"
-                line = "BF16 line" if r["baseline"] == REFERENCE_RECIPE else f"{r['baseline']} line"
-                label = f"vs {r['baseline']} (against the {line}): {r['verdict']}, adj. p {p}"
-                ax.annotate(label, (x, k), xytext=(0, 7), textcoords="offset points", ha="center", fontsize=7,
-                            color=color)
-            ax.set_yticks(range(len(sel)), [f"vs {r['baseline']}" for r in reversed(sel)], fontsize=8)
+                ax.annotate(f"{r['verdict']}, adj. p {p} (n = {r['n_a']} {r['unit']})", (r["diff"], k),
+                            xytext=(0, 7), textcoords="offset points", ha="center", fontsize=7, color=color)
+            ax.set_yticks(range(len(sel)), [f"{recipe}\nminus {r['baseline']}" for r in reversed(sel)], fontsize=8)
             ax.set_ylim(-0.6, len(sel) - 0.1)
-            ax.set_xlabel(f"{recipe} minus {anchor['baseline']} (n = {anchor['n_a']} {anchor['unit']})", fontsize=8)
+            ax.set_xlabel("difference from the row's reference (0: none)", fontsize=8)
     fig.suptitle(f"{recipe}: primary contrasts (intervals at the level of their family-adjusted verdicts)")
     return save(fig, out_stem)
 

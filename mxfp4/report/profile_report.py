@@ -4,7 +4,6 @@ from the files the run wrote; nothing here is measured again."""
 
 from __future__ import annotations
 
-import csv
 import os
 import re
 from pathlib import Path
@@ -15,10 +14,11 @@ from ..config.recipes import recipe_base
 from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE, Layout
 from ..problems import DEFAULT_FLAWS
-from .aggregate import PROBLEM_TYPES, RL_GAIN_PER_PROBLEM, read_csv, typed
+from .aggregate import PROBLEM_TYPES, RL_GAIN_PER_PROBLEM, typed
 from .compare import item_difference
 from .pathway_table import checkpoint_label, read_rows, recovery_markdown
 from .pathway_table import markdown as pathway_markdown
+from .tables import read_table, read_text_table
 
 ACCURACY = (  # (summary.csv metric, column header)
     ("gsm8k_strict_accuracy_before", "before RL"),
@@ -45,7 +45,7 @@ def accuracy_table(summary_csv: Path | str, flaws=DEFAULT_FLAWS, warm_starts: in
     the RL gain paired by problem and seed with its 95% interval, overall and, where the problems have
     types, on the planted-flaw problems (``flaws``) and on the rest; the methods, n and the warm starts
     the seeds start from below the table."""
-    rows = list(csv.DictReader(Path(summary_csv).open()))
+    rows = read_text_table(summary_csv, "summary")
     by = {(r["model"], r["recipe"], r["metric"]): r for r in rows}
     pairs = list(dict.fromkeys((r["model"], r["recipe"]) for r in rows))
     kinds = [k for k in PROBLEM_TYPES if any(m == typed(RL_GAIN_PER_PROBLEM, k) for _, _, m in by)]
@@ -92,7 +92,7 @@ def corrections_table(items_csv: Path | str) -> str:
     """Per model, each recipe that adds corrections to MXFP4 against plain MXFP4 and against BF16, problem by
     problem (the same lm-eval docs and seeds), before RL and after: which correction restores accuracy, and
     how far from BF16 it stays. Empty when the run has no such recipe."""
-    items = read_csv(items_csv)
+    items = read_table(items_csv, "items")
     recipes = list(dict.fromkeys(r["recipe"] for r in items))
     corrected = [r for r in recipes if r != CORRECTED_BASE and recipe_base(r) == CORRECTED_BASE]
     references = [r for r in (CORRECTED_BASE, REFERENCE_RECIPE) if r in recipes]

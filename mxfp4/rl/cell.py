@@ -32,6 +32,7 @@ from ..io import exclusive, writable_folder, write_json_atomic
 from ..layout import EVAL_FOLDERS, EVAL_RESULTS, METRICS, REFERENCE_RECIPE, TRAIN_LOG, Layout
 from ..machine import describe
 from ..nn import bypassed, patch_model, patch_state, weight_cache_pays
+from ..numerics.hooks import lifecycle
 from . import data as gsm
 from .evaluate import doc_hashes, evaluate_gsm8k, hf_lm, read_summary
 from .grpo import StepLogger, build_trainer, last_checkpoint, resume_state, weight_decomposition
@@ -292,13 +293,13 @@ def prepare(plan: CellPlan, dist) -> CellRun:
                 f" --results {plan.results}; the snakemake rule probe_batch does)"
             )
         ensure_probe_batch(profile, plan.model, seed, plan.results)  # made by its snakemake rule, or now
-        probe_batch = load_probe_batch(stored)
+        probe_batch = load_probe_batch(stored, plan.model, seed)
     set_seed(seed)  # after the probe batch, whose making draws random numbers
 
     model, tokenizer = load(plan.model_ref, dtype=torch.float32)  # fp32 master weights on every device
     corrections = recipe.build_corrections()
     for c in corrections:
-        c.bind(total_steps=grpo.max_steps, seed=seed)
+        lifecycle(c.bind, total_steps=grpo.max_steps, seed=seed)
     if any(c.needs_reference for c in corrections):
         reference = plan.layout.metrics(plan.model, REFERENCE_RECIPE, seed)
         if not reference.exists():
@@ -307,7 +308,7 @@ def prepare(plan: CellPlan, dist) -> CellRun:
                 f"seed, which has not run ({reference} missing); run that cell first"
             )
         for c in corrections:
-            c.bind_reference(json.loads(reference.read_text()))
+            lifecycle(c.bind_reference, json.loads(reference.read_text()))
     quantizer = recipe.quantizer(corrections)
     patch_model(model, quantizer, cache_weights=weight_cache_pays(model, quantizer, spec.sharded))
     run = CellRun(plan, dist, started, c_hash, log_path, checkpoints, resume, model, tokenizer, corrections)

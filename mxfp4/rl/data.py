@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from pathlib import Path
 
 from ..config.data_files import default_gsm8k_dir, gsm8k_folder
 from ..config.profiles import Profile
-from ..io import jsonl_records, write_json_atomic, write_jsonl_atomic
+from ..io import changed_files, file_sha256, jsonl_records, write_json_atomic, write_jsonl_atomic
 from ..layout import Layout
 from ..problems import embedded_split
 
@@ -127,6 +128,27 @@ def token_parity_reward(completions, completion_ids, **kwargs) -> list[float]:
     return [sum(1 for t in ids if t % 2 == 0) / len(ids) if len(ids) else 0.0 for ids in completion_ids]
 
 
+EMBEDDED_FILES = ("train.jsonl", "test.jsonl")
+
+
+def _stamp_refusal(stamp: Path, made_by: dict) -> str | None:
+    """Why the embedded data beside ``stamp`` must be made (again): "" when it was never made, what differs
+    otherwise (other settings, a file changed since its digest was recorded); None when it is whole."""
+    if not stamp.is_file():
+        return ""
+    try:
+        recorded = json.loads(stamp.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return f"{stamp.name} is not JSON"
+    if not isinstance(recorded, dict) or {k: v for k, v in recorded.items() if k != "digests"} != made_by:
+        return "made by other settings"
+    digests = recorded.get("digests")
+    if not isinstance(digests, dict) or set(digests) != set(EMBEDDED_FILES):
+        return "no digests of its files recorded"
+    changed = changed_files(stamp.parent, digests)
+    return f"{', '.join(changed)} changed since made (digests differ)" if changed else None
+
+
 def cell_data(profile: Profile, results: Path | str) -> tuple[list[dict], Path]:
     """(training problems, folder with train/test jsonl for lm-eval) for the profile's data source."""
     d = profile.data
@@ -134,15 +156,18 @@ def cell_data(profile: Profile, results: Path | str) -> tuple[list[dict], Path]:
         train = embedded_split("train", d.n_train, seed=0, max_steps=d.max_problem_steps)
         folder = Layout(results, profile.name).data
         made_by = {"n_eval": d.n_eval, "max_problem_steps": d.max_problem_steps, "fewshot_pool": 64}
-        stamp = folder / "settings.json"  # written last: the settings that made the files beside it
-        if not stamp.is_file() or json.loads(stamp.read_text()) != made_by:  # missing, or made by other settings
+        stamp = folder / "settings.json"  # written last: the settings that made the files beside it, their digests
+        why = _stamp_refusal(stamp, made_by)
+        if why is not None:
+            if why:
+                print(f"{folder}: {why}; remaking its files from the profile's settings", file=sys.stderr, flush=True)
             write_jsonl(
                 embedded_split("train", 64, seed=1, max_steps=d.max_problem_steps), folder / "train.jsonl"
             )
             write_jsonl(
                 embedded_split("test", d.n_eval, seed=0, max_steps=d.max_problem_steps), folder / "test.jsonl"
             )
-            write_json_atomic(stamp, made_by)
+            write_json_atomic(stamp, {**made_by, "digests": {f: file_sha256(folder / f) for f in EMBEDDED_FILES}})
         return train, folder
     folder = gsm8k_folder(profile)
     return load_gsm8k("train", folder), folder

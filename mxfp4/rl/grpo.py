@@ -24,6 +24,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 
+from ..io import file_sha256
 from ..layout import TRAIN_LOG
 from ..nn import (
     bypassed,
@@ -38,6 +39,7 @@ from ..nn import (
 from ..nn.linear import KIND_OPERANDS
 from ..numerics.decompose import COMPONENTS, SUMMARY_KEYS, pool_stats
 from ..numerics.dispatch import autotune_spent
+from ..numerics.hooks import lifecycle
 from ..numerics.quantizer import Operand
 from . import data as gsm
 from .grad_accuracy import compare
@@ -293,10 +295,10 @@ class MXGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         step = self.state.global_step
-        perturbed = any(c.perturbs_rollout(step) for c in self.mx_corrections)
+        perturbed = any(lifecycle(c.perturbs_rollout, step) for c in self.mx_corrections)
         with contextlib.ExitStack() as stack:
             for c in self.mx_corrections:
-                stack.enter_context(c.rollout_context(self.model, step))
+                stack.enter_context(lifecycle(c.rollout_context, self.model, step))
             stack.enter_context(self.generation_weight_cache())
             t0, tuned0 = synced_clock(), autotune_spent()[0]
             output = super()._generate_and_score_completions(inputs)
@@ -502,9 +504,9 @@ class StepLogger(TrainerCallback):
             **self.trainer.take_step_metrics(),
         }
         for c in self.trainer.mx_corrections:
-            row.update(c.metrics())
+            row.update(lifecycle(c.metrics))
         for c in self.trainer.mx_corrections:
-            c.observe(row)
+            lifecycle(c.observe, row)
         if state.is_world_process_zero:
             with self.path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
@@ -530,7 +532,7 @@ class StepLogger(TrainerCallback):
         payload = sealed_state({
             "step": state.global_step,
             "config_hash": self.config_hash,
-            "corrections": [c.state_dict() for c in self.trainer.mx_corrections],
+            "corrections": [lifecycle(c.state_dict) for c in self.trainer.mx_corrections],
             "files": checkpoint_manifest(folder),
         })
         tmp = folder / (STATE_FILE + ".tmp")
@@ -554,11 +556,7 @@ def checkpoint_manifest(folder: Path) -> dict[str, str]:
     """SHA-256 of every file of a checkpoint folder (paths relative to it), the state file aside."""
     out = {}
     for f in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(STATE_FILE)):
-        h = hashlib.sha256()
-        with f.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 24), b""):
-                h.update(chunk)
-        out[str(f.relative_to(folder))] = h.hexdigest()
+        out[str(f.relative_to(folder))] = file_sha256(f)
     return out
 
 
@@ -620,7 +618,7 @@ def resume_state(checkpoint: Path, log_path: Path | None, corrections) -> int:
             f"{len(corrections)}: it is not a checkpoint of this cell"
         )
     for c, st in zip(corrections, payload["corrections"]):
-        c.load_state_dict(st)
+        lifecycle(c.load_state_dict, st)
     if log_path is not None:
         shutil.copyfile(checkpoint / TRAIN_LOG, log_path)
     return int(payload["step"])

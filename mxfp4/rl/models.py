@@ -19,6 +19,7 @@ import torch
 
 from ..config import model_line, shipped
 from ..config.profiles import differences
+from ..io import changed_files, file_sha256
 from ..layout import Layout
 
 PAPER_MODELS = {"qwen2.5-3b": "Qwen/Qwen2.5-3B", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B-Base"}
@@ -164,7 +165,8 @@ def save(model, tokenizer, path: Path | str, meta: dict | None = None) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    if meta is not None:
+    if meta is not None:  # with the digests of what it saved: a reader finds a changed or damaged file
+        meta = {**meta, "digests": {f: file_sha256(tmp / f) for f in WARM_START_FILES if f != WARM_START_META}}
         (tmp / WARM_START_META).write_text(json.dumps(meta, indent=2))
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
@@ -188,11 +190,18 @@ def provenance_refusal(folder: Path | str, want: dict, remake: str = "rerun mxfp
     if missing:
         return f"lacks {', '.join(missing)}"
     made = recorded_setting(folder, remake)
-    if made == want:
-        return None
-    if not isinstance(made, dict):
-        return "records no settings"
-    return "was made from other settings (recorded -> wanted: " + "; ".join(differences(made, want)) + ")"
+    if made != want:
+        if not isinstance(made, dict):
+            return "records no settings"
+        return "was made from other settings (recorded -> wanted: " + "; ".join(differences(made, want)) + ")"
+    digests = json.loads((Path(folder) / WARM_START_META).read_text()).get("digests")
+    if not isinstance(digests, dict):
+        return "records no digests of its files"
+    changed = changed_files(folder, digests)
+    if changed:
+        return f"has files that differ from the digests recorded when it was made ({', '.join(changed)}): changed " \
+               "or damaged since"
+    return None
 
 
 def recorded_setting(folder: Path | str, remake: str = "rerun mxfp4 pretrain") -> dict | None:

@@ -13,6 +13,7 @@ metrics.json (``probe_batches``), so a reader sees that two recipes of a seed pr
 from __future__ import annotations
 
 import gc
+import json
 import random
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ import torch
 from transformers import set_seed
 
 from ..config.profiles import Profile
+from ..io import file_sha256, write_json_atomic
 from ..layout import Layout
 from .batches import gradient_batches, probe_trainer
 from .data import cell_data
@@ -61,7 +63,7 @@ def _sample(profile: Profile, model, tokenizer, seed: int, results, model_name: 
 def ensure_probe_batch(profile: Profile, model_name: str, seed: int, results="results") -> Path:
     """The stored probe batch of a model and seed, made (and saved atomically) if missing."""
     path = Layout(results, profile.name).probe_batch(model_name, seed)
-    if not path.exists():
+    if not path.exists() or not stamp_of(path).exists():
         batch = make_probe_batch(profile, model_name, seed, results)
         gc.collect()  # its policy and trainer hold each other (callbacks): free them before the cell's own load
         if torch.cuda.is_available():
@@ -70,8 +72,33 @@ def ensure_probe_batch(profile: Profile, model_name: str, seed: int, results="re
         tmp = path.with_suffix(".tmp")
         torch.save(batch, tmp)
         tmp.replace(path)
+        write_json_atomic(stamp_of(path), {"model": model_name, "seed": seed, "sha256": file_sha256(path)})
     return path
 
 
-def load_probe_batch(path) -> dict:
+def stamp_of(path: Path) -> Path:
+    """The file beside a probe batch that records whose it is (model, seed) and its SHA-256 when made."""
+    return Path(path).with_suffix(".json")
+
+
+def load_probe_batch(path, model_name: str | None = None, seed: int | None = None) -> dict:
+    """The probe batch at ``path``, checked against what was recorded when it was made: its bytes (SHA-256) and,
+    given them, that it is ``model_name``'s batch of ``seed`` (a batch copied over another is refused)."""
+    path = Path(path)
+    stamp = stamp_of(path)
+    remake = f"delete {path} and {stamp.name} to sample it again"
+    try:
+        made = json.loads(stamp.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no {stamp.name} records what it is; {remake}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise ValueError(f"{stamp}: not the JSON object the probe batch's maker writes; {remake}") from None
+    if not isinstance(made, dict) or made.get("sha256") != file_sha256(path):
+        raise ValueError(f"{path}: its bytes differ from the SHA-256 recorded when it was made (changed, damaged or "
+                         f"swapped); {remake}")
+    want = {"model": model_name, "seed": seed}
+    for key, value in want.items():
+        if value is not None and made.get(key) != value:
+            raise ValueError(f"{path}: recorded as the probe batch of {key} {made.get(key)!r}, read as that of "
+                             f"{value!r}; {remake}")
     return torch.load(path, map_location="cpu", weights_only=True)

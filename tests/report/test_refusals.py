@@ -23,7 +23,7 @@ def finished(smoke_results, tmp_path_factory):
     shutil.copytree(smoke_results / "smoke" / "models", root / "smoke" / "models")
     for recipe in ("bf16", "mxfp4"):
         run_cell(load_profile("smoke"), "tiny-dense", recipe, 0, results=root)
-    aggregate(Layout(root, "smoke"), root / "stored", load_profile("smoke"))
+    aggregate(Layout(root, "smoke"), root / "stored", load_profile("smoke"), allow_missing=True)
     return root
 
 
@@ -58,6 +58,13 @@ def _keep_first_log_line(root):
     path.write_text(path.read_text().splitlines()[0] + "\n")
 
 
+def _stopped_short(root):
+    """A cell whose run state was edited to skip its last step: a consistent log and metrics of one step less."""
+    path = _cell(root) / TRAIN_LOG
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))
+    _edit_metrics(steps=2, train_log_sha256=None)(root)
+
+
 def _delete_samples(root):
     for f in (_cell(root) / EVAL_FOLDERS["after"]).glob("samples_*.jsonl"):
         f.unlink()
@@ -83,7 +90,12 @@ AGGREGATE = [  # (case, how the run is changed, the profile aggregate is given, 
     ("a log of a rerun stopped after one step", _keep_first_log_line, None,
      r"train_log.jsonl: not the log the cell finished with"),
     ("the log deleted", lambda r: (_cell(r) / TRAIN_LOG).unlink(), None, r"train_log.jsonl: missing beside"),
-    ("the per-problem samples deleted", _delete_samples, None, r"eval: no lm-eval samples_\*.jsonl"),
+    ("the per-problem samples deleted", _delete_samples, None,
+     r"eval: the cell records its after evaluation, and no lm-eval samples"),
+    ("a cell that stopped a step short", _stopped_short, None,
+     r"metrics.json: steps 2, but profile 'smoke' trains 3 \(grpo.max_steps\); rerun the cell"),
+    ("the before-RL evaluation deleted", lambda r: shutil.rmtree(_cell(r) / EVAL_FOLDERS["before"]), None,
+     r"eval_before: the cell records its before evaluation, and no lm-eval samples_\*.jsonl is there"),
     ("a profile edited after the run", lambda r: None, _profile_with_more_steps(),
      r"made from other settings than profile 'smoke' gives now \(recorded -> now: grpo.max_steps: 3 -> 4\)"),
 ]
@@ -91,12 +103,26 @@ AGGREGATE = [  # (case, how the run is changed, the profile aggregate is given, 
 
 @pytest.mark.parametrize("case,damage,profile,refusal", AGGREGATE, ids=[c[0] for c in AGGREGATE])
 def test_aggregate_refuses_a_partial_edited_or_stale_cell(run, case, damage, profile, refusal):
-    aggregate(Layout(run, "smoke"), run / "before", load_profile("smoke"))  # the untouched run aggregates
+    aggregate(Layout(run, "smoke"), run / "before", load_profile("smoke"), allow_missing=True)  # untouched: passes
     profile = profile or load_profile("smoke")
     damage(run)
     with pytest.raises(ValueError, match=refusal) as err:
-        aggregate(Layout(run, "smoke"), run / "after", profile)
+        aggregate(Layout(run, "smoke"), run / "after", profile, allow_missing=True)
     assert "\n" not in str(err.value)
+
+
+def test_aggregate_takes_the_profiles_grid_exactly(run, capsys):
+    layout = Layout(run, "smoke")
+    with pytest.raises(ValueError, match=r"4 cell\(s\) of profile 'smoke'.s grid not finished under .*: "
+                                         r"tiny-dense/mxfp4\+all/seed0, tiny-moe/bf16/seed0, .*--allow-missing"):
+        aggregate(layout, run / "strict", load_profile("smoke"))
+    shutil.copytree(_cell(run), layout.cell("tiny-dense", "mxfp4", 7))  # a seed the profile does not list
+    path = layout.cell("tiny-dense", "mxfp4", 7) / METRICS
+    path.write_text(json.dumps({**json.loads(path.read_text()), "seed": 7}))
+    counts = aggregate(layout, run / "grid", load_profile("smoke"), allow_missing=True)
+    assert counts["cells"] == 2 and "left out 1 cell(s) outside profile 'smoke'" in capsys.readouterr().err
+    assert {r["seed"] for r in read_csv(run / "grid" / TABLES["cells"])} == {0}
+    assert aggregate(layout, run / "wide", load_profile("smoke"), allow_missing=True, outside_grid=True)["cells"] == 3
 
 
 def test_aggregate_refuses_a_cell_whose_recipe_changed_since_it_ran(run, tmp_path, monkeypatch):
@@ -105,7 +131,7 @@ def test_aggregate_refuses_a_cell_whose_recipe_changed_since_it_ran(run, tmp_pat
     monkeypatch.setenv("MXFP4_RECIPES", str(changed))
     with pytest.raises(ValueError, match=r"recipe 'mxfp4' has changed since the cell ran \(recorded -> now: "
                                          r"scale_rule: 'floor' -> 'ceil'\)"):
-        aggregate(Layout(run, "smoke"), run / "after", load_profile("smoke"))
+        aggregate(Layout(run, "smoke"), run / "after", load_profile("smoke"), allow_missing=True)
 
 
 def _edit_stored(column, value, where=lambda r: True):

@@ -1,0 +1,411 @@
+"""The edges where outside input enters, none silent: each case builds its input twice, untouched and broken.
+The untouched one passes (so the refusal is the case's, not the fixture's); the broken one is one clear line
+naming what was wrong and what is accepted.
+
+Classes: a correction's hook outputs and lifecycle hooks, plugin parameters, the digests of what a cell reads,
+the stored tables a verdict is drawn from, and the bounds and early checks of the command line."""
+
+import contextlib
+import csv
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from mxfp4 import corrections as corr
+from mxfp4.cli import main
+from mxfp4.corrections import Correction
+from mxfp4.corrections.hadamard import hadamard_matrix
+from mxfp4.io import file_sha256, write_json_atomic
+from mxfp4.numerics.hooks import HookError, lifecycle
+from mxfp4.numerics.quantizer import Quantizer
+
+BASELINE = Path(__file__).resolve().parents[1] / "results" / "baselines" / "embedded"
+NAN, INF = float("nan"), float("inf")
+
+
+def cli(*argv) -> tuple[int, str]:
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        try:
+            code = main(list(argv))
+        except SystemExit as exit_:
+            code = exit_.code
+    return code, err.getvalue() + out.getvalue()
+
+
+def cli_call(*argv):
+    """A call that runs the command and raises its one-line error as a ValueError."""
+    def run():
+        code, said = cli(*argv)
+        if code != 0:
+            raise ValueError(said.strip().splitlines()[-1])
+    return run
+
+
+# a correction's hooks ------------------------------------------------------------------------------------------
+
+
+class Blocks(Correction):
+    """A block quantizer that keeps each block as is (scale 1), or breaks it with ``grid`` / ``scale`` factors."""
+
+    name = "blocks"
+
+    def __init__(self, grid=1.0, scale=1.0):
+        self.grid, self.scale = grid, scale
+
+    def block_quantizer(self, fmt, rule):
+        return lambda b: (b * self.grid, torch.full(b.shape[:-1], self.scale))
+
+
+class Rotating(Correction):
+    name = "rotating"
+    rotates = True
+
+    def __init__(self, matrix):
+        self.matrix = matrix
+
+    def rotation(self, operand, block_size, device):
+        return self.matrix(block_size)
+
+
+class Splitting(Correction):
+    name = "splitting"
+
+    def __init__(self, result):
+        self.result = result
+
+    def split(self, x, axis, valid=None):
+        return self.result(x)
+
+
+class Rounding(Correction):
+    name = "rounding"
+    rounds_stochastically = True
+
+    def __init__(self, generator):
+        self.generator = generator
+
+    def rounding_generator(self, operand, device):
+        return self.generator()
+
+
+class Plain(Correction):
+    """A plugin in the README's plain-class style: no dataclass, a parameter of its own."""
+
+    def __init__(self, strength: float = 0.5):
+        self.strength = strength
+
+
+def quantized(correction):
+    return lambda: Quantizer("mxfp4", None, [correction])(torch.randn(4, 64), axis=-1)
+
+
+def built_plain(monkeypatch, strength):
+    monkeypatch.setattr(corr.registry, "REGISTRY", dict(corr.registry.REGISTRY))
+    corr.register("plain")(Plain)
+    return lambda: corr.build({"name": "plain", "strength": strength})
+
+
+class Lifecycle(Correction):
+    name = "lifecycle"
+
+    def __init__(self, **returns):
+        self.returns = returns
+
+    def metrics(self):
+        return self.returns.get("metrics", {"mine/sigma": 0.1})
+
+    def state_dict(self):
+        return self.returns.get("state_dict", {"calls": 1})
+
+    def rollout_context(self, model, step):
+        return self.returns.get("rollout_context", contextlib.nullcontext())
+
+    def perturbs_rollout(self, step):
+        return self.returns.get("perturbs_rollout", False)
+
+    def bind(self, total_steps, seed):
+        if self.returns.get("bind_raises"):
+            raise RuntimeError("no schedule for 0 steps")
+
+
+def hook(hook_name, *args, **returns):
+    return lambda: lifecycle(getattr(Lifecycle(**returns), hook_name), *args)
+
+
+# digests of what a cell reads ------------------------------------------------------------------------------------
+
+
+def warm_start(tmp, smoke_results, broken):
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.layout import Layout
+    from mxfp4.rl.models import provenance_refusal
+
+    folder = tmp / "tiny-dense"
+    shutil.copytree(Layout(smoke_results, "smoke").model("tiny-dense"), folder)
+    if broken:
+        weights = folder / "model.safetensors"
+        data = bytearray(weights.read_bytes())
+        data[-3] ^= 0x01  # one flipped bit in a weight
+        weights.write_bytes(bytes(data))
+    want = load_profile("smoke").warm_start_setting("tiny-dense", 0)
+
+    def check():
+        why = provenance_refusal(folder, want)
+        if why:
+            raise ValueError(f"{folder} {why}")
+    return check
+
+
+def probe_batch(tmp, swap=False, seed=0):
+    from mxfp4.rl.probe_batch import load_probe_batch, stamp_of
+
+    path = tmp / "probe_batches" / "m" / "seed0.pt"
+    path.parent.mkdir(parents=True)
+    torch.save({"prompt_ids": torch.arange(6).reshape(2, 3)}, path)
+    write_json_atomic(stamp_of(path), {"model": "m", "seed": 0, "sha256": file_sha256(path)})
+    if swap:  # another seed's batch copied over this one
+        torch.save({"prompt_ids": torch.arange(6).reshape(3, 2)}, path)
+    return lambda: load_probe_batch(path, "m", seed)
+
+
+# stored tables ---------------------------------------------------------------------------------------------------
+
+
+def edited_table(tmp, name, kind, edit=None):
+    """A call reading stored table ``name`` of the embedded baselines through the validated reader, after
+    ``edit`` (rows of text -> rows) where given."""
+    from mxfp4.report.tables import read_table
+
+    path = tmp / name
+    with (BASELINE / name).open(newline="") as f:
+        reader = csv.DictReader(f)
+        fields, rows = list(reader.fieldnames), list(reader)
+    if edit is not None:
+        fields, rows = edit(fields, rows)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fields)
+        w.writeheader()
+        w.writerows(rows)
+    return lambda: read_table(path, kind)
+
+
+def set_value(column, value, row=0):
+    def edit(fields, rows):
+        rows[row] = {**rows[row], column: value}
+        return fields, rows
+    return edit
+
+
+def duplicate_with(column, value):
+    def edit(fields, rows):
+        return fields, rows + [{**rows[0], column: value}]
+    return edit
+
+
+def drop_column(column):
+    def edit(fields, rows):
+        return [f for f in fields if f != column], [{k: v for k, v in r.items() if k != column} for r in rows]
+    return edit
+
+
+def report_json(tmp, kind, data):
+    from mxfp4.report.tables import read_report
+
+    path = tmp / f"{kind}.json"
+    path.write_text(json.dumps(data))
+    return lambda: read_report(path, kind)
+
+
+GOOD_CORRECTION = {"source": "gaussian", "correction": "macro_block", **{
+    f"{k}_{w}": 0.5 for k in ("energy_scale", "energy_dead", "energy_grid", "energy_total", "deadzone_fraction")
+    for w in ("before", "after")}}
+GOOD_REPRODUCTION = {"reproduces": True, "cells": [{"cell": {"model": "m", "recipe": "bf16", "seed": 0},
+                                                     "compared": 12, "differing": {}, "reproduces": True}]}
+
+
+# the command line and the configuration ------------------------------------------------------------------------
+
+
+def recipes(tmp, monkeypatch, text):
+    from mxfp4.config.recipes import Recipe
+
+    path = tmp / "recipes.yaml"
+    path.write_text(text)
+    monkeypatch.setenv("MXFP4_RECIPES", str(path))
+    return lambda: Recipe.named("mine")
+
+
+def profile_with(**pretrain_or_grpo):
+    import copy
+
+    import yaml
+
+    from mxfp4.config.profiles import PROFILES_DIR, Profile
+    from mxfp4.config.validation import parse
+
+    spec = copy.deepcopy(yaml.safe_load((PROFILES_DIR / "embedded.yaml").read_text()))
+    for key, value in pretrain_or_grpo.items():
+        section, field = key.split("__")
+        spec.setdefault(section, {})[field] = value
+    return lambda: parse(Profile, spec, "profile test.yaml")
+
+
+CASES = [  # (case, make(tmp, monkeypatch, smoke_results, broken) -> call, the refusal of the broken input)
+    # a correction's numerics hooks
+    ("a block quantizer's NaN grid values", lambda t, m, s, b: quantized(Blocks(grid=NAN if b else 1.0)),
+     r"correction 'blocks' \(.*Blocks\) broke the protocol of its block_quantizer hook: returned non-finite grid"),
+    ("a block quantizer's infinite scales", lambda t, m, s, b: quantized(Blocks(scale=INF if b else 1.0)),
+     r"block_quantizer hook: returned non-finite grid values or scales for finite blocks"),
+    ("a rotation that is not orthogonal (2 I)",
+     lambda t, m, s, b: quantized(Rotating(lambda n: 2 * torch.eye(n) if b else hadamard_matrix(n))),
+     r"correction 'rotating' .* rotation hook: returned a matrix that is not orthogonal \(max \|R R\^T - I\| = 3"),
+    ("a rotation full of NaN",
+     lambda t, m, s, b: quantized(Rotating(lambda n: torch.full((n, n), NAN) if b else torch.eye(n))),
+     r"rotation hook: returned a matrix that is not orthogonal \(max \|R R\^T - I\| = nan"),
+    ("a rotation of the wrong shape",
+     lambda t, m, s, b: quantized(Rotating(lambda n: torch.eye(n // 2 if b else n))),
+     r"rotation hook: returned a torch.float32 matrix of shape \(16, 16\); expected None or an orthogonal"),
+    ("a split that returns a bare tensor",
+     lambda t, m, s, b: quantized(Splitting(lambda x: x if b else (torch.zeros_like(x, dtype=torch.bool), x))),
+     r"correction 'splitting' .* split hook: returned Tensor; expected None or \(a bool mask of shape \(4, 64\)"),
+    ("a split whose mask is float",
+     lambda t, m, s, b: quantized(Splitting(lambda x: (torch.zeros_like(x, dtype=torch.float32 if b else torch.bool),
+                                                       x))),
+     r"split hook: returned a torch.float32 mask of shape \(4, 64\); expected"),
+    ("a rounding generator that is no generator",
+     lambda t, m, s, b: quantized(Rounding(lambda: 3 if b else torch.Generator().manual_seed(0))),
+     r"correction 'rounding' .* rounding_generator hook: returned int; expected None or a torch.Generator"),
+    ("a NaN parameter of a plain-class plugin", lambda t, m, s, b: built_plain(m, NAN if b else 0.5),
+     r"correction 'plain': parameter strength is nan; accepted: finite numbers"),
+    # a correction's lifecycle hooks
+    ("bind raises", lambda t, m, s, b: hook("bind", 3, 0, bind_raises=b),
+     r"correction 'lifecycle' \(.*Lifecycle\) failed in its bind hook: RuntimeError: no schedule for 0 steps"),
+    ("a NaN metric", lambda t, m, s, b: hook("metrics", metrics={"mine/sigma": NAN if b else 0.1}),
+     r"broke the protocol of its metrics hook: returned 'mine/sigma' = nan; expected finite numbers"),
+    ("a state that is not JSON", lambda t, m, s, b: hook("state_dict", state_dict={"calls": {1, 2} if b else 1}),
+     r"state_dict hook: returned a dict that is not JSON-serialisable"),
+    ("a rollout context that is none", lambda t, m, s, b: hook("rollout_context", None, 0,
+                                                              **({"rollout_context": 3} if b else {})),
+     r"rollout_context hook: returned int; expected a context manager"),
+    ("perturbs_rollout saying 'yes'", lambda t, m, s, b: hook("perturbs_rollout", 0,
+                                                             perturbs_rollout="yes" if b else False),
+     r"perturbs_rollout hook: returned str; expected a bool"),
+    # digests of what a cell reads
+    ("a warm start with a flipped bit", lambda t, m, s, b: warm_start(t, s, b),
+     r"has files that differ from the digests recorded when it was made \(model.safetensors\)"),
+    ("a probe batch swapped for another", lambda t, m, s, b: probe_batch(t, swap=b),
+     r"seed0.pt: its bytes differ from the SHA-256 recorded when it was made"),
+    ("a probe batch read as another seed's", lambda t, m, s, b: probe_batch(t, seed=1 if b else 0),
+     r"seed0.pt: recorded as the probe batch of seed 0, read as that of 1"),
+    # stored tables
+    ("cells.csv with a NaN accuracy",
+     lambda t, m, s, b: edited_table(t, "cells.csv", "cells", set_value("gsm8k_strict_accuracy", "nan") if b else None),
+     r"cells.csv: row 2: gsm8k_strict_accuracy: Input should be a finite number"),
+    ("cells.csv with an accuracy of 1.5",
+     lambda t, m, s, b: edited_table(t, "cells.csv", "cells", set_value("gsm8k_strict_accuracy", "1.5", 3) if b
+                                     else None),
+     r"cells.csv: row 5: gsm8k_strict_accuracy: Input should be less than or equal to 1"),
+    ("cells.csv without its seed column",
+     lambda t, m, s, b: edited_table(t, "cells.csv", "cells", drop_column("seed") if b else None),
+     r"cells.csv: no seed column\(s\); accepted: a cells table"),
+    ("items.csv with a problem twice, conflicting",
+     lambda t, m, s, b: edited_table(t, "items.csv", "items", duplicate_with("strict", "1.0") if b else None),
+     r"items.csv: rows 2 and 4802 share the key \(model, recipe, seed, doc_hash\)"),
+    ("items.csv with a correctness of 0.5",
+     lambda t, m, s, b: edited_table(t, "items.csv", "items", set_value("strict", "0.5") if b else None),
+     r"items.csv: row 2: strict: Input should be a multiple of 1"),
+    ("pathways.csv with a NaN mean",
+     lambda t, m, s, b: edited_table(t, "pathways.csv", "pathways", set_value("mean", "nan") if b else None),
+     r"pathways.csv: row 2: mean: Input should be a finite number"),
+    ("a corrections table without its energies",
+     lambda t, m, s, b: report_json(t, "corrections", [{k: v for k, v in GOOD_CORRECTION.items()
+                                                        if not (b and k == "energy_scale_before")}]),
+     r"corrections.json: rows.0.energy_scale_before: missing"),
+    ("a reproduction check with NaN",
+     lambda t, m, s, b: report_json(t, "reproduction", {**GOOD_REPRODUCTION, "score": NAN if b else 1.0}),
+     r"reproduction.json: score: not a finite number"),
+    # bounds and early checks
+    ("prove of 10^12 elements", lambda t, m, s, b: cli_call("prove", "--rows", "1000000" if b else "2", "--cols",
+                                                           "1000000" if b else "32", "--out", str(t / "p.json")),
+     r"--rows x --cols = 1,000,000,000,000 elements; accepted: at most 67,108,864"),
+    ("an output path that is a folder", lambda t, m, s, b: cli_call("prove", "--rows", "2", "--cols", "32", "--out",
+                                                                   str(t if b else t / "p.json")),
+     r"argument --out: .* is a folder; accepted: the path of a file to write"),
+    ("power-design --family 0", lambda t, m, s, b: cli_call("power-design", "--family", "0" if b else "1"),
+     r"argument --family: 0; accepted: an integer >= 1"),
+    ("a recipe whose base is a list",
+     lambda t, m, s, b: recipes(t, m, "mine:\n  base: [mxfp4]\n" if b else "mine:\n  base: mxfp4\n"),
+     r"recipes.yaml: recipe 'mine': base \['mxfp4'\] is a list; accepted: the name of one recipe"),
+    ("a recipe named by an integer",
+     lambda t, m, s, b: recipes(t, m, "mine:\n  base: mxfp4\n" + ("3:\n  base: mxfp4\n" if b else "")),
+     r"recipes.yaml: recipe name 3 is not text"),
+    ("an outlier scale of 3", lambda t, m, s, b: profile_with(pretrain__outlier_scale=3 if b else 32),
+     r"pretrain.outlier_scale: 3.0 is not a power of two in 2..1024 \(the outlier-channel transform is exact only "),
+    ("a learning rate YAML reads as text", lambda t, m, s, b: profile_with(grpo__learning_rate="1e-5" if b else 1e-5),
+     r"grpo.learning_rate: .*\(got '1e-5'\); YAML reads 1e-5 as text, not a number: write 1.0e-5"),
+]
+
+
+@pytest.mark.parametrize("case,make,refusal", CASES, ids=[c[0] for c in CASES])
+def test_each_edge_passes_untouched_and_refuses_broken(case, make, refusal, tmp_path, monkeypatch, smoke_results):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the stored baselines, as a user's checkout has them
+    (tmp_path / "good").mkdir()
+    (tmp_path / "bad").mkdir()
+    make(tmp_path / "good", monkeypatch, smoke_results, False)()
+    with pytest.raises(ValueError, match=refusal) as err:
+        make(tmp_path / "bad", monkeypatch, smoke_results, True)()
+    assert "\n" not in str(err.value), "one line"
+    if isinstance(err.value, HookError):
+        assert "correction '" in str(err.value)
+
+
+def test_built_in_rotations_are_checked_once_per_matrix():
+    """The orthogonality check reads the matrix once; a correction that caches its matrices pays it once."""
+    from mxfp4.numerics.hooks import RotationCheck
+
+    check, r = RotationCheck(), hadamard_matrix(32)
+    calls = []
+    real = torch.Tensor.__matmul__
+    try:
+        torch.Tensor.__matmul__ = lambda a, b: calls.append(1) or real(a, b)
+        for _ in range(5):
+            check(None, r, 32)
+    finally:
+        torch.Tensor.__matmul__ = real
+    assert len(calls) == 1
+
+
+def test_edited_embedded_data_is_made_again(tmp_path, capsys):
+    """An embedded data file edited after it was made (every answer 999999) is found by its digest and made
+    again from the profile's settings, byte for byte as first made."""
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.rl.data import cell_data
+
+    profile = load_profile("smoke")
+    _, folder = cell_data(profile, tmp_path)
+    made = (folder / "test.jsonl").read_bytes()
+    rows = [json.loads(line) for line in made.decode().splitlines()]
+    (folder / "test.jsonl").write_text("".join(json.dumps({**r, "answer": "#### 999999"}) + "\n" for r in rows))
+    cell_data(profile, tmp_path)
+    assert "test.jsonl changed since made (digests differ); remaking" in capsys.readouterr().err
+    assert (folder / "test.jsonl").read_bytes() == made
+    cell_data(profile, tmp_path)  # whole now: nothing said, nothing made
+    assert capsys.readouterr().err == ""
+
+
+def test_a_diverged_run_is_one_line_at_the_command_line(monkeypatch):
+    """The NaN-gradient stop (FloatingPointError) reaches the user as one line, not a traceback."""
+    import mxfp4.cli as cli_module
+
+    def diverged(args):
+        raise FloatingPointError("step 1: the gradient norm is nan, so the optimizer step made the weights non-finite")
+
+    monkeypatch.setattr(cli_module, "_cmd_formats", diverged)  # the parser takes it by name when built
+    code, said = cli("formats")
+    assert code == 2 and said.strip() == ("mxfp4 formats: error: step 1: the gradient norm is nan, so the optimizer "
+                                          "step made the weights non-finite")
