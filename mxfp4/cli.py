@@ -12,12 +12,12 @@ from pathlib import Path
 from .io import writable_folder, write_json_atomic, write_text_atomic
 from .layout import GPU_SMOKE_DENSE, Layout
 
-MAX_SAMPLE = 2**26  # elements of a decompose --dist sample
+MAX_SAMPLE = 2**26  # elements of a decompose --dist sample, and of a prove test tensor
 SAMPLE_DEFAULTS = {"rows": 256, "cols": 1024, "dtype": "float32", "seed": 0}  # decompose --dist only
 
 # Commands that load transformers models (the RL processes).
 MODEL_COMMANDS = ("pretrain", "cell", "probe-batch", "pathways", "depth", "depth-optimizers",
-                  "corrections-table", "weight-components")
+                  "corrections-table", "weight-components", "recipe-cost", "mechanism")
 
 
 def hide_torchao_from_transformers() -> None:
@@ -47,6 +47,13 @@ def int_argument(low: int, high: int | None, accepted: str):
         return value
 
     return parse
+
+
+def out_file(text: str) -> str:
+    """An argparse type: a file to write, refused at once when it names a folder (not after the work)."""
+    if Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder; accepted: the path of a file to write")
+    return text
 
 
 positive_int = int_argument(1, None, "an integer >= 1")  # a count of rows, columns or layers
@@ -158,6 +165,8 @@ def writable(path: Path | str) -> Path:
 def _cmd_prove(args) -> int:
     from tqdm import tqdm
 
+    if args.rows * args.cols > MAX_SAMPLE:  # before any work: each case holds several float64 copies
+        raise ValueError(f"--rows x --cols = {args.rows * args.cols:,} elements; accepted: at most {MAX_SAMPLE:,}")
     writable(args.out)
 
     from .verify.prove import run_proofs
@@ -238,7 +247,7 @@ def _cmd_plot(args) -> int:
 def _cmd_aggregate(args) -> int:
     from .report.aggregate import aggregate
 
-    counts = aggregate(args.layout, args.out, _profile(args))
+    counts = aggregate(args.layout, args.out, _profile(args), args.allow_missing, args.outside_grid)
     print(f"aggregated {counts['cells']} cells, {counts['steps']} steps")
     return 0
 
@@ -307,6 +316,38 @@ def _cmd_network_claims(args) -> int:
     return 0
 
 
+def _cmd_mechanism(args) -> int:
+    from .analysis.mechanism import run_mechanism
+
+    profile = _profile(args)
+    out = Path(args.out or args.layout.mechanism_units(args.recipe, args.model))
+    writable(out)
+    _, energy = run_mechanism(profile, args.model, args.recipe, args.results, out,
+                              progress=lambda line: print(line, file=sys.stderr, flush=True))
+    write_json_atomic(out.with_suffix(".energy.json"), energy)
+    print(f"wrote {out} and {out.with_suffix('.energy.json').name}")
+    return 0
+
+
+def _cmd_mechanism_report(args) -> int:
+    import json
+
+    from .report.mechanism import run
+
+    energy = []
+    for units in args.units:
+        path = Path(units).with_suffix(".energy.json")
+        if path.is_file():
+            energy.append(json.loads(path.read_text()))
+    out = args.out or args.layout.mechanism(args.recipe)
+    rows = run(args.units, args.recipe, args.profile, writable(out), energy)
+    for r in rows:
+        print(f"{r['model']:12s} {r['pathway']:9s} vs {r['rival']:16s} {r['verdict']} ({r['networks']} networks; "
+              f"rank {r['rank']} of {r['arms']})")
+    print(f"wrote {out}")
+    return 0
+
+
 def _cmd_power_design(args) -> int:
     import yaml
 
@@ -351,7 +392,8 @@ def _cmd_compare(args) -> int:
 
     baselines = args.baselines or args.layout.stored(args.layout.table("cells"))
     rows = run_compare(args.layout, args.recipe, baselines, args.out, args.figure, args.reproduction, args.adjust,
-                       items=not args.no_items, allow_setting_difference=args.allow_setting_difference)
+                       items=not args.no_items, allow_setting_difference=args.allow_setting_difference,
+                       mechanism_md=args.mechanism)
     print(answer_line(rows, args.recipe))
     return 0
 
@@ -383,6 +425,22 @@ def _cmd_reproduction(args) -> int:
     for c in check["cells"]:
         print(f"{c['cell']}: {len(c['differing'])} of {c['compared']} values differ from the stored row")
     print("the stored baselines " + ("reproduce here" if check["reproduces"] else "do not reproduce here"))
+    return 0
+
+
+def _cmd_recipe_cost(args) -> int:
+    from .config.recipes import recipe_base
+    from .layout import REFERENCE_RECIPE
+    from .rl.step_cost import cost_lines, recipe_cost
+
+    profile = _profile(args)
+    base = args.base or recipe_base(args.recipe) or REFERENCE_RECIPE
+    seed = profile.seeds[0]
+    cost = recipe_cost(profile, args.model or next(iter(profile.models)), args.recipe, base, seed, args.results,
+                       args.steps)
+    if args.out:
+        write_json_atomic(writable(args.out), cost)
+    print("\n".join(cost_lines(cost)))
     return 0
 
 
@@ -594,15 +652,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_decompose)
 
     p = sub.add_parser("prove", help="check the decomposition identity numerically; writes a JSON report")
-    p.add_argument("--out", default="results/proofs.json", help="the JSON report (default results/proofs.json)")
+    p.add_argument("--out", type=out_file,
+                   default="results/proofs.json", help="the JSON report (default results/proofs.json)")
     p.add_argument("--rows", type=positive_int, default=128, help="rows of each test tensor (default 128)")
     p.add_argument("--cols", type=positive_int, default=1024, help="columns of each test tensor (default 1024)")
     p.add_argument("--seed", type=seed_int, default=0, help="the seed of the test tensors (default 0)")
     p.set_defaults(func=_cmd_prove)
 
     p = sub.add_parser("corrections-table", help="each correction's effect on each error component (markdown)")
-    p.add_argument("--out", default="docs/correction_table.md", help="the markdown table (default: that file)")
-    p.add_argument("--json", default=None, help="also write the rows as JSON")
+    p.add_argument("--out", type=out_file,
+                   default="docs/correction_table.md", help="the markdown table (default: that file)")
+    p.add_argument("--json", type=out_file, default=None, help="also write the rows as JSON")
     p.add_argument(
         "--model",
         action="append",
@@ -639,7 +699,8 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p)
     p.add_argument("--checkpoint", default=None, choices=["warm", "grpo"],
                    help="one checkpoint only (default: every one the profile's pathways.checkpoints names)")
-    p.add_argument("--out", default=None, help="default results/<profile>/pathways/<model>/<checkpoint>.csv, or "
+    p.add_argument("--out", type=out_file,
+                   default=None, help="default results/<profile>/pathways/<model>/<checkpoint>.csv, or "
                                                "pathways.csv for every checkpoint")
     p.add_argument("--units", default=None, help="every unit's harm per pathway and arm; default, with --checkpoint: "
                                                  "results/<profile>/pathways/<model>/<checkpoint>_units.csv")
@@ -650,13 +711,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("depth", help="the depth study: per-layer gradient norm ratio and cosine of each component, "
                                      "its control and full MXFP4 against the unquantized gradient")
     _model_args(p)
-    p.add_argument("--out", default=None, help="default results/<profile>/depth/<model>_units.csv")
+    p.add_argument("--out", type=out_file, default=None, help="default results/<profile>/depth/<model>_units.csv")
     p.set_defaults(func=_cmd_depth)
 
     p = sub.add_parser("depth-optimizers", help="the depth study's short runs: per-layer displacement of SGD and AdamW "
                                                 "with the scale component, its control and no injection")
     _model_args(p)
-    p.add_argument("--out", default=None, help="default results/<profile>/depth/optimizers/<model>_units.csv")
+    p.add_argument("--out", type=out_file,
+                   default=None, help="default results/<profile>/depth/optimizers/<model>_units.csv")
     p.set_defaults(func=functools.partial(_cmd_depth, optimizers=True))
 
     p = sub.add_parser("probe-batch", help="the GRPO batch every recipe's gradient probes of a model and seed are "
@@ -668,18 +730,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("weight-components", help="the decomposition of every weight tensor in both forms: shares "
                                                  "and pairwise component cosines (the paper's Figure 1)")
     _profile_args(p)
-    p.add_argument("--out", default=None, help="default results/<profile>/weight_components.csv")
+    p.add_argument("--out", type=out_file, default=None, help="default results/<profile>/weight_components.csv")
     p.set_defaults(func=_cmd_weight_components)
 
     p = sub.add_parser("regime", help="regime statistics of every GEMM operand (weights, activations, gradients) "
                                       "per model and layer, beside the published figures for real LLMs")
     _profile_args(p)
-    p.add_argument("--out", default=None, help="default results/<profile>/regime.csv")
+    p.add_argument("--out", type=out_file, default=None, help="default results/<profile>/regime.csv")
     p.set_defaults(func=_cmd_regime)
 
     p = sub.add_parser("aggregate", help="tidy CSVs of a profile's finished cells (cells, steps, summary)")
     _profile_args(p)
     p.add_argument("--out", default=None, help="default results/<profile>/aggregate/")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="aggregate the finished cells when some of the profile's grid have not run (named)")
+    p.add_argument("--outside-grid", action="store_true",
+                   help="keep cells of recipes or seeds the profile no longer lists (default: named, left out)")
     p.set_defaults(func=_cmd_aggregate)
 
     p = sub.add_parser("claims", help="the paper's claims against a profile's measurements (markdown)")
@@ -688,28 +754,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--proofs", default=None, help="default results/<profile>/proofs/proofs.json")
     p.add_argument("--corrections", default=None, help="default results/<profile>/corrections.json")
     p.add_argument("--pathways", default=None, help="default results/<profile>/pathways/pathways.csv")
-    p.add_argument("--out", default=None, help="default results/<profile>/claims.md")
+    p.add_argument("--out", type=out_file, default=None, help="default results/<profile>/claims.md")
     p.set_defaults(func=_cmd_claims)
 
     p = sub.add_parser("primary-summary", help="the primary family of several profiles' stored baselines side by "
                        "side (markdown)")
     p.add_argument("profiles", nargs="+", help="profiles with stored baselines (e.g. embedded embedded-large)")
     p.add_argument("--results", default="results", help="the results root (default results)")
-    p.add_argument("--out", default="results/baselines/PRIMARY.md", help="default results/baselines/PRIMARY.md")
+    p.add_argument("--out", type=out_file,
+                   default="results/baselines/PRIMARY.md", help="default results/baselines/PRIMARY.md")
     p.set_defaults(func=_cmd_primary_summary)
 
     p = sub.add_parser("network-claims", help="every claim-level test recomputed from the per-unit files with the "
                        "network (warm start) as the replicate: three outcomes, the deciding rival, both halves")
     _profile_args(p)
     p.add_argument("units", nargs="+", help="per-unit files of the pathway matrix (<checkpoint>_units.csv)")
-    p.add_argument("--out", required=True, help="the markdown table to write")
+    p.add_argument("--out", type=out_file, required=True, help="the markdown table to write")
     p.set_defaults(func=_cmd_network_claims)
+
+    p = sub.add_parser("mechanism", help="a recipe's arm in the pathway matrix at the warm starts, beside MXFP4, BF16 "
+                       "and the profile's correction arms, unit by unit (minutes: no RL)")
+    _model_args(p)
+    p.add_argument("--recipe", required=True, help="the recipe whose mechanism is measured")
+    p.add_argument("--out", type=out_file, default=None,
+                   help="the per-unit file (default results/<profile>/mechanism/<recipe>/<model>_units.csv)")
+    p.set_defaults(func=_cmd_mechanism)
+
+    p = sub.add_parser("mechanism-report", help="a recipe's mechanism decided from its per-unit files, the network "
+                       "as the replicate: against MXFP4, BF16 and each correction, per pathway")
+    _profile_args(p)
+    p.add_argument("--recipe", required=True, help="the recipe of the per-unit files")
+    p.add_argument("units", nargs="+", help="per-unit files of mxfp4 mechanism (their .energy.json read beside)")
+    p.add_argument("--out", type=out_file, default=None, help="default results/<profile>/mechanism/<recipe>.md")
+    p.set_defaults(func=_cmd_mechanism_report)
 
     p = sub.add_parser("power-design", help="a confirmatory profile's claim-level sample size from a pilot's stored "
                        "pathway matrix: the pathways.claims.power block to write into the profile")
     _profile_args(p)
     p.add_argument("--pilot", default="embedded", help="the pilot profile whose stored pathways.csv is read")
-    p.add_argument("--family", type=int, default=8,
+    p.add_argument("--family", type=positive_int, default=8,
                    help="hypotheses in the primary family (default 8: per model 3 mechanism claims and the headline; "
                         "14 with the 3 recovery claims)")
     p.add_argument("--units", nargs="+", default=None,
@@ -722,7 +805,8 @@ def build_parser() -> argparse.ArgumentParser:
     _profile_args(p)
     p.add_argument("--stored", action="store_true",
                    help="report the stored baselines (results/baselines/<profile>/) instead of the run")
-    p.add_argument("--out", default=None, help="default REPORT.md beside the run's (or the baselines') claims.md")
+    p.add_argument("--out", type=out_file,
+                   default=None, help="default REPORT.md beside the run's (or the baselines') claims.md")
     p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("profile-contrast", help="two profiles' runs that differ in one setting, side by side: operand "
@@ -730,14 +814,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("a", help="the reference profile (e.g. embedded-large)")
     p.add_argument("b", help="the profile that changes one setting (e.g. embedded-large-outliers)")
     p.add_argument("--results", default="results", help="the results root holding both runs (default results)")
-    p.add_argument("--out", default=None, help="default results/<b>/contrast/<a>.md (and .csv)")
+    p.add_argument("--out", type=out_file, default=None, help="default results/<b>/contrast/<a>.md (and .csv)")
     p.set_defaults(func=_cmd_profile_contrast)
 
     p = sub.add_parser("compare", help="a recipe's cells against stored baselines, with intervals and verdicts")
     _profile_args(p)
     p.add_argument("--recipe", required=True, help="the recipe whose cells are compared")
     p.add_argument("--baselines", default=None, help="default results/baselines/<profile>/cells.csv")
-    p.add_argument("--out", required=True, help="the markdown report")
+    p.add_argument("--out", type=out_file, required=True, help="the markdown report")
     p.add_argument("--figure", default=None, help="output stem for the figure (.png and .pdf)")
     p.add_argument("--reproduction", default=None,
                    help="the JSON of mxfp4 reproduction: when the stored baselines do not reproduce here, this "
@@ -750,6 +834,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-setting-difference", action="store_true",
                    help="report even though the baselines were made with another profile setting, data or code "
                         "version (differences then mix that change with the recipe's)")
+    p.add_argument("--mechanism", default=None,
+                   help="the recipe's mechanism report (mxfp4 mechanism-report), whose table leads the report")
     p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("reproduction", help="whether a stored baseline cell, rerun here, reproduces bit for bit")
@@ -757,8 +843,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cell", required=True, action="append",
                    help="MODEL/RECIPE/seedN, run in this results folder (repeatable: all must reproduce)")
     p.add_argument("--baselines", default=None, help="default results/baselines/<profile>/cells.csv")
-    p.add_argument("--out", required=True, help="the JSON of the check")
+    p.add_argument("--out", type=out_file, required=True, help="the JSON of the check")
     p.set_defaults(func=_cmd_reproduction)
+
+    p = sub.add_parser("recipe-cost", help="a recipe's measured step against its base on the stored warm start, "
+                                           "and the hooks that force the host's reference path")
+    _profile_args(p)
+    p.add_argument("--recipe", required=True, help="the recipe to cost")
+    p.add_argument("--base", default=None, help="what it is measured against (default: its base recipe, else bf16)")
+    p.add_argument("--model", default=None, help="a model line of the profile (default: its first)")
+    p.add_argument("--steps", type=int_argument(2, 50, "an integer in [2, 50]"), default=3,
+                   help="GRPO steps each (the first is warm-up; default 3)")
+    p.add_argument("--out", type=out_file, default=None, help="also write the measurements as JSON")
+    p.set_defaults(func=_cmd_recipe_cost)
 
     p = sub.add_parser("memory-plan", help="peak memory of one GRPO step per recipe at a real configuration, "
                                            "computed on CPU under FakeTensorMode (nothing allocated)")
@@ -767,7 +864,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipes", nargs="*", default=None, help="default: the profile's")
     p.add_argument("--layers", type=positive_int, default=None, help="fewer layers (a quick check; the plan uses all)")
     p.add_argument("--device", default="nvidia-h100-x1", help="whose memory limit is beside the plan")
-    p.add_argument("--out", required=True, help="the JSON plan (rewritten after each recipe)")
+    p.add_argument("--out", type=out_file, required=True, help="the JSON plan (rewritten after each recipe)")
     p.set_defaults(func=_cmd_memory_plan)
 
     p = sub.add_parser(
@@ -778,13 +875,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a run's results folder (repeat to join runs, each against its own bf16; default results)")
     p.add_argument("--plan", default="results/gpu/memory_plan_qwen2.5-3b.json",
                    help="the memory plan whose peaks go beside the measured ones (skipped where absent)")
-    p.add_argument("--out", default=str(GPU_SMOKE_DENSE), help=f"the JSON report (default {GPU_SMOKE_DENSE})")
+    p.add_argument("--out", type=out_file,
+                   default=str(GPU_SMOKE_DENSE), help=f"the JSON report (default {GPU_SMOKE_DENSE})")
     p.set_defaults(func=_cmd_gpu_smoke_report)
 
     p = sub.add_parser("plot", help="draw a figure from result files")
     p.add_argument("figure", choices=list(PLOTS), help="; ".join(f"{k}: {v[1]}" for k, v in PLOTS.items()))
     p.add_argument("input", help="the figure's input file")
-    p.add_argument("--out", required=True, help="output path (a suffix is replaced): writes .png and .pdf")
+    p.add_argument("--out", type=out_file,
+                   required=True, help="output path (a suffix is replaced): writes .png and .pdf")
     p.set_defaults(func=_cmd_plot)
     return parser
 
@@ -842,7 +941,7 @@ def main(argv: list[str] | None = None) -> int:
         args.layout = Layout(args.results, args.profile)  # every path of the command's run
     try:
         return args.func(args)
-    except ValueError as err:  # bad input: say what was wrong, no traceback (MXFP4_TRACEBACK=1: with it)
+    except (ValueError, FloatingPointError) as err:  # bad input, a diverged run: one line (MXFP4_TRACEBACK=1: +trace)
         if os.environ.get("MXFP4_TRACEBACK") == "1":
             import traceback
 

@@ -182,6 +182,14 @@ class Layout:
     def compare(self, recipe: str) -> Path:
         return self.root / "compare" / f"{recipe}.md"
 
+    def mechanism(self, recipe: str) -> Path:
+        """A recipe's mechanism report at the warm starts (``mxfp4 mechanism-report``; its rows as ``.json``)."""
+        return self.root / "mechanism" / f"{recipe}.md"
+
+    def mechanism_units(self, recipe: str, model: str) -> Path:
+        """One model's per-unit harms of a recipe's mechanism run (``mxfp4 mechanism``; ``.energy.json`` beside)."""
+        return self.root / "mechanism" / recipe / f"{model}_units.csv"
+
     def contrast(self, other: str) -> Path:
         """This run set beside profile ``other``'s (``mxfp4 profile-contrast``; ``.csv`` beside it)."""
         return self.root / "contrast" / f"{other}.md"

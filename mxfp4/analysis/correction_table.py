@@ -118,3 +118,12 @@ def markdown(table: list[dict]) -> str:
         )
     lines += ["", "AQN acts on the rollout policy (RMSNorm weights), not on tensors, so it has no row here."]
     return "\n".join(lines) + "\n"
+
+
+def recipe_energy(tensors: dict[str, tuple], recipe: str) -> dict:
+    """The pooled error energy of each component (and the total) of ``tensors`` under plain MXFP4 (``_before``)
+    and under ``recipe`` (``_after``), each tensor in the basis the recipe quantizes it in."""
+    quantizer = Recipe.named(recipe).quantizer()
+    before, after = _stats(Quantizer(), tensors), _stats(quantizer, tensors)
+    keys = ("energy_scale", "energy_dead", "energy_grid", "energy_total", "deadzone_fraction")
+    return {**{f"{k}_before": before[k] for k in keys}, **{f"{k}_after": after[k] for k in keys}}

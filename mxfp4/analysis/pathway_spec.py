@@ -26,7 +26,7 @@ FIELDS = [
     "p_contradicted",
     "sd",
 ]
-UNIT_FIELDS = ["model", "checkpoint", "form", "pathway", "arm", "unit", "group", "key", "harm"]
+UNIT_FIELDS = ["model", "checkpoint", "form", "pathway", "arm", "unit", "group", "seed", "key", "harm"]
 # The paper's mapping: which component dominates which pathway, and the harm measure of that pathway
 # (larger = worse), per unit (gradient batch or prompt).
 MAPPING = {"gradient": "scale", "rollout": "dead", "entropy": "grid"}

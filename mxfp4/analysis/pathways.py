@@ -26,6 +26,7 @@ from ..io import write_csv_atomic
 from ..layout import Layout
 from ..nn import patch_model, unpatch_model
 from ..numerics.decompose import COMPONENTS, interaction, shapley_values
+from ..numerics.hooks import lifecycle
 from ..numerics.injection import ROWS, SITES, row_spec
 from ..rl import data as gsm
 from ..rl.batches import batch_gradient, gradient_batches, probe_trainer
@@ -102,7 +103,7 @@ class CorrectionArm:
     def rollout(self, model):
         stack = contextlib.ExitStack()
         for c in self.corrections:
-            stack.enter_context(c.rollout_context(model, self.step))
+            stack.enter_context(lifecycle(c.rollout_context, model, self.step))
         return stack
 
 
@@ -114,8 +115,8 @@ def correction_arm(name: str, site: str, profile: Profile, seed: int) -> Correct
     corrections = recipe.build_corrections()
     total = profile.grpo.max_steps
     for c in corrections:
-        c.bind(total, seed)
-    step = next((s for s in range(total) if any(c.perturbs_rollout(s) for c in corrections)), 0)
+        lifecycle(c.bind, total, seed)
+    step = next((s for s in range(total) if any(lifecycle(c.perturbs_rollout, s) for c in corrections)), 0)
     return CorrectionArm(name, recipe.quantizer(corrections), corrections, step)
 
 
@@ -208,12 +209,17 @@ class Measured:
     seeds: set = field(default_factory=set)
     grad_keys: list = field(default_factory=list)  # per gradient batch: digest of its tokens
     roll_keys: list = field(default_factory=list)  # per rollout prompt: digest of its question and seed
+    grad_seeds: list = field(default_factory=list)  # per gradient batch: the seed whose policy it was measured on
+    roll_seeds: list = field(default_factory=list)  # per rollout prompt: likewise (the network is its warm start)
 
     def groups(self, pathway: str) -> list:
         return self.grad_groups if pathway == "gradient" else self.roll_groups
 
     def keys(self, pathway: str) -> list:
         return self.grad_keys if pathway == "gradient" else self.roll_keys
+
+    def unit_seeds(self, pathway: str) -> list:
+        return self.grad_seeds if pathway == "gradient" else self.roll_seeds
 
     def harms(self, sites) -> dict[str, dict[str, list]]:
         """Per pathway and arm, the harm of every unit (larger = worse, ``HARMS``): 1 - the gradient's
@@ -232,7 +238,7 @@ class Measured:
         return harms
 
 
-def _digest(*parts) -> str:
+def unit_digest(*parts) -> str:
     h = hashlib.sha256()
     for part in parts:
         h.update(part.detach().cpu().numpy().tobytes() if isinstance(part, torch.Tensor) else str(part).encode())
@@ -242,18 +248,18 @@ def _digest(*parts) -> str:
 
 def batch_key(batch: dict) -> str:
     """A gradient batch's identity: its prompt and completion tokens."""
-    return _digest(batch["prompt_ids"], batch["completion_ids"])
+    return unit_digest(batch["prompt_ids"], batch["completion_ids"])
 
 
 def unit_rows(model: str, checkpoint: str, form: str, m: Measured, sites) -> list[dict]:
     """Every unit's harm, per pathway and arm (``UNIT_FIELDS``), with its outer unit and data digest."""
     rows = []
     for pathway, per_arm in m.harms(sites).items():
-        groups, keys = m.groups(pathway), m.keys(pathway)
+        groups, keys, seeds = m.groups(pathway), m.keys(pathway), m.unit_seeds(pathway)
         for arm, values in per_arm.items():
             rows += [{"model": model, "checkpoint": checkpoint, "form": form, "pathway": pathway, "arm": arm,
-                      "unit": i, "group": g, "key": k, "harm": v}
-                     for i, (g, k, v) in enumerate(zip(groups, keys, values, strict=True))]
+                      "unit": i, "group": g, "seed": s, "key": k, "harm": v}
+                     for i, (g, s, k, v) in enumerate(zip(groups, seeds, keys, values, strict=True))]
     return rows
 
 
@@ -510,7 +516,7 @@ def additivity(model, trainer, batch, steps: list[int], lr: float) -> dict[int, 
 
 
 
-def measure_gradients(m: Measured, trainer, model, batches, settings, form: str, group) -> list:
+def measure_gradients(m: Measured, trainer, model, batches, settings, form: str, group, seed: int) -> list:
     """Every arm's (and control arm's) gradient comparison per batch at every site, and (canonical
     form) the scale-rule group with its pooled weight statistics, appended to ``m``; returns the
     unquantized gradient of every batch."""
@@ -536,6 +542,7 @@ def measure_gradients(m: Measured, trainer, model, batches, settings, form: str,
             m.rule_weights.setdefault(rule, []).append(weight_decomposition(model, q))
     m.grad_groups.extend([group] * len(batches))
     m.grad_keys.extend(batch_key(b) for b in batches)
+    m.grad_seeds.extend([seed] * len(batches))
     return reference
 
 
@@ -570,7 +577,7 @@ class FixedTokens:
                 "tf_solution_loglik": on_solution["loglik"]}, on_fixed["logp"]
 
 
-def _add_teacher(m: Measured, row: str, measured: dict[str, list[float]]) -> None:
+def add_teacher(m: Measured, row: str, measured: dict[str, list[float]]) -> None:
     teacher = m.teacher.setdefault(row, {k: [] for k in measured})
     for k, values in measured.items():
         teacher[k].extend(values)
@@ -600,9 +607,10 @@ def measure_rollouts(m: Measured, model, tokenizer, problems, profile: Profile, 
             measured, logp = fixed.measure(model)
         if fixed.logp is None:
             fixed.logp = logp
-        _add_teacher(m, row, measured)
+        add_teacher(m, row, measured)
     m.roll_groups.extend([group] * len(problems))
-    m.roll_keys.extend(_digest(r["question"], seed) for r in problems)
+    m.roll_keys.extend(unit_digest(r["question"], seed) for r in problems)
+    m.roll_seeds.extend([seed] * len(problems))
     full = row_quantizer("all")
     with Arm(model, full):
         weights = weight_decomposition(model, full, form=form)
@@ -628,7 +636,7 @@ def measure_corrections(ms: list[Measured], model, trainer, batches, reference: 
         for m in ms:
             if grads:
                 m.grad.setdefault((name, "both"), []).extend(grads)
-            _add_teacher(m, name, measured)
+            add_teacher(m, name, measured)
 
 
 def teacher_forced_rows(model_name: str, ckpt: str, m: Measured) -> list[dict]:
@@ -809,7 +817,8 @@ def run_pathways(profile: Profile, model_name: str, results="results", out_csv=N
             for form, m in measured.items():
                 m.seeds.add(seed)
                 model.train()  # as the batches were scored (rollouts leave it in eval mode)
-                reference = measure_gradients(m, trainer, model, batches, settings, form, group) if batches else []
+                reference = (measure_gradients(m, trainer, model, batches, settings, form, group, seed)
+                             if batches else [])
                 fixed = measure_rollouts(m, model, tokenizer, roll_problems, profile, form, group, seed, spec.chat)
                 say(f"{model_name}/{ckpt} seed {seed} ({form}): {len(batches)} gradient batches, "
                     f"{len(roll_problems)} prompts x {settings.samples_per_prompt}")

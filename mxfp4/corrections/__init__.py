@@ -5,13 +5,21 @@ A correction is a class registered under a name (``@register("name")``, or the e
 listed in ``mxfp4.corrections.base.Correction``: numerics hooks composed by the recipe's quantizer
 (``mxfp4.numerics.quantizer.Quantizer``) and lifecycle hooks the GRPO cell calls.
 
+Helpers a correction may call, exported here: ``quantize_blocks`` (blocks quantized the plain way: grid values,
+scale bytes, scales), ``to_blocks`` / ``from_blocks`` (an operand as ``[..., n_blocks, block]`` and back),
+``stable_seed`` (a seed that is the same in every process), ``Operand`` (which operand a hook is told about) and
+``HookError`` (what a hook's failure or broken return becomes).
+
 Built in: the paper's ``macro_block`` (scale bias), ``outlier_fallback`` (deadzone), ``aqn`` (entropy);
 the field's standard recipe, ``hadamard`` (random-sign block rotation) and ``stochastic_rounding``.
 """
 
+from ..numerics.hooks import HookError
+from ..numerics.quantizer import Operand
+from ..numerics.reference import from_blocks, quantize_blocks, to_blocks
 from .aqn import AdaptiveQuantizationNoise
 from .base import Correction
-from .hadamard import RandomHadamard
+from .hadamard import RandomHadamard, stable_seed
 from .macro_block import MacroBlockScaling
 from .outlier_fallback import OutlierFallback
 from .registry import ENTRY_POINT_GROUP, REGISTRY, available, build, register
@@ -21,12 +29,18 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "AdaptiveQuantizationNoise",
     "Correction",
+    "HookError",
     "MacroBlockScaling",
+    "Operand",
     "OutlierFallback",
     "REGISTRY",
     "RandomHadamard",
     "StochasticRounding",
     "available",
     "build",
+    "from_blocks",
+    "quantize_blocks",
     "register",
+    "stable_seed",
+    "to_blocks",
 ]

@@ -13,13 +13,13 @@ The method in full: docs/methods.md, ``mxfp4.report.compare``."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from statsmodels.stats.multitest import multipletests
 
-from ..config.recipes import recipe_base
+from ..config.profiles import config_hash, load_profile, setting_hash
+from ..config.recipes import Recipe, recipe_base
 from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE, TABLES, Layout
 from ..stats import (
@@ -39,7 +39,8 @@ from ..stats import (
     verdict_level,
     welch_diff,
 )
-from .aggregate import CELL_METRICS, MACHINE_COLUMNS, WEIGHT_KEYS, read_cells, read_csv, read_items, summarize
+from .aggregate import CELL_METRICS, MACHINE_COLUMNS, WEIGHT_KEYS, read_cells, read_items, summarize
+from .tables import read_report, read_table
 
 PRIMARY_SHARE = 0.8  # of ALPHA, for the primary contrasts; the secondary rows get the rest
 ADJUSTMENTS = {"holm": "Holm (family-wise error rate)", "fdr_bh": "Benjamini-Hochberg (false discovery rate)"}
@@ -310,6 +311,22 @@ def setting_check(new: list[dict], baselines: list[dict], allow_difference: bool
     return f"WARNING: {said}, so differences mix both (--allow-setting-difference)."
 
 
+def check_definitions(cells: list[dict], profile: str, source: str) -> None:
+    """Stored cells made under the definitions their recipes have now: where a cell's setting is the profile's
+    now (``setting_hash``) and its config hash is not, its recipe was redefined since it ran; a ValueError naming
+    the cell and both hashes (recorded -> now)."""
+    p = load_profile(profile)
+    for c in cells:
+        if c.get("config_hash") is None or c.get("setting_hash") != setting_hash(p, c["model"]):
+            continue  # no hash recorded, or another setting: setting_check says so
+        now = config_hash(p, c["model"], Recipe.named(c["recipe"]), int(c["seed"]))
+        if c["config_hash"] != now:
+            raise ValueError(f"{source}: cell {c['model']}/{c['recipe']}/seed{c['seed']} was made under another "
+                             f"definition of recipe {c['recipe']!r} (config hash recorded {c['config_hash']} -> now "
+                             f"{now}); rerun the reference cells here (snakemake compare does when they do not "
+                             "reproduce), or restore the recipe's definition (MXFP4_RECIPES)")
+
+
 def check_baselines(new: list[dict], baselines: list[dict], base_items: list[dict] | None, recipe: str,
                     references: list[str], profile: str, source: str) -> None:
     """The references a compare needs, present in full: cells of ``profile`` (not another's), every
@@ -478,7 +495,7 @@ def check_reproduction(layout: Layout, baselines_csv, cells: list[tuple[str, str
     """Rerun-here check: this run's ``cells`` (model, recipe, seed) against their stored rows; the
     stored baselines reproduce only if every one of them does."""
     mine, _ = read_cells(layout)
-    stored = read_csv(baselines_csv)
+    stored = read_table(baselines_csv, "cells")
     checks = []
     for model, recipe, seed in cells:
         row = _find(mine, model, recipe, seed)
@@ -513,10 +530,27 @@ def extending_cells(cells: list[dict], stored: list[dict], recipe: str) -> list[
 CELL_STARTUP_SECONDS = 10.0  # a cell's process before its clock starts (interpreter, torch and TRL imports)
 
 
-def cost_estimate(stored: list[dict], planned: list[tuple[str, str, int]], cores: int) -> str:
+def with_mechanism(report: str, mechanism_md: Path) -> str:
+    """The compare report with the recipe's mechanism (its arm at the warm starts, no RL) first, after the
+    answer line: what the recipe does to the gradient, the rollout and the entropy, before what RL made of it."""
+    if not mechanism_md.is_file():
+        raise ValueError(f"the mechanism report {mechanism_md} does not exist; run it first (snakemake mechanism)")
+    table = [line for line in mechanism_md.read_text().splitlines() if line.startswith("|")]
+    head, _, rest = report.partition("\n\n")  # the title
+    answer, _, rest = rest.partition("\n\n")
+    section = ["## Mechanism first: the recipe's arm at the warm starts", "",
+               f"From {mechanism_md.name} (the network as the replicate; methods and the energy removed there):", "",
+               *table]
+    return "\n\n".join([head, answer, "\n".join(section), rest])
+
+
+def cost_estimate(stored: list[dict], planned: list[tuple[str, str, int]], cores: int,
+                  step_ratios: dict[str, float] | None = None) -> str:
     """One line before a compare starts: its cells still to run, and their cost from the stored cells' wall
-    times (the same recipe and model, else its base recipe's, else the model's slowest recipe), each plus
-    its process's start-up."""
+    times (the same recipe and model, else its base recipe's times its measured step ratio to the base
+    (``step_ratios``, from ``rl.step_cost.recipe_cost``), else the model's slowest recipe), each plus its
+    process's start-up."""
+    step_ratios = step_ratios or {}
     if not planned:
         return "compare: every cell it needs has run; only the report is left"
     walls: dict[tuple[str, str], list[float]] = {}
@@ -525,7 +559,9 @@ def cost_estimate(stored: list[dict], planned: list[tuple[str, str, int]], cores
             walls.setdefault((c["model"], c["recipe"]), []).append(float(c["wall_time_seconds"]))
     cost, unknown = 0.0, []
     for model, recipe, _ in planned:
-        known = walls.get((model, recipe)) or walls.get((model, recipe_base(recipe) or ""))
+        known = walls.get((model, recipe))
+        if not known and walls.get((model, recipe_base(recipe) or "")):
+            known = [w * step_ratios.get(recipe, 1.0) for w in walls[(model, recipe_base(recipe))]]
         if not known:
             means = [sum(v) / len(v) for (m, _), v in walls.items() if m == model]
             known = [max(means)] if means else None
@@ -548,13 +584,14 @@ def primary_references(recipe: str) -> list[str]:
 
 def run_compare(layout: Layout, recipe: str, baselines_csv, out_md, figure_stem=None,
                 reproduction_json=None, adjust: str = "holm", items: bool = True,
-                allow_setting_difference: bool = False) -> list[dict]:
+                allow_setting_difference: bool = False, mechanism_md=None) -> list[dict]:
     """The report of ``recipe``'s cells against references: the stored baselines when
     ``reproduction_json`` (from ``check_reproduction``) says they reproduce here, or when no check is
     given; else this run's own cells of the other recipes (same machine, same seeds). ``adjust`` is
     the family's multiplicity adjustment (``ADJUSTMENTS``). Missing, partial or other-profile
     references are an error (``check_baselines``); so is a setting that differs from theirs, unless
-    ``allow_setting_difference``; ``items=False`` reports per seed only, without per-problem rows."""
+    ``allow_setting_difference``; ``items=False`` reports per seed only, without per-problem rows.
+    ``mechanism_md``: the recipe's mechanism report (``report.mechanism``), whose table leads the report."""
     if adjust not in ADJUSTMENTS:
         raise ValueError(f"adjust={adjust!r}; accepted: {', '.join(ADJUSTMENTS)}")
     cells = with_time_ratio(read_cells(layout)[0])
@@ -562,7 +599,7 @@ def run_compare(layout: Layout, recipe: str, baselines_csv, out_md, figure_stem=
     new = [c for c in cells if c["recipe"] == recipe]
     if not new:
         raise ValueError(f"no finished cells of recipe {recipe!r} in profile {layout.profile!r}; run them first")
-    check = None if reproduction_json is None else json.loads(Path(reproduction_json).read_text())
+    check = None if reproduction_json is None else read_report(reproduction_json, "reproduction")
     if check is not None and not check["reproduces"]:
         baselines = [c for c in cells if c["recipe"] != recipe]
         base_items = [i for i in new_items if i["recipe"] != recipe] if items else None
@@ -572,9 +609,9 @@ def run_compare(layout: Layout, recipe: str, baselines_csv, out_md, figure_stem=
         if not Path(baselines_csv).is_file():
             raise ValueError(f"the baselines {baselines_csv} do not exist; accepted: the cells.csv of a finished run "
                              f"(default {layout.stored(layout.table('cells'))})")
-        baselines = with_time_ratio(read_csv(baselines_csv))
+        baselines = with_time_ratio(read_table(baselines_csv, "cells"))
         items_csv = Path(baselines_csv).with_name(TABLES["items"])
-        base_items = (read_csv(items_csv) if items_csv.is_file() else []) if items else None
+        base_items = (read_table(items_csv, "items") if items_csv.is_file() else []) if items else None
         source = str(baselines_csv)
         note = references_note(check, []) if check is not None else (
             "References: the stored baselines, unchecked on this machine (no reproduction check given): "
@@ -590,6 +627,7 @@ def run_compare(layout: Layout, recipe: str, baselines_csv, out_md, figure_stem=
                          + ", ".join(f"{m}/{r}/seed{s}" for m, r, s in sorted(keys)) + ".")
     references = primary_references(recipe)
     check_baselines(new, baselines, base_items, recipe, references, layout.profile, source)
+    check_definitions([b for b in baselines if b["recipe"] in references], layout.profile, source)
     models = {r["model"] for r in new}
     rows = compare_rows(new, baselines, recipe, new_items, base_items or [], references, adjust)
     check_line = setting_check(new, [b for b in baselines if b["model"] in models and b["recipe"] in references],
@@ -597,7 +635,10 @@ def run_compare(layout: Layout, recipe: str, baselines_csv, out_md, figure_stem=
     if not items:
         check_line += " Per-problem rows left out (--no-items): verdicts per seed only."
     accuracies = accuracy_rows(new + [b for b in baselines if b["model"] in models], [recipe, *references])
-    write_text_atomic(out_md, markdown(rows, recipe, f"{note}\n\n{check_line}", adjust, accuracies))
+    text = markdown(rows, recipe, f"{note}\n\n{check_line}", adjust, accuracies)
+    if mechanism_md is not None:
+        text = with_mechanism(text, Path(mechanism_md))
+    write_text_atomic(out_md, text)
     if figure_stem:
         from .plots import compare_figure
 

@@ -14,13 +14,10 @@ the networks fixed before the run (``stats.fixed_halves``), with each contrast's
 
 from __future__ import annotations
 
-import csv
-from pathlib import Path
-
 import numpy as np
 from statsmodels.stats.multitest import multipletests
 
-from ..analysis.pathway_spec import COMPONENTS, HARMS, MAPPING, RECOVERIES, RECOVERY_HARMS, UNIT_FIELDS, UNITS
+from ..analysis.pathway_spec import COMPONENTS, HARMS, MAPPING, RECOVERIES, RECOVERY_HARMS, UNITS
 from ..config.profiles import load_profile
 from ..io import write_text_atomic
 from ..layout import Layout
@@ -34,6 +31,7 @@ from ..stats import (
     three_outcome_verdict,
 )
 from .claims import MECHANISMS, RECOVERY_CLAIMS
+from .tables import read_text_table
 
 CORRECTION_ARMS = {"macro_block": "mxfp4+macro", "outlier_fallback": "mxfp4+fallback", "aqn": "mxfp4+aqn"}
 METHOD = ("per network, the mean over its {unit} of each arm's harm ({harm}); own - rival over the {k} networks, "
@@ -47,24 +45,24 @@ def read_units(paths) -> list[dict]:
     is a ValueError naming the file."""
     rows = []
     for path in paths:
-        with Path(path).open(newline="") as f:
-            reader = csv.DictReader(f)
-            missing = [c for c in UNIT_FIELDS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise ValueError(f"{path}: not a per-unit file of the pathway matrix: columns {missing} missing")
-            for r in reader:
-                r["harm"] = None if r["harm"] in ("", None) else float(r["harm"])
-                rows.append(r)
+        for r in read_text_table(path, "units"):
+            r["harm"] = None if r["harm"] in ("", None) else float(r["harm"])
+            rows.append(r)
     return rows
 
 
 def harms_by_network(units: list[dict], model: str, checkpoint: str, form: str,
                      network_of=None) -> dict[str, dict[str, dict]]:
     """{pathway: {arm: {network: mean harm over its units}}} of one model, checkpoint and form, a unit's network
-    ``network_of(its group)`` (the seed's warm start: seeds that share one pool their units in it; None: the group
-    itself); the entropy pathway's recovery harm (the gap to the unquantized arm's entropy, unit by unit) under
-    ``entropy_gap``."""
-    network_of = network_of or (lambda group: group)  # None: the group is its own network
+    ``network_of(its origin)``, its origin the seed whose policy it was measured on (its ``seed`` column; its
+    ``group`` where the file has none), e.g. the seed's warm start (seeds that share one pool their units in
+    it; None: the origin itself); the entropy pathway's recovery harm (the gap to the unquantized arm's
+    entropy, unit by unit) under ``entropy_gap``."""
+    network_of = network_of or (lambda origin: origin)  # None: the origin is its own network
+
+    def origin(r):
+        return r["group"] if r.get("seed") in (None, "") else r["seed"]
+
     per: dict = {}
     for r in units:
         if r["model"] == model and r["checkpoint"] == checkpoint and r["form"] == form:
@@ -74,14 +72,14 @@ def harms_by_network(units: list[dict], model: str, checkpoint: str, form: str,
         out[pathway] = {}
         for arm, rows in arms.items():
             rows.sort(key=lambda r: int(r["unit"]))
-            out[pathway][arm] = network_means([r["harm"] for r in rows], [network_of(r["group"]) for r in rows])
+            out[pathway][arm] = network_means([r["harm"] for r in rows], [network_of(origin(r)) for r in rows])
         if pathway == "entropy" and "none" in arms:
             base = {int(r["unit"]): r["harm"] for r in arms["none"]}
             out["entropy_gap"] = {}
             for arm, rows in arms.items():
                 gaps = [None if r["harm"] is None or base.get(int(r["unit"])) is None
                         else abs(r["harm"] - base[int(r["unit"])]) for r in rows]
-                out["entropy_gap"][arm] = network_means(gaps, [network_of(r["group"]) for r in rows])
+                out["entropy_gap"][arm] = network_means(gaps, [network_of(origin(r)) for r in rows])
     return out
 
 
@@ -212,8 +210,8 @@ def markdown(rows: list[dict], profile: str) -> str:
 
 
 def profile_networks(profile):
-    """A unit's network in ``profile``: the warm start its seed (the unit's group) was measured from."""
-    return lambda group: profile.warm_start_of(int(group))
+    """A unit's network in ``profile``: the warm start its seed was measured from."""
+    return lambda seed: profile.warm_start_of(int(seed))
 
 
 def run(unit_files, profile_name: str, out_md) -> list[dict]:

@@ -77,7 +77,7 @@ def test_the_table_recomputes_from_the_stored_files_and_refuses_a_file_that_is_n
     assert read_units([path])[0]["harm"] == pytest.approx(units[0]["harm"])
     bad = tmp_path / "bad.csv"
     bad.write_text("model,harm\nm,1\n")
-    with pytest.raises(ValueError, match=r"bad.csv: not a per-unit file .*'arm'"):
+    with pytest.raises(ValueError, match=r"bad.csv: no checkpoint, form, pathway, arm, unit, group column"):
         read_units([bad])
     assert markdown(rows, "x").startswith("# Claims with the network as the replicate: x")
 

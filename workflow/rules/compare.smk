@@ -70,10 +70,12 @@ def compare_references():
 
 
 def reproduction_cells():
-    """The stored cells rerun here: the first model and seed of the reference recipe and of the
-    compare recipe's base (a quantized recipe: full-precision cells can reproduce where quantized
-    ones do not)."""
-    return [(MODELS[0], r, SEEDS[0]) for r in compare_references()[:2]]
+    """The stored cells rerun here, one per compared model (every model's references are checked before they are
+    trusted): its first seed's cell of the compare recipe's base where it has one (a quantized recipe: full-
+    precision cells can reproduce where quantized ones do not), else of the reference recipe."""
+    refs = compare_references()
+    recipe = refs[1] if len(refs) > 1 else refs[0]
+    return [(m, recipe, SEEDS[0]) for m in COMPARE_MODELS]
 
 
 checkpoint baseline_reproduction:
@@ -118,15 +120,70 @@ def planned_compare_cells():
     return [c for c in dict.fromkeys(wanted) if not os.path.exists(cell_path(*c))]
 
 
+def measured_step_ratios():
+    """The compare recipe's step measured once beside its base's (``mxfp4 recipe-cost``: a few steps each on the
+    stored warm start of the first model), its warnings printed; {} where it cannot be measured (said)."""
+    import json
+    import subprocess
+
+    out = L.root / "compare" / f"cost_{COMPARE_RECIPE}.json"
+    done = subprocess.run([PYTHON, "-m", "mxfp4", "recipe-cost", "--profile", PROFILE, "--recipe", COMPARE_RECIPE,
+                           "--results", str(L.baselines.parent), "--out", str(out)],
+                          capture_output=True, text=True)
+    print((done.stdout + done.stderr).strip())
+    if done.returncode != 0:
+        print("compare: the recipe's step was not measured; the estimate assumes it costs what its base costs")
+        return {}
+    return {COMPARE_RECIPE: json.loads(out.read_text())["step_ratio"]}
+
+
 onstart:
-    # The cost of a compare, printed before its first job, from the stored cells' wall times.
+    # The cost of a compare, printed before its first job: the stored cells' wall times, the new recipe's scaled
+    # by its step measured here against its base's.
     if "compare" in (workflow.dag_settings.targets if workflow.dag_settings else ()):
-        from mxfp4.report.aggregate import read_csv
         from mxfp4.report.compare import cost_estimate
+        from mxfp4.report.tables import read_table
 
         stored = L.stored(L.table("cells"))
-        print(cost_estimate(read_csv(stored) if stored.is_file() else [], planned_compare_cells(), workflow.cores)
+        ratios = measured_step_ratios() if planned_compare_cells() else {}
+        print(cost_estimate(read_table(stored, "cells") if stored.is_file() else [], planned_compare_cells(),
+                            workflow.cores, ratios)
               + " (if the stored cells do not reproduce here, the references of every seed run as well)")
+
+
+# The mechanism first, where the profile fixes the pathways' margins (pathways.claims) and has tiny warm starts.
+MECHANISM = [str(L.mechanism(COMPARE_RECIPE))] if P.pathways and P.pathways.claims and TINY_MODELS else []
+
+
+rule mechanism_units:
+    """One model's per-unit harms of the compare recipe's arm beside MXFP4, BF16 and the profile's correction arms
+    at the warm starts (mxfp4 mechanism): the pathway matrix's measures, no RL. Scheduled before any cell."""
+    input:
+        lambda wc: warm_start_paths(wc.model),
+    output:
+        units=str(L.mechanism_units(COMPARE_RECIPE, "{model}")),
+        energy=str(L.mechanism_units(COMPARE_RECIPE, "{model}").with_suffix(".energy.json")),
+    log:
+        str(L.log(f"mechanism_{COMPARE_RECIPE}_{{model}}")),
+    priority: 100
+    shell:
+        "MXFP4_THREADS=1 {MXFP4} mechanism --profile {PROFILE} --model {wildcards.model} --recipe '{COMPARE_RECIPE}' "
+        "--out {output.units} > {log} 2>&1"
+
+
+rule mechanism:
+    """The compare recipe's mechanism, first and in minutes: per model and pathway its harm against MXFP4, BF16 and
+    each stored correction, the network (warm start) as the replicate, and the error energy it removes:
+        snakemake --cores all mechanism --config compare_recipe=R warm_starts=stored"""
+    input:
+        [str(L.mechanism_units(COMPARE_RECIPE, m)) for m in TINY_MODELS],
+    output:
+        str(L.mechanism(COMPARE_RECIPE)),
+    log:
+        str(L.log(f"mechanism_{COMPARE_RECIPE}")),
+    priority: 100
+    shell:
+        "{MXFP4} mechanism-report --profile {PROFILE} --recipe '{COMPARE_RECIPE}' {input} --out {output} > {log} 2>&1"
 
 
 rule compare:
@@ -134,6 +191,7 @@ rule compare:
     stored baselines if one of their cells reproduces here bit for bit, else this run's own cells of
     the reference recipes (same seeds). The report says which."""
     input:
+        mechanism=MECHANISM,
         cells=[cell_path(m, COMPARE_RECIPE, s) for m in COMPARE_MODELS for s in COMPARE_SEEDS],
         baselines=str(L.stored(L.table("cells"))),
         reproduction=str(L.root / "compare" / "baseline_reproduction.json"),
@@ -146,10 +204,11 @@ rule compare:
     params:
         adjust=config.get("compare_adjust", "holm"),
         figure=lambda wc, output: output.fig[0],
+        mechanism=f"--mechanism {MECHANISM[0]}" if MECHANISM else "",
     shell:
         "{MXFP4} compare --profile {PROFILE} --recipe '{COMPARE_RECIPE}' --baselines {input.baselines} "
-        "--reproduction {input.reproduction} --out {output.md} --figure {params.figure} "
-        "--adjust {params.adjust} > {log} 2>&1"
+        "--reproduction {input.reproduction} {params.mechanism} --out {output.md} "
+        "--figure {params.figure} --adjust {params.adjust} > {log} 2>&1"
 
 
 rule profile_contrast:

@@ -1,0 +1,118 @@
+"""A recipe's mechanism measured first: its arm in the pathway matrix at the warm starts, beside plain MXFP4,
+BF16 and each of the profile's correction arms, unit by unit (minutes: no RL, no component injections).
+
+The same measures as the pathway matrix (``analysis.pathways``), on the same batches and prompts, restricted to
+the arms a new recipe is judged against: per gradient batch its cosine to the unquantized gradient with MXFP4 (or
+the arm) in the forward and backward GEMMs; per prompt the teacher-forced log-likelihood of the correct solution
+and the token entropy along the unquantized arm's sampled completions. The per-unit file is what
+``report.mechanism`` decides from, the network (the seed's warm start) the replicate. The weights' error
+energies per component under MXFP4 and under the recipe come with it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..config.data_files import gsm8k_folder
+from ..config.profiles import Profile
+from ..config.recipes import Recipe
+from ..io import write_csv_atomic
+from ..rl import data as gsm
+from ..rl.batches import batch_gradient, gradient_batches, probe_trainer
+from ..rl.grad_accuracy import compare
+from ..rl.models import load, warm_start_folder
+from .correction_table import model_weights, recipe_energy
+from .pathway_spec import UNIT_FIELDS
+from .pathways import (
+    Arm,
+    FixedTokens,
+    Measured,
+    add_teacher,
+    batch_key,
+    measure_corrections,
+    rollout_scores,
+    row_quantizer,
+    seed_problems,
+    unit_digest,
+    unit_rows,
+)
+from .teacher_forced import token_pairs
+
+
+def mechanism_arms(profile: Profile, recipe: str) -> list[str]:
+    """The correction arms measured: the recipe's, then each of the profile's (``pathways.corrections``)."""
+    if profile.pathways is None:
+        raise ValueError(f"profile {profile.name!r} has no pathways section; the mechanism is measured in its design")
+    r = Recipe.named(recipe)
+    if not r.quantize or r.format != "mxfp4":
+        raise ValueError(f"recipe {recipe!r} does not quantize to mxfp4; accepted: a recipe of MXFP4 and corrections "
+                         "(its arm is set against plain MXFP4's)")
+    return list(dict.fromkeys([recipe, *profile.pathways.corrections]))
+
+
+def run_mechanism(profile: Profile, model_name: str, recipe: str, results="results", out_units=None,
+                  progress=print) -> tuple[list[dict], dict]:
+    """The per-unit harms of MXFP4, BF16, ``recipe`` and the profile's correction arms at every seed's warm start
+    of ``model_name`` (``UNIT_FIELDS``, written to ``out_units``), and the error energies of the first warm start's
+    weights under MXFP4 and under the recipe (``correction_table.recipe_energy``).
+
+    Args:
+        profile: the run's profile; its ``pathways`` section sets the batches, prompts and samples.
+        model_name: a model line of the profile.
+        recipe: the recipe whose mechanism is measured (MXFP4 and corrections).
+        results: the results root holding the warm starts.
+        out_units: where to write the per-unit file; None writes nothing.
+        progress: called with one line per seed.
+
+    Returns:
+        (the unit rows, the energy row).
+    """
+    names = mechanism_arms(profile, recipe)
+    settings = profile.pathways.model_copy(update={"corrections": names})
+    arms_profile = profile.model_copy(update={"pathways": settings})
+    form = settings.claims.form if settings.claims else settings.forms[0]
+    spec, g = profile.model(model_name), profile.grpo
+    train, _ = gsm.cell_data(profile, results)
+    held_out = gsm.load_gsm8k("test", gsm8k_folder(profile)) if settings.prompts_from == "gsm8k-test" else None
+    m = Measured()
+    t0 = time.time()
+    for seed in profile.seeds:
+        model, tokenizer = load(str(warm_start_folder(profile, model_name, results, seed)), dtype=torch.float32)
+        trainer = probe_trainer(model, tokenizer, profile, seed)
+        grad_problems, roll_problems = seed_problems(train, settings, seed, held_out)
+        batches, _ = gradient_batches(trainer, grad_problems, profile, settings.batches, seed, chat=spec.chat)
+        m.seeds.add(seed)
+        model.train()
+        reference = [batch_gradient(trainer, b) for b in batches]
+        with Arm(model, row_quantizer("all", "both", form=form)):
+            m.grad.setdefault(("all", "both"), []).extend(
+                compare(batch_gradient(trainer, b), ref) for b, ref in zip(batches, reference))
+        m.grad_groups.extend(["warm"] * len(batches))
+        m.grad_keys.extend(batch_key(b) for b in batches)
+        m.grad_seeds.extend([seed] * len(batches))
+        prompts = [gsm.prompt(r["question"], tokenizer, spec.chat) for r in roll_problems]
+        solutions = token_pairs(tokenizer, prompts, [r["answer"] for r in roll_problems])
+        _, _, prompt_ids, completion_ids = rollout_scores(model, tokenizer, roll_problems, settings.samples_per_prompt,
+                                                          g.max_completion_length, g.temperature, seed, spec.chat)
+        fixed = FixedTokens(prompt_ids, completion_ids, None, solutions, settings.samples_per_prompt, g.temperature,
+                            tokenizer.pad_token_id or 0)
+        for row in ("none", "all"):  # the unquantized arm first: its log-probabilities are every arm's reference
+            with Arm(model, row_quantizer(row, "forward", form=form)):
+                measured, logp = fixed.measure(model)
+            if fixed.logp is None:
+                fixed.logp = logp
+            add_teacher(m, row, measured)
+        m.roll_groups.extend(["warm"] * len(roll_problems))
+        m.roll_keys.extend(unit_digest(r["question"], seed) for r in roll_problems)
+        m.roll_seeds.extend([seed] * len(roll_problems))
+        measure_corrections([m], model, trainer, batches, reference, fixed, arms_profile, seed)
+        progress(f"[{time.time() - t0:6.1f}s] {model_name} seed {seed}: {len(batches)} gradient batches, "
+                 f"{len(roll_problems)} prompts x {settings.samples_per_prompt}; arms mxfp4, bf16, {', '.join(names)}")
+    units = unit_rows(model_name, "warm", form, m, ["both"])
+    if out_units is not None:
+        write_csv_atomic(out_units, units, UNIT_FIELDS)
+    first = warm_start_folder(profile, model_name, results, profile.seeds[0])
+    energy = {"model": model_name, **recipe_energy(model_weights(str(first)), recipe)}
+    return units, energy

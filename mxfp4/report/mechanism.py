@@ -1,0 +1,146 @@
+"""A new recipe's mechanism, before any RL cell: its arm in the pathway matrix at the stored warm starts against
+plain MXFP4, BF16 and each stored correction, the network as the replicate; and the energy it removes from each
+error component of the warm start's weights.
+
+Per model and pathway (gradient: 1 - cosine to the unquantized gradient per batch; rollout: minus the
+teacher-forced log-likelihood of the correct solution per prompt; entropy: the gap to the unquantized arm's
+teacher-forced entropy per prompt), each arm's harm is averaged within each network (``stats.network_means``:
+units are nested in the network they were measured on) and the recipe is set against each rival by
+``stats.three_outcome_test`` at the margin the profile fixes for the pathway (``pathways.claims.margins``):
+lower harm (recovers / beats it), higher harm (worse), or within the margin (no dominance). With fewer than two
+networks the verdicts are inconclusive, and the units' paired mean within the one network is shown beside,
+labelled as what it is: a statement about that network, not the model class.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..analysis.pathway_spec import RECOVERY_HARMS, UNITS
+from ..config.profiles import load_profile
+from ..io import write_json_atomic, write_text_atomic
+from ..stats import nested_paired, three_outcome_test, three_outcome_verdict
+from .network_claims import harms_by_network, profile_networks, read_units
+
+PATHWAYS = {"gradient": "gradient", "rollout": "rollout", "entropy": "entropy_gap"}  # pathway -> its harm key
+ARM_LABELS = {"none": "bf16", "all": "mxfp4"}
+
+
+def _label(arm: str) -> str:
+    return ARM_LABELS.get(arm, arm)
+
+
+def _within(units: list[dict], model: str, form: str, key: str, own: str, rival: str) -> dict | None:
+    """The unit-level paired mean harm(rival) - harm(own) within the measured networks (units nested in them)."""
+    pathway = "entropy" if key == "entropy_gap" else key
+    rows = {a: sorted((r for r in units if r["model"] == model and r["form"] == form and r["pathway"] == pathway
+                       and r["arm"] == a and r["checkpoint"] == "warm"), key=lambda r: int(r["unit"]))
+            for a in (own, rival, "none")}
+    if not rows[own] or not rows[rival]:
+        return None
+    def harm(r, i):
+        if key != "entropy_gap":
+            return r["harm"]
+        base = rows["none"][i]["harm"]
+        return None if r["harm"] is None or base is None else abs(r["harm"] - base)
+    a = [harm(r, i) for i, r in enumerate(rows[rival])]
+    b = [harm(r, i) for i, r in enumerate(rows[own])]
+    groups = [r["seed"] if r.get("seed") not in (None, "") else r["group"] for r in rows[own]]
+    return nested_paired(a, b, groups)
+
+
+def mechanism_rows(units: list[dict], recipe: str, profile) -> list[dict]:
+    """Per model, pathway and rival arm (MXFP4, BF16, each stored correction): the recipe's harm against the
+    rival's on network means, its three-outcome verdict and the rank of the recipe among the arms."""
+    design = profile.pathways.claims if profile.pathways else None
+    if design is None:
+        raise ValueError(f"profile {profile.name!r} fixes no margins (pathways.claims); the mechanism verdicts need "
+                         "the smallest harm of interest per pathway")
+    form = design.form
+    network_of = profile_networks(profile)
+    out = []
+    for model in sorted({r["model"] for r in units}):
+        h = harms_by_network(units, model, "warm", form, network_of)
+        for pathway, key in PATHWAYS.items():
+            arms = h.get(key, {})
+            if recipe not in arms:
+                continue
+            mean = {a: sum(v.values()) / len(v) for a, v in arms.items() if v}
+            ranked = sorted(mean, key=mean.get)
+            for rival in [a for a in ("all", "none") if a in arms] + sorted(a for a in arms
+                                                                          if a not in ("all", "none", recipe)):
+                test = three_outcome_test({n: -v for n, v in arms[recipe].items()},
+                                          {rival: {n: -v for n, v in arms[rival].items()}}, design.margins[pathway])
+                verdict, _ = three_outcome_verdict(test)
+                c = test["contrasts"][rival]
+                out.append({"model": model, "pathway": pathway, "recipe": recipe, "rival": _label(rival),
+                            "harm_recipe": mean[recipe], "harm_rival": mean[rival], "diff": c["diff"],
+                            "ci_low": c["ci_low"], "ci_high": c["ci_high"], "networks": c["networks"],
+                            "verdict": _verdict_words(verdict, rival), "margin": design.margins[pathway],
+                            "rank": ranked.index(recipe) + 1, "arms": len(ranked),
+                            "within": _within(units, model, form, key, recipe, rival)})
+    return out
+
+
+def _verdict_words(verdict: str, rival: str) -> str:
+    """A three-outcome verdict on "the recipe harms less than the rival", in the rival's words."""
+    name = _label(rival)
+    if verdict.startswith("held"):
+        return f"lower harm than {name}" + (" (inside the margin)" if "margin" in verdict else "")
+    if verdict == "contradicted":
+        return f"higher harm than {name}"
+    if verdict == "no dominance":
+        return f"within the margin of {name}"
+    return verdict
+
+
+def _g(x, fmt="{:+.3g}") -> str:
+    return "–" if x is None else fmt.format(x)
+
+
+def markdown(rows: list[dict], recipe: str, profile_name: str, energy: list[dict]) -> str:
+    out = [f"# Mechanism of `{recipe}` at the stored warm starts (`{profile_name}`)", "",
+           "Each row: the recipe's harm against one rival arm on the pathway, averaged within each network (a warm "
+           "start; units nested in it), the rival's harm minus the recipe's over the networks (> 0: the recipe "
+           "harms less) with its 95% t interval, and the three-outcome verdict at the pathway's margin. "
+           "`within one network` is the units' paired mean inside the measured network(s): a statement about "
+           "them, not about the model class.", "",
+           "| model | pathway | vs | harm (recipe / rival) | rival minus recipe [95% CI] | networks | verdict "
+           "| rank among arms | within the network(s): paired over units |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        w = r["within"]
+        within = "–" if w is None or w["diff"] is None else (
+            f"{_g(w['diff'])} [{_g(w['ci_low'])}, {_g(w['ci_high'])}] (n = {w['n']} {UNITS[r['pathway']]})")
+        out.append(f"| {r['model']} | {r['pathway']} | {r['rival']} | {_g(r['harm_recipe'], '{:.4g}')} / "
+                   f"{_g(r['harm_rival'], '{:.4g}')} | {_g(r['diff'])} [{_g(r['ci_low'])}, {_g(r['ci_high'])}] | "
+                   f"{r['networks']} | {r['verdict']} (margin {r['margin']:g}) | {r['rank']} of {r['arms']} | "
+                   f"{within} |")
+    out += ["", "Harms: " + "; ".join(f"{p}: {RECOVERY_HARMS[p]}" for p in PATHWAYS) + ".", ""]
+    if energy:
+        out += ["## What it removes from each error component", "",
+                "Error energy of the warm start's quantized weights under plain MXFP4 -> under the recipe (pooled "
+                "over every weight, float64; `mxfp4 corrections-table`'s measure).", "",
+                "| model | scale bias | deadzone | grid noise | total |", "| --- | --- | --- | --- | --- |"]
+        for e in energy:
+            cells = []
+            for c in ("scale", "dead", "grid", "total"):
+                before, after = e[f"energy_{c}_before"], e[f"energy_{c}_after"]
+                cells.append(f"{before:.4g} -> {after:.4g} ({(after / before - 1) if before else 0:+.0%})")
+            out.append(f"| {e['model']} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def run(unit_files, recipe: str, profile_name: str, out_md, energy: list[dict] | None = None) -> list[dict]:
+    """The mechanism report of ``recipe`` from its run's per-unit files (``mxfp4 mechanism``), written to
+    ``out_md`` (and its rows beside it as JSON); the rows."""
+    profile = load_profile(profile_name)
+    rows = mechanism_rows(read_units(unit_files), recipe, profile)
+    if not rows:
+        raise ValueError(f"no arm of recipe {recipe!r} in {', '.join(map(str, unit_files))}; accepted: the per-unit "
+                         "files of mxfp4 mechanism --recipe " + recipe)
+    write_text_atomic(out_md, markdown(rows, recipe, profile_name, energy or []))
+    write_json_atomic(Path(out_md).with_suffix(".json"), {"recipe": recipe, "profile": profile_name, "rows": rows,
+                                                          "energy": energy or []})
+    return rows

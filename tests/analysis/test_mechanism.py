@@ -1,0 +1,88 @@
+"""A recipe's mechanism at the warm starts: its arms are the pathway matrix's, unit for unit, and its report decides
+each contrast on network means, naming the rival."""
+
+import csv
+
+import numpy as np
+import pytest
+
+from mxfp4.analysis.mechanism import run_mechanism
+from mxfp4.analysis.pathway_spec import UNIT_FIELDS
+from mxfp4.analysis.pathways import run_pathways
+from mxfp4.config.profiles import load_profile
+from mxfp4.report.mechanism import markdown, mechanism_rows, run
+
+
+def _harms(path):
+    with open(path, newline="") as f:
+        return {(u["pathway"], u["arm"], int(u["unit"])): u["harm"] for u in csv.DictReader(f)}
+
+
+def test_the_mechanism_arms_are_the_pathway_matrix_arms_unit_for_unit(smoke_results, tmp_path):
+    """MXFP4, BF16 and each correction arm measured by the mechanism run equal the pathway matrix's on the same
+    batches and prompts, bit for bit; the recipe's arm is added; a recipe without numerics (AQN acts on the
+    rollouts only) leaves every weight's error energy as it is."""
+    profile = load_profile("smoke")
+    settings = profile.pathways.model_copy(update={
+        "checkpoints": ["warm"], "controls": [], "additivity_steps": [], "scale_rules": [], "batches": 3,
+        "forms": ["canonical"], "corrections": ["mxfp4+macro", "mxfp4+fallback"]})
+    profile = profile.model_copy(update={"pathways": settings})
+    matrix, mech = tmp_path / "matrix.csv", tmp_path / "mech.csv"
+    run_pathways(profile, "tiny-dense", results=smoke_results, progress=lambda m: None, out_units=matrix)
+    units, energy = run_mechanism(profile, "tiny-dense", "mxfp4+aqn", results=smoke_results, out_units=mech,
+                                  progress=lambda m: None)
+    a, b = _harms(matrix), _harms(mech)
+    assert {arm for _, arm, _ in b} == {"none", "all", "mxfp4+aqn", "mxfp4+macro", "mxfp4+fallback"}
+    shared = [k for k in b if k[1] != "mxfp4+aqn"]
+    assert shared and all(b[k] == a[k] for k in shared)
+    assert {u["seed"] for u in units} == set(profile.seeds)
+    for c in ("scale", "dead", "grid", "total"):
+        assert energy[f"energy_{c}_after"] == energy[f"energy_{c}_before"] > 0
+
+
+def _units(profile, harm: dict[str, float], per_network_sd=0.002, n=6, seed=0):
+    """Synthetic per-unit rows of every pathway: arm -> mean harm, each network (seed) shifted a little."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for pathway in ("gradient", "rollout", "entropy"):
+        for arm, mean in harm.items():
+            for s in profile.seeds:
+                shift = rng.normal(0, per_network_sd)
+                for i in range(n):
+                    value = 0.0 if arm == "none" and pathway != "entropy" else mean + shift + rng.normal(0, 1e-4)
+                    rows.append({"model": "tiny-dense", "checkpoint": "warm", "form": profile.pathways.claims.form,
+                                 "pathway": pathway, "arm": arm, "unit": s * 100 + i, "group": "warm", "seed": s,
+                                 "key": "", "harm": value})
+    return rows
+
+
+def test_the_report_decides_each_rival_on_network_means_and_ranks_the_recipe(tmp_path):
+    profile = load_profile("embedded-large")
+    units = _units(profile, {"none": 0.0, "all": 0.30, "mine": 0.10, "mxfp4+macro": 0.20, "mxfp4+fallback": 0.1001})
+    rows = {(r["pathway"], r["rival"]): r for r in mechanism_rows(units, "mine", profile)}
+    g = rows[("gradient", "mxfp4")]
+    assert g["verdict"] == "lower harm than mxfp4" and g["networks"] == 3
+    assert g["diff"] == pytest.approx(0.20, abs=0.01) and g["ci_low"] > 0
+    assert rows[("gradient", "bf16")]["verdict"] == "higher harm than bf16"
+    assert rows[("gradient", "mxfp4+macro")]["verdict"] == "lower harm than mxfp4+macro"
+    assert rows[("gradient", "mxfp4+fallback")]["verdict"].startswith("within the margin of mxfp4+fallback")
+    assert g["rank"] in (2, 3) and g["arms"] == 5  # bf16 first, then mine and fallback within a hair
+    assert g["within"]["n"] == 18  # the units inside the networks, shown beside
+    path = tmp_path / "u.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, UNIT_FIELDS)
+        w.writeheader()
+        w.writerows(units)
+    out = run([path], "mine", "embedded-large", tmp_path / "mine.md", energy=[])
+    assert len(out) == len(rows)
+    text = (tmp_path / "mine.md").read_text()
+    assert "| tiny-dense | gradient | mxfp4 |" in text and "lower harm than mxfp4" in text
+
+
+def test_one_network_gives_inconclusive_verdicts_and_says_so():
+    profile = load_profile("embedded-large")
+    one = profile.model_copy(update={"seeds": [10], "pretrain": profile.pretrain.model_copy(update={"warm_starts": 1})})
+    rows = mechanism_rows(_units(one, {"none": 0.0, "all": 0.3, "mine": 0.1}), "mine", one)
+    assert rows and all(r["verdict"] == "inconclusive (fewer than two networks)" for r in rows)
+    assert all(r["within"]["diff"] is not None for r in rows if r["rival"] == "mxfp4")
+    assert "not about the model class" in markdown(rows, "mine", "x", [])
