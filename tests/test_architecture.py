@@ -254,3 +254,45 @@ def test_the_correction_protocol_is_declared_not_inspected():
         assert "inspect.signature" not in text, path
         for probe in ("getattr(c,", "hasattr(c,", "getattr(corr", "hasattr(corr"):
             assert probe not in text, (path, probe)
+
+
+# A file of the repository as code and docs name it: a top-level folder, then a path ending in a file suffix (no
+# placeholder such as <profile> or {model}).
+REPO_PATH = re.compile(r"(?<![\w/.<{-])((?:mxfp4|docs|tests|kernels|experiments|workflow)/[\w./+-]*\w"
+                       r"\.(?:py|md|yaml|smk|json|sh|cpp|rst|toml))(?![\w/])")
+
+
+def test_every_repository_path_named_in_code_and_docs_exists():
+    """A renamed or moved file leaves no reference behind in the package, the kernels, the workflow or the docs
+    (the tests name missing files on purpose, and are not read)."""
+    files = [*PACKAGE.rglob("*.py"), *(REPO / "kernels").rglob("*.py"), *(REPO / "kernels").rglob("*.md"),
+             *(REPO / "workflow").rglob("*.smk"), *(REPO / "docs").glob("*.md"), REPO / "README.md",
+             REPO / "Snakefile", *(REPO / "experiments").rglob("*.yaml")]
+    missing = [f"{f.relative_to(REPO)}:{i}: {m.group(1)}" for f in files
+               for i, line in enumerate(f.read_text(errors="replace").splitlines(), 1)
+               for m in REPO_PATH.finditer(line) if not (REPO / m.group(1)).exists()]
+    assert not missing, "\n".join(missing)
+    assert REPO_PATH.search("see docs/corrections.md.") and not REPO_PATH.search("results/<profile>/cells.csv")
+
+
+def test_every_public_callable_documents_its_arguments():
+    """What a user calls or subclasses (``mxfp4``'s and ``mxfp4.corrections``' public names) says each of its
+    arguments in an ``Args:`` section, as TRL's docstrings do (a result it only receives: ``Attributes:``)."""
+    import inspect
+
+    import mxfp4
+    import mxfp4.corrections as corrections
+
+    public = [getattr(mxfp4, n) for n in mxfp4.__all__] + [getattr(corrections, n) for n in corrections.__all__]
+    missing = []
+    for obj in public:
+        if not callable(obj) or isinstance(obj, type) and issubclass(obj, Exception):
+            continue
+        params = [p for p in inspect.signature(obj).parameters if p not in ("self", "args", "kwargs")]
+        doc = inspect.getdoc(obj) or ""
+        heading = next((h for h in ("Args:", "Attributes:") if h in doc), None)
+        section = doc.split(heading, 1)[1] if heading else ""
+        absent = [p for p in params if p not in section]
+        if params and absent:
+            missing.append(f"{obj.__module__}.{obj.__qualname__}: {absent}")
+    assert not missing, "\n".join(missing)

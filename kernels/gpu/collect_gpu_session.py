@@ -40,7 +40,7 @@ PLAN = "results/gpu/memory_plan_qwen2.5-3b.json"
 BENCH_STEPS = ("bench_memory1.json", "bench_memory2.json", "bench_gemm.json")
 # a line of pytest -q progress: one character a test, and " [ NN%]" once the line is full or the run ends
 PYTEST_PROGRESS = re.compile(r"([.FEsxX]+)(?:\s+\[\s*\d+%\])?")
-# a finished test under pytest -v: "[gw3] [ 40%] PASSED tests/a.py::t[x]" (xdist) or "tests/a.py::t[x] PASSED [ 40%]"
+# a finished test under pytest -v: "[gw3] [ 40%] PASSED tests/test_stats.py::t[x]" (xdist), or the id first
 PYTEST_VERBOSE = re.compile(r"(?:\[gw\d+\] \[\s*\d+%\] (?P<o1>[A-Z]+) (?P<id1>\S+::\S+))"
                             r"|(?:(?P<id2>\S+::\S+) (?P<o2>[A-Z]+)\s+\[\s*\d+%\])")
 OUTCOME_MARK = {"PASSED": ".", "FAILED": "F", "ERROR": "E", "SKIPPED": "s", "XFAIL": "x", "XPASS": "X"}

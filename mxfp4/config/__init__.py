@@ -9,7 +9,10 @@ from pathlib import Path
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-EXPERIMENTS = REPO_ROOT / "experiments"
+# experiments/ of the checkout this package runs from; installed from a wheel, the copy shipped inside the package
+# (mxfp4/experiments/). A user's own recipe files (MXFP4_RECIPES) add to and override the shipped recipes.
+EXPERIMENTS = (REPO_ROOT / "experiments" if (REPO_ROOT / "experiments" / "recipes.yaml").is_file()
+               else Path(__file__).resolve().parents[1] / "experiments")
 
 
 def shipped(folder: str, suffix: str, named_with_suffix: bool = True) -> str:

@@ -429,6 +429,9 @@ class Profile(_Strict):
         "per tensor: its memory does not grow with the model's activations",
     )
     eval: EvalSettings
+    report_to: list[Literal["tensorboard"]] = Field(
+        default_factory=list, description="TRL's report_to for the cells (offline TensorBoard under each cell's "
+        "tensorboard/; needs the tensorboard package): where to look, not what is made, so no setting records it")
     pathways: PathwaySettings | None = Field(None, description="the pathway matrix (mxfp4 pathways)")
     dose_response: DoseResponseSettings | None = Field(
         None, description="the outlier dose-response of the pathway matrix (snakemake target dose_response)")

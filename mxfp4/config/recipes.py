@@ -28,6 +28,26 @@ RECIPES_YAML = EXPERIMENTS / "recipes.yaml"
 
 
 class Recipe(BaseModel):
+    """How a model is quantized: a format and scale rule, the GEMMs and module kinds quantized, and corrections.
+    Named recipes live in experiments/recipes.yaml (and ``$MXFP4_RECIPES`` files); ``Recipe.named(name)`` loads
+    one, ``recipe.quantizer()`` builds its ``Quantizer``.
+
+    Args:
+        name: the recipe's name (letters, digits and ``+-._``).
+        quantize: False for full precision (the bf16 reference).
+        format: the block format (``mxfp4``, ``nvfp4``, ``mxfp6_e2m3``, ``mxfp6_e3m2``, ``mxfp8_e4m3``).
+        scale_rule: the E8M0 scale rule; None: the format's default.
+        gemms: which GEMMs of a linear layer quantize their operands (forward, input_grad, weight_grad).
+        modules: which module kinds are quantized (linear, experts, lm_head, router).
+        corrections: the corrections, each a name or ``{name: ..., **parameters}``.
+        activations: False quantizes the weights only (W4A16).
+        inject: only this MXFP4 error component added to each operand (the pathway matrix's arms).
+        remove: MXFP4 minus this error component (a perfect correction of it).
+        control: with inject/remove, the component's energy-matched control instead.
+        form: the decomposition whose components inject/remove use (``canonical`` or ``gain``).
+        truncated_is_cap: vLLM rollouts' truncated importance-sampling cap (TRL's; None: none).
+    """
+
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
 
     name: str = Field(pattern=SAFE_NAME, description=f"the recipe's name: {SAFE_NAME_HELP}")

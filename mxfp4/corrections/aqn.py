@@ -26,6 +26,16 @@ class AdaptiveQuantizationNoise(Correction):
     ``sigma <- clip(sigma * exp(gain * (target_entropy - entropy)), sigma_min, sigma_max)``, holding
     the policy entropy near ``target_entropy`` (the BF16 run's).
     Noise is drawn from a generator seeded by (seed, step): the same step gives the same noise.
+
+    Args:
+        sigma_start, sigma_end: the schedule's first and last noise scale (> 0).
+        stages: equal stages of the run (stage 0 noise-free).
+        total_steps: the run's optimizer steps (``bind`` sets it from the cell).
+        adaptive: steer sigma toward ``target_entropy`` instead of following the schedule.
+        target_entropy: a number, or ``"bf16"``: the BF16 cell's mean entropy of the same model and seed.
+        gain: the adaptive step's gain.
+        sigma_min, sigma_max: the adaptive sigma's bounds.
+        seed: the noise's seed (``bind`` sets the cell's).
     """
 
     sigma_start: float = 1e-2

@@ -19,7 +19,11 @@ from .registry import register
 
 
 def stable_seed(*parts) -> int:
-    """A 63-bit seed from ``parts`` that is the same in every process and Python run (``hash`` is not)."""
+    """A 63-bit seed from ``parts`` that is the same in every process and Python run (``hash`` is not).
+
+    Args:
+        parts: anything with a stable ``repr`` (the cell's seed, a layer name, a GEMM, a count).
+    """
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little") >> 1
 
 
@@ -40,7 +44,12 @@ class RandomHadamard(Correction):
     """Each block b of the operands of the GEMMs in ``gemms`` is quantized as Q(b R) R^T, with R = D H:
     H the block's normalised Hadamard matrix, D diagonal random signs drawn from (the cell's seed, the
     layer, the GEMM), the same for both operands of a GEMM. Without operand context (a standalone
-    tensor) every block is rotated, with the signs of (seed, "", "")."""
+    tensor) every block is rotated, with the signs of (seed, "", "").
+
+    Args:
+        gemms: the GEMMs whose operands are rotated (default the weight gradient's).
+        seed: the signs' seed (``bind`` sets the cell's).
+    """
 
     gemms: list[str] = field(default_factory=lambda: ["weight_grad"])
     seed: int = 0

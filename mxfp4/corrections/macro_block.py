@@ -35,6 +35,11 @@ class MacroBlockScaling(Correction):
     of the group (``candidates: all``, up to 1 + blocks*rows quantizations: slower, a little more
     accurate). m is the candidate with the least error energy over the group, so the group never
     does worse than MXFP4, and the aligned block has no scale bias.
+
+    Args:
+        blocks: 32-blocks per macro-block along the blocked axis.
+        rows: rows per macro-block across it (> 1: 2D tiles).
+        candidates: ``max`` (the largest block's mantissa) or ``all`` (every block's).
     """
 
     blocks: int = 4

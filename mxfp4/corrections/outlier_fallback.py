@@ -19,7 +19,13 @@ from .registry import register
 class OutlierFallback(Correction):
     """``mode: element`` keeps the ``k`` largest magnitudes of every 32-block in BF16 (cost k/32 of
     the elements plus a 5-bit index each); ``mode: block`` keeps whole blocks in BF16: the
-    ``fraction`` of blocks with the largest crest factor (amax / rms)."""
+    ``fraction`` of blocks with the largest crest factor (amax / rms).
+
+    Args:
+        mode: ``element`` (the largest elements of each block) or ``block`` (whole blocks).
+        k: elements kept per 32-block in ``element`` mode (0..31).
+        fraction: the share of blocks kept in ``block`` mode (0..1).
+    """
 
     mode: str = "element"
     k: int = 1

@@ -19,7 +19,11 @@ ENTRY_POINT_GROUP = "mxfp4.corrections"
 
 
 def register(name: str):
-    """Class decorator: make a correction available to recipes under ``name``."""
+    """Class decorator: make a correction available to recipes under ``name``.
+
+    Args:
+        name: the name recipes give it (``corrections: [{name: ..., **parameters}]``); one class a name.
+    """
 
     def deco(cls):
         held = REGISTRY.get(name)
@@ -115,7 +119,11 @@ def _non_finite(value, where: str = "") -> tuple[str, float] | None:
 
 def build(spec: dict | str) -> Correction:
     """A correction from ``{"name": ..., **params}`` (or a bare name, default parameters). A
-    dataclass correction's parameters are checked strictly against its field types first."""
+    dataclass correction's parameters are checked strictly against its field types first.
+
+    Args:
+        spec: a registered name, or ``{"name": name, **parameters}``.
+    """
     spec = {"name": spec} if isinstance(spec, str) else dict(spec)
     name = spec.pop("name", None)
     known = available()

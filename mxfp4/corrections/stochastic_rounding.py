@@ -22,7 +22,12 @@ class StochasticRounding(Correction):
     seeded from (the cell's seed, layer, role, GEMM, the call's count): the counts are run state, saved
     with a checkpoint, so a resumed cell draws what the uninterrupted one would. Without operand
     context every operand is rounded stochastically. Values beyond the grid's maximum saturate (the
-    E8M0 floor scale leaves up to 8/6 of headroom above 6): that part of the error stays biased."""
+    E8M0 floor scale leaves up to 8/6 of headroom above 6): that part of the error stays biased.
+
+    Args:
+        roles: the operand roles rounded stochastically (weight, activation, grad; default grad).
+        seed: the streams' seed (``bind`` sets the cell's).
+    """
 
     roles: list[str] = field(default_factory=lambda: ["grad"])
     seed: int = 0

@@ -228,7 +228,12 @@ def linear_forward(self, x: torch.Tensor) -> torch.Tensor:
 class MXLinear(torch.nn.Linear):
     """An ``nn.Linear`` whose GEMMs run through its recipe's quantizer (``GemmContext``, set by
     ``patch_model``, which swaps a Linear's ``__class__`` to this one: parameters and their names are
-    unchanged). A subclass of Linear gets ``MX<its name>`` with this class first in its MRO."""
+    unchanged). A subclass of Linear gets ``MX<its name>`` with this class first in its MRO.
+
+    Args:
+        in_features, out_features, bias, device, dtype: as ``nn.Linear``'s (``patch_model`` swaps the class of a
+            built Linear instead of constructing one; a subclass inherits these).
+    """
 
     base_class = torch.nn.Linear  # what ``unpatch_model`` restores
 

@@ -219,7 +219,11 @@ def quantize_(model, recipe: Recipe | str, cache_weights: bool | None = None):
 
 
 def unpatch_model(model) -> None:
-    """Undo ``patch_model``: every quantized module back to its own class, its GEMM context removed."""
+    """Undo ``patch_model``: every quantized module back to its own class, its GEMM context removed.
+
+    Args:
+        model: a model patched by ``patch_model`` or ``quantize_`` (its parameters are left as they are).
+    """
     for name, module, _ in list(patched_modules(model)):
         if not isinstance(module, (MXLinear, MXGroupedExperts)):
             raise ValueError(f"{name} is a {type(module).__name__}, no longer the class patch_model gave it "

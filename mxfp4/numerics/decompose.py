@@ -39,7 +39,17 @@ def check_form(form: str) -> str:
 
 @dataclass
 class Decomposition:
-    """Component tensors (float64, the shape of the input) and per-tensor statistics."""
+    """Component tensors (float64, the shape of the input) and per-tensor statistics: what ``decompose``
+    returns, with ``quantized - x == e_scale + e_dead + e_grid`` exactly.
+
+    Attributes:
+        x: the input.
+        quantized: its fake-quantized values.
+        e_scale, e_dead, e_grid: the scale-bias, deadzone and grid-noise components of the error.
+        dead: the elements rounded to zero (the deadzone).
+        saturated: the elements clipped at the grid's maximum.
+        stats: energies, shares and counts (``docs/decomposition.md``).
+    """
 
     x: torch.Tensor
     quantized: torch.Tensor

@@ -28,7 +28,11 @@ _override: list[str] = []
 
 @contextlib.contextmanager
 def use_backend(name: str):
-    """Force a backend inside a ``with`` block (tests, benchmarks)."""
+    """Force a backend inside a ``with`` block (tests, benchmarks).
+
+    Args:
+        name: one of ``BACKENDS`` (``auto``, ``reference``, ``fused``, ``triton``).
+    """
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}; accepted: {', '.join(BACKENDS)}")
     _override.append(name)
@@ -208,7 +212,14 @@ def fake_quantize_stochastic(x: torch.Tensor, fmt, axis: int, scale_rule, genera
 def fake_quantize_with_stats(x, fmt="mxfp4", axis=-1, scale_rule=None) -> tuple[torch.Tensor, dict]:
     """Fake-quantize and return the decomposition energies and counts of the same tensor, as Python
     numbers (the Triton path's float32 energies: relative 1e-5 of the float64 reference; for device
-    tensors without a sync use ``Quantizer.fused_stats``)."""
+    tensors without a sync use ``Quantizer.fused_stats``).
+
+    Args:
+        x: the tensor.
+        fmt: the block format's name or a ``BlockFormat``.
+        axis: the axis the blocks run along.
+        scale_rule: the E8M0 scale rule; None: the format's default.
+    """
     if backend_for(x, fmt) == "triton":
         out, on_device = _kernels().fake_quantize_with_stats(x, axis, scale_rule)  # device tensors: synced here
         stats = {k: float(v) if isinstance(v, torch.Tensor) else v for k, v in on_device.items()}

@@ -24,6 +24,12 @@ class ElementFormat:
     """A sign-magnitude minifloat without infinities (OCP 'fn' style).
 
     ``max_value`` is the largest finite magnitude; codes above it (E4M3's 0x7F) are NaN.
+
+    Args:
+        name: the element type's name (``e2m1``, ...).
+        ebits, mbits: exponent and mantissa bits.
+        bias: the exponent bias.
+        max_value: the largest finite magnitude.
     """
 
     name: str
@@ -97,7 +103,15 @@ SCALE_RULES_E4M3 = ("nearest",)
 
 @dataclass(frozen=True)
 class BlockFormat:
-    """A microscaling format: ``block_size`` consecutive elements share one scale."""
+    """A microscaling format: ``block_size`` consecutive elements share one scale.
+
+    Args:
+        name: the format's name (``FORMATS``' key).
+        element: the element type.
+        scale: ``e8m0`` (a power of two) or ``e4m3`` (NVFP4's).
+        block_size: elements sharing a scale.
+        tensor_scale: True for NVFP4's extra per-tensor FP32 scale.
+    """
 
     name: str
     element: ElementFormat
@@ -148,6 +162,11 @@ SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def get_format(fmt: str | BlockFormat) -> BlockFormat:
+    """The block format of a name (``FORMATS``), or ``fmt`` itself when it is one already.
+
+    Args:
+        fmt: a format's name (``mxfp4``, ``nvfp4``, ...) or a ``BlockFormat``.
+    """
     if isinstance(fmt, BlockFormat):
         return fmt
     try:

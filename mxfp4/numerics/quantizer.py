@@ -47,7 +47,13 @@ class Operand:
     """Which operand of which GEMM a quantization is for, and in which layer: what a correction's hooks
     are told, so a correction can act on some operands only (stochastic rounding of gradients, a
     rotation of the weight-gradient GEMM's operands). ``role``: weight, activation or grad; ``gemm``:
-    forward (X W^T), input_grad (dY W) or weight_grad (dY^T X)."""
+    forward (X W^T), input_grad (dY W) or weight_grad (dY^T X).
+
+    Args:
+        role: ``weight``, ``activation`` or ``grad``.
+        gemm: ``forward``, ``input_grad`` or ``weight_grad``.
+        layer: the module's name in the model ("" outside one).
+    """
 
     role: str
     gemm: str
@@ -68,6 +74,15 @@ class Quantizer:
     router). ``name``: the recipe it came from (shown in the repr of patched modules).
     ``activations=False``: weight-only quantization (W4A16): only the weights of those GEMMs are
     quantized; on GPU a patched Linear then generates through the packed W4A16 kernel.
+
+    Args:
+        fmt: the block format's name (``mxfp4``, ``nvfp4``, ...) or a ``BlockFormat``.
+        scale_rule: the E8M0 scale rule (``floor``, ``ceil``, ``even``, ``rceil``); None: the format's default.
+        corrections: built corrections (``mxfp4.corrections.build``) whose numerics hooks it composes.
+        gemms: {GEMM name: bool} of the GEMMs whose operands a patched layer quantizes; None: all three.
+        modules: the module kinds a patched model quantizes (``MODULE_KINDS``).
+        name: the recipe it came from, shown in the repr of patched modules.
+        activations: False quantizes the weights only (W4A16).
     """
 
     def __init__(self, fmt="mxfp4", scale_rule=None, corrections=(), gemms=None, modules=DEFAULT_MODULES, name=None,

@@ -36,6 +36,19 @@ NVFP4_SCALE_MIN = 2.0**-6  # smallest normal E4M3, torchao's clamp for NVFP4 blo
 
 @dataclass
 class QuantizedTensor:
+    """What ``quantize`` returns: packed element codes and scale bytes, with what ``dequantize`` needs.
+
+    Attributes:
+        codes: the element codes (FP4: two a byte, the low nibble first).
+        scales: the block scales (E8M0 bytes, or E4M3 for NVFP4).
+        tensor_scale: NVFP4's per-tensor FP32 scale (None otherwise).
+        fmt: the ``BlockFormat``.
+        scale_rule: the scale rule used.
+        shape: the input's shape.
+        axis: the axis the blocks ran along.
+        dtype: the input's dtype (what ``dequantize`` returns by default).
+    """
+
     codes: torch.Tensor
     scales: torch.Tensor
     tensor_scale: torch.Tensor | None
@@ -100,7 +113,14 @@ def check_input(x: torch.Tensor, fmt: str | BlockFormat, axis: int, scale_rule: 
 
 def to_blocks(x: torch.Tensor, axis: int, block_size: int, dtype: torch.dtype | None = torch.float32) -> torch.Tensor:
     """View [..., n_blocks, block_size] with ``axis`` moved last and zero padding, in ``dtype``
-    (float32 by default; None keeps x's)."""
+    (float32 by default; None keeps x's).
+
+    Args:
+        x: the operand.
+        axis: the axis its blocks run along.
+        block_size: the elements a block holds.
+        dtype: the blocks' dtype; None keeps x's.
+    """
     moved = x.movedim(axis, -1) if dtype is None else x.movedim(axis, -1).to(dtype)
     pad = -moved.shape[-1] % block_size
     if pad:
@@ -109,7 +129,13 @@ def to_blocks(x: torch.Tensor, axis: int, block_size: int, dtype: torch.dtype | 
 
 
 def from_blocks(blocks: torch.Tensor, shape: torch.Size, axis: int) -> torch.Tensor:
-    """Inverse of ``to_blocks``: crop the padding and move the axis back."""
+    """Inverse of ``to_blocks``: crop the padding and move the axis back.
+
+    Args:
+        blocks: [..., n_blocks, block_size] as ``to_blocks`` laid them out.
+        shape: the operand's shape.
+        axis: the axis its blocks ran along.
+    """
     flat = blocks.reshape(*blocks.shape[:-2], -1)[..., : shape[axis]]
     return flat.movedim(-1, axis)
 
@@ -150,6 +176,12 @@ def quantize_blocks(blocks: torch.Tensor, fmt: BlockFormat, rule: str, tensor_sc
     """Core of the reference: (grid values Q(x/s) [..., nb, bs] float32, scale bytes, scales).
 
     Non-finite blocks give zero grid values and a NaN scale.
+
+    Args:
+        blocks: [..., n_blocks, block_size] (``to_blocks``).
+        fmt: the ``BlockFormat``.
+        rule: the scale rule (``fmt.check_scale_rule`` resolves None).
+        tensor_scale: NVFP4's per-tensor FP32 scale (None for the E8M0 formats).
     """
     scale_bytes, scale = block_scales(blocks, fmt, rule, tensor_scale)
     finite = torch.isfinite(scale)

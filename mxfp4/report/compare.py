@@ -530,6 +530,12 @@ def extending_cells(cells: list[dict], stored: list[dict], recipe: str) -> list[
 CELL_STARTUP_SECONDS = 10.0  # a cell's process before its clock starts (interpreter, torch and TRL imports)
 
 
+def curves_stem(figure_stem) -> Path:
+    """The stem of a compare's training-curves figure, beside its contrasts figure (whose suffix is dropped)."""
+    stem = Path(figure_stem)
+    return stem.with_name(f"{stem.stem if stem.suffix in ('.png', '.pdf') else stem.name}_curves")
+
+
 def with_mechanism(report: str, mechanism_md: Path) -> str:
     """The compare report with the recipe's mechanism (its arm at the warm starts, no RL) first, after the
     answer line: what the recipe does to the gradient, the rollout and the entropy, before what RL made of it."""
@@ -594,7 +600,8 @@ def run_compare(layout: Layout, recipe: str, baselines_csv, out_md, figure_stem=
     ``mechanism_md``: the recipe's mechanism report (``report.mechanism``), whose table leads the report."""
     if adjust not in ADJUSTMENTS:
         raise ValueError(f"adjust={adjust!r}; accepted: {', '.join(ADJUSTMENTS)}")
-    cells = with_time_ratio(read_cells(layout)[0])
+    cells, steps = read_cells(layout)
+    cells = with_time_ratio(cells)
     new_items = read_items(layout) if items else []
     new = [c for c in cells if c["recipe"] == recipe]
     if not new:
@@ -636,11 +643,16 @@ def run_compare(layout: Layout, recipe: str, baselines_csv, out_md, figure_stem=
         check_line += " Per-problem rows left out (--no-items): verdicts per seed only."
     accuracies = accuracy_rows(new + [b for b in baselines if b["model"] in models], [recipe, *references])
     text = markdown(rows, recipe, f"{note}\n\n{check_line}", adjust, accuracies)
+    if figure_stem:
+        text += (f"\nCurves (reward, entropy, KL, gradient cosine and the probes' decomposition shares per step, seed "
+                 f"bands) of the cells run here: `{curves_stem(figure_stem).name}.png`.\n")
     if mechanism_md is not None:
         text = with_mechanism(text, Path(mechanism_md))
     write_text_atomic(out_md, text)
     if figure_stem:
-        from .plots import compare_figure
+        from .plots import compare_figure, curves_figure
 
         compare_figure(rows, recipe, figure_stem)
+        curves_figure(steps, cells, curves_stem(figure_stem), "GRPO training curves of the cells run here (line: "
+                      "mean over seeds; band: 95% t interval over seeds; references rerun here only where listed)")
     return rows

@@ -110,18 +110,29 @@ def correction_effects(corrections_json: Path | str, out_stem: Path | str) -> li
 
 
 def training_curves(steps_csv: Path | str, out_stem: Path | str) -> list[Path]:
-    """Reward, entropy and gradient cosine per step, per recipe: mean over seeds with a 95% t interval."""
+    """Reward, entropy, KL, gradient cosine and the probes' decomposition shares per step, per recipe: mean over
+    seeds with a 95% t interval (a panel whose measure no cell logged is left out)."""
     rows = read_table(steps_csv, "steps")
     cells_csv = Path(steps_csv).with_name("cells.csv")  # aggregate writes both: held-out accuracy before and after
     cells = read_table(cells_csv, "cells") if cells_csv.is_file() else []
+    return curves_figure(rows, cells, out_stem)
+
+
+def curves_figure(rows: list[dict], cells: list[dict], out_stem: Path | str, title: str = "") -> list[Path]:
+    """``training_curves`` of step rows and cell rows as ``aggregate.read_cells`` gives them."""
     models = sorted({r["model"] for r in rows})
     recipes = list(dict.fromkeys(r["recipe"] for r in rows))
     metrics = [
         ("heldout", "held-out accuracy (lm-eval, greedy): before and after RL"),
         ("reward", "reward (rollout accuracy), 5-step running mean"),
         ("entropy", "policy entropy (nats/token), 5-step running mean"),
+        ("kl", "KL to the reference policy, 5-step running mean"),
         ("grad_cosine", "gradient cosine vs BF16 shadow"),
+        ("weight_share_scale", "scale-bias share of the weights' MXFP4 error (probes)"),
+        ("act_share_dead", "deadzone share of the activations' MXFP4 error (probes)"),
+        ("grad_share_scale", "scale-bias share of the gradients' MXFP4 error (probes)"),
     ]
+    metrics = [(k, label) for k, label in metrics if k == "heldout" or any(r.get(k) is not None for r in rows)]
     fig, axes = plt.subplots(
         len(metrics), len(models), figsize=(6 * len(models), 3 * len(metrics)), squeeze=False, layout="constrained"
     )
@@ -140,7 +151,7 @@ def training_curves(steps_csv: Path | str, out_stem: Path | str) -> list[Path]:
                 xs = sorted(pts)
                 ci = [mean_ci(pts[x]) for x in xs]
                 ax.plot(xs, [c["mean"] for c in ci], color=_color(recipe, i), label=recipe,
-                        marker="o" if key == "grad_cosine" else None, ms=3)
+                        marker="o" if key not in SMOOTHED else None, ms=3)
                 band = [(x, c) for x, c in zip(xs, ci) if c["ci_low"] is not None]
                 if band:
                     ax.fill_between([x for x, _ in band], [c["ci_low"] for _, c in band],
@@ -148,7 +159,7 @@ def training_curves(steps_csv: Path | str, out_stem: Path | str) -> list[Path]:
             ax.set_title(f"{model}: {label}", fontsize=9)
             ax.set_xlabel("GRPO step")
         axes[0][col].legend(fontsize=7)
-    fig.suptitle("GRPO training curves per recipe (line: mean over seeds; band: 95% t interval over seeds)")
+    fig.suptitle(title or "GRPO training curves per recipe (line: mean over seeds; band: 95% t interval over seeds)")
     return save(fig, out_stem)
 
 
@@ -159,7 +170,7 @@ ACCURACY_STAGES = [  # (cells.csv column, label, style: how the recipe's colour 
 ]
 
 
-SMOOTHED = {"reward": 5, "entropy": 5}  # noisy per-step values (4 prompts a step): a trailing running mean
+SMOOTHED = {"reward": 5, "entropy": 5, "kl": 5}  # noisy per-step values (4 prompts a step): a trailing running mean
 
 
 def _per_step(rows, model, recipe, key, window: int = 1) -> dict[int, list[float]]:

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import platform
 import shutil
 import subprocess
@@ -204,9 +205,12 @@ def run_cell(
 def grpo_args(plan: CellPlan, checkpoints: Path, processes: int = 1):
     """TRL's GRPOConfig of a cell: the profile's GRPO settings, its precision (fp32 masters, bf16
     autocast when the model computes in bf16), micro-batches with gradient accumulation, gradient
-    checkpointing, checkpoints every ``save_steps`` (if set) under ``checkpoints``, the rollout backend."""
+    checkpointing, checkpoints every ``save_steps`` (if set) under ``checkpoints``, the rollout backend, and the
+    profile's ``report_to`` (TensorBoard: the cell's ``tensorboard/`` folder)."""
     grpo, spec = plan.profile.grpo, plan.profile.model(plan.model)
     micro, accumulation = grpo.accumulation(processes)
+    if "tensorboard" in plan.profile.report_to:  # transformers' TensorBoard callback reads its folder from here
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(plan.out / "tensorboard")
     return grpo_config(
         grpo,
         plan.seed,
@@ -217,6 +221,7 @@ def grpo_args(plan: CellPlan, checkpoints: Path, processes: int = 1):
         save_steps=grpo.save_steps,
         gradient_checkpointing=grpo.gradient_checkpointing,
         rollout=rollout_settings(grpo, plan.recipe),
+        report_to=plan.profile.report_to,
     )
 
 

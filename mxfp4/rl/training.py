@@ -57,9 +57,10 @@ def checkpoint_disk(parameters: int, save_steps: int | None) -> dict:
 
 
 def common_args(seed: int, *, compute: str = "float32", output_dir: Path | str | None = None,
-                save_steps: int | None = None, gradient_checkpointing: bool = False) -> dict:
-    """Seeded data order, progress bars on, no trackers. ``output_dir`` (with ``save_steps``) is where
-    checkpoints go; without it the trainer writes to a throwaway temporary folder and saves nothing.
+                save_steps: int | None = None, gradient_checkpointing: bool = False, report_to=()) -> dict:
+    """Seeded data order, progress bars on, the trackers of ``report_to`` (TRL's; none by default).
+    ``output_dir`` (with ``save_steps``) is where checkpoints go; without it the trainer writes to a
+    throwaway temporary folder and saves nothing.
     ``gradient_checkpointing`` is non-reentrant (it composes with the patched layers' autograd
     function and with DDP / FSDP2). On a GPU it also keeps attention off cuDNN
     (``finite_attention_gradients``) for every trainer built from these arguments."""
@@ -75,7 +76,7 @@ def common_args(seed: int, *, compute: str = "float32", output_dir: Path | str |
         save_strategy="steps" if save_steps else "no",
         save_steps=save_steps or 500,
         save_total_limit=SAVE_TOTAL_LIMIT if save_steps else None,
-        report_to=[],
+        report_to=list(report_to),
         seed=seed,
         data_seed=seed,
         bf16=compute == "bfloat16",
