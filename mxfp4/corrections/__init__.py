@@ -11,7 +11,8 @@ scale bytes, scales), ``to_blocks`` / ``from_blocks`` (an operand as ``[..., n_b
 ``HookError`` (what a hook's failure or broken return becomes).
 
 Built in: the paper's ``macro_block`` (scale bias), ``outlier_fallback`` (deadzone), ``aqn`` (entropy);
-the field's standard recipe, ``hadamard`` (random-sign block rotation) and ``stochastic_rounding``.
+the field's standard recipe, ``hadamard`` (random-sign block rotation, or the plain Hadamard matrix) and
+``stochastic_rounding``; ``four_over_six`` (4/6 adaptive block scaling).
 """
 
 from ..numerics.hooks import HookError
@@ -19,6 +20,7 @@ from ..numerics.quantizer import Operand
 from ..numerics.reference import from_blocks, quantize_blocks, to_blocks
 from .aqn import AdaptiveQuantizationNoise
 from .base import Correction
+from .four_over_six import FourOverSix
 from .hadamard import RandomHadamard, stable_seed
 from .macro_block import MacroBlockScaling
 from .outlier_fallback import OutlierFallback
@@ -29,6 +31,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "AdaptiveQuantizationNoise",
     "Correction",
+    "FourOverSix",
     "HookError",
     "MacroBlockScaling",
     "Operand",

@@ -49,10 +49,13 @@ class RandomHadamard(Correction):
     Args:
         gemms: the GEMMs whose operands are rotated (default the weight gradient's).
         seed: the signs' seed (``bind`` sets the cell's).
+        signs: ``random`` (R = D H) or ``none`` (R = H, the same for every layer and run: the deterministic
+            Hadamard transform reported to cure the weight-gradient divergence, arXiv 2605.09825).
     """
 
     gemms: list[str] = field(default_factory=lambda: ["weight_grad"])
     seed: int = 0
+    signs: str = "random"
 
     rotates = True
 
@@ -60,6 +63,8 @@ class RandomHadamard(Correction):
         bad = [g for g in self.gemms if g not in GEMMS]
         if bad or not self.gemms:
             raise ValueError(f"hadamard gemms {self.gemms}; accepted: a non-empty list of {', '.join(GEMMS)}")
+        if self.signs not in ("random", "none"):
+            raise ValueError(f"hadamard signs {self.signs!r}; accepted: random (R = D H), none (R = H: deterministic)")
         self._matrices: dict = {}
 
     def bind(self, total_steps: int, seed: int) -> None:
@@ -70,10 +75,15 @@ class RandomHadamard(Correction):
         if operand is not None and operand.gemm not in self.gemms:
             return None
         key = ("", "") if operand is None else (operand.layer, operand.gemm)
+        if self.signs == "none":
+            key = ("", "")  # one matrix for every operand
         hit = self._matrices.get((key, block_size, str(device)))
         if hit is None:
-            g = torch.Generator().manual_seed(stable_seed(self.seed, *key))
-            signs = torch.randint(0, 2, (block_size,), generator=g, dtype=torch.float64) * 2 - 1
-            hit = (signs.unsqueeze(1) * hadamard_matrix(block_size)).to(device)
+            if self.signs == "none":
+                hit = hadamard_matrix(block_size).to(device)
+            else:
+                g = torch.Generator().manual_seed(stable_seed(self.seed, *key))
+                signs = torch.randint(0, 2, (block_size,), generator=g, dtype=torch.float64) * 2 - 1
+                hit = (signs.unsqueeze(1) * hadamard_matrix(block_size)).to(device)
             self._matrices[(key, block_size, str(device))] = hit
         return hit

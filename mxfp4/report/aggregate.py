@@ -97,6 +97,7 @@ def read_cells(layout: Layout, profile: Profile | None = None, allow_missing: bo
             check_recipe(metrics, m)
         row = {"profile": layout.profile, "model": m["model"], "recipe": m["recipe"], "seed": m["seed"]}
         row.update({k: m.get(k) for k in CELL_METRICS})
+        row["learning_signal_steps"] = learning_signal_steps(log)
         w = m.get("decomposition_weights") or {}
         row.update({f"weight_{k}": w.get(k) for k in WEIGHT_KEYS})
         costs = m.get("correction_costs") or {}
@@ -187,14 +188,17 @@ def _crossed_row(model, recipe, metric, rows, value) -> dict:
             "method": f"{est['interval']}: {est['rows']} problems x {est['cols']} seeds"}
 
 
-def rl_gain_rows(items: list[dict]) -> list[dict]:
+def rl_gain_rows(items: list[dict], silent: frozenset | set = frozenset()) -> list[dict]:
     """Per (model, recipe): the RL gain paired by problem and seed (strict correctness after RL minus
     before, the same lm-eval doc), problems and seeds crossed random factors (``stats.crossed_mean``:
     every problem is evaluated under every seed, so the problems pair across seeds too). Where the
     problems have types (the embedded generator's: ``flaw``, ``rest``), the same per type, and the
-    accuracies before and after RL per type (an RL gain on the planted flaw is not a gain on the rest)."""
+    accuracies before and after RL per type (an RL gain on the planted flaw is not a gain on the rest). The cells
+    of ``silent`` ((model, recipe, seed) without a learning signal, ``no_learning_signal``) are left out."""
     groups: dict[tuple, list[dict]] = {}
     for r in items:
+        if (r["model"], r["recipe"], r["seed"]) in silent:
+            continue
         if r.get("strict") is not None and r.get("strict_before") is not None:
             groups.setdefault((r["model"], r["recipe"]), []).append(r)
     def gain(r):
@@ -214,15 +218,39 @@ def rl_gain_rows(items: list[dict]) -> list[dict]:
     return out
 
 
+def learning_signal_steps(log: list[dict]) -> int | None:
+    """Steps of a cell's GRPO run with a learning signal: some group's rewards differed, so some advantage was
+    non-zero (TRL's ``frac_reward_zero_std`` below 1); None where the log does not record it."""
+    fractions = [s["frac_reward_zero_std"] for s in log if s.get("frac_reward_zero_std") is not None]
+    return sum(1 for f in fractions if f < 1) if fractions else None
+
+
+def no_learning_signal(cell: dict) -> bool:
+    """A cell whose GRPO never had a learning signal (every advantage zero at every step): its weights never
+    moved by the policy gradient, so its RL gain is no measurement of RL, not a gain of 0."""
+    return cell.get("learning_signal_steps") == 0
+
+
+RL_GAIN_METRICS = {"gsm8k_rl_gain"}
+
+
 def summarize(cells: list[dict]) -> list[dict]:
+    """Per (model, recipe) and metric, the mean over seeds with a 95% t interval (one value per cell); the RL gain
+    leaves out cells without a learning signal (``no_learning_signal``), and its method says how many."""
     groups: dict[tuple, list[dict]] = {}
     for c in cells:
         groups.setdefault((c["model"], c["recipe"]), []).append(c)
     out = []
     for (model, recipe), rows in sorted(groups.items()):
+        silent = [r for r in rows if no_learning_signal(r)]
         for metric in CELL_METRICS + [f"weight_{k}" for k in WEIGHT_KEYS] + ["extra_bits_per_element", "bf16_fraction"]:
-            out.append({"model": model, "recipe": recipe, "metric": metric, **mean_ci([r.get(metric) for r in rows]),
-                        "method": "t over seeds (one value per cell)"})
+            kept, method = rows, "t over seeds (one value per cell)"
+            if metric in RL_GAIN_METRICS and silent:
+                kept = [r for r in rows if not no_learning_signal(r)]
+                method += (f"; {len(silent)} of {len(rows)} cells had no learning signal (every advantage zero) and "
+                           "are left out: no RL happened there")
+            out.append({"model": model, "recipe": recipe, "metric": metric, **mean_ci([r.get(metric) for r in kept]),
+                        "method": method})
     return out
 
 
@@ -251,7 +279,8 @@ def aggregate(layout: Layout, out: Path | str | None = None, profile: Profile | 
     write_csv(cells, out / TABLES["cells"])
     write_csv(steps, out / TABLES["steps"])
     items = read_items(layout, {(c["model"], c["recipe"], c["seed"]) for c in cells})
-    write_csv(summarize(cells) + rl_gain_rows(items), out / TABLES["summary"])
+    silent = {(c["model"], c["recipe"], c["seed"]) for c in cells if no_learning_signal(c)}
+    write_csv(summarize(cells) + rl_gain_rows(items, silent), out / TABLES["summary"])
     if items:
         write_csv(items, out / TABLES["items"])
     return {"cells": len(cells), "steps": len(steps), "items": len(items)}

@@ -56,9 +56,11 @@ def accuracy_table(summary_csv: Path | str, flaws=DEFAULT_FLAWS, warm_starts: in
     methods = {}
     for model, recipe in pairs:
         cells = [_number(by.get((model, recipe, m), {}).get("mean")) for m, _ in ACCURACY]
+        silent = by.get((model, recipe, "gsm8k_rl_gain"), {}).get("method") or ""
         for metric in gains:
             gain = by.get((model, recipe, metric))
-            cells.append(_interval(gain))
+            cells.append(_interval(gain) + (" (cells without a learning signal left out)"
+                                            if "no learning signal" in silent else ""))
             if gain is not None and metric == RL_GAIN_PER_PROBLEM:
                 methods.setdefault(gain["method"].split(",")[0], f"{gain['method'].split(',')[0]}, n = {gain['n']}")
         out.append(f"| {model} | {recipe} | " + " | ".join(cells) + " |")

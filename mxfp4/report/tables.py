@@ -69,6 +69,7 @@ class CellRow(_Row):
     wall_time_seconds: NonNegative = None
     extra_bits_per_element: NonNegative = None
     bf16_fraction: Unit = None
+    learning_signal_steps: Count = None
 
 
 class StepRow(_Row):

@@ -186,3 +186,20 @@ def test_compare_reports_a_reduced_comparison_only_when_asked(run):
     _edit_stored("setting_hash", "0123456789ab")(run)
     run_compare(Layout(run, "smoke"), "mxfp4", stored, run / "other.md", items=False, allow_setting_difference=True)
     assert "WARNING: the setting differs from the baselines'" in (run / "other.md").read_text()
+
+
+def test_a_cell_without_a_learning_signal_is_labelled_never_a_gain_of_zero():
+    """Every advantage zero at every step (TRL's frac_reward_zero_std = 1): the cell's RL gain is left out of the
+    summary with the reason in its method, and its per-problem items leave the crossed RL gain."""
+    from mxfp4.report.aggregate import learning_signal_steps, rl_gain_rows, summarize
+
+    assert learning_signal_steps([{"frac_reward_zero_std": 1.0}, {"frac_reward_zero_std": 0.5}]) == 1
+    assert learning_signal_steps([{"loss": 0.1}]) is None
+    cells = [{"model": "m", "recipe": "r", "seed": s, "gsm8k_rl_gain": g, "learning_signal_steps": n}
+             for s, g, n in ((0, 0.0, 0), (1, 0.10, 3), (2, 0.20, 3))]
+    gain = next(r for r in summarize(cells) if r["metric"] == "gsm8k_rl_gain")
+    assert gain["n"] == 2 and gain["mean"] == pytest.approx(0.15)
+    assert "1 of 3 cells had no learning signal (every advantage zero) and are left out" in gain["method"]
+    items = [{"model": "m", "recipe": "r", "seed": s, "doc_id": d, "doc_hash": str(d), "strict": 1.0,
+              "strict_before": 0.0} for s in (0, 1, 2) for d in range(4)]
+    assert rl_gain_rows(items, {("m", "r", 0)})[0]["seeds"] == 2
