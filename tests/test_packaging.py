@@ -2,6 +2,7 @@
 lines run from it in a folder that is no checkout."""
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -18,8 +19,14 @@ def test_the_declared_packages_are_every_package_of_the_source():
 
 
 def test_the_wheel_quantizes_a_model_outside_a_checkout(tmp_path):
+    source = tmp_path / "source"  # a copy: building writes build/ and egg-info beside the sources
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "mxfp4", "experiments"):
+        copy = shutil.copytree if (REPO / name).is_dir() else shutil.copy
+        copy(REPO / name, source / name, **({"ignore": shutil.ignore_patterns("__pycache__")}
+                                            if (REPO / name).is_dir() else {}))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path / "dist"), str(REPO)], check=True, capture_output=True)
+                    str(tmp_path / "dist"), str(source)], check=True, capture_output=True)
     wheel = next((tmp_path / "dist").glob("mxfp4-*.whl"))
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],

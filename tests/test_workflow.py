@@ -48,10 +48,12 @@ def test_a_compare_on_the_stored_baselines_trains_no_warm_start(workdir):
     assert "pretrain_model" not in jobs and jobs["copy_stored_warm_start"] == 2, jobs
     jobs = planned_jobs(snakemake(workdir, *args))
     assert jobs["pretrain_model"] == 2 and "copy_stored_warm_start" not in jobs, jobs
-    # the pilot: the recipe and the two stored cells rerun here, all on the first model and seed
+    # the mechanism first, one job a model, then the report
+    assert jobs["mechanism_units"] == 2 and jobs["mechanism"] == 1, jobs
+    # the pilot: the recipe and the one stored cell rerun here, on the first model and seed
     jobs = planned_jobs(snakemake(workdir, *args, "warm_starts=stored", "compare_pilot=true"))
-    assert jobs["cell"] == 3 and jobs["copy_stored_warm_start"] == 1 and "pretrain_model" not in jobs, jobs
-    # five seeds: the recipe's 2 models x 5 seeds and the two stored cells rerun here (the references of
+    assert jobs["cell"] == 2 and jobs["copy_stored_warm_start"] == 1 and "pretrain_model" not in jobs, jobs
+    # five seeds: the recipe's 2 models x 5 seeds and one stored cell a model rerun here (the references of
     # seeds 3 and 4 join once the reproduction check has run: a checkpoint, so a dry run cannot list them)
     jobs = planned_jobs(snakemake(workdir, *args, "warm_starts=stored", "compare_seeds=5"))
     assert jobs["cell"] == 2 * 5 + 2, jobs
@@ -65,6 +67,7 @@ def test_a_compare_on_the_stored_baselines_trains_no_warm_start(workdir):
 def test_an_outlier_profile_adds_its_channels_to_a_stored_sft_instead_of_training_it(tmp_path):
     """warm_starts=stored: every warm start of the outlier profile comes from a stored one of the same SFT
     without outlier channels (any stored profile's); without it, or with another SFT stored, it is trained."""
+    import hashlib
     import json
 
     from mxfp4.config.profiles import load_profile
@@ -81,7 +84,9 @@ def test_an_outlier_profile_adds_its_channels_to_a_stored_sft_instead_of_trainin
                 folder.mkdir(parents=True, exist_ok=True)
                 for name in WARM_START_FILES:
                     (folder / name).write_text("")
-                (folder / WARM_START_META).write_text(json.dumps({"provenance": setting(model, k)}))
+                empty = hashlib.sha256(b"").hexdigest()
+                digests = {name: empty for name in WARM_START_FILES if name != WARM_START_META}
+                (folder / WARM_START_META).write_text(json.dumps({"provenance": setting(model, k), "digests": digests}))
 
     args = ("-n", "pretrain", "--config", f"profile={heavy.name}")
     store(heavy.sft_setting)

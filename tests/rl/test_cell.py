@@ -1,5 +1,6 @@
 """Smoke cells end to end on CPU: warm-start, GRPO under a recipe, lm-eval, metrics.json."""
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -264,7 +265,10 @@ def test_saving_a_model_is_all_or_nothing(tmp_path, monkeypatch):
     assert not (tmp_path / "new").exists()  # no half-written folder under the final name
     with pytest.raises(RuntimeError, match="killed while saving"):
         save(model, tok, tmp_path / "done", {"steps": 2})
-    assert json.loads((tmp_path / "done" / "mxfp4_meta.json").read_text()) == {"steps": 1}  # the old one intact
+    meta = json.loads((tmp_path / "done" / "mxfp4_meta.json").read_text())
+    assert meta["steps"] == 1  # the old one intact, with the digests of the files it saved
+    assert meta["digests"]["model.safetensors"] == hashlib.sha256((tmp_path / "done" / "model.safetensors")
+                                                                  .read_bytes()).hexdigest()
 
 
 def test_cached_problems_are_remade_when_the_settings_that_made_them_change(tmp_path):

@@ -152,7 +152,8 @@ onstart:
 
 
 # The mechanism first, where the profile fixes the pathways' margins (pathways.claims) and has tiny warm starts.
-MECHANISM = [str(L.mechanism(COMPARE_RECIPE))] if P.pathways and P.pathways.claims and TINY_MODELS else []
+MECHANISM = ([str(L.mechanism(COMPARE_RECIPE))] if P.pathways and P.pathways.claims
+             and any(m in TINY_MODELS for m in COMPARE_MODELS) else [])
 
 
 rule mechanism_units:
@@ -176,7 +177,7 @@ rule mechanism:
     each stored correction, the network (warm start) as the replicate, and the error energy it removes:
         snakemake --cores all mechanism --config compare_recipe=R warm_starts=stored"""
     input:
-        [str(L.mechanism_units(COMPARE_RECIPE, m)) for m in TINY_MODELS],
+        [str(L.mechanism_units(COMPARE_RECIPE, m)) for m in COMPARE_MODELS if m in TINY_MODELS],
     output:
         str(L.mechanism(COMPARE_RECIPE)),
     log:
