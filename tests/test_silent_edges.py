@@ -409,3 +409,18 @@ def test_a_diverged_run_is_one_line_at_the_command_line(monkeypatch):
     code, said = cli("formats")
     assert code == 2 and said.strip() == ("mxfp4 formats: error: step 1: the gradient norm is nan, so the optimizer "
                                           "step made the weights non-finite")
+
+
+def test_compare_refuses_stored_cells_of_a_recipe_redefined_since(tmp_path, monkeypatch):
+    """The stored cells' config hashes against the recipes in force: untouched they agree; with mxfp4 redefined
+    (another scale rule) its stored cells are refused, both hashes named."""
+    from mxfp4.report.compare import check_definitions
+    from mxfp4.report.tables import read_table
+
+    cells = read_table(BASELINE / "cells.csv", "cells")
+    check_definitions(cells, "embedded", "stored")
+    (tmp_path / "recipes.yaml").write_text("mxfp4:\n  quantize: true\n  scale_rule: ceil\n")
+    monkeypatch.setenv("MXFP4_RECIPES", str(tmp_path / "recipes.yaml"))
+    with pytest.raises(ValueError, match=r"stored: cell tiny-dense/mxfp4/seed0 was made under another definition of "
+                                         r"recipe 'mxfp4' \(config hash recorded \w+ -> now \w+\)"):
+        check_definitions(cells, "embedded", "stored")
