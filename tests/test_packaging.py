@@ -15,7 +15,9 @@ REPO = Path(__file__).resolve().parent.parent
 def test_the_declared_packages_are_every_package_of_the_source():
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "mxfp4").rglob("__init__.py")}
-    assert set(declared) == found | {"mxfp4.experiments"}
+    shipped = {"mxfp4.experiments", *(f"mxfp4.experiments.{d.name}" for d in (REPO / "experiments").iterdir()
+                                      if d.is_dir())}
+    assert set(declared) == found | shipped
 
 
 def test_the_wheel_quantizes_a_model_outside_a_checkout(tmp_path):
