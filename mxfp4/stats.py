@@ -26,6 +26,19 @@ def _clean(values) -> list[float]:
     return [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
 
 
+def first_non_finite(value, where: str = "") -> tuple[str, float] | None:
+    """The first NaN or infinite float in ``value`` (nested dicts, lists and tuples too) with its dotted path
+    ("" for ``value`` itself), or None: what a parameter list or a parsed JSON report is checked with."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
+    for k, v in items:
+        hit = first_non_finite(v, f"{where}.{k}" if where else str(k))
+        if hit:
+            return hit
+    return None
+
+
 def _no_spread(x: np.ndarray) -> bool:
     """Every value equal up to round-off (scipy would warn of catastrophic cancellation)."""
     return float(x.std(ddof=1)) <= 16 * np.finfo(float).eps * float(np.abs(x).max())

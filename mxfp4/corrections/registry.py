@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import math
 import os
 import typing
 from importlib.metadata import entry_points
 
 import pydantic
 
+from ..stats import first_non_finite
 from .base import Correction
 
 REGISTRY: dict[str, type] = {}
@@ -104,19 +104,6 @@ def _checked_parameters(name: str, cls: type, params: dict) -> dict:
     return {k: getattr(model, k) for k in params}
 
 
-def _non_finite(value, where: str = "") -> tuple[str, float] | None:
-    """The first non-finite number in a correction's parameters (nested lists and dicts too), with its path;
-    checked whatever the class's style, so a plain-class plugin gets no NaN either."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return where, value
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list | tuple) else ()
-    for k, v in items:
-        hit = _non_finite(v, f"{where}.{k}" if where else str(k))
-        if hit:
-            return hit
-    return None
-
-
 def build(spec: dict | str) -> Correction:
     """A correction from ``{"name": ..., **params}`` (or a bare name, default parameters). A
     dataclass correction's parameters are checked strictly against its field types first.
@@ -131,7 +118,8 @@ def build(spec: dict | str) -> Correction:
         raise ValueError(f"unknown correction {name!r}; known: {', '.join(sorted(known))} (a correction of your own: "
                          "name its module in MXFP4_PLUGINS, or install it under the mxfp4.corrections entry point)")
     cls = known[name]
-    bad = None if dataclasses.is_dataclass(cls) else _non_finite(spec)  # a dataclass's: its typed fields say
+    # checked whatever the class's style, so a plain-class plugin gets no NaN either (a dataclass's: its typed fields)
+    bad = None if dataclasses.is_dataclass(cls) else first_non_finite(spec)
     if bad:
         raise ValueError(f"correction {name!r}: parameter {bad[0]} is {bad[1]}; accepted: finite numbers")
     if dataclasses.is_dataclass(cls):

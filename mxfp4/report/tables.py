@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from pathlib import Path
 from typing import Annotated, Any
 
 import pandas as pd
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from ..stats import first_non_finite
 
 
 class TableError(ValueError):
@@ -289,17 +290,6 @@ JSON_SCHEMAS: dict[str, type[BaseModel]] = {"proofs": Proofs, "corrections": Cor
                                             "reproduction": Reproduction}
 
 
-def _non_finite(value, where: str = "") -> str | None:
-    if isinstance(value, float) and not math.isfinite(value):
-        return where or "(top level)"
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for k, v in items:
-        hit = _non_finite(v, f"{where}.{k}" if where else str(k))
-        if hit:
-            return hit
-    return None
-
-
 def read_report(path: Path | str, kind: str):
     """A stored JSON report of ``kind`` (``JSON_SCHEMAS``), validated (every number in it finite), as parsed."""
     path = Path(path)
@@ -309,9 +299,10 @@ def read_report(path: Path | str, kind: str):
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise TableError(f"{path}: not JSON ({err}); accepted: the {kind} report") from None
-    bad = _non_finite(data)
+    bad = first_non_finite(data)
     if bad:
-        raise TableError(f"{path}: {bad}: not a finite number; accepted: the {kind} report with finite numbers")
+        raise TableError(f"{path}: {bad[0] or '(top level)'}: not a finite number; accepted: the {kind} report with "
+                         "finite numbers")
     try:
         JSON_SCHEMAS[kind].model_validate({"rows": data} if kind == "corrections" else data)
     except ValidationError as err:
