@@ -20,7 +20,7 @@ from ..analysis.pathway_spec import RECOVERY_HARMS, UNITS
 from ..config.profiles import load_profile
 from ..io import write_json_atomic, write_text_atomic
 from ..stats import nested_paired, three_outcome_test, three_outcome_verdict
-from .network_claims import harms_by_network, profile_networks, read_units
+from .network_claims import by_network, profile_networks, read_units, unit_harms
 
 PATHWAYS = {"gradient": "gradient", "rollout": "rollout", "entropy": "entropy_gap"}  # pathway -> its harm key
 ARM_LABELS = {"none": "bf16", "all": "mxfp4"}
@@ -30,23 +30,12 @@ def _label(arm: str) -> str:
     return ARM_LABELS.get(arm, arm)
 
 
-def _within(units: list[dict], model: str, form: str, key: str, own: str, rival: str) -> dict | None:
-    """The unit-level paired mean harm(rival) - harm(own) within the measured networks (units nested in them)."""
-    pathway = "entropy" if key == "entropy_gap" else key
-    rows = {a: sorted((r for r in units if r["model"] == model and r["form"] == form and r["pathway"] == pathway
-                       and r["arm"] == a and r["checkpoint"] == "warm"), key=lambda r: int(r["unit"]))
-            for a in (own, rival, "none")}
-    if not rows[own] or not rows[rival]:
+def _within(per_unit: dict[str, tuple[list, list]], own: str, rival: str) -> dict | None:
+    """The unit-level paired mean harm(rival) - harm(own) within the measured networks (units nested in the seeds
+    they were measured on), from ``unit_harms``' arms of one pathway."""
+    if own not in per_unit or rival not in per_unit:
         return None
-    def harm(r, i):
-        if key != "entropy_gap":
-            return r["harm"]
-        base = rows["none"][i]["harm"]
-        return None if r["harm"] is None or base is None else abs(r["harm"] - base)
-    a = [harm(r, i) for i, r in enumerate(rows[rival])]
-    b = [harm(r, i) for i, r in enumerate(rows[own])]
-    groups = [r["seed"] if r.get("seed") not in (None, "") else r["group"] for r in rows[own]]
-    return nested_paired(a, b, groups)
+    return nested_paired(per_unit[rival][0], per_unit[own][0], per_unit[own][1])
 
 
 def mechanism_rows(units: list[dict], recipe: str, profile) -> list[dict]:
@@ -60,7 +49,8 @@ def mechanism_rows(units: list[dict], recipe: str, profile) -> list[dict]:
     network_of = profile_networks(profile)
     out = []
     for model in sorted({r["model"] for r in units}):
-        h = harms_by_network(units, model, "warm", form, network_of)
+        per_unit = unit_harms(units, model, "warm", form)
+        h = by_network(per_unit, network_of)
         for pathway, key in PATHWAYS.items():
             arms = h.get(key, {})
             if recipe not in arms:
@@ -78,7 +68,7 @@ def mechanism_rows(units: list[dict], recipe: str, profile) -> list[dict]:
                             "ci_low": c["ci_low"], "ci_high": c["ci_high"], "networks": c["networks"],
                             "verdict": _verdict_words(verdict, rival), "margin": design.margins[pathway],
                             "rank": ranked.index(recipe) + 1, "arms": len(ranked),
-                            "within": _within(units, model, form, key, recipe, rival)})
+                            "within": _within(per_unit.get(key, {}), recipe, rival)})
     return out
 
 

@@ -51,15 +51,11 @@ def read_units(paths) -> list[dict]:
     return rows
 
 
-def harms_by_network(units: list[dict], model: str, checkpoint: str, form: str,
-                     network_of=None) -> dict[str, dict[str, dict]]:
-    """{pathway: {arm: {network: mean harm over its units}}} of one model, checkpoint and form, a unit's network
-    ``network_of(its origin)``, its origin the seed whose policy it was measured on (its ``seed`` column; its
-    ``group`` where the file has none), e.g. the seed's warm start (seeds that share one pool their units in
-    it; None: the origin itself); the entropy pathway's recovery harm (the gap to the unquantized arm's
-    entropy, unit by unit) under ``entropy_gap``."""
-    network_of = network_of or (lambda origin: origin)  # None: the origin is its own network
-
+def unit_harms(units: list[dict], model: str, checkpoint: str, form: str) -> dict[str, dict[str, tuple[list, list]]]:
+    """{pathway: {arm: (each unit's harm, its origin)}} of one model, checkpoint and form, units in their order;
+    a unit's origin is the seed whose policy it was measured on (its ``seed`` column; its ``group`` where the file
+    has none). The entropy pathway's recovery harm (the gap to the unquantized arm's entropy, unit by unit) comes
+    under ``entropy_gap``."""
     def origin(r):
         return r["group"] if r.get("seed") in (None, "") else r["seed"]
 
@@ -69,18 +65,33 @@ def harms_by_network(units: list[dict], model: str, checkpoint: str, form: str,
             per.setdefault(r["pathway"], {}).setdefault(r["arm"], []).append(r)
     out: dict = {}
     for pathway, arms in per.items():
-        out[pathway] = {}
-        for arm, rows in arms.items():
+        for rows in arms.values():
             rows.sort(key=lambda r: int(r["unit"]))
-            out[pathway][arm] = network_means([r["harm"] for r in rows], [network_of(origin(r)) for r in rows])
+        out[pathway] = {arm: ([r["harm"] for r in rows], [origin(r) for r in rows]) for arm, rows in arms.items()}
         if pathway == "entropy" and "none" in arms:
             base = {int(r["unit"]): r["harm"] for r in arms["none"]}
-            out["entropy_gap"] = {}
-            for arm, rows in arms.items():
-                gaps = [None if r["harm"] is None or base.get(int(r["unit"])) is None
-                        else abs(r["harm"] - base[int(r["unit"])]) for r in rows]
-                out["entropy_gap"][arm] = network_means(gaps, [network_of(origin(r)) for r in rows])
+            out["entropy_gap"] = {
+                arm: ([None if r["harm"] is None or base.get(int(r["unit"])) is None
+                       else abs(r["harm"] - base[int(r["unit"])]) for r in rows], [origin(r) for r in rows])
+                for arm, rows in arms.items()}
     return out
+
+
+def harms_by_network(units: list[dict], model: str, checkpoint: str, form: str,
+                     network_of=None) -> dict[str, dict[str, dict]]:
+    """{pathway: {arm: {network: mean harm over its units}}} of one model, checkpoint and form (``unit_harms``), a
+    unit's network ``network_of(its origin)``, e.g. the seed's warm start (seeds that share one pool their units in
+    it; None: the origin itself)."""
+    return by_network(unit_harms(units, model, checkpoint, form), network_of)
+
+
+def by_network(per_unit: dict[str, dict[str, tuple[list, list]]], network_of=None) -> dict[str, dict[str, dict]]:
+    """``unit_harms``' harms as {pathway: {arm: {network: mean harm over its units}}}, a unit's network
+    ``network_of(its origin)`` (None: the origin itself)."""
+    network_of = network_of or (lambda origin: origin)  # None: the origin is its own network
+    return {pathway: {arm: network_means(harms, [network_of(o) for o in origins])
+                      for arm, (harms, origins) in arms.items()}
+            for pathway, arms in per_unit.items()}
 
 
 def _negated(by_net: dict) -> dict:
