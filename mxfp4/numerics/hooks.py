@@ -10,6 +10,7 @@ once per matrix: a correction that caches its matrices pays for the check once.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import weakref
 
@@ -170,8 +171,6 @@ def _metric_values(value) -> str | None:
 
 
 def _state(value) -> str | None:
-    import json
-
     if not isinstance(value, dict):
         return f"returned {type(value).__name__}; expected a JSON-serialisable dict"
     try:

@@ -38,17 +38,18 @@ STEP_KEYS = {
 }
 
 
-def grid_cells(layout: Layout, profile: Profile, allow_missing: bool = False, outside_grid: bool = False) -> list[Path]:
-    """The finished cells of the profile's grid (models x recipes x seeds): a cell outside it is named and left
-    out (``outside_grid``: kept), a grid cell not finished is an error naming it (``allow_missing``: named, and
-    the rest aggregated)."""
+def grid_cells(layout: Layout, profile: Profile, allow_missing: bool = False,
+               outside_grid: bool = False) -> list[tuple[Path, dict]]:
+    """(metrics.json, its validated content) of the finished cells of the profile's grid (models x recipes x
+    seeds): a cell outside it is named and left out (``outside_grid``: kept), a grid cell not finished is an error
+    naming it (``allow_missing``: named, and the rest aggregated)."""
     grid = {(m, r, s) for m in profile.models for r in profile.recipes for s in profile.seeds}
     found, outside = {}, []
     for metrics in layout.finished_cells():
         m = read_metrics(metrics)
         key = (m["model"], m["recipe"], m["seed"])
         if key in grid or outside_grid:
-            found[key] = metrics
+            found[key] = (metrics, m)
         else:
             outside.append(f"{key[0]}/{key[1]}/seed{key[2]}")
     if outside:
@@ -61,7 +62,7 @@ def grid_cells(layout: Layout, profile: Profile, allow_missing: bool = False, ou
         if not allow_missing:
             raise ValueError(f"{what}; run them (snakemake ablations), or aggregate the rest with --allow-missing")
         print(f"aggregate: {what} (aggregating the rest: --allow-missing)", file=sys.stderr)
-    return sorted(found.values())
+    return sorted(found.values(), key=lambda pair: pair[0])
 
 
 def _check_complete(path: Path, m: dict, profile: Profile) -> None:
@@ -86,9 +87,9 @@ def read_cells(layout: Layout, profile: Profile | None = None, allow_missing: bo
     (``grid_cells``), each checked to be made from what the profile and its recipe say now, with every step
     and every evaluation it records."""
     cells, steps = [], []
-    paths = layout.finished_cells() if profile is None else grid_cells(layout, profile, allow_missing, outside_grid)
-    for metrics in paths:
-        m = read_metrics(metrics)
+    cells_read = ([(p, read_metrics(p)) for p in layout.finished_cells()] if profile is None
+                  else grid_cells(layout, profile, allow_missing, outside_grid))
+    for metrics, m in cells_read:
         log = read_log(metrics, m)
         if profile is not None:
             check_provenance(metrics, m, profile)
