@@ -129,6 +129,9 @@ class PretrainSettings(_Strict):
     warm_starts: int = Field(
         1, ge=1, description="warm starts per model, each its own pretraining seed (0, 1, ...): the profile's i-th "
         "seed trains and is measured from warm start i mod warm_starts")
+    first_seed: int = Field(
+        0, ge=0, le=MAX_SEED, description="the pretraining seed of warm start 0 (warm start i: first_seed + i): a "
+        "confirmatory design's networks apart from its pilot's")
     outlier_channels: int = Field(
         0, ge=0, description="hidden channels given outlier activations after SFT, the function unchanged "
         "(mxfp4.rl.outlier_channels): the heavy-tail knob")
@@ -159,6 +162,8 @@ class PretrainSettings(_Strict):
             del out["flaws"]
         if out["warm_starts"] == 1:
             del out["warm_starts"]
+        if out["first_seed"] == 0:
+            del out["first_seed"]
         return out
 
 
@@ -529,6 +534,11 @@ class Profile(_Strict):
     def warm_starts(self) -> int:
         """Warm starts per tiny model (``pretrain.warm_starts``; 1 without a pretrain section)."""
         return 1 if self.pretrain is None else self.pretrain.warm_starts
+
+    def pretrain_seed(self, warm_start: int = 0) -> int:
+        """The pretraining seed of warm start ``warm_start`` (``pretrain.first_seed`` + its index)."""
+        self.check_warm_start(warm_start)
+        return warm_start + (0 if self.pretrain is None else self.pretrain.first_seed)
 
     def check_warm_start(self, warm_start: int) -> None:
         """A ValueError unless ``warm_start`` is one of this profile's (0 to ``pretrain.warm_starts`` - 1)."""

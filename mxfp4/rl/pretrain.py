@@ -138,13 +138,14 @@ def pretrain_model(profile, model: str, out: Path | str | None = None, results: 
         raise ValueError(f"cannot write the warm start to {out} ({err.strerror or err}); accepted: a writable "
                          "folder (--out, or --results)") from None
     if sft_from is not None:
-        return outliers_added(Path(sft_from), out, profile.sft_setting(model, warm_start), warm_start,
+        return outliers_added(Path(sft_from), out, profile.sft_setting(model, warm_start),
+                              profile.pretrain_seed(warm_start),
                               profile.pretrain.outlier_channels, profile.pretrain.outlier_scale,
                               profile.warm_start_setting(model, warm_start))
-    settings = profile.pretrain.model_dump(exclude={"warm_starts"})
+    settings = profile.pretrain.model_dump(exclude={"warm_starts", "first_seed"})
     return pretrain(spec.arch, out, max_steps_per_problem=profile.data.max_problem_steps,
                     layers=spec.layers or TINY_LAYERS, provenance=profile.warm_start_setting(model, warm_start),
-                    seed=warm_start, **settings)
+                    seed=profile.pretrain_seed(warm_start), **settings)
 
 
 def outliers_added(source: Path, out: Path | str, sft_setting: dict, seed: int, outlier_channels: int,

@@ -33,15 +33,20 @@ WARM_STARTS = config.get("warm_starts", "train")
 
 
 def stored_warm_start(wc):
-    """With --config warm_starts=stored: the stored baselines' warm start of this model, when it was made
-    from what the profile gives now (its recorded settings); else a path that does not exist, so that
-    pretrain_model makes it."""
+    """With --config warm_starts=stored: a stored warm start of this model made from what the profile gives
+    now (its recorded settings), this profile's first, else any profile's (a pilot reuses the networks of the
+    profile it shares its SFT with); else a path that does not exist, so that pretrain_model makes it."""
     from mxfp4.rl.models import made_from
 
     warm_start = int(wc.get("warm_start", 0))
     stored = L.stored(L.model(wc.model, warm_start))
-    if WARM_STARTS == "stored" and made_from(stored, P.warm_start_setting(wc.model, warm_start)):
-        return str(stored)
+    if WARM_STARTS == "stored":
+        want = P.warm_start_setting(wc.model, warm_start)
+        relative = L.model(wc.model, warm_start).relative_to(L.root)
+        others = [folder / relative for folder in sorted(L.baselines.parent.iterdir()) if folder != L.baselines]
+        for candidate in [stored, *others]:
+            if made_from(candidate, want):
+                return str(candidate)
     return str(stored) + ".not-stored"
 
 

@@ -40,6 +40,46 @@ rule store_baselines:
         write_report(L, stored=True)  # the stored REPORT.md, linking the stored tables
 
 
+def unstored_warm_starts():
+    """The warm starts a network design stores: those no stored profile holds already, whole or as the SFT its
+    outlier channels are added to (a pilot's reused networks, a regime's shared SFTs)."""
+    from mxfp4.rl.models import made_from
+
+    out = []
+    for m in TINY_MODELS:
+        for k in range(P.warm_starts):
+            relative = L.model(m, k).relative_to(L.root)
+            stored = [folder / relative for folder in sorted(L.baselines.parent.iterdir()) if folder != L.baselines]
+            if not any(made_from(f, P.warm_start_setting(m, k)) or made_from(f, P.sft_setting(m, k)) for f in stored):
+                out.append(model_path(m, k))
+    return out
+
+
+rule store_network_claims:
+    """Store a network design (a profile of pathways and claims alone, no RL) with the baselines: every model's
+    per-unit file, its pathway matrix, the claim tests with the network as the replicate (each primary row
+    recomputable by `mxfp4 network-claims` from the stored units) and the warm starts no other profile stores."""
+    input:
+        [str(L.pathway_units(m, "warm")) for m in MODELS],
+        str(L.pathways()),
+        str(L.pathways().with_suffix(".md")),
+        NETWORK_CLAIMS,
+        models=unstored_warm_starts(),
+    output:
+        touch(str(L.root / "network_claims_stored.flag")),
+    run:
+        import shutil
+
+        from mxfp4.io import copy_atomic
+
+        for src in input:
+            if src in input.models:
+                shutil.rmtree(L.stored(src), ignore_errors=True)
+                shutil.copytree(src, L.stored(src), ignore=shutil.ignore_patterns(".snakemake*"))
+            else:
+                copy_atomic(src, L.stored(src))
+
+
 # A pilot (--config compare_pilot=true): the compare recipe on the first model and seed only, against the
 # references on the same cell: minutes, and a per-problem answer; the full compare adds the other cells.
 # More seeds (--config compare_seeds=N): the profile's seeds, then the next integers; the references of the
