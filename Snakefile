@@ -90,6 +90,7 @@ include: "workflow/rules/depth.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/compare.smk"
+include: "workflow/rules/leaderboard.smk"
 include: "workflow/rules/gpu.smk"
 
 

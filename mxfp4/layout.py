@@ -190,6 +190,19 @@ class Layout:
         """One model's per-unit harms of a recipe's mechanism run (``mxfp4 mechanism``; ``.energy.json`` beside)."""
         return self.root / "mechanism" / recipe / f"{model}_units.csv"
 
+    def leaderboard_units(self, model: str) -> Path:
+        """One model's per-unit harms of every leaderboard recipe's arm (``mxfp4 mechanism --recipe ...``)."""
+        return self.root / "leaderboard" / f"{model}_units.csv"
+
+    @property
+    def leaderboard_bench(self) -> Path:
+        """The step time of BF16, MXFP4 and every leaderboard recipe in one benchmark run (``bench_step.py``)."""
+        return self.root / "leaderboard" / "step_times.json"
+
+    def leaderboard(self, recipe: str | None = None) -> Path:
+        """The leaderboard (``mxfp4 leaderboard``; its rows as ``.json``), or a user recipe's place on it."""
+        return self.root / "leaderboard" / (f"LEADERBOARD_{recipe}.md" if recipe else "LEADERBOARD.md")
+
     def contrast(self, other: str) -> Path:
         """This run set beside profile ``other``'s (``mxfp4 profile-contrast``; ``.csv`` beside it)."""
         return self.root / "contrast" / f"{other}.md"

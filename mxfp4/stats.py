@@ -39,7 +39,7 @@ def first_non_finite(value, where: str = "") -> tuple[str, float] | None:
     return None
 
 
-def _no_spread(x: np.ndarray) -> bool:
+def no_spread(x: np.ndarray) -> bool:
     """Every value equal up to round-off (scipy would warn of catastrophic cancellation)."""
     return float(x.std(ddof=1)) <= 16 * np.finfo(float).eps * float(np.abs(x).max())
 
@@ -101,7 +101,7 @@ def paired_diff(a: list, b: list, level: float = 0.95) -> dict:
     if n < 2:
         return out
     out["sd"] = float(d.std(ddof=1))
-    if _no_spread(d):  # equal differences, up to round-off
+    if no_spread(d):  # equal differences, up to round-off
         out.update(sd=0.0, ci_low=out["diff"], ci_high=out["diff"], p=1.0 if out["diff"] == 0 else 0.0)
         return out
     res = stats.ttest_rel([x for x, _ in pairs], [y for _, y in pairs])
@@ -243,7 +243,7 @@ def nested_mean(values: list, groups: list, level: float = 0.95) -> dict:
     out["mean"] = float(y.mean())
     if n < 2:
         return out
-    if _no_spread(y):  # every unit equal
+    if no_spread(y):  # every unit equal
         out.update(ci_low=out["mean"], ci_high=out["mean"], p=1.0 if out["mean"] == 0 else 0.0, interval="constant")
         return out
     if k < 2:
@@ -315,7 +315,7 @@ def crossed_mean(values: list, rows: list, cols: list, level: float = 0.95) -> d
     out["mean"] = m
     if y.size < 2:
         return out
-    if _no_spread(y.ravel()):
+    if no_spread(y.ravel()):
         out.update(ci_low=m, ci_high=m, p=1.0 if m == 0 else 0.0, interval="constant")
         return out
     if n_r < 2 or n_c < 2:  # one level of a factor: the other's values are the replicates (one seed: t over problems)
@@ -401,7 +401,7 @@ def one_sided_paired(a: list, b: list, margin: float = 0.0, greater: bool = True
     if len(d) < 2:
         return out
     out["sd"] = float(d.std(ddof=1))
-    if _no_spread(d):
+    if no_spread(d):
         out.update(sd=0.0, p=0.0 if (d.mean() > 0) == greater and d.mean() != 0 else 1.0)
         return out
     out["p"] = float(stats.ttest_1samp(d, 0.0, alternative="greater" if greater else "less").pvalue)
@@ -484,7 +484,7 @@ def network_contrast(own: dict, rival: dict, margin: float, level: float = 0.95)
         return out
     k, m = len(d), float(d.mean())
     sd = float(d.std(ddof=1))
-    if _no_spread(d):
+    if no_spread(d):
         sd = 0.0
     se = sd / math.sqrt(k)
     out.update(sd=sd, se=se)

@@ -41,35 +41,36 @@ from .pathways import (
 from .teacher_forced import token_pairs
 
 
-def mechanism_arms(profile: Profile, recipe: str) -> list[str]:
-    """The correction arms measured: the recipe's, then each of the profile's (``pathways.corrections``)."""
+def mechanism_arms(profile: Profile, recipes: list[str]) -> list[str]:
+    """The correction arms measured: the recipes', then each of the profile's (``pathways.corrections``)."""
     if profile.pathways is None:
         raise ValueError(f"profile {profile.name!r} has no pathways section; the mechanism is measured in its design")
-    r = Recipe.named(recipe)
-    if not r.quantize or r.format != "mxfp4":
-        raise ValueError(f"recipe {recipe!r} does not quantize to mxfp4; accepted: a recipe of MXFP4 and corrections "
-                         "(its arm is set against plain MXFP4's)")
-    return list(dict.fromkeys([recipe, *profile.pathways.corrections]))
+    for recipe in recipes:
+        r = Recipe.named(recipe)
+        if not r.quantize or r.format != "mxfp4":
+            raise ValueError(f"recipe {recipe!r} does not quantize to mxfp4; accepted: a recipe of MXFP4 and "
+                             "corrections (its arm is set against plain MXFP4's)")
+    return list(dict.fromkeys([*recipes, *profile.pathways.corrections]))
 
 
-def run_mechanism(profile: Profile, model_name: str, recipe: str, results="results", out_units=None,
-                  progress=print) -> tuple[list[dict], dict]:
-    """The per-unit harms of MXFP4, BF16, ``recipe`` and the profile's correction arms at every seed's warm start
-    of ``model_name`` (``UNIT_FIELDS``, written to ``out_units``), and the error energies of the first warm start's
-    weights under MXFP4 and under the recipe (``correction_table.recipe_energy``).
+def run_mechanism(profile: Profile, model_name: str, recipes: list[str], results="results", out_units=None,
+                  progress=print) -> tuple[list[dict], list[dict]]:
+    """The per-unit harms of MXFP4, BF16, each of ``recipes`` and the profile's correction arms at every seed's warm
+    start of ``model_name`` (``UNIT_FIELDS``, written to ``out_units``), and the error energies of the first warm
+    start's weights under MXFP4 and under each recipe (``correction_table.recipe_energy``).
 
     Args:
         profile: the run's profile; its ``pathways`` section sets the batches, prompts and samples.
         model_name: a model line of the profile.
-        recipe: the recipe whose mechanism is measured (MXFP4 and corrections).
+        recipes: the recipes whose mechanism is measured (MXFP4 and corrections), each an arm of its own.
         results: the results root holding the warm starts.
         out_units: where to write the per-unit file; None writes nothing.
         progress: called with one line per seed.
 
     Returns:
-        (the unit rows, the energy row).
+        (the unit rows, one energy row per recipe).
     """
-    names = mechanism_arms(profile, recipe)
+    names = mechanism_arms(profile, list(recipes))
     settings = profile.pathways.model_copy(update={"corrections": names})
     arms_profile = profile.model_copy(update={"pathways": settings})
     form = settings.claims.form if settings.claims else settings.forms[0]
@@ -113,6 +114,5 @@ def run_mechanism(profile: Profile, model_name: str, recipe: str, results="resul
     units = unit_rows(model_name, "warm", form, m, ["both"])
     if out_units is not None:
         write_csv_atomic(out_units, units, UNIT_FIELDS)
-    first = warm_start_folder(profile, model_name, results, profile.seeds[0])
-    energy = {"model": model_name, **recipe_energy(model_weights(str(first)), recipe)}
-    return units, energy
+    weights = model_weights(str(warm_start_folder(profile, model_name, results, profile.seeds[0])))
+    return units, [{"model": model_name, "recipe": r, **recipe_energy(weights, r)} for r in recipes]

@@ -282,6 +282,33 @@ class PowerDesign(_Strict):
         default_factory=dict, description="the recovery claims' sizes (where the profile measures correction arms)")
 
 
+class NetworkSide(_Strict):
+    """The networks one outcome of a claim's test needs, and the rival whose contrast asks for them."""
+
+    networks: int = Field(ge=2)
+    rival: str
+
+
+class NetworkClaimSize(_Strict):
+    """One claim's networks: the largest over the outcomes of its three-outcome test (at least 8)."""
+
+    networks: int = Field(ge=2)
+    sides: dict[Literal["held", "contradicted", "no dominance"], NetworkSide]
+
+
+class NetworkPowerDesign(_Strict):
+    """The networks a design with the network as the replicate needs, from a pilot of the same design
+    (``mxfp4 power-design --units``), written into the profile before it runs (checked by the tests)."""
+
+    pilot: str = Field(description="the profile whose per-unit files gave the between-network spreads")
+    alpha: float = Field(gt=0, lt=1, description="the primary family's error rate")
+    family: int = Field(ge=1, description="hypotheses in the primary family")
+    power: float = Field(gt=0, lt=1)
+    level: float = Field(gt=0, lt=1, description="each outcome's level: alpha / family / 3")
+    networks: int = Field(ge=2, description="the largest any claim needs")
+    claims: dict[str, NetworkClaimSize] = Field(description="per '<model>: <claim>'")
+
+
 class ClaimDesign(_Strict):
     """The claim-level primary tests of the pathway matrix, fixed before the run: at the warm start, in
     decomposition form ``form``, component c dominates pathway p when its harm exceeds each other
@@ -292,6 +319,8 @@ class ClaimDesign(_Strict):
     control: Literal["gaussian", "permuted", "signflip"] = "signflip"
     margins: dict[Pathway, Annotated[float, Field(ge=0)]]
     power: PowerDesign | None = None
+    network_power: NetworkPowerDesign | None = Field(
+        None, description="the networks each claim needs, the network as the replicate (a network design)")
     exploratory: list[ClaimKey] = Field(
         default_factory=list, description="claim-level tests taken out of the primary family before the run (the "
         "power calculation asks for more units than the budget allows): tested as secondary rows")
@@ -438,6 +467,9 @@ class Profile(_Strict):
         default_factory=list, description="TRL's report_to for the cells (offline TensorBoard under each cell's "
         "tensorboard/; needs the tensorboard package): where to look, not what is made, so no setting records it")
     pathways: PathwaySettings | None = Field(None, description="the pathway matrix (mxfp4 pathways)")
+    leaderboard: list[str] = Field(
+        default_factory=list, description="the MXFP4 recipes ranked on the leaderboard (snakemake target leaderboard): "
+        "each an arm of the pathway matrix at the warm starts beside MXFP4, BF16 and the correction arms")
     dose_response: DoseResponseSettings | None = Field(
         None, description="the outlier dose-response of the pathway matrix (snakemake target dose_response)")
     depth_optimizers: DepthOptimizerSettings | None = Field(
@@ -616,7 +648,27 @@ def load_profile(name: str) -> Profile:
         raise ValueError(f"profile {path.name}: recipes: unknown recipe(s) {unknown}; known: {', '.join(known)}")
     if profile.pathways is not None:
         check_correction_arms(profile.pathways.corrections, known, f"profile {path.name}: pathways.corrections")
+    if profile.leaderboard:
+        check_leaderboard(profile, known, f"profile {path.name}: leaderboard")
     return profile
+
+
+def check_leaderboard(profile: Profile, table: dict[str, dict], where: str) -> None:
+    """A leaderboard needs the pathway matrix's claim design (its margins) and ranks recipes that quantize with the
+    MXFP4 format, activations on, and are not an injection arm."""
+    if profile.pathways is None or profile.pathways.claims is None:
+        raise ValueError(f"{where}: the leaderboard ranks arms of the pathway matrix at its margins; accepted: a "
+                         "profile with pathways.claims")
+    for name in profile.leaderboard:
+        spec = table.get(name)
+        if spec is None:
+            raise ValueError(f"{where}: unknown recipe {name!r}; known: {', '.join(table)}")
+        if not (spec.get("quantize") and spec.get("format", "mxfp4") == "mxfp4" and spec.get("activations", True)
+                and not spec.get("inject") and not spec.get("remove")):
+            raise ValueError(f"{where}: {name!r} is not an MXFP4 recipe; accepted: quantize: true, format mxfp4, "
+                             "activations on, no inject or remove (e.g. mxfp4+4over6)")
+    if len(set(profile.leaderboard)) != len(profile.leaderboard):
+        raise ValueError(f"{where}: {profile.leaderboard} names a recipe twice; accepted: distinct recipes")
 
 
 def check_correction_arms(names: list[str], table: dict[str, dict], where: str) -> None:

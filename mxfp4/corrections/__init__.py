@@ -23,9 +23,11 @@ from .base import Correction
 from .four_over_six import FourOverSix
 from .hadamard import RandomHadamard, stable_seed
 from .macro_block import MacroBlockScaling
+from .ms_eden import MSEden
 from .outlier_fallback import OutlierFallback
 from .registry import ENTRY_POINT_GROUP, REGISTRY, available, build, register
 from .stochastic_rounding import StochasticRounding
+from .two_d_scales import TwoDScales
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -34,11 +36,13 @@ __all__ = [
     "FourOverSix",
     "HookError",
     "MacroBlockScaling",
+    "MSEden",
     "Operand",
     "OutlierFallback",
     "REGISTRY",
     "RandomHadamard",
     "StochasticRounding",
+    "TwoDScales",
     "available",
     "build",
     "from_blocks",

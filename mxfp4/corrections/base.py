@@ -27,6 +27,12 @@ class Correction:
         """``blocks -> (grid values, effective scale per block)``, or None to keep the format's."""
         return None
 
+    def quantizes_blocks_of(self, operand) -> bool:
+        """Whether ``block_quantizer`` replaces the format's blocks of this operand (``Operand``: role, GEMM,
+        layer; None without context): a correction of some operands only (2D weight scales) says False for the
+        others, which the format quantizes as it would without it."""
+        return True
+
     def fake_quantize(self, x: torch.Tensor, axis: int, fmt, rule) -> torch.Tensor | None:
         """The values of ``block_quantizer`` for all of x, computed through the dispatch's
         fake-quantizations (used where the dispatch runs Triton); None: use the block path."""

@@ -191,6 +191,17 @@ LIFECYCLE = {"bind": _none, "bind_reference": _none, "observe": _none, "load_sta
              "metrics": _metric_values, "state_dict": _state, "rollout_context": _context, "perturbs_rollout": _bool}
 
 
+def predicate(hook, *args):
+    """A correction's yes-or-no numerics hook called (``c.quantizes_blocks_of``, say): what it raises, or a return
+    that is not a bool, is one ``HookError`` naming the correction and the hook."""
+    correction, name = hook.__self__, _name(hook)
+    value = call(correction, hook, *args)
+    problem = _bool(value)
+    if problem is not None:
+        raise HookError.says(correction, name, problem)
+    return value
+
+
 def lifecycle(hook, *args, **kwargs):
     """A correction's lifecycle hook called (``c.metrics``, say; ``LIFECYCLE`` says what it must return): what it
     raises or wrongly returns is one ``HookError`` naming the correction and the hook."""

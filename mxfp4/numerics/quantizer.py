@@ -243,13 +243,18 @@ class Quantizer:
         generator = self._generator(x, operand)
         if generator is not None:
             q = dispatch.fake_quantize_stochastic(rest, self.fmt, axis, self.scale_rule, generator)
-        elif self.block_quantizer is None:
-            q = plain(rest)
-        else:
+        elif self._replaces_blocks(operand):
             q = self._block_quantize(rest, axis)
+        else:
+            q = plain(rest)
         if mask is None:
             return q
         return torch.where(mask, x.to(torch.bfloat16).to(x.dtype), q)
+
+    def _replaces_blocks(self, operand) -> bool:
+        """Whether the block-replacing correction quantizes this operand's blocks (else the format does)."""
+        owner = self._block_owner
+        return owner is not None and hooks.predicate(owner.quantizes_blocks_of, operand)
 
     def _rotation(self, x: torch.Tensor, operand) -> torch.Tensor | None:
         """The rotating correction's orthogonal [block, block] matrix for this operand, or None."""
@@ -311,16 +316,17 @@ class Quantizer:
         rotation = self._rotation(x, operand)
         if rotation is not None:
             return self._in_rotated_basis(x, axis, valid, rotation,
-                                          lambda r, v: self._decompose(r, -1, v, form), inverse=False)
-        return self._decompose(x, axis, valid, form)
+                                          lambda r, v: self._decompose(r, -1, v, form, operand), inverse=False)
+        return self._decompose(x, axis, valid, form, operand)
 
-    def _decompose(self, x: torch.Tensor, axis: int, valid, form: str) -> Decomposition:
+    def _decompose(self, x: torch.Tensor, axis: int, valid, form: str, operand=None) -> Decomposition:
         mask, rest = self._split(x, axis, valid)
         if valid is not None:
             pad = ~valid.expand_as(x)
             mask = pad if mask is None else mask | pad
             rest = torch.where(pad, torch.zeros_like(rest), rest)
-        return decompose(rest, self.fmt, axis, self.scale_rule, block_quantizer=self.block_quantizer, exclude=mask,
+        blocks = self.block_quantizer if self._replaces_blocks(operand) else None
+        return decompose(rest, self.fmt, axis, self.scale_rule, block_quantizer=blocks, exclude=mask,
                          form=form)
 
     def fused_stats(self, x: torch.Tensor, axis: int) -> dict | None:

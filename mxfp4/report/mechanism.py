@@ -112,7 +112,7 @@ def markdown(rows: list[dict], recipe: str, profile_name: str, energy: list[dict
                 "Error energy of the warm start's quantized weights under plain MXFP4 -> under the recipe (pooled "
                 "over every weight, float64; `mxfp4 corrections-table`'s measure).", "",
                 "| model | scale bias | deadzone | grid noise | total |", "| --- | --- | --- | --- | --- |"]
-        for e in energy:
+        for e in (e for e in energy if e.get("recipe", recipe) == recipe):
             cells = []
             for c in ("scale", "dead", "grid", "total"):
                 before, after = e[f"energy_{c}_before"], e[f"energy_{c}_after"]

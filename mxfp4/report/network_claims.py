@@ -186,10 +186,11 @@ def _g(v, fmt="{:+.3g}") -> str:
     return "–" if v is None else fmt.format(v)
 
 
-def markdown(rows: list[dict], profile: str) -> str:
+def markdown(rows: list[dict], profile: str, needed: dict[str, int] | None = None) -> str:
     """The network-level claims table: each claim's verdict with the rival that decided it, the deciding
     contrast with its 95% interval over networks, the adjusted p of each outcome, each half's verdict and the
-    contrasts' between-half z; then the mean z^2."""
+    contrasts' between-half z; then the mean z^2. ``needed``: per '<model>: <claim>' the networks the design's
+    power calculation asks for (``pathways.claims.network_power``), shown beside the networks measured."""
     out = [f"# Claims with the network as the replicate: {profile}", "",
            "Units (gradient batches, prompts) are averaged within the network (warm start) they were measured on; "
            "every test is over networks. Verdicts: **held** (the claimed arm harms more than every rival), "
@@ -201,21 +202,28 @@ def markdown(rows: list[dict], profile: str) -> str:
         if not members:
             continue
         out += [f"## {family.capitalize()} family", "",
-                "| claim | model | networks | verdict | decided by | contrast (95% CI) | p held / contra. / no dom. "
-                "(Holm) | half A | half B | z per rival | replicates |",
+                "| claim | model | networks (needed) | verdict | decided by | contrast (95% CI) "
+                "| p held / contra. / no dom. (Holm) | half A | half B | z per rival | replicates |",
                 "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in members:
             p = r.get("p_adjusted") or {}
             ps = " / ".join(_g(p.get(k), "{:.2g}") for k in OUTCOMES)
             zs = ", ".join(f"{k}: {_g(v, '{:+.2f}')}" for k, v in r["z"].items())
             flag = {None: "n/a (a half of fewer than 2 networks)", True: "yes", False: "**no: halves differ**"}
-            out.append(f"| {r['claim']} | {r['model']} | {r['networks']} | {r['verdict']} | {r['decided_by'] or '–'} "
-                       f"| {_g(r['diff'])} [{_g(r['ci_low'])}, {_g(r['ci_high'])}] | {ps} | {r['half_verdicts'][0]} "
-                       f"| {r['half_verdicts'][1]} | {zs} | {flag[r['replicates']]} |")
+            need = (needed or {}).get(f"{r['model']}: {r['claim']}")
+            out.append(f"| {r['claim']} | {r['model']} | {r['networks']} ({need or '–'}) | {r['verdict']} "
+                       f"| {r['decided_by'] or '–'} | {_g(r['diff'])} [{_g(r['ci_low'])}, {_g(r['ci_high'])}] | {ps} "
+                       f"| {r['half_verdicts'][0]} | {r['half_verdicts'][1]} | {zs} | {flag[r['replicates']]} |")
         out.append("")
     z2, n = mean_z2([r for r in rows if r["family"] == "primary"])
     out += [f"Between-half replication of the primary contrasts: mean z² = {_g(z2, '{:.2f}')} over {n} contrasts "
-            "(1 expected where they replicate).", "", "Methods:", ""]
+            "(1 expected where they replicate).", ""]
+    if needed:
+        out += ["Networks (needed): measured, and in brackets what the design's power calculation asks for (80% power "
+                "on every outcome from the pilot's between-network sd at its upper 80% limit; "
+                "`pathways.claims.network_power`); where more are needed than measured, \"not shown\" is the "
+                "expected verdict even where the claim is true.", ""]
+    out += ["Methods:", ""]
     out += sorted({f"- {r['method']}" for r in rows})
     return "\n".join(out) + "\n"
 
@@ -236,7 +244,9 @@ def run(unit_files, profile_name: str, out_md) -> list[dict]:
     if not rows:
         raise ValueError(f"no claim could be tested from {', '.join(map(str, unit_files))}: the files hold no "
                          f"warm-start units in the {design.form} form with the claimed and rival arms")
-    write_text_atomic(out_md, markdown(rows, profile_name))
+    power = design.network_power
+    write_text_atomic(out_md, markdown(rows, profile_name,
+                                       {k: c.networks for k, c in power.claims.items()} if power else None))
     return rows
 
 

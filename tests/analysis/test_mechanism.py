@@ -29,13 +29,14 @@ def test_the_mechanism_arms_are_the_pathway_matrix_arms_unit_for_unit(smoke_resu
     profile = profile.model_copy(update={"pathways": settings})
     matrix, mech = tmp_path / "matrix.csv", tmp_path / "mech.csv"
     run_pathways(profile, "tiny-dense", results=smoke_results, progress=lambda m: None, out_units=matrix)
-    units, energy = run_mechanism(profile, "tiny-dense", "mxfp4+aqn", results=smoke_results, out_units=mech,
-                                  progress=lambda m: None)
+    units, (energy,) = run_mechanism(profile, "tiny-dense", ["mxfp4+aqn"], results=smoke_results, out_units=mech,
+                                     progress=lambda m: None)
     a, b = _harms(matrix), _harms(mech)
     assert {arm for _, arm, _ in b} == {"none", "all", "mxfp4+aqn", "mxfp4+macro", "mxfp4+fallback"}
     shared = [k for k in b if k[1] != "mxfp4+aqn"]
     assert shared and all(b[k] == a[k] for k in shared)
     assert {u["seed"] for u in units} == set(profile.seeds)
+    assert energy["recipe"] == "mxfp4+aqn"
     for c in ("scale", "dead", "grid", "total"):
         assert energy[f"energy_{c}_after"] == energy[f"energy_{c}_before"] > 0
 

@@ -77,3 +77,27 @@ def test_recovery_claims_are_sized_with_their_own_rivals_and_a_pilot_without_the
     level = 0.05 / 12 / 2
     assert block["recoveries"]["rollout"]["units"] == mxstats.units_for_power(0.3, 0.5, level, comparisons=4)
     assert block["claims"]["rollout"]["units"] == mxstats.units_for_power(0.1, 0.2, level, comparisons=RIVALS)
+
+
+NETWORK_SIZED = [p for p in available() if (s := load_profile(p).pathways) and s.claims and s.claims.network_power]
+
+
+def test_at_least_one_network_design_states_its_networks():
+    assert NETWORK_SIZED, "no profile writes pathways.claims.network_power"
+
+
+@pytest.mark.parametrize("name", NETWORK_SIZED)
+def test_a_network_designs_block_is_its_pilots_calculation_from_the_stored_units(name):
+    from mxfp4.report.network_claims import profile_networks, read_units, stored_units
+    from mxfp4.report.power_design import network_design
+
+    profile = load_profile(name)
+    written = profile.pathways.claims.network_power
+    units = stored_units(Layout("results", written.pilot))
+    assert units, f"the pilot {written.pilot} stores no per-unit files"
+    measured = [u for u in read_units(units) if u["model"] in profile.models]  # the pilot's units of these models
+    again = network_design(measured, profile.pathways.claims, written.alpha, written.family, written.power,
+                           network_of=profile_networks(load_profile(written.pilot)))
+    assert {"pilot": written.pilot, **again} == written.model_dump(), \
+        "rerun mxfp4 power-design --units and write its block into the profile"
+    assert profile.warm_starts >= 8  # the design's floor, whatever the pilot's spread

@@ -1,0 +1,270 @@
+"""The field's MXFP4 recipes ranked on one set of networks: each recipe an arm of the pathway matrix at a network
+design's warm starts (``mxfp4 mechanism --recipe ...``), beside plain MXFP4 and BF16 on the same batches and
+prompts, the network as the replicate.
+
+The primary measure is the share of MXFP4's harm a recipe removes. Per network and pathway (gradient: 1 - cosine
+to the unquantized gradient; rollout: minus the teacher-forced log-likelihood of the correct solution; entropy: the
+gap to the unquantized arm's token entropy), from the network's mean harms:
+``removed = (harm(mxfp4) - harm(recipe)) / (harm(mxfp4) - harm(bf16))`` (1: as BF16, 0: as MXFP4, below 0: worse
+than MXFP4), averaged over the three pathways within the network. The board ranks recipes by its mean over
+networks (95% t interval, df = networks - 1). Two recipes are told apart where the paired t over networks of
+their primary measures rejects equality, Holm over every pair of the model's board at 0.05.
+
+Beside it, per pathway, each arm's mean harm over networks; the storage each recipe adds (``Recipe.cost``: extra
+bits per element); its step time over BF16's from one benchmark run (``kernels/bench/bench_step.py``), and the
+GSM8K accuracy of its RL cells where a stored profile has them (another set of networks: said in the column).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+from scipy import stats as sps
+from statsmodels.stats.multitest import multipletests
+
+from ..analysis.pathway_spec import RECOVERY_HARMS
+from ..config.profiles import load_profile
+from ..config.recipes import Recipe
+from ..io import write_json_atomic, write_text_atomic
+from ..layout import Layout
+from ..stats import no_spread
+from .network_claims import by_network, profile_networks, unit_harms
+from .tables import read_table
+
+PATHWAYS = {"gradient": "gradient", "rollout": "rollout", "entropy": "entropy_gap"}  # pathway -> its harm key
+ANCHORS = {"all": "mxfp4", "none": "bf16"}
+ALPHA = 0.05
+METHOD = ("harm removed = (harm(mxfp4) - harm(recipe)) / (harm(mxfp4) - harm(bf16)) per network and pathway from "
+          "the network's mean harms, averaged over the pathways (gradient, rollout, entropy gap) within the network; "
+          "mean over networks with a 95% t interval; recipes told apart by the paired t over networks, Holm over "
+          "every pair of the model's board at 0.05")
+
+
+def _label(arm: str) -> str:
+    return ANCHORS.get(arm, arm)
+
+
+def _mean_ci(values: list[float]) -> dict:
+    """Mean over networks with its 95% t interval (None without two networks)."""
+    x = np.asarray(values, dtype=float)
+    out = {"mean": float(x.mean()) if len(x) else None, "ci_low": None, "ci_high": None, "networks": len(x)}
+    if len(x) >= 2:
+        se = float(x.std(ddof=1)) / math.sqrt(len(x))
+        q = float(sps.t.ppf(0.975, len(x) - 1))
+        out.update(ci_low=out["mean"] - q * se, ci_high=out["mean"] + q * se)
+    return out
+
+
+def removed_share(harms: dict[str, dict[str, dict]], arm: str, model: str) -> dict:
+    """{network: the arm's share of MXFP4's harm removed, averaged over the pathways} from ``by_network``'s harms
+    of one model. A network where MXFP4 harms a pathway no more than BF16 has no harm to share out: an error."""
+    out: dict = {}
+    for pathway, key in PATHWAYS.items():
+        arms = harms.get(key, {})
+        missing = [a for a in (arm, "all", "none") if a not in arms]
+        if missing:
+            raise ValueError(f"{model}: the {pathway} pathway has no {', '.join(map(_label, missing))} arm; accepted: "
+                             "per-unit files of mxfp4 mechanism, which measures mxfp4 and bf16 beside every recipe")
+        for net, mx in arms["all"].items():
+            base, own = arms["none"].get(net), arms[arm].get(net)
+            if base is None or own is None:
+                continue
+            span = mx - base
+            if not span > 0:
+                raise ValueError(f"{model}: network {net}'s MXFP4 harm on the {pathway} pathway ({mx:.4g}) is not "
+                                 f"above BF16's ({base:.4g}): no harm for a recipe to remove")
+            out.setdefault(net, []).append((mx - own) / span)
+    return {net: float(np.mean(v)) for net, v in out.items() if len(v) == len(PATHWAYS)}
+
+
+def _paired_p(a: dict, b: dict) -> float | None:
+    """Two-sided p of the paired t over the networks both have (None with fewer than two, 1 without spread)."""
+    nets = [n for n in a if n in b]
+    d = np.array([a[n] - b[n] for n in nets])
+    if len(d) < 2:
+        return None
+    if no_spread(d):  # equal differences in every network (to rounding): no t; equal or apart for certain
+        return 1.0 if abs(float(d.mean())) <= 1e-12 * max(1.0, float(np.abs(d).max())) else 0.0
+    return float(sps.ttest_1samp(d, 0.0).pvalue)
+
+
+def board(units: list[dict], profile, recipes: list[str], costs: dict | None = None, steps: dict | None = None,
+          accuracy: dict | None = None) -> dict[str, list[dict]]:
+    """Per model, the board's rows ranked by harm removed (mxfp4 and bf16 included as anchors): each row's primary
+    measure with its interval, the ranks it is told apart from, its mean harm per pathway, its costs."""
+    design = profile.pathways.claims if profile.pathways else None
+    if design is None:
+        raise ValueError(f"profile {profile.name!r} fixes no claim design (pathways.claims): the board reads its form")
+    network_of = profile_networks(profile)
+    out = {}
+    for model in sorted({r["model"] for r in units}):
+        harms = by_network(unit_harms(units, model, "warm", design.form), network_of)
+        arms = [a for a in [*recipes, "all", "none"] if a in harms.get("gradient", {})]
+        absent = [r for r in recipes if r not in arms]
+        if absent:
+            raise ValueError(f"{model}: no arm of {', '.join(absent)} in the per-unit files; accepted: files of mxfp4 "
+                             "mechanism --recipe with these recipes")
+        shares = {a: removed_share(harms, a, model) for a in arms}
+        rows = []
+        for a in arms:
+            row = {"model": model, "recipe": _label(a), "arm": a, **_mean_ci(list(shares[a].values()))}
+            for pathway, key in PATHWAYS.items():
+                row[f"{pathway}_harm"] = _mean_ci(list(harms[key][a].values()))["mean"]
+            row["extra_bits_per_element"] = (costs or {}).get(_label(a))
+            row["step_ratio"] = (steps or {}).get(_label(a))
+            row["accuracy"] = (accuracy or {}).get((model, _label(a)))
+            rows.append(row)
+        rows.sort(key=lambda r: -r["mean"])
+        for rank, r in enumerate(rows, 1):
+            r["rank"] = rank
+        pairs = [(i, j) for i in range(len(rows)) for j in range(i + 1, len(rows))]
+        ps = [_paired_p(shares[rows[i]["arm"]], shares[rows[j]["arm"]]) for i, j in pairs]
+        tested = [(pair, p) for pair, p in zip(pairs, ps) if p is not None]
+        reject = multipletests([p for _, p in tested], alpha=ALPHA, method="holm")[0] if tested else []
+        for r in rows:
+            r["apart_from"] = []
+        for ((i, j), _), apart in zip(tested, reject):
+            if apart:
+                rows[i]["apart_from"].append(rows[j]["rank"])
+                rows[j]["apart_from"].append(rows[i]["rank"])
+        out[model] = rows
+    return out
+
+
+def recipe_costs(recipes: list[str]) -> dict[str, float]:
+    """Extra storage bits per element of each recipe: its corrections' nominal ``cost`` (before any data; outlier
+    fallback's one element a block), mxfp4 and bf16 at 0."""
+    out = {"mxfp4": 0.0, "bf16": 0.0}
+    for name in recipes:
+        corrections = Recipe.named(name).build_corrections()
+        out[name] = float(sum(c.cost().get("extra_bits_per_element", 0.0) for c in corrections))
+    return out
+
+
+def step_ratios(bench: dict) -> dict[str, float]:
+    """Each recipe's step time over BF16's in one benchmark run (``bench_step.py``'s JSON)."""
+    timed = {k: v["step_time_s"] for k, v in bench.get("recipes", {}).items() if "step_time_s" in v}
+    if "bf16" not in timed:
+        raise ValueError("the step benchmark has no bf16 step; accepted: a bench_step.py run with --recipes bf16 ...")
+    return {k: v / timed["bf16"] for k, v in timed.items()}
+
+
+def stored_accuracy(profiles: list[str], results="results") -> dict[tuple[str, str], str]:
+    """{(model, recipe): 'after (before; unquantized) [profile, n seeds]'} from the stored summaries of ``profiles``
+    (the first that has the recipe)."""
+    out: dict = {}
+    for name in profiles:
+        path = Layout(results, name).stored(Layout(results, name).table("summary"))
+        if not Path(path).is_file():
+            continue
+        rows = read_table(path, "summary")
+        by = {(r["model"], r["recipe"], r["metric"]): r for r in rows}
+        for (model, recipe, metric), r in by.items():
+            if metric != "gsm8k_strict_accuracy" or (model, recipe) in out:
+                continue
+            before, unq = (by.get((model, recipe, f"gsm8k_strict_accuracy_{k}")) for k in ("before", "unquantized"))
+            out[(model, recipe)] = (f"{r['mean']:.3f} ({_g(before and before['mean'], '{:.3f}')}; "
+                                    f"{_g(unq and unq['mean'], '{:.3f}')}) [{name}, n {r['n']}]")
+    return out
+
+
+def merged(stored: list[dict], new: list[dict], recipe: str) -> list[dict]:
+    """The stored board's units with ``recipe``'s arm from a run of ``mxfp4 mechanism --recipe`` on the same
+    networks, once that run's mxfp4 and bf16 arms are shown to equal the stored ones unit for unit (the same
+    batches, prompts and numerics): else its arm is not comparable with the board's, and this says so."""
+    def key(r):
+        return (r["model"], r["checkpoint"], r["form"], r["pathway"], r["arm"], str(r["seed"]), r["key"])
+
+    have = {key(r): r["harm"] for r in stored if r["arm"] in ANCHORS}
+    anchors = [r for r in new if r["arm"] in ANCHORS and key(r) in have]
+    differ = [r for r in anchors if r["harm"] != have[key(r)]]
+    if not anchors or differ:
+        raise ValueError(f"{recipe}: the run's mxfp4 and bf16 arms do not reproduce the stored board's "
+                         f"({len(differ)} of {len(anchors)} shared units differ): its arm is not comparable; accepted: "
+                         "a run on the board's stored warm starts with the same numerics, or the board rerun here")
+    if not any(r["arm"] == recipe for r in new):
+        raise ValueError(f"no arm of {recipe} in the run's per-unit files; accepted: mxfp4 mechanism --recipe {recipe}")
+    return [r for r in stored if r["arm"] != recipe] + [r for r in new if r["arm"] == recipe]
+
+
+def _g(x, fmt="{:+.3f}") -> str:
+    return "–" if x is None else fmt.format(x)
+
+
+def markdown(boards: dict[str, list[dict]], profile_name: str, highlight: str | None = None) -> str:
+    out = [f"# Leaderboard: the field's MXFP4 recipes on `{profile_name}`'s networks", ""]
+    if highlight:
+        for model, rows in boards.items():
+            r = next((r for r in rows if r["recipe"] == highlight), None)
+            if r is not None:
+                apart = ", ".join(map(str, sorted(r["apart_from"]))) or "none"
+                out.append(f"- **{highlight}** on {model}: rank {r['rank']} of {len(rows)}, harm removed "
+                           f"{_g(r['mean'])} [{_g(r['ci_low'])}, {_g(r['ci_high'])}] over {r['networks']} networks; "
+                           f"told apart from ranks {apart}.")
+        out.append("")
+    out += [f"Method: {METHOD}. Harms per pathway (mean over networks): "
+            + "; ".join(f"{p}: {RECOVERY_HARMS[p]}" for p in PATHWAYS) + ". Step time: one benchmark run's step over "
+            "its BF16 step (CPU). GSM8K: the stored RL cells of the recipe where a profile has them, on that "
+            "profile's networks (after RL; before; unquantized after RL), not on this board's.", ""]
+    for model, rows in boards.items():
+        out += [f"## {model}", "",
+                "| rank | recipe | harm removed [95% CI] | told apart from ranks | gradient 1 - cos | rollout -loglik "
+                "| entropy gap | extra bits / element | step time / bf16 | GSM8K after RL (before; unquantized) |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in rows:
+            name = f"**{r['recipe']}**" if r["recipe"] == highlight else r["recipe"]
+            apart = ", ".join(map(str, sorted(r["apart_from"]))) or "–"
+            out.append(f"| {r['rank']} | {name} | {_g(r['mean'])} [{_g(r['ci_low'])}, {_g(r['ci_high'])}] "
+                       f"| {apart} | {_g(r['gradient_harm'], '{:.4f}')} | {_g(r['rollout_harm'], '{:.3f}')} "
+                       f"| {_g(r['entropy_harm'], '{:.4f}')} | {_g(r['extra_bits_per_element'], '{:.3g}')} "
+                       f"| {_g(r['step_ratio'], '{:.2f}x')} | {r['accuracy'] or 'no RL cell stored'} |")
+        out += ["", f"n: {rows[0]['networks']} networks (units averaged within each).", ""]
+    return "\n".join(out)
+
+
+def figure(boards: dict[str, list[dict]], out_png, highlight: str | None = None) -> None:
+    """Per model, each recipe's harm removed with its 95% interval over networks, in rank order."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(boards)
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 0.38 * max(map(len, boards.values())) + 1.5),
+                             squeeze=False)
+    for ax, model in zip(axes[0], models):
+        rows = boards[model][::-1]
+        y = np.arange(len(rows))
+        means = np.array([r["mean"] for r in rows])
+        low = np.array([r["ci_low"] if r["ci_low"] is not None else r["mean"] for r in rows])
+        high = np.array([r["ci_high"] if r["ci_high"] is not None else r["mean"] for r in rows])
+        colors = ["C3" if r["recipe"] == highlight else "C0" for r in rows]
+        ax.errorbar(means, y, xerr=[means - low, high - means], fmt="none", ecolor="0.5", capsize=2)
+        ax.scatter(means, y, c=colors, zorder=3)
+        ax.axvline(0, color="0.7", lw=0.8)
+        ax.axvline(1, color="0.7", lw=0.8, ls="--")
+        ax.set_yticks(y, [f"{r['rank']}. {r['recipe']}" for r in rows])
+        ax.set_xlabel("share of MXFP4's harm removed (0: mxfp4, 1: bf16)")
+        ax.set_title(f"{model} ({rows[0]['networks']} networks, 95% t)")
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    fig.savefig(Path(out_png).with_suffix(".pdf"))
+    plt.close(fig)
+
+
+def run(units: list[dict], profile_name: str, out_md, recipes: list[str], bench: dict | None = None,
+        accuracy_from: list[str] = (), results="results", highlight: str | None = None, out_png=None) -> dict:
+    """The leaderboard of ``recipes`` (and a user's ``highlight``) from the per-unit rows, written to ``out_md`` (its
+    rows as JSON beside it) and, with ``out_png``, its figure; the boards."""
+    profile = load_profile(profile_name)
+    names = list(dict.fromkeys([*recipes, *([highlight] if highlight else [])]))
+    boards = board(units, profile, names, recipe_costs(names), step_ratios(bench) if bench else None,
+                   stored_accuracy(list(accuracy_from), results))
+    write_text_atomic(out_md, markdown(boards, profile_name, highlight))
+    write_json_atomic(Path(out_md).with_suffix(".json"), {"profile": profile_name, "method": METHOD,
+                                                          "boards": boards})
+    if out_png is not None:
+        figure(boards, out_png, highlight)
+    return boards

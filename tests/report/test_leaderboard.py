@@ -1,0 +1,87 @@
+"""The leaderboard: each recipe's share of MXFP4's harm removed per network, ranked, told apart from the others by
+paired tests over networks with Holm, and a user's recipe placed only when its run reproduces the board's anchors."""
+
+import numpy as np
+import pytest
+from scipy import stats
+from statsmodels.stats.multitest import multipletests
+
+from mxfp4.config.profiles import load_profile
+from mxfp4.report.leaderboard import board, markdown, merged, removed_share
+
+PATHWAYS = ("gradient", "rollout", "entropy")
+
+
+def _units(shares: dict[str, list[float]], networks: int = 8, units: int = 4, seed: int = 0) -> list[dict]:
+    """Per-unit rows of one model whose arms remove, in network k, ``shares[arm][k]`` of MXFP4's harm on every
+    pathway (bf16 harm 0.0 on gradient and entropy, 1.0 on rollout; MXFP4 adds a network's own span)."""
+    profile = load_profile("networks")
+    rng = np.random.default_rng(seed)
+    rows = []
+    for k, s in enumerate(profile.seeds[:networks]):
+        span = 0.5 + rng.random()
+        for pathway in PATHWAYS:
+            base = 1.0 if pathway == "rollout" else 0.0
+            harm = {"none": base, "all": base + span, **{a: base + span * (1 - v[k]) for a, v in shares.items()}}
+            if pathway == "entropy":  # the entropy pathway's harm is the entropy; its gap to bf16's is what counts
+                harm = {a: 2.0 + h for a, h in harm.items()}
+            for i in range(units):
+                for arm, h in harm.items():
+                    rows.append({"model": "tiny-dense", "checkpoint": "warm", "form": "gain", "pathway": pathway,
+                                 "arm": arm, "unit": k * 100 + i, "group": "warm", "seed": str(s),
+                                 "key": f"{s}-{i}", "harm": h})
+    return rows
+
+
+def test_the_board_ranks_by_the_share_removed_and_tells_recipes_apart_as_paired_t_with_holm_does():
+    rng = np.random.default_rng(1)
+    shares = {"mxfp4+macro": list(0.6 + 0.05 * rng.standard_normal(8)),
+              "mxfp4+fallback": list(0.55 + 0.05 * rng.standard_normal(8)),
+              "mxfp4+aqn": list(-0.1 + 0.05 * rng.standard_normal(8))}
+    rows = board(_units(shares), load_profile("networks"), list(shares))["tiny-dense"]
+    by = {r["recipe"]: r for r in rows}
+    assert [r["recipe"] for r in rows][0] == "bf16" and rows[-1]["recipe"] in ("mxfp4", "mxfp4+aqn")
+    for name, s in shares.items():  # the same mean and interval as a t over the networks' shares
+        assert by[name]["mean"] == pytest.approx(np.mean(s), abs=1e-9)
+        half = stats.t.ppf(0.975, 7) * np.std(s, ddof=1) / np.sqrt(8)
+        assert by[name]["ci_high"] - by[name]["mean"] == pytest.approx(half, rel=1e-6)
+    assert by["bf16"]["mean"] == pytest.approx(1.0) and by["mxfp4"]["mean"] == pytest.approx(0.0)
+    values = {"bf16": [1.0] * 8, "mxfp4": [0.0] * 8, **shares}
+    names = [r["recipe"] for r in rows]
+    pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    ps = []
+    for a, b in pairs:
+        d = np.subtract(values[a], values[b])
+        ps.append(stats.ttest_1samp(d, 0).pvalue if np.ptp(d) > 1e-9 else (1.0 if abs(np.mean(d)) < 1e-9 else 0.0))
+    reject = multipletests(ps, alpha=0.05, method="holm")[0]
+    expected = {n: set() for n in names}
+    for (a, b), r in zip(pairs, reject):
+        if r:
+            expected[a].add(by[b]["rank"])
+            expected[b].add(by[a]["rank"])
+    assert {n: set(by[n]["apart_from"]) for n in names} == expected
+    assert by["mxfp4+aqn"]["rank"] in by["mxfp4+macro"]["apart_from"]
+
+
+def test_a_network_where_mxfp4_does_no_harm_is_an_error_not_a_share():
+    units = _units({"mxfp4+macro": [0.5] * 8})
+    for r in units:
+        if r["pathway"] == "gradient" and r["arm"] == "all" and r["seed"] == "20":
+            r["harm"] = 0.0
+    from mxfp4.report.network_claims import by_network, profile_networks, unit_harms
+    harms = by_network(unit_harms(units, "tiny-dense", "warm", "gain"), profile_networks(load_profile("networks")))
+    with pytest.raises(ValueError, match="not above BF16"):
+        removed_share(harms, "mxfp4+macro", "tiny-dense")
+
+
+def test_a_placed_recipe_joins_only_when_its_run_reproduces_the_board_anchors():
+    stored = _units({"mxfp4+macro": [0.5] * 8})
+    mine = [r for r in _units({"mine": [0.7] * 8}) if r["arm"] in ("none", "all", "mine")]
+    both = merged(stored, mine, "mine")
+    rows = board(both, load_profile("networks"), ["mxfp4+macro", "mine"])["tiny-dense"]
+    assert [r["recipe"] for r in rows] == ["bf16", "mine", "mxfp4+macro", "mxfp4"]
+    text = markdown({"tiny-dense": rows}, "networks", highlight="mine")
+    assert "**mine** on tiny-dense: rank 2 of 4" in text
+    moved = [dict(r, harm=r["harm"] + (1e-9 if r["arm"] == "all" else 0.0)) for r in mine]
+    with pytest.raises(ValueError, match="do not reproduce the stored board"):
+        merged(stored, moved, "mine")

@@ -1,0 +1,97 @@
+# The field's MXFP4 recipes ranked at a network design's warm starts (profile key `leaderboard`), and a user's
+# recipe placed among them from the stored board:
+#   snakemake --cores all store_leaderboard --config profile=networks warm_starts=stored      # the board itself
+#   snakemake --cores all leaderboard --config profile=networks compare_recipe=R warm_starts=stored   # R on it
+from pathlib import Path
+
+LEADERBOARD = list(P.leaderboard)
+NEW_RECIPE = config.get("compare_recipe")  # a recipe placed on the stored board (none: the board is made here)
+PLACED = NEW_RECIPE if NEW_RECIPE and NEW_RECIPE not in LEADERBOARD else None
+BOARD_PROFILES = ["embedded-large", "real-small"]  # whose stored RL cells give a recipe's GSM8K accuracy
+
+
+rule leaderboard_units:
+    """One model's per-unit harms of every leaderboard recipe's arm beside MXFP4, BF16 and the correction arms, on
+    the profile's pathway design at every warm start (no RL)."""
+    input:
+        lambda wc: warm_start_paths(wc.model),
+    output:
+        units=str(L.leaderboard_units("{model}")),
+        energy=str(L.leaderboard_units("{model}").with_suffix(".energy.json")),
+    log:
+        str(L.log("leaderboard_{model}")),
+    threads: 1
+    shell:
+        "MXFP4_THREADS={threads} {MXFP4} mechanism --profile {PROFILE} --model {wildcards.model} "
+        "--recipe {LEADERBOARD} --out {output.units} > {log} 2>&1"
+
+
+def bench_recipes():
+    return ["bf16", "mxfp4", *([PLACED] if PLACED else LEADERBOARD)]
+
+
+rule leaderboard_bench:
+    """The step time of BF16, MXFP4 and every recipe on the board (or the placed recipe) in one run: the first
+    model's first warm start, a few GRPO steps each (kernels/bench/bench_step.py)."""
+    input:
+        warm_start_paths(TINY_MODELS[0]) if TINY_MODELS else [],
+    output:
+        str(L.leaderboard_bench if not PLACED else L.root / "leaderboard" / f"step_times_{PLACED}.json"),
+    log:
+        str(L.log(f"leaderboard_bench{'_' + PLACED if PLACED else ''}")),
+    params:
+        recipes=" ".join(f"'{r}'" for r in bench_recipes()),
+    threads: 1
+    shell:
+        "{PYTHON} kernels/bench/bench_step.py --profile {PROFILE} --model {TINY_MODELS[0]} --seed {SEEDS[0]} "
+        "--steps 4 --recipes {params.recipes} --out {output} > {log} 2>&1"
+
+
+def board_inputs():
+    """The board's per-unit files and step times: this run's, or the stored ones beside the placed recipe's."""
+    units = [str(L.leaderboard_units(m)) for m in TINY_MODELS]
+    if not PLACED:
+        return {"units": units, "bench": [str(L.leaderboard_bench)], "recipe_units": []}
+    return {"units": [str(L.stored(Path(u))) for u in units],
+            "bench": [str(L.stored(L.leaderboard_bench)), rules.leaderboard_bench.output[0]],
+            "recipe_units": [str(L.mechanism_units(PLACED, m)) for m in TINY_MODELS]}
+
+
+rule leaderboard:
+    """The leaderboard of the profile's recipes, or the placed recipe's rank on the stored board and which ranks it
+    is told apart from."""
+    input:
+        **board_inputs(),
+    output:
+        md=str(L.leaderboard(PLACED)),
+        fig=str(L.figure(f"leaderboard{'_' + PLACED if PLACED else ''}")),
+    log:
+        str(L.log(f"leaderboard{'_' + PLACED if PLACED else ''}")),
+    params:
+        recipe=f"--recipe '{PLACED}' --recipe-units " + " ".join(board_inputs()["recipe_units"]) if PLACED else "",
+        accuracy=" ".join(BOARD_PROFILES),
+    shell:
+        "{MXFP4} leaderboard --profile {PROFILE} {input.units} {params.recipe} --bench {input.bench} "
+        "--accuracy-from {params.accuracy} --out {output.md} --figure {output.fig} > {log} 2>&1"
+
+
+rule store_leaderboard:
+    """Store the board with the baselines: its per-unit files and step times under the profile, LEADERBOARD.md
+    and its figure at results/baselines/."""
+    input:
+        units=[str(L.leaderboard_units(m)) for m in TINY_MODELS],
+        energy=[str(L.leaderboard_units(m).with_suffix(".energy.json")) for m in TINY_MODELS],
+        bench=str(L.leaderboard_bench),
+        md=str(L.leaderboard()),
+        fig=str(L.figure("leaderboard")),
+    output:
+        touch(str(L.root / "leaderboard_stored.flag")),
+    run:
+        from mxfp4.io import copy_atomic
+
+        for src in [*input.units, *input.energy, input.bench]:
+            copy_atomic(src, L.stored(Path(src)))
+        copy_atomic(input.md, L.baselines.parent / "LEADERBOARD.md")
+        copy_atomic(L.leaderboard().with_suffix(".json"), L.baselines / "leaderboard" / "LEADERBOARD.json")
+        for ext in (".png", ".pdf"):
+            copy_atomic(L.figure("leaderboard", ext), L.baselines / "figures" / f"leaderboard{ext}")
