@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from .io import writable_folder, write_json_atomic, write_text_atomic
@@ -322,16 +323,21 @@ def _cmd_network_claims(args) -> int:
 
 
 def _cmd_mechanism(args) -> int:
-    from .analysis.mechanism import run_mechanism
+    from .analysis.mechanism import mechanism_arms, run_mechanism
 
     profile = _profile(args)
     if len(args.recipe) > 1 and args.out is None:
         raise ValueError(f"{len(args.recipe)} recipes measured together need --out (one per-unit file for all)")
     out = Path(args.out or args.layout.mechanism_units(args.recipe[0], args.model))
     writable(out)
+    t0 = time.perf_counter()
     _, energy = run_mechanism(profile, args.model, args.recipe, args.results, out,
                               progress=lambda line: print(line, file=sys.stderr, flush=True))
     write_json_atomic(out.with_suffix(".energy.json"), energy)
+    # what a run of these arms cost here: the leaderboard's estimate for a recipe placed on it
+    write_json_atomic(out.with_suffix(".run.json"), {
+        "seconds": time.perf_counter() - t0, "arms": 2 + len(mechanism_arms(profile, args.recipe)),
+        "networks": len({profile.warm_start_of(s) for s in profile.seeds})})
     print(f"wrote {out} and {out.with_suffix('.energy.json').name}")
     return 0
 

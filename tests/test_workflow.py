@@ -64,6 +64,24 @@ def test_a_compare_on_the_stored_baselines_trains_no_warm_start(workdir):
     assert "--config compare_seeds: 0 is less than the minimum of 1" in out, out[-1000:]
 
 
+def test_a_network_design_reuses_stored_networks_and_places_a_recipe_on_the_stored_board(workdir):
+    """The pilot takes embedded-large's stored warm starts (its SFT's settings); the design's networks come from its
+    own stored ones; a user's recipe on the leaderboard measures its arm alone and its step beside bf16, the
+    board's units and step times are the stored ones."""
+    shutil.copytree(REPO / "results" / "baselines", workdir / "results" / "baselines", dirs_exist_ok=True)
+    jobs = planned_jobs(snakemake(workdir, "-n", "store_network_claims", "--config", "profile=networks-pilot",
+                                  "warm_starts=stored"))
+    assert "pretrain_model" not in jobs and "pretrain_extra_warm_start" not in jobs, jobs
+    assert jobs["copy_stored_warm_start"] == 2 and jobs["copy_stored_extra_warm_start"] == 4, jobs
+    assert jobs["pathways_checkpoint"] == 2 and jobs["network_claims"] == 1, jobs
+    placed = ("-n", "leaderboard", "--config", "profile=networks", "compare_recipe=mxfp4+tis", "warm_starts=stored")
+    jobs = planned_jobs(snakemake(workdir, *placed))
+    assert jobs["mechanism_units"] == 1 and jobs["leaderboard_bench"] == 1 and jobs["leaderboard"] == 1, jobs
+    assert "leaderboard_units" not in jobs and "pretrain_extra_warm_start" not in jobs, jobs
+    jobs = planned_jobs(snakemake(workdir, "-n", "store_leaderboard", "--config", "profile=networks"))
+    assert jobs["leaderboard_units"] == 1 and jobs["pretrain_extra_warm_start"] == 7, jobs  # made here, stored
+
+
 def test_an_outlier_profile_adds_its_channels_to_a_stored_sft_instead_of_training_it(tmp_path):
     """warm_starts=stored: every warm start of the outlier profile comes from a stored one of the same SFT
     without outlier channels (any stored profile's); without it, or with another SFT stored, it is trained."""

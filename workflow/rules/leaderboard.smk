@@ -18,6 +18,7 @@ rule leaderboard_units:
     output:
         units=str(L.leaderboard_units("{model}")),
         energy=str(L.leaderboard_units("{model}").with_suffix(".energy.json")),
+        run=str(L.leaderboard_units("{model}").with_suffix(".run.json")),
     log:
         str(L.log("leaderboard_{model}")),
     threads: 1
@@ -81,6 +82,7 @@ rule store_leaderboard:
     input:
         units=[str(L.leaderboard_units(m)) for m in TINY_MODELS],
         energy=[str(L.leaderboard_units(m).with_suffix(".energy.json")) for m in TINY_MODELS],
+        run=[str(L.leaderboard_units(m).with_suffix(".run.json")) for m in TINY_MODELS],
         bench=str(L.leaderboard_bench),
         md=str(L.leaderboard()),
         fig=str(L.figure("leaderboard")),
@@ -89,9 +91,28 @@ rule store_leaderboard:
     run:
         from mxfp4.io import copy_atomic
 
-        for src in [*input.units, *input.energy, input.bench]:
+        for src in [*input.units, *input.energy, *input.run, input.bench]:
             copy_atomic(src, L.stored(Path(src)))
         copy_atomic(input.md, L.baselines.parent / "LEADERBOARD.md")
         copy_atomic(L.leaderboard().with_suffix(".json"), L.baselines / "leaderboard" / "LEADERBOARD.json")
         for ext in (".png", ".pdf"):
             copy_atomic(L.figure("leaderboard", ext), L.baselines / "figures" / f"leaderboard{ext}")
+
+
+onstart:
+    # The cost of placing a recipe, printed before its first job: the stored board's measured time per arm and
+    # network, times the arms the placed recipe's run measures (it, MXFP4, BF16 and the correction arms).
+    if PLACED and "leaderboard" in (workflow.dag_settings.targets if workflow.dag_settings else ()):
+        import json
+
+        for m in TINY_MODELS:
+            stored = L.stored(L.leaderboard_units(m).with_suffix(".run.json"))
+            if not stored.is_file():
+                print(f"leaderboard: no stored board of {m} ({stored}); store one first (target store_leaderboard)")
+                continue
+            run = json.loads(stored.read_text())
+            arms = 3 + len(P.pathways.corrections)
+            minutes = run["seconds"] / run["arms"] * arms / 60
+            print(f"leaderboard: {PLACED} on {m}: {arms} arms at {run['networks']} networks, about {minutes:.0f} min "
+                  f"on one core (the stored board: {run['arms']} arms in {run['seconds'] / 60:.0f} min), then its "
+                  "step beside bf16 and mxfp4 (a few GRPO steps each)")
