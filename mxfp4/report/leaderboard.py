@@ -2,13 +2,14 @@
 design's warm starts (``mxfp4 mechanism --recipe ...``), beside plain MXFP4 and BF16 on the same batches and
 prompts, the network as the replicate.
 
-The primary measure is the share of MXFP4's harm a recipe removes. Per network and pathway (gradient: 1 - cosine
-to the unquantized gradient; rollout: minus the teacher-forced log-likelihood of the correct solution; entropy: the
-gap to the unquantized arm's token entropy), from the network's mean harms:
-``removed = (harm(mxfp4) - harm(recipe)) / (harm(mxfp4) - harm(bf16))`` (1: as BF16, 0: as MXFP4, below 0: worse
-than MXFP4), averaged over the three pathways within the network. The board ranks recipes by its mean over
-networks (95% t interval, df = networks - 1). Two recipes are told apart where the paired t over networks of
-their primary measures rejects equality, Holm over every pair of the model's board at 0.05.
+The primary measure is the share of MXFP4's harm a recipe removes. Per network and pathway (gradient: 1 - cosine to
+the unquantized gradient; rollout: minus the teacher-forced log-likelihood of the correct solution; entropy: the gap
+to the unquantized arm's token entropy), from the network's mean harms: ``harm(mxfp4) - harm(recipe)`` over the
+pathway's span, the mean over networks of ``harm(mxfp4) - harm(bf16)`` (1: as BF16, 0: as MXFP4, below 0: worse than
+MXFP4; one scale a pathway, shared by every arm), averaged over the three pathways within the network. The board
+ranks recipes by its mean over networks (95% t interval, df = networks - 1). Two recipes are told apart where the
+paired t over networks of their primary measures rejects equality, Holm over every pair of the model's board at
+0.05.
 
 Beside it, per pathway, each arm's mean harm over networks; the storage each recipe adds (``Recipe.cost``: extra
 bits per element); its step time over BF16's from one benchmark run (``kernels/bench/bench_step.py``), and the
@@ -36,8 +37,9 @@ from .tables import read_table
 PATHWAYS = {"gradient": "gradient", "rollout": "rollout", "entropy": "entropy_gap"}  # pathway -> its harm key
 ANCHORS = {"all": "mxfp4", "none": "bf16"}
 ALPHA = 0.05
-METHOD = ("harm removed = (harm(mxfp4) - harm(recipe)) / (harm(mxfp4) - harm(bf16)) per network and pathway from "
-          "the network's mean harms, averaged over the pathways (gradient, rollout, entropy gap) within the network; "
+METHOD = ("harm removed = (harm(mxfp4) - harm(recipe)) per network and pathway (the network's mean harms) over the "
+          "pathway's mean span harm(mxfp4) - harm(bf16), averaged over the pathways (gradient, rollout, entropy gap) "
+          "within the network; "
           "mean over networks with a 95% t interval; recipes told apart by the paired t over networks, Holm over "
           "every pair of the model's board at 0.05")
 
@@ -58,8 +60,11 @@ def _mean_ci(values: list[float]) -> dict:
 
 
 def removed_share(harms: dict[str, dict[str, dict]], arm: str, model: str) -> dict:
-    """{network: the arm's share of MXFP4's harm removed, averaged over the pathways} from ``by_network``'s harms
-    of one model. A network where MXFP4 harms a pathway no more than BF16 has no harm to share out: an error."""
+    """{network: the arm's share of MXFP4's harm removed, averaged over the pathways} from ``by_network``'s harms of
+    one model: per pathway the network's (harm(mxfp4) - harm(arm)) over the pathway's span, the mean over networks
+    of harm(mxfp4) - harm(bf16) (one scale a pathway, the same for every arm: linear in the harms, so the paired
+    tests over networks keep their meaning). A pathway on which MXFP4 harms no more than BF16 has no harm to share
+    out: an error."""
     out: dict = {}
     for pathway, key in PATHWAYS.items():
         arms = harms.get(key, {})
@@ -67,15 +72,13 @@ def removed_share(harms: dict[str, dict[str, dict]], arm: str, model: str) -> di
         if missing:
             raise ValueError(f"{model}: the {pathway} pathway has no {', '.join(map(_label, missing))} arm; accepted: "
                              "per-unit files of mxfp4 mechanism, which measures mxfp4 and bf16 beside every recipe")
-        for net, mx in arms["all"].items():
-            base, own = arms["none"].get(net), arms[arm].get(net)
-            if base is None or own is None:
-                continue
-            span = mx - base
-            if not span > 0:
-                raise ValueError(f"{model}: network {net}'s MXFP4 harm on the {pathway} pathway ({mx:.4g}) is not "
-                                 f"above BF16's ({base:.4g}): no harm for a recipe to remove")
-            out.setdefault(net, []).append((mx - own) / span)
+        nets = [n for n in arms["all"] if n in arms["none"] and n in arms[arm]]
+        span = float(np.mean([arms["all"][n] - arms["none"][n] for n in nets])) if nets else 0.0
+        if not span > 0:
+            raise ValueError(f"{model}: MXFP4's mean harm on the {pathway} pathway is not above BF16's ({span:+.4g} "
+                             f"over {len(nets)} networks): no harm for a recipe to remove")
+        for n in nets:
+            out.setdefault(n, []).append((arms["all"][n] - arms[arm][n]) / span)
     return {net: float(np.mean(v)) for net, v in out.items() if len(v) == len(PATHWAYS)}
 
 
@@ -220,7 +223,10 @@ def markdown(boards: dict[str, list[dict]], profile_name: str, highlight: str | 
                        f"| {apart} | {_g(r['gradient_harm'], '{:.4f}')} | {_g(r['rollout_harm'], '{:.3f}')} "
                        f"| {_g(r['entropy_harm'], '{:.4f}')} | {_g(r['extra_bits_per_element'], '{:.3g}')} "
                        f"| {_g(r['step_ratio'], '{:.2f}x')} | {r['accuracy'] or 'no RL cell stored'} |")
-        out += ["", f"n: {rows[0]['networks']} networks (units averaged within each).", ""]
+        spans = {r["recipe"]: r for r in rows}
+        span = ", ".join(f"{p} {spans['mxfp4'][f'{p}_harm'] - spans['bf16'][f'{p}_harm']:+.4g}" for p in PATHWAYS)
+        out += ["", f"n: {rows[0]['networks']} networks (units averaged within each). MXFP4's harm above BF16's, the "
+                f"span each pathway's share is taken of: {span} (a small span makes every share on it noisy).", ""]
     return "\n".join(out)
 
 

@@ -12,14 +12,18 @@ from mxfp4.report.leaderboard import board, markdown, merged, removed_share
 PATHWAYS = ("gradient", "rollout", "entropy")
 
 
+def _spans(networks: int = 8, seed: int = 0) -> np.ndarray:
+    """Each network's MXFP4 harm above BF16's (the same on every pathway)."""
+    return 0.5 + np.random.default_rng(seed).random(networks)
+
+
 def _units(shares: dict[str, list[float]], networks: int = 8, units: int = 4, seed: int = 0) -> list[dict]:
-    """Per-unit rows of one model whose arms remove, in network k, ``shares[arm][k]`` of MXFP4's harm on every
-    pathway (bf16 harm 0.0 on gradient and entropy, 1.0 on rollout; MXFP4 adds a network's own span)."""
+    """Per-unit rows of one model whose arms remove, in network k, ``shares[arm][k]`` of that network's MXFP4 harm on
+    every pathway (bf16 harm 0.0 on gradient and entropy, 1.0 on rollout; MXFP4 adds the network's span)."""
     profile = load_profile("networks")
-    rng = np.random.default_rng(seed)
     rows = []
     for k, s in enumerate(profile.seeds[:networks]):
-        span = 0.5 + rng.random()
+        span = _spans(networks, seed)[k]
         for pathway in PATHWAYS:
             base = 1.0 if pathway == "rollout" else 0.0
             harm = {"none": base, "all": base + span, **{a: base + span * (1 - v[k]) for a, v in shares.items()}}
@@ -41,12 +45,14 @@ def test_the_board_ranks_by_the_share_removed_and_tells_recipes_apart_as_paired_
     rows = board(_units(shares), load_profile("networks"), list(shares))["tiny-dense"]
     by = {r["recipe"]: r for r in rows}
     assert [r["recipe"] for r in rows][0] == "bf16" and rows[-1]["recipe"] in ("mxfp4", "mxfp4+aqn")
-    for name, s in shares.items():  # the same mean and interval as a t over the networks' shares
-        assert by[name]["mean"] == pytest.approx(np.mean(s), abs=1e-9)
-        half = stats.t.ppf(0.975, 7) * np.std(s, ddof=1) / np.sqrt(8)
-        assert by[name]["ci_high"] - by[name]["mean"] == pytest.approx(half, rel=1e-6)
+    span = _spans()
+    values = {"bf16": list(span / span.mean()), "mxfp4": [0.0] * 8,  # each network's removed harm over the mean span
+              **{name: list(np.asarray(s) * span / span.mean()) for name, s in shares.items()}}
+    for name, v in values.items():  # the same mean and interval as a t over the networks' values
+        assert by[name]["mean"] == pytest.approx(np.mean(v), abs=1e-9)
+        half = stats.t.ppf(0.975, 7) * np.std(v, ddof=1) / np.sqrt(8)
+        assert by[name]["ci_high"] - by[name]["mean"] == pytest.approx(half, rel=1e-6, abs=1e-12)
     assert by["bf16"]["mean"] == pytest.approx(1.0) and by["mxfp4"]["mean"] == pytest.approx(0.0)
-    values = {"bf16": [1.0] * 8, "mxfp4": [0.0] * 8, **shares}
     names = [r["recipe"] for r in rows]
     pairs = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
     ps = []
@@ -63,14 +69,14 @@ def test_the_board_ranks_by_the_share_removed_and_tells_recipes_apart_as_paired_
     assert by["mxfp4+aqn"]["rank"] in by["mxfp4+macro"]["apart_from"]
 
 
-def test_a_network_where_mxfp4_does_no_harm_is_an_error_not_a_share():
+def test_a_pathway_where_mxfp4_does_no_harm_is_an_error_not_a_share():
     units = _units({"mxfp4+macro": [0.5] * 8})
     for r in units:
-        if r["pathway"] == "gradient" and r["arm"] == "all" and r["seed"] == "20":
+        if r["pathway"] == "gradient" and r["arm"] == "all":
             r["harm"] = 0.0
     from mxfp4.report.network_claims import by_network, profile_networks, unit_harms
     harms = by_network(unit_harms(units, "tiny-dense", "warm", "gain"), profile_networks(load_profile("networks")))
-    with pytest.raises(ValueError, match="not above BF16"):
+    with pytest.raises(ValueError, match="gradient pathway is not above BF16"):
         removed_share(harms, "mxfp4+macro", "tiny-dense")
 
 
