@@ -19,6 +19,7 @@ GSM8K accuracy of its RL cells where a stored profile has them (another set of n
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -196,8 +197,11 @@ def _g(x, fmt="{:+.3f}") -> str:
     return "–" if x is None else fmt.format(x)
 
 
-def markdown(boards: dict[str, list[dict]], profile_name: str, highlight: str | None = None) -> str:
+def markdown(boards: dict[str, list[dict]], profile_name: str, highlight: str | None = None,
+             figure_link: str | None = None) -> str:
     out = [f"# Leaderboard: the field's MXFP4 recipes on `{profile_name}`'s networks", ""]
+    if figure_link:
+        out += [f"![the share of MXFP4's harm each recipe removes, 95% t over networks]({figure_link})", ""]
     if highlight:
         for model, rows in boards.items():
             r = next((r for r in rows if r["recipe"] == highlight), None)
@@ -268,7 +272,8 @@ def run(units: list[dict], profile_name: str, out_md, recipes: list[str], bench:
     names = list(dict.fromkeys([*recipes, *([highlight] if highlight else [])]))
     boards = board(units, profile, names, recipe_costs(names), step_ratios(bench) if bench else None,
                    stored_accuracy(list(accuracy_from), results))
-    write_text_atomic(out_md, markdown(boards, profile_name, highlight))
+    link = None if out_png is None else Path(os.path.relpath(Path(out_png), Path(out_md).parent)).as_posix()
+    write_text_atomic(out_md, markdown(boards, profile_name, highlight, link))
     write_json_atomic(Path(out_md).with_suffix(".json"), {"profile": profile_name, "method": METHOD,
                                                           "boards": boards})
     if out_png is not None:

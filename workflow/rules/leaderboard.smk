@@ -77,26 +77,28 @@ rule leaderboard:
 
 
 rule store_leaderboard:
-    """Store the board with the baselines: its per-unit files and step times under the profile, LEADERBOARD.md
-    and its figure at results/baselines/."""
+    """Store the board with the baselines: its per-unit files, energies, run times and step times under the
+    profile, then LEADERBOARD.md at results/baselines/ and its figure under the profile's stored figures, made from
+    the stored files."""
     input:
         units=[str(L.leaderboard_units(m)) for m in TINY_MODELS],
         energy=[str(L.leaderboard_units(m).with_suffix(".energy.json")) for m in TINY_MODELS],
         run=[str(L.leaderboard_units(m).with_suffix(".run.json")) for m in TINY_MODELS],
         bench=str(L.leaderboard_bench),
         md=str(L.leaderboard()),
-        fig=str(L.figure("leaderboard")),
     output:
         touch(str(L.root / "leaderboard_stored.flag")),
+    params:
+        units=" ".join(str(L.stored(L.leaderboard_units(m))) for m in TINY_MODELS),
+        accuracy=" ".join(BOARD_PROFILES),
     run:
         from mxfp4.io import copy_atomic
 
         for src in [*input.units, *input.energy, *input.run, input.bench]:
             copy_atomic(src, L.stored(Path(src)))
-        copy_atomic(input.md, L.baselines.parent / "LEADERBOARD.md")
-        copy_atomic(L.leaderboard().with_suffix(".json"), L.baselines / "leaderboard" / "LEADERBOARD.json")
-        for ext in (".png", ".pdf"):
-            copy_atomic(L.figure("leaderboard", ext), L.baselines / "figures" / f"leaderboard{ext}")
+        shell("{MXFP4} leaderboard --profile {PROFILE} {params.units} --bench {L.stored(L.leaderboard_bench)} "
+              "--accuracy-from {params.accuracy} --out {L.baselines.parent}/LEADERBOARD.md "
+              "--figure {L.baselines}/figures/leaderboard.png")
 
 
 onstart:
