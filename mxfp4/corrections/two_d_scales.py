@@ -52,14 +52,15 @@ class TwoDScales(Correction):
 
         def quantize(blocks: torch.Tensor):
             shape, bs = blocks.shape, blocks.shape[-1]
-            flat = blocks.reshape(-1, shape[-2], bs)  # [R, nb, bs]: rows across the blocked axis
-            r, nb = flat.shape[:2]
+            r, nb = (shape[-3] if blocks.dim() >= 3 else 1), shape[-2]  # rows across the blocked axis; leading
+            flat = blocks.reshape(-1, r, nb, bs)  # dims (a grouped experts' index) stay apart: [B, R, nb, bs]
             padded = torch.nn.functional.pad(flat, (0, 0, 0, 0, 0, -r % self.rows))  # zero rows: no larger max
-            tiles = padded.reshape(-1, self.rows, nb, bs).permute(0, 2, 1, 3).reshape(-1, nb, self.rows * bs)
+            b, t = flat.shape[0], padded.shape[1] // self.rows
+            tiles = padded.reshape(b, t, self.rows, nb, bs).permute(0, 1, 3, 2, 4).reshape(b, t, nb, self.rows * bs)
             grid, _, scale = quantize_blocks(tiles, fmt, rule)  # one tile a "block": its max sets its scale
-            grid = grid.reshape(-1, nb, self.rows, bs).permute(0, 2, 1, 3).reshape(-1, nb, bs)[:r]
-            scale = scale.unsqueeze(1).expand(-1, self.rows, nb).reshape(-1, nb)[:r]
-            return grid.reshape(shape), scale.reshape(shape[:-1])
+            grid = grid.reshape(b, t, nb, self.rows, bs).permute(0, 1, 3, 2, 4).reshape(b, t * self.rows, nb, bs)
+            scale = scale.unsqueeze(2).expand(b, t, self.rows, nb).reshape(b, t * self.rows, nb)
+            return grid[:, :r].reshape(shape), scale[:, :r].reshape(shape[:-1])
 
         return quantize
 

@@ -211,3 +211,13 @@ def test_ms_eden_rotates_the_backward_gemms_and_its_projection_is_unbiased():
         acc += (q(x, -1, operand=op).double().view(8, 2, 32) * x.double().view(8, 2, 32)).sum(-1)
     ratio = acc / n / (x.double().view(8, 2, 32) ** 2).sum(-1)
     assert torch.allclose(ratio, torch.ones_like(ratio), atol=0.02)  # unbiased, each block's sd of the mean ~0.006
+
+
+def test_two_d_scales_tile_each_expert_of_a_grouped_weight_apart():
+    """A grouped experts' weight [E, out, in]: each expert tiled as the 2D weight it is (no tile spans two)."""
+    w = torch.randn(3, 40, 70)
+    q = Quantizer("mxfp4", None, [mxfp4.corrections.build("two_d_scales")])
+    out = q(w, -1, operand=Operand("weight", "forward"))
+    for e in range(3):
+        np.testing.assert_array_equal(out[e].numpy(), oracle_two_d(w[e].numpy()))
+    assert torch.equal(q(w, 1, operand=Operand("weight", "input_grad")), out)
