@@ -69,6 +69,12 @@ def model_path(model, warm_start=0):
     return str(L.model(model, warm_start))
 
 
+def stored_profiles():
+    """Every stored profile's folder but this one's (none before anything is stored)."""
+    root = L.baselines.parent
+    return [f for f in sorted(root.iterdir()) if f.is_dir() and f != L.baselines] if root.is_dir() else []
+
+
 def warm_start_paths(model, seed=None):
     """A tiny model's warm starts (none for a hub model): the one ``seed`` starts from, or all of them."""
     if model not in TINY_MODELS:

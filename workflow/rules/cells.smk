@@ -43,8 +43,7 @@ def stored_warm_start(wc):
     if WARM_STARTS == "stored":
         want = P.warm_start_setting(wc.model, warm_start)
         relative = L.model(wc.model, warm_start).relative_to(L.root)
-        others = [folder / relative for folder in sorted(L.baselines.parent.iterdir()) if folder != L.baselines]
-        for candidate in [stored, *others]:
+        for candidate in [stored, *(folder / relative for folder in stored_profiles())]:
             if made_from(candidate, want):
                 return str(candidate)
     return str(stored) + ".not-stored"

@@ -40,7 +40,7 @@ rule store_baselines:
         write_report(L, stored=True)  # the stored REPORT.md, linking the stored tables
 
 
-def unstored_warm_starts():
+def unstored_warm_starts(wc=None):
     """The warm starts a network design stores: those no stored profile holds already, whole or as the SFT its
     outlier channels are added to (a pilot's reused networks, a regime's shared SFTs)."""
     from mxfp4.rl.models import made_from
@@ -49,7 +49,7 @@ def unstored_warm_starts():
     for m in TINY_MODELS:
         for k in range(P.warm_starts):
             relative = L.model(m, k).relative_to(L.root)
-            stored = [folder / relative for folder in sorted(L.baselines.parent.iterdir()) if folder != L.baselines]
+            stored = [folder / relative for folder in stored_profiles()]
             if not any(made_from(f, P.warm_start_setting(m, k)) or made_from(f, P.sft_setting(m, k)) for f in stored):
                 out.append(model_path(m, k))
     return out
@@ -64,7 +64,7 @@ rule store_network_claims:
         str(L.pathways()),
         str(L.pathways().with_suffix(".md")),
         NETWORK_CLAIMS,
-        models=unstored_warm_starts(),
+        models=unstored_warm_starts,
     output:
         touch(str(L.root / "network_claims_stored.flag")),
     run:
