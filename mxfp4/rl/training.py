@@ -8,8 +8,10 @@ default, float32 compute, is what every CPU profile runs (TRL 1.x defaults would
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import random
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -56,6 +58,14 @@ def checkpoint_disk(parameters: int, save_steps: int | None) -> dict:
     return {"parameters": parameters, "gib_per_checkpoint": each, "copies": copies, "gib": each * copies}
 
 
+def scratch_folder() -> str:
+    """A throwaway output folder for a trainer that saves nothing, removed when the process exits (a probe trainer
+    is built per seed and batch: the folders would otherwise pile up in the temporary directory)."""
+    folder = tempfile.mkdtemp(prefix="mxfp4-trainer-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def common_args(seed: int, *, compute: str = "float32", output_dir: Path | str | None = None,
                 save_steps: int | None = None, gradient_checkpointing: bool = False, report_to=()) -> dict:
     """Seeded data order, progress bars on, the trackers of ``report_to`` (TRL's; none by default).
@@ -72,7 +82,7 @@ def common_args(seed: int, *, compute: str = "float32", output_dir: Path | str |
     if on_gpu:
         finite_attention_gradients()
     return dict(
-        output_dir=str(output_dir) if output_dir is not None else tempfile.mkdtemp(prefix="mxfp4-trainer-"),
+        output_dir=str(output_dir) if output_dir is not None else scratch_folder(),
         save_strategy="steps" if save_steps else "no",
         save_steps=save_steps or 500,
         save_total_limit=SAVE_TOTAL_LIMIT if save_steps else None,

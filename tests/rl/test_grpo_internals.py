@@ -156,3 +156,18 @@ def test_a_step_whose_gradient_is_not_finite_stops_the_run_with_its_row_logged(t
         trainer.train()
     rows = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and math.isnan(rows[0]["grad_norm"])
+
+
+def test_a_trainer_that_saves_nothing_leaves_no_folder_behind(tmp_path):
+    """The throwaway output folder of a probe trainer exists while the process runs and is gone when it exits."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from mxfp4.rl.training import common_args; import os; d = common_args(0)['output_dir']; "
+            "assert os.path.isdir(d); print(d)")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    folder = Path(out.stdout.strip().splitlines()[-1])
+    assert folder.parent == tmp_path and not folder.exists()
+    assert common_args(0, output_dir=tmp_path / "kept")["output_dir"] == str(tmp_path / "kept")
