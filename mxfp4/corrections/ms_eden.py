@@ -25,14 +25,14 @@ def eden_scales(blocks: torch.Tensor, elem, uniform: torch.Tensor) -> tuple[torc
     effective scale that power over 3."""
     x = blocks.double()
     amax = x.abs().amax(-1)
-    mant, ex = torch.frexp(amax)
+    _, ex = torch.frexp(amax)
     pow2 = torch.where(amax > 0, torch.ldexp(torch.ones_like(amax), ex - 1), torch.ones_like(amax))
     y = x * (GLOBAL / pow2).unsqueeze(-1)  # exact: x has 24 significant bits, 3 two more
     q = round_to_grid(y, elem)
     num, den = (y * y).cumsum(-1)[..., -1], (y * q).cumsum(-1)[..., -1]
     c = torch.where(den > 0, num / torch.where(den > 0, den, 1.0), 1.0)
     v = pow2 * c
-    vm, vex = torch.frexp(v)
+    _, vex = torch.frexp(v)
     low = torch.ldexp(torch.ones_like(v), vex - 1)
     up = uniform < (v / low - 1.0)
     return q, torch.where(up, 2 * low, low) / GLOBAL

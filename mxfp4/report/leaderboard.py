@@ -18,7 +18,6 @@ GSM8K accuracy of its RL cells where a stored profile has them (another set of n
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
@@ -31,33 +30,17 @@ from ..config.profiles import load_profile
 from ..config.recipes import Recipe
 from ..io import write_json_atomic, write_text_atomic
 from ..layout import Layout
-from ..stats import no_spread
+from ..stats import mean_ci, no_spread
+from .mechanism import ARM_LABELS, PATHWAYS, arm_label
 from .network_claims import by_network, profile_networks, unit_harms
 from .tables import read_table
 
-PATHWAYS = {"gradient": "gradient", "rollout": "rollout", "entropy": "entropy_gap"}  # pathway -> its harm key
-ANCHORS = {"all": "mxfp4", "none": "bf16"}
 ALPHA = 0.05
 METHOD = ("harm removed = (harm(mxfp4) - harm(recipe)) per network and pathway (the network's mean harms) over the "
           "pathway's mean span harm(mxfp4) - harm(bf16), averaged over the pathways (gradient, rollout, entropy gap) "
           "within the network; "
           "mean over networks with a 95% t interval; recipes told apart by the paired t over networks, Holm over "
           "every pair of the model's board at 0.05")
-
-
-def _label(arm: str) -> str:
-    return ANCHORS.get(arm, arm)
-
-
-def _mean_ci(values: list[float]) -> dict:
-    """Mean over networks with its 95% t interval (None without two networks)."""
-    x = np.asarray(values, dtype=float)
-    out = {"mean": float(x.mean()) if len(x) else None, "ci_low": None, "ci_high": None, "networks": len(x)}
-    if len(x) >= 2:
-        se = float(x.std(ddof=1)) / math.sqrt(len(x))
-        q = float(sps.t.ppf(0.975, len(x) - 1))
-        out.update(ci_low=out["mean"] - q * se, ci_high=out["mean"] + q * se)
-    return out
 
 
 def removed_share(harms: dict[str, dict[str, dict]], arm: str, model: str) -> dict:
@@ -71,8 +54,9 @@ def removed_share(harms: dict[str, dict[str, dict]], arm: str, model: str) -> di
         arms = harms.get(key, {})
         missing = [a for a in (arm, "all", "none") if a not in arms]
         if missing:
-            raise ValueError(f"{model}: the {pathway} pathway has no {', '.join(map(_label, missing))} arm; accepted: "
-                             "per-unit files of mxfp4 mechanism, which measures mxfp4 and bf16 beside every recipe")
+            raise ValueError(f"{model}: the {pathway} pathway has no {', '.join(map(arm_label, missing))} arm; "
+                             "accepted: per-unit files of mxfp4 mechanism, which measures mxfp4 and bf16 beside every "
+                             "recipe")
         nets = [n for n in arms["all"] if n in arms["none"] and n in arms[arm]]
         span = float(np.mean([arms["all"][n] - arms["none"][n] for n in nets])) if nets else 0.0
         if not span > 0:
@@ -113,12 +97,14 @@ def board(units: list[dict], profile, recipes: list[str], costs: dict | None = N
         shares = {a: removed_share(harms, a, model) for a in arms}
         rows = []
         for a in arms:
-            row = {"model": model, "recipe": _label(a), "arm": a, **_mean_ci(list(shares[a].values()))}
+            share = mean_ci(list(shares[a].values()))
+            row = {"model": model, "recipe": arm_label(a), "arm": a,
+                   **{k: share[k] for k in ("mean", "ci_low", "ci_high")}, "networks": share["n"]}
             for pathway, key in PATHWAYS.items():
-                row[f"{pathway}_harm"] = _mean_ci(list(harms[key][a].values()))["mean"]
-            row["extra_bits_per_element"] = (costs or {}).get(_label(a))
-            row["step_ratio"] = (steps or {}).get(_label(a))
-            row["accuracy"] = (accuracy or {}).get((model, _label(a)))
+                row[f"{pathway}_harm"] = float(np.mean(list(harms[key][a].values())))
+            row["extra_bits_per_element"] = (costs or {}).get(arm_label(a))
+            row["step_ratio"] = (steps or {}).get(arm_label(a))
+            row["accuracy"] = (accuracy or {}).get((model, arm_label(a)))
             rows.append(row)
         rows.sort(key=lambda r: -r["mean"])
         for rank, r in enumerate(rows, 1):
@@ -147,12 +133,16 @@ def recipe_costs(recipes: list[str]) -> dict[str, float]:
     return out
 
 
-def step_ratios(bench: dict) -> dict[str, float]:
-    """Each recipe's step time over BF16's in one benchmark run (``bench_step.py``'s JSON)."""
-    timed = {k: v["step_time_s"] for k, v in bench.get("recipes", {}).items() if "step_time_s" in v}
-    if "bf16" not in timed:
-        raise ValueError("the step benchmark has no bf16 step; accepted: a bench_step.py run with --recipes bf16 ...")
-    return {k: v / timed["bf16"] for k, v in timed.items()}
+def step_ratios(benches: dict[str, dict]) -> dict[str, float]:
+    """Each recipe's step time over BF16's in one benchmark run (``bench_step.py``'s JSON, by its file name): the
+    first run that times the recipe gives its ratio, never two runs' times mixed."""
+    out: dict[str, float] = {}
+    for name, bench in benches.items():
+        timed = {k: v["step_time_s"] for k, v in bench.get("recipes", {}).items() if "step_time_s" in v}
+        if "bf16" not in timed:
+            raise ValueError(f"{name} times no bf16 step; accepted: bench_step.py --recipes bf16 ...")
+        out.update({k: v / timed["bf16"] for k, v in timed.items() if k not in out})
+    return out
 
 
 def stored_accuracy(profiles: list[str], results="results") -> dict[tuple[str, str], str]:
@@ -160,7 +150,8 @@ def stored_accuracy(profiles: list[str], results="results") -> dict[tuple[str, s
     (the first that has the recipe)."""
     out: dict = {}
     for name in profiles:
-        path = Layout(results, name).stored(Layout(results, name).table("summary"))
+        layout = Layout(results, name)
+        path = layout.stored(layout.table("summary"))
         if not Path(path).is_file():
             continue
         rows = read_table(path, "summary")
@@ -181,8 +172,8 @@ def merged(stored: list[dict], new: list[dict], recipe: str) -> list[dict]:
     def key(r):
         return (r["model"], r["checkpoint"], r["form"], r["pathway"], r["arm"], str(r["seed"]), r["key"])
 
-    have = {key(r): r["harm"] for r in stored if r["arm"] in ANCHORS}
-    anchors = [r for r in new if r["arm"] in ANCHORS and key(r) in have]
+    have = {key(r): r["harm"] for r in stored if r["arm"] in ARM_LABELS}
+    anchors = [r for r in new if r["arm"] in ARM_LABELS and key(r) in have]
     differ = [r for r in anchors if r["harm"] != have[key(r)]]
     if not anchors or differ:
         raise ValueError(f"{recipe}: the run's mxfp4 and bf16 arms do not reproduce the stored board's "
@@ -264,13 +255,14 @@ def figure(boards: dict[str, list[dict]], out_png, highlight: str | None = None)
     plt.close(fig)
 
 
-def run(units: list[dict], profile_name: str, out_md, recipes: list[str], bench: dict | None = None,
+def run(units: list[dict], profile_name: str, out_md, recipes: list[str], benches: dict[str, dict] | None = None,
         accuracy_from: list[str] = (), results="results", highlight: str | None = None, out_png=None) -> dict:
-    """The leaderboard of ``recipes`` (and a user's ``highlight``) from the per-unit rows, written to ``out_md`` (its
-    rows as JSON beside it) and, with ``out_png``, its figure; the boards."""
+    """The leaderboard of ``recipes`` (and a user's ``highlight``) from the per-unit rows, with the step times of
+    ``benches`` (``step_ratios``), written to ``out_md`` (its rows as JSON beside it) and, with ``out_png``, its
+    figure; the boards."""
     profile = load_profile(profile_name)
     names = list(dict.fromkeys([*recipes, *([highlight] if highlight else [])]))
-    boards = board(units, profile, names, recipe_costs(names), step_ratios(bench) if bench else None,
+    boards = board(units, profile, names, recipe_costs(names), step_ratios(benches) if benches else None,
                    stored_accuracy(list(accuracy_from), results))
     link = None if out_png is None else Path(os.path.relpath(Path(out_png), Path(out_md).parent)).as_posix()
     write_text_atomic(out_md, markdown(boards, profile_name, highlight, link))

@@ -26,7 +26,8 @@ PATHWAYS = {"gradient": "gradient", "rollout": "rollout", "entropy": "entropy_ga
 ARM_LABELS = {"none": "bf16", "all": "mxfp4"}
 
 
-def _label(arm: str) -> str:
+def arm_label(arm: str) -> str:
+    """An arm's name as a reader knows it: mxfp4 for the full error, bf16 for none, else the recipe."""
     return ARM_LABELS.get(arm, arm)
 
 
@@ -63,7 +64,7 @@ def mechanism_rows(units: list[dict], recipe: str, profile) -> list[dict]:
                                           {rival: {n: -v for n, v in arms[rival].items()}}, design.margins[pathway])
                 verdict, _ = three_outcome_verdict(test)
                 c = test["contrasts"][rival]
-                out.append({"model": model, "pathway": pathway, "recipe": recipe, "rival": _label(rival),
+                out.append({"model": model, "pathway": pathway, "recipe": recipe, "rival": arm_label(rival),
                             "harm_recipe": mean[recipe], "harm_rival": mean[rival], "diff": c["diff"],
                             "ci_low": c["ci_low"], "ci_high": c["ci_high"], "networks": c["networks"],
                             "verdict": _verdict_words(verdict, rival), "margin": design.margins[pathway],
@@ -74,7 +75,7 @@ def mechanism_rows(units: list[dict], recipe: str, profile) -> list[dict]:
 
 def _verdict_words(verdict: str, rival: str) -> str:
     """A three-outcome verdict on "the recipe harms less than the rival", in the rival's words."""
-    name = _label(rival)
+    name = arm_label(rival)
     if verdict.startswith("held"):
         return f"lower harm than {name}" + (" (inside the margin)" if "margin" in verdict else "")
     if verdict == "contradicted":
