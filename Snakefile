@@ -11,6 +11,7 @@
 #   snakemake --cores all depth --config profile=depth                   # the depth law of scale bias
 import os
 import sys
+from pathlib import Path
 
 from snakemake.utils import validate
 
@@ -73,6 +74,21 @@ def stored_profiles():
     """Every stored profile's folder but this one's (none before anything is stored)."""
     root = L.baselines.parent
     return [f for f in sorted(root.iterdir()) if f.is_dir() and f != L.baselines] if root.is_dir() else []
+
+
+def store_with_baselines(files, models=()):
+    """Copy this run's ``files`` to where the stored baselines keep them (``Layout.stored``), each warm start of
+    ``models`` whole (a compare or a network design then trains none: warm_starts=stored)."""
+    import shutil
+
+    from mxfp4.io import copy_atomic
+
+    for src in files:
+        if src in models:
+            shutil.rmtree(L.stored(src), ignore_errors=True)
+            shutil.copytree(src, L.stored(src), ignore=shutil.ignore_patterns(".snakemake*"))
+        else:
+            copy_atomic(src, L.stored(Path(src)))
 
 
 def warm_start_paths(model, seed=None):

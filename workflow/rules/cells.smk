@@ -59,7 +59,7 @@ def stored_sft(wc):
     if WARM_STARTS == "stored" and P.pretrain is not None and P.pretrain.outlier_channels:
         relative = L.model(wc.model, warm_start).relative_to(L.root)
         want = P.sft_setting(wc.model, warm_start)
-        for profile_folder in sorted(L.baselines.parent.iterdir()):
+        for profile_folder in stored_profiles():
             if made_from(profile_folder / relative, want):
                 return str(profile_folder / relative)
     return str(L.stored(L.model(wc.model, warm_start))) + ".no-sft"

@@ -26,17 +26,9 @@ rule store_baselines:
         # must never regenerate them. This marker records when they were last stored.
         touch(str(L.root / "baselines_stored.flag")),
     run:
-        from mxfp4.io import copy_atomic
         from mxfp4.report.profile_report import run as write_report
 
-        import shutil
-
-        for src in input:
-            if src in input.models:  # the warm starts, whole (a compare then trains none: warm_starts=stored)
-                shutil.rmtree(L.stored(src), ignore_errors=True)
-                shutil.copytree(src, L.stored(src), ignore=shutil.ignore_patterns(".snakemake*"))
-            else:
-                copy_atomic(src, L.stored(src))
+        store_with_baselines(input, input.models)
         write_report(L, stored=True)  # the stored REPORT.md, linking the stored tables
 
 
@@ -68,16 +60,7 @@ rule store_network_claims:
     output:
         touch(str(L.root / "network_claims_stored.flag")),
     run:
-        import shutil
-
-        from mxfp4.io import copy_atomic
-
-        for src in input:
-            if src in input.models:
-                shutil.rmtree(L.stored(src), ignore_errors=True)
-                shutil.copytree(src, L.stored(src), ignore=shutil.ignore_patterns(".snakemake*"))
-            else:
-                copy_atomic(src, L.stored(src))
+        store_with_baselines(input, input.models)
 
 
 # A pilot (--config compare_pilot=true): the compare recipe on the first model and seed only, against the
@@ -283,10 +266,7 @@ rule store_contrast:
     output:
         touch(str(L.root / "contrast" / "{other}.stored.flag")),
     run:
-        from mxfp4.io import copy_atomic
-
-        for src in (input.md, input.csv):
-            copy_atomic(src, L.stored(src))
+        store_with_baselines(input)
 
 
 rule store_compare:
@@ -299,9 +279,7 @@ rule store_compare:
     output:
         touch(str(L.root / "compare" / f"{COMPARE_RECIPE}.stored.flag")),
     run:
-        from mxfp4.io import copy_atomic
         from mxfp4.report.profile_report import run as write_report
 
-        for src in (input.md, *input.fig):
-            copy_atomic(src, L.stored(src))
+        store_with_baselines(input)
         write_report(L, stored=True)

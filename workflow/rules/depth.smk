@@ -75,7 +75,4 @@ rule store_depth:
     output:
         touch(str(L.root / "depth_stored.flag")),
     run:
-        from mxfp4.io import copy_atomic
-
-        for src in input:
-            copy_atomic(src, L.stored(src))
+        store_with_baselines(input)

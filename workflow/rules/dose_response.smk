@@ -49,7 +49,4 @@ rule store_dose_response:
     output:
         touch(str(L.root / "dose_response_stored.flag")),
     run:
-        from mxfp4.io import copy_atomic
-
-        for src in input:
-            copy_atomic(src, L.stored(src))
+        store_with_baselines(input)

@@ -2,8 +2,6 @@
 # recipe placed among them from the stored board:
 #   snakemake --cores all store_leaderboard --config profile=networks warm_starts=stored      # the board itself
 #   snakemake --cores all leaderboard --config profile=networks compare_recipe=R warm_starts=stored   # R on it
-from pathlib import Path
-
 LEADERBOARD = list(P.leaderboard)
 NEW_RECIPE = config.get("compare_recipe")  # a recipe placed on the stored board (none: the board is made here)
 PLACED = NEW_RECIPE if NEW_RECIPE and NEW_RECIPE not in LEADERBOARD else None
@@ -92,10 +90,7 @@ rule store_leaderboard:
         units=" ".join(str(L.stored(L.leaderboard_units(m))) for m in TINY_MODELS),
         accuracy=" ".join(BOARD_PROFILES),
     run:
-        from mxfp4.io import copy_atomic
-
-        for src in [*input.units, *input.energy, *input.run, input.bench]:
-            copy_atomic(src, L.stored(Path(src)))
+        store_with_baselines([*input.units, *input.energy, *input.run, input.bench])
         shell("{MXFP4} leaderboard --profile {PROFILE} {params.units} --bench {L.stored(L.leaderboard_bench)} "
               "--accuracy-from {params.accuracy} --out {L.baselines.parent}/LEADERBOARD.md "
               "--figure {L.baselines}/figures/leaderboard.png")
