@@ -2,13 +2,16 @@
 every target met or missed; run here, after the calls, on the folders the device tool brought back.
 
     python kernels/gpu/collect_gpu_session.py CALL1 CALL2 CALL3      # each: what one call left in $OUT
+    python kernels/gpu/collect_gpu_session.py                        # the reports anew from the stored calls
 
 Each call's ``session.tgz`` is unpacked into ``results/gpu/calls/<device>/call<N>/`` (cell logs and results,
 lm-eval outputs, stack.json, steps.tsv, each step's stderr; weights were left out on the device), numbered on
-after that device's stored calls, and from all of that device's calls, stored ones included:
-- ``results/gpu/gpu_smoke_dense.json``: ``mxfp4 gpu-smoke-report`` over every call that ran gpu-smoke-quick
-  cells, each recipe against its own call's bf16, the memory plan's peaks beside;
-- ``results/gpu/gpu_smoke_moe.json``: the MoE slice (the call that ran ``smoke-moe``);
+after that device's stored calls. Then, for every device with stored calls (with no calls named, that alone:
+the reports made anew after a target changed), from all of that device's calls:
+- ``results/gpu/gpu_smoke_dense_<device>.json``: ``mxfp4 gpu-smoke-report`` over every call that ran
+  gpu-smoke-quick cells, each recipe against its own call's bf16, the memory plan's peaks beside;
+- ``results/gpu/gpu_smoke_moe_<device>.json``: the MoE slice (the last call that ran ``smoke-moe``);
+- ``results/bench/layer_<device>.json``: the real-shape layers (the last call that ran ``layer``);
 - ``results/bench/bench_<device>.json``: the kernel calls (memory1, memory2, gemm) of one device merged (where
   no call of the device timed kernels, a stored file is judged as it is and left unchanged);
 - ``results/gpu/targets_<device>.json``: every GPU target with its number, met or missed, and the two
@@ -31,12 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # bench_kernels, bench_moe
 from mxfp4.io import write_json_atomic  # noqa: E402
 from mxfp4.layout import Layout  # noqa: E402
-from mxfp4.report.gpu_smoke import TARGETS  # noqa: E402
+from mxfp4.report.gpu_smoke import ROLLOUT_TARGET, TARGETS  # noqa: E402
 from mxfp4.report.gpu_smoke import run as smoke_report  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE_PROFILE = "gpu-smoke-quick"
 PLAN = "results/gpu/memory_plan_qwen2.5-3b.json"
+HOST_US_PER_CALL_TARGET = 50
 BENCH_STEPS = ("bench_memory1.json", "bench_memory2.json", "bench_gemm.json")
 # a line of pytest -q progress: one character a test, and " [ NN%]" once the line is full or the run ends
 PYTEST_PROGRESS = re.compile(r"([.FEsxX]+)(?:\s+\[\s*\d+%\])?")
@@ -129,20 +133,17 @@ def collect(calls: list[Path], root: Path = ROOT) -> dict[str, list[dict]]:
     import bench_kernels
 
     folders = place(calls, root)
-    named: set[str] = set()
-
-    def name(path: str, slug: str) -> str:  # the plain name for the first device, suffixed for another
-        if path in named:
-            return path.replace(".json", f"_{slug}.json")
-        named.add(path)
-        return path
+    calls_root = root / "results/gpu/calls"
+    for device in sorted(calls_root.iterdir() if calls_root.is_dir() else []):  # every device, reported anew
+        if device.is_dir() and not device.name.startswith(".") and device.name not in folders:
+            folders[device.name] = stored_calls(root, device.name)
 
     out: dict[str, list[dict]] = {}
     for slug, rel in folders.items():
         targets: list[dict] = []
         smoke = [f / "results" for f in rel if (root / f / "results" / SMOKE_PROFILE).is_dir()]
         if smoke:
-            dense_out = name("results/gpu/gpu_smoke_dense.json", slug)
+            dense_out = f"results/gpu/gpu_smoke_dense_{slug}.json"
             rec = smoke_report([root / s for s in smoke], SMOKE_PROFILE, out=None, plan=root / PLAN)
             for run, results in zip(rec["runs"], smoke):  # paths as the repository sees them
                 run["results"] = str(results)
@@ -150,7 +151,7 @@ def collect(calls: list[Path], root: Path = ROOT) -> dict[str, list[dict]]:
             targets += dense_targets(rec, dense_out)
         moe = _in_calls(root, rel, "gpu_smoke_moe.json")
         if moe:
-            moe_out = name("results/gpu/gpu_smoke_moe.json", slug)
+            moe_out = f"results/gpu/gpu_smoke_moe_{slug}.json"
             report = _json(root / moe[-1])
             write_json_atomic(root / moe_out, {**report, "source": str(moe[-1])})
             targets += moe_targets(report, moe_out)
@@ -167,6 +168,12 @@ def collect(calls: list[Path], root: Path = ROOT) -> dict[str, list[dict]]:
         targets += [{"source": bench_out, "target": f"{t['target']} at {'x'.join(map(str, t['shape']))}",
                      "value": t["value"], "threshold": f">= {t['threshold']}", "met": t["met"]}
                     for t in kernel_targets]
+        layer = _in_calls(root, rel, "bench_layer.json")
+        if layer:
+            layer_out = f"results/bench/layer_{slug}.json"
+            report = _json(root / layer[-1])
+            write_json_atomic(root / layer_out, {**report, "source": str(layer[-1])})
+            targets += layer_targets(report, layer_out)
         targets += device_checks(root, rel)
         write_json_atomic(root / f"results/gpu/targets_{slug}.json",
                           {"device_calls": [str(f) for f in rel], "targets": targets})
@@ -217,6 +224,9 @@ def dense_targets(rec: dict, source: str) -> list[dict]:
         ratio = rec["recipes"].get(name, {}).get("step_time_vs_bf16")
         rows.append({"source": source, "target": f"{name} step / bf16 step", "value": ratio,
                      "threshold": f"<= {threshold}", "met": ratio is not None and ratio <= threshold})
+        rollout = rec["recipes"].get(name, {}).get("rollout_time_vs_bf16")
+        rows.append({"source": source, "target": f"{name} rollout / bf16 rollout", "value": rollout,
+                     "threshold": f"<= {ROLLOUT_TARGET}", "met": rollout is not None and rollout <= ROLLOUT_TARGET})
     return rows
 
 
@@ -256,6 +266,16 @@ def device_checks(root: Path, rel: list[Path]) -> list[dict]:
     return rows
 
 
+def layer_targets(report: dict, source: str) -> list[dict]:
+    """The host cost of one quantizer call in each real-shape layer (kernels/bench/bench_layer.py), per recipe
+    and pass (decode, train): at most 50 us, so that a layer's launches, not its Python, set its time."""
+    return [{"source": source, "target": f"{layer} layer, {recipe}, {mode}: host us per quantizer call",
+             "value": m["quantizer_host_us_per_call"], "threshold": f"<= {HOST_US_PER_CALL_TARGET}",
+             "met": m["quantizer_host_us_per_call"] <= HOST_US_PER_CALL_TARGET}
+            for layer, recipes in report["layers"].items() for recipe, modes in recipes.items()
+            for mode, m in modes.items() if m.get("quantizer_host_us_per_call") is not None]
+
+
 def moe_targets(report: dict, source: str) -> list[dict]:
     """The MoE step target per real-layer row: undecided (met None) where the report's baseline did not run a
     bf16 model's experts (a report without ``baseline_weights`` timed the experts' fp32 master weights, which
@@ -278,7 +298,8 @@ def moe_targets(report: dict, source: str) -> list[dict]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("calls", nargs="+", type=Path, help="the folders of the calls' $OUT, in the order they ran")
+    p.add_argument("calls", nargs="*", type=Path, help="the folders of the calls' $OUT, in the order they ran "
+                   "(none: every device's files reported anew from its stored calls)")
     p.add_argument("--root", type=Path, default=ROOT, help="the repository the files go into (default: this one)")
     args = p.parse_args(argv)
     collected = collect(args.calls, args.root)
@@ -290,6 +311,7 @@ def main(argv=None) -> int:
             print(f"  {verdict} {t['target']:<70} {value:>14} (target {t['threshold']})")
     sources = {t["source"] for targets in collected.values() for t in targets}
     for what, prefix in (("the dense gpu-smoke-quick cells", "results/gpu/gpu_smoke_dense"),
+                         ("the real-shape layers", "results/bench/layer_"),
                          ("the MoE slice", "results/gpu/gpu_smoke_moe"), ("the kernel benchmarks", "results/bench/")):
         if not any(s.startswith(prefix) for s in sources):
             print(f"NOT MEASURED in any call: {what} (their targets are missed)")

@@ -61,18 +61,22 @@ def test_bench_calls_of_one_device_merge_with_every_target_met_or_missed(tmp_pat
                 "method": "CUDA graphs", "command": "python kernels/bench/bench_kernels.py", "rows": rows, "ratios": {},
                 **over}
 
-    one = call([memory("triton quantize", -1, 0.86), memory("triton quantize", 0, 0.84),
+    auto = "w4a16_matmul (auto: fused at M<=64, else dequantize + cuBLAS)"
+    one = call([memory("triton quantize", -1, 0.86), memory("triton quantize", 0, 0.79),
+                memory("triton fake_quantize", 0, 0.5),
                 memory("triton fake_quantize_with_stats", -1, 0.5), memory("triton fake_quantize", "both", 0.9)])
-    two = call([{"kind": "gemm", "path": "w4a16_matmul (auto: fused at M<=64, else dequantize + cuBLAS)",
-                 "shape": [64, 2048, 2048], "seconds": 1.0, "speedup_vs_cublas_bf16": 2.6},
-                {"kind": "gemm", "path": "w4a16_matmul (auto: fused at M<=64, else dequantize + cuBLAS)",
-                 "shape": [8192, 2048, 2048], "seconds": 1.0, "speedup_vs_cublas_bf16": 0.9}], partial=True)
+    def gemm(shape, speedup):
+        return {"kind": "gemm", "path": auto, "shape": shape, "seconds": 1.0, "speedup_vs_cublas_bf16": speedup}
+
+    two = call([gemm([16, 11008, 2048], 2.6), gemm([64, 11008, 2048], 0.9), gemm([16, 2048, 2048], 0.9),
+                memory("triton fake_quantize", 0, 0.81)], partial=True)   # a later timing of a row of the first call
     merged = bench.merge([one, two], ["a.json", "b.json"])
     assert [(t["target"], t["shape"], t["met"]) for t in merged["targets"]] == [
-        ("triton quantize (axis -1) / copy bandwidth", [8192, 4096], True),
-        ("triton quantize (axis 0) / copy bandwidth", [8192, 4096], False),
-        ("W4A16 decode / cuBLAS bf16", [64, 2048, 2048], True)]  # prefill (M = 8192) has no such target
-    assert [r["call"] for r in merged["rows"]] == [0, 0, 0, 0, 1, 1] and merged["partial"] is True
+        ("triton quantize (axis -1) / copy bandwidth", [8192, 4096], True),    # rows: 85%
+        ("triton quantize (axis 0) / copy bandwidth", [8192, 4096], False),    # axis 0: 80%
+        ("triton fake_quantize (axis 0) / copy bandwidth", [8192, 4096], True),  # judged on its last timing
+        ("W4A16 decode / cuBLAS bf16", [16, 11008, 2048], True)]  # the gate projection at M <= 16 only
+    assert [r["call"] for r in merged["rows"]] == [0] * 5 + [1] * 4 and merged["partial"] is True
     with pytest.raises(ValueError, match="differ in device"):
         bench.merge([one, call([], device="NVIDIA H200")], ["a.json", "c.json"])
 
@@ -145,7 +149,11 @@ def test_a_sessions_calls_are_collected_into_the_gpu_files_with_every_target_met
     two = call("two", {"checks.json": checks, "checks_configs.json": configs},
                [("bf16", [50.0, 4.0, 4.0]), ("mxfp4+fallback", [90.0, 7.0, 7.0])])
     (two / "tests_gpu.xml").write_text(junit.read_text())
-    three = call("three", {"bench_memory1.json": bench}, device="NVIDIA H200")
+    layer = {"device": "cuda", "layers": {"dense": {
+        "bf16": {"decode": {"quantizer_calls": 0, "quantizer_host_us_per_call": None}},
+        "mxfp4": {"decode": {"quantizer_calls": 7, "quantizer_host_us_per_call": 40.0},
+                  "train": {"quantizer_calls": 28, "quantizer_host_us_per_call": 140.0}}}}}
+    three = call("three", {"bench_memory1.json": bench, "bench_layer.json": layer}, device="NVIDIA H200")
     got = collect.collect([one, two, three], root)
 
     h100 = {t["target"]: (t["value"], t["met"]) for t in got["h100"]}
@@ -158,17 +166,24 @@ def test_a_sessions_calls_are_collected_into_the_gpu_files_with_every_target_met
     assert h100["every autotune config checked on the device (--every-config)"] == (
         "132/132 checks, 2 not runnable here (never picked)", True)
     assert h100["the suite's CUDA tests pass (pytest -m gpu)"] == ("1 passed, 1 failed, 0 errors, 1 skipped", False)
-    assert [t["met"] for t in got["h200"]] == [True] and got["h200"][0]["source"] == "results/bench/bench_h200.json"
-    dense = json.loads((root / "results/gpu/gpu_smoke_dense.json").read_text())
+    assert [(t["target"], t["met"]) for t in got["h200"]] == [
+        ("triton quantize (axis -1) / copy bandwidth at 8192x4096", True),
+        ("dense layer, mxfp4, decode: host us per quantizer call", True),
+        ("dense layer, mxfp4, train: host us per quantizer call", False)]
+    assert json.loads((root / "results/bench/layer_h200.json").read_text())["source"] == (
+        "results/gpu/calls/h200/call1/bench_layer.json")
+    dense = json.loads((root / "results/gpu/gpu_smoke_dense_h100.json").read_text())
     assert [r["results"] for r in dense["runs"]] == ["results/gpu/calls/h100/call1/results",
                                                      "results/gpu/calls/h100/call2/results"]
-    assert (root / "results/gpu/gpu_smoke_moe.json").is_file() and (root / "results/gpu/targets_h200.json").is_file()
+    assert (root / "results/gpu/gpu_smoke_moe_h100.json").is_file()
+    assert (root / "results/gpu/targets_h200.json").is_file()
     assert (root / "results/gpu/calls/h200/call1/steps.tsv").is_file()
     assert sorted(p.name for p in (root / "results/gpu/calls").iterdir()) == ["h100", "h200"]  # no staging left
     first = (root / "results/gpu/calls/h100/call1/stack.json").read_text()
     four = call("four", {}, [("bf16", [50.0, 5.0, 5.0]), ("mxfp4+macro", [90.0, 6.5, 6.5])])
     stored_bench = json.dumps({**bench, "device": "NVIDIA H100 80GB HBM3", "rows": [{**memory, "fraction": 0.5}]})
     (root / "results/bench/bench_h100.json").write_text(stored_bench)   # kernels timed before any call folder
+    h200_before = (root / "results/gpu/targets_h200.json").stat().st_mtime_ns
     later = {t["target"]: (t["value"], t["met"]) for t in collect.collect([four], root)["h100"]}   # a later session
     assert (root / "results/gpu/calls/h100/call1/stack.json").read_text() == first       # adds, overwrites nothing
     assert (root / "results/gpu/calls/h100/call3/steps.tsv").is_file()
@@ -177,8 +192,13 @@ def test_a_sessions_calls_are_collected_into_the_gpu_files_with_every_target_met
     assert later["MoE grouped MXFP4 step / bf16 step, qwen3-30b-a3b layers"] == (1.4, True)
     assert later["triton quantize (axis -1) / copy bandwidth at 8192x4096"] == (0.5, False)   # judged as stored
     assert (root / "results/bench/bench_h100.json").read_text() == stored_bench
-    dense = json.loads((root / "results/gpu/gpu_smoke_dense.json").read_text())
+    dense = json.loads((root / "results/gpu/gpu_smoke_dense_h100.json").read_text())
     assert [r["results"] for r in dense["runs"]] == [f"results/gpu/calls/h100/call{n}/results" for n in (1, 2, 3)]
+    assert (root / "results/gpu/targets_h200.json").stat().st_mtime_ns > h200_before   # every device reported anew
+    (root / "results/gpu/targets_h100.json").unlink()
+    anew = {t["target"]: (t["value"], t["met"]) for t in collect.collect([], root)["h100"]}   # no calls: stored ones
+    assert anew == later
+    assert (root / "results/gpu/targets_h100.json").is_file()
     shutil.rmtree(root / "results/gpu/calls/h100/call2")
     with pytest.raises(ValueError, match=r"calls \[1, 3\]: expected call1..callN without gaps"):
         collect.collect([four], root)

@@ -14,7 +14,7 @@ def test_the_gpu_smoke_report_times_each_recipe_against_its_own_runs_bf16(tmp_pa
     smoke_cell(a, "mxfp4", [90.0, 3.6, 3.6], peak=60.0)    # 3.6 / 3.0 = 1.2 <= 1.3
     smoke_cell(a, "mxfp4+macro", [], log="Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory")
     smoke_cell(b, "bf16", [50.0, 4.0, 4.0])                # a slower machine: 4.0
-    smoke_cell(b, "mxfp4+fallback", [90.0, 6.8, 6.8])      # 6.8 / 4.0 = 1.7 > 1.6 (against a's bf16: 2.27)
+    smoke_cell(b, "mxfp4+fallback", [90.0, 6.8, 6.8])      # 6.8 / 4.0 = 1.7 > 1.4 (against a's bf16: 2.27)
     plan = {"profile": "gpu-smoke-quick", "method": "FakeTensorMode", "recipes": {"mxfp4": {"peak_gib": 71.3}}}
     recipes = ["bf16", "mxfp4", "mxfp4+macro", "mxfp4+fallback", "mxfp4+aqn"]
     rec = report([a, b], "gpu-smoke-quick", "qwen2.5-3b-random", recipes, 0, plan)
@@ -96,3 +96,23 @@ def test_a_cell_that_died_after_logging_a_step_reports_that_steps_gradient_norm(
     assert got["status"] == "failed" and "device-side assert" in got["log_tail"]
     last = got["last_logged_step"]
     assert last["step"] == 1 and math.isnan(last["grad_norm"])
+
+
+def test_a_cell_cut_in_its_evaluations_after_its_steps_is_failed_with_its_steps_timed(tmp_path):
+    """A call's deadline that cuts a cell in its evaluations leaves every training step logged: the cell has
+    failed (no metrics), and its steps are still timed against the run's bf16, the rollout too."""
+    from mxfp4.layout import METRICS, Layout
+    from mxfp4.report.gpu_smoke import report
+
+    layout = Layout(tmp_path, "gpu-smoke-quick")
+    smoke_cell(tmp_path, "bf16", [50.0, 3.0, 3.0])
+    smoke_cell(tmp_path, "mxfp4+fallback", [90.0, 6.0, 9.0])
+    (layout.cell("qwen2.5-3b-random", "mxfp4+fallback", 0) / METRICS).unlink()
+    log = layout.cell_log("qwen2.5-3b-random", "mxfp4+fallback", 0)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("Running generate_until requests")
+    rec = report([tmp_path], "gpu-smoke-quick", "qwen2.5-3b-random", ["bf16", "mxfp4+fallback"])
+    got = rec["recipes"]["mxfp4+fallback"]
+    assert rec["failed"] == ["mxfp4+fallback"] and got["timed_steps"] == 2
+    assert got["step_time_vs_bf16"] == pytest.approx(2.5) and got["meets_target"] is False
+    assert got["rollout_time_vs_bf16"] == pytest.approx(2.5) and got["meets_rollout_target"] is False
