@@ -145,6 +145,11 @@ class Layout:
         """The depth study's slopes and per-layer means, every model (``.md`` beside it)."""
         return self.root / "depth" / "depth.csv"
 
+    @property
+    def depth_shrinkage(self) -> Path:
+        """The depth study's norm loss split into shrink and misalignment, and the shrinkage-bias test (``.md``)."""
+        return self.root / "depth" / "depth_shrinkage.csv"
+
     def depth_optimizer_units(self, model: str) -> Path:
         """One model's short SGD and AdamW runs of the depth study: per run, optimizer, arm and layer."""
         return self.root / "depth" / "optimizers" / f"{model}_units.csv"

@@ -51,8 +51,9 @@ rule depth_optimizers:
 
 rule depth:
     """The depth law: the slope of log(gradient norm ratio) per layer of every model, shallow to deep, and
-    the figure of norm ratio and cosine against the layer's distance from the output; with the profile's
-    depth_optimizers, the short SGD and AdamW runs' table too."""
+    the figure of norm ratio and cosine against the layer's distance from the output; the same slope split
+    into the gradient's shrink and its misalignment, with the shrinkage-bias test (depth_shrinkage.md); with
+    the profile's depth_optimizers, the short SGD and AdamW runs' table too."""
     input:
         units=[str(L.depth_units(m)) for m in TINY_MODELS],
         optimizers=rules.depth_optimizers.output if P.depth_optimizers else [],
@@ -61,10 +62,15 @@ rule depth:
         md=report(str(L.depth.with_suffix(".md")), caption="../report/depth.rst", category="Depth"),
         png=report(str(L.figure("depth", ".png")), caption="../report/depth.rst", category="Depth"),
         pdf=str(L.figure("depth", ".pdf")),
+        shrinkage=str(L.depth_shrinkage),
+        shrinkage_md=report(str(L.depth_shrinkage.with_suffix(".md")), caption="../report/depth.rst",
+                            category="Depth"),
     run:
+        from mxfp4.report.depth_shrinkage import run as shrinkage_table
         from mxfp4.report.depth_table import run as depth_table
 
         depth_table(input.units, output.csv, figure_stem=output.png.removesuffix(".png"))
+        shrinkage_table(input.units, output.shrinkage)
 
 
 rule store_depth:
