@@ -221,14 +221,16 @@ class Layout:
     def stored(self, path: Path) -> Path:
         """Where the stored baselines keep one of the run's files (``path``, a file of this layout): the
         aggregate tables, claims, pathway, regime, dose-response and depth tables side by side, figures under
-        ``figures/``, the per-unit files of the pathway matrix under ``units/`` (``<model>_<checkpoint>_units.csv``),
-        the profile contrasts under ``contrast/``."""
+        ``figures/``, the per-unit files of the pathway matrix under ``units/`` (``<model>_<checkpoint>_units.csv``)
+        and the depth study's there too (``<model>_units.csv``), the profile contrasts under ``contrast/``."""
         path = Path(path)
         if path.parent == self.figures:
             return self.baselines / "figures" / path.name
         relative = path.relative_to(self.root)
         if relative.parts[0] == "pathways" and path.name.endswith("_units.csv"):  # one per model: kept apart
             return self.baselines / "units" / f"{relative.parts[1]}_{path.name}"
+        if relative.parts[:1] == ("depth",) and len(relative.parts) == 2 and path.name.endswith("_units.csv"):
+            return self.baselines / "units" / path.name  # the depth study's per-batch rows, one file a model
         flat = len(relative.parts) == 1 or relative.parts[0] in ("aggregate", "pathways", "dose_response", "depth")
         return self.baselines / (path.name if flat else relative)
 

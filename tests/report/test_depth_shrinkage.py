@@ -105,3 +105,13 @@ def test_the_table_is_written_from_the_unit_files(tmp_path):
     text = (tmp_path / "depth_shrinkage.md").read_text()
     assert "Hypothesis (fixed before the run)" in text and "| m | 4 | gain | 6 |" in text and "scale bias" in text
     assert (tmp_path / "depth_shrinkage.csv").is_file() and any(r["measure"] == CONTRAST for r in rows)
+
+
+def test_the_depth_units_are_stored_apart_from_the_tables():
+    """Every slope and test is recomputable from the stored per-batch files: they sit under units/, the tables flat."""
+    from mxfp4.layout import Layout
+
+    layout = Layout("results", "depth")
+    assert layout.stored(layout.depth_units("tiny-moe-l8")).relative_to(layout.baselines).parts == (
+        "units", "tiny-moe-l8_units.csv")
+    assert layout.stored(layout.depth_shrinkage).relative_to(layout.baselines).parts == ("depth_shrinkage.csv",)

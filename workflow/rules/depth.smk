@@ -74,9 +74,11 @@ rule depth:
 
 
 rule store_depth:
-    """Store the depth study's tables and figures beside the baselines (results/baselines/<profile>/)."""
+    """Store the depth study's tables and figures beside the baselines (results/baselines/<profile>/), and its
+    per-batch unit files (units/: every slope and test recomputable from them)."""
     input:
         rules.depth.output,
+        [str(L.depth_units(m)) for m in TINY_MODELS],
         rules.depth_optimizers.output if P.depth_optimizers else [],
     output:
         touch(str(L.root / "depth_stored.flag")),
