@@ -3,6 +3,7 @@
 shrink compounds."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -115,3 +116,28 @@ def test_the_depth_units_are_stored_apart_from_the_tables():
     assert layout.stored(layout.depth_units("tiny-moe-l8")).relative_to(layout.baselines).parts == (
         "units", "tiny-moe-l8_units.csv")
     assert layout.stored(layout.depth_shrinkage).relative_to(layout.baselines).parts == ("depth_shrinkage.csv",)
+
+
+STORED = Path(__file__).resolve().parents[2] / "results" / "baselines" / "depth"
+
+
+@pytest.mark.skipif(not (STORED / "units").is_dir(), reason="needs the stored depth study (results/baselines/depth)")
+def test_the_stored_tables_are_recomputed_from_the_stored_units():
+    """The shrinkage test's rows and the depth law's slopes, from the per-batch files alone."""
+    import csv
+
+    from mxfp4.report.depth_table import read_units
+    from mxfp4.report.depth_table import summary_rows as depth_rows
+
+    units = read_units(sorted((STORED / "units").glob("*_units.csv")))
+    again = {(r["model"], r["site"], r["arm"], r["measure"]): r for r in summary_rows(units)}
+    for r in csv.DictReader((STORED / "depth_shrinkage.csv").open()):
+        got = again[(r["model"], r["site"], r["arm"], r["measure"])]
+        assert (got["mean"] is None) == (r["mean"] == "") and (r["mean"] == "" or float(r["mean"]) == got["mean"])
+        assert (got["verdict"] or "") == r["verdict"]
+    slopes = {(r["model"], r["site"], r["arm"], r["measure"], r["distance"]): r["mean"]
+              for r in csv.DictReader((STORED / "depth.csv").open())}
+    for r in depth_rows(units):
+        distance = "" if r["distance"] is None else str(r["distance"])
+        stored = slopes[(r["model"], r["site"], r["arm"], r["measure"], distance)]
+        assert (r["mean"] is None and stored == "") or r["mean"] == pytest.approx(float(stored), rel=1e-12, abs=1e-15)
