@@ -89,6 +89,17 @@ def _in_calls(root: Path, rel: list[Path], name: str) -> list[Path]:
     return [f / name for f in rel if (root / f / name).is_file()]
 
 
+def _latest_report(root: Path, rel: list[Path], name: str, out: str) -> dict | None:
+    """The last of these calls' ``name``, written to ``out`` (relative to root) with its source; None where no
+    call ran it."""
+    found = _in_calls(root, rel, name)
+    if not found:
+        return None
+    report = _json(root / found[-1])
+    write_json_atomic(root / out, {**report, "source": str(found[-1])})
+    return report
+
+
 def unpack(call: Path, into: Path) -> Path:
     """One call's session.tgz unpacked (its flat headline files, the newest copies, laid over it)."""
     if not call.is_dir():
@@ -149,11 +160,8 @@ def collect(calls: list[Path], root: Path = ROOT) -> dict[str, list[dict]]:
                 run["results"] = str(results)
             write_json_atomic(root / dense_out, rec)
             targets += dense_targets(rec, dense_out)
-        moe = _in_calls(root, rel, "gpu_smoke_moe.json")
-        if moe:
-            moe_out = f"results/gpu/gpu_smoke_moe_{slug}.json"
-            report = _json(root / moe[-1])
-            write_json_atomic(root / moe_out, {**report, "source": str(moe[-1])})
+        moe_out = f"results/gpu/gpu_smoke_moe_{slug}.json"
+        if (report := _latest_report(root, rel, "gpu_smoke_moe.json", moe_out)) is not None:
             targets += moe_targets(report, moe_out)
         kernel_calls = [k for step in BENCH_STEPS for k in _in_calls(root, rel, step)]
         bench_out = f"results/bench/bench_{slug}.json"
@@ -168,11 +176,8 @@ def collect(calls: list[Path], root: Path = ROOT) -> dict[str, list[dict]]:
         targets += [{"source": bench_out, "target": f"{t['target']} at {'x'.join(map(str, t['shape']))}",
                      "value": t["value"], "threshold": f">= {t['threshold']}", "met": t["met"]}
                     for t in kernel_targets]
-        layer = _in_calls(root, rel, "bench_layer.json")
-        if layer:
-            layer_out = f"results/bench/layer_{slug}.json"
-            report = _json(root / layer[-1])
-            write_json_atomic(root / layer_out, {**report, "source": str(layer[-1])})
+        layer_out = f"results/bench/layer_{slug}.json"
+        if (report := _latest_report(root, rel, "bench_layer.json", layer_out)) is not None:
             targets += layer_targets(report, layer_out)
         targets += device_checks(root, rel)
         write_json_atomic(root / f"results/gpu/targets_{slug}.json",

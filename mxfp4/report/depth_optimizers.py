@@ -9,11 +9,9 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from statsmodels.stats.multitest import multipletests
-
 from ..io import write_csv_atomic, write_text_atomic
-from ..stats import ALPHA, mean_ci, paired_diff
-from .depth_table import figure, log_slope, shallow_to_deep
+from ..stats import mean_ci, paired_diff
+from .depth_table import estimate_text, figure, holm_verdicts, log_slope, shallow_to_deep
 
 ARM, CONTROL = "+scale", "+scale~signflip"
 SLOPE, EXCESS, CONTRAST = "log_norm_ratio_slope", "slope_excess_over_control", "sgd_minus_adamw_excess"
@@ -93,31 +91,8 @@ def summary_rows(units: list[dict]) -> list[dict]:
             out.append(_row({"model": model, "layers": layers, "optimizer": "sgd-adamw", "arm": ARM}, CONTRAST, None,
                             d, f"per run: SGD's excess slope - AdamW's (same batches); mean over {d['n']} runs, "
                                "paired t, two-sided p, Holm over the models"))
-    _holm(out)
+    holm_verdicts([r for r in out if r["measure"] == CONTRAST], below="held", above="contradicted")
     return out
-
-
-def _holm(rows: list[dict]) -> None:
-    """Holm over the primary contrasts with a p; verdict held (SGD's excess lower), contradicted (higher) or
-    not shown."""
-    primary = [r for r in rows if r["measure"] == CONTRAST]
-    tested = [r for r in primary if r["p"] is not None]
-    if tested:
-        adjusted = multipletests([r["p"] for r in tested], alpha=ALPHA, method="holm")[1]
-        for r, q in zip(tested, adjusted):
-            r["p_holm"] = float(q)
-    for r in primary:
-        if r["p_holm"] is None or r["p_holm"] >= ALPHA:
-            r["verdict"] = "not shown"
-        else:
-            r["verdict"] = "held" if r["mean"] < 0 else "contradicted"
-
-
-def _estimate(r: dict | None, digits: int = 4) -> str:
-    if r is None or r["mean"] is None:
-        return "—"
-    ci = "" if r["ci_low"] is None else f" [{r['ci_low']:+.{digits}f}, {r['ci_high']:+.{digits}f}]"
-    return f"{r['mean']:+.{digits}f}{ci}"
 
 
 def markdown(rows: list[dict]) -> str:
@@ -134,7 +109,7 @@ def markdown(rows: list[dict]) -> str:
             continue
         p = "—" if r["p"] is None else f"{r['p']:.2g}"
         q = "—" if r["p_holm"] is None else f"{r['p_holm']:.2g}"
-        out.append(f"| {model} | {layers} | {r['n']} | {_estimate(r)} | {p} | {q} | {r['verdict']} |")
+        out.append(f"| {model} | {layers} | {r['n']} | {estimate_text(r)} | {p} | {q} | {r['verdict']} |")
     out += ["", "Per optimizer: each arm's slope of log(displacement norm ratio to the unquantized run) per decoder "
             "layer from the output (mean and 95% t interval over runs), and the scale component's slope beyond its "
             "control's (paired by run).", "",
@@ -145,9 +120,9 @@ def markdown(rows: list[dict]) -> str:
             own = keyed.get((model, optimizer, ARM, SLOPE))
             if own is None:
                 continue
-            out.append(f"| {optimizer} | {model} | {layers} | {own['n']} | {_estimate(own)} | "
-                       f"{_estimate(keyed.get((model, optimizer, CONTROL, SLOPE)))} | "
-                       f"{_estimate(keyed.get((model, optimizer, ARM, EXCESS)))} |")
+            out.append(f"| {optimizer} | {model} | {layers} | {own['n']} | {estimate_text(own)} | "
+                       f"{estimate_text(keyed.get((model, optimizer, CONTROL, SLOPE)))} | "
+                       f"{estimate_text(keyed.get((model, optimizer, ARM, EXCESS)))} |")
     return "\n".join(out) + "\n"
 
 

@@ -13,11 +13,9 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from statsmodels.stats.multitest import multipletests
-
 from ..io import write_csv_atomic, write_text_atomic
-from ..stats import ALPHA, mean_ci, paired_diff
-from .depth_table import log_slope, read_units, shallow_to_deep
+from ..stats import mean_ci, paired_diff
+from .depth_table import estimate_text, holm_verdicts, log_slope, read_units, shallow_to_deep
 
 SITE, CONTROL = "backward", "signflip"
 ROUNDING = ("+dead", "+grid")
@@ -96,34 +94,13 @@ def summary_rows(units: list[dict]) -> list[dict]:
                                  "arm": "+scale vs +dead & +grid"}, CONTRAST, d,
                                 f"per batch: scale's excess shrink slope - (deadzone's + grid noise's); mean over "
                                 f"{d['n']} batches, paired t, two-sided p, Holm over the models"))
-    _holm(out)
+    holm_verdicts([r for r in out if r["measure"] == CONTRAST], below="scale bias", above="E2M1 rounding")
     return out
 
 
 def _sum(values) -> float | None:
     values = list(values)
     return None if any(v is None for v in values) else math.fsum(values)
-
-
-def _holm(rows: list[dict]) -> None:
-    """Holm over the primary contrasts with a p; a verdict names the side that carries the shrink, or none."""
-    primary = [r for r in rows if r["measure"] == CONTRAST]
-    tested = [r for r in primary if r["p"] is not None]
-    if tested:
-        for r, q in zip(tested, multipletests([r["p"] for r in tested], alpha=ALPHA, method="holm")[1]):
-            r["p_holm"] = float(q)
-    for r in primary:
-        if r["p_holm"] is None or r["p_holm"] >= ALPHA:
-            r["verdict"] = "not shown"
-        else:
-            r["verdict"] = "scale bias" if r["mean"] < 0 else "E2M1 rounding"
-
-
-def _estimate(r: dict | None) -> str:
-    if r is None or r["mean"] is None:
-        return "—"
-    ci = "" if r["ci_low"] is None else f" [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]"
-    return f"{r['mean']:+.4f}{ci}"
 
 
 def markdown(rows: list[dict]) -> str:
@@ -138,11 +115,11 @@ def markdown(rows: list[dict]) -> str:
     for r in (r for r in rows if r["measure"] == CONTRAST):
         scale = keyed.get((r["model"], r["form"], r["site"], "+scale", EXCESS))
         parts = [keyed.get((r["model"], r["form"], r["site"], a, EXCESS)) for a in ROUNDING]
-        rounding = "; ".join(f"{a} {_estimate(p)}" for a, p in zip(ROUNDING, parts))
+        rounding = "; ".join(f"{a} {estimate_text(p)}" for a, p in zip(ROUNDING, parts))
         p = "—" if r["p"] is None else f"{r['p']:.2g}"
         q = "—" if r["p_holm"] is None else f"{r['p_holm']:.2g}"
-        out.append(f"| {r['model']} | {r['layers']} | {r['form']} | {r['n']} | {_estimate(scale)} | {rounding} | "
-                   f"{_estimate(r)} | {p} | {q} | {r['verdict']} |")
+        out.append(f"| {r['model']} | {r['layers']} | {r['form']} | {r['n']} | {estimate_text(scale)} | {rounding} | "
+                   f"{estimate_text(r)} | {p} | {q} | {r['verdict']} |")
     arms = list(dict.fromkeys(r["arm"] for r in rows if r["measure"] in MEASURES))
     out += ["", "Each arm's slope of log(norm ratio) per decoder layer = the slope of log(shrink) + the slope of "
             "-log(cosine), exactly (mean and 95% t interval over batches; the two parts are each batch's own).", "",
@@ -152,10 +129,10 @@ def markdown(rows: list[dict]) -> str:
         for form in dict.fromkeys(r["form"] for r in rows):
             for model, layers in models:
                 for arm in arms:
-                    cells = [_estimate(keyed.get((model, form, site, arm, m))) for m in MEASURES]
+                    cells = [estimate_text(keyed.get((model, form, site, arm, m))) for m in MEASURES]
                     if cells == ["—"] * 3:
                         continue
-                    extra = _estimate(keyed.get((model, form, site, arm, EXCESS)))
+                    extra = estimate_text(keyed.get((model, form, site, arm, EXCESS)))
                     out.append(f"| {site} | {form} | {model} | {layers} | {arm} | " + " | ".join(cells) +
                                f" | {extra} |")
     return "\n".join(out) + "\n"

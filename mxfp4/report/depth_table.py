@@ -9,9 +9,10 @@ import re
 from pathlib import Path
 
 import numpy as np
+from statsmodels.stats.multitest import multipletests
 
 from ..io import write_csv_atomic, write_text_atomic
-from ..stats import mean_ci
+from ..stats import ALPHA, mean_ci
 from .plots import error_bars, plt, save
 
 SLOPE = "log_norm_ratio_slope"
@@ -61,6 +62,20 @@ def summary_rows(units: list[dict]) -> list[dict]:
     return out
 
 
+def holm_verdicts(primary: list[dict], below: str, above: str) -> None:
+    """Holm over the primary contrasts that have a p (statsmodels); each row's verdict names the side its mean
+    falls on (``below`` 0 or ``above``) where its adjusted p is under ``ALPHA``, else "not shown"."""
+    tested = [r for r in primary if r["p"] is not None]
+    if tested:
+        for r, q in zip(tested, multipletests([r["p"] for r in tested], alpha=ALPHA, method="holm")[1]):
+            r["p_holm"] = float(q)
+    for r in primary:
+        if r["p_holm"] is None or r["p_holm"] >= ALPHA:
+            r["verdict"] = "not shown"
+        else:
+            r["verdict"] = below if r["mean"] < 0 else above
+
+
 def batch_slopes(rows: list[dict]) -> dict[int, float | None]:
     """Each batch's ``log_slope`` over the layers of ``rows`` (one model, form, arm and site)."""
     return {b: log_slope({u["distance"]: u["norm_ratio"] for u in rows if u["batch"] == b})
@@ -87,7 +102,8 @@ def shallow_to_deep(rows: list[dict]) -> list[tuple[str, int]]:
     return sorted({(r["model"], r["layers"]) for r in rows}, key=lambda m: (re.sub(r"-l\d+$", "", m[0]), m[1]))
 
 
-def _slope(r: dict | None) -> str:
+def estimate_text(r: dict | None) -> str:
+    """A table row's mean and interval as the depth tables print them ("—" where there is none)."""
     if r is None or r["mean"] is None:
         return "—"
     ci = "" if r["ci_low"] is None else f" [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]"
@@ -110,7 +126,7 @@ def markdown(rows: list[dict]) -> str:
         for form in dict.fromkeys(r["form"] for r in slopes):
             for model, layers in models:
                 n = next((r["n"] for k, r in keyed.items() if k[:3] == (site, form, model)), "—")
-                cells = [_slope(keyed.get((site, form, model, a, m))) for a, m in columns]
+                cells = [estimate_text(keyed.get((site, form, model, a, m))) for a, m in columns]
                 out.append(f"| {site} | {form} | {model} | {layers} | {n} | " + " | ".join(cells) + " |")
     return ("Slope of log(gradient norm ratio to the unquantized gradient) per decoder layer counted from the output "
             "(a product of per-layer gains g gives log g; 0: no compounding), one least-squares slope per gradient "
