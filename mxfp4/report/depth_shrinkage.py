@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..io import write_csv_atomic, write_text_atomic
 from ..stats import mean_ci, paired_diff
+from .depth_table import batch_slopes as norm_ratio_slopes
 from .depth_table import estimate_text, holm_verdicts, log_slope, read_units, shallow_to_deep
 
 SITE, CONTROL = "backward", "signflip"
@@ -41,9 +42,9 @@ def batch_slopes(rows: list[dict]) -> dict[str, dict[int, float | None]]:
     """Per measure of ``MEASURES``, each batch's least-squares slope over the layers of ``rows`` (one model, form,
     site and arm); a batch with a shrink or cosine that is not positive has none (its log is undefined)."""
     out: dict[str, dict[int, float | None]] = {m: {} for m in MEASURES}
+    out["log_norm_ratio_slope"] = norm_ratio_slopes(rows)  # the depth law's own slopes
     for b in sorted({u["batch"] for u in rows}):
         mine = [u for u in rows if u["batch"] == b]
-        out["log_norm_ratio_slope"][b] = log_slope({u["distance"]: u["norm_ratio"] for u in mine})
         out["log_shrink_slope"][b] = log_slope({u["distance"]: shrink(u["norm_ratio"], u["cosine"]) for u in mine})
         inverse = {u["distance"]: None if not u["cosine"] or u["cosine"] <= 0 else 1 / u["cosine"] for u in mine}
         out["neg_log_cosine_slope"][b] = log_slope(inverse)
