@@ -19,6 +19,8 @@ from mxfp4.machine import pin_cpu_numerics
 
 pin_cpu_numerics()  # before torch loads, here and in every rule's process (mxfp4/machine.py)
 
+import torch
+
 from mxfp4.config.profiles import load_profile, setting_hash, warm_start_hash
 from mxfp4.layout import GPU_SMOKE_DENSE, METRICS, REFERENCE_RECIPE, TRAIN_LOG, Layout
 
@@ -100,6 +102,8 @@ def warm_start_paths(model, seed=None):
     return [model_path(model, P.warm_start_of(int(seed)))]
 
 
+# the fused CPU kernel, built by its own job before any job that quantizes on CPU (none where CUDA runs them)
+CPU_KERNEL = [] if torch.cuda.is_available() else [str(L.cpu_kernel)]
 ALL_CELLS = [cell_path(m, r, s) for m in MODELS for r in RECIPES for s in SEEDS]
 ALL_EVALS = [str(L.evaluation(m, r, s)) for m in MODELS for r in RECIPES for s in SEEDS]
 

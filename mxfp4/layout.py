@@ -109,6 +109,11 @@ class Layout:
         return self.root / "kernels"
 
     @property
+    def cpu_kernel(self) -> Path:
+        """The fused CPU kernel's build report: every job that quantizes waits for it."""
+        return self.kernels / "cpu_kernel.json"
+
+    @property
     def kernel_checks(self) -> Path:
         return self.kernels / "checks.json"
 

@@ -159,6 +159,18 @@ def test_figures_drives_the_kernel_checks_and_benchmark_of_this_run(workdir):
         assert jobs.get(rule) == 1, rule
 
 
+def test_the_cpu_kernel_is_built_once_before_every_job_that_quantizes(workdir):
+    """One job builds the fused CPU kernel; the cells, the pathway matrix and the kernel benchmark and checks
+    wait for it (their edges in the DAG), while the warm starts' SFT, which does not quantize, does not."""
+    dag = snakemake(workdir, "--dag", "dot", "figures", "--config", "profile=embedded")
+    labels = dict(re.findall(r'^\s*(\d+)\[label = "(\w+)', dag, re.M))  # the rule, then its wildcards
+    builders = [n for n, rule in labels.items() if rule == "cpu_kernel"]
+    assert len(builders) == 1, labels
+    waiting = {labels[b] for a, b in re.findall(r"^\s*(\d+) -> (\d+)", dag, re.M) if a == builders[0]}
+    assert {"cell", "pathways_checkpoint", "probe_batch", "kernel_bench", "kernel_checks"} <= waiting, waiting
+    assert "pretrain_model" not in waiting
+
+
 def test_smoke_profile_runs_to_figures_and_reruns_exactly(workdir):
     snakemake(workdir, "all", "--config", "profile=smoke")
     figures = workdir / "figures" / "smoke"

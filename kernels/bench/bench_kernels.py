@@ -275,8 +275,9 @@ def cpu_paths(x: torch.Tensor, ao, compiled) -> dict:
         f"cells' path (fused) fake_quantize axis 0, {dtype}": (lambda: mxfp4.fake_quantize(x, axis=0), 0, 2 * full,
                                                                ref_cols),
         f"reference fake_quantize, {dtype}": (lambda: reference.fake_quantize(x), -1, 2 * full, ref_rows),
-        f"torch.compile(reference) fake_quantize, {dtype}": (lambda: compiled(x), -1, 2 * full, ref_rows),
     }
+    if compiled is not None:
+        paths[f"torch.compile(reference) fake_quantize, {dtype}"] = (lambda: compiled(x), -1, 2 * full, ref_rows)
     if x.dtype == torch.bfloat16:
         paths["reference quantize, bfloat16"] = (lambda: reference.quantize(x), -1, full + packed, None)
         if ao is not None:
@@ -285,14 +286,15 @@ def cpu_paths(x: torch.Tensor, ao, compiled) -> dict:
     return paths
 
 
-def cpu_rows(shapes, reps: int, runs: int) -> tuple[list[dict], dict]:
-    """CPU: the cells' path (fused), the eager reference, its torch.compile and torchao eager, in float32
-    and bfloat16, ``runs`` repetitions each; each as a fraction of the copy bandwidth of the same run,
-    with whether its values equal the reference's bit for bit."""
+def cpu_rows(shapes, reps: int, runs: int, compile_peer: bool = True) -> tuple[list[dict], dict]:
+    """CPU: the cells' path (fused), the eager reference, its torch.compile (``compile_peer``: Inductor's
+    C++ build costs about 90 s a process) and torchao eager, in float32 and bfloat16, ``runs`` repetitions
+    each; each as a fraction of the copy bandwidth of the same run, with whether its values equal the
+    reference's bit for bit."""
     from mxfp4.verify.kernel_checks import same
 
     ao = torchao_paths(compiled=False)
-    compiled = torch.compile(reference.fake_quantize, dynamic=False)
+    compiled = torch.compile(reference.fake_quantize, dynamic=False) if compile_peer else None
     rows, ratios = [], {}
     for shape in shapes:
         src = torch.randn(shape)
@@ -398,6 +400,8 @@ def main(argv=None) -> int:
     )
     p.add_argument("--reps", type=int, default=5, help="CPU: calls per timing (the best is kept)")
     p.add_argument("--runs", type=int, default=5, help="CPU: independent repetitions of every path")
+    p.add_argument("--no-compile", action="store_true",
+                   help="CPU: leave out the torch.compile peer (its one-off C++ build dominates a short benchmark)")
     p.add_argument("--only", choices=("memory", "gemm"), help="CUDA: only the memory-bound rows, or only the GEMM rows")
     p.add_argument("--merge", nargs="+", metavar="JSON",
                    help="measure nothing: join these reports of one device's calls (gpu_session.sh memory1, "
@@ -445,7 +449,7 @@ def main(argv=None) -> int:
         rows = done
         report.update(rows=rows, ratios=gpu_ratios(rows), targets=targets(rows))
     else:
-        rows, ratios = cpu_rows(shapes, args.reps, args.runs)
+        rows, ratios = cpu_rows(shapes, args.reps, args.runs, compile_peer=not args.no_compile)
         report.update(rows=rows, ratios=ratios)
     write_json_atomic(args.out, report)
     for r in report["rows"]:

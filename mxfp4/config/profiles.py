@@ -482,6 +482,8 @@ class Profile(_Strict):
         default_factory=list, description="profiles whose stored regime statistics (results/baselines/<profile>/"
         "regime.csv) the regime table and figure show beside this profile's models")
     bench_shapes: str = Field("", pattern=r"^(\d+x\d+(,\d+x\d+)*)?$", description="kernel benchmark shapes, RxC,...")
+    bench_compile_peer: bool = Field(True, description="the CPU kernel benchmark times torch.compile of the reference "
+                                     "beside the fused kernel (Inductor's one-off C++ build: about 90 s)")
 
     @model_validator(mode="after")
     def _consistent(self):

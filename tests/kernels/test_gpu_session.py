@@ -368,3 +368,20 @@ def test_the_layer_bench_reports_host_device_quantizer_calls_and_launches_per_re
         assert dense[phase]["quantizer_host_us_per_call"] > 0
     assert dense["decode"]["quantizer_calls"] == 7  # each Linear's input: the weights stay cached while decoding
     assert dense["train"]["quantizer_calls"] == 7 * 6  # weight on both axes, x, dY twice and x along tokens
+
+
+def test_the_cpu_kernel_bench_leaves_out_the_compile_peer_when_asked_and_keeps_every_other_path(tmp_path):
+    """--no-compile (the main job's short benchmark) drops only the torch.compile row and its ratio; the fused
+    rows still equal the reference bit for bit."""
+    bench = kernels_script("bench_kernels")
+    out = tmp_path / "bench.json"
+    assert bench.main(["--out", str(out), "--device", "cpu", "--shapes", "64x128", "--runs", "1", "--reps", "1",
+                       "--no-compile"]) == 0
+    report = json.loads(out.read_text())
+    paths = {r["path"] for r in report["rows"]}
+    assert not any("torch.compile" in p for p in paths) and not any("torch.compile" in k for k in report["ratios"])
+    for dtype in ("float32", "bfloat16"):
+        assert {f"cells' path (fused) fake_quantize, {dtype}", f"reference fake_quantize, {dtype}"} <= paths
+    fused = [r for r in report["rows"] if r["path"].startswith("cells' path")]
+    assert len(fused) == 4 and all(r["equals_reference"] for r in fused)
+    assert "fused_vs_reference@64x128@float32" in report["ratios"]

@@ -1,7 +1,8 @@
 def model_input(wc):
     """A tiny model must be warm-started first (a job of one seed: that seed's warm start; else every warm
-    start of the model); hub models are fetched by the cell itself."""
-    return warm_start_paths(wc.model, wc.get("seed"))
+    start of the model), and on a machine without CUDA the fused CPU kernel built; hub models are fetched by
+    the cell itself."""
+    return warm_start_paths(wc.model, wc.get("seed")) + CPU_KERNEL
 
 
 def reference_input(wc):
