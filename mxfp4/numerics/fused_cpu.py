@@ -16,12 +16,14 @@ The same extension computes the error components of component injection (``compo
 form in one pass, the gain form in two around its per-block sums, which the caller takes with torch).
 
 The extension is built by ``torch.utils.cpp_extension`` (a C++ compiler and ninja) on its first use on a
-machine, about 30 s, and cached on disk for every later process. Where the build fails, the reference
-runs instead, with the same values, and one warning says why."""
+machine, about 80 s on 2 cores, and cached on disk for every later process, under a name of its own per
+source file and flags (two checkouts on one machine do not rebuild over each other's build). Where the
+build fails, the reference runs instead, with the same values, and one warning says why."""
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import os
 import platform
@@ -64,7 +66,11 @@ def _extension():
     from torch.utils import cpp_extension
 
     _find_ninja()
-    return cpp_extension.load(name="mxfp4_fused_cpu", sources=[str(SOURCE)], extra_cflags=_flags(),
+    flags = _flags()
+    # the build folder is named after the extension: one per source path and flags, so that two checkouts
+    # (or two flag sets) each keep their build instead of recompiling whenever the other one loads
+    key = hashlib.sha256(repr((str(SOURCE.resolve()), flags)).encode()).hexdigest()[:10]
+    return cpp_extension.load(name=f"mxfp4_fused_cpu_{key}", sources=[str(SOURCE)], extra_cflags=flags,
                               extra_ldflags=["-fopenmp"], verbose=False)
 
 
