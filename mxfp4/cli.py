@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .io import writable_folder, write_json_atomic, write_text_atomic
 from .layout import GPU_SMOKE_DENSE, Layout
+from .report.figures import FIGURES
 
 MAX_SAMPLE = 2**26  # elements of a decompose --dist sample, and of a prove test tensor
 SAMPLE_DEFAULTS = {"rows": 256, "cols": 1024, "dtype": "float32", "seed": 0}  # decompose --dist only
@@ -192,55 +193,31 @@ def _cmd_prove(args) -> int:
     return 0 if report["passed"] else 1
 
 
-PLOTS = {  # figure -> (drawing function in mxfp4.report.plots, what its input file is)
-    "decomposition": ("decomposition_shares", "proofs.json of mxfp4 prove"),
-    "corrections": ("correction_effects", "corrections.json of mxfp4 corrections-table"),
-    "training": ("training_curves", "aggregate/steps.csv of mxfp4 aggregate"),
-    "accuracy": ("accuracy_bars", "aggregate/cells.csv of mxfp4 aggregate"),
-    "kernels": ("kernel_throughput", "bench.json of kernels/bench/bench_kernels.py"),
-    "pathways": ("pathway_matrix", "pathways/pathways.csv (every model's mxfp4 pathways rows)"),
-    "attribution": ("pathway_attribution", "pathways/pathways.csv (every model's mxfp4 pathways rows)"),
-    "cosines": ("component_cosines", "weight_components.csv of mxfp4 weight-components"),
-    "regime": ("regime_statistics", "regime.csv of mxfp4 regime"),
-}
-PLOT_COLUMNS = {  # a CSV input's columns that its figure reads: a table without them draws an empty figure
-    "training": ("model", "recipe", "seed", "step"),
-    "accuracy": ("model", "recipe", "seed", "gsm8k_strict_accuracy"),
-    "pathways": ("model", "checkpoint", "injection", "metric", "layer", "site", "mean"),
-    "attribution": ("model", "checkpoint", "injection", "metric", "layer", "site", "mean"),
-    "cosines": ("model", "form", "cosine_scale_dead", "cosine_scale_grid", "cosine_dead_grid"),
-    "regime": ("model", "operand", "depth", "elements"),
-}
-
-
-def _check_plot_input(figure: str, path: Path) -> None:
+def _check_plot_input(spec, path: Path) -> None:
     """A CSV input with a header holding the figure's columns and at least one row."""
     import csv
 
-    if figure not in PLOT_COLUMNS:
+    if not spec.columns:
         return
     with path.open(encoding="utf-8", errors="replace", newline="") as f:
         reader = csv.reader(f)
         header, first = next(reader, []), next(reader, None)
-    missing = [c for c in PLOT_COLUMNS[figure] if c not in header]
+    missing = [c for c in spec.columns if c not in header]
     if missing or first is None:
         what = f"no {', '.join(missing)} column" if missing else "a header and no rows"
-        raise ValueError(f"plot {figure}: {path} is not the {PLOTS[figure][1]} ({what})")
+        raise ValueError(f"plot {spec.name}: {path} is not the {spec.reads} ({what})")
 
 
 def _cmd_plot(args) -> int:
-    from .report import plots
-
+    spec = FIGURES[args.figure]
     if not Path(args.input).is_file():
-        raise ValueError(
-            f"plot {args.figure}: input {args.input} does not exist (expected the {PLOTS[args.figure][1]})"
-        )
-    _check_plot_input(args.figure, Path(args.input))
+        raise ValueError(f"plot {spec.name}: input {args.input} does not exist (expected the {spec.reads})")
+    _check_plot_input(spec, Path(args.input))
     try:
-        paths = getattr(plots, PLOTS[args.figure][0])(args.input, args.out)
+        paths = spec.drawing()(args.input, args.out)
     except (ValueError, KeyError, TypeError, IndexError) as err:  # a file of another kind, or damaged
         what = f"no {err} column or key" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
-        raise ValueError(f"plot {args.figure}: {args.input} is not the {PLOTS[args.figure][1]} ({what})") from None
+        raise ValueError(f"plot {spec.name}: {args.input} is not the {spec.reads} ({what})") from None
     print("wrote " + ", ".join(map(str, paths)))
     return 0
 
@@ -937,7 +914,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_gpu_smoke_report)
 
     p = sub.add_parser("plot", help="draw a figure from result files")
-    p.add_argument("figure", choices=list(PLOTS), help="; ".join(f"{k}: {v[1]}" for k, v in PLOTS.items()))
+    p.add_argument("figure", choices=list(FIGURES), help="; ".join(f"{k}: {v.reads}" for k, v in FIGURES.items()))
     p.add_argument("input", help="the figure's input file")
     p.add_argument("--out", type=out_file,
                    required=True, help="output path (a suffix is replaced): writes .png and .pdf")

@@ -14,6 +14,7 @@ import torch
 
 from mxfp4.config.profiles import load_profile, setting_hash, warm_start_hash
 from mxfp4.layout import GPU_SMOKE_DENSE, METRICS, REFERENCE_RECIPE, TRAIN_LOG, Layout
+from mxfp4.report.figures import FIGURES
 
 
 def check_config(config, schema_path):
@@ -91,3 +92,7 @@ def warm_start_paths(model, seed=None):
 CPU_KERNEL = [] if torch.cuda.is_available() else [str(L.cpu_kernel)]
 ALL_CELLS = [cell_path(m, r, s) for m in MODELS for r in RECIPES for s in SEEDS]
 ALL_EVALS = [str(L.evaluation(m, r, s)) for m in MODELS for r in RECIPES for s in SEEDS]
+
+
+# every registered figure's files (mxfp4/report/figures.py): what the figures target draws and store_baselines keeps
+FIGURE_FILES = [str(L.figure(f.stem, suffix)) for f in FIGURES.values() for suffix in (".png", ".pdf")]

@@ -1,8 +1,3 @@
-BASELINE_FIGURES = ["decomposition_shares", "correction_effects", "training_curves", "gsm8k_accuracy",
-                    "kernel_throughput", "pathway_matrix", "pathway_attribution", "component_cosines",
-                    "regime_statistics"]
-
-
 rule store_baselines:
     """Store this profile's aggregated cells, claims table, pathway matrix and figures as the baselines
     that `compare` measures new recipes against (results/baselines/ is committed; the figures there
@@ -16,7 +11,7 @@ rule store_baselines:
         str(L.pathways().with_suffix(".md")),
         str(L.regime.with_suffix(".md")),
         str(L.regime),
-        [str(L.figure(name, ext)) for name in BASELINE_FIGURES for ext in (".png", ".pdf")],
+        FIGURE_FILES,
         # every unit's harm behind the claim-level tests, and those tests per network (recomputable from them)
         [str(L.pathway_units(m, c)) for m in MODELS for c in (P.pathways.checkpoints if P.pathways else [])],
         NETWORK_CLAIMS,
