@@ -28,6 +28,7 @@ _PUBLIC = {
     "BlockFormat": "numerics.formats",
     "ElementFormat": "numerics.formats",
     "get_format": "numerics.formats",
+    "register_format": "numerics.formats",
     "Quantizer": "numerics.quantizer",
     "Recipe": "config.recipes",
     "MXLinear": "nn.linear",

@@ -405,7 +405,7 @@ def test_a_diverged_run_is_one_line_at_the_command_line(monkeypatch):
     def diverged(args):
         raise FloatingPointError("step 1: the gradient norm is nan, so the optimizer step made the weights non-finite")
 
-    monkeypatch.setattr(cli_module, "_cmd_formats", diverged)  # the parser takes it by name when built
+    monkeypatch.setattr(cli_module.numerics, "_cmd_formats", diverged)  # the parser takes it by name when built
     code, said = cli("formats")
     assert code == 2 and said.strip() == ("mxfp4 formats: error: step 1: the gradient norm is nan, so the optimizer "
                                           "step made the weights non-finite")

@@ -35,7 +35,7 @@ class Recipe(BaseModel):
     Args:
         name: the recipe's name (letters, digits and ``+-._``).
         quantize: False for full precision (the bf16 reference).
-        format: the block format (``mxfp4``, ``nvfp4``, ``mxfp6_e2m3``, ``mxfp6_e3m2``, ``mxfp8_e4m3``).
+        format: the block format, a name of ``mxfp4.numerics.formats.FORMATS`` (``mxfp4``, ``nvfp4``, ...).
         scale_rule: the E8M0 scale rule; None: the format's default.
         gemms: which GEMMs of a linear layer quantize their operands (forward, input_grad, weight_grad).
         modules: which module kinds are quantized (linear, experts, lm_head, router).
@@ -52,7 +52,7 @@ class Recipe(BaseModel):
 
     name: str = Field(pattern=SAFE_NAME, description=f"the recipe's name: {SAFE_NAME_HELP}")
     quantize: bool = Field(True, description="false: full precision (the bf16 reference)")
-    format: str = Field("mxfp4", description="block format: mxfp4, nvfp4, mxfp6_e2m3, mxfp6_e3m2, mxfp8_e4m3")
+    format: str = Field("mxfp4", description="block format: a name of mxfp4.numerics.formats.FORMATS")
     scale_rule: str | None = Field(None, description="E8M0 scale rule: floor (default), ceil, even, rceil")
     gemms: dict[str, bool] = Field(default_factory=lambda: dict.fromkeys(GEMMS, True),
                                    description="quantized GEMMs: forward, input_grad, weight_grad")

@@ -134,8 +134,7 @@ def quantize(x, fmt="mxfp4", axis=-1, scale_rule=None) -> reference.QuantizedTen
 
     Args:
         x: the tensor (float32, bfloat16 or float16; any number of dimensions, any device).
-        fmt: the block format, a name of ``FORMATS`` (``mxfp4``, ``mxfp6_e2m3``, ``mxfp6_e3m2``,
-            ``mxfp8_e4m3``, ``nvfp4``).
+        fmt: the block format, a name of ``FORMATS`` (``mxfp4``, ``nvfp4``, ...) or a ``BlockFormat``.
         axis: the axis the blocks run along (a GEMM's reduction axis); its length need not be a multiple
             of the block size (the last block is padded with zeros).
         scale_rule: the E8M0 scale rule, ``floor`` (OCP, the default), ``ceil``, ``even`` or ``rceil``.

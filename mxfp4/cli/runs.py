@@ -1,0 +1,294 @@
+"""Commands that load a profile's models: warm starts, RL cells, the pathway matrix, the depth study, regime and
+weight statistics, the correction table, a recipe's cost, the memory plan and the mechanism arms."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..io import write_json_atomic, write_text_atomic
+from .arguments import (
+    int_argument,
+    model_args,
+    out_file,
+    positive_int,
+    profile_args,
+    profile_of,
+    seed_int,
+    writable,
+    write_table,
+)
+
+
+def _cmd_corrections_table(args) -> int:
+    from ..analysis import correction_table as ct
+
+    models = {}
+    for item in args.model or []:
+        label, sep, source = item.partition("=")
+        if not sep or not label or not source:
+            raise ValueError(
+                f"--model {item!r}: expected NAME=PATH (a checkpoint folder, hub id, "
+                "or tiny-dense/tiny-moe for random init)"
+            )
+        models[label] = source
+    table = ct.rows(ct.build_sources(models or None), args.recipe or ())
+    write_text_atomic(args.out, ct.markdown(table))
+    if args.json:
+        write_json_atomic(args.json, table)
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _cmd_pretrain(args) -> int:
+    from ..rl.pretrain import pretrain_model
+
+    meta = pretrain_model(profile_of(args), args.model, args.out, args.results, args.warm_start, args.sft_from)
+    print(json.dumps(meta, indent=2))
+    return 0
+
+
+def _cmd_cell(args) -> int:
+    from ..rl.cell import run_cell
+
+    m = run_cell(profile_of(args), args.model, args.recipe, args.seed, results=args.results, recipes_file=args.recipes)
+    if m is None:  # a rank other than the main process of a multi-process cell: the main one reports
+        return 0
+    print(
+        json.dumps(
+            {
+                k: m[k]
+                for k in (
+                    "gsm8k_strict_accuracy",
+                    "gsm8k_flexible_accuracy",
+                    "mean_entropy",
+                    "mean_grad_cosine",
+                    "mean_step_time",
+                    "wall_time_seconds",
+                )
+            },
+            indent=2,
+        )
+    )
+    return 0
+
+
+def _cmd_pathways(args) -> int:
+    from ..analysis.pathways import run_pathways
+
+    layout = args.layout
+    out = args.out or layout.pathways(args.model, args.checkpoint)
+    units = args.units or (layout.pathway_units(args.model, args.checkpoint) if args.checkpoint else None)
+    rows = run_pathways(
+        profile_of(args),
+        args.model,
+        results=args.results,
+        out_csv=out,
+        progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+        checkpoint=args.checkpoint,
+        out_units=units,
+        dose=args.dose,
+    )
+    print(f"wrote {out} ({len(rows)} rows)" + (f" and {units}" if units else ""))
+    return 0
+
+
+def _cmd_depth(args, optimizers: bool = False) -> int:
+    """``mxfp4 depth`` (the gradient rows), or ``mxfp4 depth-optimizers`` (the short runs)."""
+    from ..analysis.depth import run_depth, run_depth_optimizers
+
+    run = run_depth_optimizers if optimizers else run_depth
+    out = args.out or (args.layout.depth_optimizer_units if optimizers else args.layout.depth_units)(args.model)
+    units = run(profile_of(args), args.model, args.results, out_units=out,
+                progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(f"wrote {out} ({len(units)} rows)")
+    return 0
+
+
+def _cmd_probe_batch(args) -> int:
+    from ..rl.grpo import batch_digest
+    from ..rl.probe_batch import ensure_probe_batch, load_probe_batch
+
+    profile = profile_of(args)
+    if args.seed < 0:
+        raise ValueError(f"--seed must be an integer >= 0, got {args.seed}")
+    path = ensure_probe_batch(profile, args.model, args.seed, args.results)
+    print(f"{path}: digest {batch_digest(load_probe_batch(path))}")
+    return 0
+
+
+def _cmd_weight_components(args) -> int:
+    from ..analysis.weight_components import run_weight_components, summary_markdown
+
+    rows = run_weight_components(profile_of(args), args.results)
+    return write_table(rows, Path(args.out or args.layout.weight_components),
+                        summary_markdown(rows))
+
+
+def _cmd_regime(args) -> int:
+    from ..analysis.regime import run_regime, summary_markdown
+
+    rows = run_regime(profile_of(args), args.results, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    return write_table(rows, Path(args.out or args.layout.regime), summary_markdown(rows))
+
+
+def _cmd_mechanism(args) -> int:
+    from ..analysis.mechanism import mechanism_arms, run_mechanism
+
+    profile = profile_of(args)
+    if len(args.recipe) > 1 and args.out is None:
+        raise ValueError(f"{len(args.recipe)} recipes measured together need --out (one per-unit file for all)")
+    out = Path(args.out or args.layout.mechanism_units(args.recipe[0], args.model))
+    writable(out)
+    t0 = time.perf_counter()
+    _, energy = run_mechanism(profile, args.model, args.recipe, args.results, out,
+                              progress=lambda line: print(line, file=sys.stderr, flush=True))
+    write_json_atomic(out.with_suffix(".energy.json"), energy)
+    # what a run of these arms cost here: the leaderboard's estimate for a recipe placed on it
+    write_json_atomic(out.with_suffix(".run.json"), {
+        "seconds": time.perf_counter() - t0, "arms": 2 + len(mechanism_arms(profile, args.recipe)),
+        "networks": len({profile.warm_start_of(s) for s in profile.seeds})})
+    print(f"wrote {out} and {out.with_suffix('.energy.json').name}")
+    return 0
+
+
+def _cmd_recipe_cost(args) -> int:
+    from ..config.recipes import recipe_base
+    from ..layout import REFERENCE_RECIPE
+    from ..rl.step_cost import cost_lines, recipe_cost
+
+    profile = profile_of(args)
+    base = args.base or recipe_base(args.recipe) or REFERENCE_RECIPE
+    seed = profile.seeds[0]
+    cost = recipe_cost(profile, args.model or next(iter(profile.models)), args.recipe, base, seed, args.results,
+                       args.steps)
+    if args.out:
+        write_json_atomic(writable(args.out), cost)
+    print("\n".join(cost_lines(cost)))
+    return 0
+
+
+def _cmd_memory_plan(args) -> int:
+    from ..analysis.memory_plan import write_plan
+
+    report = write_plan(profile_of(args), args.out, args.model, args.recipes, args.layers, args.device)
+    peaks = {r: round(v["peak_gib"], 1) for r, v in report["recipes"].items()}
+    print(f"peak GiB {json.dumps(peaks)} of {report['limit_gib']} ({args.out})")
+    return 0 if all(r["fits"] for r in report["recipes"].values()) else 1
+
+
+def add_commands(sub) -> None:
+    """This group's subcommands, added to the parser's ``sub``."""
+
+    p = sub.add_parser("corrections-table", help="each correction's effect on each error component (markdown)")
+    p.add_argument("--out", type=out_file,
+                   default="docs/correction_table.md", help="the markdown table (default: that file)")
+    p.add_argument("--json", type=out_file, default=None, help="also write the rows as JSON")
+    p.add_argument(
+        "--model",
+        action="append",
+        metavar="NAME=PATH",
+        help="a model's weights as a source (checkpoint folder or hub id; tiny-dense / tiny-moe for random "
+        "init); repeatable; default: both tiny stand-ins at random init",
+    )
+    p.add_argument("--recipe", action="append", default=None,
+                   help="also a named recipe's corrections together (repeatable; plugins through MXFP4_PLUGINS), "
+                        "each tensor decomposed in the basis the recipe quantizes it in")
+    p.set_defaults(func=_cmd_corrections_table)
+
+    p = sub.add_parser("pretrain", help="warm-start a profile's tiny model with SFT and save it")
+    model_args(p)
+    p.add_argument("--warm-start", type=int, default=0, help="which warm start (its pretraining seed; 0 to "
+                   "pretrain.warm_starts - 1, default 0)")
+    p.add_argument("--out", default=None, help="folder to save to (default results/<profile>/models/<model>, "
+                                               "models/ws<k>/<model> for warm start k)")
+    p.add_argument("--sft-from", default=None, help="a warm start of the same SFT without outlier channels (e.g. "
+                   "the stored one of the profile this one adds them to): add the channels to it instead of "
+                   "running the SFT again")
+    p.set_defaults(func=_cmd_pretrain)
+
+    p = sub.add_parser("cell", help="one ablation cell: GRPO under a recipe, then GSM8K eval via lm-eval")
+    model_args(p)
+    p.add_argument("--recipe", required=True, help="a named recipe (experiments/recipes.yaml or --recipes)")
+    p.add_argument("--seed", type=seed_int, default=0, help="the cell's seed (default 0)")
+    p.add_argument("--recipes", default=None, help="a recipes YAML (default experiments/recipes.yaml)")
+    p.set_defaults(func=_cmd_cell)
+
+    p = sub.add_parser(
+        "pathways", help="the pathway matrix: each error component injected alone, on gradients, rollouts, entropy"
+    )
+    model_args(p)
+    p.add_argument("--checkpoint", default=None, choices=["warm", "grpo"],
+                   help="one checkpoint only (default: every one the profile's pathways.checkpoints names)")
+    p.add_argument("--out", type=out_file,
+                   default=None, help="default results/<profile>/pathways/<model>/<checkpoint>.csv, or "
+                                               "pathways.csv for every checkpoint")
+    p.add_argument("--units", default=None, help="every unit's harm per pathway and arm; default, with --checkpoint: "
+                                                 "results/<profile>/pathways/<model>/<checkpoint>_units.csv")
+    p.add_argument("--dose", default=None, help="an outlier dose (c<channels>x<factor>, e.g. c2x32) given to the warm "
+                                                "start first (the dose-response; with --checkpoint warm)")
+    p.set_defaults(func=_cmd_pathways)
+
+    p = sub.add_parser("depth", help="the depth study: per-layer gradient norm ratio and cosine of each component, "
+                                     "its control and full MXFP4 against the unquantized gradient")
+    model_args(p)
+    p.add_argument("--out", type=out_file, default=None, help="default results/<profile>/depth/<model>_units.csv")
+    p.set_defaults(func=_cmd_depth)
+
+    p = sub.add_parser("depth-optimizers", help="the depth study's short runs: per-layer displacement of SGD and AdamW "
+                                                "with the scale component, its control and no injection")
+    model_args(p)
+    p.add_argument("--out", type=out_file,
+                   default=None, help="default results/<profile>/depth/optimizers/<model>_units.csv")
+    p.set_defaults(func=functools.partial(_cmd_depth, optimizers=True))
+
+    p = sub.add_parser("probe-batch", help="the GRPO batch every recipe's gradient probes of a model and seed are "
+                                           "taken on (sampled once by the starting policy, unquantized)")
+    model_args(p)
+    p.add_argument("--seed", type=seed_int, required=True, help="the seed whose batch to make or find")
+    p.set_defaults(func=_cmd_probe_batch)
+
+    p = sub.add_parser("weight-components", help="the decomposition of every weight tensor in both forms: shares "
+                                                 "and pairwise component cosines (the paper's Figure 1)")
+    profile_args(p)
+    p.add_argument("--out", type=out_file, default=None, help="default results/<profile>/weight_components.csv")
+    p.set_defaults(func=_cmd_weight_components)
+
+    p = sub.add_parser("regime", help="regime statistics of every GEMM operand (weights, activations, gradients) "
+                                      "per model and layer, beside the published figures for real LLMs")
+    profile_args(p)
+    p.add_argument("--out", type=out_file, default=None, help="default results/<profile>/regime.csv")
+    p.set_defaults(func=_cmd_regime)
+
+    p = sub.add_parser("mechanism", help="a recipe's arm in the pathway matrix at the warm starts, beside MXFP4, BF16 "
+                       "and the profile's correction arms, unit by unit (minutes: no RL)")
+    model_args(p)
+    p.add_argument("--recipe", required=True, nargs="+",
+                   help="the recipe whose mechanism is measured (several: each an arm, one per-unit file, --out)")
+    p.add_argument("--out", type=out_file, default=None,
+                   help="the per-unit file (default results/<profile>/mechanism/<recipe>/<model>_units.csv)")
+    p.set_defaults(func=_cmd_mechanism)
+
+    p = sub.add_parser("recipe-cost", help="a recipe's measured step against its base on the stored warm start, "
+                                           "and the hooks that force the host's reference path")
+    profile_args(p)
+    p.add_argument("--recipe", required=True, help="the recipe to cost")
+    p.add_argument("--base", default=None, help="what it is measured against (default: its base recipe, else bf16)")
+    p.add_argument("--model", default=None, help="a model line of the profile (default: its first)")
+    p.add_argument("--steps", type=int_argument(2, 50, "an integer in [2, 50]"), default=3,
+                   help="GRPO steps each (the first is warm-up; default 3)")
+    p.add_argument("--out", type=out_file, default=None, help="also write the measurements as JSON")
+    p.set_defaults(func=_cmd_recipe_cost)
+
+    p = sub.add_parser("memory-plan", help="peak memory of one GRPO step per recipe at a real configuration, "
+                                           "computed on CPU under FakeTensorMode (nothing allocated)")
+    p.add_argument("--profile", default="gpu-smoke-quick", help="a profile with a real configuration")
+    p.add_argument("--model", default=None, help="a model of the profile with a real config (default: the first)")
+    p.add_argument("--recipes", nargs="*", default=None, help="default: the profile's")
+    p.add_argument("--layers", type=positive_int, default=None, help="fewer layers (a quick check; the plan uses all)")
+    p.add_argument("--device", default="nvidia-h100-x1", help="whose memory limit is beside the plan")
+    p.add_argument("--out", type=out_file, required=True, help="the JSON plan (rewritten after each recipe)")
+    p.set_defaults(func=_cmd_memory_plan)
