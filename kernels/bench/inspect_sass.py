@@ -22,8 +22,8 @@ It is a compiler's report, not a measurement: it says where instructions go, not
 runs. The device budget it informs: an H100's 132 SMs x 4 schedulers x 32 lanes at about 1.755 GHz
 issue about 29.6 T lane instructions a second, so at about 3.0 TB/s a kernel can spend about 9.7
 instructions per byte it moves and stay memory-bound: 24.8 per bfloat16 element of a quantize (2.56
-bytes), 38.8 of a fake-quant (4 bytes). Version 2's measured fractions of copy bandwidth followed this
-budget over its counts (kernels/NOTES.md).
+bytes), 38.8 of a fake-quant (4 bytes). Measured fractions of copy bandwidth follow this budget over the
+counts (docs/kernels.md).
 
     python kernels/bench/inspect_sass.py --out results/bench/sass_sm90.json
 """

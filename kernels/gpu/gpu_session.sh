@@ -39,7 +39,7 @@
 # one place the plan is kept, with what the stored calls fitted.
 # Back here, `python kernels/gpu/collect_gpu_session.py CALL1 [CALL2 ...]` (the folders the calls brought back)
 # unpacks the calls into results/gpu/calls/<device>/, writes the GPU result files and prints every target.
-# kernels/NOTES.md says what each kernel step predicts.
+# docs/kernels.md says what each kernel step predicts.
 set -uo pipefail
 STEPS="stack tests smoke-dense1 smoke-dense2 smoke-moe layer checks configs memory1 memory2 gemm stats-patch"
 SMOKE_RECIPES="bf16 mxfp4 mxfp4+macro mxfp4+fallback mxfp4+aqn mxfp4+all"   # the gpu-smoke-quick profile's

@@ -438,7 +438,7 @@ def test_every_kernel_variant_compiles_for_hopper_without_a_gpu(tmp_path):
     """kernels/bench/inspect_sass.py --compile-all (a subprocess, the interpreter flag off): the memory kernels'
     bfloat16 launches under every scale rule and layout, the W4A16 decode spaces and both tl.dot_scaled operand formats,
     each at its space's first config, compiled for sm_90a with this machine's Triton. The whole sweep (every
-    dtype and config, with the device's Triton) is kernels/NOTES.md's; the interpreter does not compile, so a
+    dtype and config, with the device's Triton) is docs/kernels.md's; the interpreter does not compile, so a
     kernel that only the compiler refuses would otherwise first fail on the device."""
     import json
     import os
