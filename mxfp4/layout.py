@@ -185,6 +185,12 @@ class Layout:
         return self.root / "claims_networks.md"
 
     @property
+    def entropy_trajectory(self) -> Path:
+        """The entropy claim during RL with the network as the replicate (``mxfp4 entropy-trajectory``; the
+        per-step gaps beside it as ``.csv``)."""
+        return self.root / "entropy_trajectory.md"
+
+    @property
     def report(self) -> Path:
         """The run's results in one page (``mxfp4 report``); the stored baselines have their own."""
         return self.root / "REPORT.md"

@@ -237,6 +237,17 @@ def _cmd_gpu_smoke_report(args) -> int:
     return 0
 
 
+def _cmd_entropy_trajectory(args) -> int:
+    from ..report.entropy_trajectory import run
+
+    out = Path(args.out or args.layout.entropy_trajectory)
+    rows = run(args.steps or args.layout.table("steps"), args.profile, out, out.with_suffix(".csv"))
+    for r in rows:
+        print(f"{r['part']}: {r['verdict']}" + (f" ({r['decided_by']})" if r["decided_by"] else ""))
+    print(f"wrote {out} and {out.with_suffix('.csv')}")
+    return 0
+
+
 def add_commands(sub) -> None:
     """This group's subcommands, added to the parser's ``sub``."""
 
@@ -366,3 +377,10 @@ def add_commands(sub) -> None:
     p.add_argument("--out", type=out_file,
                    default=str(GPU_SMOKE_DENSE), help=f"the JSON report (default {GPU_SMOKE_DENSE})")
     p.set_defaults(func=_cmd_gpu_smoke_report)
+
+    p = sub.add_parser("entropy-trajectory", help="AQN against MXFP4's entropy gap to BF16 during RL, over networks")
+    profile_args(p)
+    p.add_argument("--steps", default=None, help="the run's steps.csv (default: the profile's aggregate/steps.csv)")
+    p.add_argument("--out", type=out_file, default=None,
+                   help="the markdown report (default results/<profile>/entropy_trajectory.md; the .csv beside it)")
+    p.set_defaults(func=_cmd_entropy_trajectory)

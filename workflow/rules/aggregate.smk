@@ -72,3 +72,32 @@ rule report_md:
         str(L.log("report")),
     shell:
         "{MXFP4} report --profile {PROFILE} > {log} 2>&1"
+
+
+rule entropy_trajectory:
+    """The entropy claim during RL with the network as the replicate (a profile of several warm starts with
+    bf16, mxfp4 and mxfp4+aqn cells, networks-rl): each recipe's entropy gap to BF16 per network, AQN against
+    MXFP4 in three symmetric outcomes, on all networks and on each fixed half."""
+    input:
+        str(L.table("steps")),
+    output:
+        md=report(str(L.entropy_trajectory), caption="../report/entropy_trajectory.rst", category="Claims"),
+        csv=str(L.entropy_trajectory.with_suffix(".csv")),
+    log:
+        str(L.log("entropy_trajectory")),
+    shell:
+        "{MXFP4} entropy-trajectory --profile {PROFILE} --steps {input} --out {output.md} > {log} 2>&1"
+
+
+rule store_entropy_trajectory:
+    """Store an entropy-trajectory run with the baselines: its cells and steps tables and the test (recomputable
+    from the stored steps.csv by `mxfp4 entropy-trajectory --steps`)."""
+    input:
+        str(L.table("cells")),
+        str(L.table("steps")),
+        str(L.entropy_trajectory),
+        str(L.entropy_trajectory.with_suffix(".csv")),
+    output:
+        touch(str(L.root / "entropy_trajectory_stored.flag")),
+    run:
+        store_with_baselines(input)
