@@ -10,7 +10,6 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from mxfp4.cli import main  # noqa: E402
-from mxfp4.report import figures  # noqa: E402
 from mxfp4.report.figures import FIGURES, FigureSpec, register_figure  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,13 +27,11 @@ def draw_toy(csv_path, out_stem):
 
 
 @pytest.fixture
-def toy_figure(monkeypatch):
-    monkeypatch.setattr(figures, "FIGURES", dict(FIGURES))  # the registry as it was, after the test
-    import mxfp4.cli
-
-    monkeypatch.setattr(mxfp4.cli, "FIGURES", figures.FIGURES)
-    return register_figure(FigureSpec("toy", "toy_curve", f"{__name__}:draw_toy", lambda lay: lay.root / "toy.csv",
+def toy_figure():
+    spec = register_figure(FigureSpec("toy", "toy_curve", f"{__name__}:draw_toy", lambda lay: lay.root / "toy.csv",
                                       "toy.csv of the test", "Toy", columns=("x", "y")))
+    yield spec
+    FIGURES.pop("toy")  # the registry as it was
 
 
 def test_one_registry_entry_makes_a_figure_the_cli_draws_and_checks(toy_figure, tmp_path):
