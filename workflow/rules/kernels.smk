@@ -1,6 +1,7 @@
 rule cpu_kernel:
-    """The fused C++ CPU quantizer built once (cached on disk for every later job), beside the warm starts' SFT:
-    left to the first quantizing jobs, one compiled while the others waited on its lock with their cores idle."""
+    """The fused C++ CPU quantizer built once (cached on disk for every later job), beside the warm starts' SFT;
+    otherwise the first quantizing jobs meet the build together, one compiling while the others wait on its lock
+    with their cores idle."""
     output:
         str(L.cpu_kernel),
     log:
