@@ -185,6 +185,22 @@ class Layout:
         return self.root / "claims_networks.md"
 
     @property
+    def power_pilot(self) -> Path:
+        """The pilot's pathway rows a confirmatory profile's power block was calculated from, frozen with the
+        design (``mxfp4 power-design`` reads them before the pilot's current stored rows, which a later rerun of
+        the pilot may change)."""
+        return self.root / "power_pilot_pathways.csv"
+
+    def power_pilot_rows(self, pilot: str) -> Path:
+        """Where this profile's power design reads its pilot's rows: the frozen copy stored with this profile's
+        baselines, else the pilot's stored pathway matrix."""
+        frozen = self.stored(self.power_pilot)
+        if frozen.is_file():
+            return frozen
+        stored = Layout(self.results, pilot)
+        return stored.stored(stored.pathways())
+
+    @property
     def entropy_trajectory(self) -> Path:
         """The entropy claim during RL with the network as the replicate (``mxfp4 entropy-trajectory``; the
         per-step gaps beside it as ``.csv``)."""

@@ -159,8 +159,9 @@ def _cmd_power_design(args) -> int:
             short = "  <- more than the profile's networks" if size["networks"] > profile.warm_starts else ""
             print(f"# {claim}: needs {size['networks']} networks, the profile has {profile.warm_starts}{short}")
         return 0
-    stored = Layout(args.results, args.pilot)
-    block = design(read_rows(stored.stored(stored.pathways())), claims.margins, claims.form, args.pilot,
+    rows = Layout(args.results, args.profile).power_pilot_rows(args.pilot)
+    print(f"# the pilot's rows: {rows}")
+    block = design(read_rows(rows), claims.margins, claims.form, args.pilot,
                    family=args.family, corrections=len(profile.pathways.corrections))
     print(yaml.safe_dump({"power": block}, sort_keys=False).rstrip())
     have = units_in(profile)
@@ -311,7 +312,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser("power-design", help="a confirmatory profile's claim-level sample size from a pilot's stored "
                        "pathway matrix: the pathways.claims.power block to write into the profile")
     profile_args(p)
-    p.add_argument("--pilot", default="embedded", help="the pilot profile whose stored pathways.csv is read")
+    p.add_argument("--pilot", default="embedded", help="the pilot profile whose stored pathways.csv is read (or the "
+                   "copy frozen with the profile's baselines, power_pilot_pathways.csv, where one is)")
     p.add_argument("--family", type=positive_int, default=8,
                    help="hypotheses in the primary family (default 8: per model 3 mechanism claims and the headline; "
                         "14 with the 3 recovery claims)")
