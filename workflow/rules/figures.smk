@@ -45,12 +45,15 @@ for _fig in FIGURES.values():
                        category=_fig.category),
             pdf=str(L.figure(_fig.stem, ".pdf")),
         params:
+            # the shell command is formatted when the job runs, after the loop has moved on: the figure's name
+            # travels as a param, fixed when the rule is made
+            figure=_fig.name,
             seeds=len(SEEDS),  # read by the captions
             models=", ".join(MODELS),
         log:
             str(L.log(f"figure_{_fig.name}")),
         shell:
-            "{MXFP4} plot " + _fig.name + " {input.main} --out {output.png} > {log} 2>&1"
+            "{MXFP4} plot {params.figure} {input.main} --out {output.png} > {log} 2>&1"
 
 
 rule figures:
