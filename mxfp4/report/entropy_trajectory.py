@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..io import write_text_atomic
 from ..stats import (
     ALPHA,
     POWER,
@@ -25,7 +26,7 @@ from ..stats import (
     three_outcome_verdict,
     units_for_power,
 )
-from .aggregate import read_csv
+from .aggregate import read_csv, write_csv
 
 REFERENCE, PLAIN, CORRECTED = "bf16", "mxfp4", "mxfp4+aqn"
 MARGIN = 0.0025  # nats: the networks' entropy margin at the warm start (a tenth of MXFP4's harm there)
@@ -149,7 +150,7 @@ def markdown(result: dict, profile: str) -> str:
 
 
 def csv_rows(result: dict) -> list[dict]:
-    """The claim rows and every network's per-step gaps, tidy (one row per network, recipe and step)."""
+    """Every network's per-step gaps, tidy (one row per network, recipe and step)."""
     first = result["steps"][0]
     return [{"model": result["model"], "recipe": r, "network": n, "step": first + i, "gap": v}
             for r, by_net in result["trajectory"].items() for n, gaps in by_net.items() for i, v in enumerate(gaps)]
@@ -157,9 +158,6 @@ def csv_rows(result: dict) -> list[dict]:
 
 def run(steps_csv: Path | str, profile: str, out_md: Path | str, out_csv: Path | str | None = None) -> list[dict]:
     """Every model's test from a run's ``steps.csv``, written as markdown (and the per-step gaps as CSV)."""
-    from ..io import write_text_atomic
-    from .aggregate import write_csv
-
     rows = read_csv(Path(steps_csv))
     models = sorted({r["model"] for r in rows})
     if not models:

@@ -67,12 +67,6 @@ def register_figure(spec: FigureSpec) -> FigureSpec:
     return spec
 
 
-def figure(name: str) -> FigureSpec:
-    if name not in FIGURES:
-        raise ValueError(f"unknown figure {name!r}; accepted: {', '.join(FIGURES)}")
-    return FIGURES[name]
-
-
 PATHWAY_ROWS = ("model", "checkpoint", "injection", "metric", "layer", "site", "mean")
 
 for _spec in (
