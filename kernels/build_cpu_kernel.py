@@ -1,7 +1,7 @@
 """Build the fused C++ CPU quantizer once, before any job that quantizes, and say how it went (JSON).
 
 The kernel is compiled on first use and cached on disk for every later process (``mxfp4.numerics.fused_cpu``,
-about 80 s on 2 cores). Without this step the first two quantizing jobs of a run meet it together: one
+about 50 s on 2 cores). Without this step the first two quantizing jobs of a run meet it together: one
 compiles while the other waits on the build's lock with its core idle. As a job of its own it runs beside
 the warm starts' SFT, which does not quantize.
 

@@ -4,6 +4,7 @@ a tensor or write a table."""
 from __future__ import annotations
 
 import argparse
+import importlib
 from pathlib import Path
 
 from ..io import writable_folder, write_text_atomic
@@ -32,6 +33,25 @@ def out_file(text: str) -> str:
     if Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder; accepted: the path of a file to write")
     return text
+
+
+def registered(what: str, registry: str):
+    """An argparse type: a name in the registry ``registry`` ("module:attribute", imported when the argument is
+    read, so that building the command line does not import torch: most jobs, the reports and figures, never
+    read such a name); ``what`` names it in the error."""
+
+    def parse(text: str) -> str:
+        module, _, attribute = registry.partition(":")
+        names = getattr(importlib.import_module(module), attribute)
+        if text not in names:
+            raise argparse.ArgumentTypeError(f"unknown {what} {text!r}; accepted: {', '.join(names)}")
+        return text
+
+    return parse
+
+
+format_name = registered("format", "mxfp4.numerics.formats:FORMATS")  # `mxfp4 formats` lists them
+distribution_name = registered("distribution", "mxfp4.verify.distributions:DISTRIBUTIONS")
 
 
 positive_int = int_argument(1, None, "an integer >= 1")  # a count of rows, columns or layers

@@ -11,6 +11,8 @@ from ..report.figures import FIGURES
 from .arguments import (
     MAX_SAMPLE,
     check_plot_input,
+    distribution_name,
+    format_name,
     load_tensor,
     out_file,
     positive_int,
@@ -120,21 +122,20 @@ def _cmd_plot(args) -> int:
 
 def add_commands(sub) -> None:
     """This group's subcommands, added to the parser's ``sub``."""
-    from ..numerics.formats import FORMATS
-    from ..verify.distributions import DISTRIBUTIONS
-
     sub.add_parser("formats", help="list the block formats and their scale rules").set_defaults(func=_cmd_formats)
 
     p = sub.add_parser("decompose", help="split one tensor's quantization error into its three components")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--tensor", help="a file saved with torch.save (a tensor, or a dict of them with --key)")
-    src.add_argument("--dist", choices=list(DISTRIBUTIONS), help="a named distribution (default gaussian)")
+    src.add_argument("--dist", type=distribution_name,
+                     help="a named distribution (default gaussian; an unknown name lists them)")
     p.add_argument("--key", help="the tensor's key when --tensor holds a dict")
     p.add_argument("--rows", type=positive_int, help="--dist only (default 256)")
     p.add_argument("--cols", type=positive_int, help="--dist only (default 1024)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], help="--dist only (default float32)")
     p.add_argument("--seed", type=seed_int, help="--dist only (default 0)")
-    p.add_argument("--format", default=None, choices=list(FORMATS), help="the block format (default mxfp4)")
+    p.add_argument("--format", default=None, type=format_name, help="the block format (default mxfp4; "
+                   "`mxfp4 formats` lists them)")
     p.add_argument("--scale-rule", default=None, help="floor (default), ceil, even, rceil; nearest for nvfp4")
     p.add_argument("--recipe", default=None,
                    help="decompose as a named recipe quantizes (its format, scale rule and corrections; a rotating "

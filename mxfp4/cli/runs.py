@@ -113,10 +113,9 @@ def _cmd_probe_batch(args) -> int:
     from ..rl.probe_batch import ensure_probe_batch, load_probe_batch
 
     profile = profile_of(args)
-    if args.seed < 0:
-        raise ValueError(f"--seed must be an integer >= 0, got {args.seed}")
-    path = ensure_probe_batch(profile, args.model, args.seed, args.results)
-    print(f"{path}: digest {batch_digest(load_probe_batch(path))}")
+    for seed in dict.fromkeys(args.seed):  # each seeded and loaded on its own: the order does not matter
+        path = ensure_probe_batch(profile, args.model, seed, args.results)
+        print(f"{path}: digest {batch_digest(load_probe_batch(path))}", flush=True)
     return 0
 
 
@@ -248,7 +247,8 @@ def add_commands(sub) -> None:
     p = sub.add_parser("probe-batch", help="the GRPO batch every recipe's gradient probes of a model and seed are "
                                            "taken on (sampled once by the starting policy, unquantized)")
     model_args(p)
-    p.add_argument("--seed", type=seed_int, required=True, help="the seed whose batch to make or find")
+    p.add_argument("--seed", type=seed_int, required=True, action="append",
+                   help="a seed whose batch to make or find (repeatable: one process for several seeds)")
     p.set_defaults(func=_cmd_probe_batch)
 
     p = sub.add_parser("weight-components", help="the decomposition of every weight tensor in both forms: shares "

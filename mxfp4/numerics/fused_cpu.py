@@ -16,7 +16,7 @@ The same extension computes the error components of component injection (``compo
 form in one pass, the gain form in two around its per-block sums, which the caller takes with torch).
 
 The extension is built by ``torch.utils.cpp_extension`` (a C++ compiler and ninja) on its first use on a
-machine, about 80 s on 2 cores, and cached on disk for every later process, under a name of its own per
+machine, about 50 s on 2 cores, and cached on disk for every later process, under a name of its own per
 source file and flags (two checkouts on one machine do not rebuild over each other's build). Where the
 build fails, the reference runs instead, with the same values, and one warning says why."""
 
@@ -70,8 +70,10 @@ def _extension():
     # the build folder is named after the extension: one per source path and flags, so that two checkouts
     # (or two flag sets) each keep their build instead of recompiling whenever the other one loads
     key = hashlib.sha256(repr((str(SOURCE.resolve()), flags)).encode()).hexdigest()[:10]
-    return cpp_extension.load(name=f"mxfp4_fused_cpu_{key}", sources=[str(SOURCE)], extra_cflags=flags,
-                              extra_ldflags=["-fopenmp"], verbose=False)
+    # a plain shared library whose ops register themselves (no Python module: see the source's includes)
+    cpp_extension.load(name=f"mxfp4_fused_cpu_{key}", sources=[str(SOURCE)], extra_cflags=flags,
+                       extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+    return torch.ops.mxfp4_fused_cpu
 
 
 def available() -> bool:

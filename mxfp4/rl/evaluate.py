@@ -42,6 +42,46 @@ def hf_lm(model, tokenizer, batch_size: int = 32, max_length: int | None = None,
     return HFLM(**kwargs)
 
 
+class CompiledTemplate:
+    """A task's Jinja template compiled once by lm-eval's own environment and rendered per document as
+    lm-eval's ``apply_template`` renders it: lm-eval compiles a string template again for every document
+    (seconds of every evaluation), a callable it calls. ``str`` gives the template back, which is what lm-eval
+    writes for a callable in the config beside the results, so that file is unchanged too.
+
+    Args:
+        source: the template (a task config's ``doc_to_text`` or ``doc_to_target``).
+    """
+
+    def __init__(self, source: str):
+        from lm_eval.utils import env
+
+        self.source = source
+        self._template = env.from_string(source)
+
+    def __call__(self, doc: dict) -> str:
+        return self._template.render(**doc)
+
+    def __str__(self) -> str:
+        return self.source
+
+    def __deepcopy__(self, memo) -> CompiledTemplate:  # lm-eval copies its configs; a compiled one is immutable
+        return self
+
+    def __reduce__(self):  # Jinja's templates do not pickle: compile again from the source
+        return CompiledTemplate, (self.source,)
+
+
+def compiled_templates(cfg: dict) -> dict:
+    """``cfg`` with its text and target templates compiled once (``CompiledTemplate``): the same prompts and
+    targets, the same written config. A template that names a document field alone (lm-eval reads the
+    field then) is left as it is."""
+    out = dict(cfg)
+    for key in ("doc_to_text", "doc_to_target"):
+        if isinstance(out.get(key), str) and "{{" in out[key]:
+            out[key] = CompiledTemplate(out[key])
+    return out
+
+
 def evaluate_gsm8k(lm, data_dir, num_fewshot: int = 0, limit: int | None = None, max_gen_toks: int | None = None,
                    output_dir: Path | str | None = None, seed: int = 0, chat: bool = False) -> dict | None:
     """Run the task; returns {strict_match, flexible_extract, n}. lm-eval's own results (and samples)
@@ -51,7 +91,7 @@ def evaluate_gsm8k(lm, data_dir, num_fewshot: int = 0, limit: int | None = None,
     from lm_eval import evaluator
     from lm_eval.tasks import TaskManager
 
-    cfg = task_config(data_dir, num_fewshot, max_gen_toks, chat)
+    cfg = compiled_templates(task_config(data_dir, num_fewshot, max_gen_toks, chat))
     results = evaluator.simple_evaluate(
         model=lm,
         tasks=[cfg],

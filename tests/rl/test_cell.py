@@ -372,3 +372,24 @@ def test_weight_digests_are_sha256_of_names_and_float32_bytes_in_name_order():
         h.update(name.encode() + p.detach().numpy().astype("float32").tobytes())
     trainer = types.SimpleNamespace(accelerator=Accelerator(cpu=True), model=model)
     assert weight_digests(trainer) == [h.hexdigest()]
+
+
+def test_probe_batches_of_several_seeds_in_one_process_match_one_process_each(results, tmp_path):
+    """The probe-batch rule makes all of a model's seeds in one process, in any order: each batch must be the
+    bytes a process of its own makes (each seeded and loaded on its own, nothing carried between them)."""
+    import shutil
+    import subprocess
+
+    apart = Layout(results, "smoke")
+    together = Layout(tmp_path, "smoke")
+    shutil.copytree(apart.root / "models", together.root / "models")
+    for seed in (6, 5):
+        apart.probe_batch("tiny-dense", seed).unlink(missing_ok=True)
+        subprocess.run([sys.executable, "-m", "mxfp4", "probe-batch", "--profile", "smoke", "--model", "tiny-dense",
+                        "--seed", str(seed), "--results", str(results)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "mxfp4", "probe-batch", "--profile", "smoke", "--model", "tiny-dense",
+                    "--seed", "6", "--seed", "5", "--results", str(tmp_path)], check=True, capture_output=True)
+    for seed in (5, 6):
+        a, b = apart.probe_batch("tiny-dense", seed), together.probe_batch("tiny-dense", seed)
+        assert hashlib.sha256(a.read_bytes()).digest() == hashlib.sha256(b.read_bytes()).digest(), seed
+    assert apart.probe_batch("tiny-dense", 5).read_bytes() != apart.probe_batch("tiny-dense", 6).read_bytes()

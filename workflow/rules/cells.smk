@@ -172,22 +172,23 @@ def cell_launcher(wc):
 
 
 rule probe_batch:
-    """The GRPO batch every recipe's gradient probes of a model and seed are taken on: sampled once by
-    the starting policy, unquantized, so recipes are probed on the same prompts and completions."""
+    """The GRPO batches every recipe's gradient probes of a model are taken on, one per seed: each sampled once
+    by the seed's starting policy, unquantized, so recipes are probed on the same prompts and completions. One
+    process for all of a model's seeds (each batch is seeded and loaded on its own: the same bytes as one
+    process a seed), so the imports are paid once."""
     input:
         model_input,
     output:
-        str(L.probe_batch("{model}", "{seed}")),
+        [str(L.probe_batch("{model}", seed)) for seed in SEEDS],
     log:
-        str(L.log("probe_batch_{model}_seed{seed}")),
-    wildcard_constraints:
-        seed=r"\d+",
+        str(L.log("probe_batch_{model}")),
     threads: 1
     params:
         made_from=lambda wc: setting_hash(P, wc.model),
+        seeds=" ".join(f"--seed {seed}" for seed in SEEDS),
     shell:
         "MXFP4_THREADS={threads} {MXFP4} probe-batch --profile {PROFILE} --model {wildcards.model} "
-        "--seed {wildcards.seed} > {log} 2>&1"
+        "{params.seeds} > {log} 2>&1"
 
 
 rule cell:
