@@ -37,6 +37,11 @@ class Layout:
     def root(self) -> Path:
         return Path(self.results) / self.profile
 
+    def sibling(self, profile: str) -> Layout:
+        """The files of another profile's run under the same results root (its stored baselines, read beside
+        this run's)."""
+        return Layout(self.results, profile)
+
     # inputs the run makes for itself
     def model(self, model: str, warm_start: int = 0) -> Path:
         """The warm-started tiny model: its first warm start, or its ``warm_start``-th (``models/ws<k>/``)."""

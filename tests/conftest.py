@@ -56,10 +56,11 @@ def smoke_results(tmp_path_factory):
     """A results folder with the smoke profile's tiny models warm-started (shared by the cell and
     pathway tests)."""
     from mxfp4.config.profiles import load_profile
+    from mxfp4.config.run import Run
     from mxfp4.rl.pretrain import pretrain_model
 
     root = tmp_path_factory.mktemp("results")
     profile = load_profile("smoke")
     for model in profile.models:
-        pretrain_model(profile, model, results=root)
+        pretrain_model(Run.of(profile, root), model)
     return root

@@ -179,6 +179,21 @@ def test_the_quantized_layers_and_the_kernel_scripts_do_not_reach_into_rl():
         assert "mxfp4.rl" not in script.read_text(), script.name
 
 
+def _layout_builders(path: Path) -> list[int]:
+    """The lines of ``path`` that call ``Layout(...)``."""
+    return [node.lineno for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Layout"]
+
+
+def test_only_the_entry_points_build_a_run_layout():
+    """A run's layout is made once where the run starts (the command line, ``Run.of``) and handed down: no module
+    of rl/, analysis/ or report/ rebuilds one from a results root and a profile name."""
+    assert _layout_builders(PACKAGE / "config" / "run.py")  # the finder sees a call
+    entry = {PACKAGE / "config" / "run.py", PACKAGE / "layout.py", *(PACKAGE / "cli").glob("*.py")}
+    bad = {_module_name(p): _layout_builders(p) for p in PACKAGE.rglob("*.py") if p not in entry}
+    assert not any(bad.values()), {m: lines for m, lines in bad.items() if lines}
+
+
 def test_only_the_dispatch_and_the_kernel_checks_call_the_triton_wrappers():
     def is_wrapper(target: str) -> bool:
         return any(target == w or target.startswith(w + ".") for w in KERNEL_WRAPPERS)

@@ -17,6 +17,7 @@ import torch
 
 from mxfp4 import corrections as corr
 from mxfp4.cli import main
+from mxfp4.config.run import Run
 from mxfp4.corrections import Correction
 from mxfp4.corrections.hadamard import hadamard_matrix
 from mxfp4.io import file_sha256, write_json_atomic
@@ -387,14 +388,14 @@ def test_edited_embedded_data_is_made_again(tmp_path, capsys):
     from mxfp4.rl.data import cell_data
 
     profile = load_profile("smoke")
-    _, folder = cell_data(profile, tmp_path)
+    _, folder = cell_data(Run.of(profile, tmp_path))
     made = (folder / "test.jsonl").read_bytes()
     rows = [json.loads(line) for line in made.decode().splitlines()]
     (folder / "test.jsonl").write_text("".join(json.dumps({**r, "answer": "#### 999999"}) + "\n" for r in rows))
-    cell_data(profile, tmp_path)
+    cell_data(Run.of(profile, tmp_path))
     assert "test.jsonl changed since made (digests differ); remaking" in capsys.readouterr().err
     assert (folder / "test.jsonl").read_bytes() == made
-    cell_data(profile, tmp_path)  # whole now: nothing said, nothing made
+    cell_data(Run.of(profile, tmp_path))  # whole now: nothing said, nothing made
     assert capsys.readouterr().err == ""
 
 

@@ -36,7 +36,7 @@ FORMS = ("canonical", "gain")
 
 def quantizers() -> dict[str, object]:
     """Every quantizer benchmarked, by row name: the recipes, then the pathway arms in each form."""
-    from mxfp4.analysis.pathways import row_quantizer
+    from mxfp4.analysis.pathways.measurement import row_quantizer
 
     return {**{r: Recipe.named(r).quantizer() for r in RECIPES},
             **{f"arm {a} ({form})": row_quantizer(a, "both", form=form) for form in FORMS for a in ARMS}}

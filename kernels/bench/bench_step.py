@@ -20,7 +20,6 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 from mxfp4.machine import describe, pin_cpu_numerics
 
@@ -33,8 +32,9 @@ from transformers import TrainerCallback  # noqa: E402
 import mxfp4  # noqa: E402
 from mxfp4.config.profiles import load_profile  # noqa: E402
 from mxfp4.config.recipes import Recipe  # noqa: E402
+from mxfp4.config.run import Run  # noqa: E402
 from mxfp4.io import write_json_atomic  # noqa: E402
-from mxfp4.layout import TRAIN_LOG, Layout  # noqa: E402
+from mxfp4.layout import TRAIN_LOG  # noqa: E402
 from mxfp4.numerics.dispatch import BACKENDS, use_backend, use_fused_corrections  # noqa: E402
 from mxfp4.rl.cell import plan_cell, prepare  # noqa: E402
 from mxfp4.rl.models import warm_start_folder  # noqa: E402
@@ -52,21 +52,21 @@ class ProfilerSteps(TrainerCallback):
         self.prof.step()
 
 
-def run_recipe(profile, model: str, recipe: str, seed: int, results: Path, steps: int) -> dict:
+def run_recipe(run: Run, model: str, recipe: str, seed: int, steps: int) -> dict:
     """``steps`` GRPO steps of one recipe's cell (no probes, no checkpoints, no evaluation): step 1 is
     warm-up (first-call costs, compilation), steps 2 .. ``steps // 2 + 1`` are timed with the profiler
     idle, the rest recorded by torch.profiler (whose overhead would inflate the timings)."""
-    grpo = profile.grpo.model_copy(update={"max_steps": steps, "save_steps": None})
-    short = profile.model_copy(update={"grpo": grpo, "probe_every": 0})
-    plan = plan_cell(short, model, recipe, seed, results)
-    run = prepare(plan, PartialState(cpu=True))
+    grpo = run.profile.grpo.model_copy(update={"max_steps": steps, "save_steps": None})
+    short = run.profile.model_copy(update={"grpo": grpo, "probe_every": 0})
+    plan = plan_cell(Run(short, run.layout), model, recipe, seed)
+    cell = prepare(plan, PartialState(cpu=True))
     activities = [torch.profiler.ProfilerActivity.CPU]
     timed_steps = steps // 2
     schedule = torch.profiler.schedule(wait=timed_steps + 1, warmup=0, active=steps - timed_steps - 1, repeat=1)
     with torch.profiler.profile(activities=activities, schedule=schedule, record_shapes=False) as prof:
-        run.trainer.add_callback(ProfilerSteps(prof))
+        cell.trainer.add_callback(ProfilerSteps(prof))
         t0 = time.perf_counter()
-        run.trainer.train()
+        cell.trainer.train()
         wall = time.perf_counter() - t0
     log = [json.loads(line) for line in (plan.out / TRAIN_LOG).read_text().splitlines()]
     timed = log[1:timed_steps + 1]
@@ -105,7 +105,7 @@ def main(argv=None) -> int:
         raise SystemExit("bench_step: --threads must be at least 1")
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile)
-    warm = warm_start_folder(profile, args.model, args.results)
+    warm = warm_start_folder(Run.of(profile, args.results), args.model)
     command = ["python", "kernels/bench/bench_step.py", *(argv if argv is not None else sys.argv[1:])]
     out = {"command": " ".join(command),
            "method": "mean over the timed steps (2 .. steps // 2 + 1, profiler idle) of the step log's step_time "
@@ -115,8 +115,8 @@ def main(argv=None) -> int:
                                                                                  "mxfp4": mxfp4.__version__},
            "profile": profile.name, "model": args.model, "seed": args.seed, "recipes": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        target = Layout(root, profile.name).model(args.model)
+        scratch = Run.of(profile, tmp)  # the short runs, in a scratch folder, from the stored warm start
+        target = scratch.layout.model(args.model)
         target.parent.mkdir(parents=True)
         target.symlink_to(warm.resolve())
         for recipe in args.recipes:
@@ -127,7 +127,7 @@ def main(argv=None) -> int:
                     name += " [fused corrections off]" if fused == "off" else ""
                     print(f"{name}: {args.steps} steps", file=sys.stderr, flush=True)
                     with use_backend(backend), use_fused_corrections(fused == "on"):
-                        out["recipes"][name] = run_recipe(profile, args.model, recipe, args.seed, root, args.steps)
+                        out["recipes"][name] = run_recipe(scratch, args.model, recipe, args.seed, args.steps)
                     out["recipes"][name].update(backend=backend, fused_corrections=fused)
                     write_json_atomic(args.out, out)
     ref = out["recipes"][args.recipes[0]]

@@ -155,7 +155,7 @@ def collect(calls: list[Path], root: Path = ROOT) -> dict[str, list[dict]]:
         smoke = [f / "results" for f in rel if (root / f / "results" / SMOKE_PROFILE).is_dir()]
         if smoke:
             dense_out = f"results/gpu/gpu_smoke_dense_{slug}.json"
-            rec = smoke_report([root / s for s in smoke], SMOKE_PROFILE, out=None, plan=root / PLAN)
+            rec = smoke_report([Layout(root / s, SMOKE_PROFILE) for s in smoke], out=None, plan=root / PLAN)
             for run, results in zip(rec["runs"], smoke):  # paths as the repository sees them
                 run["results"] = str(results)
             write_json_atomic(root / dense_out, rec)

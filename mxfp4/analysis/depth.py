@@ -16,14 +16,16 @@ import math
 import re
 
 from ..config.profiles import Profile
+from ..config.run import Run
 from ..io import write_csv_atomic
 from ..numerics.decompose import COMPONENTS
 from ..rl import data as gsm
 from ..rl.batches import batch_gradient, gradient_batches, probe_trainer
 from ..rl.grad_accuracy import compare
 from ..rl.models import load, warm_start_folder
-from .pathway_spec import control_rows
-from .pathways import Arm, row_quantizer, seed_problems
+from .pathways.matrix import seed_problems
+from .pathways.measurement import Arm, row_quantizer
+from .pathways.spec import control_rows
 
 UNIT_FIELDS = ["model", "layers", "form", "arm", "site", "batch", "layer", "distance", "norm_ratio", "cosine"]
 _LAYER = re.compile(r"^layer(\d+)$")
@@ -58,16 +60,17 @@ def _layers(profile: Profile, model_name: str) -> int:
     return spec.layers or 2
 
 
-def _seed_batches(profile: Profile, model_name: str, results, n_batches: int, skip: int = 0):
+def _seed_batches(run: Run, model_name: str, n_batches: int, skip: int = 0):
     """Per seed: (seed, model, trainer, batches), the seed's warm start in float32 in train mode (loaded again
     only where it is another seed's than the last) and ``n_batches`` of its GRPO batches drawn as the pathway
     matrix draws them, after the first ``skip``."""
     import torch
 
-    train, _ = gsm.cell_data(profile, results)
+    profile = run.profile
+    train, _ = gsm.cell_data(run)
     loaded = None
     for seed in profile.seeds:
-        folder = warm_start_folder(profile, model_name, results, seed)
+        folder = warm_start_folder(run, model_name, seed)
         if loaded is None or loaded[0] != folder:
             loaded = (folder, *load(str(folder), dtype=torch.float32))
         model, tokenizer = loaded[1], loaded[2]
@@ -78,10 +81,11 @@ def _seed_batches(profile: Profile, model_name: str, results, n_batches: int, sk
         yield seed, model, trainer, batches[skip:]
 
 
-def run_depth(profile: Profile, model_name: str, results="results", out_units=None, progress=print) -> list[dict]:
+def run_depth(run: Run, model_name: str, out_units=None, progress=print) -> list[dict]:
     """Per gradient batch of the warm start (``pathways.batches`` of each seed, drawn as the pathway matrix
     draws them), every arm of ``depth_arms`` at every site of ``pathways.sites`` in every form: the per-layer
     norm ratio and cosine against the unquantized gradient of the same batch. Returns the unit rows."""
+    profile = run.profile
     settings = profile.pathways
     if settings is None:
         raise ValueError(f"profile {profile.name!r} has no pathways section: the depth study draws its gradient "
@@ -90,7 +94,7 @@ def run_depth(profile: Profile, model_name: str, results="results", out_units=No
     units = []
     batch_index = 0
     # The seed's warm start, unchanged by the arms: each seed its own batches.
-    for seed, model, trainer, batches in _seed_batches(profile, model_name, results, settings.batches):
+    for seed, model, trainer, batches in _seed_batches(run, model_name, settings.batches):
         reference = [batch_gradient(trainer, b) for b in batches]
         for form in settings.forms:
             for site in settings.sites:
@@ -167,22 +171,21 @@ def displacement_rows(model_name: str, layers: int, optimizer: str, lr: float, a
             for index, v in sorted(decoder_layers(result["per_layer"]).items())]
 
 
-def run_depth_optimizers(profile: Profile, model_name: str, results="results", out_units=None,
-                         progress=print) -> list[dict]:
+def run_depth_optimizers(run: Run, model_name: str, out_units=None, progress=print) -> list[dict]:
     """Per run (``depth_optimizers.runs_per_seed`` per seed, each on its own ``steps`` GRPO batches of the
     warm start, drawn as the pathway matrix draws them, after the ``skip_runs`` runs' batches) and optimizer:
     each arm's per-layer displacement against the unquantized run's (norm ratio and cosine), every arm at the
     rate the unquantized run's first batch sets. Returns the unit rows."""
     import torch
 
+    profile = run.profile
     settings = profile.depth_optimizers
     if settings is None:
         raise ValueError(f"profile {profile.name!r} has no depth_optimizers section (see "
                          "experiments/profiles/depth.yaml)")
     layers = _layers(profile, model_name)
     units, run_index = [], 0
-    for seed, model, trainer, batches in _seed_batches(profile, model_name, results,
-                                                       settings.runs_per_seed * settings.steps,
+    for seed, model, trainer, batches in _seed_batches(run, model_name, settings.runs_per_seed * settings.steps,
                                                        skip=settings.skip_runs * settings.steps):
         if len(batches) < settings.steps:
             raise ValueError(f"{model_name} seed {seed}: {len(batches)} GRPO batches with a non-zero advantage, "

@@ -18,14 +18,16 @@ import torch
 from ..config.data_files import gsm8k_folder
 from ..config.profiles import Profile
 from ..config.recipes import Recipe
+from ..config.run import Run
 from ..io import write_csv_atomic
 from ..rl import data as gsm
 from ..rl.batches import batch_gradient, gradient_batches, probe_trainer
 from ..rl.grad_accuracy import compare
 from ..rl.models import load, warm_start_folder
 from .correction_table import model_weights, recipe_energy
-from .pathway_spec import UNIT_FIELDS
-from .pathways import (
+from .pathways.estimates import unit_rows
+from .pathways.matrix import seed_problems
+from .pathways.measurement import (
     Arm,
     FixedTokens,
     Measured,
@@ -34,10 +36,9 @@ from .pathways import (
     measure_corrections,
     rollout_scores,
     row_quantizer,
-    seed_problems,
     unit_digest,
-    unit_rows,
 )
+from .pathways.spec import UNIT_FIELDS
 from .teacher_forced import token_pairs
 
 
@@ -53,34 +54,34 @@ def mechanism_arms(profile: Profile, recipes: list[str]) -> list[str]:
     return list(dict.fromkeys([*recipes, *profile.pathways.corrections]))
 
 
-def run_mechanism(profile: Profile, model_name: str, recipes: list[str], results="results", out_units=None,
+def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
                   progress=print) -> tuple[list[dict], list[dict]]:
     """The per-unit harms of MXFP4, BF16, each of ``recipes`` and the profile's correction arms at every seed's warm
     start of ``model_name`` (``UNIT_FIELDS``, written to ``out_units``), and the error energies of the first warm
     start's weights under MXFP4 and under each recipe (``correction_table.recipe_energy``).
 
     Args:
-        profile: the run's profile; its ``pathways`` section sets the batches, prompts and samples.
+        run: the run (its warm starts); its profile's ``pathways`` section sets the batches, prompts and samples.
         model_name: a model line of the profile.
         recipes: the recipes whose mechanism is measured (MXFP4 and corrections), each an arm of its own.
-        results: the results root holding the warm starts.
         out_units: where to write the per-unit file; None writes nothing.
         progress: called with one line per seed.
 
     Returns:
         (the unit rows, one energy row per recipe).
     """
+    profile = run.profile
     names = mechanism_arms(profile, list(recipes))
     settings = profile.pathways.model_copy(update={"corrections": names})
     arms_profile = profile.model_copy(update={"pathways": settings})
     form = settings.claims.form if settings.claims else settings.forms[0]
     spec, g = profile.model(model_name), profile.grpo
-    train, _ = gsm.cell_data(profile, results)
+    train, _ = gsm.cell_data(run)
     held_out = gsm.load_gsm8k("test", gsm8k_folder(profile)) if settings.prompts_from == "gsm8k-test" else None
     m = Measured()
     t0 = time.time()
     for seed in profile.seeds:
-        model, tokenizer = load(str(warm_start_folder(profile, model_name, results, seed)), dtype=torch.float32)
+        model, tokenizer = load(str(warm_start_folder(run, model_name, seed)), dtype=torch.float32)
         trainer = probe_trainer(model, tokenizer, profile, seed)
         grad_problems, roll_problems = seed_problems(train, settings, seed, held_out)
         batches, _ = gradient_batches(trainer, grad_problems, profile, settings.batches, seed, chat=spec.chat)
@@ -114,5 +115,5 @@ def run_mechanism(profile: Profile, model_name: str, recipes: list[str], results
     units = unit_rows(model_name, "warm", form, m, ["both"])
     if out_units is not None:
         write_csv_atomic(out_units, units, UNIT_FIELDS)
-    weights = model_weights(str(warm_start_folder(profile, model_name, results, profile.seeds[0])))
+    weights = model_weights(str(warm_start_folder(run, model_name, profile.seeds[0])))
     return units, [{"model": model_name, "recipe": r, **recipe_energy(weights, r)} for r in recipes]

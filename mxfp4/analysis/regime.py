@@ -15,6 +15,7 @@ from ..config import EXPERIMENTS, load_yaml
 from ..config.data_files import gsm8k_folder
 from ..config.profiles import Profile
 from ..config.recipes import Recipe
+from ..config.run import Run
 from ..layout import Layout
 from ..nn import gemm_weights, patch_model, patched_modules, unpatch_model
 from ..numerics.decompose import COMPONENTS, decompose
@@ -165,26 +166,26 @@ def summary_markdown(rows: list[dict]) -> str:
             + "\n".join(lit) + "\n")
 
 
-def run_regime(profile: Profile, results="results", seed: int | None = None,
-               progress=lambda msg: None) -> list[dict]:
+def run_regime(run: Run, seed: int | None = None, progress=lambda msg: None) -> list[dict]:
     """Rows of every model of the profile at its starting policy, on the batch of ``seed`` (default: the
     profile's first seed) that ``regime_batch`` names: the probe batch (made if missing), or as many GSM8K
     test questions as a GRPO batch has sequences, with their reference solutions."""
+    profile = run.profile
     seed = profile.seeds[0] if seed is None else seed
     out = []
     for model_name in profile.models:
         progress(f"regime statistics of {model_name} (seed {seed}, {profile.regime_batch} batch)")
-        model, tokenizer = load(model_reference(profile, model_name, results, seed), dtype=torch.float32)
+        model, tokenizer = load(model_reference(run, model_name, seed), dtype=torch.float32)
         model.train()
         if profile.regime_batch == "gsm8k-test":
             loss = gsm8k_loss(profile, model_name, tokenizer, seed)
         else:
-            batch = load_probe_batch(ensure_probe_batch(profile, model_name, seed, results), model_name, seed)
+            batch = load_probe_batch(ensure_probe_batch(run, model_name, seed), model_name, seed)
             trainer = probe_trainer(model, tokenizer, profile, seed, prompts=profile.grpo.prompts_per_step)
             loss = lambda m, t=trainer, b=batch: t.batch_loss(b)  # noqa: E731
         out += regime_rows(model, model_name, loss, rows=profile.probe_rows, batch=profile.regime_batch)
     for other in profile.regime_beside:
-        out += stored_rows(other, results)
+        out += stored_rows(run.layout.sibling(other))
     return out
 
 
@@ -202,10 +203,11 @@ def gsm8k_loss(profile: Profile, model_name: str, tokenizer, seed: int):
 TEXT_FIELDS = ("model", "batch", "layer", "operand", "shape")
 
 
-def stored_rows(profile_name: str, results="results") -> list[dict]:
-    """The regime rows of another profile's stored baselines, each model named with that profile: what a
-    profile shows beside its own measurements (``regime_beside``), read, not measured again."""
-    layout = Layout(results, profile_name)
+def stored_rows(layout: Layout) -> list[dict]:
+    """The regime rows of another profile's stored baselines (``layout``: that profile's), each model named with
+    that profile: what a profile shows beside its own measurements (``regime_beside``), read, not measured
+    again."""
+    profile_name = layout.profile
     path = layout.stored(layout.regime)
     if not path.is_file():
         raise ValueError(f"regime_beside names {profile_name!r}, whose stored baselines hold no {path}; store them "

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..config.profiles import Profile
 from ..config.recipes import Recipe
+from ..config.run import Run
 from ..nn import gemm_weights, patch_model, patched_modules
 from ..numerics.decompose import COMPONENTS, FORMS, PAIRS, decompose
 from ..rl.models import load, warm_start_folder
@@ -95,11 +95,11 @@ def summary_markdown(rows: list[dict]) -> str:
             "mxfp4).\n\n" + "\n".join(out) + "\n")
 
 
-def run_weight_components(profile: Profile, results="results") -> list[dict]:
-    """Rows of every tiny warm-started model (or hub model) of the profile."""
+def run_weight_components(run: Run) -> list[dict]:
+    """Rows of every tiny warm-started model (or hub model) of the run's profile."""
     rows = []
-    for model_name, spec in profile.models.items():
-        path = warm_start_folder(profile, model_name, results) if spec.arch else spec.hub
+    for model_name, spec in run.profile.models.items():
+        path = warm_start_folder(run, model_name) if spec.arch else spec.hub
         model, _ = load(str(path), dtype=torch.float32)
         rows += tensor_rows(model, model_name)
     return rows

@@ -136,6 +136,13 @@ def profile_of(args):
     return load_profile(args.profile)
 
 
+def run_of(args):
+    """The command's run: its profile (``profile_of``) with the layout ``main`` made for it (``args.layout``)."""
+    from ..config.run import Run
+
+    return Run(profile_of(args), args.layout)
+
+
 def profile_args(p) -> None:
     """The arguments of a command that works on a profile's results."""
     p.add_argument("--profile", default="embedded", help="a profile of experiments/profiles/ (default embedded)")

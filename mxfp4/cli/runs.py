@@ -17,6 +17,7 @@ from .arguments import (
     positive_int,
     profile_args,
     profile_of,
+    run_of,
     seed_int,
     writable,
     write_table,
@@ -46,7 +47,7 @@ def _cmd_corrections_table(args) -> int:
 def _cmd_pretrain(args) -> int:
     from ..rl.pretrain import pretrain_model
 
-    meta = pretrain_model(profile_of(args), args.model, args.out, args.results, args.warm_start, args.sft_from)
+    meta = pretrain_model(run_of(args), args.model, args.out, args.warm_start, args.sft_from)
     print(json.dumps(meta, indent=2))
     return 0
 
@@ -54,7 +55,7 @@ def _cmd_pretrain(args) -> int:
 def _cmd_cell(args) -> int:
     from ..rl.cell import run_cell
 
-    m = run_cell(profile_of(args), args.model, args.recipe, args.seed, results=args.results, recipes_file=args.recipes)
+    m = run_cell(run_of(args), args.model, args.recipe, args.seed, recipes_file=args.recipes)
     if m is None:  # a rank other than the main process of a multi-process cell: the main one reports
         return 0
     print(
@@ -77,15 +78,14 @@ def _cmd_cell(args) -> int:
 
 
 def _cmd_pathways(args) -> int:
-    from ..analysis.pathways import run_pathways
+    from ..analysis.pathways.matrix import run_pathways
 
     layout = args.layout
     out = args.out or layout.pathways(args.model, args.checkpoint)
     units = args.units or (layout.pathway_units(args.model, args.checkpoint) if args.checkpoint else None)
     rows = run_pathways(
-        profile_of(args),
+        run_of(args),
         args.model,
-        results=args.results,
         out_csv=out,
         progress=lambda msg: print(msg, file=sys.stderr, flush=True),
         checkpoint=args.checkpoint,
@@ -100,9 +100,9 @@ def _cmd_depth(args, optimizers: bool = False) -> int:
     """``mxfp4 depth`` (the gradient rows), or ``mxfp4 depth-optimizers`` (the short runs)."""
     from ..analysis.depth import run_depth, run_depth_optimizers
 
-    run = run_depth_optimizers if optimizers else run_depth
+    study = run_depth_optimizers if optimizers else run_depth
     out = args.out or (args.layout.depth_optimizer_units if optimizers else args.layout.depth_units)(args.model)
-    units = run(profile_of(args), args.model, args.results, out_units=out,
+    units = study(run_of(args), args.model, out_units=out,
                 progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(f"wrote {out} ({len(units)} rows)")
     return 0
@@ -112,9 +112,9 @@ def _cmd_probe_batch(args) -> int:
     from ..rl.grpo import batch_digest
     from ..rl.probe_batch import ensure_probe_batch, load_probe_batch
 
-    profile = profile_of(args)
+    run = run_of(args)
     for seed in dict.fromkeys(args.seed):  # each seeded and loaded on its own: the order does not matter
-        path = ensure_probe_batch(profile, args.model, seed, args.results)
+        path = ensure_probe_batch(run, args.model, seed)
         print(f"{path}: digest {batch_digest(load_probe_batch(path))}", flush=True)
     return 0
 
@@ -122,7 +122,7 @@ def _cmd_probe_batch(args) -> int:
 def _cmd_weight_components(args) -> int:
     from ..analysis.weight_components import run_weight_components, summary_markdown
 
-    rows = run_weight_components(profile_of(args), args.results)
+    rows = run_weight_components(run_of(args))
     return write_table(rows, Path(args.out or args.layout.weight_components),
                         summary_markdown(rows))
 
@@ -130,26 +130,26 @@ def _cmd_weight_components(args) -> int:
 def _cmd_regime(args) -> int:
     from ..analysis.regime import run_regime, summary_markdown
 
-    rows = run_regime(profile_of(args), args.results, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    rows = run_regime(run_of(args), progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     return write_table(rows, Path(args.out or args.layout.regime), summary_markdown(rows))
 
 
 def _cmd_mechanism(args) -> int:
     from ..analysis.mechanism import mechanism_arms, run_mechanism
 
-    profile = profile_of(args)
+    run = run_of(args)
     if len(args.recipe) > 1 and args.out is None:
         raise ValueError(f"{len(args.recipe)} recipes measured together need --out (one per-unit file for all)")
     out = Path(args.out or args.layout.mechanism_units(args.recipe[0], args.model))
     writable(out)
     t0 = time.perf_counter()
-    _, energy = run_mechanism(profile, args.model, args.recipe, args.results, out,
+    _, energy = run_mechanism(run, args.model, args.recipe, out,
                               progress=lambda line: print(line, file=sys.stderr, flush=True))
     write_json_atomic(out.with_suffix(".energy.json"), energy)
     # what a run of these arms cost here: the leaderboard's estimate for a recipe placed on it
     write_json_atomic(out.with_suffix(".run.json"), {
-        "seconds": time.perf_counter() - t0, "arms": 2 + len(mechanism_arms(profile, args.recipe)),
-        "networks": len({profile.warm_start_of(s) for s in profile.seeds})})
+        "seconds": time.perf_counter() - t0, "arms": 2 + len(mechanism_arms(run.profile, args.recipe)),
+        "networks": len({run.profile.warm_start_of(s) for s in run.profile.seeds})})
     print(f"wrote {out} and {out.with_suffix('.energy.json').name}")
     return 0
 
@@ -159,10 +159,9 @@ def _cmd_recipe_cost(args) -> int:
     from ..layout import REFERENCE_RECIPE
     from ..rl.step_cost import cost_lines, recipe_cost
 
-    profile = profile_of(args)
+    run = run_of(args)
     base = args.base or recipe_base(args.recipe) or REFERENCE_RECIPE
-    seed = profile.seeds[0]
-    cost = recipe_cost(profile, args.model or next(iter(profile.models)), args.recipe, base, seed, args.results,
+    cost = recipe_cost(run, args.model or next(iter(run.profile.models)), args.recipe, base, run.profile.seeds[0],
                        args.steps)
     if args.out:
         write_json_atomic(writable(args.out), cost)

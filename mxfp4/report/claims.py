@@ -10,7 +10,7 @@ from pathlib import Path
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from ..analysis.pathway_spec import HARMS, MAPPING, RECOVERIES, RECOVERY_HARMS
+from ..analysis.pathways.spec import HARMS, MAPPING, RECOVERIES, RECOVERY_HARMS
 from ..config.profiles import load_profile
 from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE, Layout
@@ -36,7 +36,7 @@ MECHANISMS = {  # pathway -> (claimed component, claim text)
     "rollout": ("dead", "Deadzone truncation dominates rollout quality"),
     "entropy": ("grid", "Grid noise dominates policy entropy"),
 }
-RECOVERY_CLAIMS = {  # pathway -> claim text (the correction: pathway_spec.RECOVERIES)
+RECOVERY_CLAIMS = {  # pathway -> claim text (the correction: pathways.spec.RECOVERIES)
     "gradient": "Macro-block scaling restores gradient accuracy",
     "rollout": "Outlier fallback restores rollout quality",
     "entropy": "AQN restores policy entropy",
@@ -506,12 +506,12 @@ def primary_family(cells: list[dict], pathways: list[dict], problems: int | None
     return rows
 
 
-def primary_summary(profiles: list[str], results="results") -> str:
-    """The primary family of each profile's stored baselines side by side, one line per claim and model:
-    the verdict with its effect and interval in each profile (its own Holm family)."""
+def primary_summary(layouts: list[Layout]) -> str:
+    """The primary family of the stored baselines of each profile of ``layouts`` side by side, one line per claim
+    and model: the verdict with its effect and interval in each profile (its own Holm family)."""
     cols, lines = [], {}
-    for name in profiles:
-        layout = Layout(results, name)
+    for layout in layouts:
+        name = layout.profile
         cells_csv, pathways_csv = layout.stored(layout.table("cells")), layout.stored(layout.pathways())
         if not Path(cells_csv).is_file():
             raise ValueError(f"profile {name!r} has no stored baselines ({cells_csv}); store them first "

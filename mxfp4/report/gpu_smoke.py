@@ -91,15 +91,17 @@ def run_records(layout: Layout, model: str, recipes: list[str], seed: int = 0) -
     return per
 
 
-def report(runs: list[Path | str], profile: str, model: str, recipes: list[str], seed: int = 0,
-           plan: dict | None = None) -> dict:
+def report(layouts: list[Layout], model: str, recipes: list[str], seed: int = 0, plan: dict | None = None) -> dict:
     """Every run's records, and per recipe the record of the first run where it finished, else of the first run
     that has it (a later session's finished cell stands over an earlier one that died); the bf16 cells of
     different runs timed against each other (an A/A check of the machines); the memory plan's peak beside
-    each measured one."""
-    if not runs:
+    each measured one (``layouts``: one profile's run under each results folder, one a device call)."""
+    if not layouts:
         raise ValueError("the GPU smoke report needs at least one results folder")
-    layouts = [Layout(results, profile) for results in runs]
+    profiles = {layout.profile for layout in layouts}
+    if len(profiles) > 1:
+        raise ValueError(f"the GPU smoke report reads the runs of one profile; got {', '.join(sorted(profiles))}")
+    profile = layouts[0].profile
     per_run = [run_records(layout, model, recipes, seed) for layout in layouts]
     merged: dict[str, dict] = {}
     for index, per in enumerate(per_run):
@@ -135,8 +137,8 @@ def report(runs: list[Path | str], profile: str, model: str, recipes: list[str],
                       "the bf16 cell of the same run (results folder, one device call); step_time excludes the probe; "
                       "peak memory: torch.cuda.max_memory_allocated over each step, probes included (the plan's "
                       "measure); peak reserved: torch.cuda.max_memory_reserved, what the caching allocator held",
-            "runs": [{"results": str(results), **prov, "recipes": per}
-                     for results, prov, per in zip(runs, provenance, per_run)],
+            "runs": [{"results": str(layout.results), **prov, "recipes": per}
+                     for layout, prov, per in zip(layouts, provenance, per_run)],
             "bf16_step_time_a_a": {"step_time_s": bf16, "max_over_min": max(bf16) / min(bf16)} if len(bf16) > 1
             else None,
             "memory_plan": (plan or {}).get("method"),
@@ -144,14 +146,18 @@ def report(runs: list[Path | str], profile: str, model: str, recipes: list[str],
             "not_run": [r for r, rec in merged.items() if rec["status"] == "not run"], "recipes": merged}
 
 
-def run(results: list[Path | str], profile: str, out: Path | str | None, plan: Path | str | None = None) -> dict:
-    """The report of a one-model, one-seed profile's runs, written to ``out`` (None: returned only)."""
+def run(layouts: list[Layout], out: Path | str | None, plan: Path | str | None = None) -> dict:
+    """The report of a one-model, one-seed profile's runs (``layouts``: its run under each results folder), written
+    to ``out`` (None: returned only)."""
+    if not layouts:
+        raise ValueError("the GPU smoke report needs at least one results folder")
+    profile = layouts[0].profile
     p = load_profile(profile)
     if len(p.models) != 1 or len(p.seeds) != 1:
         raise ValueError(f"the GPU smoke report reads one model and one seed; profile {profile!r} has "
                          f"{len(p.models)} models and {len(p.seeds)} seeds")
     plan_data = json.loads(Path(plan).read_text()) if plan is not None and Path(plan).exists() else None
-    rec = report(results, profile, next(iter(p.models)), list(p.recipes), p.seeds[0], plan_data)
+    rec = report(layouts, next(iter(p.models)), list(p.recipes), p.seeds[0], plan_data)
     if out is not None:  # rewritten after every cell of a GPU session: never half-written at a timeout
         write_json_atomic(out, rec)
     return rec

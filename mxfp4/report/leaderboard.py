@@ -25,7 +25,7 @@ import numpy as np
 from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 
-from ..analysis.pathway_spec import RECOVERY_HARMS
+from ..analysis.pathways.spec import RECOVERY_HARMS
 from ..config.profiles import load_profile
 from ..config.recipes import Recipe
 from ..io import write_json_atomic, write_text_atomic
@@ -145,12 +145,12 @@ def step_ratios(benches: dict[str, dict]) -> dict[str, float]:
     return out
 
 
-def stored_accuracy(profiles: list[str], results="results") -> dict[tuple[str, str], str]:
-    """{(model, recipe): 'after (before; unquantized) [profile, n seeds]'} from the stored summaries of ``profiles``
-    (the first that has the recipe)."""
+def stored_accuracy(layouts: list[Layout]) -> dict[tuple[str, str], str]:
+    """{(model, recipe): 'after (before; unquantized) [profile, n seeds]'} from the stored summaries of the
+    profiles of ``layouts`` (the first that has the recipe)."""
     out: dict = {}
-    for name in profiles:
-        layout = Layout(results, name)
+    for layout in layouts:
+        name = layout.profile
         path = layout.stored(layout.table("summary"))
         if not Path(path).is_file():
             continue
@@ -256,14 +256,14 @@ def figure(boards: dict[str, list[dict]], out_png, highlight: str | None = None)
 
 
 def run(units: list[dict], profile_name: str, out_md, recipes: list[str], benches: dict[str, dict] | None = None,
-        accuracy_from: list[str] = (), results="results", highlight: str | None = None, out_png=None) -> dict:
+        accuracy_from: list[Layout] = (), highlight: str | None = None, out_png=None) -> dict:
     """The leaderboard of ``recipes`` (and a user's ``highlight``) from the per-unit rows, with the step times of
-    ``benches`` (``step_ratios``), written to ``out_md`` (its rows as JSON beside it) and, with ``out_png``, its
-    figure; the boards."""
+    ``benches`` (``step_ratios``) and the stored accuracies of the runs ``accuracy_from`` (``stored_accuracy``),
+    written to ``out_md`` (its rows as JSON beside it) and, with ``out_png``, its figure; the boards."""
     profile = load_profile(profile_name)
     names = list(dict.fromkeys([*recipes, *([highlight] if highlight else [])]))
     boards = board(units, profile, names, recipe_costs(names), step_ratios(benches) if benches else None,
-                   stored_accuracy(list(accuracy_from), results))
+                   stored_accuracy(list(accuracy_from)))
     link = None if out_png is None else Path(os.path.relpath(Path(out_png), Path(out_md).parent)).as_posix()
     write_text_atomic(out_md, markdown(boards, profile_name, highlight, link))
     write_json_atomic(Path(out_md).with_suffix(".json"), {"profile": profile_name, "method": METHOD,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..analysis.pathway_spec import RECOVERY_HARMS, UNITS
+from ..analysis.pathways.spec import RECOVERY_HARMS, UNITS
 from ..config.profiles import load_profile
 from ..io import write_json_atomic, write_text_atomic
 from ..stats import nested_paired, three_outcome_test, three_outcome_verdict

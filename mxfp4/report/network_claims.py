@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from statsmodels.stats.multitest import multipletests
 
-from ..analysis.pathway_spec import COMPONENTS, HARMS, MAPPING, RECOVERIES, RECOVERY_HARMS, UNITS
+from ..analysis.pathways.spec import COMPONENTS, HARMS, MAPPING, RECOVERIES, RECOVERY_HARMS, UNITS
 from ..config.profiles import load_profile
 from ..io import write_text_atomic
 from ..layout import Layout
@@ -41,7 +41,7 @@ METHOD = ("per network, the mean over its {unit} of each arm's harm ({harm}); ow
 
 
 def read_units(paths) -> list[dict]:
-    """The per-unit files (``pathway_spec.UNIT_FIELDS``), rows with ``harm`` a float or None; a missing column
+    """The per-unit files (``pathways.spec.UNIT_FIELDS``), rows with ``harm`` a float or None; a missing column
     is a ValueError naming the file."""
     rows = []
     for path in paths:
@@ -256,12 +256,12 @@ def stored_units(layout: Layout) -> list:
     return [p for p in (layout.stored(layout.pathway_units(m, "warm")) for m in profile.models) if p.is_file()]
 
 
-def network_summary(profiles: list[str], results="results") -> str:
-    """Each profile's primary claims decided with the network as the replicate, recomputed from its stored per-unit
-    files, side by side (a profile that stores none says so)."""
+def network_summary(layouts: list[Layout]) -> str:
+    """The primary claims of each profile of ``layouts`` decided with the network as the replicate, recomputed from
+    its stored per-unit files, side by side (a profile that stores none says so)."""
     cols, lines, missing = [], {}, []
-    for name in profiles:
-        layout = Layout(results, name)
+    for layout in layouts:
+        name = layout.profile
         files = stored_units(layout)
         design = load_profile(name).pathways
         if not files or design is None or design.claims is None:

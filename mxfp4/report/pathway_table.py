@@ -4,7 +4,7 @@ excess harm over its energy-matched controls and the Shapley values of the eight
 
 from __future__ import annotations
 
-from ..analysis.pathway_spec import MAPPING
+from ..analysis.pathways.spec import MAPPING
 from ..io import write_text_atomic
 from .tables import read_text_table
 

@@ -20,7 +20,7 @@ the tests)."""
 
 from __future__ import annotations
 
-from ..analysis.pathway_spec import MAPPING
+from ..analysis.pathways.spec import MAPPING
 from ..stats import units_for_power, upper_sd
 from .network_claims import claim_rows
 from .pathway_table import warm_claim_rows

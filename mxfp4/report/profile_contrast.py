@@ -11,7 +11,7 @@ from pathlib import Path
 
 from statsmodels.stats.multitest import multipletests
 
-from ..analysis.pathway_spec import HARMS
+from ..analysis.pathways.spec import HARMS
 from ..io import write_csv_atomic, write_text_atomic
 from ..layout import REFERENCE_RECIPE, Layout
 from ..stats import ALPHA, crossed_mean, mean_ci, nested_paired

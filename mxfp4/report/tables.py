@@ -137,7 +137,7 @@ class PathwayRow(_Row):
 
 
 class UnitRow(_Row):
-    """A row of a per-unit file of the pathway matrix (``pathway_spec.UNIT_FIELDS``): one unit's harm."""
+    """A row of a per-unit file of the pathway matrix (``pathways.spec.UNIT_FIELDS``): one unit's harm."""
 
     model: Text
     checkpoint: Text

@@ -27,10 +27,10 @@ from transformers import set_seed
 
 from ..config import REPO_ROOT
 from ..config.data_files import gsm8k_folder
-from ..config.profiles import Profile, config_hash, setting_hash
-from ..config.recipes import Recipe
+from ..config.profiles import Profile, setting_hash
+from ..config.run import CellSpec, Run
 from ..io import exclusive, writable_folder, write_json_atomic
-from ..layout import EVAL_FOLDERS, EVAL_RESULTS, METRICS, REFERENCE_RECIPE, TRAIN_LOG, Layout
+from ..layout import EVAL_FOLDERS, EVAL_RESULTS, METRICS, REFERENCE_RECIPE, TRAIN_LOG
 from ..machine import describe
 from ..nn import bypassed, patch_model, patch_state, weight_cache_pays
 from ..numerics.hooks import lifecycle
@@ -112,51 +112,29 @@ def git_commit() -> str | None:
         return None
 
 
-@dataclass
-class CellPlan:
-    """A cell's inputs, every one checked: what ``execute`` needs before it writes anything."""
+@dataclass(frozen=True)
+class CellPlan(CellSpec):
+    """A cell whose inputs are every one checked: what ``execute`` needs before it writes anything
+    (``model_ref``: what ``models.load`` loads as its starting policy)."""
 
-    profile: Profile
-    model: str
-    recipe: Recipe
-    seed: int
-    results: Path
-    model_ref: str
-
-    @property
-    def layout(self) -> Layout:
-        return Layout(self.results, self.profile.name)
-
-    @property
-    def out(self) -> Path:
-        return self.layout.cell(self.model, self.recipe.name, self.seed)
+    model_ref: str = ""
 
 
-def plan_cell(
-    profile: Profile,
-    model_name: str,
-    recipe_name: str,
-    seed: int,
-    results: Path | str = "results",
-    recipes_file: str | None = None,
-) -> CellPlan:
-    """Check every input of a cell of ``profile`` (``config.load_profile``); a bad one is a ValueError saying
-    what is wrong and what is accepted."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-    recipe = Recipe.named(recipe_name, recipes_file)
-    model_ref = model_reference(profile, model_name, results, seed)
-    if profile.data.source == "gsm8k":
-        gsm.validate_gsm8k_dir(gsm8k_folder(profile))
-    check_checkpoint_disk(profile, model_name)
-    out = Layout(results, profile.name).cell(model_name, recipe_name, seed)  # every input checked: make it
+def plan_cell(run: Run, model_name: str, recipe_name: str, seed: int, recipes_file: str | None = None) -> CellPlan:
+    """Check every input of a cell of ``run``; a bad one is a ValueError saying what is wrong and what is
+    accepted."""
+    cell = run.cell(model_name, recipe_name, seed, recipes_file)
+    model_ref = model_reference(run, model_name, seed)
+    if run.profile.data.source == "gsm8k":
+        gsm.validate_gsm8k_dir(gsm8k_folder(run.profile))
+    check_checkpoint_disk(run.profile, model_name)
     try:
-        writable_folder(out)
+        writable_folder(cell.out)  # every input checked: make it
     except OSError as err:
         raise ValueError(
-            f"cannot write the cell's folder {out} ({err.strerror}); accepted: a writable results folder"
+            f"cannot write the cell's folder {cell.out} ({err.strerror}); accepted: a writable results folder"
         ) from None
-    return CellPlan(profile, model_name, recipe, seed, Path(results), model_ref)
+    return CellPlan(run, cell.model, cell.recipe, cell.seed, model_ref)
 
 
 def check_checkpoint_disk(profile: Profile, model_name: str) -> dict | None:
@@ -175,30 +153,22 @@ def check_checkpoint_disk(profile: Profile, model_name: str) -> dict | None:
     return plan
 
 
-def run_cell(
-    profile: Profile,
-    model_name: str,
-    recipe_name: str,
-    seed: int,
-    results: Path | str = "results",
-    recipes_file: str | None = None,
-) -> dict | None:
+def run_cell(run: Run, model_name: str, recipe_name: str, seed: int, recipes_file: str | None = None) -> dict | None:
     """Run one cell: GRPO under a recipe from the profile's starting policy, then the three lm-eval
     evaluations; every input is checked before any work (``plan_cell``).
 
     Args:
-        profile: the run's profile (``load_profile``).
+        run: the run (``Run.of(profile, results)``); the cell writes ``run.layout.cell(...)``.
         model_name: a model line of the profile.
         recipe_name: a named recipe (``experiments/recipes.yaml``, ``recipes_file``, ``$MXFP4_RECIPES``).
         seed: the cell's seed (initialisation, data order, sampling).
-        results: the results root; the cell writes ``Layout(results, profile.name).cell(...)``.
         recipes_file: an extra recipes YAML.
 
     Returns:
         The cell's metrics (what ``metrics.json`` holds); None on the ranks other than the main process
         of a multi-process cell.
     """
-    plan = plan_cell(profile, model_name, recipe_name, seed, results, recipes_file)
+    plan = plan_cell(run, model_name, recipe_name, seed, recipes_file)
     return execute(plan)
 
 
@@ -207,7 +177,7 @@ def grpo_args(plan: CellPlan, checkpoints: Path, processes: int = 1):
     autocast when the model computes in bf16), micro-batches with gradient accumulation, gradient
     checkpointing, checkpoints every ``save_steps`` (if set) under ``checkpoints``, the rollout backend, and the
     profile's ``report_to`` (TensorBoard: the cell's ``tensorboard/`` folder)."""
-    grpo, spec = plan.profile.grpo, plan.profile.model(plan.model)
+    grpo, spec = plan.profile.grpo, plan.spec
     micro, accumulation = grpo.accumulation(processes)
     if "tensorboard" in plan.profile.report_to:  # transformers' TensorBoard callback reads its folder from here
         os.environ["TENSORBOARD_LOGGING_DIR"] = str(plan.out / "tensorboard")
@@ -263,14 +233,14 @@ def prepare(plan: CellPlan, dist) -> CellRun:
     and TRL's trainer (``dist``: accelerate's PartialState of this process)."""
     started = time.time()
     profile, recipe, seed, out = plan.profile, plan.recipe, plan.seed, plan.out
-    spec, grpo = profile.model(plan.model), profile.grpo
+    spec, grpo = plan.spec, profile.grpo
     if dist.num_processes != spec.processes:
         raise ValueError(
             f"model {plan.model!r} of profile {profile.name!r} trains on processes: {spec.processes}, but "
             f"{dist.num_processes} were launched; launch it as the cell rule does "
             f"(accelerate launch --config_file experiments/accelerate/{spec.launch} ...) or fix processes"
         )
-    c_hash = config_hash(profile, plan.model, recipe, seed)
+    c_hash = plan.config_hash
     out.mkdir(parents=True, exist_ok=True)
     if dist.is_main_process:  # the completion marker goes first: a run stopped from here on leaves no finished cell
         (out / METRICS).unlink(missing_ok=True)
@@ -295,9 +265,9 @@ def prepare(plan: CellPlan, dist) -> CellRun:
             raise ValueError(
                 f"the probe batch {stored} is missing; a launch of {dist.num_processes} processes cannot sample "
                 f"it: make it first (mxfp4 probe-batch --profile {profile.name} --model {plan.model} --seed {seed}"
-                f" --results {plan.results}; the snakemake rule probe_batch does)"
+                f" --results {plan.run.results}; the snakemake rule probe_batch does)"
             )
-        ensure_probe_batch(profile, plan.model, seed, plan.results)  # made by its snakemake rule, or now
+        ensure_probe_batch(plan.run, plan.model, seed)  # made by its snakemake rule, or now
         probe_batch = load_probe_batch(stored, plan.model, seed)
     set_seed(seed)  # after the probe batch, whose making draws random numbers
 
@@ -318,7 +288,7 @@ def prepare(plan: CellPlan, dist) -> CellRun:
     patch_model(model, quantizer, cache_weights=weight_cache_pays(model, quantizer, spec.sharded))
     run = CellRun(plan, dist, started, c_hash, log_path, checkpoints, resume, model, tokenizer, corrections)
 
-    train_rows, run.eval_folder = gsm.cell_data(profile, plan.results)
+    train_rows, run.eval_folder = gsm.cell_data(plan.run)
     dataset = Dataset.from_list(
         [{"prompt": gsm.prompt(r["question"], tokenizer, spec.chat), "answer": r["answer"]} for r in train_rows]
     )
@@ -378,7 +348,7 @@ def evaluate(run: CellRun, stage: str) -> dict | None:
     with full_precision, keep_rng, run.trainer.generation_weight_cache():
         return evaluate_gsm8k(lm, run.eval_folder, num_fewshot=ev.num_fewshot, limit=ev.limit,
                               max_gen_toks=ev.max_gen_toks, output_dir=out, seed=run.plan.seed,
-                              chat=run.plan.profile.model(run.plan.model).chat)
+                              chat=run.plan.spec.chat)
 
 
 def compute_dtype(run: CellRun) -> torch.dtype | None:
@@ -386,7 +356,7 @@ def compute_dtype(run: CellRun) -> torch.dtype | None:
     Accelerate wraps the model's own forward in bf16 autocast only when training starts, and lm-eval's
     HFLM turns autocast off around its calls unless told a dtype: without it, under bf16 compute the
     evaluation before RL ran in float32 and the one after RL in bf16, and the RL gain held the change."""
-    return torch.bfloat16 if run.plan.profile.model(run.plan.model).compute == "bfloat16" else None
+    return torch.bfloat16 if run.plan.spec.compute == "bfloat16" else None
 
 
 def rl_gain(scores: dict, cell: Path) -> dict:
@@ -416,7 +386,7 @@ def record(run: CellRun, trained: dict, scores: dict[str, dict]) -> dict | None:
     """metrics.json (main process, written atomically), then the checkpoints removed: the cell is
     complete. ``scores``: the evaluations by stage. The main process returns the metrics, the others None."""
     plan, dist = run.plan, run.dist
-    profile, recipe, spec = plan.profile, plan.recipe, plan.profile.model(plan.model)
+    profile, recipe, spec = plan.profile, plan.recipe, plan.spec
     metrics = None
     if dist.is_main_process:
         metrics = summarize(

@@ -14,9 +14,8 @@ import sys
 from pathlib import Path
 
 from ..config.data_files import default_gsm8k_dir, gsm8k_folder
-from ..config.profiles import Profile
+from ..config.run import Run
 from ..io import changed_files, file_sha256, jsonl_records, write_json_atomic, write_jsonl_atomic
-from ..layout import Layout
 from ..problems import embedded_split
 
 HUB_ID = ("openai/gsm8k", "main")
@@ -149,12 +148,13 @@ def _stamp_refusal(stamp: Path, made_by: dict) -> str | None:
     return f"{', '.join(changed)} changed since made (digests differ)" if changed else None
 
 
-def cell_data(profile: Profile, results: Path | str) -> tuple[list[dict], Path]:
-    """(training problems, folder with train/test jsonl for lm-eval) for the profile's data source."""
+def cell_data(run: Run) -> tuple[list[dict], Path]:
+    """(training problems, folder with train/test jsonl for lm-eval) for the run's data source."""
+    profile = run.profile
     d = profile.data
     if d.source == "embedded":
         train = embedded_split("train", d.n_train, seed=0, max_steps=d.max_problem_steps)
-        folder = Layout(results, profile.name).data
+        folder = run.layout.data
         made_by = {"n_eval": d.n_eval, "max_problem_steps": d.max_problem_steps, "fewshot_pool": 64}
         stamp = folder / "settings.json"  # written last: the settings that made the files beside it, their digests
         why = _stamp_refusal(stamp, made_by)

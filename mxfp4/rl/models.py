@@ -19,8 +19,8 @@ import torch
 
 from ..config import model_line, shipped
 from ..config.profiles import differences
+from ..config.run import Run
 from ..io import changed_files, file_sha256
-from ..layout import Layout
 
 PAPER_MODELS = {"qwen2.5-3b": "Qwen/Qwen2.5-3B", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B-Base"}
 TINY_ARCHS = ("tiny-dense", "tiny-moe")
@@ -215,12 +215,13 @@ def recorded_setting(folder: Path | str, remake: str = "rerun mxfp4 pretrain") -
         raise ValueError(f"{meta} is not the JSON object pretrain writes; {remake}") from None
 
 
-def warm_start_folder(profile, model_name: str, results: Path | str = "results", seed: int | None = None) -> Path:
-    """The folder of a tiny model's warm start in ``profile``'s run under ``results`` (the one ``seed``
-    starts from; the first without a seed), checked whole and made from the profile's current
-    ``warm_start_setting``; a ValueError saying what differs and how to make it again otherwise."""
+def warm_start_folder(run: Run, model_name: str, seed: int | None = None) -> Path:
+    """The folder of a tiny model's warm start in ``run`` (the one ``seed`` starts from; the first without a
+    seed), checked whole and made from the profile's current ``warm_start_setting``; a ValueError saying what
+    differs and how to make it again otherwise."""
+    profile = run.profile
     index = 0 if seed is None else profile.warm_start_of(seed)
-    folder = Layout(results, profile.name).model(model_name, index)
+    folder = run.layout.model(model_name, index)
     flag = f" --warm-start {index}" if index else ""
     remake = (f"make it with: mxfp4 pretrain --profile {profile.name} --model {model_name}{flag} (or snakemake "
               f"--cores all pretrain --config profile={profile.name}, which rebuilds a warm start whose settings "
@@ -316,11 +317,11 @@ def load(name_or_path: str, dtype: torch.dtype = torch.float32, device: str | No
     return model, tokenizer
 
 
-def model_reference(profile, model_name: str, results: Path | str = "results", seed: int | None = None) -> str:
+def model_reference(run: Run, model_name: str, seed: int | None = None) -> str:
     """What ``models.load`` loads as a model's starting policy: the warm-started tiny model's folder
     (the one ``seed`` starts from, checked whole), a random initialisation of a real configuration, or the
     hub id."""
-    spec = profile.model(model_name)
+    spec = run.model(model_name)
     if spec.arch:
-        return str(warm_start_folder(profile, model_name, results, seed))
+        return str(warm_start_folder(run, model_name, seed))
     return f"{RANDOM_PREFIX}{spec.config}" if spec.config else spec.hub

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
+from ..config.run import Run
 from ..io import writable_folder
-from ..layout import Layout
 from ..problems import DEFAULT_FLAWS, embedded_split, flawed_answer
 from .data import PROMPT, is_correct
 from .models import TINY_LAYERS, WARM_START_META, build_tiny, load, provenance_refusal, save
@@ -121,17 +121,18 @@ def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, bat
     return meta
 
 
-def pretrain_model(profile, model: str, out: Path | str | None = None, results: Path | str = "results",
-                   warm_start: int = 0, sft_from: Path | str | None = None) -> dict:
-    """Warm start ``warm_start`` (its pretraining seed) of ``profile``'s tiny model ``model``, made from the
+def pretrain_model(run: Run, model: str, out: Path | str | None = None, warm_start: int = 0,
+                   sft_from: Path | str | None = None) -> dict:
+    """Warm start ``warm_start`` (its pretraining seed) of the run's tiny model ``model``, made from the
     profile's settings and saved with them (``Profile.warm_start_setting``) to ``out`` (default: its folder
-    in the run under ``results``). With ``sft_from``, a warm start made from the same SFT without outlier
-    channels (``Profile.sft_setting``, checked) has the profile's channels added instead of a new SFT run."""
+    in the run). With ``sft_from``, a warm start made from the same SFT without outlier channels
+    (``Profile.sft_setting``, checked) has the profile's channels added instead of a new SFT run."""
+    profile = run.profile
     spec = profile.model(model)
     if not spec.arch:
         raise ValueError(f"{model!r} is a hub model, not a tiny stand-in; accepted: {', '.join(profile.tiny_models())}")
     profile.check_warm_start(warm_start)
-    out = Layout(results, profile.name).model(model, warm_start) if out is None else Path(out)
+    out = run.layout.model(model, warm_start) if out is None else Path(out)
     try:
         writable_folder(out.parent)  # before the SFT run, not after it
     except OSError as err:

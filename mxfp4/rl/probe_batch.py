@@ -21,29 +21,29 @@ from pathlib import Path
 import torch
 from transformers import set_seed
 
-from ..config.profiles import Profile
+from ..config.run import Run
 from ..io import file_sha256, write_json_atomic
-from ..layout import Layout
 from .batches import gradient_batches, probe_trainer
 from .data import cell_data
 from .models import load, model_reference
 from .training import preserved_rng
 
 
-def make_probe_batch(profile: Profile, model_name: str, seed: int, results="results") -> dict:
+def make_probe_batch(run: Run, model_name: str, seed: int) -> dict:
     """One GRPO batch (``grpo.prompts_per_step`` prompts x ``num_generations``, non-zero advantages)
     sampled by the starting policy (the warm start; a random initialisation from the seed), unquantized,
     from a seed's own order of the training problems. The caller's random streams are left as they were."""
     with preserved_rng():
         set_seed(seed)  # as the cell does before loading its starting policy
-        model, tokenizer = load(model_reference(profile, model_name, results, seed), dtype=torch.float32)
-        return _sample(profile, model, tokenizer, seed, results, model_name)
+        model, tokenizer = load(model_reference(run, model_name, seed), dtype=torch.float32)
+        return _sample(run, model, tokenizer, seed, model_name)
 
 
-def _sample(profile: Profile, model, tokenizer, seed: int, results, model_name: str) -> dict:
+def _sample(run: Run, model, tokenizer, seed: int, model_name: str) -> dict:
+    profile = run.profile
     size = profile.grpo.prompts_per_step
     trainer = probe_trainer(model, tokenizer, profile, seed, prompts=size)
-    train, _ = cell_data(profile, results)
+    train, _ = cell_data(run)
     problems = random.Random(seed).sample(train, len(train))
     batches, _ = gradient_batches(trainer, problems, profile, 1, seed, size=size, keep_first=True,
                                   chat=profile.model(model_name).chat)
@@ -60,11 +60,11 @@ def _sample(profile: Profile, model, tokenizer, seed: int, results, model_name: 
     return {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-def ensure_probe_batch(profile: Profile, model_name: str, seed: int, results="results") -> Path:
+def ensure_probe_batch(run: Run, model_name: str, seed: int) -> Path:
     """The stored probe batch of a model and seed, made (and saved atomically) if missing."""
-    path = Layout(results, profile.name).probe_batch(model_name, seed)
+    path = run.layout.probe_batch(model_name, seed)
     if not path.exists() or not stamp_of(path).exists():
-        batch = make_probe_batch(profile, model_name, seed, results)
+        batch = make_probe_batch(run, model_name, seed)
         gc.collect()  # its policy and trainer hold each other (callbacks): free them before the cell's own load
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -13,14 +13,13 @@ import json
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-from ..config.profiles import Profile
 from ..config.recipes import Recipe
+from ..config.run import Run
 from ..corrections.base import Correction
-from ..layout import TRAIN_LOG, Layout
+from ..layout import TRAIN_LOG
 from ..numerics.quantizer import Quantizer
 from .models import load, warm_start_folder
 
@@ -39,10 +38,10 @@ def reference_hooks(quantizer: Quantizer) -> list[str]:
     return out
 
 
-def real_operand(profile: Profile, model: str, results) -> tuple[str, torch.Tensor]:
+def real_operand(run: Run, model: str) -> tuple[str, torch.Tensor]:
     """The largest 2D weight of ``model``'s stored warm start (a real operand of the cells' GEMMs): its name and
     values in float32."""
-    net, _ = load(str(warm_start_folder(profile, model, results)), dtype=torch.float32)
+    net, _ = load(str(warm_start_folder(run, model)), dtype=torch.float32)
     name, w = max(((n, p) for n, p in net.named_parameters() if p.dim() == 2 and "embed" not in n),
                   key=lambda item: item[1].numel())
     return name, w.detach().clone()
@@ -59,43 +58,43 @@ def quantization_ms(quantizer: Quantizer, x: torch.Tensor, reps: int = 5) -> flo
     return statistics.median(times)
 
 
-def measured_steps(profile: Profile, model: str, recipes: list[str], seed: int, results, steps: int = 3) -> dict:
+def measured_steps(run: Run, model: str, recipes: list[str], seed: int, steps: int = 3) -> dict:
     """Mean step time (seconds, steps 2..``steps``: the first is warm-up) of each recipe's cell run for ``steps``
     GRPO steps from the stored warm start (no probes, checkpoints or evaluation) in a scratch folder."""
     from accelerate import PartialState
 
     from .cell import plan_cell, prepare
 
+    profile = run.profile
     grpo = profile.grpo.model_copy(update={"max_steps": steps, "save_steps": None})
     short = profile.model_copy(update={"grpo": grpo, "probe_every": 0})
-    warm = warm_start_folder(profile, model, results, seed)
+    warm = warm_start_folder(run, model, seed)
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        target = Layout(root, profile.name).model(model, profile.warm_start_of(seed))
+        scratch = Run.of(short, tmp)  # the short run, in a scratch folder, from the stored warm start
+        target = scratch.layout.model(model, profile.warm_start_of(seed))
         target.parent.mkdir(parents=True)
         target.symlink_to(warm.resolve())
         for recipe in recipes:
-            plan = plan_cell(short, model, recipe, seed, root)
-            run = prepare(plan, PartialState(cpu=True))
-            run.trainer.train()
+            plan = plan_cell(scratch, model, recipe, seed)
+            prepare(plan, PartialState(cpu=True)).trainer.train()
             log = [json.loads(line) for line in (plan.out / TRAIN_LOG).read_text().splitlines()]
             out[recipe] = statistics.mean(r["step_time"] for r in log[1:]) if len(log) > 1 else log[0]["step_time"]
     return out
 
 
-def recipe_cost(profile: Profile, model: str, recipe: str, base: str, seed: int, results, steps: int = 3) -> dict:
+def recipe_cost(run: Run, model: str, recipe: str, base: str, seed: int, steps: int = 3) -> dict:
     """``recipe`` against ``base`` on ``model``'s stored warm start: the hooks on the reference path, one
     quantization of a real operand under each (ms) and a measured step of each (s), with their ratios."""
     mine, theirs = Recipe.named(recipe), Recipe.named(base)
     out = {"recipe": recipe, "base": base, "model": model, "seed": seed, "steps": steps,
            "reference_hooks": reference_hooks(mine.quantizer()) if mine.quantize else []}
     if mine.quantize:
-        name, w = real_operand(profile, model, results)
+        name, w = real_operand(run, model)
         q_mine = quantization_ms(mine.quantizer(), w)
         q_base = quantization_ms(theirs.quantizer(), w) if theirs.quantize else None
         out.update(operand=name, operand_shape=list(w.shape), quantize_ms=q_mine, base_quantize_ms=q_base)
-    step = measured_steps(profile, model, [recipe, base], seed, results, steps)
+    step = measured_steps(run, model, [recipe, base], seed, steps)
     out.update(step_s=step[recipe], base_step_s=step[base], step_ratio=step[recipe] / step[base])
     return out
 

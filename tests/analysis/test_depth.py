@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mxfp4.analysis.depth import unit_rows
+from mxfp4.config.run import Run
 from mxfp4.report.depth_table import log_slope, summary_rows
 from mxfp4.rl.grad_accuracy import compare
 
@@ -99,7 +100,7 @@ def test_the_depth_study_measures_every_arm_site_batch_and_layer_of_a_warm_start
     base = load_profile("smoke")
     profile = base.model_copy(update={"seeds": [0], "pathways": base.pathways.model_copy(update={
         "sites": ["backward", "both"], "forms": ["gain"], "controls": ["signflip"]})})
-    units = run_depth(profile, "tiny-dense", results=smoke_results, progress=lambda m: None)
+    units = run_depth(Run.of(profile, smoke_results), "tiny-dense", progress=lambda m: None)
     arms = depth_arms(["signflip"])
     assert "+scale~signflip" in arms and "all" in arms
     batches = sorted({u["batch"] for u in units})
@@ -232,7 +233,7 @@ def test_the_short_runs_measure_every_arm_optimizer_run_and_layer_of_a_warm_star
     base = load_profile("smoke")
     profile = base.model_copy(update={"seeds": [0], "depth_optimizers": DepthOptimizerSettings(
         optimizers=["sgd", "adamw"], runs_per_seed=2, steps=1)})
-    units = run_depth_optimizers(profile, "tiny-dense", results=smoke_results, progress=lambda m: None)
+    units = run_depth_optimizers(Run.of(profile, smoke_results), "tiny-dense", progress=lambda m: None)
     layers = profile.model("tiny-dense").layers or 2
     for optimizer in ("sgd", "adamw"):
         for arm in OPTIMIZER_ARMS[1:]:
@@ -243,8 +244,8 @@ def test_the_short_runs_measure_every_arm_optimizer_run_and_layer_of_a_warm_star
     assert any(abs(u["norm_ratio"] - 1) > 1e-6 for u in units if u["arm"] == "+scale")
     # skip_runs leaves the first runs' batches to a pilot: the scale arm's one run left is the second run above,
     # bit for bit (the controls' draws are seeded by the run's place among the runs measured)
-    later = run_depth_optimizers(profile.model_copy(update={"depth_optimizers": DepthOptimizerSettings(
-        optimizers=["sgd"], runs_per_seed=1, skip_runs=1, steps=1)}), "tiny-dense", results=smoke_results,
+    later = run_depth_optimizers(Run.of(profile.model_copy(update={"depth_optimizers": DepthOptimizerSettings(
+        optimizers=["sgd"], runs_per_seed=1, skip_runs=1, steps=1)}), smoke_results), "tiny-dense",
         progress=lambda m: None)
     second = [{**u, "run": 0} for u in units if (u["run"], u["optimizer"], u["arm"]) == (1, "sgd", "+scale")]
     assert [u for u in later if u["arm"] == "+scale"] == second

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from mxfp4.analysis.mechanism import run_mechanism
-from mxfp4.analysis.pathway_spec import UNIT_FIELDS
-from mxfp4.analysis.pathways import run_pathways
+from mxfp4.analysis.pathways.matrix import run_pathways
+from mxfp4.analysis.pathways.spec import UNIT_FIELDS
 from mxfp4.config.profiles import load_profile
+from mxfp4.config.run import Run
 from mxfp4.report.mechanism import markdown, mechanism_rows, run
 
 
@@ -28,8 +29,8 @@ def test_the_mechanism_arms_are_the_pathway_matrix_arms_unit_for_unit(smoke_resu
         "forms": ["canonical"], "corrections": ["mxfp4+macro", "mxfp4+fallback"]})
     profile = profile.model_copy(update={"pathways": settings})
     matrix, mech = tmp_path / "matrix.csv", tmp_path / "mech.csv"
-    run_pathways(profile, "tiny-dense", results=smoke_results, progress=lambda m: None, out_units=matrix)
-    units, (energy,) = run_mechanism(profile, "tiny-dense", ["mxfp4+aqn"], results=smoke_results, out_units=mech,
+    run_pathways(Run.of(profile, smoke_results), "tiny-dense", progress=lambda m: None, out_units=matrix)
+    units, (energy,) = run_mechanism(Run.of(profile, smoke_results), "tiny-dense", ["mxfp4+aqn"], out_units=mech,
                                      progress=lambda m: None)
     a, b = _harms(matrix), _harms(mech)
     assert {arm for _, arm, _ in b} == {"none", "all", "mxfp4+aqn", "mxfp4+macro", "mxfp4+fallback"}

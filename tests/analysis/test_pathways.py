@@ -6,9 +6,11 @@ import csv
 import pytest
 import torch
 
-from mxfp4.analysis.pathway_spec import FIELDS
-from mxfp4.analysis.pathways import Arm, row_quantizer, run_pathways
+from mxfp4.analysis.pathways.matrix import run_pathways
+from mxfp4.analysis.pathways.measurement import Arm, row_quantizer
+from mxfp4.analysis.pathways.spec import FIELDS
 from mxfp4.config.profiles import load_profile
+from mxfp4.config.run import Run
 from mxfp4.layout import Layout
 from mxfp4.numerics.injection import ROWS
 from mxfp4.rl.batches import batch_gradient, probe_trainer
@@ -20,9 +22,9 @@ from mxfp4.rl.models import build_tiny
 @pytest.fixture(scope="module")
 def pathway_rows(smoke_results):
     if not (Layout(smoke_results, "smoke").policy("tiny-dense", 0) / "config.json").exists():
-        run_cell(load_profile("smoke"), "tiny-dense", "bf16", 0, results=smoke_results)
+        run_cell(Run.of("smoke", smoke_results), "tiny-dense", "bf16", 0)
     out = smoke_results / "smoke" / "pathways" / "tiny-dense" / "pathways.csv"
-    rows = run_pathways(load_profile("smoke"), "tiny-dense", results=smoke_results, out_csv=out,
+    rows = run_pathways(Run.of("smoke", smoke_results), "tiny-dense", out_csv=out,
                         progress=lambda m: None, out_units=out.with_name("units.csv"))
     return rows, out
 
@@ -54,7 +56,7 @@ def test_both_checkpoints_every_arm_and_a_tidy_csv(pathway_rows):
 def test_the_unquantized_arm_reproduces_its_own_rollouts(smoke_results):
     """Same prompts, same seed: two runs of one arm give the same per-prompt scores, so every
     difference between arms is the injected error's."""
-    from mxfp4.analysis.pathways import rollout_scores
+    from mxfp4.analysis.pathways.measurement import rollout_scores
     from mxfp4.problems import embedded_split
     from mxfp4.rl.models import load
 
@@ -70,7 +72,7 @@ def test_the_unquantized_arm_reproduces_its_own_rollouts(smoke_results):
 def test_arms_that_do_not_sample_score_the_same_fixed_completions(smoke_results):
     """sample_every_arm false: only the unquantized arm samples; every arm's teacher-forced measures are
     those of a run where every arm samples (they score the unquantized arm's completions either way)."""
-    from mxfp4.analysis.pathways import Measured, measure_rollouts
+    from mxfp4.analysis.pathways.measurement import Measured, measure_rollouts
     from mxfp4.problems import embedded_split
     from mxfp4.rl.models import load
 
@@ -216,7 +218,7 @@ def test_control_arms_excess_harm_and_shapley_rows_come_with_every_checkpoint(pa
 
 
 def test_every_seed_measures_its_own_data_and_the_rows_pool_the_seeds(smoke_results, monkeypatch):
-    from mxfp4.analysis.pathways import seed_problems
+    from mxfp4.analysis.pathways.matrix import seed_problems
     from mxfp4.rl import data
     from mxfp4.rl.data import cell_data
 
@@ -229,9 +231,9 @@ def test_every_seed_measures_its_own_data_and_the_rows_pool_the_seeds(smoke_resu
                                                 "sites": ["backward", "both"], "scale_rules": ["floor"],
                                                 "controls": ["gaussian"]})
     two = base.model_copy(update={"seeds": [0, 1], "pathways": settings})
-    train, _ = cell_data(two, smoke_results)
+    train, _ = cell_data(Run.of(two, smoke_results))
     assert seed_problems(train, settings, 0)[1] != seed_problems(train, settings, 1)[1]
-    rows = run_pathways(two, "tiny-dense", results=smoke_results, progress=lambda m: None)
+    rows = run_pathways(Run.of(two, smoke_results), "tiny-dense", progress=lambda m: None)
     diff = [r for r in rows if r["metric"] == "entropy_diff"]
     assert diff and all(r["n"] == 2 * settings.prompts and r["seeds"] == 2 for r in diff)
     # one policy (the warm start) for both seeds: the units are exchangeable, the interval is over units
@@ -257,8 +259,9 @@ def test_policies_after_grpo_are_the_outer_unit():
     the policies, not from the pooled prompts."""
     import random
 
-    from mxfp4.analysis.pathway_spec import control_rows
-    from mxfp4.analysis.pathways import Measured, form_rows
+    from mxfp4.analysis.pathways.estimates import form_rows
+    from mxfp4.analysis.pathways.measurement import Measured
+    from mxfp4.analysis.pathways.spec import control_rows
 
     settings = load_profile("smoke").pathways
     rng = random.Random(0)
@@ -273,19 +276,19 @@ def test_policies_after_grpo_are_the_outer_unit():
 
 
 def test_grpo_checkpoints_need_every_seeds_policy(tmp_path):
-    from mxfp4.analysis.pathways import checkpoints
+    from mxfp4.analysis.pathways.matrix import checkpoints
 
     base = load_profile("smoke")
     profile = base.model_copy(update={"seeds": [0, 7], "pathways": base.pathways.model_copy(
         update={"checkpoints": ["grpo"]})})
     with pytest.raises(ValueError, match="seed7"):
-        checkpoints(profile, "tiny-dense", tmp_path)
+        checkpoints(Run.of(profile, tmp_path), "tiny-dense")
 
 
 def _teacher_measured(harms: dict):
     """A Measured whose teacher-forced entropy and solution log-likelihood give every arm ``harms``
     (rollout harm = - log-likelihood), on one policy's units."""
-    from mxfp4.analysis.pathways import Measured
+    from mxfp4.analysis.pathways.measurement import Measured
 
     m = Measured()
     n = len(next(iter(harms.values())))
@@ -300,7 +303,7 @@ def test_a_claim_holds_where_its_component_dominates_and_is_contradicted_where_a
     claim (grid) is held; the rollout claim (dead) on the same harms is contradicted, since grid beats it."""
     import numpy as np
 
-    from mxfp4.analysis.pathways import claim_rows
+    from mxfp4.analysis.pathways.estimates import claim_rows
     from mxfp4.config.profiles import ClaimDesign
     from mxfp4.report.claims import build_claims
 
@@ -331,7 +334,7 @@ def test_a_recovery_claim_holds_where_its_correction_recovers_most_on_the_entrop
     recovery row reads the gap, not the signed entropy."""
     import numpy as np
 
-    from mxfp4.analysis.pathways import recovery_claim_rows, recovery_rows
+    from mxfp4.analysis.pathways.estimates import recovery_claim_rows, recovery_rows
     from mxfp4.config.profiles import ClaimDesign
 
     rng = np.random.default_rng(1)
@@ -370,7 +373,7 @@ def test_correction_arms_run_every_pathway_and_aqn_leaves_the_training_gradient_
         "forms": ["gain", "canonical"], "corrections": ["mxfp4+macro", "mxfp4+fallback", "mxfp4+aqn"]})
     profile = profile.model_copy(update={"pathways": settings})
     units = smoke_results / "corrections_units.csv"
-    rows = run_pathways(profile, "tiny-dense", results=smoke_results, progress=lambda m: None, out_units=units)
+    rows = run_pathways(Run.of(profile, smoke_results), "tiny-dense", progress=lambda m: None, out_units=units)
     recovery = {(r["metric"], r["injection"]): r for r in rows
                 if r["metric"].endswith("_recovery") and r["form"] == "gain"}
     assert {m for m, _ in recovery} == {"gradient_recovery", "rollout_recovery", "entropy_recovery"}
@@ -389,7 +392,7 @@ def test_correction_arms_run_every_pathway_and_aqn_leaves_the_training_gradient_
     table = recovery_markdown([{**r, "checkpoint": checkpoint_label(r["checkpoint"], r["form"])} for r in rows])
     assert all(table.count(f"| {k} |") == 1 for k in settings.corrections), table
     # the unquantized arm, measured before the AQN arm, equals a fresh measurement after it
-    from mxfp4.analysis.pathways import correction_arm
+    from mxfp4.analysis.pathways.measurement import correction_arm
     from mxfp4.rl.models import load
 
     model, _ = load(str(Layout(smoke_results, "smoke").model("tiny-dense")))
@@ -420,7 +423,7 @@ def test_an_outlier_dose_measures_the_same_policy_and_data_and_moves_only_the_op
     units, fraction = {}, {}
     for d in ("c0x1", "c2x32"):
         path = tmp_path / f"{d}.csv"
-        rows = run_pathways(profile, "tiny-dense", results=smoke_results, progress=lambda m: None,
+        rows = run_pathways(Run.of(profile, smoke_results), "tiny-dense", progress=lambda m: None,
                             checkpoint="warm", out_units=path, dose=d)
         fraction[d] = next(r for r in rows if r["metric"] == "activation_outlier_block_fraction")
         units[d] = list(csv.DictReader(path.open()))
@@ -431,4 +434,4 @@ def test_an_outlier_dose_measures_the_same_policy_and_data_and_moves_only_the_op
     assert none[0] and none[0] == pytest.approx(none[1], rel=1e-5, abs=1e-6)
     assert fraction["c2x32"]["mean"] > fraction["c0x1"]["mean"] + 0.2  # 2 of 4 blocks a row can hold one
     with pytest.raises(ValueError, match="given to the warm start; accepted: checkpoint 'warm'"):
-        run_pathways(profile, "tiny-dense", results=smoke_results, progress=lambda m: None, dose="c2x32")
+        run_pathways(Run.of(profile, smoke_results), "tiny-dense", progress=lambda m: None, dose="c2x32")

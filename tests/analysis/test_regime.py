@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from mxfp4.analysis.regime import observe, operand_stats, regime_rows
 from mxfp4.analysis.weight_components import regime_stats
 from mxfp4.config.data_files import default_gsm8k_dir
+from mxfp4.layout import Layout
 from mxfp4.rl.models import build_tiny
 from mxfp4.rl.outlier_channels import add_outlier_channels
 
@@ -181,14 +182,14 @@ def test_a_stored_profiles_rows_read_back_into_its_stored_table():
     regime.md table of that run, line for line, each model named with its profile."""
     from mxfp4.analysis.regime import stored_rows, summary_markdown
 
-    rows = stored_rows("embedded", REPO / "results")
+    rows = stored_rows(Layout(REPO / "results", "embedded"))
     assert {r["model"] for r in rows} == {"tiny-dense (embedded, stored)", "tiny-moe (embedded, stored)"}
     table = [line.replace(" (embedded, stored)", "") for line in summary_markdown(rows).splitlines()
              if line.startswith("| tiny-")]
     stored = (REPO / "results" / "baselines" / "embedded" / "regime.md").read_text().splitlines()
     assert table and table == [line for line in stored if line.startswith("| tiny-")]
     with pytest.raises(ValueError, match="regime_beside names 'smoke', whose stored baselines hold no"):
-        stored_rows("smoke", REPO / "results")
+        stored_rows(Layout(REPO / "results", "smoke"))
 
 
 def _labels_loss(model, prompt_ids, completion_ids):

@@ -11,6 +11,7 @@ from mxfp4.cli import main
 from mxfp4.config import profiles
 from mxfp4.config.profiles import PROFILES_DIR, Profile, config_hash, load_profile, setting_hash
 from mxfp4.config.recipes import Recipe
+from mxfp4.config.run import Run
 from mxfp4.config.validation import parse
 from mxfp4.rl.cell import plan_cell
 
@@ -124,7 +125,7 @@ def test_config_hash_covers_what_determines_the_result_and_no_path():
 
 def test_an_unpretrained_tiny_model_says_which_command_makes_it(tmp_path):
     with pytest.raises(ValueError, match="mxfp4 pretrain --profile smoke --model tiny-moe"):
-        plan_cell(load_profile("smoke"), "tiny-moe", "mxfp4", 0, results=tmp_path)
+        plan_cell(Run.of("smoke", tmp_path), "tiny-moe", "mxfp4", 0)
     assert not (tmp_path / "smoke").exists()  # nothing made before the inputs are valid
 
 
@@ -141,7 +142,7 @@ def test_a_malformed_gsm8k_split_is_caught_before_any_work(tmp_path, monkeypatch
     (folder / "test.jsonl").write_text('{"question": "q", "answer": "a\\n#### 3"}\n{"question": "q"\n')
     monkeypatch.setenv("MXFP4_GSM8K_DIR", str(folder))
     with pytest.raises(ValueError, match=r"test\.jsonl:2: malformed JSON"):
-        plan_cell(load_profile("paper"), "qwen2.5-3b", "mxfp4", 0, results=tmp_path / "results")
+        plan_cell(Run.of("paper", tmp_path / "results"), "qwen2.5-3b", "mxfp4", 0)
     assert not (tmp_path / "results").exists()
 
 

@@ -155,7 +155,7 @@ def test_a_control_arm_injects_matched_noise_not_the_component():
 
 
 def test_a_pathway_arm_injects_the_component_of_the_form_it_names():
-    from mxfp4.analysis.pathways import row_quantizer
+    from mxfp4.analysis.pathways.measurement import row_quantizer
     from mxfp4.numerics.decompose import error_components
 
     x = torch.randn(8, 64, generator=torch.Generator().manual_seed(5))

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from mxfp4.layout import Layout
 from mxfp4.report.claims import build_claims, recovery_row
 
 PROOFS = {"max_identity_residual_rel": 0.0, "passed": True, "cases": [1]}
@@ -93,7 +94,7 @@ def test_energy_controlled_contrasts_are_direct_rows_of_their_own():
 
 def _harms(v, n=40, noise=0.0, seed=0):
     """Per-unit harms of the 8 arms from a set function v over coalitions of the components."""
-    from mxfp4.analysis.pathway_spec import COALITIONS
+    from mxfp4.analysis.pathways.spec import COALITIONS
 
     rng = np.random.default_rng(seed)
     unit = rng.normal(0, noise, n)
@@ -101,13 +102,13 @@ def _harms(v, n=40, noise=0.0, seed=0):
 
 
 def _one_policy(n):
-    from mxfp4.analysis.pathways import Measured
+    from mxfp4.analysis.pathways.measurement import Measured
 
     return Measured(grad_groups=["warm"] * n, roll_groups=["warm"] * n, seeds={0})
 
 
 def test_shapley_of_an_additive_outcome_returns_each_components_contribution():
-    from mxfp4.analysis.pathways import shapley_rows
+    from mxfp4.analysis.pathways.estimates import shapley_rows
 
     contribution = {"scale": 0.30, "dead": 0.05, "grid": 0.10}
     rows = shapley_rows("m", "warm", {"rollout": _harms(lambda t: sum(contribution[c] for c in t), noise=0.1)},
@@ -120,7 +121,7 @@ def test_shapley_of_an_additive_outcome_returns_each_components_contribution():
 
 
 def test_a_synthetic_interaction_lands_in_the_interaction_term():
-    from mxfp4.analysis.pathways import shapley_rows
+    from mxfp4.analysis.pathways.estimates import shapley_rows
 
     def v(t):  # the three together do 0.4 more than their parts; alone each does 0.1
         return 0.1 * len(t) + (0.4 if len(t) == 3 else 0.0)
@@ -198,8 +199,8 @@ def test_the_stored_primary_summary_is_what_the_stored_baselines_make():
     profiles = re.search(r"`mxfp4 primary-summary ([^`]+)`", text).group(1).split()
     assert "embedded" in profiles and "networks" in profiles
     with_cells = [p for p in profiles if (results / "baselines" / p / "cells.csv").is_file()]
-    assert network_summary(profiles, results) in text
-    assert text.endswith(primary_summary(with_cells, results))
+    assert network_summary([Layout(results, p) for p in profiles]) in text
+    assert text.endswith(primary_summary([Layout(results, p) for p in with_cells]))
     assert text.index("the network as the replicate") < text.index("About the networks that were trained")
 
 
@@ -207,7 +208,7 @@ def test_a_profile_without_stored_baselines_is_named_in_the_error(tmp_path):
     from mxfp4.report.claims import primary_summary
 
     with pytest.raises(ValueError, match="profile 'embedded' has no stored baselines"):
-        primary_summary(["embedded"], tmp_path)
+        primary_summary([Layout(tmp_path, "embedded")])
 
 
 def _headline_items(rng, seeds: int, problems: int, network_sd: float, shift: float = 0.0):

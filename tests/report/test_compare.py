@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mxfp4.config.profiles import load_profile
+from mxfp4.config.run import Run
 from mxfp4.layout import Layout
 from mxfp4.report.claims import build_claims
 from mxfp4.report.compare import compare_rows
@@ -208,7 +208,7 @@ def test_a_over_a_comparisons_fire_no_verdict_on_the_same_machine_or_another_ins
         shutil.copytree(smoke_results / "smoke" / "models", root / "smoke" / "models")
     grid = [(recipe, seed) for recipe in ("bf16", "mxfp4") for seed in (0, 1)]
     for recipe, seed in grid:
-        run_cell(load_profile("smoke"), "tiny-dense", recipe, seed, results=here)
+        run_cell(Run.of("smoke", here), "tiny-dense", recipe, seed)
     stored = _store(here, "smoke", tmp_path / "stored")
 
     def report(results, name):
@@ -227,7 +227,7 @@ def test_a_over_a_comparisons_fire_no_verdict_on_the_same_machine_or_another_ins
     assert "References: the stored baselines, which reproduce on this machine" in text
     # a seed the stored baselines lack: its reference cell, run here, extends them (paired over all 3 seeds)
     for recipe in ("bf16", "mxfp4"):
-        run_cell(load_profile("smoke"), "tiny-dense", recipe, 2, results=here)
+        run_cell(Run.of("smoke", here), "tiny-dense", recipe, 2)
     _, aa, text = report(here, "extended")
     per_seed = [r for r in report.rows if r["baseline"] == "bf16" and r["unit"] == "seeds"]
     accuracy = next(r for r in per_seed if r["metric"] == "gsm8k_strict_accuracy")
@@ -237,9 +237,8 @@ def test_a_over_a_comparisons_fire_no_verdict_on_the_same_machine_or_another_ins
     for recipe in ("bf16", "mxfp4"):
         shutil.rmtree(here / "smoke" / "cells" / "tiny-dense" / recipe / "seed2")
 
-    code = ("from mxfp4.config.profiles import load_profile\nfrom mxfp4.rl.cell import run_cell\n"
-            f"for recipe, seed in {grid!r}:\n    run_cell(load_profile('smoke'), 'tiny-dense', recipe, seed, "
-            f"results={str(other)!r})")
+    code = ("from mxfp4.config.run import Run\nfrom mxfp4.rl.cell import run_cell\n"
+            f"for recipe, seed in {grid!r}:\n    run_cell(Run.of('smoke', {str(other)!r}), 'tiny-dense', recipe, seed)")
     # the libraries' own choice (AVX-512 where the CPU has it) instead of the AVX2 pins
     env = {k: v for k, v in os.environ.items() if k not in PINNED} | {"MXFP4_CPU_ISA": "native"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True)

@@ -7,7 +7,7 @@ import csv
 import numpy as np
 import pytest
 
-from mxfp4.analysis.pathway_spec import UNIT_FIELDS
+from mxfp4.analysis.pathways.spec import UNIT_FIELDS
 from mxfp4.config.profiles import ClaimDesign
 from mxfp4.report.network_claims import claim_rows, markdown, read_units, run
 

@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from mxfp4.config.profiles import load_profile
+from mxfp4.config.run import Run
 from mxfp4.layout import EVAL_FOLDERS, METRICS, TABLES, TRAIN_LOG, Layout
 from mxfp4.report.aggregate import aggregate, read_csv, write_csv
 from mxfp4.report.compare import run_compare
@@ -22,7 +23,7 @@ def finished(smoke_results, tmp_path_factory):
     root = tmp_path_factory.mktemp("finished")
     shutil.copytree(smoke_results / "smoke" / "models", root / "smoke" / "models")
     for recipe in ("bf16", "mxfp4"):
-        run_cell(load_profile("smoke"), "tiny-dense", recipe, 0, results=root)
+        run_cell(Run.of("smoke", root), "tiny-dense", recipe, 0)
     aggregate(Layout(root, "smoke"), root / "stored", load_profile("smoke"), allow_missing=True)
     return root
 

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from mxfp4 import problems
 from mxfp4.config.data_files import default_gsm8k_dir
 from mxfp4.config.profiles import load_profile
+from mxfp4.config.run import Run
 from mxfp4.rl import data
 
 GSM8K = default_gsm8k_dir()
@@ -104,11 +105,11 @@ def test_problem_types_follow_the_planted_flaw():
 def test_the_real_model_profile_trains_on_generated_problems_and_measures_on_gsm8k_test(tmp_path):
     """real-small: GRPO and the gradient batches draw generated problems; the rollout and entropy pathways'
     prompts are GSM8K test questions (pathways.prompts_from), none of which the training problems hold."""
-    from mxfp4.analysis.pathways import seed_problems
+    from mxfp4.analysis.pathways.matrix import seed_problems
 
     profile = load_profile("real-small")
     assert profile.pathways.prompts_from == "gsm8k-test"
-    train, _ = data.cell_data(profile, tmp_path)
+    train, _ = data.cell_data(Run.of(profile, tmp_path))
     test = data.load_gsm8k("test", GSM8K)
     grad, roll = seed_problems(train, profile.pathways, 0, test)
     assert sorted(r["question"] for r in grad) == sorted(r["question"] for r in train)

@@ -11,6 +11,7 @@ from trl import GRPOConfig
 
 from mxfp4.config.profiles import load_profile
 from mxfp4.config.recipes import Recipe
+from mxfp4.config.run import Run
 from mxfp4.nn import clear_weight_caches, gemm_context, patch_model
 from mxfp4.rl.cell import plan_cell, rollout_record, rollout_settings, weight_snapshot, weight_update
 from mxfp4.rl.grpo import MXGRPOTrainer, mismatch_ledger, sample_blocks
@@ -213,7 +214,7 @@ def test_the_gpu_smoke_model_is_the_real_qwen25_3b_configuration():
     assert 3.08e9 < n < 3.10e9  # Qwen2.5-3B: 3.09 B parameters (embeddings tied)
     assert model.config.num_hidden_layers == 36 and model.config.vocab_size == 151936 == len(tok)
     assert model.config.tie_word_embeddings
-    plan = plan_cell(load_profile("gpu-smoke"), "qwen2.5-3b-random", "mxfp4", 0)
+    plan = plan_cell(Run.of("gpu-smoke"), "qwen2.5-3b-random", "mxfp4", 0)
     assert plan.model_ref == "random:qwen2.5-3b"
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from mxfp4 import problems
 from mxfp4.config.profiles import PretrainSettings, load_profile, warm_start_hash
+from mxfp4.config.run import Run
 from mxfp4.rl.data import final_answer
 
 WORDS = {"subtraction": "gives away", "multiplication": "times"}
@@ -101,17 +102,17 @@ def test_a_second_warm_start_is_its_own_pretraining_seed_and_is_checked_against_
 
     profile = load_profile("smoke-warm-starts")
     profile = profile.model_copy(update={"pretrain": profile.pretrain.model_copy(update={"steps": 2})})
-    metas = [pretrain_model(profile, "tiny-dense", results=tmp_path, warm_start=k) for k in (0, 1)]
+    metas = [pretrain_model(Run.of(profile, tmp_path), "tiny-dense", warm_start=k) for k in (0, 1)]
     assert [m["seed"] for m in metas] == [0, 1] and metas[1]["provenance"]["warm_start"] == 1
     assert metas[1]["flaws"] == ["subtraction", "multiplication"]
-    folders = [warm_start_folder(profile, "tiny-dense", tmp_path, seed) for seed in profile.seeds]
+    folders = [warm_start_folder(Run.of(profile, tmp_path), "tiny-dense", seed) for seed in profile.seeds]
     assert folders == [Layout(tmp_path, profile.name).model("tiny-dense", k) for k in (0, 1)]
     assert folders[1] == tmp_path / profile.name / "models" / "ws1" / "tiny-dense"
     w0, w1 = (load_file(f / "model.safetensors") for f in folders)
     assert any(not (w0[k] == w1[k]).all() for k in w0)  # another initialisation and other problems
     other = profile.model_copy(update={"pretrain": profile.pretrain.model_copy(update={"flaws": ["subtraction"]})})
     with pytest.raises(ValueError, match="--warm-start 1"):
-        warm_start_folder(other, "tiny-dense", tmp_path, seed=1)
+        warm_start_folder(Run.of(other, tmp_path), "tiny-dense", seed=1)
 
 
 def test_outlier_channels_added_to_a_stored_sft_are_bit_for_bit_the_warm_start_pretrain_makes(tmp_path):
@@ -126,9 +127,10 @@ def test_outlier_channels_added_to_a_stored_sft_are_bit_for_bit_the_warm_start_p
     plain = plain.model_copy(update={"pretrain": plain.pretrain.model_copy(update={"steps": 2})})
     heavy = plain.model_copy(update={"pretrain": plain.pretrain.model_copy(
         update={"outlier_channels": 3, "outlier_scale": 8.0})})
-    sft = pretrain_model(plain, "tiny-dense", tmp_path / "sft", warm_start=1)
-    own = pretrain_model(heavy, "tiny-dense", tmp_path / "own", warm_start=1)
-    added = pretrain_model(heavy, "tiny-dense", tmp_path / "added", warm_start=1, sft_from=tmp_path / "sft")
+    sft = pretrain_model(Run.of(plain, tmp_path), "tiny-dense", tmp_path / "sft", warm_start=1)
+    own = pretrain_model(Run.of(heavy, tmp_path), "tiny-dense", tmp_path / "own", warm_start=1)
+    added = pretrain_model(Run.of(heavy, tmp_path), "tiny-dense", tmp_path / "added", warm_start=1,
+                           sft_from=tmp_path / "sft")
     assert added["outlier_channels"] == own["outlier_channels"] and len(own["outlier_channels"]) == 3
     assert added["provenance"] == own["provenance"] == heavy.warm_start_setting("tiny-dense", 1)
     assert sft["outlier_channels"] == [] and heavy.sft_setting("tiny-dense", 1) == sft["provenance"]
@@ -138,6 +140,8 @@ def test_outlier_channels_added_to_a_stored_sft_are_bit_for_bit_the_warm_start_p
     assert any(not torch.equal(w_own[k], w_sft[k]) for k in w_own)  # the channels were added
     other = heavy.model_copy(update={"pretrain": heavy.pretrain.model_copy(update={"flaws": ["subtraction"]})})
     with pytest.raises(ValueError, match=r"--sft-from .* was made from other settings .*flaws"):
-        pretrain_model(other, "tiny-dense", tmp_path / "refused", warm_start=1, sft_from=tmp_path / "sft")
+        pretrain_model(Run.of(other, tmp_path), "tiny-dense", tmp_path / "refused", warm_start=1,
+                       sft_from=tmp_path / "sft")
     with pytest.raises(ValueError, match="this profile has none"):
-        pretrain_model(plain, "tiny-dense", tmp_path / "refused", warm_start=1, sft_from=tmp_path / "sft")
+        pretrain_model(Run.of(plain, tmp_path), "tiny-dense", tmp_path / "refused", warm_start=1,
+                       sft_from=tmp_path / "sft")

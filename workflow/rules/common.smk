@@ -12,8 +12,9 @@ pin_cpu_numerics()  # before torch loads, here and in every rule's process (mxfp
 
 import torch
 
-from mxfp4.config.profiles import load_profile, setting_hash, warm_start_hash
-from mxfp4.layout import GPU_SMOKE_DENSE, METRICS, REFERENCE_RECIPE, TRAIN_LOG, Layout
+from mxfp4.config.profiles import setting_hash, warm_start_hash
+from mxfp4.config.run import Run
+from mxfp4.layout import GPU_SMOKE_DENSE, METRICS, REFERENCE_RECIPE, TRAIN_LOG
 from mxfp4.report.figures import FIGURES
 
 
@@ -38,8 +39,8 @@ check_config(config, str(Path(workflow.basedir) / "workflow" / "schemas" / "conf
 MXFP4 = f"{sys.executable} -m mxfp4"
 PYTHON = sys.executable
 PROFILE = config.get("profile", "embedded")
-P = load_profile(PROFILE)
-L = Layout("results", PROFILE)  # every path of the run (mxfp4/layout.py)
+RUN = Run.of(PROFILE, "results")  # the run's context (mxfp4/config/run.py), made once here
+P, L = RUN.profile, RUN.layout  # its settings and every path it reads or writes (mxfp4/layout.py)
 MODELS = list(P.models)
 TINY_MODELS = P.tiny_models()
 RECIPES = list(P.recipes)

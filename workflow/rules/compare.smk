@@ -242,8 +242,8 @@ rule profile_contrast:
         str(L.pathways()),
         str(L.regime),
         [str(L.pathway_units(m, "warm")) for m in MODELS if P.pathways and "warm" in P.pathways.checkpoints],
-        lambda wc: [str(Layout(L.results, wc.other).table(t)) for t in ("cells", "items")]
-        + [str(Layout(L.results, wc.other).regime)],
+        lambda wc: [str(L.sibling(wc.other).table(t)) for t in ("cells", "items")]
+        + [str(L.sibling(wc.other).regime)],
     output:
         md=str(L.contrast("{other}")),
         csv=str(L.contrast("{other}").with_suffix(".csv")),

@@ -20,7 +20,7 @@ rule regime:
         [model_path(m) for m in TINY_MODELS],
         [str(L.probe_batch(m, SEEDS[0])) for m in MODELS],
         "experiments/regime_literature.yaml",
-        [str(Layout("results", p).stored(Layout("results", p).regime)) for p in P.regime_beside],
+        [str(L.sibling(p).stored(L.sibling(p).regime)) for p in P.regime_beside],
     output:
         csv=str(L.regime),
         md=report(str(L.regime.with_suffix(".md")), caption="../report/regime.rst", category="Regime"),

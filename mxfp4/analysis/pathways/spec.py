@@ -5,7 +5,7 @@ figures, claims, profile contrasts) all read these names from here."""
 
 from __future__ import annotations
 
-from ..numerics.decompose import COMPONENTS
+from ...numerics.decompose import COMPONENTS
 
 FIELDS = [
     "model",

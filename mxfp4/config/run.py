@@ -1,0 +1,120 @@
+"""The run context: a profile's settings with every path its run reads or writes, made once at the entry point
+(the command line, a Snakemake job, a user's script) and handed down, and a cell of it with its recipe, seed
+and hash resolved. ``rl/``, ``analysis/`` and ``report/`` take these instead of a profile, a results root and
+a model name each, so no module rebuilds a ``Layout`` or looks a profile up again."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..layout import Layout
+from .profiles import ModelSpec, Profile, config_hash, load_profile, setting_hash
+from .recipes import Recipe
+
+
+@dataclass(frozen=True)
+class Run:
+    """One profile's run.
+
+    Args:
+        profile: the validated profile (``load_profile``).
+        layout: where its files live (``Layout(results, profile.name)``); ``Run.of`` makes both.
+    """
+
+    profile: Profile
+    layout: Layout
+
+    def __post_init__(self):
+        if self.layout.profile != self.profile.name:
+            raise ValueError(f"a run of profile {self.profile.name!r} cannot write the layout of "
+                             f"{self.layout.profile!r}; accepted: Run.of(profile, results)")
+
+    @classmethod
+    def of(cls, profile: Profile | str, results: Path | str = "results") -> Run:
+        """The run of ``profile`` (a ``Profile``, or the name of one in experiments/profiles/) under the results
+        root ``results``.
+
+        Args:
+            profile: a ``Profile`` or a profile's name.
+            results: the results root (the run writes under ``results/<profile>/``).
+        """
+        profile = load_profile(profile) if isinstance(profile, str) else profile
+        return cls(profile, Layout(results, profile.name))
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+    @property
+    def results(self) -> Path:
+        """The results root (the parent of the profile's folder)."""
+        return Path(self.layout.results)
+
+    def model(self, name: str) -> ModelSpec:
+        """The profile's line for model ``name`` (a ValueError naming the known ones otherwise)."""
+        return self.profile.model(name)
+
+    def setting_hash(self, model: str) -> str:
+        """What a model's cells depend on apart from recipe and seed (``config.profiles.setting_hash``)."""
+        return setting_hash(self.profile, model)
+
+    def cell(self, model: str, recipe: Recipe | str, seed: int, recipes_file: str | None = None) -> CellSpec:
+        """A cell of this run, every name checked (an unknown model or recipe, a bad seed: a ValueError).
+
+        Args:
+            model: a model line of the profile.
+            recipe: a ``Recipe`` or a recipe's name (``Recipe.named``).
+            seed: the cell's seed (an integer >= 0).
+            recipes_file: an extra recipes YAML for a recipe given by name.
+        """
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+        self.model(model)
+        recipe = recipe if isinstance(recipe, Recipe) else Recipe.named(recipe, recipes_file)
+        return CellSpec(self, model, recipe, seed)
+
+
+@dataclass(frozen=True)
+class CellSpec:
+    """One cell of a run: a model under a recipe from a seed (``Run.cell`` makes it, names checked).
+
+    Args:
+        run: the run the cell belongs to.
+        model: a model line of the run's profile.
+        recipe: the recipe the cell trains under.
+        seed: the cell's seed (initialisation, data order, sampling).
+    """
+
+    run: Run
+    model: str
+    recipe: Recipe
+    seed: int
+
+    @property
+    def profile(self) -> Profile:
+        return self.run.profile
+
+    @property
+    def layout(self) -> Layout:
+        return self.run.layout
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The model's line of the profile (architecture or hub id, compute dtype, processes)."""
+        return self.run.model(self.model)
+
+    @property
+    def out(self) -> Path:
+        """The cell's folder."""
+        return self.layout.cell(self.model, self.recipe.name, self.seed)
+
+    @property
+    def config_hash(self) -> str:
+        """Exactly what determines the cell's result (``config.profiles.config_hash``)."""
+        return config_hash(self.profile, self.model, self.recipe, self.seed)
+
+    @property
+    def warm_start(self) -> int:
+        """The warm start the cell starts from (``Profile.warm_start_of``)."""
+        return self.profile.warm_start_of(self.seed)
