@@ -57,6 +57,8 @@ def test_a_compare_on_the_stored_baselines_trains_no_warm_start(workdir):
     # seeds 3 and 4 join once the reproduction check has run: a checkpoint, so a dry run cannot list them)
     jobs = planned_jobs(snakemake(workdir, *args, "warm_starts=stored", "compare_seeds=5"))
     assert jobs["cell"] == 2 * 5 + 2, jobs
+    # the profile's seeds' probe batches one job a model, the seeds beyond them one job each
+    assert jobs["probe_batches"] == 2 and jobs["probe_batch"] == 2 * 2, jobs
     # storing the compare with the baselines runs the compare first
     jobs = planned_jobs(snakemake(workdir, "-n", "store_compare", *args[2:], "warm_starts=stored"))
     assert jobs["store_compare"] == 1 and jobs["compare"] == 1, jobs
@@ -131,7 +133,7 @@ def test_dry_run_resolves_the_full_dag(workdir, profile):
     assert jobs.get("pretrain_model", 0) == (0 if profile == "paper" else 2)
     checkpoints = {"embedded": 1, "smoke": 2, "paper": 2}[profile]  # pathways.checkpoints: a job per model each
     assert jobs["pathways_checkpoint"] == 2 * checkpoints
-    assert jobs["probe_batch"] == 2  # one per model, for all its seeds
+    assert jobs["probe_batches"] == 2 and "probe_batch" not in jobs  # one per model, for all its seeds
     for rule in ("aggregate", "claims", "figure_training", "figure_accuracy", "kernel_checks", "prove_decomposition",
                  "pathways_table", "figure_pathways"):
         assert jobs[rule] == 1, rule
@@ -167,7 +169,7 @@ def test_the_cpu_kernel_is_built_once_before_every_job_that_quantizes(workdir):
     builders = [n for n, rule in labels.items() if rule == "cpu_kernel"]
     assert len(builders) == 1, labels
     waiting = {labels[b] for a, b in re.findall(r"^\s*(\d+) -> (\d+)", dag, re.M) if a == builders[0]}
-    assert {"cell", "pathways_checkpoint", "probe_batch", "kernel_bench", "kernel_checks"} <= waiting, waiting
+    assert {"cell", "pathways_checkpoint", "probe_batches", "kernel_bench", "kernel_checks"} <= waiting, waiting
     assert "pretrain_model" not in waiting
 
 

@@ -171,11 +171,11 @@ def cell_launcher(wc):
     return launch_prefix(P.model(wc.model), PYTHON)
 
 
-rule probe_batch:
-    """The GRPO batches every recipe's gradient probes of a model are taken on, one per seed: each sampled once
-    by the seed's starting policy, unquantized, so recipes are probed on the same prompts and completions. One
-    process for all of a model's seeds (each batch is seeded and loaded on its own: the same bytes as one
-    process a seed), so the imports are paid once."""
+rule probe_batches:
+    """The GRPO batches every recipe's gradient probes of a model are taken on, one per seed of the profile:
+    each sampled once by the seed's starting policy, unquantized, so recipes are probed on the same prompts and
+    completions. One process for all of a model's seeds (each batch is seeded and loaded on its own: the same
+    bytes as one process a seed), so the imports are paid once."""
     input:
         model_input,
     output:
@@ -189,6 +189,27 @@ rule probe_batch:
     shell:
         "MXFP4_THREADS={threads} {MXFP4} probe-batch --profile {PROFILE} --model {wildcards.model} "
         "{params.seeds} > {log} 2>&1"
+
+
+ruleorder: probe_batches > probe_batch
+
+
+rule probe_batch:
+    """The probe batch of one seed beyond the profile's (a compare's extra seeds, --config compare_seeds=N)."""
+    input:
+        model_input,
+    output:
+        str(L.probe_batch("{model}", "{seed}")),
+    log:
+        str(L.log("probe_batch_{model}_seed{seed}")),
+    wildcard_constraints:
+        seed=r"\d+",
+    threads: 1
+    params:
+        made_from=lambda wc: setting_hash(P, wc.model),
+    shell:
+        "MXFP4_THREADS={threads} {MXFP4} probe-batch --profile {PROFILE} --model {wildcards.model} "
+        "--seed {wildcards.seed} > {log} 2>&1"
 
 
 rule cell:
