@@ -1,7 +1,7 @@
 """The run context: a profile's settings with every path its run reads or writes, made once at the entry point
 (the command line, a Snakemake job, a user's script) and handed down, and a cell of it with its recipe, seed
-and hash resolved. ``rl/``, ``analysis/`` and ``report/`` take these instead of a profile, a results root and
-a model name each, so no module rebuilds a ``Layout`` or looks a profile up again."""
+and hash resolved. ``rl/`` and ``analysis/`` take these (``report/`` the layouts) instead of a profile, a results
+root and a model name each, so no module rebuilds a ``Layout`` or looks a profile up again."""
 
 from __future__ import annotations
 
