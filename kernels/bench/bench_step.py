@@ -38,6 +38,7 @@ from mxfp4.layout import TRAIN_LOG  # noqa: E402
 from mxfp4.numerics.dispatch import BACKENDS, use_backend, use_fused_corrections  # noqa: E402
 from mxfp4.rl.cell import plan_cell, prepare  # noqa: E402
 from mxfp4.rl.models import warm_start_folder  # noqa: E402
+from mxfp4.rl.step_cost import short_run  # noqa: E402
 
 TOP_OPS = 25  # ops kept per recipe in the profile table
 
@@ -53,12 +54,11 @@ class ProfilerSteps(TrainerCallback):
 
 
 def run_recipe(run: Run, model: str, recipe: str, seed: int, steps: int) -> dict:
-    """``steps`` GRPO steps of one recipe's cell (no probes, no checkpoints, no evaluation): step 1 is
-    warm-up (first-call costs, compilation), steps 2 .. ``steps // 2 + 1`` are timed with the profiler
-    idle, the rest recorded by torch.profiler (whose overhead would inflate the timings)."""
-    grpo = run.profile.grpo.model_copy(update={"max_steps": steps, "save_steps": None})
-    short = run.profile.model_copy(update={"grpo": grpo, "probe_every": 0})
-    plan = plan_cell(Run(short, run.layout), model, recipe, seed)
+    """``steps`` GRPO steps of one recipe's cell in the short ``run`` (``step_cost.short_run``: no probes, no
+    checkpoints, no evaluation): step 1 is warm-up (first-call costs, compilation), steps 2 .. ``steps // 2 + 1``
+    are timed with the profiler idle, the rest recorded by torch.profiler (whose overhead would inflate the
+    timings)."""
+    plan = plan_cell(run, model, recipe, seed)
     cell = prepare(plan, PartialState(cpu=True))
     activities = [torch.profiler.ProfilerActivity.CPU]
     timed_steps = steps // 2
@@ -105,7 +105,8 @@ def main(argv=None) -> int:
         raise SystemExit("bench_step: --threads must be at least 1")
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile)
-    warm = warm_start_folder(Run.of(profile, args.results), args.model)
+    run = Run.of(profile, args.results)
+    warm_start_folder(run, args.model, args.seed)  # checked before the JSON is begun
     command = ["python", "kernels/bench/bench_step.py", *(argv if argv is not None else sys.argv[1:])]
     out = {"command": " ".join(command),
            "method": "mean over the timed steps (2 .. steps // 2 + 1, profiler idle) of the step log's step_time "
@@ -115,10 +116,7 @@ def main(argv=None) -> int:
                                                                                  "mxfp4": mxfp4.__version__},
            "profile": profile.name, "model": args.model, "seed": args.seed, "recipes": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        scratch = Run.of(profile, tmp)  # the short runs, in a scratch folder, from the stored warm start
-        target = scratch.layout.model(args.model)
-        target.parent.mkdir(parents=True)
-        target.symlink_to(warm.resolve())
+        scratch = short_run(run, args.model, args.seed, args.steps, tmp)
         for recipe in args.recipes:
             quantizes = Recipe.named(recipe).quantize
             for backend in args.backends if quantizes else ["auto"]:

@@ -117,7 +117,7 @@ class CellPlan(CellSpec):
     """A cell whose inputs are every one checked: what ``execute`` needs before it writes anything
     (``model_ref``: what ``models.load`` loads as its starting policy)."""
 
-    model_ref: str = ""
+    model_ref: str
 
 
 def plan_cell(run: Run, model_name: str, recipe_name: str, seed: int, recipes_file: str | None = None) -> CellPlan:

@@ -58,6 +58,26 @@ def quantization_ms(quantizer: Quantizer, x: torch.Tensor, reps: int = 5) -> flo
     return statistics.median(times)
 
 
+def short_run(run: Run, model: str, seed: int, steps: int, folder) -> Run:
+    """``run`` cut to ``steps`` GRPO steps without probes or checkpoints, under the scratch results root
+    ``folder``, with the stored warm start that ``seed``'s cells start from linked in: what a timed step runs on.
+
+    Args:
+        run: the run whose stored warm start and settings the steps use.
+        model: a tiny model line of the profile.
+        seed: the cells' seed (it picks the warm start).
+        steps: GRPO steps per cell.
+        folder: an empty scratch folder (the caller removes it).
+    """
+    profile = run.profile
+    grpo = profile.grpo.model_copy(update={"max_steps": steps, "save_steps": None})
+    short = Run.of(profile.model_copy(update={"grpo": grpo, "probe_every": 0}), folder)
+    target = short.layout.model(model, profile.warm_start_of(seed))
+    target.parent.mkdir(parents=True)
+    target.symlink_to(warm_start_folder(run, model, seed).resolve())
+    return short
+
+
 def measured_steps(run: Run, model: str, recipes: list[str], seed: int, steps: int = 3) -> dict:
     """Mean step time (seconds, steps 2..``steps``: the first is warm-up) of each recipe's cell run for ``steps``
     GRPO steps from the stored warm start (no probes, checkpoints or evaluation) in a scratch folder."""
@@ -65,16 +85,9 @@ def measured_steps(run: Run, model: str, recipes: list[str], seed: int, steps: i
 
     from .cell import plan_cell, prepare
 
-    profile = run.profile
-    grpo = profile.grpo.model_copy(update={"max_steps": steps, "save_steps": None})
-    short = profile.model_copy(update={"grpo": grpo, "probe_every": 0})
-    warm = warm_start_folder(run, model, seed)
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        scratch = Run.of(short, tmp)  # the short run, in a scratch folder, from the stored warm start
-        target = scratch.layout.model(model, profile.warm_start_of(seed))
-        target.parent.mkdir(parents=True)
-        target.symlink_to(warm.resolve())
+        scratch = short_run(run, model, seed, steps, tmp)
         for recipe in recipes:
             plan = plan_cell(scratch, model, recipe, seed)
             prepare(plan, PartialState(cpu=True)).trainer.train()
