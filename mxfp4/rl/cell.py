@@ -27,7 +27,7 @@ from transformers import set_seed
 
 from ..config import REPO_ROOT
 from ..config.data_files import gsm8k_folder
-from ..config.profiles import Profile, setting_hash
+from ..config.profiles import Profile
 from ..config.run import CellSpec, Run
 from ..io import exclusive, writable_folder, write_json_atomic
 from ..layout import EVAL_FOLDERS, EVAL_RESULTS, METRICS, REFERENCE_RECIPE, TRAIN_LOG
@@ -415,7 +415,7 @@ def record(run: CellRun, trained: dict, scores: dict[str, dict]) -> dict | None:
                 "model": spec.model_dump(),
             },
             config_hash=run.config_hash,
-            setting_hash=setting_hash(profile, plan.model),
+            setting_hash=plan.run.setting_hash(plan.model),
             setting=profile.setting(plan.model),
             train_log_sha256=hashlib.sha256(run.log_path.read_bytes()).hexdigest(),
             versions=versions(),

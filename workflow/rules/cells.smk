@@ -184,7 +184,7 @@ rule probe_batches:
         str(L.log("probe_batch_{model}")),
     threads: 1
     params:
-        made_from=lambda wc: setting_hash(P, wc.model),
+        made_from=lambda wc: RUN.setting_hash(wc.model),
         seeds=" ".join(f"--seed {seed}" for seed in SEEDS),
     shell:
         "MXFP4_THREADS={threads} {MXFP4} probe-batch --profile {PROFILE} --model {wildcards.model} "
@@ -206,7 +206,7 @@ rule probe_batch:
         seed=r"\d+",
     threads: 1
     params:
-        made_from=lambda wc: setting_hash(P, wc.model),
+        made_from=lambda wc: RUN.setting_hash(wc.model),
     shell:
         "MXFP4_THREADS={threads} {MXFP4} probe-batch --profile {PROFILE} --model {wildcards.model} "
         "--seed {wildcards.seed} > {log} 2>&1"
