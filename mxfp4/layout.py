@@ -212,6 +212,12 @@ class Layout:
         return self.root / "entropy_trajectory.md"
 
     @property
+    def network_recovery(self) -> Path:
+        """The headline recovery with the network as the replicate (``mxfp4 network-recovery``; its rows beside it
+        as ``.csv``)."""
+        return self.root / "recovery_networks.md"
+
+    @property
     def report(self) -> Path:
         """The run's results in one page (``mxfp4 report``); the stored baselines have their own."""
         return self.root / "REPORT.md"

@@ -249,6 +249,28 @@ def _cmd_entropy_trajectory(args) -> int:
     return 0
 
 
+def _cmd_network_recovery(args) -> int:
+    import yaml
+
+    from ..report.aggregate import read_csv
+    from ..report.network_recovery import design_from, run
+
+    items = args.items or args.layout.table("items")
+    if args.design:
+        models = sorted({r["model"] for r in read_csv(items)})
+        for model in models:
+            print(yaml.safe_dump({"headline": design_from(read_csv(items), model, args.stand_in, args.profile)},
+                                 sort_keys=False), end="")
+        return 0
+    out = Path(args.out or args.layout.network_recovery)
+    rows = run(args.cells or args.layout.table("cells"), items, args.profile, profile_of(args).headline, out,
+               out.with_suffix(".csv"))
+    for r in rows:
+        print(f"{r['model']} {r['metric']} {r['part']}: {r['verdict']}")
+    print(f"wrote {out} and {out.with_suffix('.csv')}")
+    return 0
+
+
 def add_commands(sub) -> None:
     """This group's subcommands, added to the parser's ``sub``."""
 
@@ -386,3 +408,15 @@ def add_commands(sub) -> None:
     p.add_argument("--out", type=out_file, default=None,
                    help="the markdown report (default results/<profile>/entropy_trajectory.md; the .csv beside it)")
     p.set_defaults(func=_cmd_entropy_trajectory)
+
+    p = sub.add_parser("network-recovery",
+                       help="mxfp4+all against BF16's held-out accuracy over networks x problems (the headline)")
+    profile_args(p)
+    p.add_argument("--cells", default=None, help="the run's cells.csv (default: the profile's aggregate/cells.csv)")
+    p.add_argument("--items", default=None, help="the run's items.csv (default: the profile's aggregate/items.csv)")
+    p.add_argument("--out", type=out_file, default=None,
+                   help="the markdown report (default results/<profile>/recovery_networks.md; the .csv beside it)")
+    p.add_argument("--design", action="store_true",
+                   help="print the headline design (the profile's headline section) from a pilot's items instead")
+    p.add_argument("--stand-in", default="mxfp4", help="with --design: the pilot's recipe against bf16 (default mxfp4)")
+    p.set_defaults(func=_cmd_network_recovery)

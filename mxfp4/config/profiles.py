@@ -309,6 +309,36 @@ class NetworkPowerDesign(_Strict):
     claims: dict[str, NetworkClaimSize] = Field(description="per '<model>: <claim>'")
 
 
+HEADLINE_MAX_MDE = 0.03  # a headline design detecting no less than 3 points goes among the secondary rows
+
+
+class HeadlineDesign(_Strict):
+    """The headline recovery's design with the network as the replicate (mxfp4+all against BF16, final held-out
+    accuracy, problems x networks crossed), fixed before its cells run from a pilot of the same design: the
+    variance components of a stand-in contrast on the same networks and problems (``stand_in`` against BF16), the
+    minimum detectable effect they give at this design's size, and so the headline's family: primary where that
+    is at most ``HEADLINE_MAX_MDE``, else a secondary row that says how much data the paper's margin needs
+    (``mxfp4 network-recovery --design`` writes it; a test recomputes it from the stored pilot)."""
+
+    pilot: str = Field(description="the profile whose stored items.csv gave the variance components")
+    stand_in: str = Field(description="the recipe whose difference to bf16 the pilot measured")
+    problems: int = Field(ge=2, description="held-out problems a network is evaluated on")
+    networks: int = Field(ge=2, description="networks of the design")
+    components: dict[Literal["rows", "cols", "residual"], Annotated[float, Field(ge=0)]] = Field(
+        description="the pilot's variance components (problems, networks, residual; ``stats.crossed_mean``)")
+    mde: float = Field(gt=0, description="the smallest difference the design detects (two-sided 0.05, power 0.8)")
+    networks_needed: int | None = Field(
+        description="networks the paper's margin needs at this many problems (None: no number suffices)")
+    primary: bool = Field(description="in the primary family: mde <= HEADLINE_MAX_MDE")
+
+    @model_validator(mode="after")
+    def _family(self):
+        if self.primary != (self.mde <= HEADLINE_MAX_MDE):
+            raise ValueError(f"headline.primary {self.primary} with mde {self.mde}; accepted: primary exactly where the "
+                             f"design detects at most {HEADLINE_MAX_MDE}")
+        return self
+
+
 class ClaimDesign(_Strict):
     """The claim-level primary tests of the pathway matrix, fixed before the run: at the warm start, in
     decomposition form ``form``, component c dominates pathway p when its harm exceeds each other
@@ -467,6 +497,8 @@ class Profile(_Strict):
         default_factory=list, description="TRL's report_to for the cells (offline TensorBoard under each cell's "
         "tensorboard/; needs the tensorboard package): where to look, not what is made, so no setting records it")
     pathways: PathwaySettings | None = Field(None, description="the pathway matrix (mxfp4 pathways)")
+    headline: HeadlineDesign | None = Field(
+        None, description="the headline recovery over networks (snakemake target network_recovery)")
     leaderboard: list[str] = Field(
         default_factory=list, description="the MXFP4 recipes ranked on the leaderboard (snakemake target leaderboard): "
         "each an arm of the pathway matrix at the warm starts beside MXFP4, BF16 and the correction arms")
@@ -504,6 +536,9 @@ class Profile(_Strict):
                     m.arch for m in self.models.values()):
                 raise ValueError("dose_response adds outlier channels to tiny stand-ins' warm starts; accepted: tiny "
                                  "models only and a pretrain section with outlier_channels: 0 (doses do not stack)")
+        if self.headline is not None and not {"bf16", "mxfp4+all", self.headline.stand_in} <= set(self.recipes):
+            raise ValueError(f"headline compares mxfp4+all with bf16 and was sized on {self.headline.stand_in}; "
+                             f"accepted: recipes that include all three, got {self.recipes}")
         if self.depth_optimizers is not None and (self.pathways is None or not self.tiny_models()):
             raise ValueError("depth_optimizers draws its GRPO batches as the pathway matrix does, on tiny stand-ins; "
                              "accepted: a pathways section and tiny models (see experiments/profiles/depth.yaml)")

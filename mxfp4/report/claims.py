@@ -11,7 +11,7 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from ..analysis.pathways.spec import HARMS, MAPPING, RECOVERIES, RECOVERY_HARMS
-from ..config.profiles import load_profile
+from ..config.profiles import HEADLINE_MAX_MDE, load_profile
 from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE, Layout
 from ..stats import (
@@ -201,12 +201,17 @@ def _paired_problems(items: list[dict], model: str, seed: int, a: str, b: str, m
     return paired_diff([by[a][k] for k in keys], [by[b][k] for k in keys])
 
 
-HEADLINE_MAX_MDE = 0.03  # a design whose headline detects less than 3 points makes it exploratory before the run
-
-
-def _crossed_problems(items: list[dict], model: str, a: str, b: str, metric: str) -> dict | None:
+def crossed_problems(items: list[dict], model: str, a: str, b: str, metric: str) -> dict | None:
     """``metric`` of recipe a minus recipe b per (held-out problem, seed) of every seed both have, on the crossed
-    random-effects model (problems x networks, ``stats.crossed_mean``); None with fewer than two seeds."""
+    random-effects model (problems x networks, ``stats.crossed_mean``); None with fewer than two seeds or problems.
+
+    Args:
+        items: ``items.csv`` rows (one per cell and held-out problem).
+        model: the model whose cells are compared.
+        a: the recipe whose value comes first in the difference.
+        b: the recipe subtracted.
+        metric: a key of ``ITEM_VALUES`` (final strict accuracy or RL gain).
+    """
     value = ITEM_VALUES[metric]
     by: dict = {}
     for r in items:
@@ -233,7 +238,7 @@ def recovery_row(cells: list[dict], model: str, problems: int | None = None,
     paper_effect = MOE_REPORTED_GAIN if is_moe(model) else NONINFERIORITY_MARGIN
     shift = 0.0 if is_moe(model) else -NONINFERIORITY_MARGIN
     design = None
-    crossed = _crossed_problems(items, model, "mxfp4+all", REFERENCE_RECIPE, metric) if items else None
+    crossed = crossed_problems(items, model, "mxfp4+all", REFERENCE_RECIPE, metric) if items else None
     if crossed is not None:
         se, df = crossed["se"], crossed["df"]
         p = float(2 * stats.t.sf(abs(crossed["mean"] - shift) / se, df))
