@@ -1,7 +1,8 @@
 """The embedded GSM8K-format problems: a generator of graded difficulty (1 to 3 arithmetic steps) with
 worked answers in GSM8K's format, the warm start's planted flaws (subtraction, and optionally multiplication,
 done as addition), and the split of the problem space into a training side and a held-out side that share no
-question.
+question; optionally (``holdout="arithmetic"``) a share of the arithmetic facts never trained either, with a
+test split of problems that need one.
 
 A leaf module (no mxfp4 layer imported): the RL cells draw problems from it and the reports classify
 them by it."""
@@ -120,21 +121,80 @@ def type_groups(kind: str | None) -> list[str]:
     return ["flaw", *(f"flaw:{f}" for f in kind.removeprefix("flaw:").split("+"))]
 
 
-def embedded_split(split: str, n: int, seed: int = 0, max_steps: int = 2) -> list[dict]:
+ARITHMETIC_HELD_OUT_SHARE = 8  # with holdout="arithmetic", one arithmetic fact in 8 is never trained
+HOLDOUTS = ("questions", "arithmetic")
+SPLITS = {"questions": ("train", "test"), "arithmetic": ("train", "test", "test-arithmetic")}
+
+
+def facts(answer: str) -> list[tuple[int, str, int]]:
+    """The arithmetic facts of a worked answer of the generator: (a, op, k) of each line ``a op k = r``."""
+    return [(int(m.group(1)), m.group(2), int(m.group(3))) for m in _steps(answer)]
+
+
+def held_out_fact(fact: tuple[int, str, int]) -> bool:
+    """Whether an arithmetic fact (a, op, k) is on the never-trained side under ``holdout="arithmetic"``: a fixed
+    share (``1 / ARITHMETIC_HELD_OUT_SHARE``, by the SHA-256 of ``a op k``), whatever the wording around it."""
+    a, op, k = fact
+    digest = hashlib.sha256(f"{a}{op}{k}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % ARITHMETIC_HELD_OUT_SHARE == 0
+
+
+def demonstrated_facts(answer: str) -> set[tuple[int, str, int]]:
+    """Every fact a training demonstration of the problem can show: its worked answer's and those of each
+    flawed version of it (every non-empty set of planted flaws, whose wrong totals carry on to new facts)."""
+    out = set(facts(answer))
+    names = list(FLAW_OPERATIONS)
+    for mask in range(1, 2 ** len(names)):
+        flawed = flawed_answer(answer, [f for i, f in enumerate(names) if mask >> i & 1])
+        if flawed is not None:
+            out |= set(facts(flawed))
+    return out
+
+
+def needs_held_out_fact(answer: str) -> bool:
+    """Whether solving the problem takes an arithmetic fact never trained under ``holdout="arithmetic"``."""
+    return any(held_out_fact(f) for f in facts(answer))
+
+
+def _on_side(problem: dict, split: str, holdout: str) -> bool:
+    """Whether a generated problem belongs to ``split`` of the problem space under ``holdout``."""
+    if holdout == "questions":
+        return held_out(problem["question"]) == (split == "test")
+    if split == "train":
+        return not held_out(problem["question"]) and not any(map(held_out_fact, demonstrated_facts(problem["answer"])))
+    if split == "test":  # new wording, trained arithmetic
+        return held_out(problem["question"]) and not needs_held_out_fact(problem["answer"])
+    return needs_held_out_fact(problem["answer"])  # test-arithmetic: a fact no training draw holds
+
+
+def embedded_split(split: str, n: int, seed: int = 0, max_steps: int = 2, holdout: str = "questions") -> list[dict]:
     """``n`` problems, steps spread evenly over 1..max_steps. Train problems come from the training side
     of the problem space and test problems from the held-out side (``held_out``), so the two share no
-    question; test problems are distinct. Each split and seed has its own random stream."""
-    if split not in ("train", "test"):
-        raise ValueError(f"unknown split {split!r}; accepted: train, test")
+    question; test problems are distinct. Each split and seed has its own random stream.
+
+    Args:
+        split: train, test, or (``holdout="arithmetic"``) test-arithmetic.
+        n: problems drawn.
+        seed: the split's random stream.
+        max_steps: arithmetic steps of the longest problems.
+        holdout: what the test side holds out: ``questions`` (new wording of trained arithmetic), or
+            ``arithmetic``: training also leaves out every problem one of whose demonstrations (correct or
+            flawed) shows a held-out fact (``held_out_fact``), ``test`` keeps to trained facts and
+            ``test-arithmetic`` draws problems that need a held-out fact.
+    """
+    if holdout not in HOLDOUTS:
+        raise ValueError(f"unknown holdout {holdout!r}; accepted: {', '.join(HOLDOUTS)}")
+    if split not in SPLITS[holdout]:
+        raise ValueError(f"unknown split {split!r} under holdout {holdout!r}; accepted: {', '.join(SPLITS[holdout])}")
     rng = random.Random(f"{split}-{seed}")
-    test = split == "test"
+    test = split != "train"
     out, seen = [], set()
     for i in range(n):
         steps = 1 + i % max_steps
         for _ in range(MAX_DRAWS):
             problem = generate_problem(rng, steps)
             key = question_key(problem["question"])
-            if held_out(problem["question"]) == test and not (test and key in seen):
+            if _on_side(problem, split, holdout) and not (test and key in seen):
                 break
         else:
             raise ValueError(f"the embedded {split} split ran out of distinct {steps}-step problems after {len(out)} "

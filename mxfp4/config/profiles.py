@@ -172,6 +172,10 @@ class DataSettings(_Strict):
     n_train: int | None = Field(None, ge=1, description="embedded: training problems")
     n_eval: int | None = Field(None, ge=1, description="embedded: evaluation problems")
     max_problem_steps: int | None = Field(None, ge=1, description="embedded: arithmetic steps per problem")
+    holdout: Literal["questions", "arithmetic"] = Field(
+        "questions", description="embedded: what the held-out side holds out: questions (new wording of trained "
+        "arithmetic), or arithmetic too: a share of the arithmetic facts never trained (warm start, GRPO, few-shot "
+        "pool), and every cell evaluated again on problems that need one (mxfp4.problems.embedded_split)")
     dir: str | None = Field(
         None, description="gsm8k: folder with train.jsonl and test.jsonl (default: $MXFP4_GSM8K_DIR or ../shared)"
     )
@@ -182,7 +186,23 @@ class DataSettings(_Strict):
             missing = [k for k in ("n_train", "n_eval", "max_problem_steps") if getattr(self, k) is None]
             if missing:
                 raise ValueError(f"the embedded source needs {', '.join(missing)}")
+        elif self.holdout != "questions":
+            raise ValueError(f"data.holdout {self.holdout!r} needs the embedded source (its generator knows the "
+                             "arithmetic of every problem); accepted for gsm8k: questions")
         return self
+
+    @property
+    def arithmetic_held_out(self) -> bool:
+        """Whether a share of the arithmetic is never trained and every cell is evaluated on it too."""
+        return self.holdout == "arithmetic"
+
+    def recorded(self) -> dict:
+        """The settings as a cell's setting records them: ``holdout`` only where it is not the default, so that
+        the settings of a profile that holds out questions alone read as they always have."""
+        out = self.model_dump()
+        if not self.arithmetic_held_out:
+            del out["holdout"]
+        return out
 
 
 class GRPOSettings(_Strict):
@@ -567,6 +587,7 @@ class Profile(_Strict):
             **self.model_dump(include={"data", "grpo", "probe_every", "probe_rows", "eval"}),
             "pretrain": None if self.pretrain is None else self.pretrain.recorded(),
         }
+        out["data"] = self.data.recorded()
         if out["grpo"]["reward"] == "accuracy":  # the task's own reward is implied; only another one is named
             del out["grpo"]["reward"]
         if self.data.source == "gsm8k":
@@ -586,6 +607,8 @@ class Profile(_Strict):
             "max_problem_steps": self.data.max_problem_steps,
             "code_version": CODE_VERSION,
         }
+        if self.data.arithmetic_held_out:  # what its SFT never saw
+            out["holdout"] = self.data.holdout
         return {**out, "warm_start": warm_start} if warm_start else out
 
     def sft_setting(self, model: str, warm_start: int = 0) -> dict:

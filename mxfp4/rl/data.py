@@ -148,26 +148,45 @@ def _stamp_refusal(stamp: Path, made_by: dict) -> str | None:
     return f"{', '.join(changed)} changed since made (digests differ)" if changed else None
 
 
+def _embedded_folder(folder: Path, made_by: dict, pool: list[dict], test: list[dict]) -> Path:
+    """``folder`` with lm-eval's train.jsonl (the few-shot pool) and test.jsonl, (re)made unless its stamp says
+    ``made_by`` made them and they are unchanged since."""
+    stamp = folder / "settings.json"  # written last: the settings that made the files beside it, their digests
+    why = _stamp_refusal(stamp, made_by)
+    if why is not None:
+        if why:
+            print(f"{folder}: {why}; remaking its files from the profile's settings", file=sys.stderr, flush=True)
+        write_jsonl(pool, folder / "train.jsonl")
+        write_jsonl(test, folder / "test.jsonl")
+        write_json_atomic(stamp, {**made_by, "digests": {f: file_sha256(folder / f) for f in EMBEDDED_FILES}})
+    return folder
+
+
 def cell_data(run: Run) -> tuple[list[dict], Path]:
     """(training problems, folder with train/test jsonl for lm-eval) for the run's data source."""
     profile = run.profile
     d = profile.data
     if d.source == "embedded":
-        train = embedded_split("train", d.n_train, seed=0, max_steps=d.max_problem_steps)
-        folder = run.layout.data
+        train = embedded_split("train", d.n_train, seed=0, max_steps=d.max_problem_steps, holdout=d.holdout)
         made_by = {"n_eval": d.n_eval, "max_problem_steps": d.max_problem_steps, "fewshot_pool": 64}
-        stamp = folder / "settings.json"  # written last: the settings that made the files beside it, their digests
-        why = _stamp_refusal(stamp, made_by)
-        if why is not None:
-            if why:
-                print(f"{folder}: {why}; remaking its files from the profile's settings", file=sys.stderr, flush=True)
-            write_jsonl(
-                embedded_split("train", 64, seed=1, max_steps=d.max_problem_steps), folder / "train.jsonl"
-            )
-            write_jsonl(
-                embedded_split("test", d.n_eval, seed=0, max_steps=d.max_problem_steps), folder / "test.jsonl"
-            )
-            write_json_atomic(stamp, {**made_by, "digests": {f: file_sha256(folder / f) for f in EMBEDDED_FILES}})
-        return train, folder
+        if d.arithmetic_held_out:
+            made_by["holdout"] = d.holdout
+        pool = embedded_split("train", 64, seed=1, max_steps=d.max_problem_steps, holdout=d.holdout)
+        test = embedded_split("test", d.n_eval, seed=0, max_steps=d.max_problem_steps, holdout=d.holdout)
+        return train, _embedded_folder(run.layout.data, made_by, pool, test)
     folder = gsm8k_folder(profile)
     return load_gsm8k("train", folder), folder
+
+
+def arithmetic_eval_folder(run: Run) -> Path:
+    """The folder lm-eval reads the held-out arithmetic from (``data.holdout: arithmetic``): the same few-shot
+    pool, and test.jsonl of ``data.n_eval`` problems that each need an arithmetic fact no training draw holds."""
+    d = run.profile.data
+    if not d.arithmetic_held_out:
+        raise ValueError(f"profile {run.profile.name!r} holds out questions only (data.holdout {d.holdout!r}); "
+                         "accepted: a profile with data.holdout: arithmetic")
+    made_by = {"n_eval": d.n_eval, "max_problem_steps": d.max_problem_steps, "fewshot_pool": 64,
+               "holdout": d.holdout, "split": "test-arithmetic"}
+    pool = embedded_split("train", 64, seed=1, max_steps=d.max_problem_steps, holdout=d.holdout)
+    test = embedded_split("test-arithmetic", d.n_eval, seed=0, max_steps=d.max_problem_steps, holdout=d.holdout)
+    return _embedded_folder(run.layout.data / "arithmetic", made_by, pool, test)

@@ -66,19 +66,20 @@ def with_outlier_channels(model, outlier_channels: int, outlier_scale: float, se
 def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, batch_size: int = 32, n_train: int = 8000,
              max_steps_per_problem: int = 2, seed: int = 0, n_check: int = 200, layers: int = TINY_LAYERS,
              flawed_fraction: float = 0.0, flaws=DEFAULT_FLAWS, outlier_channels: int = 0,
-             outlier_scale: float = 32.0, provenance: dict | None = None) -> dict:
+             outlier_scale: float = 32.0, provenance: dict | None = None, holdout: str = "questions") -> dict:
     """SFT of a tiny stand-in of ``layers`` decoder layers on the embedded problems (``flawed_fraction``
     of the problems with a step of a planted flaw demonstrated wrongly: ``sft_dataset``), from the pretraining
     ``seed`` (its initialisation, problems and flawed draws), its greedy accuracy checked,
     ``outlier_channels`` added (``mxfp4.rl.outlier_channels``; the function unchanged), then saved whole
-    with ``provenance`` (the profile's ``warm_start_setting``, which every job that loads it checks)."""
+    with ``provenance`` (the profile's ``warm_start_setting``, which every job that loads it checks). ``holdout``:
+    what the problems' held-out side keeps from training (``problems.embedded_split``)."""
     import datasets
     from trl import SFTConfig, SFTTrainer
 
     datasets.disable_progress_bars()
     t0 = time.time()
     model, tokenizer = build_tiny(arch, seed=seed, layers=layers)
-    train = embedded_split("train", n_train, seed=seed, max_steps=max_steps_per_problem)
+    train = embedded_split("train", n_train, seed=seed, max_steps=max_steps_per_problem, holdout=holdout)
     config = SFTConfig(
         max_steps=steps,
         per_device_train_batch_size=batch_size,
@@ -98,7 +99,7 @@ def pretrain(arch: str, out: Path | str, steps: int = 600, lr: float = 2e-3, bat
         processing_class=tokenizer,
     )
     trainer.train()
-    test = embedded_split("test", n_check, seed=seed, max_steps=max_steps_per_problem)
+    test = embedded_split("test", n_check, seed=seed, max_steps=max_steps_per_problem, holdout=holdout)
     acc = greedy_accuracy(model, tokenizer, test)
     outliers = with_outlier_channels(model, outlier_channels, outlier_scale, seed)
     meta = {
@@ -146,7 +147,7 @@ def pretrain_model(run: Run, model: str, out: Path | str | None = None, warm_sta
     settings = profile.pretrain.model_dump(exclude={"warm_starts", "first_seed"})
     return pretrain(spec.arch, out, max_steps_per_problem=profile.data.max_problem_steps,
                     layers=spec.layers or TINY_LAYERS, provenance=profile.warm_start_setting(model, warm_start),
-                    seed=profile.pretrain_seed(warm_start), **settings)
+                    seed=profile.pretrain_seed(warm_start), holdout=profile.data.holdout, **settings)
 
 
 def outliers_added(source: Path, out: Path | str, sft_setting: dict, seed: int, outlier_channels: int,

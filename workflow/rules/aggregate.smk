@@ -109,14 +109,14 @@ rule network_recovery:
     on all networks and on each fixed half."""
     input:
         cells=str(L.table("cells")),
-        items=str(L.table("items")),
+        problems=str(L.table("items")),
     output:
         md=report(str(L.network_recovery), caption="../report/network_recovery.rst", category="Claims"),
         csv=str(L.network_recovery.with_suffix(".csv")),
     log:
         str(L.log("network_recovery")),
     shell:
-        "{MXFP4} network-recovery --profile {PROFILE} --cells {input.cells} --items {input.items} "
+        "{MXFP4} network-recovery --profile {PROFILE} --cells {input.cells} --items {input.problems} "
         "--out {output.md} > {log} 2>&1"
 
 
