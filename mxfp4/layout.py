@@ -18,12 +18,15 @@ TRAIN_LOG = "train_log.jsonl"  # in each cell's folder, and in each of its check
 # (before RL), the trained policy under it (after; ``eval/``), and the trained weights
 # in full precision (unquantized; a full-precision recipe's "after" is already that, and it has none)
 EVAL_FOLDERS = {"before": "eval_before", "after": "eval", "unquantized": "eval_unquantized"}
+# with data.holdout arithmetic, the same before and after evaluations on problems that need never-trained arithmetic
+ARITHMETIC_EVAL_FOLDERS = {"before": "eval_before_arithmetic", "after": "eval_arithmetic"}
 EVAL_RESULTS = "results.json"  # lm-eval's aggregate scores in each evaluation folder
 GPU_RESULTS = Path("results/gpu")
 BENCH_RESULTS = Path("results/bench")
 GPU_SMOKE_DENSE = GPU_RESULTS / "gpu_smoke_dense.json"
 # The aggregate tables of a run (``aggregate/``), stored under the same names with the baselines
-TABLES = {"cells": "cells.csv", "steps": "steps.csv", "summary": "summary.csv", "items": "items.csv"}
+TABLES = {"cells": "cells.csv", "steps": "steps.csv", "summary": "summary.csv", "items": "items.csv",
+          "items_arithmetic": "items_arithmetic.csv"}  # the last only where the profile holds out arithmetic
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ class Layout:
         return self.root / "aggregate"
 
     def table(self, name: str) -> Path:
-        """One aggregate table of the run (``TABLES``: cells, steps, summary, items)."""
+        """One aggregate table of the run (``TABLES``: cells, steps, summary, items, items_arithmetic)."""
         return self.aggregate / TABLES[name]
 
     @property

@@ -262,11 +262,14 @@ def _cmd_network_recovery(args) -> int:
             print(yaml.safe_dump({"headline": design_from(read_csv(items), model, args.stand_in, args.profile)},
                                  sort_keys=False), end="")
         return 0
+    profile = profile_of(args)
+    arithmetic = args.items_arithmetic or (args.layout.table("items_arithmetic")
+                                           if profile.data.arithmetic_held_out else None)
     out = Path(args.out or args.layout.network_recovery)
-    rows = run(args.cells or args.layout.table("cells"), items, args.profile, profile_of(args).headline, out,
-               out.with_suffix(".csv"))
+    rows = run(args.cells or args.layout.table("cells"), items, args.profile, profile.headline, out,
+               out.with_suffix(".csv"), arithmetic)
     for r in rows:
-        print(f"{r['model']} {r['metric']} {r['part']}: {r['verdict']}")
+        print(f"{r['model']} {r['split']} {r['metric']} {r['part']}: {r['verdict']}")
     print(f"wrote {out} and {out.with_suffix('.csv')}")
     return 0
 
@@ -414,6 +417,8 @@ def add_commands(sub) -> None:
     profile_args(p)
     p.add_argument("--cells", default=None, help="the run's cells.csv (default: the profile's aggregate/cells.csv)")
     p.add_argument("--items", default=None, help="the run's items.csv (default: the profile's aggregate/items.csv)")
+    p.add_argument("--items-arithmetic", default=None,
+                   help="the run's items_arithmetic.csv (default: the profile's, where it holds out arithmetic)")
     p.add_argument("--out", type=out_file, default=None,
                    help="the markdown report (default results/<profile>/recovery_networks.md; the .csv beside it)")
     p.add_argument("--design", action="store_true",

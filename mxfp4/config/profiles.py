@@ -354,8 +354,8 @@ class HeadlineDesign(_Strict):
     @model_validator(mode="after")
     def _family(self):
         if self.primary != (self.mde <= HEADLINE_MAX_MDE):
-            raise ValueError(f"headline.primary {self.primary} with mde {self.mde}; accepted: primary exactly where the "
-                             f"design detects at most {HEADLINE_MAX_MDE}")
+            raise ValueError(f"headline.primary {self.primary} with mde {self.mde}; accepted: primary exactly where "
+                             f"the design detects at most {HEADLINE_MAX_MDE}")
         return self
 
 
@@ -556,9 +556,12 @@ class Profile(_Strict):
                     m.arch for m in self.models.values()):
                 raise ValueError("dose_response adds outlier channels to tiny stand-ins' warm starts; accepted: tiny "
                                  "models only and a pretrain section with outlier_channels: 0 (doses do not stack)")
-        if self.headline is not None and not {"bf16", "mxfp4+all", self.headline.stand_in} <= set(self.recipes):
-            raise ValueError(f"headline compares mxfp4+all with bf16 and was sized on {self.headline.stand_in}; "
-                             f"accepted: recipes that include all three, got {self.recipes}")
+        if self.headline is not None:
+            needed = {"bf16", "mxfp4+all"} | ({self.headline.stand_in} if self.headline.pilot == self.name else set())
+            if not needed <= set(self.recipes):
+                raise ValueError(f"headline compares mxfp4+all with bf16 (sized here on {self.headline.stand_in} where "
+                                 f"the profile is its own pilot); accepted: recipes that include "
+                                 f"{', '.join(sorted(needed))}, got {self.recipes}")
         if self.depth_optimizers is not None and (self.pathways is None or not self.tiny_models()):
             raise ValueError("depth_optimizers draws its GRPO batches as the pathway matrix does, on tiny stand-ins; "
                              "accepted: a pathways section and tiny models (see experiments/profiles/depth.yaml)")

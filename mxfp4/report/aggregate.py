@@ -10,7 +10,7 @@ import pandas as pd
 
 from ..config.profiles import Profile
 from ..io import atomic_path
-from ..layout import EVAL_FOLDERS, TABLES, Layout
+from ..layout import ARITHMETIC_EVAL_FOLDERS, EVAL_FOLDERS, TABLES, Layout
 from ..problems import DEFAULT_FLAWS, problem_type, type_groups
 from ..stats import crossed_mean, mean_ci
 from .cell_records import check_provenance, check_recipe, read_log, read_metrics, read_samples
@@ -20,6 +20,9 @@ CELL_METRICS = [
     "gsm8k_flexible_accuracy", "mean_reward", "mean_rollout_accuracy", "mean_entropy",
     "final_entropy", "mean_kl", "mean_grad_cosine", "mean_grad_rel_norm_error", "mean_step_time", "wall_time_seconds",
 ]
+# a cell of a profile that holds out arithmetic (data.holdout): the same accuracies on never-trained arithmetic
+ARITHMETIC_METRICS = ["gsm8k_strict_accuracy_arithmetic", "gsm8k_strict_accuracy_before_arithmetic",
+                      "gsm8k_rl_gain_arithmetic"]
 MACHINE_COLUMNS = ["cpu", "cpu_capability", "blas", "threads", "cpu_pinning"]  # from metrics.json's machine
 WEIGHT_KEYS = ["share_scale", "share_dead", "share_grid", "cross_share", "deadzone_fraction"]
 STEP_KEYS = {
@@ -73,10 +76,15 @@ def _check_complete(path: Path, m: dict, profile: Profile) -> None:
     stages = set(m.get("eval_stages") or {}) | {"after"}
     if m.get("gsm8k_strict_accuracy_before") is not None:
         stages.add("before")
-    for stage in sorted(stages):
-        folder = path.parent / EVAL_FOLDERS.get(stage, str(stage))
+    folders = [EVAL_FOLDERS.get(stage, str(stage)) for stage in sorted(stages)]
+    folders += list((m.get("eval_stages_arithmetic") or {}).values())
+    if profile.data.arithmetic_held_out and "gsm8k_strict_accuracy_arithmetic" not in m:
+        raise ValueError(f"{path}: profile {profile.name!r} holds out arithmetic and the cell has no evaluation on "
+                         "it; rerun the cell")
+    for name in folders:
+        folder = path.parent / name
         if not any(folder.glob("samples_*.jsonl")):
-            raise ValueError(f"{folder}: the cell records its {stage} evaluation, and no lm-eval samples_*.jsonl is "
+            raise ValueError(f"{folder}: the cell records this evaluation, and no lm-eval samples_*.jsonl is "
                              "there (its per-problem results are lost); rerun the cell")
 
 
@@ -98,6 +106,7 @@ def read_cells(layout: Layout, profile: Profile | None = None, allow_missing: bo
             check_recipe(metrics, m)
         row = {"profile": layout.profile, "model": m["model"], "recipe": m["recipe"], "seed": m["seed"]}
         row.update({k: m.get(k) for k in CELL_METRICS})
+        row.update({k: m[k] for k in ARITHMETIC_METRICS if k in m})
         row["learning_signal_steps"] = learning_signal_steps(log)
         w = m.get("decomposition_weights") or {}
         row.update({f"weight_{k}": w.get(k) for k in WEIGHT_KEYS})
@@ -125,11 +134,12 @@ def read_cells(layout: Layout, profile: Profile | None = None, allow_missing: bo
     return cells, steps
 
 
-def read_items(layout: Layout, keep: set | None = None) -> list[dict]:
+def read_items(layout: Layout, keep: set | None = None, folders: dict[str, str] = EVAL_FOLDERS) -> list[dict]:
     """One row per (cell, GSM8K problem) from lm-eval's per-sample output: strict and flexible
     correctness after RL, with lm-eval's ``doc_id`` and ``doc_hash`` (two runs pair a problem on both),
     and, where the cell evaluated them, strict correctness before RL (``strict_before``) and of the
-    trained weights unquantized (``strict_unquantized``), paired on the same doc hash."""
+    trained weights unquantized (``strict_unquantized``), paired on the same doc hash. ``folders``: the
+    evaluations read (``ARITHMETIC_EVAL_FOLDERS``: those on the never-trained arithmetic)."""
     items = []
     for metrics in layout.finished_cells():
         m = read_metrics(metrics)
@@ -137,10 +147,10 @@ def read_items(layout: Layout, keep: set | None = None) -> list[dict]:
             continue
         flaws = cell_flaws(m)
         by_doc: dict[int, dict] = {}
-        if not any((metrics.parent / EVAL_FOLDERS["after"]).glob("samples_*.jsonl")):
-            raise ValueError(f"{metrics.parent / EVAL_FOLDERS['after']}: no lm-eval samples_*.jsonl beside a finished "
+        if not any((metrics.parent / folders["after"]).glob("samples_*.jsonl")):
+            raise ValueError(f"{metrics.parent / folders['after']}: no lm-eval samples_*.jsonl beside a finished "
                              "cell (its per-problem results are lost); rerun the cell")
-        for stage, folder in EVAL_FOLDERS.items():
+        for stage, folder in folders.items():
             for samples in sorted((metrics.parent / folder).glob("samples_*.jsonl")):
                 for s in read_samples(samples):
                     row = by_doc.setdefault(
@@ -156,7 +166,8 @@ def read_items(layout: Layout, keep: set | None = None) -> list[dict]:
                         row[kind] = float(s["exact_match"])
                     elif kind == "strict":
                         row[f"strict_{stage}"] = float(s["exact_match"])
-        if "unquantized" not in (m.get("eval_stages") or {}) and m.get("gsm8k_strict_accuracy_unquantized") is not None:
+        if "unquantized" in folders and "unquantized" not in (m.get("eval_stages") or {}) \
+                and m.get("gsm8k_strict_accuracy_unquantized") is not None:
             for row in by_doc.values():  # a full-precision recipe: its after-RL evaluation is the unquantized one
                 row["strict_unquantized"] = row.get("strict")
         items += by_doc.values()
@@ -232,7 +243,7 @@ def no_learning_signal(cell: dict) -> bool:
     return cell.get("learning_signal_steps") == 0
 
 
-RL_GAIN_METRICS = {"gsm8k_rl_gain"}
+RL_GAIN_METRICS = {"gsm8k_rl_gain", "gsm8k_rl_gain_arithmetic"}
 
 
 def summarize(cells: list[dict]) -> list[dict]:
@@ -244,7 +255,9 @@ def summarize(cells: list[dict]) -> list[dict]:
     out = []
     for (model, recipe), rows in sorted(groups.items()):
         silent = [r for r in rows if no_learning_signal(r)]
-        for metric in CELL_METRICS + [f"weight_{k}" for k in WEIGHT_KEYS] + ["extra_bits_per_element", "bf16_fraction"]:
+        arithmetic = [k for k in ARITHMETIC_METRICS if any(k in r for r in rows)]
+        for metric in CELL_METRICS + arithmetic + [f"weight_{k}" for k in WEIGHT_KEYS] + ["extra_bits_per_element",
+                                                                                           "bf16_fraction"]:
             kept, method = rows, "t over seeds (one value per cell)"
             if metric in RL_GAIN_METRICS and silent:
                 kept = [r for r in rows if not no_learning_signal(r)]
@@ -284,4 +297,10 @@ def aggregate(layout: Layout, out: Path | str | None = None, profile: Profile | 
     write_csv(summarize(cells) + rl_gain_rows(items, silent), out / TABLES["summary"])
     if items:
         write_csv(items, out / TABLES["items"])
-    return {"cells": len(cells), "steps": len(steps), "items": len(items)}
+    counts = {"cells": len(cells), "steps": len(steps), "items": len(items)}
+    if any("gsm8k_strict_accuracy_arithmetic" in c for c in cells):
+        kept = {(c["model"], c["recipe"], c["seed"]) for c in cells if "gsm8k_strict_accuracy_arithmetic" in c}
+        arithmetic = read_items(layout, kept, ARITHMETIC_EVAL_FOLDERS)
+        write_csv(arithmetic, out / TABLES["items_arithmetic"])
+        counts["items_arithmetic"] = len(arithmetic)
+    return counts

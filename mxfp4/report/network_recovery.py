@@ -104,9 +104,16 @@ def verdict(row: dict, p: float | None, alpha: float = ALPHA) -> str:
     return "held" if row["diff"] > row["null"] else "contradicted"
 
 
-def analyse(cells: list[dict], items: list[dict], model: str, design: HeadlineDesign | None) -> dict:
-    """The premise rows (what MXFP4 costs, what the corrections add), the headline on final accuracy and the RL
-    gain row on all networks (Holm within each family) and on each fixed half, with the between-half z."""
+SPLITS = {"wording": "new wording (held-out questions of trained arithmetic)",
+          "arithmetic": "new arithmetic (each problem needs a never-trained fact)"}
+
+
+def analyse(cells: list[dict], items: list[dict], model: str, design: HeadlineDesign | None,
+            arithmetic_items: list[dict] | None = None) -> dict:
+    """The premise rows (each recipe against BF16), the headline on final accuracy and the RL gain row on all
+    networks (Holm within each family) and on each fixed half, with the between-half z: on the held-out questions
+    and, given ``arithmetic_items`` (a profile that holds out arithmetic), on the never-trained arithmetic too,
+    whose rows are secondary (the design fixes the headline on the held-out questions)."""
     have = {(int(c["seed"]), c["recipe"]) for c in cells if c["model"] == model}
     nets = sorted({s for s, r in have if r == REFERENCE_RECIPE and (s, CORRECTED) in have})
     if len(nets) < 2:
@@ -115,14 +122,21 @@ def analyse(cells: list[dict], items: list[dict], model: str, design: HeadlineDe
     silent = silent_networks(cells, model, (REFERENCE_RECIPE, CORRECTED))
     halves = fixed_halves(nets)
     parts = [("all networks", nets)] + [(f"half {i + 1}", h) for i, h in enumerate(halves)]
-    rows = []
-    for metric in (FINAL, GAIN):
-        usable = [n for n in nets if metric == FINAL or n not in silent]
-        for part, group in parts:
-            rows.append(contrast_row(items, model, CORRECTED, metric, [n for n in group if n in usable], part))
+    data = {"wording": items, **({"arithmetic": arithmetic_items} if arithmetic_items is not None else {})}
+    rows, premise = [], []
+    recipes = [r for r in (PLAIN, "mxfp4+aqn") if any(rr == r for _, rr in have)]
+    for split, split_items in data.items():
+        for metric in (FINAL, GAIN):
+            usable = [n for n in nets if metric == FINAL or n not in silent]
+            for part, group in parts:
+                row = contrast_row(split_items, model, CORRECTED, metric, [n for n in group if n in usable], part)
+                rows.append({**row, "split": split})
+        premise += [{**contrast_row(split_items, model, r, metric, nets, "all networks"), "split": split}
+                    for r in recipes for metric in (FINAL, GAIN)]
     primary = design is not None and design.primary
     for r in rows:
-        r["family"] = ("primary" if primary and r["metric"] == FINAL else "secondary") \
+        headline = r["split"] == "wording" and r["metric"] == FINAL
+        r["family"] = ("primary" if primary and headline else "secondary") \
             if r["part"] == "all networks" else "replication"
     for family in ("primary", "secondary"):
         members = [r for r in rows if r["family"] == family and r["p"] is not None]
@@ -133,14 +147,13 @@ def analyse(cells: list[dict], items: list[dict], model: str, design: HeadlineDe
     for r in rows:
         r["verdict"] = verdict(r, r.get("p_holm", r["p"]))
     z = {}
-    for metric in (FINAL, GAIN):
-        h1, h2 = (r for r in rows if r["metric"] == metric and r["part"] != "all networks")
-        z[metric] = between_half_z(h1, h2)
-    recipes = [r for r in (PLAIN, "mxfp4+aqn") if any(rr == r for _, rr in have)]
-    premise = [contrast_row(items, model, r, metric, nets, "all networks")
-               for r in recipes for metric in (FINAL, GAIN)]
+    for split in data:
+        for metric in (FINAL, GAIN):
+            h1, h2 = (r for r in rows if r["split"] == split and r["metric"] == metric and r["part"] != "all networks")
+            z[(split, metric)] = between_half_z(h1, h2)
     return {"model": model, "networks": nets, "halves": halves, "silent": silent, "rows": rows, "premise": premise,
-            "between_half_z": z, "design": design, "per_network": per_network(cells, model, nets)}
+            "between_half_z": z, "design": design, "splits": list(data),
+            "per_network": per_network(cells, model, nets)}
 
 
 def per_network(cells: list[dict], model: str, nets: list[int]) -> list[dict]:
@@ -182,46 +195,63 @@ def markdown(result: dict, profile: str) -> str:
                   f"({'at most' if design.primary else 'more than'} {HEADLINE_MAX_MDE:.2f}: the headline is "
                   f"{'primary' if design.primary else 'a secondary row'}); the paper's {effect:.3f} needs {needed}.",
                   ""]
+    several = len(result["splits"]) > 1
     lines += ["## Premise: each recipe against BF16 on all networks (estimates, no test)", "",
-              "| contrast | measure | networks | problems | diff | 95% CI |", "| --- | --- | --- | --- | --- | --- |"]
+              "| contrast | " + ("held-out side | " if several else "") + "measure | networks | problems | diff | "
+              "95% CI |", "| --- |" + (" --- |" if several else "") + " --- | --- | --- | --- | --- |"]
     for r in result["premise"]:
-        lines.append(f"| {r['contrast']} | {r['measure']} | {r['networks']} | {r['problems'] or '—'} | "
+        lines.append(f"| {r['contrast']} | " + (f"{r['split']} | " if several else "")
+                     + f"{r['measure']} | {r['networks']} | {r['problems'] or '—'} | "
                      f"{_f(r['diff'])} | [{_f(r['ci_low'])}, {_f(r['ci_high'])}] |")
-    lines += ["", f"## {CORRECTED} against {REFERENCE_RECIPE} ({test}, null {null:+.3f})", "",
-              "| measure | part | family | networks | problems | diff | 95% CI | p | p Holm | verdict | MDE80 | "
-              f"networks for the paper's {effect:.3f} |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in result["rows"]:
-        lines.append(f"| {r['measure']} | {r['part']} | {r['family']} | {r['networks']} | {r['problems'] or '—'} | "
-                     f"{_f(r['diff'])} | [{_f(r['ci_low'])}, {_f(r['ci_high'])}] | {_p(r['p'])} | "
-                     f"{_p(r.get('p_holm'))} | {r['verdict']} | {_f(r['mde80'], '{:.3f}')} | {_needed(r)} |")
-    lines.append("")
-    for metric, z in result["between_half_z"].items():
-        halves = [r["verdict"] for r in result["rows"] if r["metric"] == metric and r["part"] != "all networks"]
-        lines.append(f"Between-half z, {RECOVERY_MEASURES[metric]}: {_f(z, '{:+.2f}')} "
-                     f"(z^2 {_f(None if z is None else z * z, '{:.2f}')}; 1 expected where the contrast replicates)"
-                     + (". **The halves disagree on the verdict.**" if len(set(halves)) > 1 else "."))
+    for split in result["splits"]:
+        rows = [r for r in result["rows"] if r["split"] == split]
+        lines += ["", f"## {CORRECTED} against {REFERENCE_RECIPE} ({test}, null {null:+.3f})"
+                  + (f": {SPLITS[split]}" if several else ""), "",
+                  "| measure | part | family | networks | problems | diff | 95% CI | p | p Holm | verdict | MDE80 | "
+                  f"networks for the paper's {effect:.3f} |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in rows:
+            lines.append(f"| {r['measure']} | {r['part']} | {r['family']} | {r['networks']} | "
+                         f"{r['problems'] or '—'} | {_f(r['diff'])} | [{_f(r['ci_low'])}, {_f(r['ci_high'])}] | "
+                         f"{_p(r['p'])} | {_p(r.get('p_holm'))} | {r['verdict']} | {_f(r['mde80'], '{:.3f}')} | "
+                         f"{_needed(r)} |")
+        lines.append("")
+        for metric in (FINAL, GAIN):
+            z = result["between_half_z"][(split, metric)]
+            halves = [r["verdict"] for r in rows if r["metric"] == metric and r["part"] != "all networks"]
+            lines.append(f"Between-half z, {RECOVERY_MEASURES[metric]}: {_f(z, '{:+.2f}')} "
+                         f"(z^2 {_f(None if z is None else z * z, '{:.2f}')}; 1 expected where the contrast "
+                         "replicates)" + (". **The halves disagree on the verdict.**" if len(set(halves)) > 1 else "."))
     silent = result["silent"]
     lines.append("Networks with no learning signal in a compared cell (left out of the RL gain rows): "
                  + (", ".join(map(str, silent)) if silent else "none") + f" (of {k}).")
     recipes = list(result["per_network"][0]["recipes"])
-    lines += ["", "## Per network (seed): final strict accuracy (before GRPO; learning-signal steps)", "",
+    what = "final strict accuracy (before GRPO; learning-signal steps)" + (
+        "; on new arithmetic, final (before)" if several else "")
+    lines += ["", f"## Per network (seed): {what}", "",
               "| network | " + " | ".join(recipes) + " |", "| --- |" + " --- |" * len(recipes)]
+
+    def cell(c) -> str:
+        if c is None:
+            return "—"
+        signal = "no learning signal" if no_learning_signal(c) else f"{c['learning_signal_steps']}"
+        out = f"{c[FINAL]:.2f} ({c['gsm8k_strict_accuracy_before']:.2f}; {signal})"
+        if several:
+            out += (f"; {c['gsm8k_strict_accuracy_arithmetic']:.2f} "
+                    f"({c['gsm8k_strict_accuracy_before_arithmetic']:.2f})")
+        return out
+
     for n in result["per_network"]:
-        cells = [n["recipes"].get(r) for r in recipes]
-        lines.append(f"| {n['network']} | " + " | ".join(
-            "—" if c is None else f"{c[FINAL]:.2f} ({c['gsm8k_strict_accuracy_before']:.2f}; "
-            + ("no learning signal" if no_learning_signal(c) else f"{c['learning_signal_steps']}") + ")"
-            for c in cells) + " |")
+        lines.append(f"| {n['network']} | " + " | ".join(cell(n["recipes"].get(r)) for r in recipes) + " |")
     return "\n".join(lines) + "\n"
 
 
-CSV_KEYS = ("model", "contrast", "metric", "part", "family", "networks", "problems", "diff", "ci_low", "ci_high",
-            "se", "df", "null", "p", "p_holm", "verdict", "mde80", "networks_needed")
+CSV_KEYS = ("model", "split", "contrast", "metric", "part", "family", "networks", "problems", "diff", "ci_low",
+            "ci_high", "se", "df", "null", "p", "p_holm", "verdict", "mde80", "networks_needed")
 
 
 def run(cells_csv: Path | str, items_csv: Path | str, profile: str, design: HeadlineDesign | None,
-        out_md: Path | str, out_csv: Path | str | None = None) -> list[dict]:
+        out_md: Path | str, out_csv: Path | str | None = None, arithmetic_csv: Path | str | None = None) -> list[dict]:
     """Every model's headline rows from a run's ``cells.csv`` and ``items.csv``, written as markdown (and the
     rows as CSV).
 
@@ -232,12 +262,15 @@ def run(cells_csv: Path | str, items_csv: Path | str, profile: str, design: Head
         design: the profile's headline design (None: every row secondary).
         out_md: the markdown report.
         out_csv: the rows as CSV (None: not written).
+        arithmetic_csv: the run's per-problem rows on the never-trained arithmetic (``items_arithmetic.csv``;
+            None: a profile that holds out questions only).
     """
     cells, items = read_csv(Path(cells_csv)), read_csv(Path(items_csv))
     models = sorted({c["model"] for c in cells})
     if not models:
         raise ValueError(f"{cells_csv}: no cells")
-    results = [analyse(cells, items, m, design) for m in models]
+    arithmetic = None if arithmetic_csv is None else read_csv(Path(arithmetic_csv))
+    results = [analyse(cells, items, m, design, arithmetic) for m in models]
     write_text_atomic(out_md, "\n".join(markdown(r, profile) for r in results))
     rows = [{k: r.get(k) for k in CSV_KEYS} for res in results for r in res["rows"]]
     if out_csv is not None:

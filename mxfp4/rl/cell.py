@@ -30,7 +30,7 @@ from ..config.data_files import gsm8k_folder
 from ..config.profiles import Profile
 from ..config.run import CellSpec, Run
 from ..io import exclusive, writable_folder, write_json_atomic
-from ..layout import EVAL_FOLDERS, EVAL_RESULTS, METRICS, REFERENCE_RECIPE, TRAIN_LOG
+from ..layout import ARITHMETIC_EVAL_FOLDERS, EVAL_FOLDERS, EVAL_RESULTS, METRICS, REFERENCE_RECIPE, TRAIN_LOG
 from ..machine import describe
 from ..nn import bypassed, patch_model, patch_state, weight_cache_pays
 from ..numerics.hooks import lifecycle
@@ -211,6 +211,7 @@ class CellRun:
     corrections: list
     trainer: object = None
     eval_folder: Path | None = None
+    arithmetic_folder: Path | None = None  # data.holdout arithmetic: the never-trained arithmetic's problems
     resumed_from: int | None = None
 
 
@@ -222,10 +223,13 @@ def execute(plan: CellPlan) -> dict | None:
     with lock:
         run = prepare(plan, dist)
         scores = {"before": evaluate(run, "before")}  # the warm start, under the recipe's quantization
+        arithmetic = {"before": evaluate(run, "before", arithmetic=True)} if run.arithmetic_folder else {}
         trained = train(run)
         scores["after"] = evaluate(run, "after")
         scores["unquantized"] = evaluate(run, "unquantized") if plan.recipe.quantize else scores["after"]
-        return record(run, trained, scores)
+        if arithmetic:
+            arithmetic["after"] = evaluate(run, "after", arithmetic=True)
+        return record(run, trained, scores, arithmetic)
 
 
 def prepare(plan: CellPlan, dist) -> CellRun:
@@ -258,6 +262,7 @@ def prepare(plan: CellPlan, dist) -> CellRun:
             log_path.unlink(missing_ok=True)
             shutil.rmtree(checkpoints, ignore_errors=True)  # another configuration's, or a run that never saved
             shutil.rmtree(out / EVAL_FOLDERS["before"], ignore_errors=True)
+            shutil.rmtree(out / ARITHMETIC_EVAL_FOLDERS["before"], ignore_errors=True)
     probe_batch = None
     if profile.probe_every and recipe.quantize:  # the batch every recipe of this model and seed is probed on
         stored = plan.layout.probe_batch(plan.model, seed)
@@ -289,6 +294,8 @@ def prepare(plan: CellPlan, dist) -> CellRun:
     run = CellRun(plan, dist, started, c_hash, log_path, checkpoints, resume, model, tokenizer, corrections)
 
     train_rows, run.eval_folder = gsm.cell_data(plan.run)
+    if profile.data.arithmetic_held_out:
+        run.arithmetic_folder = gsm.arithmetic_eval_folder(plan.run)
     dataset = Dataset.from_list(
         [{"prompt": gsm.prompt(r["question"], tokenizer, spec.chat), "answer": r["answer"]} for r in train_rows]
     )
@@ -329,16 +336,22 @@ def train(run: CellRun) -> dict:
     return trained
 
 
-def evaluate(run: CellRun, stage: str) -> dict | None:
+def evaluate(run: CellRun, stage: str, arithmetic: bool = False) -> dict | None:
     """GSM8K through lm-eval on the in-memory policy at one ``stage`` (``EVAL_FOLDERS``): ``before``
     RL (the warm start under the recipe's quantization: the RNG streams of training are left as they
     were, and a resumed cell reads back what it measured), ``after`` RL under the recipe's quantization,
     or the trained weights ``unquantized`` (the patched layers bypassed). Each weight is quantized once
     for the whole evaluation (``MXGRPOTrainer.generation_weight_cache``). Every rank evaluates its share;
-    the main process gets the summary."""
-    if stage not in EVAL_FOLDERS:
-        raise ValueError(f"unknown evaluation stage {stage!r}; accepted: {', '.join(EVAL_FOLDERS)}")
-    ev, out = run.plan.profile.eval, run.plan.out / EVAL_FOLDERS[stage]
+    the main process gets the summary. ``arithmetic``: on the never-trained arithmetic's problems instead
+    (``ARITHMETIC_EVAL_FOLDERS``: before and after)."""
+    folders = ARITHMETIC_EVAL_FOLDERS if arithmetic else EVAL_FOLDERS
+    if stage not in folders:
+        raise ValueError(f"unknown evaluation stage {stage!r}; accepted: {', '.join(folders)}")
+    data = run.arithmetic_folder if arithmetic else run.eval_folder
+    if data is None:
+        raise ValueError(f"{run.plan.out}: no held-out arithmetic to evaluate (the profile's data.holdout is "
+                         f"{run.plan.profile.data.holdout!r}); accepted: data.holdout arithmetic")
+    ev, out = run.plan.profile.eval, run.plan.out / folders[stage]
     if stage == "before" and run.resume is not None and (out / EVAL_RESULTS).is_file():  # the same on every rank
         return read_summary(out) if run.dist.is_main_process else None
     run.model.eval()
@@ -346,7 +359,7 @@ def evaluate(run: CellRun, stage: str) -> dict | None:
     full_precision = bypassed(run.model) if stage == "unquantized" else contextlib.nullcontext()
     keep_rng = preserved_rng() if stage == "before" else contextlib.nullcontext()
     with full_precision, keep_rng, run.trainer.generation_weight_cache():
-        return evaluate_gsm8k(lm, run.eval_folder, num_fewshot=ev.num_fewshot, limit=ev.limit,
+        return evaluate_gsm8k(lm, data, num_fewshot=ev.num_fewshot, limit=ev.limit,
                               max_gen_toks=ev.max_gen_toks, output_dir=out, seed=run.plan.seed,
                               chat=run.plan.spec.chat)
 
@@ -382,9 +395,26 @@ def rl_gain(scores: dict, cell: Path) -> dict:
     }
 
 
-def record(run: CellRun, trained: dict, scores: dict[str, dict]) -> dict | None:
+def arithmetic_gain(scores: dict, cell: Path) -> dict:
+    """The held-out arithmetic's accuracy before RL, after, and its RL gain (strict match), from the two
+    evaluations of ``ARITHMETIC_EVAL_FOLDERS``, which must have scored the same problems."""
+    hashes = {stage: doc_hashes(cell / folder) for stage, folder in ARITHMETIC_EVAL_FOLDERS.items()}
+    if hashes["before"] != hashes["after"]:
+        raise ValueError(f"{cell}: the held-out arithmetic's before and after evaluations scored other problems "
+                         "(doc hashes differ); the RL gain needs the same problems")
+    return {
+        "gsm8k_strict_accuracy_arithmetic": scores["after"]["strict_match"],
+        "gsm8k_strict_accuracy_before_arithmetic": scores["before"]["strict_match"],
+        "gsm8k_rl_gain_arithmetic": scores["after"]["strict_match"] - scores["before"]["strict_match"],
+        "eval_stages_arithmetic": dict(ARITHMETIC_EVAL_FOLDERS),
+    }
+
+
+def record(run: CellRun, trained: dict, scores: dict[str, dict], arithmetic: dict[str, dict] | None = None
+           ) -> dict | None:
     """metrics.json (main process, written atomically), then the checkpoints removed: the cell is
-    complete. ``scores``: the evaluations by stage. The main process returns the metrics, the others None."""
+    complete. ``scores``: the evaluations by stage; ``arithmetic``: those on the never-trained arithmetic
+    (before, after), where the profile holds it out. The main process returns the metrics, the others None."""
     plan, dist = run.plan, run.dist
     profile, recipe, spec = plan.profile, plan.recipe, plan.spec
     metrics = None
@@ -394,6 +424,8 @@ def record(run: CellRun, trained: dict, scores: dict[str, dict]) -> dict | None:
             profile.probe_rows,
         )
         metrics.update(rl_gain(scores, plan.out))
+        if arithmetic:
+            metrics.update(arithmetic_gain(arithmetic, plan.out))
         metrics.update(
             profile=profile.name,
             model=plan.model,

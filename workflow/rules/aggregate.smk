@@ -8,6 +8,7 @@ rule aggregate:
         steps=str(L.table("steps")),
         summary=report(str(L.table("summary")), caption="../report/summary.rst", category="Cells"),
         problems=str(L.table("items")),
+        arithmetic=[str(L.table("items_arithmetic"))] if P.data.arithmetic_held_out else [],
     log:
         str(L.log("aggregate")),
     shell:
@@ -110,6 +111,7 @@ rule network_recovery:
     input:
         cells=str(L.table("cells")),
         problems=str(L.table("items")),
+        arithmetic=[str(L.table("items_arithmetic"))] if P.data.arithmetic_held_out else [],
     output:
         md=report(str(L.network_recovery), caption="../report/network_recovery.rst", category="Claims"),
         csv=str(L.network_recovery.with_suffix(".csv")),
@@ -126,6 +128,7 @@ rule store_network_recovery:
     input:
         str(L.table("cells")),
         str(L.table("items")),
+        [str(L.table("items_arithmetic"))] if P.data.arithmetic_held_out else [],
         str(L.network_recovery),
         str(L.network_recovery.with_suffix(".csv")),
     output:
