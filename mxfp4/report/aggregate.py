@@ -76,15 +76,15 @@ def _check_complete(path: Path, m: dict, profile: Profile) -> None:
     stages = set(m.get("eval_stages") or {}) | {"after"}
     if m.get("gsm8k_strict_accuracy_before") is not None:
         stages.add("before")
-    folders = [EVAL_FOLDERS.get(stage, str(stage)) for stage in sorted(stages)]
-    folders += list((m.get("eval_stages_arithmetic") or {}).values())
+    folders = {stage: EVAL_FOLDERS.get(stage, str(stage)) for stage in sorted(stages)}
+    folders |= {f"{stage} arithmetic": f for stage, f in (m.get("eval_stages_arithmetic") or {}).items()}
     if profile.data.arithmetic_held_out and "gsm8k_strict_accuracy_arithmetic" not in m:
         raise ValueError(f"{path}: profile {profile.name!r} holds out arithmetic and the cell has no evaluation on "
                          "it; rerun the cell")
-    for name in folders:
+    for stage, name in folders.items():
         folder = path.parent / name
         if not any(folder.glob("samples_*.jsonl")):
-            raise ValueError(f"{folder}: the cell records this evaluation, and no lm-eval samples_*.jsonl is "
+            raise ValueError(f"{folder}: the cell records its {stage} evaluation, and no lm-eval samples_*.jsonl is "
                              "there (its per-problem results are lost); rerun the cell")
 
 

@@ -8,7 +8,8 @@ MoE one (``claims.recovery_row``'s test). The design fixed before the run (``Pro
 row is primary; every row shows its minimum detectable effect and the networks the paper's margin needs. The same
 test on each half of the networks fixed before the run, with the between-half z, says whether the verdict
 replicates. The RL gain (after minus before GRPO) is a secondary row; a network whose cells had no learning signal
-(every advantage zero) is left out of it and named, never counted as a gain of 0."""
+(every advantage zero) is left out of it and named, never counted as a gain of 0. A profile that holds out arithmetic
+(``data.holdout``) gets every row again on the problems that need a never-trained fact, as secondary rows."""
 
 from __future__ import annotations
 
@@ -188,7 +189,7 @@ def markdown(result: dict, profile: str) -> str:
         lines += ["None in the profile: every row is secondary.", ""]
     else:
         needed = design.networks_needed or f"no number of networks at {design.problems} problems"
-        lines += [f"From {design.pilot}'s stored {design.stand_in} - {REFERENCE_RECIPE} contrast on the same "
+        lines += [f"From {design.pilot}'s stored {design.stand_in} - {REFERENCE_RECIPE} contrast on "
                   f"{design.networks} networks x {design.problems} problems: variance components problems "
                   f"{design.components['rows']:.3g}, networks {design.components['cols']:.3g}, residual "
                   f"{design.components['residual']:.3g}; minimum detectable effect {design.mde:.3f} at 80% power "
@@ -196,9 +197,12 @@ def markdown(result: dict, profile: str) -> str:
                   f"{'primary' if design.primary else 'a secondary row'}); the paper's {effect:.3f} needs {needed}.",
                   ""]
     several = len(result["splits"]) > 1
-    lines += ["## Premise: each recipe against BF16 on all networks (estimates, no test)", "",
-              "| contrast | " + ("held-out side | " if several else "") + "measure | networks | problems | diff | "
-              "95% CI |", "| --- |" + (" --- |" if several else "") + " --- | --- | --- | --- | --- |"]
+    lines += ["## Premise: each recipe against BF16 on all networks (estimates, no test)", ""]
+    if not result["premise"]:
+        lines.append(f"No MXFP4 recipe but {CORRECTED} in this profile.")
+    else:
+        lines += ["| contrast | " + ("held-out side | " if several else "") + "measure | networks | problems | diff | "
+                  "95% CI |", "| --- |" + (" --- |" if several else "") + " --- | --- | --- | --- | --- |"]
     for r in result["premise"]:
         lines.append(f"| {r['contrast']} | " + (f"{r['split']} | " if several else "")
                      + f"{r['measure']} | {r['networks']} | {r['problems'] or '—'} | "

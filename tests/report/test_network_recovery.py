@@ -103,8 +103,49 @@ def test_the_stored_design_is_what_the_stored_pilot_cells_make():
     assert {k: v for k, v in made.items() if k != "components"} == stored
 
 
-def test_the_stored_headline_is_what_its_stored_cells_make(tmp_path):
-    nr.run(STORED / "cells.csv", STORED / "items.csv", "networks-rl", load_profile("networks-rl").headline,
-           tmp_path / "r.md", tmp_path / "r.csv")
-    assert (tmp_path / "r.md").read_text() == (STORED / "recovery_networks.md").read_text()
-    assert (tmp_path / "r.csv").read_text() == (STORED / "recovery_networks.csv").read_text()
+@pytest.mark.parametrize("profile", ["networks-rl", "networks-arithmetic"])
+def test_the_stored_headline_is_what_its_stored_cells_make(tmp_path, profile):
+    stored = STORED.parent / profile
+    arithmetic = stored / "items_arithmetic.csv"
+    nr.run(stored / "cells.csv", stored / "items.csv", profile, load_profile(profile).headline, tmp_path / "r.md",
+           tmp_path / "r.csv", arithmetic if arithmetic.is_file() else None)
+    assert (tmp_path / "r.md").read_text() == (stored / "recovery_networks.md").read_text()
+    assert (tmp_path / "r.csv").read_text() == (stored / "recovery_networks.csv").read_text()
+    assert arithmetic.is_file() == load_profile(profile).data.arithmetic_held_out
+
+
+def test_the_command_prints_a_design_the_profile_accepts_and_writes_the_report(tmp_path, capsys):
+    import yaml
+
+    from mxfp4.cli import main
+
+    cells, items = grid(0.0)
+    write_csv(cells, tmp_path / "cells.csv")
+    write_csv(items, tmp_path / "items.csv")
+    assert main(["network-recovery", "--profile", "networks-rl", "--design", "--stand-in", "mxfp4+all",
+                 "--items", str(tmp_path / "items.csv")]) == 0
+    design = HeadlineDesign(**yaml.safe_load(capsys.readouterr().out)["headline"])
+    assert design.problems == 60 and design.networks == 8 and design.pilot == "networks-rl"
+    out = tmp_path / "r.md"
+    assert main(["network-recovery", "--profile", "networks-rl", "--cells", str(tmp_path / "cells.csv"), "--items",
+                 str(tmp_path / "items.csv"), "--out", str(out)]) == 0
+    assert out.is_file() and out.with_suffix(".csv").is_file() and "wrote" in capsys.readouterr().out
+
+
+def test_new_arithmetic_gets_every_row_again_as_secondary_rows():
+    cells, items = grid(0.0)
+    _, arithmetic = grid(-0.4, seed=1)
+    for c in cells:
+        c.update(gsm8k_strict_accuracy_arithmetic=0.1, gsm8k_strict_accuracy_before_arithmetic=0.05)
+    design = HeadlineDesign(**{**nr.design_from(items, "tiny-dense", "mxfp4+all", "toy"), "mde": HEADLINE_MAX_MDE,
+                               "primary": True})
+    result = nr.analyse(cells, items, "tiny-dense", design, arithmetic)
+    whole = {(r["split"], r["metric"]): r for r in result["rows"] if r["part"] == "all networks"}
+    assert set(whole) == {(s, m) for s in ("wording", "arithmetic") for m in (nr.FINAL, nr.GAIN)}
+    assert [k for k, r in whole.items() if r["family"] == "primary"] == [("wording", nr.FINAL)]
+    assert whole[("arithmetic", nr.FINAL)]["verdict"] == "contradicted"
+    by = {(r["recipe"], r["seed"], r["doc_id"]): r["strict"] for r in arithmetic}
+    expected = np.mean([by["mxfp4+all", s, i] - by["bf16", s, i] for s in range(20, 28) for i in range(60)])
+    assert whole[("arithmetic", nr.FINAL)]["diff"] == pytest.approx(float(expected), abs=1e-12)
+    text = nr.markdown(result, "toy")
+    assert nr.SPLITS["arithmetic"] in text and "; 0.10 (0.05)" in text and "No MXFP4 recipe but" in text
