@@ -257,9 +257,9 @@ def _cmd_network_recovery(args) -> int:
 
     items = args.items or args.layout.table("items")
     if args.design:
-        models = sorted({r["model"] for r in read_csv(items)})
-        for model in models:
-            print(yaml.safe_dump({"headline": design_from(read_csv(items), model, args.stand_in, args.profile)},
+        rows = read_csv(items)
+        for model in sorted({r["model"] for r in rows}):
+            print(yaml.safe_dump({"headline": design_from(rows, model, args.stand_in, args.profile)},
                                  sort_keys=False), end="")
         return 0
     profile = profile_of(args)

@@ -587,10 +587,10 @@ class Profile(_Strict):
         out = {
             "model": self.model(model).setting(),
             "code_version": CODE_VERSION,
-            **self.model_dump(include={"data", "grpo", "probe_every", "probe_rows", "eval"}),
+            "data": self.data.recorded(),
+            **self.model_dump(include={"grpo", "probe_every", "probe_rows", "eval"}),
             "pretrain": None if self.pretrain is None else self.pretrain.recorded(),
         }
-        out["data"] = self.data.recorded()
         if out["grpo"]["reward"] == "accuracy":  # the task's own reward is implied; only another one is named
             del out["grpo"]["reward"]
         if self.data.source == "gsm8k":

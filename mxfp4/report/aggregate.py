@@ -78,7 +78,7 @@ def _check_complete(path: Path, m: dict, profile: Profile) -> None:
         stages.add("before")
     folders = {stage: EVAL_FOLDERS.get(stage, str(stage)) for stage in sorted(stages)}
     folders |= {f"{stage} arithmetic": f for stage, f in (m.get("eval_stages_arithmetic") or {}).items()}
-    if profile.data.arithmetic_held_out and "gsm8k_strict_accuracy_arithmetic" not in m:
+    if profile.data.arithmetic_held_out and ARITHMETIC_METRICS[0] not in m:
         raise ValueError(f"{path}: profile {profile.name!r} holds out arithmetic and the cell has no evaluation on "
                          "it; rerun the cell")
     for stage, name in folders.items():
@@ -298,8 +298,8 @@ def aggregate(layout: Layout, out: Path | str | None = None, profile: Profile | 
     if items:
         write_csv(items, out / TABLES["items"])
     counts = {"cells": len(cells), "steps": len(steps), "items": len(items)}
-    if any("gsm8k_strict_accuracy_arithmetic" in c for c in cells):
-        kept = {(c["model"], c["recipe"], c["seed"]) for c in cells if "gsm8k_strict_accuracy_arithmetic" in c}
+    kept = {(c["model"], c["recipe"], c["seed"]) for c in cells if ARITHMETIC_METRICS[0] in c}
+    if kept:  # the cells evaluated on never-trained arithmetic
         arithmetic = read_items(layout, kept, ARITHMETIC_EVAL_FOLDERS)
         write_csv(arithmetic, out / TABLES["items_arithmetic"])
         counts["items_arithmetic"] = len(arithmetic)

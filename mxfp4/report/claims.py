@@ -222,6 +222,24 @@ def crossed_problems(items: list[dict], model: str, a: str, b: str, metric: str)
     return est if est is not None and est.get("se") else None
 
 
+def recovery_null(model: str) -> tuple[float, float, str]:
+    """(the paper's effect, the null value a recovery difference is tested against, the test's name) of a model:
+    superiority by the MoE's reported gain against 0, or non-inferiority within the dense margin."""
+    if is_moe(model):
+        return MOE_REPORTED_GAIN, 0.0, "superiority"
+    return NONINFERIORITY_MARGIN, -NONINFERIORITY_MARGIN, "non-inferiority"
+
+
+def crossed_recovery_test(crossed: dict, model: str) -> dict:
+    """The recovery test of a ``crossed_problems`` estimate: its two-sided p against the model's null value
+    (``recovery_null``), the design's minimum detectable effect (``mde80``) and the networks the paper's effect
+    needs at its number of problems (``networks_needed``; None where no number suffices)."""
+    effect, null, _ = recovery_null(model)
+    return {"p": float(2 * stats.t.sf(abs(crossed["mean"] - null) / crossed["se"], crossed["df"])),
+            "mde80": crossed_mde(crossed["components"], crossed["rows"], crossed["cols"]),
+            "networks_needed": crossed_cols_needed(effect, crossed["components"], crossed["rows"])}
+
+
 def recovery_row(cells: list[dict], model: str, problems: int | None = None,
                  metric: str = "gsm8k_strict_accuracy", items: list[dict] = ()) -> dict | None:
     """The recovery claim of one model on ``metric`` (``RECOVERY_MEASURES``: the RL gain or the final
@@ -235,15 +253,12 @@ def recovery_row(cells: list[dict], model: str, problems: int | None = None,
     if d["n"] == 0:
         return None
     how = f"paired t over seeds (n={d['n']})"
-    paper_effect = MOE_REPORTED_GAIN if is_moe(model) else NONINFERIORITY_MARGIN
-    shift = 0.0 if is_moe(model) else -NONINFERIORITY_MARGIN
+    paper_effect, shift, _ = recovery_null(model)
     design = None
     crossed = crossed_problems(items, model, "mxfp4+all", REFERENCE_RECIPE, metric) if items else None
     if crossed is not None:
-        se, df = crossed["se"], crossed["df"]
-        p = float(2 * stats.t.sf(abs(crossed["mean"] - shift) / se, df))
-        mde = crossed_mde(crossed["components"], crossed["rows"], crossed["cols"])
-        needed = crossed_cols_needed(paper_effect, crossed["components"], crossed["rows"])
+        test = crossed_recovery_test(crossed, model)
+        p, mde, needed = test["p"], test["mde80"], test["networks_needed"]
         design = {"mde": mde, "networks_needed": needed, "problems": crossed["rows"], "networks": crossed["cols"]}
         how = (f"{crossed['interval']} over {crossed['rows']} held-out problems x {crossed['cols']} networks; "
                f"MDE80 {mde:.3f}; the paper's {paper_effect:.1%} needs "

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from ..config.profiles import HEADLINE_MAX_MDE, HeadlineDesign
@@ -23,7 +22,7 @@ from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE
 from ..stats import ALPHA, between_half_z, crossed_cols_needed, crossed_mde, fixed_halves
 from .aggregate import no_learning_signal, read_csv, write_csv
-from .claims import MOE_REPORTED_GAIN, NONINFERIORITY_MARGIN, RECOVERY_MEASURES, crossed_problems, is_moe
+from .claims import RECOVERY_MEASURES, crossed_problems, crossed_recovery_test, recovery_null
 
 CORRECTED, PLAIN = "mxfp4+all", "mxfp4"
 FINAL, GAIN = "gsm8k_strict_accuracy", "gsm8k_rl_gain"
@@ -31,13 +30,6 @@ METHOD = ("per held-out problem and network, the measure under {a} minus under {
           "networks on the crossed random-effects model (problems and networks random, Satterthwaite df); two-sided "
           "at {alpha} against {null} (Holm over the rows of a family); each half of the networks fixed before the "
           "run (sorted, taken alternately) tested alone at {alpha}")
-
-
-def paper_effect(model: str) -> tuple[float, float, str]:
-    """(the paper's effect, the null value the difference is tested against, the test's name) of a model."""
-    if is_moe(model):
-        return MOE_REPORTED_GAIN, 0.0, "superiority"
-    return NONINFERIORITY_MARGIN, -NONINFERIORITY_MARGIN, "non-inferiority"
 
 
 def _estimate(items: list[dict], model: str, a: str, b: str, metric: str, networks: list[int]) -> dict | None:
@@ -61,7 +53,7 @@ def design_from(items: list[dict], model: str, stand_in: str, pilot: str) -> dic
     if est is None or "components" not in est:
         raise ValueError(f"{pilot}: {model} has no {stand_in} and {REFERENCE_RECIPE} cells on two or more networks "
                          "and problems; the design needs their per-problem rows (items.csv)")
-    effect = paper_effect(model)[0]
+    effect = recovery_null(model)[0]
     mde = crossed_mde(est["components"], est["rows"], est["cols"])
     design = HeadlineDesign(pilot=pilot, stand_in=stand_in, problems=est["rows"], networks=est["cols"],
                             components=est["components"], mde=mde,
@@ -79,7 +71,7 @@ def silent_networks(cells: list[dict], model: str, recipes: tuple[str, ...]) -> 
 def contrast_row(items: list[dict], model: str, a: str, metric: str, networks: list[int], part: str) -> dict:
     """``metric`` under ``a`` minus under BF16 on ``networks``: the crossed estimate, its two-sided p against the
     paper's null value, the design's minimum detectable effect and the networks the paper's effect needs."""
-    effect, null, test = paper_effect(model)
+    _, null, test = recovery_null(model)
     row = {"model": model, "contrast": f"{a} - {REFERENCE_RECIPE}", "measure": RECOVERY_MEASURES[metric],
            "metric": metric, "part": part, "networks": len(networks), "problems": None, "diff": None, "ci_low": None,
            "ci_high": None, "se": None, "df": None, "p": None, "null": null, "test": test, "mde80": None,
@@ -88,10 +80,7 @@ def contrast_row(items: list[dict], model: str, a: str, metric: str, networks: l
     if est is None or est.get("se") is None:
         return row
     row.update(problems=est["rows"], networks=est["cols"], diff=est["mean"], ci_low=float(est["ci_low"]),
-               ci_high=float(est["ci_high"]), se=est["se"], df=est["df"],
-               p=float(2 * stats.t.sf(abs(est["mean"] - null) / est["se"], est["df"])),
-               mde80=crossed_mde(est["components"], est["rows"], est["cols"]),
-               networks_needed=crossed_cols_needed(effect, est["components"], est["rows"]))
+               ci_high=float(est["ci_high"]), se=est["se"], df=est["df"], **crossed_recovery_test(est, model))
     return row
 
 
@@ -180,7 +169,7 @@ def _needed(r: dict) -> str:
 
 def markdown(result: dict, profile: str) -> str:
     model, design = result["model"], result["design"]
-    effect, null, test = paper_effect(model)
+    effect, null, test = recovery_null(model)
     k = len(result["networks"])
     lines = [f"# The headline recovery over networks: {profile}, {model}", "",
              METHOD.format(a=CORRECTED, b=REFERENCE_RECIPE, alpha=ALPHA, null=f"{null:+.3f} ({test})") + ".", ""]

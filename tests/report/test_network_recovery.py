@@ -8,6 +8,7 @@ import pytest
 from mxfp4.config.profiles import HEADLINE_MAX_MDE, HeadlineDesign, load_profile
 from mxfp4.report import network_recovery as nr
 from mxfp4.report.aggregate import read_csv, write_csv
+from mxfp4.report.claims import NONINFERIORITY_MARGIN
 
 STORED = Path(__file__).resolve().parents[2] / "results" / "baselines" / "networks-rl"
 
@@ -50,7 +51,7 @@ def test_verdicts_are_symmetric_about_the_margin():
     contradicted = nr.analyse(*grid(-0.4), "tiny-dense", None)["rows"][0]
     assert held["verdict"] == "held" and held["diff"] > held["null"]
     assert contradicted["verdict"] == "contradicted" and contradicted["diff"] < contradicted["null"]
-    assert held["null"] == -nr.NONINFERIORITY_MARGIN
+    assert held["null"] == -NONINFERIORITY_MARGIN
 
 
 def test_a_network_without_learning_signal_leaves_the_rl_gain_rows_only():
