@@ -15,13 +15,15 @@ against device time, the quantizer's calls and its host time per call, and the o
 Host time: the call's wall time before the device is synchronised; device time: CUDA events around it (on
 CPU the two are one: the host computes). Each time is the median of ``--reps`` calls after one warm-up.
 ``--fused-corrections off`` composes the corrections' hooks around the plain kernel (the same values): one
-run of each gives the fused kernels' effect on the same machine.
+run of each gives the fused kernels' effect on the same machine. ``--host-profile N``: where each recipe's
+decode host time goes (cProfile over N calls, the top functions by their own time).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import platform
 import statistics
 import sys
@@ -138,6 +140,23 @@ def timed(fn, device: str, reps: int) -> dict:
             "launches": launches(fn, device)}
 
 
+def host_profile(fn, calls: int, top: int = 15) -> list[dict]:
+    """Where the host time of ``fn()`` goes: cProfile over ``calls`` calls, the ``top`` functions by their own
+    time, each with its calls and microseconds (own and cumulative) per ``fn()`` call."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [{"function": f"{file.rsplit('/', 2)[-1] if '/' in file else file}:{line}({name})",
+             "calls_per_call": n / calls, "own_us_per_call": own / calls * 1e6, "cum_us_per_call": cum / calls * 1e6}
+            for (file, line, name), (_, n, own, cum, _) in rows]
+
+
 def run_case(kind: str, recipe: str, args, dtype: torch.dtype) -> dict:
     holder = build_layer(kind, args.moe_experts, dtype, args.device)
     autocast = (torch.autocast(args.device, dtype=torch.bfloat16) if args.compute == "bfloat16"
@@ -162,7 +181,10 @@ def run_case(kind: str, recipe: str, args, dtype: torch.dtype) -> dict:
         out.float().square().mean().backward()
 
     try:
-        return {"decode": timed(decode, args.device, args.reps), "train": timed(train, args.device, args.reps)}
+        result = {"decode": timed(decode, args.device, args.reps), "train": timed(train, args.device, args.reps)}
+        if args.host_profile:
+            result["decode"]["host_profile"] = host_profile(decode, args.host_profile)
+        return result
     finally:
         if r.quantize:
             unpatch_model(holder)
@@ -181,12 +203,16 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--fused-corrections", default="on", choices=["on", "off"],
                    help="off: the corrections composed around the plain kernel (dispatch.use_fused_corrections)")
+    p.add_argument("--host-profile", type=int, default=0, metavar="N",
+                   help="cProfile N decode calls of each recipe: the top functions by own host time")
     p.add_argument("--threads", type=int, default=1, help="torch's CPU threads (1: a cell of the main job)")
     p.add_argument("--out", required=True, help="the JSON report")
     args = p.parse_args(argv)
     cuda = args.device == "cuda"
     if cuda and not torch.cuda.is_available():
         raise SystemExit("bench_layer: --device cuda but torch sees no CUDA device")
+    if args.host_profile < 0:
+        raise SystemExit(f"bench_layer: --host-profile must be at least 0, got {args.host_profile}")
     for name in ("tokens", "decode_batch", "moe_experts", "reps", "threads"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -207,7 +233,9 @@ def main(argv=None) -> int:
            "device": torch.cuda.get_device_name() if cuda else "cpu",
            "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                         "mxfp4": mxfp4.__version__},
-           "settings": {k: v for k, v in vars(args).items() if k != "out"}, "layers": {}}
+           "settings": {**{k: v for k, v in vars(args).items() if k != "out"},
+                        "autotune": os.environ.get("MXFP4_AUTOTUNE", "1") != "0"},  # off: each space's first tiles
+           "layers": {}}
     with dispatch.use_fused_corrections(args.fused_corrections == "on"):
         for kind in args.layers:
             rows = out["layers"].setdefault(kind, {})

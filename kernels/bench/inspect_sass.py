@@ -248,7 +248,8 @@ def report_gemm(name: str, n: int, k: int, m: int) -> list[dict]:
 
 def every_launch(shape: tuple = (256, 1024)):
     """(name, thunk) for every variant the host wrappers launch: each input dtype, scale rule and
-    layout of the memory kernels (rows, axis 0, a 3D middle axis), their float32 and bfloat16 outputs,
+    layout of the memory kernels (rows, axis 0, a 3D middle axis), their float32 and bfloat16 outputs, the
+    corrections kernel's split and macro-block variants (its axis-0 operands are copied to rows first),
     the W4A16 decode spaces (split-K and whole-K at BLOCK_M 16, 32, 64) and both operand formats of
     the ``tl.dot_scaled`` GEMM."""
     thunks = []
@@ -269,6 +270,13 @@ def every_launch(shape: tuple = (256, 1024)):
         for axis in (-1, 0):
             qt = mxfp4.quantize(torch.zeros(shape, dtype=dtype), axis=axis)
             thunks.append((f"dequantize {dtype} axis {axis}", lambda qt=qt: tk.dequantize(qt)))
+    corrections = {torch.bfloat16: [(True, 0)], torch.float32: [(True, 0), (False, 4), (True, 4), (True, 8)]}
+    for dtype, variants in corrections.items():
+        x = torch.empty(shape, dtype=dtype)
+        for rule in tk.RULE_IDS:
+            for split, blocks in variants:
+                thunks.append((f"corrections {dtype} {rule} split {split} macro {blocks}",
+                               lambda x=x, r=rule, s=split, b=blocks: tk.corrected(x, -1, r, s, b, x.stride())))
     weight = reference.quantize(torch.randn(tg.DIRECT_MIN_TILES * 64, 1024))
     for n in (512, tg.DIRECT_MIN_TILES * 64):  # split-K, whole-K
         packed = tg.pack_weight(reference.quantize(torch.randn(n, 1024)))

@@ -11,7 +11,9 @@ the reports made anew after a target changed), from all of that device's calls:
 - ``results/gpu/gpu_smoke_dense_<device>.json``: ``mxfp4 gpu-smoke-report`` over every call that ran
   gpu-smoke-quick cells, each recipe against its own call's bf16, the memory plan's peaks beside;
 - ``results/gpu/gpu_smoke_moe_<device>.json``: the MoE slice (the last call that ran ``smoke-moe``);
-- ``results/bench/layer_<device>.json``: the real-shape layers (the last call that ran ``layer``);
+- ``results/bench/layer_<device>.json``: the real-shape layers, each (layer, recipe) row from the last call that
+  measured it (``sources`` names it; its ratio is to that call's own bf16 row);
+- ``results/bench/layer_unfused_<device>.json``: the correction recipes' layers with the fused kernels off, alike;
 - ``results/bench/bench_<device>.json``: the kernel calls (memory1, memory2, gemm) of one device merged (where
   no call of the device timed kernels, a stored file is judged as it is and left unchanged);
 - ``results/gpu/targets_<device>.json``: every GPU target with its number, met or missed, and the two
@@ -100,6 +102,26 @@ def _latest_report(root: Path, rel: list[Path], name: str, out: str) -> dict | N
     return report
 
 
+def _merged_layer_report(root: Path, rel: list[Path], name: str, out: str) -> dict | None:
+    """The real-shape layer reports of these calls merged: each (layer, recipe) row from the last call that
+    measured it, its ratio to that call's own reference (times compare only within a call), the call named in
+    ``sources``; the last call's header. Written to ``out``; None where no call ran it."""
+    found = _in_calls(root, rel, name)
+    if not found:
+        return None
+    reports = [_json(root / f) for f in found]
+    layers: dict = {}
+    sources: dict = {}
+    for path, report in zip(found, reports):
+        for layer, recipes in report["layers"].items():
+            for recipe, row in recipes.items():
+                layers.setdefault(layer, {})[recipe] = row
+                sources.setdefault(layer, {})[recipe] = str(path)
+    merged = {**reports[-1], "layers": layers, "sources": sources, "source": [str(f) for f in found]}
+    write_json_atomic(root / out, merged)
+    return merged
+
+
 def unpack(call: Path, into: Path) -> Path:
     """One call's session.tgz unpacked (its flat headline files, the newest copies, laid over it)."""
     if not call.is_dir():
@@ -177,8 +199,10 @@ def collect(calls: list[Path], root: Path = ROOT) -> dict[str, list[dict]]:
                      "value": t["value"], "threshold": f">= {t['threshold']}", "met": t["met"]}
                     for t in kernel_targets]
         layer_out = f"results/bench/layer_{slug}.json"
-        if (report := _latest_report(root, rel, "bench_layer.json", layer_out)) is not None:
+        if (report := _merged_layer_report(root, rel, "bench_layer.json", layer_out)) is not None:
             targets += layer_targets(report, layer_out)
+        # the correction recipes with their hooks composed in torch ops: the "before" of the fused kernels
+        _merged_layer_report(root, rel, "bench_layer_unfused.json", f"results/bench/layer_unfused_{slug}.json")
         targets += device_checks(root, rel)
         write_json_atomic(root / f"results/gpu/targets_{slug}.json",
                           {"device_calls": [str(f) for f in rel], "targets": targets})

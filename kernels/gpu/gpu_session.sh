@@ -10,7 +10,11 @@
 #   bash kernels/gpu/gpu_session.sh smoke-dense2   # gpu-smoke-quick cells bf16, mxfp4+fallback, mxfp4+aqn, mxfp4+all
 #   bash kernels/gpu/gpu_session.sh smoke:mxfp4+all,mxfp4+macro   # bf16, then the named cells (what a device still lacks)
 #   bash kernels/gpu/gpu_session.sh smoke-moe      # Qwen3-30B-A3B expert layers: bf16 vs grouped MXFP4 vs per-expert -> gpu_smoke_moe.json
-#   bash kernels/gpu/gpu_session.sh layer          # real-shape dense and MoE layers, every recipe: host vs device, launches -> bench_layer.json
+#   bash kernels/gpu/gpu_session.sh layer          # real-shape dense and MoE layers, every recipe: host vs device, launches,
+#                                              # where the decode host time goes -> bench_layer.json
+#   bash kernels/gpu/gpu_session.sh layer-unfused  # the correction recipes with their hooks composed in torch ops (the fused
+#                                              # kernels off): before against after in one call -> bench_layer_unfused.json
+#   bash kernels/gpu/gpu_session.sh corrected      # the corrections' fused Triton kernel compiled, bit-exact on the device
 #   bash kernels/gpu/gpu_session.sh checks         # bit-exact on the device: every kernel, dtype, rule, layout; the GEMMs
 #   bash kernels/gpu/gpu_session.sh configs        # each config of every autotune space forced and checked (the tuner may pick any)
 #   bash kernels/gpu/gpu_session.sh memory1        # memory-bound rows at 16384x8192 and 8192x4096, copy bandwidth beside
@@ -41,7 +45,7 @@
 # unpacks the calls into results/gpu/calls/<device>/, writes the GPU result files and prints every target.
 # docs/kernels.md says what each kernel step predicts.
 set -uo pipefail
-STEPS="stack tests smoke-dense1 smoke-dense2 smoke-moe layer checks configs memory1 memory2 gemm stats-patch"
+STEPS="stack tests corrected smoke-dense1 smoke-dense2 smoke-moe layer layer-unfused checks configs memory1 memory2 gemm stats-patch"
 SMOKE_RECIPES="bf16 mxfp4 mxfp4+macro mxfp4+fallback mxfp4+aqn mxfp4+all"   # the gpu-smoke-quick profile's
 for step in "$@"; do   # every name checked before any device time is spent
     if [[ $step == smoke:* ]]; then
@@ -92,8 +96,8 @@ else   # without them every step would die at its first import: stop before spen
 fi
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv > "$WORK/device.csv" 2>/dev/null || true
 
-HEADLINE="steps.tsv stack.json gpu_smoke_dense.json gpu_smoke_moe.json checks.json bench_memory1.json bench_memory2.json
-          bench_gemm.json tests_gpu.log"
+HEADLINE="steps.tsv stack.json bench_layer.json bench_layer_unfused.json gpu_smoke_dense.json tests_corrected.log
+          gpu_smoke_moe.json checks.json bench_memory1.json bench_memory2.json bench_gemm.json tests_gpu.log"
 publish() {   # after every step: the headline files flat into $OUT (at most 6 of them), the rest packed
     local n=0 f
     for f in $HEADLINE; do
@@ -172,13 +176,19 @@ PY
                MXFP4_TEST_CUDA=1 MXFP4_AUTOTUNE=0 capped 400 python3 -m pytest -m gpu -v --durations=10 \
                    -p no:cacheprovider $workers --junitxml="$WORK/tests_gpu.xml" tests > "$WORK/tests_gpu.log" 2>&1
                rc=$?; tail -3 "$WORK/tests_gpu.log"; (exit $rc) ;;   # the step's status is pytest's, not tail's
+        corrected) MXFP4_TEST_CUDA=1 MXFP4_AUTOTUNE=0 capped 200 python3 -m pytest -m gpu -v -p no:cacheprovider \
+                       tests/corrections/test_triton_corrections.py > "$WORK/tests_corrected.log" 2>&1
+               rc=$?; tail -3 "$WORK/tests_corrected.log"; (exit $rc) ;;
         smoke-dense1) smoke_dense bf16 mxfp4 mxfp4+macro ;;
         smoke-dense2) smoke_dense bf16 mxfp4+fallback mxfp4+aqn mxfp4+all ;;
         smoke:*) IFS=, read -ra picked <<< "${step#smoke:}"; smoke_dense bf16 "${picked[@]}" ;;
         smoke-moe) capped 150 python3 kernels/bench/bench_moe.py --device cuda --compute bfloat16 --cases all --reps 3 \
                        --out "$WORK/gpu_smoke_moe.json" ;;
         layer)   capped 200 python3 kernels/bench/bench_layer.py --device cuda --compute bfloat16 --reps 3 \
-                     --out "$WORK/bench_layer.json" ;;
+                     --host-profile 20 --out "$WORK/bench_layer.json" ;;
+        layer-unfused) capped 150 python3 kernels/bench/bench_layer.py --device cuda --compute bfloat16 --reps 3 \
+                     --recipes bf16 mxfp4+fallback mxfp4+macro mxfp4+all --fused-corrections off \
+                     --out "$WORK/bench_layer_unfused.json" ;;
         checks)  MXFP4_AUTOTUNE=0 capped 280 python3 kernels/check_kernels.py --out "$WORK/checks.json" ;;
         configs) capped 280 python3 kernels/check_kernels.py --every-config --out "$WORK/checks_configs.json" ;;
         memory1) TRITON_PRINT_AUTOTUNING=1 capped 280 python3 kernels/bench/bench_kernels.py --only memory \

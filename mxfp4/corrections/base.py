@@ -69,6 +69,11 @@ class Correction:
         candidate). None (the default): no kernel computes it, and the quantizer composes its hooks."""
         return None
 
+    def value_bits(self, fmt) -> int | None:
+        """The most significant bits a value of this correction's ``block_quantizer`` has in ``fmt`` (a GEMM on
+        its values is exact in TF32 where this is at most 11), or None where it is not known."""
+        return None
+
     def record_split(self, kept: int, seen: int) -> None:
         """Told, where a fused kernel ran this correction's ``split`` (``kernel_terms``), how many elements
         it kept in high precision out of how many it saw: what ``split`` would have counted."""

@@ -81,6 +81,10 @@ class MacroBlockScaling(Correction):
     def kernel_terms(self) -> dict | None:
         return {"macro_blocks": self.blocks} if self.rows == 1 and self.candidates == "max" else None
 
+    def value_bits(self, fmt) -> int:
+        """A grid value's significand times the BF16 mantissa m (the E8M0 scale is a power of two)."""
+        return get_format(fmt).element.mbits + 1 + 8
+
     def block_quantizer(self, fmt, rule):
         fmt = get_format(fmt)
         elem = fmt.element
@@ -143,7 +147,8 @@ class MacroBlockScaling(Correction):
         macro = self._groups(to_blocks(dispatch.fake_quantize(scaled, fmt, ax, rule), ax, fmt.block_size))[0]
         values = torch.stack([plain, macro * m[:, None, None]])  # [2, G, n, bs]
         best, pick = self._best(values, g)
-        return from_blocks(self._ungroup(values[best, pick], info), x.shape, ax).to(x.dtype)
+        # contiguous blocks, as the block path's product is: the same layout
+        return from_blocks(self._ungroup(values[best, pick], info).contiguous(), x.shape, ax).to(x.dtype)
 
     def cost(self) -> dict:
         return {"extra_bits_per_element": 16.0 / (32 * self.blocks * self.rows), "bf16_fraction": 0.0}

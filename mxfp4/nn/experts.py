@@ -75,7 +75,7 @@ class GroupedQuantLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, xq, w_fwd, w_bwd, plan: DispatchPlan, gemm):
         ctx.autocast, ctx.device_type = autocast_dtype(x), x.device.type
-        ctx.exact = gemm.quantizer.exact_in_bf16
+        ctx.exact, ctx.tf32 = gemm.quantizer.exact_in_bf16, gemm.quantizer.exact_in_tf32
 
         def run(cast):
             q = xq if xq is not None else gemm.act(x, -1, "activation", gemm.gemms["forward"])

@@ -9,6 +9,7 @@ its probe. The design (caching under FSDP/ZeRO, bf16 autocast, W4A16 rollouts) i
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import torch
@@ -120,14 +121,31 @@ def autocast_dtype(x: torch.Tensor):
 def gemm_precision(ctx, fn):
     """Run ``fn`` under the autocast state the forward saw (autograd runs backward outside autocast),
     or with autocast off and float32 operands when the quantized values are not all bf16 numbers:
-    a bf16 GEMM would round them (docs/design.md, "On GPUs": bf16 compute, exact quantized operands)."""
+    a bf16 GEMM would round them (docs/design.md, "On GPUs": bf16 compute, exact quantized operands).
+    Float32 GEMMs on CUDA take TF32 inputs where every operand value is a TF32 number (``ctx.tf32``: the
+    quantizer's ``exact_in_tf32``): the same products on the tensor cores, float32 accumulation."""
     if ctx.autocast is None:
         return fn(None)
     if ctx.exact:
         with torch.autocast(ctx.device_type, dtype=ctx.autocast):
             return fn(None)
-    with torch.autocast(ctx.device_type, enabled=False):
+    with torch.autocast(ctx.device_type, enabled=False), tf32_matmuls(ctx.tf32 and ctx.device_type == "cuda"):
         return fn(torch.float32)
+
+
+@contextlib.contextmanager
+def tf32_matmuls(enabled: bool):
+    """CUDA float32 matmuls with TF32 inputs inside the block where ``enabled`` (the caller vouches that every
+    operand is exact in TF32); the setting restored after."""
+    if not enabled:
+        yield
+        return
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def forward_gemm(ctx, x, bias, w_fwd, gemm: GemmContext) -> torch.Tensor:
@@ -155,7 +173,7 @@ class QuantLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, w_fwd, w_bwd, gemm: GemmContext):
         ctx.autocast, ctx.device_type = autocast_dtype(x), x.device.type
-        ctx.exact = gemm.quantizer.exact_in_bf16
+        ctx.exact, ctx.tf32 = gemm.quantizer.exact_in_bf16, gemm.quantizer.exact_in_tf32
         y = forward_gemm(ctx, x, bias, w_fwd, gemm)
         ctx.save_for_backward(x, w_bwd)
         ctx.gemm = gemm
@@ -197,7 +215,7 @@ def quant_linear(x, weight, bias, gemm: GemmContext, w_fwd=None, w_bwd=None):
     if autocast is None:  # under autocast the GEMM casts them itself (float32 when not exact in bf16)
         w_fwd = w_fwd.to(x.dtype)
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (x, weight, bias)):
-        ctx = ForwardOnly(autocast, x.device.type, gemm.quantizer.exact_in_bf16)
+        ctx = ForwardOnly(autocast, x.device.type, gemm.quantizer.exact_in_bf16, gemm.quantizer.exact_in_tf32)
         return forward_gemm(ctx, x, bias, w_fwd, gemm)
     if w_bwd is None:
         w_bwd = gemm.weight(weight, 0, gemm.gemms["input_grad"], "input_grad")
@@ -213,6 +231,7 @@ class ForwardOnly:
     autocast: torch.dtype | None
     device_type: str
     exact: bool
+    tf32: bool = False
 
 
 def linear_forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -192,6 +192,28 @@ def fake_quantize(x, fmt="mxfp4", axis=-1, scale_rule=None) -> torch.Tensor:
     return reference.fake_quantize(x, fmt, axis, scale_rule)
 
 
+def fake_quantize_corrected(x: torch.Tensor, fmt, axis: int, scale_rule, split: bool, blocks: int,
+                            strides: tuple) -> torch.Tensor | None:
+    """Outlier fallback (``split``: each block's largest magnitude kept in bfloat16) and/or macro-block scaling
+    over ``blocks`` blocks in one pass of the backend's fused kernel (``fused_cpu.corrected`` for a float32 x
+    on the fused backend, ``triton_kernels.corrected`` on Triton), the torch composition's values laid out
+    with ``strides``; None where no fused kernel applies or an element is not finite."""
+    backend = backend_for(x, fmt)
+    if backend == "fused" and x.dtype == torch.float32:
+        return fused_cpu.corrected(x, get_format(fmt), axis, scale_rule, split, blocks, strides)
+    if backend == "triton":
+        return _kernels().corrected(x, axis, scale_rule, split, blocks, strides)
+    return None
+
+
+def plain_output_strides(x: torch.Tensor, axis: int, fmt, scale_rule, backend: str) -> tuple:
+    """The strides of ``fake_quantize``'s result on ``backend`` for an x of these shape and strides (a meta
+    tensor will do)."""
+    if backend == "triton":
+        return _kernels().output_strides(x, axis)
+    return fused_cpu.output_strides(x, axis, get_format(fmt), scale_rule)
+
+
 def fake_quantize_stochastic(x: torch.Tensor, fmt, axis: int, scale_rule, generator: torch.Generator) -> torch.Tensor:
     """``reference.fake_quantize_stochastic`` (elements rounded stochastically under the block scales, the draws
     from ``generator``): the fused CPU kernel for a contiguous float32 x blocked along its last axis (the

@@ -109,6 +109,10 @@ class ComponentQuantizer(Quantizer):
         return False
 
     @property
+    def exact_in_tf32(self) -> bool:
+        return False
+
+    @property
     def row(self) -> str:
         row = f"+{self.inject}" if self.inject else f"-{self.remove}"
         return f"{row}~{self.control}" if self.control else row

@@ -129,6 +129,19 @@ class Quantizer:
         (the rotated-back values). Stochastic rounding lands on the grid: exact."""
         return not self.fmt.tensor_scale and self.block_quantizer is None and not self._rotating
 
+    @property
+    def exact_in_tf32(self) -> bool:
+        """Every value this quantizer returns has at most 11 significant bits (TF32's), so a GEMM on them with
+        TF32 inputs and float32 accumulation multiplies them exactly: the bf16-exact values, and a block-replacing
+        correction's whose ``value_bits`` say so (macro-block scaling of MXFP4: 2 + 8 bits), without a
+        per-tensor scale or a rotation."""
+        if self.exact_in_bf16:
+            return True
+        if self.fmt.tensor_scale or self._rotating or self._block_owner is None:
+            return False
+        bits = self._block_owner.value_bits(self.fmt)
+        return bits is not None and bits <= 11
+
     def widened(self, x: torch.Tensor) -> torch.Tensor:
         """x as this quantizer must read it: a 16-bit x in float32 when its results are not all bf16
         numbers (macro-block, NVFP4, component injection), so they are never rounded back to 16 bits
@@ -170,42 +183,49 @@ class Quantizer:
         return terms
 
     def _fused_corrected(self, x: torch.Tensor, axis: int, valid) -> torch.Tensor | None:
-        """The corrections' values from one pass of the fused CPU kernel, laid out as the torch composition
-        lays them out, where it applies (kernel terms for every correction, a float32 x with data on the
-        fused backend, the fused corrections switched on (``dispatch.use_fused_corrections``), with a padding
-        mask no split to count); None otherwise or where x is not finite (the torch path then runs)."""
+        """The corrections' values from one pass of a fused kernel (the C++ one on CPU, Triton on CUDA), laid out
+        as the torch composition lays them out, where it applies (kernel terms for every correction, the fused
+        corrections switched on (``dispatch.use_fused_corrections``), with a padding mask no split to count);
+        None otherwise or where x is not finite (the torch path then runs)."""
         terms = self._kernel_terms
-        if (terms is None or not dispatch.fused_corrections_enabled() or x.dtype != torch.float32 or not x.numel()
-                or dispatch.backend_for(x, self.fmt) != "fused"
+        if (terms is None or not dispatch.fused_corrections_enabled() or not x.numel()
                 or (valid is not None and "split" in terms)):  # the split counts valid elements only: its mask
             return None
+        backend = dispatch.backend_for(x, self.fmt)
+        if backend == "fused" and x.dtype != torch.float32:
+            return None
         ax = axis % x.dim()
-        key = (tuple(x.shape), x.stride(), ax)
+        key = (backend, tuple(x.shape), x.stride(), x.dtype, ax)
         strides = self._kernel_strides.get(key)
         if strides is None:
+            if backend not in ("fused", "triton"):
+                return None
             if len(self._kernel_strides) >= 4096:  # token counts vary step by step: keep the cache bounded
                 self._kernel_strides.clear()
-            strides = self._kernel_strides[key] = self._composed_strides(x, ax)
+            strides = self._kernel_strides[key] = self._composed_strides(x, ax, backend)
         split = "split" in terms
-        out = fused_cpu.corrected(x, self.fmt, ax, self.scale_rule, split, terms.get("macro_blocks", 0), strides)
+        out = dispatch.fake_quantize_corrected(x, self.fmt, ax, self.scale_rule, split, terms.get("macro_blocks", 0),
+                                               strides)
         if out is not None and split:
             kept = x.numel() // x.shape[ax] * -(-x.shape[ax] // self.fmt.block_size)  # one element a block
             for c in self._splitters:
                 c.record_split(kept, x.numel())
         return out
 
-    def _composed_strides(self, x: torch.Tensor, axis: int) -> tuple:
-        """The strides of the torch composition's result for an x of this shape and strides: the composition
-        run on a meta tensor (no data, the same stride rules) by a quantizer of fresh copies of the corrections,
-        whose counts are their own."""
+    def _composed_strides(self, x: torch.Tensor, axis: int, backend: str) -> tuple:
+        """The strides of the torch composition's result on ``backend`` for an x of this shape and strides: the
+        composition run on a meta tensor (no data, the same stride rules; the hooks' torch paths, the plain
+        kernel's layout) by a quantizer of fresh copies of the corrections, whose counts are their own."""
         if self._stride_probe is None:
             fresh = [dataclasses.replace(c) if dataclasses.is_dataclass(c) else copy.deepcopy(c)
                      for c in self.corrections]
             self._stride_probe = Quantizer(self.fmt, self.scale_rule, fresh)
         fmt, rule = self.fmt, self.scale_rule
         meta = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
-        return self._stride_probe._compose(meta, axis, None, None, lambda r: torch.empty_strided(
-            r.shape, fused_cpu.output_strides(r, axis, fmt, rule), dtype=r.dtype, device="meta")).stride()
+        with dispatch.use_backend("reference"):
+            return self._stride_probe._compose(meta, axis, None, None, lambda r: torch.empty_strided(
+                r.shape, dispatch.plain_output_strides(r, axis, fmt, rule, backend), dtype=r.dtype,
+                device="meta")).stride()
 
     def _split(self, x, axis, valid=None):
         mask = None

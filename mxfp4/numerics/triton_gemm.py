@@ -436,6 +436,7 @@ def autotune_spaces() -> dict[str, triton.runtime.Autotuner]:
         "fake-quant both axes": tk._fake_both_tuned,
         "dequantize rows": tk._dequant_rows_tuned,
         "dequantize columns": tk._dequant_cols_tuned,
+        "corrections fused": tk._corrected_tuned,
         "tl.dot_scaled GEMM": _mx_matmul_tuned,
         **{w4a16_space_name(False, bm): t for bm, t in _w4a16_split.items()},
         **{w4a16_space_name(True, bm): t for bm, t in _w4a16_direct.items()},

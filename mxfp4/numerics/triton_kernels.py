@@ -487,6 +487,108 @@ def _dequant_cols_kernel(
     )
 
 
+# ---------------------------------------------------------------------------- the corrections, fused
+# Outlier fallback (each 32-block's largest magnitude kept in bfloat16) and macro-block scaling (one BF16 scale
+# per group of 32-blocks, the group's largest block's candidate against plain MXFP4) in one kernel: the values
+# and layout of the quantizer's torch composition of the two, as fused_cpu.corrected computes them on CPU.
+# The choice between a group's two candidates compares error energies summed in float64 element by element in
+# the group's order (MacroBlockScaling._best), so the kernel sums them in a loop over the group's columns, each
+# row of the tile one sequential sum; every other step is elementwise or a maximum, which no order changes. A
+# squared error is exact in float64 (at most 26 significant bits a difference): a fused multiply-add sums as a
+# multiply and an add do. A group with a non-finite element raises a flag the host reads: the torch path runs.
+
+MAX_GROUP_BLOCKS = 8  # blocks of one macro-block group on this kernel (a power of two: a tile's extent)
+
+
+@triton.jit
+def _macro_candidate(gmax):
+    """The BF16 value >= the significand of max(gmax / 6, 2**-126): ``macro_block``'s candidate scale."""
+    ratio = tl.math.div_rn(gmax, tl.full(gmax.shape, 6.0, tl.float32))
+    ratio = tl.maximum(ratio, 1.1754943508222875e-38)
+    mant = ((ratio.to(tl.int32, bitcast=True) & 0x007FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)
+    b = bf16_bits_rne(mant).to(tl.int32)  # in [0x3F80, 0x4000]: positive as int16
+    down = (b << 16).to(tl.float32, bitcast=True)
+    up = ((b + 1) << 16).to(tl.float32, bitcast=True)
+    return tl.where(down >= mant, down, up)
+
+
+@triton.jit
+def _corrected_rows_kernel(
+    x_ptr, out_ptr, flag_ptr, R, K, stride_xr, stride_or, R_BUCKET,
+    RULE: tl.constexpr, SPLIT: tl.constexpr, MACRO: tl.constexpr, NB: tl.constexpr, BLOCK_R: tl.constexpr,
+    IN_BF16: tl.constexpr, OUT_BF16: tl.constexpr,
+):
+    """Groups of NB 32-blocks along the contiguous axis K of an [R, K] view: one group column a program,
+    ``BLOCK_R`` rows (each row's group one lane of the sequential energy sums)."""
+    SPAN: tl.constexpr = NB * 32
+    pid_r = tl.program_id(0)
+    pid_g = tl.program_id(1)
+    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = pid_g * SPAN + tl.arange(0, SPAN)
+    rmask = rows < R
+    valid = rmask[:, None] & (cols[None, :] < K)
+    x_row = x_ptr + rows.to(tl.int64) * stride_xr
+    x = tl.load(x_row[:, None] + cols[None, :], mask=valid, other=0)
+    w = tl.reshape(_widen(x, IN_BF16), (BLOCK_R, NB, 32))  # float32 bits
+    absbits = w & 0x7FFFFFFF
+    bad = tl.max(tl.max(absbits, axis=2), axis=1) >= 0x7F800000
+    tl.atomic_max(flag_ptr, tl.max(bad.to(tl.int32), axis=0))
+    lane = tl.arange(0, 32)[None, None, :]
+    if SPLIT:  # each block's largest magnitude (the first of equal ones, as torch's argmax) leaves the rest
+        top = tl.min(tl.where(absbits == tl.max(absbits, axis=2)[:, :, None], lane, 32), axis=2)
+        is_top = lane == top[:, :, None]
+        w = tl.where(is_top, 0, w)
+        absbits = w & 0x7FFFFFFF
+    sign = w & -2147483648
+    e_p, _, _ = _block_exponent(tl.max(absbits, axis=2), RULE)
+    _, vp = _grid_round(absbits.to(tl.float32, bitcast=True) * _pow2(-e_p)[:, :, None])
+    out = (vp * _pow2(e_p)[:, :, None]).to(tl.int32, bitcast=True) | sign
+    if MACRO:
+        m = _macro_candidate(tl.max(tl.max(absbits, axis=2), axis=1).to(tl.float32, bitcast=True))  # [BLOCK_R]
+        y = tl.math.div_rn(w.to(tl.float32, bitcast=True), tl.broadcast_to(m[:, None, None], (BLOCK_R, NB, 32)))
+        ybits = y.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+        e_m, _, _ = _block_exponent(tl.max(ybits, axis=2), RULE)
+        eff = _pow2(e_m) * m[:, None]  # [BLOCK_R, NB]: the block's scale times the group's
+        _, vm = _grid_round(ybits.to(tl.float32, bitcast=True) * _pow2(-e_m)[:, :, None])
+        macro = (vm * eff[:, :, None]).to(tl.int32, bitcast=True) | sign
+        # the two error energies, each row's summed in float64 column by column in the group's order (signs
+        # cancel in the squares: magnitudes; the top and the padding add zeros). Loops, not unrolled: unrolled,
+        # the 128-column body took minutes to compile
+        blk = tl.arange(0, NB)[None, :]
+        acc_p = tl.zeros([BLOCK_R], dtype=tl.float64)
+        acc_m = tl.zeros([BLOCK_R], dtype=tl.float64)
+        for b in range(NB):  # each block's exponents and top, a masked sum (one term, the rest zeros: exact)
+            ep_b = tl.sum(tl.where(blk == b, e_p, 0), axis=1)
+            em_b = tl.sum(tl.where(blk == b, e_m, 0), axis=1)
+            eff_b = tl.sum(tl.where(blk == b, eff, 0.0), axis=1)
+            if SPLIT:
+                top_b = tl.sum(tl.where(blk == b, top, 0), axis=1)
+            for j in range(32):
+                col = rows * 0 + (pid_g * SPAN + b * 32 + j)  # a vector: the interpreter masks with vectors
+                wj = _widen(tl.load(x_row + col, mask=rmask & (col < K), other=0), IN_BF16)
+                if SPLIT:
+                    wj = tl.where(top_b == j, 0, wj)
+                aj = (wj & 0x7FFFFFFF).to(tl.float32, bitcast=True)
+                vpj = _grid_round(aj * _pow2(-ep_b))[1]
+                vmj = _grid_round(tl.math.div_rn(aj, m) * _pow2(-em_b))[1]
+                a64 = aj.to(tl.float64)
+                dp = (vpj * _pow2(ep_b)).to(tl.float64) - a64
+                dm = (vmj * eff_b).to(tl.float64) - a64
+                acc_p += dp * dp
+                acc_m += dm * dm
+        out = tl.where((acc_m < acc_p)[:, None, None], macro, out)  # plain wins ties
+    if SPLIT:  # the kept elements, rounded to bfloat16 (nearest, ties to even)
+        x_again = tl.reshape(_widen(x, IN_BF16), (BLOCK_R, NB, 32)).to(tl.float32, bitcast=True)
+        out = tl.where(is_top, bf16_bits_rne(x_again).to(tl.int32) << 16, out)
+    flat = tl.reshape(out, (BLOCK_R, SPAN))
+    if OUT_BF16:
+        stored = (flat >> 16).to(tl.int16)
+    else:
+        stored = flat.to(tl.float32, bitcast=True)
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_or + cols[None, :], stored, mask=valid)
+
+
+
 # ---------------------------------------------------------------------------- launch (host side)
 
 
@@ -843,3 +945,64 @@ def dequantize(qt: QuantizedTensor, dtype: torch.dtype | None = None) -> torch.T
             **flags,
         )
     return out
+
+
+# (rows of a tile, warps); the first is the pinned default. A row is one lane of the sequential sums, so
+# tiles stay short in rows and the groups spread over programs.
+CORRECTED_TILES = [(16, 4), (32, 4), (8, 2), (64, 8)]
+_corrected_tuned = triton.autotune(
+    [triton.Config({"BLOCK_R": rows}, num_warps=warps) for rows, warps in CORRECTED_TILES],
+    key=["K", "R_BUCKET", "RULE", "SPLIT", "MACRO", "NB", "IN_BF16", "OUT_BF16"],
+    reset_to_zero=["flag_ptr"],
+)(_corrected_rows_kernel)
+
+
+def corrected_applies(x: torch.Tensor, split: bool, blocks: int) -> bool:
+    """Whether this kernel computes the corrections for ``x``: float32 (or bfloat16 without macro-block
+    groups, whose values need float32), groups of a power of two of at most ``MAX_GROUP_BLOCKS`` blocks."""
+    if x.dtype not in (torch.float32, torch.bfloat16) or (blocks and x.dtype != torch.float32):
+        return False
+    groups = blocks or 1
+    return (split or blocks > 0) and groups <= MAX_GROUP_BLOCKS and groups & (groups - 1) == 0
+
+
+def output_strides(x: torch.Tensor, axis: int) -> tuple:
+    """The strides of the plain Triton fake-quantization's result for an x of these shape and strides (the
+    layout ``triton_kernels.fake_quantize`` writes: x's, or a transposed view for a 2D x stored transposed)."""
+    meta = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    g = _Geometry(meta, axis % x.dim())
+    return g.restore(torch.empty(g.view.shape, dtype=x.dtype, device="meta")).stride()
+
+
+def corrected(x: torch.Tensor, axis: int, rule: str, split: bool, blocks: int, strides: tuple) -> torch.Tensor | None:
+    """Outlier fallback (``split``) and/or macro-block scaling over ``blocks`` blocks of an MXFP4 x (float32,
+    or bfloat16 with no macro-block groups) in one kernel, laid out with ``strides`` (the torch composition's);
+    None where ``corrected_applies`` says no or an element is not finite (the torch composition then runs: one
+    read of a device flag)."""
+    if not corrected_applies(x, split, blocks) or not x.numel():
+        return None
+    ax = axis % x.dim()
+    moved = x.movedim(ax, -1)
+    k = moved.shape[-1]
+    src = moved.reshape(-1, k) if moved.stride(-1) == 1 else moved.contiguous().view(-1, k)
+    if src.stride(-1) != 1 or (src.shape[0] > 1 and src.stride(0) < k):
+        src = src.contiguous()
+    r = src.shape[0]
+    buf = torch.empty((r, k), dtype=x.dtype, device=x.device)
+    flag = torch.zeros(1, dtype=torch.int32, device=x.device)
+    nb = blocks or 1
+
+    def grid(meta):
+        return (triton.cdiv(r, meta["BLOCK_R"]), triton.cdiv(k, nb * 32))
+
+    interp = {"BLOCK_R": min(64, triton.next_power_of_2(r))}
+    args = (_bits_if_bf16(src), _bits_if_bf16(buf), flag, r, k, src.stride(0), k, _bucket(r))
+    launch_tuned(_corrected_rows_kernel, _corrected_tuned, grid, interp, args, RULE=RULE_IDS[rule], SPLIT=bool(split),
+                 MACRO=blocks > 0, NB=nb, IN_BF16=x.dtype == torch.bfloat16, OUT_BF16=x.dtype == torch.bfloat16)
+    if int(flag.item()):
+        return None
+    values = buf.view(moved.shape).movedim(-1, ax)
+    if values.stride() == tuple(strides):
+        return values
+    out = torch.empty_strided(x.shape, strides, dtype=x.dtype, device=x.device)
+    return out.copy_(values)

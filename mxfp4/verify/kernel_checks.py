@@ -10,7 +10,8 @@ import itertools
 import torch
 
 from ..numerics import reference
-from ..numerics.formats import SCALE_RULES_E8M0
+from ..numerics.formats import FORMATS, SCALE_RULES_E8M0
+from ..numerics.reference import from_blocks, quantize_blocks, to_blocks
 from .adversarial import adversarial_rows
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -195,6 +196,38 @@ def _check_w4a16_direct(device: str, k: int, g: torch.Generator) -> dict:
     return results
 
 
+def corrected_oracle(x: torch.Tensor, axis: int, split: bool, blocks: int) -> torch.Tensor:
+    """Outlier fallback (``split``) and/or macro-block scaling over ``blocks`` blocks of an MXFP4 x, from the
+    reference's block path in torch ops on CPU: each block's first largest magnitude kept in bfloat16, the rest
+    quantized plain or with the group's BF16 mantissa m (m . Q(x / m)), whichever errs less in a float64 sum
+    taken element by element in the group's order (plain on ties). The values ``triton_kernels.corrected`` must
+    give (the quantizer's hooks compute them in ``mxfp4.corrections``, a layer above this one)."""
+    fmt = FORMATS["mxfp4"]
+    ax = axis % x.dim()
+    b = to_blocks(x.cpu().float(), ax, 32)  # [..., nb, 32]
+    keep = torch.zeros_like(b, dtype=torch.bool)
+    if split:
+        keep.scatter_(-1, b.abs().argmax(-1, keepdim=True), True)
+    rest = torch.where(keep, torch.zeros_like(b), b)
+    q, _, scale = quantize_blocks(rest, fmt, "floor")
+    out = q * scale.unsqueeze(-1)
+    if blocks:
+        nb = rest.shape[-2]
+        g = torch.nn.functional.pad(rest, (0, 0, 0, -nb % blocks)).unflatten(-2, (-1, blocks))  # [..., G, n, 32]
+        ratio = (g.abs().amax((-2, -1)) / fmt.element.max_value).clamp(min=torch.finfo(torch.float32).tiny)
+        mant = torch.frexp(ratio).mantissa * 2
+        down = mant.to(torch.bfloat16).float()
+        up = torch.nextafter(down.to(torch.bfloat16), torch.tensor(float("inf"), dtype=torch.bfloat16)).float()
+        m = torch.where(down >= mant, down, up)[..., None, None]
+        qm, _, sm = quantize_blocks(g / m, fmt, "floor")
+        macro = qm * (sm * m[..., 0])[..., None]
+        plain = torch.nn.functional.pad(out, (0, 0, 0, -nb % blocks)).unflatten(-2, (-1, blocks))
+        energy = [(v.double() - g.double()).pow(2).flatten(-2).cumsum(-1)[..., -1] for v in (plain, macro)]
+        out = torch.where((energy[1] < energy[0])[..., None, None], macro, plain).flatten(-3, -2)[..., :nb, :]
+    out = torch.where(keep, b.to(torch.bfloat16).float(), out)
+    return from_blocks(out, x.shape, ax).to(x.dtype)
+
+
 def checks_per_autotune_space(device: str = "cpu", seed: int = 0) -> list[tuple[str, object, list]]:
     """(name, autotuner, checks) per autotune space of ``triton_gemm.autotune_spaces``: each check a (what,
     thunk) whose thunk calls the public wrapper at a shape that launches that space and returns (passed,
@@ -217,6 +250,22 @@ def checks_per_autotune_space(device: str = "cpu", seed: int = 0) -> list[tuple[
         "dequantize rows": memory(rows, -1, ["dequantize"]),
         "dequantize columns": memory(cols, 1, ["dequantize"]),
     }
+    from ..numerics import triton_kernels as tk  # here: importing it decides compiled or interpreted
+
+    def corrections(x, axis, split, blocks):
+        got = tk.corrected(x, axis, "floor", split, blocks, tk.output_strides(x, axis))
+        if got is None:
+            return False, "the kernel gave no result (its flag said a non-finite element)"
+        return same(got.cpu(), corrected_oracle(x, axis, split, blocks)), "values against corrected_oracle"
+
+    # small: the interpreter runs each group's column loop in Python (9 blocks + 12 along K; 38 rows along axis 0)
+    wide = (torch.randn(4, 300, generator=g) * 2.0 ** torch.randint(-8, 8, (4, 300), generator=g)).to(device)
+    tall = (torch.randn(38, 5, generator=g) * 2.0 ** torch.randint(-8, 8, (38, 5), generator=g)).to(device)
+    checks["corrections fused"] = [
+        ("fallback, bf16, axis -1", lambda: corrections(rows, -1, True, 0)),
+        ("macro 4, axis -1", lambda: corrections(wide, -1, False, 4)),
+        ("fallback + macro 2, axis 0", lambda: corrections(tall, 0, True, 2)),
+    ]
     k = 200  # a ragged last chunk of 128 and a ragged last block
     a, w = torch.randn(48, k, generator=g), torch.randn(40, k, generator=g)
     qa, qw = reference.quantize(a), reference.quantize(w)

@@ -154,7 +154,10 @@ def test_a_sessions_calls_are_collected_into_the_gpu_files_with_every_target_met
         "mxfp4": {"decode": {"quantizer_calls": 7, "quantizer_host_us_per_call": 40.0},
                   "train": {"quantizer_calls": 28, "quantizer_host_us_per_call": 140.0}}}}}
     three = call("three", {"bench_memory1.json": bench, "bench_layer.json": layer}, device="NVIDIA H200")
-    got = collect.collect([one, two, three], root)
+    relayer = {"device": "cuda", "layers": {"dense": {   # a later call: each row from the last call that measured it
+        "mxfp4+fallback": {"decode": {"quantizer_calls": 7, "quantizer_host_us_per_call": 60.0}}}}}
+    three_more = call("three_more", {"bench_layer.json": relayer}, device="NVIDIA H200")
+    got = collect.collect([one, two, three, three_more], root)
 
     h100 = {t["target"]: (t["value"], t["met"]) for t in got["h100"]}
     assert h100["no gpu-smoke-quick recipe fails"] == (["mxfp4+macro", "mxfp4+aqn", "mxfp4+all"], False)
@@ -169,9 +172,13 @@ def test_a_sessions_calls_are_collected_into_the_gpu_files_with_every_target_met
     assert [(t["target"], t["met"]) for t in got["h200"]] == [
         ("triton quantize (axis -1) / copy bandwidth at 8192x4096", True),
         ("dense layer, mxfp4, decode: host us per quantizer call", True),
-        ("dense layer, mxfp4, train: host us per quantizer call", False)]
-    assert json.loads((root / "results/bench/layer_h200.json").read_text())["source"] == (
-        "results/gpu/calls/h200/call1/bench_layer.json")
+        ("dense layer, mxfp4, train: host us per quantizer call", False),
+        ("dense layer, mxfp4+fallback, decode: host us per quantizer call", False)]
+    merged = json.loads((root / "results/bench/layer_h200.json").read_text())
+    assert merged["source"] == ["results/gpu/calls/h200/call1/bench_layer.json",
+                                "results/gpu/calls/h200/call2/bench_layer.json"]
+    assert merged["sources"]["dense"] == {"bf16": merged["source"][0], "mxfp4": merged["source"][0],
+                                          "mxfp4+fallback": merged["source"][1]}
     dense = json.loads((root / "results/gpu/gpu_smoke_dense_h100.json").read_text())
     assert [r["results"] for r in dense["runs"]] == ["results/gpu/calls/h100/call1/results",
                                                      "results/gpu/calls/h100/call2/results"]

@@ -191,7 +191,7 @@ def test_the_list_of_autotune_spaces_holds_every_autotuner_of_the_kernel_modules
                 if isinstance(v, Autotuner):
                     found.add(id(v))
     listed = [id(t) for t in tg.autotune_spaces().values()]
-    assert len(set(listed)) == len(listed) == 12 and set(listed) == found
+    assert len(set(listed)) == len(listed) == 13 and set(listed) == found
 
 
 def test_a_config_the_device_cannot_run_is_skipped_as_the_autotuner_skips_it_and_an_error_fails_only_its_check(
@@ -436,10 +436,11 @@ def test_every_bfloat16_value_rounds_and_decomposes_as_the_reference(rule):
 
 def test_every_kernel_variant_compiles_for_hopper_without_a_gpu(tmp_path):
     """kernels/bench/inspect_sass.py --compile-all (a subprocess, the interpreter flag off): the memory kernels'
-    bfloat16 launches under every scale rule and layout, the W4A16 decode spaces and both tl.dot_scaled operand formats,
-    each at its space's first config, compiled for sm_90a with this machine's Triton. The whole sweep (every
-    dtype and config, with the device's Triton) is docs/kernels.md's; the interpreter does not compile, so a
-    kernel that only the compiler refuses would otherwise first fail on the device."""
+    bfloat16 launches under every scale rule and layout, the corrections kernel's variants, the W4A16 decode spaces
+    and both tl.dot_scaled operand formats, each at its space's first config, compiled for sm_90a with this
+    machine's Triton. The whole sweep (every dtype and config, with the device's Triton) is docs/kernels.md's; the
+    interpreter does not compile, so a kernel that only the compiler refuses would otherwise first fail on the
+    device."""
     import json
     import os
     import subprocess
@@ -449,7 +450,8 @@ def test_every_kernel_variant_compiles_for_hopper_without_a_gpu(tmp_path):
     out = tmp_path / "compile.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     script = Path(__file__).parents[2] / "kernels" / "bench" / "inspect_sass.py"
-    only = ["torch.bfloat16 floor", "torch.bfloat16 ceil", "w4a16", "dot_scaled", "dequantize torch.bfloat16"]
+    only = ["torch.bfloat16 floor", "torch.bfloat16 ceil", "w4a16", "dot_scaled", "dequantize torch.bfloat16",
+            "corrections torch.float32 floor"]
     done = subprocess.run(
         [sys.executable, str(script), "--compile-all", "--first-config", "--out", str(out),
          *(a for o in only for a in ("--only", o))],

@@ -161,6 +161,36 @@ def test_macro_block_and_nvfp4_values_are_not_all_bf16_numbers():
         assert not torch.equal(v, v.to(torch.bfloat16).float())
 
 
+def _in_tf32(v: torch.Tensor) -> torch.Tensor:
+    """v rounded to TF32 (10 fraction bits), nearest with ties to even, by integer arithmetic on the float32 bits."""
+    bits = v.contiguous().view(torch.int32).long() & 0xFFFFFFFF
+    mag, sign = bits & 0x7FFFFFFF, bits & 0x80000000
+    rounded = ((mag + 0xFFF + ((mag >> 13) & 1)) & ~0x1FFF) | sign
+    return (rounded - ((rounded >> 31) << 32)).to(torch.int32).view(torch.float32).view(v.shape)
+
+
+@given(st.integers(0, 2**16), st.integers(-120, 120), st.sampled_from([1, 2, 4, 8]),
+       st.sampled_from(["macro", "macro+fallback", "macro-all"]))
+def test_quantizers_that_claim_tf32_exactness_return_tf32_numbers(seed, log_scale, blocks, name):
+    """``exact_in_tf32`` lets the float32 GEMMs of macro-block scaling take TF32 inputs on CUDA: every value
+    (a grid value's 2 bits times a BF16 mantissa's 8, times a power of two) survives rounding to TF32."""
+    macro = MacroBlockScaling(blocks=blocks, candidates="all" if name == "macro-all" else "max")
+    q = Quantizer(corrections=[OutlierFallback(k=1), macro] if name == "macro+fallback" else [macro])
+    assert q.exact_in_tf32 and not q.exact_in_bf16
+    v = q(_x((32, 256), seed) * 2.0 ** log_scale, -1)
+    assert torch.equal(v, _in_tf32(v))
+
+
+def test_quantizers_whose_values_need_float32_do_not_claim_tf32():
+    """A per-tensor FP32 scale (NVFP4), a rotation, or a block format whose macro-block values have more than
+    11 significant bits: their GEMMs stay in strict float32, and their values do lose bits in TF32."""
+    for q, tensor_scale in ((Quantizer(fmt="nvfp4"), True),
+                            (Quantizer(fmt="mxfp8_e4m3", corrections=[MacroBlockScaling(blocks=4)]), False)):
+        assert not q.exact_in_tf32
+        v = q(_x((64, 256), 3) * (1.0 if tensor_scale else 1.37), -1)
+        assert not torch.equal(v, _in_tf32(v))
+
+
 # --- the same on CUDA, bit for bit against the CPU ----------------------------------------------
 
 
