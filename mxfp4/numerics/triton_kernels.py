@@ -513,80 +513,119 @@ def _macro_candidate(gmax):
 
 
 @triton.jit
-def _corrected_rows_kernel(
+def _fallback_rows_kernel(
     x_ptr, out_ptr, flag_ptr, R, K, stride_xr, stride_or, R_BUCKET,
-    RULE: tl.constexpr, SPLIT: tl.constexpr, MACRO: tl.constexpr, NB: tl.constexpr, BLOCK_R: tl.constexpr,
-    IN_BF16: tl.constexpr, OUT_BF16: tl.constexpr,
+    RULE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, IN_BF16: tl.constexpr, OUT_BF16: tl.constexpr,
 ):
-    """Groups of NB 32-blocks along the contiguous axis K of an [R, K] view: one group column a program,
-    ``BLOCK_R`` rows (each row's group one lane of the sequential energy sums)."""
-    SPAN: tl.constexpr = NB * 32
-    pid_r = tl.program_id(0)
-    pid_g = tl.program_id(1)
-    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = pid_g * SPAN + tl.arange(0, SPAN)
-    rmask = rows < R
-    valid = rmask[:, None] & (cols[None, :] < K)
-    x_row = x_ptr + rows.to(tl.int64) * stride_xr
-    x = tl.load(x_row[:, None] + cols[None, :], mask=valid, other=0)
+    """Outlier fallback along the contiguous axis K of an [R, K] view, a tile of ``BLOCK_R`` rows and ``BLOCK_K``
+    columns a program: each block's first largest magnitude kept (rounded to bfloat16), the rest quantized."""
+    NB: tl.constexpr = BLOCK_K // 32
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    valid = (rows[:, None] < R) & (cols[None, :] < K)
+    x = tl.load(x_ptr + rows[:, None].to(tl.int64) * stride_xr + cols[None, :], mask=valid, other=0)
     w = tl.reshape(_widen(x, IN_BF16), (BLOCK_R, NB, 32))  # float32 bits
     absbits = w & 0x7FFFFFFF
-    bad = tl.max(tl.max(absbits, axis=2), axis=1) >= 0x7F800000
-    tl.atomic_max(flag_ptr, tl.max(bad.to(tl.int32), axis=0))
+    bmax = tl.max(absbits, axis=2)
+    tl.atomic_max(flag_ptr, tl.max(tl.max((bmax >= 0x7F800000).to(tl.int32), axis=1), axis=0))
     lane = tl.arange(0, 32)[None, None, :]
-    if SPLIT:  # each block's largest magnitude (the first of equal ones, as torch's argmax) leaves the rest
-        top = tl.min(tl.where(absbits == tl.max(absbits, axis=2)[:, :, None], lane, 32), axis=2)
-        is_top = lane == top[:, :, None]
-        w = tl.where(is_top, 0, w)
-        absbits = w & 0x7FFFFFFF
-    sign = w & -2147483648
-    e_p, _, _ = _block_exponent(tl.max(absbits, axis=2), RULE)
-    _, vp = _grid_round(absbits.to(tl.float32, bitcast=True) * _pow2(-e_p)[:, :, None])
-    out = (vp * _pow2(e_p)[:, :, None]).to(tl.int32, bitcast=True) | sign
-    if MACRO:
-        m = _macro_candidate(tl.max(tl.max(absbits, axis=2), axis=1).to(tl.float32, bitcast=True))  # [BLOCK_R]
-        y = tl.math.div_rn(w.to(tl.float32, bitcast=True), tl.broadcast_to(m[:, None, None], (BLOCK_R, NB, 32)))
-        ybits = y.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-        e_m, _, _ = _block_exponent(tl.max(ybits, axis=2), RULE)
-        eff = _pow2(e_m) * m[:, None]  # [BLOCK_R, NB]: the block's scale times the group's
-        _, vm = _grid_round(ybits.to(tl.float32, bitcast=True) * _pow2(-e_m)[:, :, None])
-        macro = (vm * eff[:, :, None]).to(tl.int32, bitcast=True) | sign
-        # the two error energies, each row's summed in float64 column by column in the group's order (signs
-        # cancel in the squares: magnitudes; the top and the padding add zeros). Loops, not unrolled: unrolled,
-        # the 128-column body took minutes to compile
-        blk = tl.arange(0, NB)[None, :]
-        acc_p = tl.zeros([BLOCK_R], dtype=tl.float64)
-        acc_m = tl.zeros([BLOCK_R], dtype=tl.float64)
-        for b in range(NB):  # each block's exponents and top, a masked sum (one term, the rest zeros: exact)
-            ep_b = tl.sum(tl.where(blk == b, e_p, 0), axis=1)
-            em_b = tl.sum(tl.where(blk == b, e_m, 0), axis=1)
-            eff_b = tl.sum(tl.where(blk == b, eff, 0.0), axis=1)
-            if SPLIT:
-                top_b = tl.sum(tl.where(blk == b, top, 0), axis=1)
-            for j in range(32):
-                col = rows * 0 + (pid_g * SPAN + b * 32 + j)  # a vector: the interpreter masks with vectors
-                wj = _widen(tl.load(x_row + col, mask=rmask & (col < K), other=0), IN_BF16)
-                if SPLIT:
-                    wj = tl.where(top_b == j, 0, wj)
-                aj = (wj & 0x7FFFFFFF).to(tl.float32, bitcast=True)
-                vpj = _grid_round(aj * _pow2(-ep_b))[1]
-                vmj = _grid_round(tl.math.div_rn(aj, m) * _pow2(-em_b))[1]
-                a64 = aj.to(tl.float64)
-                dp = (vpj * _pow2(ep_b)).to(tl.float64) - a64
-                dm = (vmj * eff_b).to(tl.float64) - a64
-                acc_p += dp * dp
-                acc_m += dm * dm
-        out = tl.where((acc_m < acc_p)[:, None, None], macro, out)  # plain wins ties
-    if SPLIT:  # the kept elements, rounded to bfloat16 (nearest, ties to even)
-        x_again = tl.reshape(_widen(x, IN_BF16), (BLOCK_R, NB, 32)).to(tl.float32, bitcast=True)
-        out = tl.where(is_top, bf16_bits_rne(x_again).to(tl.int32) << 16, out)
-    flat = tl.reshape(out, (BLOCK_R, SPAN))
-    if OUT_BF16:
-        stored = (flat >> 16).to(tl.int16)
-    else:
-        stored = flat.to(tl.float32, bitcast=True)
-    tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_or + cols[None, :], stored, mask=valid)
+    is_top = lane == tl.min(tl.where(absbits == bmax[:, :, None], lane, 32), axis=2)[:, :, None]
+    rest = tl.where(is_top, 0, absbits)
+    e, _, _ = _block_exponent(tl.max(rest, axis=2), RULE)
+    _, value = _grid_round(rest.to(tl.float32, bitcast=True) * _pow2(-e)[:, :, None])
+    out = (value * _pow2(e)[:, :, None]).to(tl.int32, bitcast=True) | (w & -2147483648)
+    out = tl.where(is_top, bf16_bits_rne(w.to(tl.float32, bitcast=True)).to(tl.int32) << 16, out)
+    out = tl.reshape(out, (BLOCK_R, BLOCK_K))
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * stride_or + cols[None, :],
+             (out >> 16).to(tl.int16) if OUT_BF16 else out.to(tl.float32, bitcast=True), mask=valid)
 
+
+@triton.jit
+def _pick(tile, idx, b):
+    """Column ``b`` of a [rows, NB] tile: a masked sum (one term, the rest zeros: exact)."""
+    return tl.sum(tl.where(idx == b, tile, tl.zeros_like(tile)), axis=1)
+
+
+@triton.jit
+def _macro_groups_kernel(
+    x_ptr, out_ptr, flag_ptr, R, K, stride_xr, stride_or, R_BUCKET,
+    RULE: tl.constexpr, SPLIT: tl.constexpr, NB: tl.constexpr, BLOCK_R: tl.constexpr,
+):
+    """Macro-block scaling (after the split where ``SPLIT``) of a float32 [R, K] view, groups of NB 32-blocks along
+    the contiguous axis K: one group column a program, ``BLOCK_R`` rows, a row a thread. The group is visited a
+    [BLOCK_R, 32] block at a time, four times: the tops and the rest's maxima, the macro-scaled maxima, the two
+    float64 error energies column by column in the group's order (each thread one row's sequential sums), the
+    stores. Only a group's per-block exponents stay between the visits."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = rows < R
+    x_row = x_ptr + rows.to(tl.int64) * stride_xr
+    base = tl.program_id(1) * (NB * 32)
+    lane = tl.arange(0, 32)[None, :]
+    blk = tl.arange(0, NB)[None, :]
+    tops = tl.zeros([BLOCK_R, NB], dtype=tl.int32)
+    rest_max = tl.zeros([BLOCK_R, NB], dtype=tl.int32)
+    bad = tl.zeros([BLOCK_R], dtype=tl.int32)
+    for b in range(NB):  # the tops (the first of equal magnitudes) and the rest's maxima
+        cols = base + b * 32 + lane
+        a = tl.load(x_row[:, None] + cols, mask=rmask[:, None] & (cols < K), other=0.0).to(tl.int32, bitcast=True)
+        a = a & 0x7FFFFFFF
+        bmax = tl.max(a, axis=1)
+        bad = tl.maximum(bad, (bmax >= 0x7F800000).to(tl.int32))
+        if SPLIT:
+            top = tl.min(tl.where(a == bmax[:, None], lane, 32), axis=1)
+            tops = tl.where(blk == b, top[:, None], tops)
+            a = tl.where(lane == top[:, None], 0, a)
+        rest_max = tl.where(blk == b, tl.max(a, axis=1)[:, None], rest_max)
+    tl.atomic_max(flag_ptr, tl.max(bad, axis=0))
+    e_p, _, _ = _block_exponent(rest_max, RULE)
+    m = _macro_candidate(tl.max(rest_max, axis=1).to(tl.float32, bitcast=True))
+    y_max = tl.zeros([BLOCK_R, NB], dtype=tl.int32)
+    for b in range(NB):  # the maxima of x / m
+        cols = base + b * 32 + lane
+        a = tl.load(x_row[:, None] + cols, mask=rmask[:, None] & (cols < K), other=0.0).to(tl.int32, bitcast=True)
+        a = a & 0x7FFFFFFF
+        if SPLIT:
+            a = tl.where(lane == _pick(tops, blk, b)[:, None], 0, a)
+        y = tl.math.div_rn(a.to(tl.float32, bitcast=True), tl.broadcast_to(m[:, None], (BLOCK_R, 32)))
+        y_max = tl.where(blk == b, tl.max(y.to(tl.int32, bitcast=True), axis=1)[:, None], y_max)
+    e_m, _, _ = _block_exponent(y_max, RULE)
+    eff = _pow2(e_m) * m[:, None]  # [BLOCK_R, NB]: the block's scale times the group's
+    acc_p = tl.zeros([BLOCK_R], dtype=tl.float64)
+    acc_m = tl.zeros([BLOCK_R], dtype=tl.float64)
+    for b in range(NB):  # the energies, column by column (signs cancel in the squares: magnitudes)
+        up_b, down_b = _pow2(_pick(e_p, blk, b)), _pow2(-_pick(e_p, blk, b))
+        down_m, eff_b = _pow2(-_pick(e_m, blk, b)), _pick(eff, blk, b)
+        if SPLIT:
+            top_b = _pick(tops, blk, b)
+        for j in range(32):
+            col = rows * 0 + (base + b * 32 + j)  # a vector: the interpreter masks with vectors
+            aj = tl.load(x_row + col, mask=rmask & (col < K), other=0.0).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+            if SPLIT:
+                aj = tl.where(top_b == j, 0, aj)
+            af = aj.to(tl.float32, bitcast=True)
+            a64 = af.to(tl.float64)
+            dp = (_grid_round(af * down_b)[1] * up_b).to(tl.float64) - a64
+            dm = (_grid_round(tl.math.div_rn(af, m) * down_m)[1] * eff_b).to(tl.float64) - a64
+            acc_p += dp * dp
+            acc_m += dm * dm
+    use = (acc_m < acc_p)[:, None]  # plain wins ties
+    o_row = out_ptr + rows.to(tl.int64) * stride_or
+    for b in range(NB):  # the values: the group's pick, the tops in bfloat16
+        cols = base + b * 32 + lane
+        valid = rmask[:, None] & (cols < K)
+        w = tl.load(x_row[:, None] + cols, mask=valid, other=0.0).to(tl.int32, bitcast=True)
+        a = w & 0x7FFFFFFF
+        if SPLIT:
+            is_top = lane == _pick(tops, blk, b)[:, None]
+            a = tl.where(is_top, 0, a)
+        af = a.to(tl.float32, bitcast=True)
+        plain = _grid_round(af * _pow2(-_pick(e_p, blk, b))[:, None])[1] * _pow2(_pick(e_p, blk, b))[:, None]
+        macro = _grid_round(tl.math.div_rn(af, tl.broadcast_to(m[:, None], (BLOCK_R, 32)))
+                            * _pow2(-_pick(e_m, blk, b))[:, None])[1] * _pick(eff, blk, b)[:, None]
+        out = tl.where(use, macro, plain).to(tl.int32, bitcast=True) | (w & -2147483648)
+        if SPLIT:
+            out = tl.where(is_top, bf16_bits_rne(w.to(tl.float32, bitcast=True)).to(tl.int32) << 16, out)
+        tl.store(o_row[:, None] + cols, out.to(tl.float32, bitcast=True), mask=valid)
 
 
 # ---------------------------------------------------------------------------- launch (host side)
@@ -947,14 +986,18 @@ def dequantize(qt: QuantizedTensor, dtype: torch.dtype | None = None) -> torch.T
     return out
 
 
-# (rows of a tile, warps); the first is the pinned default. A row is one lane of the sequential sums, so
-# tiles stay short in rows and the groups spread over programs.
-CORRECTED_TILES = [(16, 4), (32, 4), (8, 2), (64, 8)]
-_corrected_tuned = triton.autotune(
-    [triton.Config({"BLOCK_R": rows}, num_warps=warps) for rows, warps in CORRECTED_TILES],
-    key=["K", "R_BUCKET", "RULE", "SPLIT", "MACRO", "NB", "IN_BF16", "OUT_BF16"],
+# Fallback: (rows, columns, warps) of a tile; macro-block groups: (rows, warps), a row a thread. The first of
+# each space is its pinned default.
+FALLBACK_TILES = [(16, 512, 4), (8, 512, 4), (32, 256, 4), (16, 1024, 8)]
+MACRO_TILES = [(128, 4), (64, 2), (256, 8), (32, 1)]
+_fallback_tuned = triton.autotune(
+    _configs(FALLBACK_TILES, ("BLOCK_R", "BLOCK_K")), key=["K", "R_BUCKET", "RULE", "IN_BF16", "OUT_BF16"],
     reset_to_zero=["flag_ptr"],
-)(_corrected_rows_kernel)
+)(_fallback_rows_kernel)
+_macro_tuned = triton.autotune(
+    [triton.Config({"BLOCK_R": rows}, num_warps=warps) for rows, warps in MACRO_TILES],
+    key=["K", "R_BUCKET", "RULE", "SPLIT", "NB"], reset_to_zero=["flag_ptr"],
+)(_macro_groups_kernel)
 
 
 def corrected_applies(x: torch.Tensor, split: bool, blocks: int) -> bool:
@@ -990,15 +1033,19 @@ def corrected(x: torch.Tensor, axis: int, rule: str, split: bool, blocks: int, s
     r = src.shape[0]
     buf = torch.empty((r, k), dtype=x.dtype, device=x.device)
     flag = torch.zeros(1, dtype=torch.int32, device=x.device)
-    nb = blocks or 1
+    if blocks:
+        def grid(meta):
+            return (triton.cdiv(r, meta["BLOCK_R"]), triton.cdiv(k, blocks * 32))
 
-    def grid(meta):
-        return (triton.cdiv(r, meta["BLOCK_R"]), triton.cdiv(k, nb * 32))
-
-    interp = {"BLOCK_R": min(64, triton.next_power_of_2(r))}
-    args = (_bits_if_bf16(src), _bits_if_bf16(buf), flag, r, k, src.stride(0), k, _bucket(r))
-    launch_tuned(_corrected_rows_kernel, _corrected_tuned, grid, interp, args, RULE=RULE_IDS[rule], SPLIT=bool(split),
-                 MACRO=blocks > 0, NB=nb, IN_BF16=x.dtype == torch.bfloat16, OUT_BF16=x.dtype == torch.bfloat16)
+        args = (src, buf, flag, r, k, src.stride(0), k, _bucket(r))
+        interp = {"BLOCK_R": min(256, triton.next_power_of_2(r))}  # few programs: the column loop runs in Python
+        launch_tuned(_macro_groups_kernel, _macro_tuned, grid, interp, args, RULE=RULE_IDS[rule], SPLIT=bool(split),
+                     NB=blocks)
+    else:
+        grid, interp = _rows_tiling(r, k)
+        args = (_bits_if_bf16(src), _bits_if_bf16(buf), flag, r, k, src.stride(0), k, _bucket(r))
+        launch_tuned(_fallback_rows_kernel, _fallback_tuned, grid, interp, args, RULE=RULE_IDS[rule],
+                     IN_BF16=x.dtype == torch.bfloat16, OUT_BF16=x.dtype == torch.bfloat16)
     if int(flag.item()):
         return None
     values = buf.view(moved.shape).movedim(-1, ax)

@@ -261,11 +261,10 @@ def checks_per_autotune_space(device: str = "cpu", seed: int = 0) -> list[tuple[
     # small: the interpreter runs each group's column loop in Python (9 blocks + 12 along K; 38 rows along axis 0)
     wide = (torch.randn(4, 300, generator=g) * 2.0 ** torch.randint(-8, 8, (4, 300), generator=g)).to(device)
     tall = (torch.randn(38, 5, generator=g) * 2.0 ** torch.randint(-8, 8, (38, 5), generator=g)).to(device)
-    checks["corrections fused"] = [
-        ("fallback, bf16, axis -1", lambda: corrections(rows, -1, True, 0)),
-        ("macro 4, axis -1", lambda: corrections(wide, -1, False, 4)),
-        ("fallback + macro 2, axis 0", lambda: corrections(tall, 0, True, 2)),
-    ]
+    checks["outlier fallback"] = [("bf16, axis -1", lambda: corrections(rows, -1, True, 0)),
+                                  ("float32, axis 0", lambda: corrections(tall, 0, True, 0))]
+    checks["macro-block groups"] = [("macro 4, axis -1", lambda: corrections(wide, -1, False, 4)),
+                                    ("fallback + macro 2, axis 0", lambda: corrections(tall, 0, True, 2))]
     k = 200  # a ragged last chunk of 128 and a ragged last block
     a, w = torch.randn(48, k, generator=g), torch.randn(40, k, generator=g)
     qa, qw = reference.quantize(a), reference.quantize(w)

@@ -16,6 +16,7 @@ from mxfp4.numerics.formats import FORMATS, SCALE_RULES_E8M0
 from mxfp4.numerics.quantizer import Quantizer
 from mxfp4.verify.adversarial import adversarial_rows
 from mxfp4.verify.kernel_checks import same
+from operands import correction_operand
 
 E8M0_FORMATS = [name for name, f in FORMATS.items() if f.scale == "e8m0"]
 
@@ -41,14 +42,6 @@ def _quantizer(kind: str, fmt: str = "mxfp4", rule: str = "floor", blocks: int =
                                          "both": [OutlierFallback(k=1), macro]}[kind])
 
 
-def _tensor(g, shape, log_scale, spread, ties):
-    x = torch.randn(shape, generator=g) * torch.rand(shape, generator=g) ** spread
-    x = x * 2.0 ** (log_scale + torch.randint(-8, 8, shape, generator=g).float())
-    if ties:  # equal magnitudes: the first of them is the block's outlier
-        x = torch.where(torch.rand(shape, generator=g) < 0.5, x.abs().amax() * torch.sign(x), x)
-    return x
-
-
 @settings(max_examples=120, deadline=None)
 @given(shape=st.lists(st.sampled_from([1, 2, 3, 31, 32, 33, 64, 70, 130]), min_size=1, max_size=3), data=st.data(),
        kind=st.sampled_from(["macro", "fallback", "both"]), fmt=st.sampled_from(E8M0_FORMATS),
@@ -58,7 +51,7 @@ def _tensor(g, shape, log_scale, spread, ties):
 def test_the_fused_corrections_equal_the_torch_path(shape, data, kind, fmt, rule, blocks, log_scale, spread, ties,
                                                     bf16, transposed, seed):
     g = torch.Generator().manual_seed(seed)
-    x = _tensor(g, shape, log_scale, spread, ties).to(torch.bfloat16 if bf16 else torch.float32)
+    x = correction_operand(g, shape, log_scale, spread, ties).to(torch.bfloat16 if bf16 else torch.float32)
     if transposed and x.dim() >= 2:
         x = x.transpose(0, -1)
     axis = data.draw(st.integers(-x.dim(), x.dim() - 1))
@@ -146,7 +139,7 @@ def test_fused_stochastic_rounding_equals_the_reference_draw_for_draw(shape, dat
     """The fused kernel takes the reference's uniform draws in the reference's order: the same values and layout,
     and the generator left where the reference leaves it (the next draw equal)."""
     g = torch.Generator().manual_seed(seed)
-    x = _tensor(g, shape, log_scale, spread, ties=False)
+    x = correction_operand(g, shape, log_scale, spread, ties=False)
     if transposed and x.dim() >= 2:
         x = x.transpose(0, -1)
     axis = data.draw(st.integers(-x.dim(), x.dim() - 1))

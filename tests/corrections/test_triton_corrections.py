@@ -14,6 +14,7 @@ from mxfp4.numerics.formats import SCALE_RULES_E8M0
 from mxfp4.numerics.quantizer import Quantizer
 from mxfp4.verify.adversarial import adversarial_rows
 from mxfp4.verify.kernel_checks import same
+from operands import correction_operand
 
 
 def _strides(t: torch.Tensor) -> list:
@@ -60,14 +61,6 @@ def _check(make, x, axis):
     return fused, ref, launched
 
 
-def _tensor(g, shape, log_scale, spread, ties):
-    x = torch.randn(shape, generator=g) * torch.rand(shape, generator=g) ** spread
-    x = x * 2.0 ** (log_scale + torch.randint(-8, 8, shape, generator=g).float())
-    if ties:  # equal magnitudes: the first of them is the block's outlier
-        x = torch.where(torch.rand(shape, generator=g) < 0.5, x.abs().amax() * torch.sign(x), x)
-    return x
-
-
 @settings(max_examples=30, deadline=None)  # the interpreter runs each group's column loop in Python
 @given(shape=st.lists(st.sampled_from([1, 2, 3, 31, 32, 33, 70, 130]), min_size=1, max_size=3), data=st.data(),
        kind=st.sampled_from(["macro", "fallback", "both", "all"]), rule=st.sampled_from(SCALE_RULES_E8M0),
@@ -76,7 +69,7 @@ def _tensor(g, shape, log_scale, spread, ties):
 def test_the_triton_corrections_equal_the_torch_path(shape, data, kind, rule, blocks, log_scale, spread, ties, bf16,
                                                      transposed, seed):
     g = torch.Generator().manual_seed(seed)
-    x = _tensor(g, shape, log_scale, spread, ties).to(torch.bfloat16 if bf16 else torch.float32)
+    x = correction_operand(g, shape, log_scale, spread, ties).to(torch.bfloat16 if bf16 else torch.float32)
     if transposed and x.dim() >= 2:
         x = x.transpose(0, -1)
     axis = data.draw(st.integers(-x.dim(), x.dim() - 1))
@@ -117,9 +110,9 @@ def test_the_compiled_kernel_equals_the_torch_path(kind):
     and gradients along their rows and along the token axis), random shapes, the adversarial rows, bfloat16
     where the values allow it; against the reference backend on CPU (its float64 sums sequential there)."""
     g = torch.Generator().manual_seed(11)
-    cases = [(_tensor(g, (2048, 11008), 0, 2, False), -1), (_tensor(g, (2048, 2048), -20, 4, True), 0),
-             (_tensor(g, (512, 2048), 3, 0, False), -1), (_tensor(g, (512, 2048), 3, 8, False), 0),
-             (_tensor(g, (7, 33, 70), -100, 12, True), 1), (_tensor(g, (130, 31), 100, 3, True), -1)]
+    shapes = [((2048, 11008), 0, 2, False, -1), ((2048, 2048), -20, 4, True, 0), ((512, 2048), 3, 0, False, -1),
+              ((512, 2048), 3, 8, False, 0), ((7, 33, 70), -100, 12, True, 1), ((130, 31), 100, 3, True, -1)]
+    cases = [(correction_operand(g, shape, *drawn), axis) for shape, *drawn, axis in shapes]
     cases += [(x, axis) for x in adversarial_rows().values() for axis in (-1, 0)]
     if kind == "fallback":
         cases += [(x.to(torch.bfloat16), axis) for x, axis in cases[:4]]

@@ -191,7 +191,7 @@ def test_the_list_of_autotune_spaces_holds_every_autotuner_of_the_kernel_modules
                 if isinstance(v, Autotuner):
                     found.add(id(v))
     listed = [id(t) for t in tg.autotune_spaces().values()]
-    assert len(set(listed)) == len(listed) == 13 and set(listed) == found
+    assert len(set(listed)) == len(listed) == 14 and set(listed) == found
 
 
 def test_a_config_the_device_cannot_run_is_skipped_as_the_autotuner_skips_it_and_an_error_fails_only_its_check(

@@ -169,7 +169,7 @@ def _in_tf32(v: torch.Tensor) -> torch.Tensor:
     return (rounded - ((rounded >> 31) << 32)).to(torch.int32).view(torch.float32).view(v.shape)
 
 
-@given(st.integers(0, 2**16), st.integers(-120, 120), st.sampled_from([1, 2, 4, 8]),
+@given(st.integers(0, 2**16), st.integers(-120, 100), st.sampled_from([1, 2, 4, 8]),  # finite: |x| < 2**116
        st.sampled_from(["macro", "macro+fallback", "macro-all"]))
 def test_quantizers_that_claim_tf32_exactness_return_tf32_numbers(seed, log_scale, blocks, name):
     """``exact_in_tf32`` lets the float32 GEMMs of macro-block scaling take TF32 inputs on CUDA: every value
@@ -178,7 +178,7 @@ def test_quantizers_that_claim_tf32_exactness_return_tf32_numbers(seed, log_scal
     q = Quantizer(corrections=[OutlierFallback(k=1), macro] if name == "macro+fallback" else [macro])
     assert q.exact_in_tf32 and not q.exact_in_bf16
     v = q(_x((32, 256), seed) * 2.0 ** log_scale, -1)
-    assert torch.equal(v, _in_tf32(v))
+    assert torch.equal(v.view(torch.int32), _in_tf32(v).view(torch.int32))
 
 
 def test_quantizers_whose_values_need_float32_do_not_claim_tf32():
