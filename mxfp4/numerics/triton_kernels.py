@@ -493,7 +493,7 @@ def _dequant_cols_kernel(
 # and layout of the quantizer's torch composition of the two, as fused_cpu.corrected computes them on CPU.
 # The choice between a group's two candidates compares error energies summed in float64 element by element in
 # the group's order (MacroBlockScaling._best), so the kernel sums them in a loop over the group's columns, each
-# row of the tile one sequential sum; every other step is elementwise or a maximum, which no order changes. A
+# thread one row's sequential sum; every other step is elementwise or a maximum, which no order changes. A
 # squared error is exact in float64 (at most 26 significant bits a difference): a fused multiply-add sums as a
 # multiply and an add do. A group with a non-finite element raises a flag the host reads: the torch path runs.
 
@@ -1027,7 +1027,7 @@ def corrected(x: torch.Tensor, axis: int, rule: str, split: bool, blocks: int, s
     ax = axis % x.dim()
     moved = x.movedim(ax, -1)
     k = moved.shape[-1]
-    src = moved.reshape(-1, k) if moved.stride(-1) == 1 else moved.contiguous().view(-1, k)
+    src = moved.reshape(-1, k)  # a view where the strides allow one
     if src.stride(-1) != 1 or (src.shape[0] > 1 and src.stride(0) < k):
         src = src.contiguous()
     r = src.shape[0]
