@@ -15,7 +15,9 @@ against device time, the quantizer's calls and its host time per call, and the o
 Host time: the call's wall time before the device is synchronised; device time: CUDA events around it (on
 CPU the two are one: the host computes). Each time is the median of ``--reps`` calls after one warm-up.
 ``--fused-corrections off`` composes the corrections' hooks around the plain kernel (the same values): one
-run of each gives the fused kernels' effect on the same machine. ``--host-profile N``: where each recipe's
+run of each gives the fused kernels' effect on the same machine; ``--shared-inputs off`` has each layer quantize
+its own copy of an input that several read (q/k/v, gate/up). A plain MXFP4 weight quantized along both axes in one
+read is one dispatch call, not a quantizer call. ``--host-profile N``: where each recipe's
 decode host time goes (cProfile over N calls, the top functions by their own time).
 """
 
@@ -40,7 +42,7 @@ from mxfp4.config import model_line
 from mxfp4.config.recipes import Recipe, load_recipe_table
 from mxfp4.io import write_json_atomic
 from mxfp4.machine import describe
-from mxfp4.nn import clear_weight_caches, patch_model, unpatch_model
+from mxfp4.nn import clear_weight_caches, patch_model, unpatch_model, use_shared_inputs
 from mxfp4.numerics import dispatch
 from mxfp4.numerics.quantizer import Quantizer
 
@@ -203,6 +205,8 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--fused-corrections", default="on", choices=["on", "off"],
                    help="off: the corrections composed around the plain kernel (dispatch.use_fused_corrections)")
+    p.add_argument("--shared-inputs", default="on", choices=["on", "off"],
+                   help="off: each layer quantizes its own copy of an input several read (nn.use_shared_inputs)")
     p.add_argument("--host-profile", type=int, default=0, metavar="N",
                    help="cProfile N decode calls of each recipe: the top functions by own host time")
     p.add_argument("--threads", type=int, default=1, help="torch's CPU threads (1: a cell of the main job)")
@@ -236,7 +240,8 @@ def main(argv=None) -> int:
            "settings": {**{k: v for k, v in vars(args).items() if k != "out"},
                         "autotune": os.environ.get("MXFP4_AUTOTUNE", "1") != "0"},  # off: each space's first tiles
            "layers": {}}
-    with dispatch.use_fused_corrections(args.fused_corrections == "on"):
+    with (dispatch.use_fused_corrections(args.fused_corrections == "on"),
+          use_shared_inputs(args.shared_inputs == "on")):
         for kind in args.layers:
             rows = out["layers"].setdefault(kind, {})
             for recipe in args.recipes:

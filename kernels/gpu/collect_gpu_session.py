@@ -14,6 +14,8 @@ the reports made anew after a target changed), from all of that device's calls:
 - ``results/bench/layer_<device>.json``: the real-shape layers, each (layer, recipe) row from the last call that
   measured it (``sources`` names it; its ratio is to that call's own bf16 row);
 - ``results/bench/layer_unfused_<device>.json``: the correction recipes' layers with the fused kernels off, alike;
+- ``results/bench/layer_unshared_<device>.json``: plain and combined recipes with each layer quantizing its own
+  copy of a shared input, alike;
 - ``results/bench/bench_<device>.json``: the kernel calls (memory1, memory2, gemm) of one device merged (where
   no call of the device timed kernels, a stored file is judged as it is and left unchanged);
 - ``results/gpu/targets_<device>.json``: every GPU target with its number, met or missed, and the two
@@ -203,6 +205,8 @@ def collect(calls: list[Path], root: Path = ROOT) -> dict[str, list[dict]]:
             targets += layer_targets(report, layer_out)
         # the correction recipes with their hooks composed in torch ops: the "before" of the fused kernels
         _merged_layer_report(root, rel, "bench_layer_unfused.json", f"results/bench/layer_unfused_{slug}.json")
+        # each layer quantizing its own copy of a shared input: the "before" of the shared quantizations
+        _merged_layer_report(root, rel, "bench_layer_unshared.json", f"results/bench/layer_unshared_{slug}.json")
         targets += device_checks(root, rel)
         write_json_atomic(root / f"results/gpu/targets_{slug}.json",
                           {"device_calls": [str(f) for f in rel], "targets": targets})

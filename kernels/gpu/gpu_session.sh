@@ -14,6 +14,8 @@
 #                                              # where the decode host time goes -> bench_layer.json
 #   bash kernels/gpu/gpu_session.sh layer-unfused  # the correction recipes with their hooks composed in torch ops (the fused
 #                                              # kernels off): before against after in one call -> bench_layer_unfused.json
+#   bash kernels/gpu/gpu_session.sh layer-unshared # plain and combined recipes with each layer quantizing its own copy of a
+#                                              # shared input (q/k/v, gate/up): before against after -> bench_layer_unshared.json
 #   bash kernels/gpu/gpu_session.sh corrected      # the corrections' fused Triton kernel compiled, bit-exact on the device
 #   bash kernels/gpu/gpu_session.sh checks         # bit-exact on the device: every kernel, dtype, rule, layout; the GEMMs
 #   bash kernels/gpu/gpu_session.sh configs        # each config of every autotune space forced and checked (the tuner may pick any)
@@ -45,7 +47,7 @@
 # unpacks the calls into results/gpu/calls/<device>/, writes the GPU result files and prints every target.
 # docs/kernels.md says what each kernel step predicts.
 set -uo pipefail
-STEPS="stack tests corrected smoke-dense1 smoke-dense2 smoke-moe layer layer-unfused checks configs memory1 memory2 gemm stats-patch"
+STEPS="stack tests corrected smoke-dense1 smoke-dense2 smoke-moe layer layer-unfused layer-unshared checks configs memory1 memory2 gemm stats-patch"
 SMOKE_RECIPES="bf16 mxfp4 mxfp4+macro mxfp4+fallback mxfp4+aqn mxfp4+all"   # the gpu-smoke-quick profile's
 for step in "$@"; do   # every name checked before any device time is spent
     if [[ $step == smoke:* ]]; then
@@ -96,7 +98,7 @@ else   # without them every step would die at its first import: stop before spen
 fi
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv > "$WORK/device.csv" 2>/dev/null || true
 
-HEADLINE="steps.tsv stack.json bench_layer.json bench_layer_unfused.json gpu_smoke_dense.json tests_corrected.log
+HEADLINE="steps.tsv stack.json bench_layer.json bench_layer_unfused.json bench_layer_unshared.json gpu_smoke_dense.json tests_corrected.log
           gpu_smoke_moe.json checks.json bench_memory1.json bench_memory2.json bench_gemm.json tests_gpu.log"
 publish() {   # after every step: the headline files flat into $OUT (at most 6 of them), the rest packed
     local n=0 f
@@ -189,6 +191,8 @@ PY
         layer-unfused) capped 150 python3 kernels/bench/bench_layer.py --device cuda --compute bfloat16 --reps 3 \
                      --recipes bf16 mxfp4+fallback mxfp4+macro mxfp4+all --fused-corrections off \
                      --out "$WORK/bench_layer_unfused.json" ;;
+        layer-unshared) capped 150 python3 kernels/bench/bench_layer.py --device cuda --compute bfloat16 --reps 3 \
+                     --recipes bf16 mxfp4 mxfp4+all --shared-inputs off --out "$WORK/bench_layer_unshared.json" ;;
         checks)  MXFP4_AUTOTUNE=0 capped 280 python3 kernels/check_kernels.py --out "$WORK/checks.json" ;;
         configs) capped 280 python3 kernels/check_kernels.py --every-config --out "$WORK/checks_configs.json" ;;
         memory1) TRITON_PRINT_AUTOTUNING=1 capped 280 python3 kernels/bench/bench_kernels.py --only memory \

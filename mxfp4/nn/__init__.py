@@ -2,7 +2,16 @@
 (``experts``), and swapping them into a transformers model (``patch``)."""
 
 from .experts import DispatchPlan, MXGroupedExperts, grouped_experts_forward
-from .linear import GemmContext, MXLinear, QuantLinearFunction, gemm_context, linear_forward, quant_linear
+from .linear import (
+    GemmContext,
+    InputMemo,
+    MXLinear,
+    QuantLinearFunction,
+    gemm_context,
+    linear_forward,
+    quant_linear,
+    use_shared_inputs,
+)
 from .patch import (
     PatchState,
     bypassed,
@@ -24,6 +33,7 @@ from .patch import (
 __all__ = [
     "DispatchPlan",
     "GemmContext",
+    "InputMemo",
     "MXGroupedExperts",
     "MXLinear",
     "PatchState",
@@ -45,5 +55,6 @@ __all__ = [
     "set_probe",
     "targets",
     "unpatch_model",
+    "use_shared_inputs",
     "weight_cache_pays",
 ]

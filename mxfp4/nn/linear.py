@@ -24,6 +24,51 @@ KIND_OPERANDS = {"activation": ("activation", "forward"), "grad": ("grad", "inpu
                  "weight": ("weight", "forward")}
 
 
+_SHARING = [True]  # use_shared_inputs switches it (a benchmark's before and after)
+
+
+@contextlib.contextmanager
+def use_shared_inputs(enabled: bool):
+    """Inside: patched layers quantize an input that several of them read once (``InputMemo``) where ``enabled``,
+    else each its own copy (the same values)."""
+    before = _SHARING[0]
+    _SHARING[0] = bool(enabled)
+    try:
+        yield
+    finally:
+        _SHARING[0] = before
+
+
+class InputMemo:
+    """The last input a patched model's layers quantized for each GEMM and the result, so that layers reading one
+    input (q_proj, k_proj and v_proj; gate_proj and up_proj) quantize it once for the forward and once for their
+    weight gradients. Only activations (a gradient is one layer's own), only for a ``Quantizer.repeatable``
+    quantizer (values from x and the axis alone), only without a padding mask. x is the same input where it is,
+    or views, the same tensor object (held here, so never another's) with the same offset, shape and strides at
+    the same version (an in-place change bumps it); the result's own version guards against a caller's in-place
+    change."""
+
+    def __init__(self):
+        self._last: dict = {}
+
+    def clear(self) -> None:
+        self._last.clear()
+
+    def quantize(self, quantizer: Quantizer, x: torch.Tensor, axis: int, operand: Operand) -> torch.Tensor:
+        if not (_SHARING[0] and quantizer.repeatable) or x.is_inference():  # inference tensors keep no version
+            return quantizer(x, axis, operand=operand)
+        base = x if x._base is None else x._base
+        key = (x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, x._version, axis % x.dim())
+        last = self._last.get(operand.gemm if operand is not None else None)
+        if (last is not None and last[0] is base and last[1] is quantizer and last[2] == key
+                and last[3]._version == last[4]):
+            quantizer.repeat_counts(x, axis)
+            return last[3]
+        out = quantizer(x, axis, operand=operand)
+        self._last[operand.gemm if operand is not None else None] = (base, quantizer, key, out, out._version)
+        return out
+
+
 @dataclass
 class GemmContext:
     """What one patched layer needs: the quantizer, which GEMMs to quantize, a weight cache, and a
@@ -34,6 +79,7 @@ class GemmContext:
     probe: object = None  # called as probe(layer_name, kind, tensor, axis) when set
     cache: bool = True  # False under FSDP / ZeRO-3: a cache would hold every layer's gathered weights
     bypassed: bool = False  # True: the layer computes as its unpatched class (``patch.bypassed``)
+    inputs: InputMemo | None = None  # the patched model's: an input several layers read, quantized once
     _cache: dict = field(default_factory=dict)
     _operands: dict = field(default_factory=dict)
 
@@ -58,14 +104,39 @@ class GemmContext:
             with torch.no_grad():
                 return self.quantizer(param.detach(), axis, operand=operand)
 
+        if self._both_axes(param, axis, gemm):
+            return self._versioned(param, axis, lambda: self._both(param)[axis])
+
         def quantized():
             with torch.no_grad():
                 q = self.quantizer(param.detach(), axis, operand=operand)
-            if self.quantizer.exact_in_bf16 and autocast_dtype(param) == torch.bfloat16:
-                q = q.to(torch.bfloat16)  # what the bf16 GEMM takes; lossless: every value is a bf16 number
-            return q
+            return self._held(q, param)
 
         return self._versioned(param, axis, quantized)
+
+    def _held(self, q: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+        """A cached weight in what the GEMM takes: bf16 under bf16 autocast where every value is a bf16 number
+        (lossless), else as quantized."""
+        if self.quantizer.exact_in_bf16 and autocast_dtype(param) == torch.bfloat16:
+            return q.to(torch.bfloat16)
+        return q
+
+    def _both_axes(self, param: torch.Tensor, axis: int, gemm: str) -> bool:
+        """Whether a training forward's weight is quantized along both axes in one pass (the forward's along K, the
+        input gradient's along N, both cached): plain MXFP4 on a 2D weight, grad enabled, both GEMMs quantized."""
+        q = self.quantizer
+        return (gemm == "forward" and axis == 1 and q.plain and param.dim() == 2 and torch.is_grad_enabled()
+                and self.gemms["input_grad"] and param.requires_grad)
+
+    def _both(self, param: torch.Tensor) -> dict:
+        """{0: along N, 1: along K} from one read of the weight (``dispatch.fake_quantize_both``), the
+        input gradient's copy cached for the backward."""
+        q = self.quantizer
+        with torch.no_grad():
+            along_k, along_n = dispatch.fake_quantize_both(param.detach(), q.fmt, q.scale_rule)
+        along_n = self._held(along_n, param)
+        self._cache[(param.data_ptr(), 0)] = (param._version, along_n)
+        return {0: along_n, 1: self._held(along_k, param)}
 
     def _versioned(self, param: torch.Tensor, kind, make):
         """``make()``, cached for this version of ``param`` under ``kind``."""
@@ -77,8 +148,10 @@ class GemmContext:
         return hit[1]
 
     def clear(self) -> None:
-        """Drop every cached quantized weight (after an optimizer step)."""
+        """Drop every cached quantized weight (after an optimizer step) and the remembered input."""
         self._cache.clear()
+        if self.inputs is not None:
+            self.inputs.clear()
 
     def packed(self, param: torch.Tensor):
         """The weight packed for the W4A16 kernel (cached per version)."""
@@ -109,7 +182,10 @@ class GemmContext:
             return x
         if self.probe is not None:
             self.probe(self.name, kind, x.detach(), axis, valid)
-        return self.quantizer(x, axis, valid, operand=self.operand(*KIND_OPERANDS[kind]))
+        operand = self.operand(*KIND_OPERANDS[kind])
+        if valid is None and self.inputs is not None and operand.role == "activation":
+            return self.inputs.quantize(self.quantizer, x, axis, operand)
+        return self.quantizer(x, axis, valid, operand=operand)
 
 
 def autocast_dtype(x: torch.Tensor):
@@ -175,7 +251,10 @@ class QuantLinearFunction(torch.autograd.Function):
         ctx.autocast, ctx.device_type = autocast_dtype(x), x.device.type
         ctx.exact, ctx.tf32 = gemm.quantizer.exact_in_bf16, gemm.quantizer.exact_in_tf32
         y = forward_gemm(ctx, x, bias, w_fwd, gemm)
-        ctx.save_for_backward(x, w_bwd)
+        # w_bwd None: the input gradient's weight is quantized by the backward itself (from the cache where one is
+        # kept), never by a forward that is only recomputed or never differentiated, nor held between the two
+        ctx.save_for_backward(x, weight if w_bwd is None else w_bwd)
+        ctx.lazy_weight = w_bwd is None
         ctx.gemm = gemm
         ctx.has_bias = bias is not None
         return y
@@ -187,9 +266,13 @@ class QuantLinearFunction(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, dy, cast):
         x, w_bwd = ctx.saved_tensors
+        gemm = ctx.gemm
+        if ctx.lazy_weight and ctx.needs_input_grad[0]:
+            w_bwd = gemm.weight(w_bwd, 0, gemm.gemms["input_grad"], "input_grad")
+            if ctx.autocast is None:
+                w_bwd = w_bwd.to(x.dtype)
         if cast is not None:
             dy, x, w_bwd = dy.to(cast), x.to(cast), w_bwd.to(cast)
-        gemm = ctx.gemm
         dy2 = dy.reshape(-1, dy.shape[-1])
         x2 = x.reshape(-1, x.shape[-1])
         dx = dw = db = None
@@ -208,7 +291,8 @@ class QuantLinearFunction(torch.autograd.Function):
 
 def quant_linear(x, weight, bias, gemm: GemmContext, w_fwd=None, w_bwd=None):
     """F.linear through the recipe's quantizer (weights taken from the cache unless given). Without
-    autograd (rollouts, evaluation) only the forward GEMM runs: no backward-axis weight, no autograd node."""
+    autograd (rollouts, evaluation) only the forward GEMM runs: no backward-axis weight, no autograd node; with it,
+    the backward-axis weight (unless given) is quantized when the backward runs."""
     if w_fwd is None:
         w_fwd = gemm.weight(weight, 1, gemm.gemms["forward"])
     autocast = autocast_dtype(x)
@@ -217,9 +301,7 @@ def quant_linear(x, weight, bias, gemm: GemmContext, w_fwd=None, w_bwd=None):
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (x, weight, bias)):
         ctx = ForwardOnly(autocast, x.device.type, gemm.quantizer.exact_in_bf16, gemm.quantizer.exact_in_tf32)
         return forward_gemm(ctx, x, bias, w_fwd, gemm)
-    if w_bwd is None:
-        w_bwd = gemm.weight(weight, 0, gemm.gemms["input_grad"], "input_grad")
-    if autocast is None:
+    if w_bwd is not None and autocast is None:
         w_bwd = w_bwd.to(x.dtype)
     return QuantLinearFunction.apply(x, weight, bias, w_fwd, w_bwd, gemm)
 

@@ -19,7 +19,7 @@ from ..config.recipes import Recipe
 from ..numerics import dispatch
 from ..numerics.quantizer import Quantizer
 from .experts import MXGroupedExperts
-from .linear import GEMM_ATTR, GemmContext, MXLinear, gemm_context
+from .linear import GEMM_ATTR, GemmContext, InputMemo, MXLinear, gemm_context
 
 
 def _is_experts(module) -> bool:
@@ -181,10 +181,11 @@ def patch_model(model, quantizer: Quantizer | None, probe=None, cache_weights: b
     if quantizer is not None and not isinstance(quantizer, Quantizer):
         raise ValueError(f"patch_model takes a Quantizer (Recipe.quantizer()) or None, got {type(quantizer).__name__}")
     patched = []
+    inputs = InputMemo()  # one for the model: the layers that read one input share its quantization
     for name, module, kind in targets(model, quantizer.modules) if quantizer is not None else []:
         if kind == "lm_head" and getattr(model.config, "tie_word_embeddings", False):
             raise ValueError("lm_head is tied to the input embeddings; quantizing it would quantize both")
-        setattr(module, GEMM_ATTR, GemmContext(quantizer, name=name, probe=probe, cache=cache_weights))
+        setattr(module, GEMM_ATTR, GemmContext(quantizer, name=name, probe=probe, cache=cache_weights, inputs=inputs))
         module.__class__ = quantized_class(type(module), kind)
         patched.append(name)
     setattr(model, _STATE_ATTR, PatchState(quantizer, patched))

@@ -207,10 +207,27 @@ class Quantizer:
         out = dispatch.fake_quantize_corrected(x, self.fmt, ax, self.scale_rule, split, terms.get("macro_blocks", 0),
                                                strides)
         if out is not None and split:
-            kept = x.numel() // x.shape[ax] * -(-x.shape[ax] // self.fmt.block_size)  # one element a block
-            for c in self._splitters:
-                c.record_split(kept, x.numel())
+            self.repeat_counts(x, ax)
         return out
+
+    @property
+    def repeatable(self) -> bool:
+        """The same x along the same axis gives the same values, whatever the operand, and changes no state but the
+        split counts ``repeat_counts`` records: no random stream, no rotation, every correction in kernel terms
+        (outlier fallback's one element a block, macro-block scaling of one row, AQN). A patched model then
+        quantizes an input that several layers read once (``nn.linear.InputMemo``)."""
+        return self._rounding is None and not self._rotating and all(c.kernel_terms() is not None
+                                                                       for c in self.corrections)
+
+    def repeat_counts(self, x: torch.Tensor, axis: int) -> None:
+        """Record in each splitting correction what quantizing x along ``axis`` keeps (one element a block, the
+        kernel terms' split), as a call on x records it."""
+        if not self._splitters or not x.numel():
+            return
+        ax = axis % x.dim()
+        kept = x.numel() // x.shape[ax] * -(-x.shape[ax] // self.fmt.block_size)
+        for c in self._splitters:
+            c.record_split(kept, x.numel())
 
     def _composed_strides(self, x: torch.Tensor, axis: int, backend: str) -> tuple:
         """The strides of the torch composition's result on ``backend`` for an x of this shape and strides: the

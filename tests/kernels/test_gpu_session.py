@@ -359,8 +359,8 @@ def test_a_killed_verbose_test_step_names_its_failures_and_the_tests_that_never_
 
 def test_the_layer_bench_reports_host_device_quantizer_calls_and_launches_per_recipe_and_phase(tmp_path):
     """On CPU, the dense layer (the real shape) at 8 tokens: each recipe has both phases with positive times, the
-    quantizer's calls counted (none for bf16) and the reference's ratio 1; the fused corrections' switch is
-    recorded."""
+    quantizer's calls counted (none for bf16) and the reference's ratio 1; the fused corrections' and the shared
+    inputs' switches are recorded, each layer quantizing its own input without the second."""
     bench = kernels_script("bench_layer")
     out = tmp_path / "layer.json"
     assert bench.main(["--out", str(out), "--reps", "1", "--tokens", "8", "--layers", "dense", "--recipes", "bf16",
@@ -373,8 +373,15 @@ def test_the_layer_bench_reports_host_device_quantizer_calls_and_launches_per_re
     for phase in ("decode", "train"):
         assert dense[phase]["host_ms"] > 0 and dense[phase]["launches"] > 0
         assert dense[phase]["quantizer_host_us_per_call"] > 0
-    assert dense["decode"]["quantizer_calls"] == 7  # each Linear's input: the weights stay cached while decoding
-    assert dense["train"]["quantizer_calls"] == 7 * 6  # weight on both axes, x, dY twice and x along tokens
+    # the inputs of the 7 Linears, q/k/v's and gate/up's quantized once (4); the weights stay cached while decoding
+    assert dense["decode"]["quantizer_calls"] == 4
+    assert dense["train"]["quantizer_calls"] == 7 * 4 + 4 * 2  # weight on both axes, dY twice; x, x along tokens
+    assert bench.main(["--out", str(out), "--reps", "1", "--tokens", "8", "--layers", "dense", "--recipes", "bf16",
+                       "mxfp4+fallback", "--shared-inputs", "off"]) == 0
+    report = json.loads(out.read_text())
+    alone = report["layers"]["dense"]["mxfp4+fallback"]
+    assert report["settings"]["shared_inputs"] == "off"
+    assert alone["decode"]["quantizer_calls"] == 7 and alone["train"]["quantizer_calls"] == 7 * 6  # each its own
 
 
 def test_the_cpu_kernel_bench_leaves_out_the_compile_peer_when_asked_and_keeps_every_other_path(tmp_path):
