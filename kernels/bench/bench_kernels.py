@@ -373,6 +373,9 @@ def targets(rows) -> list[dict]:
     return out
 
 
+MERGED_METHOD = "; rows of several calls, each against the ceiling measured in its own call"
+
+
 def merge(reports: list[dict], sources: list[str]) -> dict:
     """Several calls' reports of one device as one: rows concatenated (each keeps the call it was measured
     in, with its ceiling from that call), ratios as each call computed them, the targets over each row's
@@ -385,8 +388,8 @@ def merge(reports: list[dict], sources: list[str]) -> dict:
     rows = [{**row, "call": i} for i, r in enumerate(reports) for row in r["rows"]]
     return {"device": reports[0]["device"], "device_type": reports[0].get("device_type"),
             "versions": reports[0]["versions"], "commands": [r.get("command") for r in reports],
-            "sources": sources, "method": reports[0]["method"] + "; rows of several calls, each against the "
-            "ceiling measured in its own call", "partial": any(r.get("partial", False) for r in reports),
+            "sources": sources, "method": reports[0]["method"] + MERGED_METHOD,
+            "partial": any(r.get("partial", False) for r in reports),
             "rows": rows, "ratios": {k: v for r in reports for k, v in r.get("ratios", {}).items()},
             "targets": targets(rows)}
 

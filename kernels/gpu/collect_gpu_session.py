@@ -2,26 +2,29 @@
 every target met or missed; run here, after the calls, on the folders the device tool brought back.
 
     python kernels/gpu/collect_gpu_session.py CALL1 CALL2 CALL3      # each: what one call left in $OUT
-    python kernels/gpu/collect_gpu_session.py                        # the reports anew from the stored calls
+    python kernels/gpu/collect_gpu_session.py                        # the targets anew from the stored reports
+    python kernels/gpu/collect_gpu_session.py --keep ../gpu-calls CALL1   # the unpacked calls kept outside the tree
 
-Each call's ``session.tgz`` is unpacked into ``results/gpu/calls/<device>/call<N>/`` (cell logs and results,
-lm-eval outputs, stack.json, steps.tsv, each step's stderr; weights were left out on the device), numbered on
-after that device's stored calls. Then, for every device with stored calls (with no calls named, that alone:
-the reports made anew after a target changed), from all of that device's calls:
-- ``results/gpu/gpu_smoke_dense_<device>.json``: ``mxfp4 gpu-smoke-report`` over every call that ran
-  gpu-smoke-quick cells, each recipe against its own call's bf16, the memory plan's peaks beside;
+Each call's ``session.tgz`` is unpacked into a scratch folder (or, with ``--keep DIR``, into ``DIR/<device>/call<N>/``
+outside the repository: cell logs and results, lm-eval outputs, each step's stderr; weights were left out on the
+device) and named ``<device>/call<N>``, numbered on after that device's stored calls (``device_calls`` of its targets
+file). What the calls measured is merged into the device's stored reports, which are the record (the raw dumps never
+enter the tree):
+- ``results/gpu/gpu_smoke_dense_<device>.json``: the stored runs and each new call that ran gpu-smoke-quick cells
+  (``mxfp4.report.gpu_smoke``), each recipe against its own call's bf16, the memory plan's peaks beside;
 - ``results/gpu/gpu_smoke_moe_<device>.json``: the MoE slice (the last call that ran ``smoke-moe``);
 - ``results/bench/layer_<device>.json``: the real-shape layers, each (layer, recipe) row from the last call that
   measured it (``sources`` names it; its ratio is to that call's own bf16 row);
 - ``results/bench/layer_unfused_<device>.json``: the correction recipes' layers with the fused kernels off, alike;
 - ``results/bench/layer_unshared_<device>.json``: plain and combined recipes with each layer quantizing its own
   copy of a shared input, alike;
-- ``results/bench/bench_<device>.json``: the kernel calls (memory1, memory2, gemm) of one device merged (where
-  no call of the device timed kernels, a stored file is judged as it is and left unchanged);
+- ``results/bench/bench_<device>.json``: the kernel calls (memory1, memory2, gemm) of one device merged, the stored
+  rows kept (with no new kernel call, the stored file is judged as it is and left unchanged);
 - ``results/gpu/targets_<device>.json``: every GPU target with its number, met or missed, and the two
-  checks of correctness on the device (every kernel bit-exact; every autotune config; the suite's CUDA tests).
+  checks of correctness on the device (every kernel bit-exact; every autotune config; the suite's CUDA tests; a
+  check no new call ran is the stored one).
 Calls that landed on different devices (the device tool may start an H200 where no H100 opens) are kept
-apart: each device gets its own folder, benchmark file and targets; times are compared only within a call.
+apart: each device gets its own reports, benchmark file and targets; times are compared only within a call.
 """
 
 from __future__ import annotations
@@ -32,14 +35,15 @@ import re
 import shutil
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # bench_kernels, bench_moe
+from mxfp4.config.profiles import load_profile  # noqa: E402
 from mxfp4.io import write_json_atomic  # noqa: E402
 from mxfp4.layout import Layout  # noqa: E402
-from mxfp4.report.gpu_smoke import ROLLOUT_TARGET, TARGETS  # noqa: E402
-from mxfp4.report.gpu_smoke import run as smoke_report  # noqa: E402
+from mxfp4.report.gpu_smoke import ROLLOUT_TARGET, TARGETS, from_runs, run_entry  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE_PROFILE = "gpu-smoke-quick"
@@ -88,40 +92,72 @@ def _json(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _in_calls(root: Path, rel: list[Path], name: str) -> list[Path]:
-    """``name`` in each of these calls' folders that has it, in call order (relative to root)."""
-    return [f / name for f in rel if (root / f / name).is_file()]
+def _in_calls(calls: list[tuple[str, Path]], name: str) -> list[tuple[str, Path]]:
+    """(label/name, file) of ``name`` in each of these calls' folders that has it, in call order."""
+    return [(f"{label}/{name}", folder / name) for label, folder in calls if (folder / name).is_file()]
 
 
-def _latest_report(root: Path, rel: list[Path], name: str, out: str) -> dict | None:
-    """The last of these calls' ``name``, written to ``out`` (relative to root) with its source; None where no
-    call ran it."""
-    found = _in_calls(root, rel, name)
+def _stored(root: Path, out: str) -> dict | None:
+    return _json(root / out)
+
+
+def _latest_report(root: Path, calls: list[tuple[str, Path]], name: str, out: str) -> dict | None:
+    """The last of these calls' ``name``, written to ``out`` (relative to root) with its source; else the stored
+    ``out`` as it is; None where neither exists."""
+    found = _in_calls(calls, name)
     if not found:
-        return None
-    report = _json(root / found[-1])
-    write_json_atomic(root / out, {**report, "source": str(found[-1])})
+        return _stored(root, out)
+    source, path = found[-1]
+    report = {**_json(path), "source": source}
+    write_json_atomic(root / out, report)
     return report
 
 
-def _merged_layer_report(root: Path, rel: list[Path], name: str, out: str) -> dict | None:
-    """The real-shape layer reports of these calls merged: each (layer, recipe) row from the last call that
-    measured it, its ratio to that call's own reference (times compare only within a call), the call named in
-    ``sources``; the last call's header. Written to ``out``; None where no call ran it."""
-    found = _in_calls(root, rel, name)
+def _merged_layer_report(root: Path, calls: list[tuple[str, Path]], name: str, out: str) -> dict | None:
+    """The stored real-shape layer report (``out``, relative to root) with these calls' reports laid over it: each
+    (layer, recipe) row from the last call that measured it, its ratio to that call's own reference (times compare
+    only within a call), the call named in ``sources``; the last call's header. Written to ``out``; the stored one
+    where no call ran it; None where neither exists."""
+    stored = _stored(root, out)
+    found = _in_calls(calls, name)
     if not found:
-        return None
-    reports = [_json(root / f) for f in found]
-    layers: dict = {}
-    sources: dict = {}
-    for path, report in zip(found, reports):
-        for layer, recipes in report["layers"].items():
+        return stored
+    layers = {layer: dict(rows) for layer, rows in (stored or {}).get("layers", {}).items()}
+    sources = {layer: dict(rows) for layer, rows in (stored or {}).get("sources", {}).items()}
+    last = None
+    for source, path in found:
+        last = _json(path)
+        for layer, recipes in last["layers"].items():
             for recipe, row in recipes.items():
                 layers.setdefault(layer, {})[recipe] = row
-                sources.setdefault(layer, {})[recipe] = str(path)
-    merged = {**reports[-1], "layers": layers, "sources": sources, "source": [str(f) for f in found]}
+                sources.setdefault(layer, {})[recipe] = source
+    merged = {**last, "layers": layers, "sources": sources,
+              "source": [*(stored or {}).get("source", []), *(s for s, _ in found)]}
     write_json_atomic(root / out, merged)
     return merged
+
+
+def _merged_bench(root: Path, calls: list[tuple[str, Path]], out: str) -> list[dict]:
+    """The stored kernel report of a device (``out``) with these calls' kernel reports added (each row keeps the
+    call it was measured in); its targets. The stored file is judged as it is where no call timed kernels."""
+    import bench_kernels
+
+    stored = _stored(root, out)
+    found = [hit for call in calls for step in BENCH_STEPS for hit in _in_calls([call], step)]  # as they ran
+    if not found:
+        return bench_kernels.targets(stored["rows"]) if stored else []
+    reports = [_json(path) for _, path in found]
+    sources = [source for source, _ in found]
+    if stored is not None:  # its rows keep their calls: a merged report is one report per source it names
+        parts = stored.get("sources") or [stored.get("source", "stored")]
+        commands = stored.get("commands") or [stored.get("command")]
+        method = stored["method"].removesuffix(bench_kernels.MERGED_METHOD)
+        reports = [{**stored, "method": method, "command": commands[i],
+                    "rows": [r for r in stored["rows"] if r.get("call", 0) == i]} for i in range(len(parts))] + reports
+        sources = list(parts) + sources
+    merged = bench_kernels.merge(reports, sources)
+    write_json_atomic(root / out, merged)
+    return merged["targets"]
 
 
 def unpack(call: Path, into: Path) -> Path:
@@ -163,88 +199,73 @@ def call_device(folder: Path) -> str:
                      "or device.csv)")
 
 
-def collect(calls: list[Path], root: Path = ROOT) -> dict[str, list[dict]]:
-    """Unpack, report, merge and check every target; returns the targets per device slug."""
-    import bench_kernels
-
-    folders = place(calls, root)
-    calls_root = root / "results/gpu/calls"
-    for device in sorted(calls_root.iterdir() if calls_root.is_dir() else []):  # every device, reported anew
-        if device.is_dir() and not device.name.startswith(".") and device.name not in folders:
-            folders[device.name] = stored_calls(root, device.name)
-
-    out: dict[str, list[dict]] = {}
-    for slug, rel in folders.items():
-        targets: list[dict] = []
-        smoke = [f / "results" for f in rel if (root / f / "results" / SMOKE_PROFILE).is_dir()]
-        if smoke:
-            dense_out = f"results/gpu/gpu_smoke_dense_{slug}.json"
-            rec = smoke_report([Layout(root / s, SMOKE_PROFILE) for s in smoke], out=None, plan=root / PLAN)
-            for run, results in zip(rec["runs"], smoke):  # paths as the repository sees them
-                run["results"] = str(results)
-            write_json_atomic(root / dense_out, rec)
-            targets += dense_targets(rec, dense_out)
-        moe_out = f"results/gpu/gpu_smoke_moe_{slug}.json"
-        if (report := _latest_report(root, rel, "gpu_smoke_moe.json", moe_out)) is not None:
-            targets += moe_targets(report, moe_out)
-        kernel_calls = [k for step in BENCH_STEPS for k in _in_calls(root, rel, step)]
-        bench_out = f"results/bench/bench_{slug}.json"
-        if kernel_calls:
-            merged = bench_kernels.merge([_json(root / k) for k in kernel_calls], [str(k) for k in kernel_calls])
-            write_json_atomic(root / bench_out, merged)
-            kernel_targets = merged["targets"]
-        elif (root / bench_out).is_file():  # measured in calls made before the call folders: judged as stored
-            kernel_targets = bench_kernels.targets(_json(root / bench_out)["rows"])
-        else:
-            kernel_targets = []
-        targets += [{"source": bench_out, "target": f"{t['target']} at {'x'.join(map(str, t['shape']))}",
-                     "value": t["value"], "threshold": f">= {t['threshold']}", "met": t["met"]}
-                    for t in kernel_targets]
-        layer_out = f"results/bench/layer_{slug}.json"
-        if (report := _merged_layer_report(root, rel, "bench_layer.json", layer_out)) is not None:
-            targets += layer_targets(report, layer_out)
-        # the correction recipes with their hooks composed in torch ops: the "before" of the fused kernels
-        _merged_layer_report(root, rel, "bench_layer_unfused.json", f"results/bench/layer_unfused_{slug}.json")
-        # each layer quantizing its own copy of a shared input: the "before" of the shared quantizations
-        _merged_layer_report(root, rel, "bench_layer_unshared.json", f"results/bench/layer_unshared_{slug}.json")
-        targets += device_checks(root, rel)
-        write_json_atomic(root / f"results/gpu/targets_{slug}.json",
-                          {"device_calls": [str(f) for f in rel], "targets": targets})
-        out[slug] = targets
-    return out
-
-
-def place(calls: list[Path], root: Path) -> dict[str, list[Path]]:
-    """Each call unpacked into results/gpu/calls/<device>/call<N>/, N counted on after the device's stored calls
-    (a later session adds to a device's record); nothing moved into place unless every call unpacks. Returns
-    every call of each device these calls landed on, stored ones first, as folders relative to root."""
-    staging = root / "results/gpu/calls/.staging"
-    try:
-        unpacked = [unpack(call, staging / str(i)) for i, call in enumerate(calls)]
+def collect(calls: list[Path], root: Path = ROOT, keep: Path | None = None) -> dict[str, list[dict]]:
+    """Unpack, merge into the stored reports and check every target; returns the targets per device slug. Every
+    device with a stored targets file is reported anew (after a target changed, with no calls at all)."""
+    if keep is not None and keep.resolve().is_relative_to(root.resolve()):
+        raise ValueError(f"--keep {keep}: inside the repository; the raw calls stay out of the tree "
+                         "(e.g. ../gpu-calls)")
+    with tempfile.TemporaryDirectory(prefix="gpu-calls-") as scratch:
+        unpacked = [unpack(call, Path(scratch) / str(i)) for i, call in enumerate(calls)]
         by_device: dict[str, list[Path]] = {}
         for folder in unpacked:
-            slug = device_slug(call_device(folder))
-            by_device.setdefault(slug, []).append(folder)
-        stored = {slug: stored_calls(root, slug) for slug in by_device}
-        moves = {folder: Path("results/gpu/calls") / slug / f"call{len(stored[slug]) + n}"
-                 for slug, group in by_device.items() for n, folder in enumerate(group, start=1)}
-        for folder, dest in moves.items():
-            (root / dest).parent.mkdir(parents=True, exist_ok=True)
-            folder.rename(root / dest)
-        return {slug: stored[slug] + [moves[f] for f in group] for slug, group in by_device.items()}
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+            by_device.setdefault(device_slug(call_device(folder)), []).append(folder)
+        for target in sorted((root / "results/gpu").glob("targets_*.json")):
+            by_device.setdefault(target.stem.removeprefix("targets_"), [])
+        out: dict[str, list[dict]] = {}
+        for slug, folders in by_device.items():
+            stored = stored_calls(root, slug)
+            labelled = [(f"{slug}/call{len(stored) + n}", folder) for n, folder in enumerate(folders, start=1)]
+            out[slug] = report_device(root, slug, stored, labelled)
+            if keep is not None:
+                for label, folder in labelled:
+                    shutil.copytree(folder, keep / label)
+        return out
 
 
-def stored_calls(root: Path, slug: str) -> list[Path]:
-    """The device's collected calls, call1, call2, ... in order; a gap in the numbering is an error (a call
-    folder removed by hand would otherwise be overwritten)."""
-    folder = root / "results/gpu/calls" / slug
-    numbers = sorted(int(m.group(1)) for f in (folder.iterdir() if folder.is_dir() else [])
-                     if (m := re.fullmatch(r"call(\d+)", f.name)))
-    if numbers != list(range(1, len(numbers) + 1)):
-        raise ValueError(f"{folder} holds calls {numbers}: expected call1..callN without gaps")
-    return [Path("results/gpu/calls") / slug / f"call{n}" for n in numbers]
+def report_device(root: Path, slug: str, stored: list[str], calls: list[tuple[str, Path]]) -> list[dict]:
+    """One device's stored reports with these (label, folder) calls merged in; its targets, written."""
+    targets: list[dict] = []
+    dense_out = f"results/gpu/gpu_smoke_dense_{slug}.json"
+    runs = (_stored(root, dense_out) or {}).get("runs", [])
+    profile = load_profile(SMOKE_PROFILE)
+    model, recipes, seed = next(iter(profile.models)), list(profile.recipes), profile.seeds[0]
+    for label, folder in calls:
+        if (folder / "results" / SMOKE_PROFILE).is_dir():
+            entry = run_entry(Layout(folder / "results", SMOKE_PROFILE), model, recipes, seed)
+            runs.append({**entry, "results": f"{label}/results"})
+    if runs:
+        plan = _json(root / PLAN)
+        rec = from_runs(runs, SMOKE_PROFILE, model, recipes, seed, plan)
+        write_json_atomic(root / dense_out, rec)
+        targets += dense_targets(rec, dense_out)
+    moe_out = f"results/gpu/gpu_smoke_moe_{slug}.json"
+    if (report := _latest_report(root, calls, "gpu_smoke_moe.json", moe_out)) is not None:
+        targets += moe_targets(report, moe_out)
+    bench_out = f"results/bench/bench_{slug}.json"
+    targets += [{"source": bench_out, "target": f"{t['target']} at {'x'.join(map(str, t['shape']))}",
+                 "value": t["value"], "threshold": f">= {t['threshold']}", "met": t["met"]}
+                for t in _merged_bench(root, calls, bench_out)]
+    layer_out = f"results/bench/layer_{slug}.json"
+    if (report := _merged_layer_report(root, calls, "bench_layer.json", layer_out)) is not None:
+        targets += layer_targets(report, layer_out)
+    # the correction recipes with their hooks composed in torch ops: the "before" of the fused kernels
+    _merged_layer_report(root, calls, "bench_layer_unfused.json", f"results/bench/layer_unfused_{slug}.json")
+    # each layer quantizing its own copy of a shared input: the "before" of the shared quantizations
+    _merged_layer_report(root, calls, "bench_layer_unshared.json", f"results/bench/layer_unshared_{slug}.json")
+    checks = device_checks(calls)
+    ran = {row["target"] for row in checks}
+    stored_targets = (_stored(root, f"results/gpu/targets_{slug}.json") or {}).get("targets", [])
+    targets += [row for row in stored_targets if row["target"] in CHECK_TARGETS and row["target"] not in ran]
+    targets += checks
+    write_json_atomic(root / f"results/gpu/targets_{slug}.json",
+                      {"device_calls": stored + [label for label, _ in calls], "targets": targets})
+    return targets
+
+
+def stored_calls(root: Path, slug: str) -> list[str]:
+    """The device's collected calls, as its targets file names them."""
+    return list((_stored(root, f"results/gpu/targets_{slug}.json") or {}).get("device_calls", []))
 
 
 def dense_targets(rec: dict, source: str) -> list[dict]:
@@ -263,7 +284,12 @@ def dense_targets(rec: dict, source: str) -> list[dict]:
     return rows
 
 
-def device_checks(root: Path, rel: list[Path]) -> list[dict]:
+CHECK_TARGETS = ("every kernel bit-exact on the device (check_kernels.py)",
+                 "every autotune config checked on the device (--every-config)",
+                 "the suite's CUDA tests pass (pytest -m gpu)")
+
+
+def device_checks(calls: list[tuple[str, Path]]) -> list[dict]:
     """The checks of correctness a call may have run on this device: every kernel bit-exact (``checks``:
     kernels/check_kernels.py), every config of every autotune space (``configs``: its --every-config) and
     the suite's CUDA tests (``tests``: pytest -m gpu, its JUnit XML)."""
@@ -272,27 +298,26 @@ def device_checks(root: Path, rel: list[Path]) -> list[dict]:
     from mxfp4.verify.kernel_checks import summary  # (imports torch, as collect's bench_kernels does)
 
     rows = []
-    for name, target in (("checks.json", "every kernel bit-exact on the device (check_kernels.py)"),
-                         ("checks_configs.json", "every autotune config checked on the device (--every-config)")):
-        for f in _in_calls(root, rel, name)[-1:]:  # the last call that ran it
-            c = _json(root / f)
-            rows.append({"source": str(f), "target": target, "value": summary(c),
+    for name, target in (("checks.json", CHECK_TARGETS[0]), ("checks_configs.json", CHECK_TARGETS[1])):
+        for source, path in _in_calls(calls, name)[-1:]:  # the last call that ran it
+            c = _json(path)
+            rows.append({"source": source, "target": target, "value": summary(c),
                          "threshold": "all passed, complete", "met": c["passed"]})
-    logs = _in_calls(root, rel, "tests_gpu.log")
-    if logs and not _in_calls(root, rel, "tests_gpu.xml"):  # killed at its time limit: only pytest's progress
-        progress, named = finished_tests((root / logs[-1]).read_text())
-        row = {"source": str(logs[-1]), "target": "the suite's CUDA tests pass (pytest -m gpu)",
+    logs = _in_calls(calls, "tests_gpu.log")
+    if logs and not _in_calls(calls, "tests_gpu.xml"):  # killed at its time limit: only pytest's progress
+        progress, named = finished_tests(logs[-1][1].read_text())
+        row = {"source": logs[-1][0], "target": CHECK_TARGETS[2],
                "value": f"stopped before its summary: {progress.count('.')} passed, {progress.count('F')} "
                         f"failed, {progress.count('E')} errors so far", "threshold": "none failed", "met": False}
         if named:  # a -v log names them: which failed, and which never finished
             row["failed"] = sorted(t for t, mark in named.items() if mark in "FE")
             row["not_finished"] = [t for t in gpu_test_ids() if t not in named]
         rows.append(row)
-    for f in _in_calls(root, rel, "tests_gpu.xml")[-1:]:
-        suite = ET.parse(root / f).getroot()
+    for source, path in _in_calls(calls, "tests_gpu.xml")[-1:]:
+        suite = ET.parse(path).getroot()
         suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
         n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-        rows.append({"source": str(f), "target": "the suite's CUDA tests pass (pytest -m gpu)",
+        rows.append({"source": source, "target": CHECK_TARGETS[2],
                      "value": f"{n['tests'] - n['failures'] - n['errors'] - n['skipped']} passed, {n['failures']} "
                               f"failed, {n['errors']} errors, {n['skipped']} skipped",
                      "threshold": "none failed", "met": n["tests"] > n["skipped"] and not n["failures"] + n["errors"]})
@@ -332,10 +357,12 @@ def moe_targets(report: dict, source: str) -> list[dict]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("calls", nargs="*", type=Path, help="the folders of the calls' $OUT, in the order they ran "
-                   "(none: every device's files reported anew from its stored calls)")
+                   "(none: every device's targets anew from its stored reports)")
     p.add_argument("--root", type=Path, default=ROOT, help="the repository the files go into (default: this one)")
+    p.add_argument("--keep", type=Path, default=None, help="a folder outside the repository to keep the unpacked "
+                   "calls in (<device>/call<N>/: logs, cell results, lm-eval outputs)")
     args = p.parse_args(argv)
-    collected = collect(args.calls, args.root)
+    collected = collect(args.calls, args.root, args.keep)
     for slug, targets in collected.items():
         print(f"{slug}: results/gpu/targets_{slug}.json")
         for t in targets:

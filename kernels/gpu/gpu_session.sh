@@ -44,7 +44,7 @@
 # Which calls to send, for the device time a session has: kernels/gpu/README.md ("On the device"), the
 # one place the plan is kept, with what the stored calls fitted.
 # Back here, `python kernels/gpu/collect_gpu_session.py CALL1 [CALL2 ...]` (the folders the calls brought back)
-# unpacks the calls into results/gpu/calls/<device>/, writes the GPU result files and prints every target.
+# merges what the calls measured into the GPU result files and prints every target.
 # docs/kernels.md says what each kernel step predicts.
 set -uo pipefail
 STEPS="stack tests corrected smoke-dense1 smoke-dense2 smoke-moe layer layer-unfused layer-unshared checks configs memory1 memory2 gemm stats-patch"

@@ -91,18 +91,36 @@ def run_records(layout: Layout, model: str, recipes: list[str], seed: int = 0) -
     return per
 
 
+def run_entry(layout: Layout, model: str, recipes: list[str], seed: int = 0) -> dict:
+    """One run's part of the report: its results folder, its provenance from its first finished cell (runs of
+    different sessions ran different trees) and its recipes' records (``run_records``)."""
+    per = run_records(layout, model, recipes, seed)
+    done = [r for r in recipes if per.get(r, {}).get("status") == "ok"]
+    m = json.loads(layout.metrics(model, done[0], seed).read_text()) if done else {}
+    return {"results": str(layout.results), "git_commit": m.get("git_commit"), "versions": m.get("versions"),
+            "device": m.get("device"), "recipes": per}
+
+
 def report(layouts: list[Layout], model: str, recipes: list[str], seed: int = 0, plan: dict | None = None) -> dict:
-    """Every run's records, and per recipe the record of the first run where it finished, else of the first run
-    that has it (a later session's finished cell stands over an earlier one that died); the bf16 cells of
-    different runs timed against each other (an A/A check of the machines); the memory plan's peak beside
-    each measured one (``layouts``: one profile's run under each results folder, one a device call)."""
+    """The report of one profile's runs (``layouts``: its run under each results folder, one a device call)."""
     if not layouts:
         raise ValueError("the GPU smoke report needs at least one results folder")
     profiles = {layout.profile for layout in layouts}
     if len(profiles) > 1:
         raise ValueError(f"the GPU smoke report reads the runs of one profile; got {', '.join(sorted(profiles))}")
-    profile = layouts[0].profile
-    per_run = [run_records(layout, model, recipes, seed) for layout in layouts]
+    runs = [run_entry(layout, model, recipes, seed) for layout in layouts]
+    return from_runs(runs, layouts[0].profile, model, recipes, seed, plan)
+
+
+def from_runs(runs: list[dict], profile: str, model: str, recipes: list[str], seed: int = 0,
+              plan: dict | None = None) -> dict:
+    """Every run's records (``run_entry``: measured now, or a stored report's ``runs``), and per recipe the record
+    of the first run where it finished, else of the first run that has it (a later session's finished cell stands
+    over an earlier one that died); the bf16 cells of different runs timed against each other (an A/A check of the
+    machines); the memory plan's peak beside each measured one."""
+    if not runs:
+        raise ValueError("the GPU smoke report needs at least one run")
+    per_run = [run["recipes"] for run in runs]
     merged: dict[str, dict] = {}
     for index, per in enumerate(per_run):
         for name, rec in per.items():
@@ -120,15 +138,9 @@ def report(layouts: list[Layout], model: str, recipes: list[str], seed: int = 0,
             rec["measured_over_planned_peak"] = rec["peak_memory_gib"] / planned[name]["peak_gib"]
     bf16 = [per[REFERENCE_RECIPE]["step_time_s"] for per in per_run
             if per.get(REFERENCE_RECIPE, {}).get("status") == "ok" and per[REFERENCE_RECIPE]["step_time_s"]]
-    # each run's provenance from its first finished cell: runs of different sessions ran different trees
-    provenance = []
-    for layout, per in zip(layouts, per_run):
-        done = [r for r in recipes if per.get(r, {}).get("status") == "ok"]
-        m = json.loads(layout.metrics(model, done[0], seed).read_text()) if done else {}
-        provenance.append({"git_commit": m.get("git_commit"), "versions": m.get("versions"), "device": m.get("device")})
-    known = [p for p in provenance if p["git_commit"] or p["versions"] or p["device"]]
+    known = [r for r in runs if r["git_commit"] or r["versions"] or r["device"]]
     some = known[0] if known else {}
-    commits = list(dict.fromkeys(p["git_commit"] for p in known))
+    commits = list(dict.fromkeys(r["git_commit"] for r in known))
     return {"profile": profile, "model": model, "seed": seed, "device": some.get("device"),
             "versions": some.get("versions"),
             "git_commit": commits[0] if len(commits) == 1 else commits or None,   # a list: the runs' trees differ
@@ -137,8 +149,7 @@ def report(layouts: list[Layout], model: str, recipes: list[str], seed: int = 0,
                       "the bf16 cell of the same run (results folder, one device call); step_time excludes the probe; "
                       "peak memory: torch.cuda.max_memory_allocated over each step, probes included (the plan's "
                       "measure); peak reserved: torch.cuda.max_memory_reserved, what the caching allocator held",
-            "runs": [{"results": str(layout.results), **prov, "recipes": per}
-                     for layout, prov, per in zip(layouts, provenance, per_run)],
+            "runs": runs,
             "bf16_step_time_a_a": {"step_time_s": bf16, "max_over_min": max(bf16) / min(bf16)} if len(bf16) > 1
             else None,
             "memory_plan": (plan or {}).get("method"),

@@ -175,42 +175,87 @@ def test_a_sessions_calls_are_collected_into_the_gpu_files_with_every_target_met
         ("dense layer, mxfp4, train: host us per quantizer call", False),
         ("dense layer, mxfp4+fallback, decode: host us per quantizer call", False)]
     merged = json.loads((root / "results/bench/layer_h200.json").read_text())
-    assert merged["source"] == ["results/gpu/calls/h200/call1/bench_layer.json",
-                                "results/gpu/calls/h200/call2/bench_layer.json"]
+    assert merged["source"] == ["h200/call1/bench_layer.json", "h200/call2/bench_layer.json"]
     assert merged["sources"]["dense"] == {"bf16": merged["source"][0], "mxfp4": merged["source"][0],
                                           "mxfp4+fallback": merged["source"][1]}
     dense = json.loads((root / "results/gpu/gpu_smoke_dense_h100.json").read_text())
-    assert [r["results"] for r in dense["runs"]] == ["results/gpu/calls/h100/call1/results",
-                                                     "results/gpu/calls/h100/call2/results"]
+    assert [r["results"] for r in dense["runs"]] == ["h100/call1/results", "h100/call2/results"]
     assert (root / "results/gpu/gpu_smoke_moe_h100.json").is_file()
-    assert (root / "results/gpu/targets_h200.json").is_file()
-    assert (root / "results/gpu/calls/h200/call1/steps.tsv").is_file()
-    assert sorted(p.name for p in (root / "results/gpu/calls").iterdir()) == ["h100", "h200"]  # no staging left
-    first = (root / "results/gpu/calls/h100/call1/stack.json").read_text()
-    four = call("four", {}, [("bf16", [50.0, 5.0, 5.0]), ("mxfp4+macro", [90.0, 6.5, 6.5])])
+    assert json.loads((root / "results/gpu/targets_h200.json").read_text())["device_calls"] == ["h200/call1",
+                                                                                              "h200/call2"]
+    assert not (root / "results/gpu/calls").exists()  # the raw dumps stay out of the tree
+    four = call("four", {"bench_layer.json": relayer},
+                [("bf16", [50.0, 5.0, 5.0]), ("mxfp4+macro", [90.0, 6.5, 6.5])])
     stored_bench = json.dumps({**bench, "device": "NVIDIA H100 80GB HBM3", "rows": [{**memory, "fraction": 0.5}]})
-    (root / "results/bench/bench_h100.json").write_text(stored_bench)   # kernels timed before any call folder
-    h200_before = (root / "results/gpu/targets_h200.json").stat().st_mtime_ns
-    later = {t["target"]: (t["value"], t["met"]) for t in collect.collect([four], root)["h100"]}   # a later session
-    assert (root / "results/gpu/calls/h100/call1/stack.json").read_text() == first       # adds, overwrites nothing
-    assert (root / "results/gpu/calls/h100/call3/steps.tsv").is_file()
+    (root / "results/bench/bench_h100.json").write_text(stored_bench)   # kernels timed before any collected call
+    h200_before = (root / "results/gpu/targets_h200.json").read_text()
+    with pytest.raises(ValueError, match="inside the repository"):
+        collect.collect([four], root, keep=root / "calls")
+    keep = tmp_path / "kept"
+    later = {t["target"]: (t["value"], t["met"]) for t in collect.collect([four], root, keep)["h100"]}  # later
+    assert (keep / "h100/call3/steps.tsv").is_file()                                      # kept outside, if asked
     assert later["mxfp4+macro step / bf16 step"] == (pytest.approx(1.3), True)          # its own call's bf16
-    assert later["mxfp4 step / bf16 step"] == (pytest.approx(1.2), True)                # the stored calls still count
-    assert later["MoE grouped MXFP4 step / bf16 step, qwen3-30b-a3b layers"] == (1.4, True)
+    assert later["mxfp4 step / bf16 step"] == (pytest.approx(1.2), True)                # the stored runs still count
+    assert later["MoE grouped MXFP4 step / bf16 step, qwen3-30b-a3b layers"] == (1.4, True)   # the stored slice
     assert later["triton quantize (axis -1) / copy bandwidth at 8192x4096"] == (0.5, False)   # judged as stored
+    assert later["the suite's CUDA tests pass (pytest -m gpu)"] == h100["the suite's CUDA tests pass (pytest -m gpu)"]
     assert (root / "results/bench/bench_h100.json").read_text() == stored_bench
     dense = json.loads((root / "results/gpu/gpu_smoke_dense_h100.json").read_text())
-    assert [r["results"] for r in dense["runs"]] == [f"results/gpu/calls/h100/call{n}/results" for n in (1, 2, 3)]
-    assert (root / "results/gpu/targets_h200.json").stat().st_mtime_ns > h200_before   # every device reported anew
-    (root / "results/gpu/targets_h100.json").unlink()
-    anew = {t["target"]: (t["value"], t["met"]) for t in collect.collect([], root)["h100"]}   # no calls: stored ones
+    assert [r["results"] for r in dense["runs"]] == [f"h100/call{n}/results" for n in (1, 2, 3)]
+    layers = json.loads((root / "results/bench/layer_h100.json").read_text())
+    assert layers["sources"]["dense"] == {"mxfp4+fallback": "h100/call3/bench_layer.json"}
+    assert (root / "results/gpu/targets_h200.json").read_text() == h200_before   # reported anew: nothing new there
+    anew = {t["target"]: (t["value"], t["met"]) for t in collect.collect([], root)["h100"]}   # from the stored reports
     assert anew == later
-    assert (root / "results/gpu/targets_h100.json").is_file()
-    shutil.rmtree(root / "results/gpu/calls/h100/call2")
-    with pytest.raises(ValueError, match=r"calls \[1, 3\]: expected call1..callN without gaps"):
-        collect.collect([four], root)
     with pytest.raises(FileNotFoundError, match="not a gpu_session.sh call"):
         collect.collect([tmp_path / "one" / "work" / "results"], root)
+
+
+def test_the_stored_reports_merge_calls_one_session_at_a_time_as_all_at_once(tmp_path):
+    """Collecting a device's calls a session at a time gives the files that collecting them all at once gives: the
+    stored reports are the record each later session merges into."""
+    import tarfile
+
+    collect = kernels_script("collect_gpu_session")
+    memory = {"kind": "memory", "path": "triton quantize", "shape": [8192, 4096], "axis": -1, "seconds": 1.0,
+              "fraction": 0.9}
+
+    def call(name, files, cells=()):
+        out, work = tmp_path / name / "out", tmp_path / name / "work"
+        out.mkdir(parents=True)
+        work.mkdir()
+        for recipe, times in cells:
+            smoke_cell(work / "results", recipe, times)
+        with tarfile.open(out / "session.tgz", "w:gz") as tar:
+            tar.add(work, arcname=".")
+        for f, content in {"stack.json": {"device": "NVIDIA H200", "torch": "2.11.0"}, **files}.items():
+            (out / f).write_text(json.dumps(content))
+        return out
+
+    def bench(fraction, command):
+        return {"device": "NVIDIA H200", "versions": {"torch": "2.11.0"}, "method": "do_bench", "command": command,
+                "rows": [{**memory, "fraction": fraction}], "ratios": {}}
+
+    def layer(us):
+        return {"device": "cuda", "layers": {"dense": {"mxfp4": {"decode": {"quantizer_host_us_per_call": us}}}}}
+
+    calls = [call("a", {"bench_memory1.json": bench(0.5, "a"), "bench_layer.json": layer(90.0)},
+                  [("bf16", [50.0, 2.0, 2.0]), ("mxfp4", [90.0, 2.6, 2.6])]),
+             call("b", {"bench_gemm.json": bench(0.7, "b")}, [("bf16", [50.0, 3.0, 3.0])]),
+             call("c", {"bench_memory1.json": bench(0.95, "c"), "bench_layer.json": layer(40.0)},
+                  [("bf16", [50.0, 2.0, 2.0]), ("mxfp4+aqn", [90.0, 2.4, 2.4])])]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    collect.collect(calls, whole)
+    collect.collect(calls[:1], parts)
+    collect.collect(calls[1:], parts)
+    files = sorted(p.relative_to(whole) for p in whole.rglob("*.json"))
+    assert files == sorted(p.relative_to(parts) for p in parts.rglob("*.json"))
+    for f in files:
+        assert (whole / f).read_text() == (parts / f).read_text(), f
+    targets = {t["target"]: t["value"] for t in json.loads((whole / "results/gpu/targets_h200.json").read_text())
+               ["targets"]}
+    assert targets["triton quantize (axis -1) / copy bandwidth at 8192x4096"] == 0.95   # the last call's timing
+    assert targets["dense layer, mxfp4, decode: host us per quantizer call"] == 40.0
 
 
 def test_the_stats_patch_the_device_times_applies_to_this_tree_whole(tmp_path):
@@ -336,7 +381,7 @@ def test_the_collector_neither_decides_a_moe_target_against_fp32_masters_nor_dro
     call.mkdir()
     full_line = "." * 60 + "E" + "." * 11 + " [ 55%]"  # pytest -q writes the share done at a full line's end
     (call / "tests_gpu.log").write_text(f"bringing up nodes...\n\n{full_line}\n...F.s\n")
-    (got,) = collect.device_checks(tmp_path, [Path("call1")])
+    (got,) = collect.device_checks([("h100/call1", call)])
     assert got["met"] is False and got["value"] == "stopped before its summary: 75 passed, 1 failed, 1 errors so far"
 
 
@@ -352,7 +397,7 @@ def test_a_killed_verbose_test_step_names_its_failures_and_the_tests_that_never_
     call = tmp_path / "call1"
     call.mkdir()
     (call / "tests_gpu.log").write_text("\n".join(lines) + "\n")
-    (got,) = collect.device_checks(tmp_path, [Path("call1")])
+    (got,) = collect.device_checks([("h100/call1", call)])
     assert got["value"] == f"stopped before its summary: {len(ids) - 3} passed, 1 failed, 1 errors so far"
     assert got["failed"] == sorted(ids[-3:-1]) and got["not_finished"] == [ids[-1]] and got["met"] is False
 
