@@ -25,6 +25,7 @@ from ..stats import (
     verdict_level,
 )
 from .aggregate import RL_GAIN_PER_PROBLEM, rl_gain_rows
+from .formatting import number
 from .pathway_table import read_rows, warm_claim_rows
 from .tables import read_report, read_table
 
@@ -545,16 +546,13 @@ def primary_summary(layouts: list[Layout]) -> str:
         for r in rows:
             ci = "" if r["ci_low"] is None else f" [{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]"
             lines.setdefault((r["claim"], r["model"]), {})[name] = (
-                f"**{r['verdict']}** {_g(r['diff'])}{ci} (n {r['n']}, p_Holm {_g(r.get('p_holm'), '{:.2g}')})")
+                f"**{r['verdict']}** {number(r['diff'])}{ci} (n {r['n']}, p_Holm {number(r.get('p_holm'), '{:.2g}')})")
     out = ["| claim | model | " + " | ".join(f"`{c}`" for c in cols) + " |",
            "| --- | --- | " + " | ".join("---" for _ in cols) + " |"]
     for (claim, model), by in lines.items():
         out.append(f"| {claim} | {model} | " + " | ".join(by.get(c, "not in this profile") for c in cols) + " |")
     return "\n".join(out) + "\n"
 
-
-def _g(v, fmt="{:+.3g}"):
-    return "—" if v is None else fmt.format(v)
 
 
 def primary_table(rows: list[dict]) -> list[str]:
@@ -565,8 +563,8 @@ def primary_table(rows: list[dict]) -> list[str]:
     for r in rows:
         ci = "—" if r["ci_low"] is None else f"[{r['ci_low']:+.3g}, {r['ci_high']:+.3g}] ({100 * r['level']:.2f}%)"
         p = "—" if r.get("p") is None else f"{r['p']:.3g} ({r['p_holm']:.3g})"
-        lines.append(f"| {r['claim']} | {r['model']} | **{r['verdict']}** | {_g(r['diff'])} | {ci} | {r['n']} | "
-                     f"{_g(r.get('mde80'), '{:.3g}')} | {p} | {r['test']}: {r['measure']} |")
+        lines.append(f"| {r['claim']} | {r['model']} | **{r['verdict']}** | {number(r['diff'])} | {ci} | {r['n']} | "
+                     f"{number(r.get('mde80'), '{:.3g}')} | {p} | {r['test']}: {r['measure']} |")
     return lines
 
 
@@ -637,8 +635,8 @@ def markdown(rows: list[dict], profile: str, corrections: list[dict] = ()) -> st
         p = "—" if r.get("p") is None else f"{r['p']:.3g} ({r['p_holm']:.3g})"
         need = "—" if r.get("n_needed") is None or r["verdict"] == "held" else str(r["n_needed"])
         lines.append(
-            f"| {r['claim']} | {r['model']} | {r['test']} | {r['measure']} | {_g(r['diff'])} | {ci} | {r['n']} | "
-            f"{r['method']} | {p} | {_g(r.get('mde80'), '{:.3g}')} | {need} | {r['verdict']} |"
+            f"| {r['claim']} | {r['model']} | {r['test']} | {r['measure']} | {number(r['diff'])} | {ci} | {r['n']} | "
+            f"{r['method']} | {p} | {number(r.get('mde80'), '{:.3g}')} | {need} | {r['verdict']} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -40,6 +40,7 @@ from ..stats import (
     welch_diff,
 )
 from .aggregate import CELL_METRICS, MACHINE_COLUMNS, WEIGHT_KEYS, read_cells, read_items, summarize
+from .formatting import formatter, p_value
 from .tables import read_report, read_table
 
 PRIMARY_SHARE = 0.8  # of ALPHA, for the primary contrasts; the secondary rows get the rest
@@ -245,8 +246,7 @@ def power_note(r: dict) -> dict:
     return {"mde80": mde, **{f"seeds_for_{e * 100:.1f}pt": k for e, k in zip(PAPER_EFFECTS, needed)}}
 
 
-def _fmt(v):
-    return "—" if v is None else f"{v:+.4f}"
+_fmt = formatter("{:+.4f}")
 
 
 def _ci(r) -> str:
@@ -289,9 +289,6 @@ def accuracy_table(rows: list[dict]) -> list[str]:
                      + " | ".join(cell(r[key]) for key, _ in STAGES) + " |")
     return lines
 
-
-def _p(v) -> str:
-    return "—" if v is None else f"{v:.3g}"
 
 
 def setting_check(new: list[dict], baselines: list[dict], allow_difference: bool = False) -> str:
@@ -360,7 +357,7 @@ def _answer_bit(label: str, r: dict) -> str:
     said = f"{label} {_acc(r['mean_new'])} vs {_acc(r['mean_ref'])}: {_fmt(r['diff'])}"
     if r.get("p") is None:
         return said + " (untested)"
-    return f"{said} {_ci95(r)}, adj. p {_p(r['p_adj'])}, {r['verdict']}"
+    return f"{said} {_ci95(r)}, adj. p {p_value(r['p_adj'])}, {r['verdict']}"
 
 
 def answer_line(rows: list[dict], recipe: str) -> str:
@@ -393,7 +390,8 @@ def _table(rows: list[dict], primary: bool) -> list[str]:
     for r in rows:
         line = (f"| {r['model']} | {r['baseline']} | {r['metric']} | {_acc(r.get('mean_new'))} | "
                 f"{_acc(r.get('mean_ref'))} | {_fmt(r['diff'])} | {_ci95(r)} | "
-                f"{r['n_a']}/{r['n_b']} {r.get('unit', '')} | {r['method']} | {_p(r.get('p'))} | {_p(r['p_adj'])} | "
+                f"{r['n_a']}/{r['n_b']} {r.get('unit', '')} | {r['method']} | {p_value(r.get('p'))} | "
+                f"{p_value(r['p_adj'])} | "
                 f"{r['verdict']} | {_ci(r)} |")
         if primary:
             line += (f" {_fmt(r.get('mde80')).lstrip('+')} | {r.get('seeds_for_0.7pt') or '—'} | "

@@ -27,6 +27,7 @@ from ..stats import (
     units_for_power,
 )
 from .aggregate import read_csv, write_csv
+from .formatting import formatter, p_value
 
 REFERENCE, PLAIN, CORRECTED = "bf16", "mxfp4", "mxfp4+aqn"
 MARGIN = 0.0025  # nats: the networks' entropy margin at the warm start (a tenth of MXFP4's harm there)
@@ -110,12 +111,8 @@ def analyse(rows: list[dict], model: str) -> dict:
             "trajectory": {r: {n: gaps[r][n] for n in nets} for r in gaps}}
 
 
-def _f(v, fmt="{:+.4f}") -> str:
-    return "—" if v is None else fmt.format(v)
+_f = formatter("{:+.4f}")
 
-
-def _p(v) -> str:
-    return "—" if v is None else f"{v:.3g}"
 
 
 def markdown(result: dict, profile: str) -> str:
@@ -132,7 +129,8 @@ def markdown(result: dict, profile: str) -> str:
               "verdict | decided by |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["rows"]:
         lines.append(f"| {r['networks']} | {r['part']} | {_f(r['diff'])} | [{_f(r['ci_low'])}, {_f(r['ci_high'])}] | "
-                     f"{_p(r['p_held'])} | {_p(r['p_contradicted'])} | {_p(r['p_no_dominance'])} | {r['verdict']} | "
+                     f"{p_value(r['p_held'])} | {p_value(r['p_contradicted'])} | {p_value(r['p_no_dominance'])} | "
+                     f"{r['verdict']} | "
                      f"{r['decided_by'] or '—'} |")
     z = result["between_half_z"]
     z2 = _f(None if z is None else z * z, "{:.2f}")

@@ -31,6 +31,7 @@ from ..config.recipes import Recipe
 from ..io import write_json_atomic, write_text_atomic
 from ..layout import Layout
 from ..stats import mean_ci, no_spread
+from .formatting import MISSING, formatter
 from .mechanism import ARM_LABELS, PATHWAYS, arm_label
 from .network_claims import by_network, profile_networks, unit_harms
 from .tables import read_table
@@ -184,8 +185,7 @@ def merged(stored: list[dict], new: list[dict], recipe: str) -> list[dict]:
     return [r for r in stored if r["arm"] != recipe] + [r for r in new if r["arm"] == recipe]
 
 
-def _g(x, fmt="{:+.3f}") -> str:
-    return "–" if x is None else fmt.format(x)
+_g = formatter("{:+.3f}")
 
 
 def markdown(boards: dict[str, list[dict]], profile_name: str, highlight: str | None = None,
@@ -213,7 +213,7 @@ def markdown(boards: dict[str, list[dict]], profile_name: str, highlight: str | 
                 "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in rows:
             name = f"**{r['recipe']}**" if r["recipe"] == highlight else r["recipe"]
-            apart = ", ".join(map(str, sorted(r["apart_from"]))) or "–"
+            apart = ", ".join(map(str, sorted(r["apart_from"]))) or MISSING
             out.append(f"| {r['rank']} | {name} | {_g(r['mean'])} [{_g(r['ci_low'])}, {_g(r['ci_high'])}] "
                        f"| {apart} | {_g(r['gradient_harm'], '{:.4f}')} | {_g(r['rollout_harm'], '{:.3f}')} "
                        f"| {_g(r['entropy_harm'], '{:.4f}')} | {_g(r['extra_bits_per_element'], '{:.3g}')} "

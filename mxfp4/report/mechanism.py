@@ -20,6 +20,7 @@ from ..analysis.pathways.spec import RECOVERY_HARMS, UNITS
 from ..config.profiles import load_profile
 from ..io import write_json_atomic, write_text_atomic
 from ..stats import nested_paired, three_outcome_test, three_outcome_verdict
+from .formatting import MISSING, number
 from .network_claims import by_network, profile_networks, read_units, unit_harms
 
 PATHWAYS = {"gradient": "gradient", "rollout": "rollout", "entropy": "entropy_gap"}  # pathway -> its harm key
@@ -85,9 +86,6 @@ def _verdict_words(verdict: str, rival: str) -> str:
     return verdict
 
 
-def _g(x, fmt="{:+.3g}") -> str:
-    return "–" if x is None else fmt.format(x)
-
 
 def markdown(rows: list[dict], recipe: str, profile_name: str, energy: list[dict]) -> str:
     out = [f"# Mechanism of `{recipe}` at the stored warm starts (`{profile_name}`)", "",
@@ -101,10 +99,11 @@ def markdown(rows: list[dict], recipe: str, profile_name: str, energy: list[dict
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         w = r["within"]
-        within = "–" if w is None or w["diff"] is None else (
-            f"{_g(w['diff'])} [{_g(w['ci_low'])}, {_g(w['ci_high'])}] (n = {w['n']} {UNITS[r['pathway']]})")
-        out.append(f"| {r['model']} | {r['pathway']} | {r['rival']} | {_g(r['harm_recipe'], '{:.4g}')} / "
-                   f"{_g(r['harm_rival'], '{:.4g}')} | {_g(r['diff'])} [{_g(r['ci_low'])}, {_g(r['ci_high'])}] | "
+        within = MISSING if w is None or w["diff"] is None else (
+            f"{number(w['diff'])} [{number(w['ci_low'])}, {number(w['ci_high'])}] (n = {w['n']} {UNITS[r['pathway']]})")
+        out.append(f"| {r['model']} | {r['pathway']} | {r['rival']} | {number(r['harm_recipe'], '{:.4g}')} / "
+                   f"{number(r['harm_rival'], '{:.4g}')} | {number(r['diff'])} "
+                   f"[{number(r['ci_low'])}, {number(r['ci_high'])}] | "
                    f"{r['networks']} | {r['verdict']} (margin {r['margin']:g}) | {r['rank']} of {r['arms']} | "
                    f"{within} |")
     out += ["", "Harms: " + "; ".join(f"{p}: {RECOVERY_HARMS[p]}" for p in PATHWAYS) + ".", ""]

@@ -31,6 +31,7 @@ from ..stats import (
     three_outcome_verdict,
 )
 from .claims import MECHANISMS, RECOVERY_CLAIMS
+from .formatting import MISSING, number
 from .tables import read_text_table
 
 CORRECTION_ARMS = {"macro_block": "mxfp4+macro", "outlier_fallback": "mxfp4+fallback", "aqn": "mxfp4+aqn"}
@@ -182,9 +183,6 @@ def mean_z2(rows: list[dict]) -> tuple[float | None, int]:
     return (float(np.mean(np.square(zs))) if zs else None), len(zs)
 
 
-def _g(v, fmt="{:+.3g}") -> str:
-    return "–" if v is None else fmt.format(v)
-
 
 def markdown(rows: list[dict], profile: str, needed: dict[str, int] | None = None) -> str:
     """The network-level claims table: each claim's verdict with the rival that decided it, the deciding
@@ -207,16 +205,17 @@ def markdown(rows: list[dict], profile: str, needed: dict[str, int] | None = Non
                 "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in members:
             p = r.get("p_adjusted") or {}
-            ps = " / ".join(_g(p.get(k), "{:.2g}") for k in OUTCOMES)
-            zs = ", ".join(f"{k}: {_g(v, '{:+.2f}')}" for k, v in r["z"].items())
+            ps = " / ".join(number(p.get(k), "{:.2g}") for k in OUTCOMES)
+            zs = ", ".join(f"{k}: {number(v, '{:+.2f}')}" for k, v in r["z"].items())
             flag = {None: "n/a (a half of fewer than 2 networks)", True: "yes", False: "**no: halves differ**"}
             need = (needed or {}).get(f"{r['model']}: {r['claim']}")
-            out.append(f"| {r['claim']} | {r['model']} | {r['networks']} ({need or '–'}) | {r['verdict']} "
-                       f"| {r['decided_by'] or '–'} | {_g(r['diff'])} [{_g(r['ci_low'])}, {_g(r['ci_high'])}] | {ps} "
+            out.append(f"| {r['claim']} | {r['model']} | {r['networks']} ({need or MISSING}) | {r['verdict']} "
+                       f"| {r['decided_by'] or MISSING} | {number(r['diff'])} "
+                       f"[{number(r['ci_low'])}, {number(r['ci_high'])}] | {ps} "
                        f"| {r['half_verdicts'][0]} | {r['half_verdicts'][1]} | {zs} | {flag[r['replicates']]} |")
         out.append("")
     z2, n = mean_z2([r for r in rows if r["family"] == "primary"])
-    out += [f"Between-half replication of the primary contrasts: mean z² = {_g(z2, '{:.2f}')} over {n} contrasts "
+    out += [f"Between-half replication of the primary contrasts: mean z² = {number(z2, '{:.2f}')} over {n} contrasts "
             "(1 expected where they replicate).", ""]
     if needed:
         out += ["Networks (needed): measured, and in brackets what the design's power calculation asks for (80% power "
@@ -272,7 +271,7 @@ def network_summary(layouts: list[Layout]) -> str:
             if r["family"] == "primary":
                 rival = f", by {r['decided_by']}" if r["decided_by"] else ""
                 lines.setdefault((r["claim"], r["model"]), {})[name] = (
-                    f"**{r['verdict']}**{rival} {_g(r['diff'])} [{_g(r['ci_low'])}, {_g(r['ci_high'])}] "
+                    f"**{r['verdict']}**{rival} {number(r['diff'])} [{number(r['ci_low'])}, {number(r['ci_high'])}] "
                     f"({r['networks']} networks; halves: {' / '.join(r['half_verdicts'])})")
     out = []
     if cols:

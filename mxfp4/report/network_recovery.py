@@ -23,6 +23,7 @@ from ..layout import REFERENCE_RECIPE
 from ..stats import ALPHA, between_half_z, crossed_cols_needed, crossed_mde, fixed_halves
 from .aggregate import no_learning_signal, read_csv, write_csv
 from .claims import RECOVERY_MEASURES, crossed_problems, crossed_recovery_test, recovery_null
+from .formatting import formatter, p_value
 
 CORRECTED, PLAIN = "mxfp4+all", "mxfp4"
 FINAL, GAIN = "gsm8k_strict_accuracy", "gsm8k_rl_gain"
@@ -153,12 +154,8 @@ def per_network(cells: list[dict], model: str, nets: list[int]) -> list[dict]:
     return [{"network": n, "recipes": {r: by[(n, r)] for r in recipes if (n, r) in by}} for n in nets]
 
 
-def _f(v, fmt="{:+.3f}") -> str:
-    return "—" if v is None else fmt.format(v)
+_f = formatter("{:+.3f}")
 
-
-def _p(v) -> str:
-    return "—" if v is None else f"{v:.3g}"
 
 
 def _needed(r: dict) -> str:
@@ -206,7 +203,8 @@ def markdown(result: dict, profile: str) -> str:
         for r in rows:
             lines.append(f"| {r['measure']} | {r['part']} | {r['family']} | {r['networks']} | "
                          f"{r['problems'] or '—'} | {_f(r['diff'])} | [{_f(r['ci_low'])}, {_f(r['ci_high'])}] | "
-                         f"{_p(r['p'])} | {_p(r.get('p_holm'))} | {r['verdict']} | {_f(r['mde80'], '{:.3f}')} | "
+                         f"{p_value(r['p'])} | {p_value(r.get('p_holm'))} | {r['verdict']} | "
+                         f"{_f(r['mde80'], '{:.3f}')} | "
                          f"{_needed(r)} |")
         lines.append("")
         for metric in (FINAL, GAIN):
