@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from mxfp4.config.recipes import Recipe
-from mxfp4.nn import MXGroupedExperts, MXLinear, bypassed, patch_model, targets, unpatch_model
+from mxfp4.nn import MXGroupedExperts, MXLinear, bypassed, clear_weight_caches, patch_model, targets, unpatch_model
 from mxfp4.numerics import reference
 from mxfp4.rl.grad_accuracy import gradient_accuracy
 from mxfp4.rl.models import build_tiny
@@ -229,14 +229,20 @@ def test_weight_only_recipe_generates_through_the_packed_w4a16_kernel_and_matche
     unpatch_model(model)
 
 
-def test_backward_quantizes_dy_along_both_axes_in_one_read_bit_identically(monkeypatch):
-    import mxfp4
-    from mxfp4.nn.linear import GemmContext
-
+def patched_linear():
+    """A [96, 64] Linear patched with plain MXFP4, an input of 40 rows that requires grad and an output gradient."""
     layer = torch.nn.Linear(64, 96)
     patch_model(torch.nn.Sequential(layer), Recipe.named("mxfp4").quantizer())
     x = torch.randn(40, 64, generator=torch.Generator().manual_seed(0), requires_grad=True)
     dy = torch.randn(40, 96, generator=torch.Generator().manual_seed(1))
+    return layer, x, dy
+
+
+def test_backward_quantizes_dy_along_both_axes_in_one_read_bit_identically(monkeypatch):
+    import mxfp4
+    from mxfp4.nn.linear import GemmContext
+
+    layer, x, dy = patched_linear()
     calls = []
     fused = GemmContext.grad_both
 
@@ -256,6 +262,38 @@ def test_backward_quantizes_dy_along_both_axes_in_one_read_bit_identically(monke
         monkeypatch.setattr(GemmContext, "grad_both", lambda self, dy2: None)
         two_reads = grads()
     assert calls == [True]
+    assert all(torch.equal(a, b) for a, b in zip(one_read, two_reads))
+
+
+def test_a_plain_weight_is_quantized_along_both_axes_in_one_read(monkeypatch):
+    """On the fast path a training forward quantizes a plain MXFP4 weight along K and N in one pass
+    (``dispatch.fake_quantize_both``), caches both, and the backward reads the cached one: the output and
+    gradients equal those of two separate quantizations bit for bit (Triton under the interpreter)."""
+    import mxfp4
+    from mxfp4.nn.linear import GemmContext
+    from mxfp4.numerics import dispatch
+
+    layer, x, dy = patched_linear()
+    both = []
+    real = dispatch.fake_quantize_both
+
+    def counted(t, *args, **kwargs):
+        both.append(tuple(t.shape))
+        return real(t, *args, **kwargs)
+
+    def step():
+        clear_weight_caches(torch.nn.Sequential(layer))
+        x.grad = layer.weight.grad = layer.bias.grad = None
+        y = layer(x)
+        y.backward(dy)
+        return y.detach(), x.grad.clone(), layer.weight.grad.clone()
+
+    with mxfp4.use_backend("triton"):
+        monkeypatch.setattr(dispatch, "fake_quantize_both", counted)
+        one_read = step()
+        assert both.count((96, 64)) == 1  # the weight, once; dY's own pass is (40, 96)
+        monkeypatch.setattr(GemmContext, "_both_axes", lambda self, *a: False)
+        two_reads = step()
     assert all(torch.equal(a, b) for a, b in zip(one_read, two_reads))
 
 

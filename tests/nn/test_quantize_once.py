@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 
 from mxfp4.config.recipes import Recipe
 from mxfp4.nn import InputMemo, patch_model, patch_state, patched_modules, use_shared_inputs
-from mxfp4.numerics import dispatch
 from mxfp4.numerics.quantizer import Quantizer
 from mxfp4.rl.models import build_tiny
 
@@ -123,39 +122,3 @@ def test_the_input_gradients_weight_is_quantized_by_the_backward_alone(monkeypat
     model.zero_grad(set_to_none=True)
     model(input_ids=ids)  # autograd on, no backward
     assert not [s for s in seen if s[:2] == ("weight", "input_grad")]
-
-
-def test_a_plain_weight_is_quantized_along_both_axes_in_one_read(monkeypatch):
-    """On the fast path a training forward quantizes a plain MXFP4 weight along K and N in one pass
-    (``dispatch.fake_quantize_both``), caches both, and the backward reads the cached one: the output and
-    gradients equal those of two separate quantizations bit for bit (Triton under the interpreter)."""
-    import mxfp4
-    from mxfp4.nn.linear import GemmContext
-
-    layer = torch.nn.Linear(64, 96)
-    patch_model(torch.nn.Sequential(layer), Recipe.named("mxfp4").quantizer())
-    x = torch.randn(40, 64, generator=torch.Generator().manual_seed(0), requires_grad=True)
-    dy = torch.randn(40, 96, generator=torch.Generator().manual_seed(1))
-    both = []
-    real = dispatch.fake_quantize_both
-
-    def counted(t, *args, **kwargs):
-        both.append(tuple(t.shape))
-        return real(t, *args, **kwargs)
-
-    def step():
-        from mxfp4.nn import clear_weight_caches
-
-        clear_weight_caches(torch.nn.Sequential(layer))
-        x.grad = layer.weight.grad = layer.bias.grad = None
-        y = layer(x)
-        y.backward(dy)
-        return y.detach(), x.grad.clone(), layer.weight.grad.clone()
-
-    with mxfp4.use_backend("triton"):
-        monkeypatch.setattr(dispatch, "fake_quantize_both", counted)
-        one_read = step()
-        assert both.count((96, 64)) == 1  # the weight, once; dY's own pass is (40, 96)
-        monkeypatch.setattr(GemmContext, "_both_axes", lambda self, *a: False)
-        two_reads = step()
-    assert all(torch.equal(a, b) for a, b in zip(one_read, two_reads))
