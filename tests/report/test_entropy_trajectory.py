@@ -69,11 +69,12 @@ def test_the_report_names_method_n_verdicts_and_every_network(tmp_path):
     assert len((tmp_path / "e.csv").read_text().splitlines()) == 1 + 2 * 8 * 24
 
 
-def test_the_stored_entropy_test_is_what_its_stored_steps_make(tmp_path):
-    """results/baselines/networks-rl/entropy_trajectory.md and .csv are recomputed from the stored steps.csv."""
+@pytest.mark.parametrize("profile", ["networks-rl", "networks-moe-rl"])
+def test_the_stored_entropy_test_is_what_its_stored_steps_make(tmp_path, profile):
+    """results/baselines/<profile>/entropy_trajectory.md and .csv are recomputed from the stored steps.csv."""
     from pathlib import Path
 
-    stored = Path(__file__).resolve().parents[2] / "results" / "baselines" / "networks-rl"
-    et.run(stored / "steps.csv", "networks-rl", tmp_path / "e.md", tmp_path / "e.csv")
+    stored = Path(__file__).resolve().parents[2] / "results" / "baselines" / profile
+    et.run(stored / "steps.csv", profile, tmp_path / "e.md", tmp_path / "e.csv")
     assert (tmp_path / "e.md").read_text() == (stored / "entropy_trajectory.md").read_text()
     assert (tmp_path / "e.csv").read_text() == (stored / "entropy_trajectory.csv").read_text()

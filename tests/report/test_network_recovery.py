@@ -94,17 +94,18 @@ def test_the_report_names_method_n_and_every_network(tmp_path):
     assert len(rows) == 6 and len(read_csv(tmp_path / "r.csv")) == 6
 
 
-def test_the_stored_design_is_what_the_stored_pilot_cells_make():
-    """networks-rl's headline design recomputes from its stored bf16 and mxfp4 rows (the pilot contrast)."""
-    design = load_profile("networks-rl").headline
-    made = nr.design_from(read_csv(STORED / "items.csv"), "tiny-dense", design.stand_in, design.pilot)
+@pytest.mark.parametrize(("profile", "model"), [("networks-rl", "tiny-dense"), ("networks-moe-rl", "tiny-moe")])
+def test_the_stored_design_is_what_the_stored_pilot_cells_make(profile, model):
+    """A profile's headline design recomputes from its stored bf16 and mxfp4 rows (the pilot contrast)."""
+    design = load_profile(profile).headline
+    made = nr.design_from(read_csv(STORED.parent / profile / "items.csv"), model, design.stand_in, design.pilot)
     stored = design.model_dump()
     assert made["components"] == pytest.approx(stored.pop("components"), rel=1e-9)
     assert made.pop("mde") == pytest.approx(stored.pop("mde"), rel=1e-9)
     assert {k: v for k, v in made.items() if k != "components"} == stored
 
 
-@pytest.mark.parametrize("profile", ["networks-rl", "networks-arithmetic"])
+@pytest.mark.parametrize("profile", ["networks-rl", "networks-arithmetic", "networks-moe-rl"])
 def test_the_stored_headline_is_what_its_stored_cells_make(tmp_path, profile):
     stored = STORED.parent / profile
     arithmetic = stored / "items_arithmetic.csv"
