@@ -256,8 +256,8 @@ def report_device(root: Path, slug: str, stored: list[str], calls: list[tuple[st
     checks = device_checks(calls)
     ran = {row["target"] for row in checks}
     stored_targets = (_stored(root, f"results/gpu/targets_{slug}.json") or {}).get("targets", [])
-    targets += [row for row in stored_targets if row["target"] in CHECK_TARGETS and row["target"] not in ran]
-    targets += checks
+    checks += [row for row in stored_targets if row["target"] in CHECK_TARGETS and row["target"] not in ran]
+    targets += sorted(checks, key=lambda row: CHECK_TARGETS.index(row["target"]))  # as one collection orders them
     write_json_atomic(root / f"results/gpu/targets_{slug}.json",
                       {"device_calls": stored + [label for label, _ in calls], "targets": targets})
     return targets
