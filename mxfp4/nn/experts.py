@@ -69,7 +69,8 @@ class GroupedQuantLinear(torch.autograd.Function):
     """``y[s] = Q(x)[s] . Q(W[e(s)])^T`` on expert-sorted rows, with quantized backward GEMMs.
 
     ``xq``: x already quantized along its last axis (or None to quantize here); ``w_fwd`` / ``w_bwd``:
-    the cached quantized weights along K and along N.
+    the cached quantized weights along K and along N (``w_bwd`` None: the backward quantizes it, as
+    ``linear.QuantLinearFunction`` does).
     """
 
     @staticmethod
@@ -84,7 +85,8 @@ class GroupedQuantLinear(torch.autograd.Function):
             return y if cast is None else y.to(ctx.autocast)
 
         y = gemm_precision(ctx, run)
-        ctx.save_for_backward(x, w_bwd)
+        ctx.save_for_backward(x, weight if w_bwd is None else w_bwd)
+        ctx.lazy_weight = w_bwd is None
         ctx.plan, ctx.gemm = plan, gemm
         return y
 
@@ -95,9 +97,11 @@ class GroupedQuantLinear(torch.autograd.Function):
     @staticmethod
     def _backward(ctx, dy, cast):
         x, w_bwd = ctx.saved_tensors
+        plan, gemm = ctx.plan, ctx.gemm
+        if ctx.lazy_weight and ctx.needs_input_grad[0]:
+            w_bwd = gemm.weight(w_bwd, 1, gemm.gemms["input_grad"], "input_grad")
         if cast is not None:
             dy, x, w_bwd = dy.to(cast), x.to(cast), w_bwd.to(cast)
-        plan, gemm = ctx.plan, ctx.gemm
         dx = dw = None
         if ctx.needs_input_grad[0]:
             dyq = gemm.act(dy, -1, "grad", gemm.gemms["input_grad"])
@@ -141,20 +145,17 @@ class MXGroupedExperts(torch.nn.Module):
 def grouped_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """Drop-in forward of a patched Qwen3-MoE experts module (see the module docstring)."""
     gemm = gemm_context(self)
-    on_fwd, on_ig = gemm.gemms["forward"], gemm.gemms["input_grad"]
+    on_fwd = gemm.gemms["forward"]
     up_f = gemm.weight(self.gate_up_proj, 2, on_fwd)
     down_f = gemm.weight(self.down_proj, 2, on_fwd)
-    # the input-gradient GEMM's weights only where a backward can follow (not in rollouts or evaluation)
-    backward = torch.is_grad_enabled()
-    up_b = gemm.weight(self.gate_up_proj, 1, on_ig, "input_grad") if backward else None
-    down_b = gemm.weight(self.down_proj, 1, on_ig, "input_grad") if backward else None
+    # the input-gradient GEMM's weights are quantized by the backward, where one runs (GroupedQuantLinear)
     plan = DispatchPlan(top_k_index, self.num_experts, gemm.quantizer.token_alignment())
 
     hq = gemm.act(hidden_states, -1, "activation", on_fwd)  # once per token, before dispatch
     x = _Gather.apply(hidden_states, plan.token)
     xq = hq[plan.token].detach() if on_fwd else None
-    gate_up = GroupedQuantLinear.apply(x, self.gate_up_proj, xq, up_f, up_b, plan, gemm)
+    gate_up = GroupedQuantLinear.apply(x, self.gate_up_proj, xq, up_f, None, plan, gemm)
     gate, up = gate_up.chunk(2, dim=-1)
-    h = GroupedQuantLinear.apply(self.act_fn(gate) * up, self.down_proj, None, down_f, down_b, plan, gemm)
+    h = GroupedQuantLinear.apply(self.act_fn(gate) * up, self.down_proj, None, down_f, None, plan, gemm)
     contrib = h * top_k_weights.reshape(-1)[plan.order].unsqueeze(-1)
     return torch.zeros_like(hidden_states).index_add_(0, plan.token, contrib.to(hidden_states.dtype))

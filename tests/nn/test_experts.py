@@ -182,7 +182,8 @@ def test_grouped_experts_under_bf16_autocast_compute_as_the_per_expert_reference
 
 def test_grouped_experts_without_autograd_quantize_no_weight_for_the_input_gradient(monkeypatch):
     """Rollouts and evaluation run under no_grad: the output equals the training forward's bit for bit,
-    and no expert weight is quantized for the input-gradient GEMM (along N)."""
+    and no expert weight is quantized for the input-gradient GEMM (along N); a training forward quantizes none
+    either, its backward each of the two stacks once."""
     from mxfp4.nn import GemmContext
 
     experts, x, idx, w = slice_experts(num_experts=8, top_k=2, tokens=40)
@@ -198,4 +199,6 @@ def test_grouped_experts_without_autograd_quantize_no_weight_for_the_input_gradi
     assert gemms == ["forward", "forward"]
     trained = experts(x.clone().requires_grad_(True), idx, w)
     assert trained.grad_fn is not None and torch.equal(fast, trained.detach())
+    assert gemms.count("input_grad") == 0
+    trained.sum().backward()
     assert gemms.count("input_grad") == 2
