@@ -59,13 +59,14 @@ class InputMemo:
             return quantizer(x, axis, operand=operand)
         base = x if x._base is None else x._base
         key = (x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, x._version, axis % x.dim())
-        last = self._last.get(operand.gemm if operand is not None else None)
+        slot = operand.gemm if operand is not None else None
+        last = self._last.get(slot)
         if (last is not None and last[0] is base and last[1] is quantizer and last[2] == key
                 and last[3]._version == last[4]):
             quantizer.repeat_counts(x, axis)
             return last[3]
         out = quantizer(x, axis, operand=operand)
-        self._last[operand.gemm if operand is not None else None] = (base, quantizer, key, out, out._version)
+        self._last[slot] = (base, quantizer, key, out, out._version)
         return out
 
 

@@ -112,6 +112,8 @@ class Quantizer:
         self._rounding = rounding[0] if rounding else None
         self._kernel_terms = self._merged_kernel_terms()
         self._splitters = [c for c in self.corrections if "split" in (c.kernel_terms() or {})]  # told what is kept
+        self._repeatable = self._rounding is None and not self._rotating and all(
+            c.kernel_terms() is not None for c in self.corrections)
         self._kernel_strides: dict = {}
         self._stride_probe: Quantizer | None = None
         self._checked_rotation = hooks.RotationCheck()
@@ -215,9 +217,9 @@ class Quantizer:
         """The same x along the same axis gives the same values, whatever the operand, and changes no state but the
         split counts ``repeat_counts`` records: no random stream, no rotation, every correction in kernel terms
         (outlier fallback's one element a block, macro-block scaling of one row, AQN). A patched model then
-        quantizes an input that several layers read once (``nn.linear.InputMemo``)."""
-        return self._rounding is None and not self._rotating and all(c.kernel_terms() is not None
-                                                                       for c in self.corrections)
+        quantizes an input that several layers read once (``nn.linear.InputMemo``). Fixed at construction, as the
+        corrections are: asked at every activation's quantization."""
+        return self._repeatable
 
     def repeat_counts(self, x: torch.Tensor, axis: int) -> None:
         """Record in each splitting correction what quantizing x along ``axis`` keeps (one element a block, the

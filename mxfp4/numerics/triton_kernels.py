@@ -619,7 +619,8 @@ def _macro_groups_kernel(
             is_top = lane == _pick(tops, blk, b)[:, None]
             a = tl.where(is_top, 0, a)
         af = a.to(tl.float32, bitcast=True)
-        plain = _grid_round(af * _pow2(-_pick(e_p, blk, b))[:, None])[1] * _pow2(_pick(e_p, blk, b))[:, None]
+        ep_b = _pick(e_p, blk, b)[:, None]
+        plain = _grid_round(af * _pow2(-ep_b))[1] * _pow2(ep_b)
         macro = _grid_round(tl.math.div_rn(af, tl.broadcast_to(m[:, None], (BLOCK_R, 32)))
                             * _pow2(-_pick(e_m, blk, b))[:, None])[1] * _pick(eff, blk, b)[:, None]
         out = tl.where(use, macro, plain).to(tl.int32, bitcast=True) | (w & -2147483648)
