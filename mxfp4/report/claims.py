@@ -25,7 +25,7 @@ from ..stats import (
     verdict_level,
 )
 from .aggregate import RL_GAIN_PER_PROBLEM, rl_gain_rows
-from .formatting import number
+from .formatting import MISSING, number
 from .pathway_table import read_rows, warm_claim_rows
 from .tables import read_report, read_table
 
@@ -561,8 +561,8 @@ def primary_table(rows: list[dict]) -> list[str]:
     lines = ["| claim | model | verdict | effect | interval (level) | n | MDE80 | p (Holm) | test |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        ci = "—" if r["ci_low"] is None else f"[{r['ci_low']:+.3g}, {r['ci_high']:+.3g}] ({100 * r['level']:.2f}%)"
-        p = "—" if r.get("p") is None else f"{r['p']:.3g} ({r['p_holm']:.3g})"
+        ci = MISSING if r["ci_low"] is None else f"[{r['ci_low']:+.3g}, {r['ci_high']:+.3g}] ({100 * r['level']:.2f}%)"
+        p = MISSING if r.get("p") is None else f"{r['p']:.3g} ({r['p_holm']:.3g})"
         lines.append(f"| {r['claim']} | {r['model']} | **{r['verdict']}** | {number(r['diff'])} | {ci} | {r['n']} | "
                      f"{number(r.get('mde80'), '{:.3g}')} | {p} | {r['test']}: {r['measure']} |")
     return lines
@@ -585,7 +585,7 @@ def removal_table(corrections: list[dict]) -> list[str]:
         cells = []
         for c in ("scale", "dead", "grid", "total"):
             before, after = r.get(f"energy_{c}_before"), r.get(f"energy_{c}_after")
-            cells.append("—" if before is None or after is None else
+            cells.append(MISSING if before is None or after is None else
                          f"{before:.3g} -> {after:.3g} ({(after / before - 1) if before else 0:+.0%})")
         out.append(f"| {r['correction']} | {r['source']} | " + " | ".join(cells) + " |")
     return out + [""]
@@ -631,9 +631,9 @@ def markdown(rows: list[dict], profile: str, corrections: list[dict] = ()) -> st
     ]
     for r in (r for r in rows if r.get("family") != "primary"):
         level = f" ({100 * r.get('level', 0.95):.2f}%)"
-        ci = "—" if r["ci_low"] is None else f"[{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]{level}"
-        p = "—" if r.get("p") is None else f"{r['p']:.3g} ({r['p_holm']:.3g})"
-        need = "—" if r.get("n_needed") is None or r["verdict"] == "held" else str(r["n_needed"])
+        ci = MISSING if r["ci_low"] is None else f"[{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]{level}"
+        p = MISSING if r.get("p") is None else f"{r['p']:.3g} ({r['p_holm']:.3g})"
+        need = MISSING if r.get("n_needed") is None or r["verdict"] == "held" else str(r["n_needed"])
         lines.append(
             f"| {r['claim']} | {r['model']} | {r['test']} | {r['measure']} | {number(r['diff'])} | {ci} | {r['n']} | "
             f"{r['method']} | {p} | {number(r.get('mde80'), '{:.3g}')} | {need} | {r['verdict']} |"

@@ -40,7 +40,7 @@ from ..stats import (
     welch_diff,
 )
 from .aggregate import CELL_METRICS, MACHINE_COLUMNS, WEIGHT_KEYS, read_cells, read_items, summarize
-from .formatting import formatter, p_value
+from .formatting import MISSING, formatter, p_value
 from .tables import read_report, read_table
 
 PRIMARY_SHARE = 0.8  # of ALPHA, for the primary contrasts; the secondary rows get the rest
@@ -252,18 +252,18 @@ _fmt = formatter("{:+.4f}")
 def _ci(r) -> str:
     """The interval at the level of the row's adjusted verdict."""
     if r["ci_low"] is None:
-        return "—"
+        return MISSING
     return f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] ({100 * r['level']:.2f}%)"
 
 
 def _ci95(r) -> str:
     if r.get("ci95_low") is None:
-        return "—"
+        return MISSING
     return f"[{r['ci95_low']:+.4f}, {r['ci95_high']:+.4f}]"
 
 
 def _acc(v) -> str:
-    return "—" if v is None else f"{v:.3f}"
+    return MISSING if v is None else f"{v:.3f}"
 
 
 def accuracy_rows(cells: list[dict], recipes: list[str]) -> list[dict]:
@@ -279,7 +279,7 @@ def accuracy_rows(cells: list[dict], recipes: list[str]) -> list[dict]:
 def accuracy_table(rows: list[dict]) -> list[str]:
     def cell(s):
         if s["mean"] is None:
-            return "—"
+            return MISSING
         return f"{s['mean']:.3f}" + ("" if s["ci_low"] is None else f" [{s['ci_low']:.3f}, {s['ci_high']:.3f}]")
 
     lines = ["| model | recipe | seeds | " + " | ".join(label for _, label in STAGES) + " |",
@@ -394,8 +394,8 @@ def _table(rows: list[dict], primary: bool) -> list[str]:
                 f"{p_value(r['p_adj'])} | "
                 f"{r['verdict']} | {_ci(r)} |")
         if primary:
-            line += (f" {_fmt(r.get('mde80')).lstrip('+')} | {r.get('seeds_for_0.7pt') or '—'} | "
-                     f"{r.get('seeds_for_1.0pt') or '—'} |")
+            line += (f" {_fmt(r.get('mde80')).lstrip('+')} | {r.get('seeds_for_0.7pt') or MISSING} | "
+                     f"{r.get('seeds_for_1.0pt') or MISSING} |")
         lines.append(line)
     return lines
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..io import write_csv_atomic, write_text_atomic
 from ..stats import mean_ci, paired_diff
 from .depth_table import estimate_text, figure, holm_verdicts, log_slope, shallow_to_deep
+from .formatting import MISSING
 
 ARM, CONTROL = "+scale", "+scale~signflip"
 SLOPE, EXCESS, CONTRAST = "log_norm_ratio_slope", "slope_excess_over_control", "sgd_minus_adamw_excess"
@@ -107,8 +108,8 @@ def markdown(rows: list[dict]) -> str:
         r = keyed.get((model, "sgd-adamw", ARM, CONTRAST))
         if r is None:
             continue
-        p = "—" if r["p"] is None else f"{r['p']:.2g}"
-        q = "—" if r["p_holm"] is None else f"{r['p_holm']:.2g}"
+        p = MISSING if r["p"] is None else f"{r['p']:.2g}"
+        q = MISSING if r["p_holm"] is None else f"{r['p_holm']:.2g}"
         out.append(f"| {model} | {layers} | {r['n']} | {estimate_text(r)} | {p} | {q} | {r['verdict']} |")
     out += ["", "Per optimizer: each arm's slope of log(displacement norm ratio to the unquantized run) per decoder "
             "layer from the output (mean and 95% t interval over runs), and the scale component's slope beyond its "

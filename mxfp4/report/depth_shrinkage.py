@@ -17,6 +17,7 @@ from ..io import write_csv_atomic, write_text_atomic
 from ..stats import mean_ci, paired_diff
 from .depth_table import batch_slopes as norm_ratio_slopes
 from .depth_table import estimate_text, holm_verdicts, log_slope, read_units, shallow_to_deep
+from .formatting import MISSING
 
 SITE, CONTROL = "backward", "signflip"
 ROUNDING = ("+dead", "+grid")
@@ -117,8 +118,8 @@ def markdown(rows: list[dict]) -> str:
         scale = keyed.get((r["model"], r["form"], r["site"], "+scale", EXCESS))
         parts = [keyed.get((r["model"], r["form"], r["site"], a, EXCESS)) for a in ROUNDING]
         rounding = "; ".join(f"{a} {estimate_text(p)}" for a, p in zip(ROUNDING, parts))
-        p = "—" if r["p"] is None else f"{r['p']:.2g}"
-        q = "—" if r["p_holm"] is None else f"{r['p_holm']:.2g}"
+        p = MISSING if r["p"] is None else f"{r['p']:.2g}"
+        q = MISSING if r["p_holm"] is None else f"{r['p_holm']:.2g}"
         out.append(f"| {r['model']} | {r['layers']} | {r['form']} | {r['n']} | {estimate_text(scale)} | {rounding} | "
                    f"{estimate_text(r)} | {p} | {q} | {r['verdict']} |")
     arms = list(dict.fromkeys(r["arm"] for r in rows if r["measure"] in MEASURES))
@@ -131,7 +132,7 @@ def markdown(rows: list[dict]) -> str:
             for model, layers in models:
                 for arm in arms:
                     cells = [estimate_text(keyed.get((model, form, site, arm, m))) for m in MEASURES]
-                    if cells == ["—"] * 3:
+                    if cells == [MISSING] * 3:
                         continue
                     extra = estimate_text(keyed.get((model, form, site, arm, EXCESS)))
                     out.append(f"| {site} | {form} | {model} | {layers} | {arm} | " + " | ".join(cells) +

@@ -13,6 +13,7 @@ from statsmodels.stats.multitest import multipletests
 
 from ..io import write_csv_atomic, write_text_atomic
 from ..stats import ALPHA, mean_ci
+from .formatting import MISSING
 from .plots import error_bars, plt, save
 
 SLOPE = "log_norm_ratio_slope"
@@ -105,7 +106,7 @@ def shallow_to_deep(rows: list[dict]) -> list[tuple[str, int]]:
 def estimate_text(r: dict | None) -> str:
     """A table row's mean and interval as the depth tables print them ("—" where there is none)."""
     if r is None or r["mean"] is None:
-        return "—"
+        return MISSING
     ci = "" if r["ci_low"] is None else f" [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]"
     return f"{r['mean']:+.4f}{ci}"
 
@@ -125,7 +126,7 @@ def markdown(rows: list[dict]) -> str:
     for site in dict.fromkeys(r["site"] for r in slopes):
         for form in dict.fromkeys(r["form"] for r in slopes):
             for model, layers in models:
-                n = next((r["n"] for k, r in keyed.items() if k[:3] == (site, form, model)), "—")
+                n = next((r["n"] for k, r in keyed.items() if k[:3] == (site, form, model)), MISSING)
                 cells = [estimate_text(keyed.get((site, form, model, a, m))) for a, m in columns]
                 out.append(f"| {site} | {form} | {model} | {layers} | {n} | " + " | ".join(cells) + " |")
     return ("Slope of log(gradient norm ratio to the unquantized gradient) per decoder layer counted from the output "

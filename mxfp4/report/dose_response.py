@@ -16,6 +16,7 @@ from ..layout import Layout
 from ..numerics.decompose import COMPONENTS
 from .aggregate import write_csv
 from .claims import decide_family, mechanism_rows, recovery_claim_rows
+from .formatting import MISSING
 from .pathway_table import CLAIM_PATHWAYS, checkpoint_label, estimate, read_rows
 from .plots import COLORS, error_bars, plt, save
 
@@ -67,7 +68,7 @@ def markdown(by_dose: dict[str, list[dict]], decided: list[dict], source: str) -
         cells = []
         for d in doses:
             r = fractions.get((m, d))
-            cells.append("—" if r is None else f"{float(r['mean']):.3f} [{float(r['ci_low']):.3f}, "
+            cells.append(MISSING if r is None else f"{float(r['mean']):.3f} [{float(r['ci_low']):.3f}, "
                                                f"{float(r['ci_high']):.3f}]")
         out.append(f"| {m} | " + " | ".join(cells) + " |")
     out += ["", "Each claim per dose: verdict, effect [interval at the verdict's level], Holm-adjusted p over "
@@ -79,7 +80,7 @@ def markdown(by_dose: dict[str, list[dict]], decided: list[dict], source: str) -
             "| claim | model | " + " | ".join(doses) + " |", "| --- | --- | " + " | ".join("---" for _ in doses) + " |"]
     keyed = {(r["claim"], r["model"], r["dose"]): r for r in decided}
     for claim, model in dict.fromkeys((r["claim"], r["model"]) for r in decided):
-        cells = [_verdict_cell(keyed[(claim, model, d)]) if (claim, model, d) in keyed else "—" for d in doses]
+        cells = [_verdict_cell(keyed[(claim, model, d)]) if (claim, model, d) in keyed else MISSING for d in doses]
         out.append(f"| {claim} | {model} | " + " | ".join(cells) + " |")
     return "\n".join(out) + "\n"
 

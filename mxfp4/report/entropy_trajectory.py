@@ -27,7 +27,7 @@ from ..stats import (
     units_for_power,
 )
 from .aggregate import read_csv, write_csv
-from .formatting import formatter, p_value
+from .formatting import MISSING, formatter, p_value
 
 REFERENCE, PLAIN, CORRECTED = "bf16", "mxfp4", "mxfp4+aqn"
 MARGIN = 0.0025  # nats: the networks' entropy margin at the warm start (a tenth of MXFP4's harm there)
@@ -131,14 +131,15 @@ def markdown(result: dict, profile: str) -> str:
         lines.append(f"| {r['networks']} | {r['part']} | {_f(r['diff'])} | [{_f(r['ci_low'])}, {_f(r['ci_high'])}] | "
                      f"{p_value(r['p_held'])} | {p_value(r['p_contradicted'])} | {p_value(r['p_no_dominance'])} | "
                      f"{r['verdict']} | "
-                     f"{r['decided_by'] or '—'} |")
+                     f"{r['decided_by'] or MISSING} |")
     z = result["between_half_z"]
     z2 = _f(None if z is None else z * z, "{:.2f}")
     lines += ["", f"Between-half z of the contrast: {_f(z, '{:+.2f}')} (z^2 {z2}; 1 expected where the contrast "
               "replicates)."
               + (" **The halves disagree on the verdict.**" if result["halves_differ"] else ""),
               f"Networks the observed spread would need for 80% power at the larger of the observed difference and the "
-              f"margin: {result['networks_needed'] if result['networks_needed'] is not None else '—'} (this run: {k}).",
+              f"margin: {result['networks_needed'] if result['networks_needed'] is not None else MISSING} "
+              f"(this run: {k}).",
               "", "## Per network (seed): G of each recipe (nats)", "",
               "| network | G mxfp4 | G mxfp4+aqn | |G mxfp4| - |G mxfp4+aqn| |", "| --- | --- | --- | --- |"]
     plain, corrected = (p["per_network"] for p in result["premise"])

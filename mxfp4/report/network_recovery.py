@@ -23,7 +23,7 @@ from ..layout import REFERENCE_RECIPE
 from ..stats import ALPHA, between_half_z, crossed_cols_needed, crossed_mde, fixed_halves
 from .aggregate import no_learning_signal, read_csv, write_csv
 from .claims import RECOVERY_MEASURES, crossed_problems, crossed_recovery_test, recovery_null
-from .formatting import formatter, p_value
+from .formatting import MISSING, formatter, p_value
 
 CORRECTED, PLAIN = "mxfp4+all", "mxfp4"
 FINAL, GAIN = "gsm8k_strict_accuracy", "gsm8k_rl_gain"
@@ -160,7 +160,7 @@ _f = formatter("{:+.3f}")
 
 def _needed(r: dict) -> str:
     if r["mde80"] is None:
-        return "—"
+        return MISSING
     return str(r["networks_needed"]) if r["networks_needed"] else f"none at {r['problems']} problems"
 
 
@@ -191,7 +191,7 @@ def markdown(result: dict, profile: str) -> str:
                   "95% CI |", "| --- |" + (" --- |" if several else "") + " --- | --- | --- | --- | --- |"]
     for r in result["premise"]:
         lines.append(f"| {r['contrast']} | " + (f"{r['split']} | " if several else "")
-                     + f"{r['measure']} | {r['networks']} | {r['problems'] or '—'} | "
+                     + f"{r['measure']} | {r['networks']} | {r['problems'] or MISSING} | "
                      f"{_f(r['diff'])} | [{_f(r['ci_low'])}, {_f(r['ci_high'])}] |")
     for split in result["splits"]:
         rows = [r for r in result["rows"] if r["split"] == split]
@@ -202,7 +202,7 @@ def markdown(result: dict, profile: str) -> str:
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in rows:
             lines.append(f"| {r['measure']} | {r['part']} | {r['family']} | {r['networks']} | "
-                         f"{r['problems'] or '—'} | {_f(r['diff'])} | [{_f(r['ci_low'])}, {_f(r['ci_high'])}] | "
+                         f"{r['problems'] or MISSING} | {_f(r['diff'])} | [{_f(r['ci_low'])}, {_f(r['ci_high'])}] | "
                          f"{p_value(r['p'])} | {p_value(r.get('p_holm'))} | {r['verdict']} | "
                          f"{_f(r['mde80'], '{:.3f}')} | "
                          f"{_needed(r)} |")
@@ -224,7 +224,7 @@ def markdown(result: dict, profile: str) -> str:
 
     def cell(c) -> str:
         if c is None:
-            return "—"
+            return MISSING
         signal = "no learning signal" if no_learning_signal(c) else f"{c['learning_signal_steps']}"
         out = f"{c[FINAL]:.2f} ({c['gsm8k_strict_accuracy_before']:.2f}; {signal})"
         if several:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..analysis.pathways.spec import MAPPING
 from ..io import write_text_atomic
+from .formatting import MISSING
 from .tables import read_text_table
 
 COLUMNS = (  # (metric, header, turn a cosine into 1 - cosine)
@@ -67,7 +68,7 @@ def estimate(r: dict, flip: bool = False) -> tuple[float, float | None, float | 
 
 def _cell(r: dict | None, flip: bool) -> str:
     if r is None or r["mean"] in ("", None):
-        return "—"
+        return MISSING
     m, lo, hi = estimate(r, flip)
     ci = "" if lo is None else f" [{lo:+.3f}, {hi:+.3f}]"
     return f"{m:+.3f}{ci}"
@@ -91,7 +92,7 @@ def markdown(rows: list[dict]) -> str:
                 ]
                 cells.append(_cell(hit[0] if hit else None, flip))
             out.append(f"| {model} | {ckpt} | {arm} | " + " | ".join(cells) + " |")
-        n = {m: next((r["n"] for r in mine if r["metric"] == m), "—")
+        n = {m: next((r["n"] for r in mine if r["metric"] == m), MISSING)
              for m in ("grad_cosine", "entropy_diff", "tf_entropy_diff")}
         skipped = next((r for r in mine if r["metric"] == "skipped_zero_advantage_batches"), None)
         ratios = [
@@ -102,7 +103,7 @@ def markdown(rows: list[dict]) -> str:
         skipped_note = "" if skipped is None else f" ({int(float(skipped['mean']))} skipped: all-zero advantages)"
         notes = dict.fromkeys((m for m, _, _ in COLUMNS), "")
         notes["grad_cosine"] = f"{n['grad_cosine']} batches{skipped_note}"
-        notes["rollout_accuracy_diff"] = (f"{n['entropy_diff']} prompts, paired" if n["entropy_diff"] != "—" else
+        notes["rollout_accuracy_diff"] = (f"{n['entropy_diff']} prompts, paired" if n["entropy_diff"] != MISSING else
                                           f"{n['tf_entropy_diff']} prompts, paired (TF only: no arm but the "
                                           "unquantized one sampled)")
         notes["entropy_diff"] = ("interaction ratio " + ", ".join(ratios)) if ratios else ""
@@ -133,7 +134,7 @@ def attribution_markdown(rows: list[dict]) -> str:
                 hit = [r for r in present if (r["model"], r["checkpoint"], r["metric"], r["injection"])
                        == (model, ckpt, f"{pathway}_{suffix}", injection)]
                 cells.append(_cell(hit[0] if hit else None, False))
-            if any(c != "—" for c in cells):
+            if any(c != MISSING for c in cells):
                 out.append(f"| {model} | {ckpt} | {pathway} | " + " | ".join(cells) + " |")
     return ("\n## Attribution: excess harm over energy-matched controls, and Shapley values\n\nHarm = 1 - gradient "
             "cosine; - teacher-forced log-likelihood of the correct solution; teacher-forced token entropy. Excess = "
@@ -185,7 +186,7 @@ def recovery_markdown(rows: list[dict]) -> str:
         for arm in dict.fromkeys(a for a, _ in mine):
             cells = [_cell(mine.get((arm, f"{p}_recovery")), False) for p in CLAIM_PATHWAYS]
             out.append(f"| {model} | {ckpt.split(' (')[0]} | {arm} | " + " | ".join(cells) + " |")
-        n = {p: next((r["n"] for (_, m), r in mine.items() if m == f"{p}_recovery"), "—") for p in CLAIM_PATHWAYS}
+        n = {p: next((r["n"] for (_, m), r in mine.items() if m == f"{p}_recovery"), MISSING) for p in CLAIM_PATHWAYS}
         out.append(f"| {model} | n | | {n['gradient']} batches | {n['rollout']} prompts | {n['entropy']} prompts |")
     return ("\n## Recovery: MXFP4 plus one correction against plain MXFP4\n\nRecovery = harm(MXFP4) - harm(MXFP4 + "
             "the correction) per unit, paired over the same units (> 0: the correction recovers); harm = 1 - gradient "

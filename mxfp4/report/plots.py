@@ -14,6 +14,7 @@ from ..layout import REFERENCE_RECIPE  # noqa: E402
 from ..numerics.decompose import PAIRS  # noqa: E402
 from ..stats import mean_ci  # noqa: E402
 from .aggregate import PROBLEM_TYPES, RL_GAIN_PER_PROBLEM, read_csv, typed  # noqa: E402
+from .formatting import MISSING
 from .pathway_table import estimate, main_site, read_rows  # noqa: E402
 from .tables import read_report, read_table  # noqa: E402
 
@@ -377,7 +378,7 @@ def compare_figure(rows: list[dict], recipe: str, out_stem: Path | str) -> list[
                 err = None if r["ci_low"] is None else [[r["diff"] - r["ci_low"]], [r["ci_high"] - r["diff"]]]
                 color = VERDICT_COLORS.get(r["verdict"], "k")
                 ax.errorbar(r["diff"], k, xerr=err, fmt="o", color=color, capsize=3)
-                p = "—" if r.get("p_adj") is None else f"{r['p_adj']:.2g}"
+                p = MISSING if r.get("p_adj") is None else f"{r['p_adj']:.2g}"
                 ax.annotate(f"{r['verdict']}, adj. p {p} (n = {r['n_a']} {r['unit']})", (r["diff"], k),
                             xytext=(0, 7), textcoords="offset points", ha="center", fontsize=7, color=color)
             ax.set_yticks(range(len(sel)), [f"{recipe}\nminus {r['baseline']}" for r in reversed(sel)], fontsize=8)

@@ -15,6 +15,7 @@ from ..analysis.pathways.spec import HARMS
 from ..io import write_csv_atomic, write_text_atomic
 from ..layout import REFERENCE_RECIPE, Layout
 from ..stats import ALPHA, crossed_mean, mean_ci, nested_paired
+from .formatting import MISSING
 from .pathway_table import COLUMNS, estimate, main_site
 
 REGIME_COLUMNS = ("excess_kurtosis", "max_over_median", "outlier_block_fraction", "deadzone_fraction",
@@ -172,7 +173,7 @@ def contrast(la: Layout, lb: Layout) -> list[dict]:
 
 
 def _fmt(v, spec="{:+.3f}") -> str:
-    return "—" if v is None or v == "" else spec.format(float(v))
+    return MISSING if v is None or v == "" else spec.format(float(v))
 
 
 def markdown(rows: list[dict], profile_a: str, profile_b: str) -> str:

@@ -16,6 +16,7 @@ from ..layout import REFERENCE_RECIPE, Layout
 from ..problems import DEFAULT_FLAWS
 from .aggregate import PROBLEM_TYPES, RL_GAIN_PER_PROBLEM, typed
 from .compare import item_difference
+from .formatting import MISSING
 from .pathway_table import checkpoint_label, read_rows, recovery_markdown
 from .pathway_table import markdown as pathway_markdown
 from .tables import read_table, read_text_table
@@ -30,13 +31,13 @@ HEADLINE_ARMS = ("+scale", "+dead", "+grid", "all")
 
 def _number(value: str, signed: bool = False) -> str:
     if value in ("", None):
-        return "—"
+        return MISSING
     return f"{float(value):+.3f}" if signed else f"{float(value):.3f}"
 
 
 def _interval(row: dict | None) -> str:
     if row is None:
-        return "—"
+        return MISSING
     return f"{_number(row['mean'], True)} [{_number(row['ci_low'], True)}, {_number(row['ci_high'], True)}]"
 
 
@@ -85,7 +86,7 @@ STAGES = (("strict_before", "before RL"), ("strict", "after RL"))
 
 def _versus(d: dict | None) -> str:
     if d is None:
-        return "—"
+        return MISSING
     how = "crossed" if "components" in d else d["method"].split(": ", 1)[1]
     return f"{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}], p {d['p']:.2g} ({how})"
 
