@@ -56,9 +56,10 @@ def mechanism_arms(profile: Profile, recipes: list[str]) -> list[str]:
 
 def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
                   progress=print) -> tuple[list[dict], list[dict]]:
-    """The per-unit harms of MXFP4, BF16, each of ``recipes`` and the profile's correction arms at every seed's warm
-    start of ``model_name`` (``UNIT_FIELDS``, written to ``out_units``), and the error energies of the first warm
-    start's weights under MXFP4 and under each recipe (``correction_table.recipe_energy``).
+    """The per-unit harms of MXFP4, BF16, each of ``recipes`` and the profile's correction arms at the warm start
+    of ``model_name`` of every measured seed (``Profile.pathway_seeds``; ``UNIT_FIELDS``, written to
+    ``out_units``), and the error energies of the first warm start's weights under MXFP4 and under each recipe
+    (``correction_table.recipe_energy``).
 
     Args:
         run: the run (its warm starts); its profile's ``pathways`` section sets the batches, prompts and samples.
@@ -80,7 +81,7 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
     held_out = gsm.load_gsm8k("test", gsm8k_folder(profile)) if settings.prompts_from == "gsm8k-test" else None
     m = Measured()
     t0 = time.time()
-    for seed in profile.seeds:
+    for seed in profile.pathway_seeds:
         model, tokenizer = load(str(warm_start_folder(run, model_name, seed)), dtype=torch.float32)
         trainer = probe_trainer(model, tokenizer, profile, seed)
         grad_problems, roll_problems = seed_problems(train, settings, seed, held_out)
@@ -115,5 +116,5 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
     units = unit_rows(model_name, "warm", form, m, ["both"])
     if out_units is not None:
         write_csv_atomic(out_units, units, UNIT_FIELDS)
-    weights = model_weights(str(warm_start_folder(run, model_name, profile.seeds[0])))
+    weights = model_weights(str(warm_start_folder(run, model_name, profile.pathway_seeds[0])))
     return units, [{"model": model_name, "recipe": r, **recipe_energy(weights, r)} for r in recipes]

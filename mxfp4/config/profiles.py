@@ -427,6 +427,10 @@ class PathwaySettings(_Strict):
         default_factory=list, description="correction arms: recipes of MXFP4 plus one correction each (mxfp4+macro, "
         "mxfp4+fallback, mxfp4+aqn), measured against MXFP4 on every pathway at site both (the recovery rows)")
     claims: ClaimDesign | None = Field(None, description="the claim-level primary tests (none: no claim rows)")
+    seeds: list[int] | None = Field(
+        None, min_length=1, description="the seeds whose batches and prompts the matrix draws (default every seed "
+        "of the profile): where every seed starts from one network (a hub checkpoint), more seeds add units nested "
+        "in that network, not networks")
 
     @model_validator(mode="after")
     def _claims_measured(self):
@@ -562,6 +566,9 @@ class Profile(_Strict):
                 raise ValueError(f"headline compares mxfp4+all with bf16 (sized here on {self.headline.stand_in} where "
                                  f"the profile is its own pilot); accepted: recipes that include "
                                  f"{', '.join(sorted(needed))}, got {self.recipes}")
+        if self.pathways is not None and not set(self.pathway_seeds) <= set(self.seeds):
+            raise ValueError(f"pathways.seeds {self.pathways.seeds} are not all seeds of the profile; accepted: some "
+                             f"of {self.seeds}")
         if self.depth_optimizers is not None and (self.pathways is None or not self.tiny_models()):
             raise ValueError("depth_optimizers draws its GRPO batches as the pathway matrix does, on tiny stand-ins; "
                              "accepted: a pathways section and tiny models (see experiments/profiles/depth.yaml)")
@@ -571,6 +578,12 @@ class Profile(_Strict):
         if name not in self.models:
             raise ValueError(f"model {name!r} is not in profile {self.name!r}; known: {', '.join(self.models)}")
         return self.models[name]
+
+    @property
+    def pathway_seeds(self) -> list[int]:
+        """The seeds the pathway matrix measures (``pathways.seeds``, else every seed), in the profile's order."""
+        chosen = self.pathways.seeds if self.pathways is not None and self.pathways.seeds else self.seeds
+        return [s for s in self.seeds if s in chosen]
 
     def tiny_models(self) -> list[str]:
         return [m for m, s in self.models.items() if s.arch]

@@ -77,9 +77,9 @@ def design(pilot_rows: list[dict], margins: dict[str, float], form: str, pilot: 
 
 def units_in(profile) -> dict[str, int]:
     """The units a profile measures at the warm start per pathway: gradient batches and prompts, over
-    every seed."""
+    every measured seed (``Profile.pathway_seeds``)."""
     s = profile.pathways
-    seeds = len(profile.seeds)
+    seeds = len(profile.pathway_seeds)
     return {"gradient": s.batches * seeds, "rollout": s.prompts * seeds, "entropy": s.prompts * seeds}
 
 

@@ -1,6 +1,7 @@
 def checkpoint_inputs(wc):
-    """The warm start is measured as soon as it exists; the policies after GRPO need every seed's bf16 cell."""
-    return [cell_path(wc.model, REFERENCE_RECIPE, s) for s in SEEDS] if wc.checkpoint == "grpo" else []
+    """The warm start is measured as soon as it exists; the policies after GRPO need every measured seed's bf16
+    cell."""
+    return [cell_path(wc.model, REFERENCE_RECIPE, s) for s in P.pathway_seeds] if wc.checkpoint == "grpo" else []
 
 
 rule pathways_checkpoint:

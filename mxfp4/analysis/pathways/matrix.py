@@ -47,9 +47,9 @@ def outlier_block_row(model, model_name: str, trainer, batch, dose: str) -> dict
 
 
 def checkpoints(run: Run, model_name: str) -> dict[str, dict[int, Path]]:
-    """The policies the run's profile asks for (``pathways.checkpoints``), per seed: the warm-started policy
-    (one for every seed) and the bf16 cell's policy after GRPO of every seed (an error when a seed's
-    has not run)."""
+    """The policies the run's profile asks for (``pathways.checkpoints``), per measured seed
+    (``Profile.pathway_seeds``): the warm-started policy (one for every seed) and the bf16 cell's policy after
+    GRPO of every seed (an error when a seed's has not run)."""
     profile, layout = run.profile, run.layout
     spec = profile.model(model_name)
     if spec.config:
@@ -60,9 +60,9 @@ def checkpoints(run: Run, model_name: str) -> dict[str, dict[int, Path]]:
     out: dict[str, dict[int, Path]] = {}
     if "warm" in profile.pathways.checkpoints:  # each seed's own warm start (one for all where there is one)
         out["warm"] = {s: layout.model(model_name, profile.warm_start_of(s)) if spec.arch else Path(spec.hub)
-                       for s in profile.seeds}
+                       for s in profile.pathway_seeds}
     if "grpo" in profile.pathways.checkpoints:
-        out["grpo"] = {s: layout.policy(model_name, s) for s in profile.seeds}
+        out["grpo"] = {s: layout.policy(model_name, s) for s in profile.pathway_seeds}
         missing = [str(p) for p in out["grpo"].values() if not (p / "config.json").exists()]
         if missing:
             raise ValueError(f"pathways.checkpoints asks for grpo, but these bf16 policies after GRPO are missing: "
@@ -85,9 +85,9 @@ def seed_problems(train: list[dict], settings, seed: int, held_out: list[dict] |
 
 def run_pathways(run: Run, model_name: str, out_csv=None, progress=print, checkpoint: str | None = None,
                  out_units=None, dose: str | None = None) -> list[dict]:
-    """The pathway matrix of one model on every seed of the profile: per checkpoint, each seed's policy
-    measured on its own batches and prompts, the rows estimated with the policy as the outer unit
-    (``stats.nested_mean``).
+    """The pathway matrix of one model on every seed it measures (``Profile.pathway_seeds``): per checkpoint,
+    each seed's policy measured on its own batches and prompts, the rows estimated with the policy as the outer
+    unit (``stats.nested_mean``).
 
     Args:
         run: the run (warm starts, the bf16 cells' policies after GRPO); its profile's ``pathways`` section
@@ -121,7 +121,7 @@ def run_pathways(run: Run, model_name: str, out_csv=None, progress=print, checkp
                          f"{checkpoint!r}")
     ckpts = checkpoints(run, model_name)
     if spec.arch:
-        for seed in profile.seeds:
+        for seed in profile.pathway_seeds:
             warm_start_folder(run, model_name, seed)
     train, _ = gsm.cell_data(run)
     held_out = gsm.load_gsm8k("test", gsm8k_folder(profile)) if settings.prompts_from == "gsm8k-test" else None
@@ -146,7 +146,7 @@ def run_pathways(run: Run, model_name: str, out_csv=None, progress=print, checkp
             grad_problems, roll_problems = seed_problems(train, settings, seed, held_out)
             batches, n_skipped = gradient_batches(trainer, grad_problems, profile, settings.batches, seed,
                                                   chat=spec.chat)
-            if dose is not None and seed == profile.seeds[0] and batches:
+            if dose is not None and seed == profile.pathway_seeds[0] and batches:
                 rows.append(outlier_block_row(model, model_name, trainer, batches[0], dose))
             skipped, usable = skipped + n_skipped, usable + len(batches)
             say(f"{model_name}/{ckpt} seed {seed}: {len(batches)} gradient batches drawn ({n_skipped} skipped: "
@@ -162,7 +162,7 @@ def run_pathways(run: Run, model_name: str, out_csv=None, progress=print, checkp
             if settings.corrections:
                 measure_corrections(list(measured.values()), model, trainer, batches, reference, fixed, profile, seed)
                 say(f"{model_name}/{ckpt} seed {seed}: correction arms {', '.join(settings.corrections)}")
-            if ckpt == "warm" and seed == profile.seeds[0] and settings.additivity_steps and batches:
+            if ckpt == "warm" and seed == profile.pathway_seeds[0] and settings.additivity_steps and batches:
                 for k, ratio in additivity(model, trainer, batches[0], settings.additivity_steps,
                                            profile.grpo.learning_rate).items():
                     rows.append(make_row(model_name, ckpt, "interaction", "both", "total", f"interaction_ratio_k{k}",
@@ -174,13 +174,13 @@ def run_pathways(run: Run, model_name: str, out_csv=None, progress=print, checkp
         for form, m in measured.items():
             if len(m.grad_groups) < 2:
                 say(f"{model_name}/{ckpt}: fewer than 2 usable gradient batches: no gradient rows")
-            for r in form_rows(model_name, ckpt, m, settings, profile.seeds[0]):
+            for r in form_rows(model_name, ckpt, m, settings, profile.pathway_seeds[0]):
                 rows.append({**r, "form": form})
             units += unit_rows(model_name, ckpt, form, m, settings.sites)
     for r in rows:
         r.setdefault("form", "canonical")  # rows that no decomposition form shapes (counts, full MXFP4)
         if r["seeds"] is None:
-            r["seeds"] = len(profile.seeds)
+            r["seeds"] = len(profile.pathway_seeds)
     if out_csv is not None:
         write_csv_atomic(out_csv, rows, FIELDS)
     if out_units is not None:
