@@ -566,7 +566,7 @@ class Profile(_Strict):
                 raise ValueError(f"headline compares mxfp4+all with bf16 (sized here on {self.headline.stand_in} where "
                                  f"the profile is its own pilot); accepted: recipes that include "
                                  f"{', '.join(sorted(needed))}, got {self.recipes}")
-        if self.pathways is not None and not set(self.pathway_seeds) <= set(self.seeds):
+        if self.pathways is not None and not set(self.pathways.seeds or []) <= set(self.seeds):
             raise ValueError(f"pathways.seeds {self.pathways.seeds} are not all seeds of the profile; accepted: some "
                              f"of {self.seeds}")
         if self.depth_optimizers is not None and (self.pathways is None or not self.tiny_models()):

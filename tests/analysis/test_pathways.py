@@ -9,7 +9,7 @@ import torch
 from mxfp4.analysis.pathways.matrix import run_pathways
 from mxfp4.analysis.pathways.measurement import Arm, row_quantizer
 from mxfp4.analysis.pathways.spec import FIELDS
-from mxfp4.config.profiles import load_profile
+from mxfp4.config.profiles import Profile, load_profile
 from mxfp4.config.run import Run
 from mxfp4.layout import Layout
 from mxfp4.numerics.injection import ROWS
@@ -435,3 +435,23 @@ def test_an_outlier_dose_measures_the_same_policy_and_data_and_moves_only_the_op
     assert fraction["c2x32"]["mean"] > fraction["c0x1"]["mean"] + 0.2  # 2 of 4 blocks a row can hold one
     with pytest.raises(ValueError, match="given to the warm start; accepted: checkpoint 'warm'"):
         run_pathways(Run.of(profile, smoke_results), "tiny-dense", progress=lambda m: None, dose="c2x32")
+
+
+def test_the_matrix_measures_only_the_seeds_its_pathways_name(tmp_path):
+    from mxfp4.analysis.pathways.matrix import checkpoints
+    from mxfp4.report.power_design import units_in
+
+    base = load_profile("smoke")
+    one = base.pathways.model_copy(update={"checkpoints": ["grpo"], "seeds": [7]})
+    profile = Profile.model_validate({**base.model_dump(), "seeds": [0, 7], "pathways": one.model_dump()})
+    assert profile.pathway_seeds == [7]
+    # only the measured seed's policy is needed: the error names seed 7's, never seed 0's
+    with pytest.raises(ValueError, match="seed7") as err:
+        checkpoints(Run.of(profile, tmp_path), "tiny-dense")
+    assert "seed0" not in str(err.value)
+    assert units_in(profile) == {"gradient": one.batches, "rollout": one.prompts, "entropy": one.prompts}
+    every = profile.model_copy(update={"pathways": one.model_copy(update={"seeds": None})})
+    assert every.pathway_seeds == [0, 7] and units_in(every)["rollout"] == 2 * one.prompts
+    with pytest.raises(ValueError, match=r"pathways.seeds \[3\] are not all seeds of the profile; accepted: some of "
+                                         r"\[0, 7\]"):
+        Profile.model_validate({**profile.model_dump(), "pathways": {**one.model_dump(), "seeds": [3]}})
