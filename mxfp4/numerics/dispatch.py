@@ -216,17 +216,17 @@ def plain_output_strides(x: torch.Tensor, axis: int, fmt, scale_rule, backend: s
 
 def fake_quantize_stochastic(x: torch.Tensor, fmt, axis: int, scale_rule, generator: torch.Generator) -> torch.Tensor:
     """``reference.fake_quantize_stochastic`` (elements rounded stochastically under the block scales, the draws
-    from ``generator``): the fused CPU kernel for a contiguous float32 x blocked along its last axis (the
-    gradients the recipes round) on the fused backend with a CPU generator, the same values, layout and draws;
-    the reference elsewhere."""
-    if (fused_corrections_enabled() and x.dtype == torch.float32 and x.numel() and x.is_contiguous()
-            and axis in (-1, x.dim() - 1)
+    from ``generator``): the fused CPU kernel for a float32 x (the gradients the recipes round) on the fused
+    backend with a CPU generator, the same values, layout and draws; the reference elsewhere. Along another axis
+    or in another layout, the kernel runs on x with the axis moved last and made contiguous: the reference draws
+    in that order (its blocks'), and lays its result out as the kernel's moved back."""
+    if (fused_corrections_enabled() and x.dtype == torch.float32 and x.numel()
             and isinstance(generator, torch.Generator) and generator.device.type == "cpu"
             and backend_for(x, fmt) == "fused"):
         fmt_, ax, rule = reference.check_input(x, fmt, axis, scale_rule)
-        out = fused_cpu.stochastic(x, fmt_, ax, rule, generator)
+        out = fused_cpu.stochastic(x.movedim(ax, -1).contiguous(), fmt_, x.dim() - 1, rule, generator)
         if out is not None:
-            return out
+            return out.movedim(-1, ax)
     return reference.fake_quantize_stochastic(x, fmt, axis, scale_rule, generator)
 
 

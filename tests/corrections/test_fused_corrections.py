@@ -160,3 +160,21 @@ def test_fused_stochastic_rounding_runs_and_hands_adversarial_rows_back():
             got = dispatch.fake_quantize_stochastic(x, "mxfp4", axis, "floor", torch.Generator().manual_seed(5))
             want = reference.fake_quantize_stochastic(x, "mxfp4", axis, "floor", torch.Generator().manual_seed(5))
             assert _same_layout(got, want), (name, axis)
+
+
+@pytest.mark.parametrize("axis, transposed", [(0, False), (-1, True), (1, False)])
+def test_fused_stochastic_rounding_runs_along_any_axis_and_layout(monkeypatch, axis, transposed):
+    """A gradient blocked along its first axis, or laid out transposed, is rounded by the kernel (the reference,
+    made to fail here, never runs), with the reference's values, layout and draws."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(3, 70, 96, generator=g)
+    if transposed:
+        x = x.transpose(0, -1)
+    want = reference.fake_quantize_stochastic(x, "mxfp4", axis, "floor", torch.Generator().manual_seed(4))
+
+    def refused(*args):
+        raise AssertionError("the reference ran")
+
+    monkeypatch.setattr(reference, "fake_quantize_stochastic", refused)
+    got = dispatch.fake_quantize_stochastic(x, "mxfp4", axis, "floor", torch.Generator().manual_seed(4))
+    assert _same_layout(got, want)
