@@ -10,6 +10,7 @@ its probe. The design (caching under FSDP/ZeRO, bf16 autocast, W4A16 rollouts) i
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -44,9 +45,9 @@ class InputMemo:
     input (q_proj, k_proj and v_proj; gate_proj and up_proj) quantize it once for the forward and once for their
     weight gradients. Only activations (a gradient is one layer's own), only for a ``Quantizer.repeatable``
     quantizer (values from x and the axis alone), only without a padding mask. x is the same input where it is,
-    or views, the same tensor object (held here, so never another's) with the same offset, shape and strides at
-    the same version (an in-place change bumps it); the result's own version guards against a caller's in-place
-    change."""
+    or views, the same tensor object (weakly referenced: a freed input is never taken for a new one, and the memo
+    keeps no input, nor the autograd graph behind it, alive) with the same offset, shape and strides at the same
+    version (an in-place change bumps it); the result's own version guards against a caller's in-place change."""
 
     def __init__(self):
         self._last: dict = {}
@@ -61,12 +62,12 @@ class InputMemo:
         key = (x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, x._version, axis % x.dim())
         slot = operand.gemm if operand is not None else None
         last = self._last.get(slot)
-        if (last is not None and last[0] is base and last[1] is quantizer and last[2] == key
+        if (last is not None and last[0]() is base and last[1] is quantizer and last[2] == key
                 and last[3]._version == last[4]):
             quantizer.repeat_counts(x, axis)
             return last[3]
         out = quantizer(x, axis, operand=operand)
-        self._last[slot] = (base, quantizer, key, out, out._version)
+        self._last[slot] = (weakref.ref(base), quantizer, key, out, out._version)
         return out
 
 

@@ -124,3 +124,25 @@ def test_the_input_gradients_weight_is_quantized_by_the_backward_alone(arch, mon
     model.zero_grad(set_to_none=True)
     model(input_ids=ids)  # autograd on, no backward
     assert not [s for s in seen if s[:2] == ("weight", "input_grad")]
+
+
+@pytest.mark.parametrize("arch", ["tiny-dense", "tiny-moe"])
+def test_the_memo_keeps_no_input_nor_its_graph_alive(arch):
+    """A forward under autograd that is never differentiated (a scoring pass): once the caller drops its output,
+    no activation of it survives in the patched model (a kept input would keep the whole graph behind it: a full
+    forward's saved tensors, per model, until the next forward)."""
+    import gc
+    import weakref
+
+    model, tok = build_tiny(arch, seed=0)
+    patch_model(model, Recipe.named("mxfp4").quantizer())
+    alive = []
+    hooks = [m.register_forward_hook(lambda m, args, out: alive.append(weakref.ref(args[0])))
+             for _, m, _ in patched_modules(model)]
+    out = model(**tok(["Q: 12+7=? A: 19 #### 19"], return_tensors="pt"))
+    assert any(r() is not None for r in alive)  # inputs the graph saved live while the output holds it
+    del out
+    gc.collect()
+    assert [r for r in alive if r() is not None] == []
+    for h in hooks:
+        h.remove()
