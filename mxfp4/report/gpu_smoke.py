@@ -56,6 +56,7 @@ def recipe_record(cell: Path, log: Path | None) -> dict:
     tuned = {"seconds": sum(r.get("autotune_time") or 0.0 for r in rows[1:]),
              "keys": sum(r.get("autotune_keys") or 0 for r in rows[1:])}
     probe = [r["probe_time"] for r in rows if r.get("probe_time")]
+    ledger = [r["ledger_time"] for r in rows[1:] if r.get("ledger_time") is not None]  # outside step_time
     norms = [r["grad_norm"] for r in rows if r.get("grad_norm") is not None]
     if not norms or not any(norms):  # a step that multiplies zero advantages is not the work being timed
         return {"status": "failed", "why": f"the gradient norm is 0 at every one of {len(rows)} steps (or never "
@@ -64,7 +65,9 @@ def recipe_record(cell: Path, log: Path | None) -> dict:
             "timed_steps": n, "step_time_s": step, "rollout_time_s": gen,
             "autotuning_in_timed_steps": tuned,
             "kernels_autotuned": any(r.get("autotune_keys") for r in rows),  # False: each space's first config
-            "probe_time_s": max(probe) if probe else None, "peak_memory_gib": _most(rows, "peak_memory_gib"),
+            "probe_time_s": max(probe) if probe else None,
+            "ledger_time_s": statistics.median(ledger) if ledger else None,
+            "peak_memory_gib": _most(rows, "peak_memory_gib"),
             "peak_reserved_gib": _most(rows, "peak_reserved_gib"),
             "weight_update": m.get("weight_update"), "rollout": m.get("rollout"), "precision": m.get("precision"),
             "mean_mismatch_kl": m.get("mean_mismatch_kl"), "device": m.get("device")}

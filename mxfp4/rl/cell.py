@@ -547,6 +547,7 @@ def summarize(log_path: Path, scores: dict, model, quantizer, corrections, probe
         "mean_grad_rel_norm_error": mean("grad/rel_norm_error"),
         "mean_step_time": mean("step_time"),
         "mean_probe_time": mean("probe_time"),
+        "mean_ledger_time": mean("ledger_time"),
         "probe_batches": sorted({r["probe/batch"] for r in rows if r.get("probe/batch")}),  # digests, from the log
         "mean_mismatch_kl": mean("mismatch/kl"),
         "mean_mismatch_log_ratio": mean("mismatch/log_ratio_mean"),

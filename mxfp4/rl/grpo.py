@@ -228,17 +228,17 @@ class MXGRPOTrainer(GRPOTrainer):
         self.mx_probe_rows = probe_rows
         self.mx_probe_layers = probe_layers(self.model)
         self.mx_step_metrics: dict = {}
-        self.mx_probe_seconds = self.mx_rollout_seconds = 0.0
-        self.mx_probe_autotune = self.mx_rollout_autotune = 0.0  # the autotuning inside each (seconds)
+        self.mx_probe_seconds = self.mx_rollout_seconds = self.mx_ledger_seconds = 0.0
+        self.mx_probe_autotune = self.mx_rollout_autotune = self.mx_ledger_autotune = 0.0  # the autotuning inside each
         self._mx_probed_step = None
         self.add_callback(WeightCacheReset(self))
         if self.uses_vllm and self.mx_quantizer is not None:
             self._push_quantized_weights_to_vllm()
 
     def begin_step(self) -> None:
-        """Start a step's accounting: probe and rollout seconds, and the autotuning inside each, from zero."""
-        self.mx_probe_seconds = self.mx_rollout_seconds = 0.0
-        self.mx_probe_autotune = self.mx_rollout_autotune = 0.0
+        """Start a step's accounting: probe, rollout and ledger seconds, and the autotuning inside each, from zero."""
+        self.mx_probe_seconds = self.mx_rollout_seconds = self.mx_ledger_seconds = 0.0
+        self.mx_probe_autotune = self.mx_rollout_autotune = self.mx_ledger_autotune = 0.0
 
     def take_step_metrics(self) -> dict:
         """The metrics the probes and the ledger gathered since the last call (then forgotten)."""
@@ -304,11 +304,15 @@ class MXGRPOTrainer(GRPOTrainer):
             output = super()._generate_and_score_completions(inputs)
             self.mx_rollout_seconds += synced_clock() - t0
             self.mx_rollout_autotune += autotune_spent()[0] - tuned0
+            # the ledger's scoring passes are an instrument, like the probe: timed apart from the step
+            t0, tuned0 = synced_clock(), autotune_spent()[0]
             rollout = output.get("sampling_per_token_logps")  # vLLM's own log-probs of what it sampled
             if rollout is None and perturbed:
                 rollout = self._completion_logps(output)  # the policy that sampled: under the rollout context
         train = self._completion_logps(output) if rollout is not None else None
         self.mx_step_metrics.update(self._gathered_ledger(train, rollout, output["completion_mask"]))
+        self.mx_ledger_seconds += synced_clock() - t0
+        self.mx_ledger_autotune += autotune_spent()[0] - tuned0
         return output
 
     def generation_weight_cache(self):
@@ -452,8 +456,9 @@ STATE_FILE = "mxfp4_state.json"
 
 class StepLogger(TrainerCallback):
     """Writes one JSON line per step (TRL's logs, the probes' metrics, the ledger, the corrections'
-    metrics, ``step_time`` without the probe, ``probe_time``, ``rollout_time`` (generation and
-    scoring, inside ``step_time``), the Triton autotuning inside them (``autotune_time`` of ``step_time``,
+    metrics, ``step_time`` without the probe and the ledger, ``probe_time``, ``ledger_time`` (the ledger's
+    scoring passes), ``rollout_time`` (generation and scoring, inside ``step_time``), the Triton
+    autotuning inside them (``autotune_time`` of ``step_time``,
     ``rollout_autotune_time`` of ``rollout_time``, ``autotune_keys`` new keys in the step, probe included:
     a step that meets a new shape bucket tunes it, on CUDA only) and on GPU the step's ``peak_memory_gib``
     (the most bytes in tensors) and ``peak_reserved_gib`` (the most the caching allocator held: the margin to
@@ -466,7 +471,7 @@ class StepLogger(TrainerCallback):
         self.trainer, self.path, self.progress, self.config_hash = trainer, Path(path), progress, config_hash
         self.t0 = self.tuned0 = None
         self.step_time = None
-        self.probe_time = self.rollout_time = 0.0
+        self.probe_time = self.rollout_time = self.ledger_time = 0.0
         self.autotune = {"autotune_time": 0.0, "rollout_autotune_time": 0.0, "autotune_keys": 0}
         self.memory = {"peak_memory_gib": None, "peak_reserved_gib": None}  # on GPU only
 
@@ -479,10 +484,12 @@ class StepLogger(TrainerCallback):
     def on_step_end(self, args, state, control, **kw):
         self.probe_time = self.trainer.mx_probe_seconds
         self.rollout_time = self.trainer.mx_rollout_seconds
-        self.step_time = synced_clock() - self.t0 - self.probe_time
+        self.ledger_time = self.trainer.mx_ledger_seconds
+        self.step_time = synced_clock() - self.t0 - self.probe_time - self.ledger_time
         seconds, keys = autotune_spent()
         self.autotune = {
-            "autotune_time": seconds - self.tuned0[0] - self.trainer.mx_probe_autotune,
+            "autotune_time": (seconds - self.tuned0[0] - self.trainer.mx_probe_autotune
+                              - self.trainer.mx_ledger_autotune),
             "rollout_autotune_time": self.trainer.mx_rollout_autotune,
             "autotune_keys": keys - self.tuned0[1],
         }
@@ -499,6 +506,7 @@ class StepLogger(TrainerCallback):
             "step_time": self.step_time,
             "probe_time": self.probe_time,
             "rollout_time": self.rollout_time,
+            "ledger_time": self.ledger_time,
             **self.autotune,
             **self.memory,
             **self.trainer.take_step_metrics(),

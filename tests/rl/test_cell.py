@@ -19,14 +19,15 @@ from mxfp4.rl.models import load
 PROMISED_METRICS = [
     "gsm8k_strict_accuracy", "gsm8k_flexible_accuracy", "mean_entropy", "mean_grad_cosine", "decomposition_weights",
     "wall_time_seconds", "config", "config_hash", "versions", "git_commit", "correction_costs", "mean_rollout_accuracy",
-    "mean_step_time", "mean_kl", "mean_probe_time", "mean_mismatch_kl", "rollout", "precision", "weight_update",
-    "world_size", "weight_digests",
+    "mean_step_time", "mean_kl", "mean_probe_time", "mean_ledger_time", "mean_mismatch_kl", "rollout", "precision",
+    "weight_update", "world_size", "weight_digests",
 ]
 PROMISED_LOG = [
     "step",
     "step_time",
     "probe_time",
     "rollout_time",
+    "ledger_time",
     "autotune_time",
     "rollout_autotune_time",
     "autotune_keys",
@@ -38,7 +39,7 @@ PROMISED_LOG = [
     "mismatch/kl",
     "mismatch/is_ratio_p99",
 ]
-TIMING = {"wall_time_seconds", "train_seconds", "mean_step_time", "mean_probe_time",
+TIMING = {"wall_time_seconds", "train_seconds", "mean_step_time", "mean_probe_time", "mean_ledger_time",
           "train_log_sha256"}  # the log holds its step times
 
 

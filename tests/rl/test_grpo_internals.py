@@ -4,11 +4,13 @@ import inspect
 import json
 import math
 import re
+import time
 from pathlib import Path
 
 import pytest
 import trl
 from datasets import Dataset
+from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from mxfp4.config.recipes import Recipe
@@ -140,6 +142,56 @@ def test_the_logged_step_time_is_the_loggers_own_not_trls(tmp_path):
     logger.on_log(None, state, None, logs={"step_time": 1.25, "loss": 0.5})
     row = json.loads((tmp_path / "log.jsonl").read_text())
     assert (row["step_time"], row["probe_time"], row["loss"]) == (0.25, 1.0, 0.5)
+
+
+class Perturber(Recorder):
+    name = "perturber"
+
+    def perturbs_rollout(self, step):
+        return True  # the ledger then scores every step's rollouts under both policies
+
+
+class StepClock(TrainerCallback):
+    """Each step's wall time, from the trainer's own step hooks (registered after the logger's)."""
+
+    def __init__(self):
+        self.t0, self.walls = None, []
+
+    def on_step_begin(self, args, state, control, **kw):
+        self.t0 = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kw):
+        self.walls.append(time.perf_counter() - self.t0)
+
+
+def test_the_ledgers_scoring_passes_are_timed_apart_from_the_step(tmp_path, monkeypatch):
+    """The mismatch ledger's two scoring passes measure the run, as the probe does: a slow pass shows in
+    ``ledger_time`` and not in ``step_time``, and the two add up to the step's wall time."""
+    delay = 0.4
+    scored = MXGRPOTrainer._completion_logps
+
+    def slow(self, output):
+        time.sleep(delay)
+        return scored(self, output)
+
+    monkeypatch.setattr(MXGRPOTrainer, "_completion_logps", slow)
+    model, tok = build_tiny("tiny-dense", seed=0)
+    patch_model(model, Recipe.named("mxfp4").quantizer())
+    args = GRPOConfig(max_steps=2, learning_rate=1e-4, per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=8, top_k=0, beta=0.0, logging_steps=1, **common_args(0))
+    data = Dataset.from_list([{"prompt": f"Question: {i}+1\nAnswer:"} for i in range(8)])
+    trainer = MXGRPOTrainer(model=model, reward_funcs=[_reward], args=args, train_dataset=data, processing_class=tok,
+                            corrections=[Perturber()])
+    clock = StepClock()
+    trainer.add_callback(StepLogger(trainer, tmp_path / "log.jsonl"))
+    trainer.add_callback(clock)
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert len(rows) == len(clock.walls) == 2
+    for row, wall in zip(rows, clock.walls):
+        assert row["mismatch/measured"] == 1.0 and row["ledger_time"] >= 2 * delay
+        assert row["step_time"] < wall - 2 * delay
+        assert row["step_time"] + row["ledger_time"] == pytest.approx(wall, abs=0.05)
 
 
 def test_a_step_whose_gradient_is_not_finite_stops_the_run_with_its_row_logged(tmp_path):

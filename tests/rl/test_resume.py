@@ -16,10 +16,10 @@ import torch
 from mxfp4.config.run import Run
 from mxfp4.rl.cell import run_cell
 
-TIMING = {"wall_time_seconds", "train_seconds", "mean_step_time", "mean_probe_time", "resumed_from_step", "git_commit",
-          "train_log_sha256"}  # the log holds its step times
-ROW_TIMING = {"step_time", "probe_time", "rollout_time", "peak_memory_gib", "peak_reserved_gib", "autotune_time",
-              "rollout_autotune_time", "autotune_keys"}
+TIMING = {"wall_time_seconds", "train_seconds", "mean_step_time", "mean_probe_time", "mean_ledger_time",
+          "resumed_from_step", "git_commit", "train_log_sha256"}  # the log holds its step times
+ROW_TIMING = {"step_time", "probe_time", "rollout_time", "ledger_time", "peak_memory_gib", "peak_reserved_gib",
+              "autotune_time", "rollout_autotune_time", "autotune_keys"}
 CELL = ("smoke", "tiny-dense", "mxfp4+all", 0)  # AQN noise and fallback counts: run state to restore
 
 
