@@ -354,9 +354,8 @@ inline float macro_candidate(float amax, float max_value) {
 }
 
 // One block of y (float32, finite) quantized as the reference's block path does with an extra factor m on
-// the scale: grid(y * 2^-e) * (2^e * m); its squared error against x (the group's unscaled elements),
-// added in order to `err` in float64.
-inline void block_times(const float* y, const float* x, float* v, int n, float m, const Format& f, double* err) {
+// the scale: grid(y * 2^-e) * (2^e * m).
+inline void block_times(const float* y, float* v, int n, float m, const Format& f) {
   uint32_t a = 0;
   for (int j = 0; j < n; ++j) {
     const uint32_t ab = bits_of(y[j]) & 0x7FFFFFFFu;
@@ -365,13 +364,114 @@ inline void block_times(const float* y, const float* x, float* v, int n, float m
   const int byte = shared_exponent(from_bits(a), f) + 127;
   const float scale = e8m0_value(byte), inverse = e8m0_value(std::min(254, std::max(0, 254 - byte)));
   const float eff = scale * m;
-  double e = *err;
-  for (int j = 0; j < n; ++j) {
-    v[j] = round_to_grid(y[j] * inverse, f.emin, f.mbits, f.max_value) * eff;
-    const double d = double(v[j]) - double(x[j]);
-    e += d * d;
+  for (int j = 0; j < n; ++j) v[j] = round_to_grid(y[j] * inverse, f.emin, f.mbits, f.max_value) * eff;
+}
+
+// Vectors of the compiler's extension (GCC, Clang): the reductions below in vector registers on any target,
+// where the auto-vectorizer leaves them scalar (a float64 sum whose order is not the source's, an index search).
+typedef float v4f __attribute__((vector_size(16)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef double v4d __attribute__((vector_size(32)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+template <typename V, typename T>
+inline V load_vector(const T* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+
+// Whether macro-block scaling beats plain MX on a group: its error energy against x, summed in float64 element by
+// element in order, below plain's (the reference's sequential cumulative sums; plain wins ties). The terms are
+// exact float64 squares of float32 differences, non-negative and never subnormal, so any order of summing n of
+// them is within (n - 1) u / (1 - (n - 1) u) of the exact sum, relative (u = 2^-53). Partial sums in vector
+// lanes decide wherever the two energies differ by more than both summations' error (the margin 2^-40 >
+// 4 (n - 1) u for n <= kMaxGroup, with room for the comparison's own rounding); near a tie, the sequential
+// sums do.
+inline bool macro_beats_plain(const float* x, const float* plain, const float* macro, int n) {
+  v4d sp0 = {0, 0, 0, 0}, sp1 = sp0, sm0 = sp0, sm1 = sp0;
+  int j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const v4d x0 = __builtin_convertvector(load_vector<v4f>(x + j), v4d);
+    const v4d x1 = __builtin_convertvector(load_vector<v4f>(x + j + 4), v4d);
+    const v4d p0 = __builtin_convertvector(load_vector<v4f>(plain + j), v4d) - x0;
+    const v4d p1 = __builtin_convertvector(load_vector<v4f>(plain + j + 4), v4d) - x1;
+    const v4d m0 = __builtin_convertvector(load_vector<v4f>(macro + j), v4d) - x0;
+    const v4d m1 = __builtin_convertvector(load_vector<v4f>(macro + j + 4), v4d) - x1;
+    sp0 += p0 * p0;
+    sp1 += p1 * p1;
+    sm0 += m0 * m0;
+    sm1 += m1 * m1;
   }
-  *err = e;
+  const v4d sp = sp0 + sp1, sm = sm0 + sm1;
+  double e_plain = (sp[0] + sp[1]) + (sp[2] + sp[3]), e_macro = (sm[0] + sm[1]) + (sm[2] + sm[3]);
+  for (; j < n; ++j) {
+    const double v = double(x[j]), dp = double(plain[j]) - v, dm = double(macro[j]) - v;
+    e_plain += dp * dp;
+    e_macro += dm * dm;
+  }
+  constexpr double kMargin = 1.0 + 0x1p-40;
+  if (e_macro * kMargin < e_plain) return true;
+  if (e_plain * kMargin < e_macro || e_macro == 0.0) return false;  // zero: every term is, in both orders
+  double seq_plain = 0.0, seq_macro = 0.0;
+  for (j = 0; j < n; ++j) {
+    const double v = double(x[j]), dp = double(plain[j]) - v, dm = double(macro[j]) - v;
+    seq_plain += dp * dp;
+    seq_macro += dm * dm;
+  }
+  return seq_macro < seq_plain;
+}
+
+// The index of the first element of the largest magnitude among n (as torch's argmax picks it): the largest
+// magnitude's bits, then the least index holding them, each a reduction in vector lanes.
+inline int first_max(const float* t, int n) {
+  if (n % 8 != 0) {
+    uint32_t best = 0;
+    int at = 0;
+    for (int j = 0; j < n; ++j) {
+      const uint32_t ab = bits_of(t[j]) & 0x7FFFFFFFu;
+      if (ab > best) best = ab, at = j;
+    }
+    return at;
+  }
+  const v8u magnitude = {0x7FFFFFFFu, 0x7FFFFFFFu, 0x7FFFFFFFu, 0x7FFFFFFFu,
+                         0x7FFFFFFFu, 0x7FFFFFFFu, 0x7FFFFFFFu, 0x7FFFFFFFu};
+  v8u most = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int j = 0; j < n; j += 8) {
+    const v8u a = load_vector<v8u>(t + j) & magnitude;
+    most = a > most ? a : most;
+  }
+  uint32_t best = 0;
+  for (int l = 0; l < 8; ++l) best = std::max(best, uint32_t(most[l]));
+  const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+  v8i at = lane * 0 + n;
+  for (int j = 0; j < n; j += 8) {
+    const v8i index = lane + j;
+    const v8i hit = (load_vector<v8u>(t + j) & magnitude) == best;
+    at = hit && index < at ? index : at;
+  }
+  int first = n;
+  for (int l = 0; l < 8; ++l) first = std::min(first, int(at[l]));
+  return first;
+}
+
+// The first largest magnitude of t's n elements taken out of t (zeroed, by vector selects: a scalar store into
+// what the quantization then loads as vectors would stall the load on each block); its index.
+inline int take_max(float* t, int n, float* kept) {
+  const int at = first_max(t, n);
+  *kept = t[at];
+  if (n % 8 != 0) {
+    t[at] = 0.0f;
+    return at;
+  }
+  const v8i lane = {0, 1, 2, 3, 4, 5, 6, 7};
+  for (int j = 0; j < n; j += 8) {
+    const v8u v = load_vector<v8u>(t + j);
+    const v8u rest = lane + j == at ? v8u{0, 0, 0, 0, 0, 0, 0, 0} : v;
+    std::memcpy(t + j, &rest, sizeof(rest));
+  }
+  return at;
 }
 
 // One macro-block group of `blocks` blocks of bs (n real elements at stride sk of x, zero-padded) into out
@@ -388,11 +488,10 @@ bool macro_group(const float* x, int64_t sk, float* out, int64_t ok, int n, int 
   }
   if (a >= 0x7F800000u) return false;
   const float m = macro_candidate(from_bits(a), f.max_value);
-  double e_plain = 0.0, e_macro = 0.0;
-  for (int b = 0; b < blocks; ++b) block_times(t + b * bs, t + b * bs, plain + b * bs, bs, 1.0f, f, &e_plain);
+  for (int b = 0; b < blocks; ++b) block_times(t + b * bs, plain + b * bs, bs, 1.0f, f);
   for (int j = 0; j < total; ++j) y[j] = t[j] / m;
-  for (int b = 0; b < blocks; ++b) block_times(y + b * bs, t + b * bs, macro + b * bs, bs, m, f, &e_macro);
-  const float* pick = e_macro < e_plain ? macro : plain;
+  for (int b = 0; b < blocks; ++b) block_times(y + b * bs, macro + b * bs, bs, m, f);
+  const float* pick = macro_beats_plain(t, plain, macro, total) ? macro : plain;
   for (int j = 0; j < n; ++j) out[j * ok] = pick[j];
   return true;
 }
@@ -434,8 +533,20 @@ bool corrected_lanes(const float* const* lane, int64_t sk, float* const* olane, 
                      int bs, int cols, const Format& f) {
   alignas(32) float t[kMaxLaneSpan][kLanes], plain[kMaxLaneSpan][kLanes];
   alignas(32) float macro[kMacro ? kMaxLaneSpan : 1][kLanes];
-  for (int j = 0; j < span; ++j)
-    for (int c = 0; c < kLanes; ++c) t[j][c] = (j < n && c < cols) ? lane[c][j * sk] : 0.0f;
+  // eight adjacent columns in and out (blocks along a non-last axis of a contiguous tensor): one vector a row
+  bool packed = cols == kLanes;
+  for (int c = 1; c < kLanes && packed; ++c) packed = lane[c] == lane[0] + c && olane[c] == olane[0] + c;
+  if (packed) {
+    for (int j = 0; j < n; ++j) {
+      std::memcpy(t[j], lane[0] + j * sk, sizeof(t[j]));
+      __builtin_prefetch(lane[0] + j * sk + 4 * kLanes);  // the row's next lane sets: too many streams to detect
+    }
+    for (int j = n; j < span; ++j)
+      for (int c = 0; c < kLanes; ++c) t[j][c] = 0.0f;
+  } else {
+    for (int j = 0; j < span; ++j)
+      for (int c = 0; c < kLanes; ++c) t[j][c] = (j < n && c < cols) ? lane[c][j * sk] : 0.0f;
+  }
   uint32_t nonfinite = 0;
   for (int j = 0; j < n; ++j)
     for (int c = 0; c < kLanes; ++c) nonfinite |= uint32_t((bits_of(t[j][c]) & 0x7FFFFFFFu) >= 0x7F800000u);
@@ -455,9 +566,13 @@ bool corrected_lanes(const float* const* lane, int64_t sk, float* const* olane, 
           at[c] = more ? j : at[c];
         }
       for (int c = 0; c < kLanes; ++c) top[b][c] = at[c];
-      for (int c = 0; c < kLanes; ++c) {
-        kept[b][c] = t[top[b][c]][c];
-        t[top[b][c]][c] = 0.0f;  // the torch path's rest: zeros_like(x) where the mask is set
+      for (int c = 0; c < kLanes; ++c) kept[b][c] = t[top[b][c]][c];
+      // the torch path's rest: zeros_like(x) where the mask is set (by vector selects, row by row: a scalar
+      // store into the rows the quantization then loads as vectors would stall those loads)
+      const v8i where = load_vector<v8i>(at);
+      for (int j = b * bs; j < (b + 1) * bs; ++j) {
+        const v8f row = where == j ? v8f{0, 0, 0, 0, 0, 0, 0, 0} : load_vector<v8f>(t[j]);
+        std::memcpy(t[j], &row, sizeof(row));
       }
     }
   }
@@ -516,6 +631,21 @@ bool corrected_lanes(const float* const* lane, int64_t sk, float* const* olane, 
       }
     for (int c = 0; c < kLanes; ++c) use_macro[c] = e_macro[c] < e_plain[c];
   }
+  if (packed) {  // each row's eight outputs (plain or macro per lane) in one vector store, the kept ones after
+    v8i pick = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int c = 0; c < kLanes; ++c) pick[c] = use_macro[c] ? -1 : 0;
+    for (int j = 0; j < n; ++j) {
+      const v8f p = load_vector<v8f>(plain[j]);
+      const v8f v = kMacro ? (pick != 0 ? load_vector<v8f>(macro[kMacro ? j : 0]) : p) : p;
+      std::memcpy(olane[0] + j * ok, &v, sizeof(v));
+    }
+    if constexpr (kSplit) {
+      for (int b = 0; b < nb; ++b)
+        for (int c = 0; c < kLanes; ++c)
+          if (top[b][c] < n) olane[c][top[b][c] * ok] = from_bits(uint32_t(bf16_bits(kept[b][c])) << 16);
+    }
+    return true;
+  }
   for (int c = 0; c < cols; ++c) {
     float* o = olane[c];
     const bool pick_macro = kMacro && use_macro[c];
@@ -554,17 +684,7 @@ bool corrected_row(const float* x, float* out, int n, int span, int bs, const Fo
   int top[kSplit ? kMaxLaneSpan : 1];
   float kept[kSplit ? kMaxLaneSpan : 1];
   if constexpr (kSplit) {
-    for (int b = 0; b < nb; ++b) {
-      uint32_t best = 0;
-      int at = b * bs;
-      for (int j = b * bs; j < (b + 1) * bs; ++j) {
-        const uint32_t ab = bits_of(t[j]) & 0x7FFFFFFFu;
-        if (ab > best) best = ab, at = j;
-      }
-      top[b] = at;
-      kept[b] = t[at];
-      t[at] = 0.0f;
-    }
+    for (int b = 0; b < nb; ++b) top[b] = b * bs + take_max(t + b * bs, bs, kept + b);
   }
   for (int b = 0; b < nb; ++b) quantize_loaded(t + b * bs, plain + b * bs, 1, bs, f);
   const float* pick = plain;
@@ -581,13 +701,7 @@ bool corrected_row(const float* x, float* out, int n, int span, int bs, const Fo
       const float eff = e8m0_value(byte) * m, inverse = e8m0_value(std::min(254, std::max(0, 254 - byte)));
       for (int j = 0; j < bs; ++j) y[j] = round_to_grid(y[j] * inverse, f.emin, f.mbits, f.max_value) * eff;
     }
-    double e_plain = 0.0, e_macro = 0.0;
-    for (int j = 0; j < span; ++j) {
-      const double v = double(t[j]), dp = double(plain[j]) - v, dm = double(macro[j]) - v;
-      e_plain += dp * dp;
-      e_macro += dm * dm;
-    }
-    if (e_macro < e_plain) pick = macro;
+    if (macro_beats_plain(t, plain, macro, span)) pick = macro;
   }
   for (int j = 0; j < n; ++j) out[j] = pick[j];
   if constexpr (kSplit) {
@@ -937,6 +1051,17 @@ void fake_quantize_into(const at::Tensor& x, at::Tensor out, int64_t block_size,
 }
 
 // Registered as torch.ops.mxfp4_fused_cpu.<name> (schemas inferred from the signatures).
+// macro_beats_plain on one group given as contiguous float32 vectors (the rule the kernels decide by, exposed to
+// be checked against the reference's sequential sums on constructed near-ties).
+bool macro_rule(const at::Tensor& x, const at::Tensor& plain, const at::Tensor& macro) {
+  TORCH_CHECK(x.dim() == 1 && x.is_contiguous() && x.scalar_type() == at::kFloat && x.size(0) <= kMaxGroup,
+              "fused_cpu: the energy rule takes one contiguous float32 group of at most ", kMaxGroup, " elements");
+  TORCH_CHECK(plain.sizes() == x.sizes() && macro.sizes() == x.sizes() && plain.is_contiguous() &&
+                  macro.is_contiguous() && plain.scalar_type() == at::kFloat && macro.scalar_type() == at::kFloat,
+              "fused_cpu: the candidates must be contiguous float32 vectors of the group's size");
+  return macro_beats_plain(x.data_ptr<float>(), plain.data_ptr<float>(), macro.data_ptr<float>(), int(x.size(0)));
+}
+
 TORCH_LIBRARY(mxfp4_fused_cpu, m) {
   m.def("fake_quantize_into", &fake_quantize_into);
   m.def("macro_block_into", &macro_block_into);
@@ -946,4 +1071,5 @@ TORCH_LIBRARY(mxfp4_fused_cpu, m) {
   m.def("corrected_into", &corrected_into);
   m.def("stochastic_into", &stochastic_into);
   m.def("split_max_into", &split_max_into);
+  m.def("macro_beats_plain", &macro_rule);
 }

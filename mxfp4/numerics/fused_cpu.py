@@ -191,6 +191,13 @@ def macro_block(x: torch.Tensor, fmt: BlockFormat, axis: int, rule: str, blocks:
     return out if ok else None
 
 
+def macro_beats_plain(x: torch.Tensor, plain: torch.Tensor, macro: torch.Tensor) -> bool:
+    """The kernels' choice for one group (contiguous float32 vectors): whether ``macro``'s error energy against
+    ``x``, summed in float64 element by element in order, is below ``plain``'s (``corrections.macro_block``'s rule).
+    The kernels sum in vector lanes and fall back to the sequential sums only near a tie."""
+    return bool(_extension().macro_beats_plain(x, plain, macro))
+
+
 LANE_SPAN = 256  # kMaxLaneSpan in the source: the most elements of one group on the corrected kernel
 
 

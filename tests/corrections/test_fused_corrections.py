@@ -178,3 +178,31 @@ def test_fused_stochastic_rounding_runs_along_any_axis_and_layout(monkeypatch, a
     monkeypatch.setattr(reference, "fake_quantize_stochastic", refused)
     got = dispatch.fake_quantize_stochastic(x, "mxfp4", axis, "floor", torch.Generator().manual_seed(4))
     assert _same_layout(got, want)
+
+
+def _sequential_energy(x: list, v: list) -> float:
+    e = 0.0
+    for a, b in zip(x, v):
+        e += (b - a) ** 2  # Python floats: float64, summed in order, as the reference's cumulative sum
+    return e
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 1024), seed=st.integers(0, 2**31 - 1), log_range=st.integers(0, 60),
+       zero_x=st.booleans(), nudge=st.integers(-2, 2))
+def test_the_kernels_energy_rule_is_the_sequential_sums_at_near_ties(n, seed, log_range, zero_x, nudge):
+    """The kernels compare the two error energies from partial sums in vector lanes and only near a tie from
+    the sequential sums. Near-ties built on purpose (macro's errors a permutation of plain's, spread over 2^±60,
+    one of them moved by a few ulps) must still decide as the sequential float64 sums do."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.zeros(n) if zero_x else torch.randn(n, generator=g)
+    err = torch.randn(n, generator=g) * 2.0 ** torch.randint(-log_range, log_range + 1, (n,), generator=g).float()
+    plain = x + err
+    macro = x + err[torch.randperm(n, generator=g)]
+    if nudge:
+        i = int(torch.randint(0, n, (1,), generator=g))
+        macro[i] = float(torch.nextafter(macro[i], torch.tensor(math.copysign(math.inf, nudge))))
+    xs, ps, ms = x.tolist(), plain.tolist(), macro.tolist()
+    want = _sequential_energy(xs, ms) < _sequential_energy(xs, ps)
+    assert fused_cpu.macro_beats_plain(x, plain, macro) == want
+    assert fused_cpu.macro_beats_plain(x, macro, plain) == (_sequential_energy(xs, ps) < _sequential_energy(xs, ms))
