@@ -942,6 +942,70 @@ bool macro_block_into(const at::Tensor& x, at::Tensor out, int64_t block_size, i
 // element's cleared, or a multiple of the subnormal step; hi = lo + step, lo at max_value), up with
 // probability (|y| - lo) / (hi - lo) when u is below it, the sign of y kept, times 2^e. False (out unspecified)
 // where x holds a non-finite element.
+// The element grid of stochastic rounding: the low mantissa bits below a binade's step, the step and its inverse
+// below emin, the largest value, emin and the mantissa bits (by value: nothing the loop below stores aliases them).
+struct StochasticGrid {
+  uint32_t low_bits;
+  float sub_step, sub_inverse, top;
+  int e_min, m_bits;
+};
+
+// One block's stochastic rounding (the reference's fake_quantize_stochastic): y = x / scale; |y| between its grid
+// neighbours lo and hi; hi where the draw u < (|y| - lo) / (hi - lo), else lo; the sign put back, times the scale.
+// The reference's divisions are all by powers of two (the scale, the grid step, hi - lo = step), so each is the
+// product with the exact inverse, rounded once alike; both sides of its branch on the grid's binade are computed
+// and selected, so the loop vectorizes.
+inline void stochastic_block(const float* __restrict t, const float* __restrict u, float* __restrict r, int n,
+                             float scale, float inverse, const StochasticGrid g) {
+  int j = 0;
+  // eight elements a time in vector registers (the compiler leaves the selects below as branches), the same
+  // operations lane by lane (a vector cast reinterprets the bits; a truncating conversion is floor for the
+  // non-negative values below 2^24 it sees)
+  const v8u sign = v8u{} + 0x80000000u, low = v8u{} + g.low_bits;
+  const v8i zero_i = v8i{};
+  for (; j + 8 <= n; j += 8) {
+    const v8f y = load_vector<v8f>(t + j) * inverse;
+    const v8u yb = ((v8u)(y));
+    v8f a = ((v8f)(yb & ~sign));
+    const v8f top = v8f{} + g.top;
+    a = a < top ? a : top;
+    const v8u ab = ((v8u)(a));
+    const v8i e = ((v8i)(ab >> 23)) - 127;
+    const v8i on = e >= g.e_min;
+    v8f scaled = a * g.sub_inverse;
+    const v8f most = v8f{} + 0x1p24f;
+    scaled = scaled < most ? scaled : most;
+    const v8f lo_sub = __builtin_convertvector(__builtin_convertvector(scaled, v8i), v8f) * g.sub_step;
+    const v8u ab_low = ab & ~low;
+    const v8f lo = on != zero_i ? ((v8f)(ab_low)) : lo_sub;
+    const v8i step_field = e - g.m_bits + 127, inverse_field = g.m_bits - e + 127;
+    const v8u step_bits = ((v8u)(step_field < 1 ? v8i{} + 1 : step_field)) << 23;
+    const v8u inverse_bits = ((v8u)(inverse_field > 254 ? v8i{} + 254 : inverse_field)) << 23;
+    const v8f step = on != zero_i ? ((v8f)(step_bits)) : v8f{} + g.sub_step;
+    const v8f step_inverse = on != zero_i ? ((v8f)(inverse_bits)) : v8f{} + g.sub_inverse;
+    const v8f hi = lo < top ? lo + step : lo;
+    const v8f p = hi > lo ? (a - lo) * step_inverse : v8f{};
+    const v8f q = load_vector<v8f>(u + j) < p ? hi : lo;
+    const v8u qb = ((v8u)(q)) | (yb & sign);
+    const v8f out = ((v8f)(qb)) * scale;
+    std::memcpy(r + j, &out, sizeof(out));
+  }
+  for (; j < n; ++j) {
+    const float y = t[j] * inverse;
+    const float a = std::min(std::fabs(y), g.top);
+    const int e = int((bits_of(a) >> 23) & 0xFF) - 127;
+    const bool on_grid_binade = e >= g.e_min;
+    const float lo = on_grid_binade ? from_bits(bits_of(a) & ~g.low_bits) : std::floor(a * g.sub_inverse) * g.sub_step;
+    const float step = on_grid_binade ? from_bits(uint32_t(std::max(e - g.m_bits + 127, 1)) << 23) : g.sub_step;
+    const float step_inverse = on_grid_binade ? from_bits(uint32_t(std::min(g.m_bits - e + 127, 254)) << 23)
+                                              : g.sub_inverse;
+    const float hi = lo < g.top ? lo + step : lo;
+    const float p = hi > lo ? (a - lo) * step_inverse : 0.0f;
+    const float q = u[j] < p ? hi : lo;
+    r[j] = std::copysign(q, y) * scale;
+  }
+}
+
 bool stochastic_into(const at::Tensor& x, const at::Tensor& u, at::Tensor out, int64_t block_size, int64_t emin,
                      int64_t emax, int64_t mbits, double max_value, int64_t rule) {
   TORCH_CHECK(x.dim() == 3 && out.sizes() == x.sizes(), "fused_cpu: x and out must be [O, K, I] views of one shape");
@@ -956,11 +1020,11 @@ bool stochastic_into(const at::Tensor& x, const at::Tensor& u, at::Tensor out, i
   const float* xp = x.data_ptr<float>();
   const float* up = u.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  const uint32_t low_bits = (1u << (23 - f.mbits)) - 1;
-  const float sub_step = from_bits(uint32_t(f.emin - f.mbits + 127) << 23);
+  const StochasticGrid grid{(1u << (23 - f.mbits)) - 1, from_bits(uint32_t(f.emin - f.mbits + 127) << 23),
+                            from_bits(uint32_t(f.mbits - f.emin + 127) << 23), f.max_value, f.emin, f.mbits};
   std::atomic<bool> finite{true};
   at::parallel_for(0, O * I * nb, 64, [&](int64_t begin, int64_t end) {
-    float t[kMaxBlock];
+    alignas(32) float t[kMaxBlock], r[kMaxBlock];
     for (int64_t idx = begin; idx < end && finite; ++idx) {
       const int64_t o = idx / (I * nb), i = (idx / nb) % I, kb = idx % nb, k0 = kb * bs;
       const int n = int(std::min<int64_t>(bs, K - k0));
@@ -972,26 +1036,11 @@ bool stochastic_into(const at::Tensor& x, const at::Tensor& u, at::Tensor out, i
         finite = false;
         break;
       }
-      const float scale = e8m0_value(shared_exponent(amax, f) + 127);
-      const float* ub = up + idx * bs;
+      const int byte = shared_exponent(amax, f) + 127;
+      const float scale = e8m0_value(byte), inverse = e8m0_value(254 - byte);  // byte in [0, 254]: 2^-e exact
+      stochastic_block(t, up + idx * bs, r, n, scale, inverse, grid);
       float* ob = op + o * oo + k0 * ok + i * oi;
-      for (int j = 0; j < n; ++j) {
-        const float y = t[j] / scale;
-        const float a = std::min(std::fabs(y), f.max_value);
-        const int e = int((bits_of(a) >> 23) & 0xFF) - 127;
-        float lo, step;
-        if (e >= f.emin) {
-          lo = from_bits(bits_of(a) & ~low_bits);
-          step = from_bits(uint32_t(e - f.mbits + 127) << 23);
-        } else {
-          step = sub_step;
-          lo = std::floor(a / step) * step;
-        }
-        const float hi = lo < f.max_value ? lo + step : lo;
-        const float p = hi > lo ? (a - lo) / (hi - lo) : 0.0f;
-        const float q = ub[j] < p ? hi : lo;
-        ob[j * ok] = std::copysign(q, y) * scale;
-      }
+      for (int j = 0; j < n; ++j) ob[j * ok] = r[j];
     }
   });
   return finite;
