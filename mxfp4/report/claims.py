@@ -242,14 +242,15 @@ def crossed_recovery_test(crossed: dict, model: str) -> dict:
 
 
 def recovery_row(cells: list[dict], model: str, problems: int | None = None,
-                 metric: str = "gsm8k_strict_accuracy", items: list[dict] = ()) -> dict | None:
+                 metric: str = "gsm8k_strict_accuracy", items: list[dict] = (), replicates: str = "networks"
+                 ) -> dict | None:
     """The recovery claim of one model on ``metric`` (``RECOVERY_MEASURES``: the RL gain or the final
     accuracy), two-sided so that it can be contradicted: superiority for the MoE model (diff against 0),
     non-inferiority for the dense one (diff against -margin; the paper's accuracy margin, applied to the
     RL gain too). With the per-problem ``items`` of two or more seeds: the (problem, seed) differences on the
     crossed random-effects model (problems x networks, the seed's network the replicate), with the design's
     minimum detectable effect and the networks the paper's margin needs; with one seed, paired over its held-out
-    problems; else paired over seeds."""
+    problems; else paired over seeds. ``replicates`` names what the seeds are (``seed_replicates``)."""
     d = _paired_cells(cells, model, "mxfp4+all", REFERENCE_RECIPE, metric)
     if d["n"] == 0:
         return None
@@ -261,10 +262,10 @@ def recovery_row(cells: list[dict], model: str, problems: int | None = None,
         test = crossed_recovery_test(crossed, model)
         p, mde, needed = test["p"], test["mde80"], test["networks_needed"]
         design = {"mde": mde, "networks_needed": needed, "problems": crossed["rows"], "networks": crossed["cols"]}
-        how = (f"{crossed['interval']} over {crossed['rows']} held-out problems x {crossed['cols']} networks; "
+        how = (f"{crossed['interval']} over {crossed['rows']} held-out problems x {crossed['cols']} {replicates}; "
                f"MDE80 {mde:.3f}; the paper's {paper_effect:.1%} needs "
-               + (f"{needed} networks at {crossed['rows']} problems" if needed else
-                  f"more problems than {crossed['rows']} (no number of networks suffices)"))
+               + (f"{needed} {replicates} at {crossed['rows']} problems" if needed else
+                  f"more problems than {crossed['rows']} (no number of {replicates} suffices)"))
     elif d["n"] == 1 and items:
         seed = next(iter(_by_seed(cells, model, "mxfp4+all", metric)))
         per_problem = _paired_problems(items, model, seed, "mxfp4+all", REFERENCE_RECIPE, metric)
@@ -488,21 +489,22 @@ def decide_family(rows: list[dict]) -> None:
 
 
 def build_claims(cells: list[dict], proofs: dict, corrections: list[dict], pathways: list[dict],
-                 problems: int | None = None, items: list[dict] = (), design=None) -> list[dict]:
+                 problems: int | None = None, items: list[dict] = (), design=None,
+                 replicates: str = "networks") -> list[dict]:
     """Every row of the claims table. The primary family (``family`` "primary", Holm over it alone): each
     claim-level test as ``design`` (the profile's ``pathways.claims``) fixes it and the headline recovery on
     final accuracy, per model. Every other tested row is secondary (the claim-level tests the design made
-    exploratory first), Holm over its own family."""
-    primary = primary_family(cells, pathways, problems, design, items)
+    exploratory first), Holm over its own family. ``replicates``: what the cells' seeds are (``seed_replicates``)."""
+    primary = primary_family(cells, pathways, problems, design, items, replicates)
     secondary = mechanism_rows(pathways, design, True) + recovery_claim_rows(pathways, design, True)
     secondary += direct_rows(pathways)
     for model in sorted({c["model"] for c in cells}):
-        headline = recovery_row(cells, model, problems, "gsm8k_strict_accuracy", items)
+        headline = recovery_row(cells, model, problems, "gsm8k_strict_accuracy", items, replicates)
         if headline and design is not None and "headline" in design.exploratory:  # out of the family by design
             headline["test"] = f"{_family(True)}: {headline['test']}"
             secondary.append(headline)
         secondary += indirect_rows(cells, model)
-        rec = recovery_row(cells, model, problems, "gsm8k_rl_gain", items)
+        rec = recovery_row(cells, model, problems, "gsm8k_rl_gain", items, replicates)
         secondary += [rec] if rec else []
         secondary += standard_recipe_rows(cells, model)
     decide_family(secondary)
@@ -512,14 +514,14 @@ def build_claims(cells: list[dict], proofs: dict, corrections: list[dict], pathw
 
 
 def primary_family(cells: list[dict], pathways: list[dict], problems: int | None = None, design=None,
-                   items: list[dict] = ()) -> list[dict]:
+                   items: list[dict] = (), replicates: str = "networks") -> list[dict]:
     """The primary family alone, decided (Holm over it): per model each mechanism claim's claim-level test,
     each recovery claim's where the profile measures correction arms, and the headline recovery on final
     accuracy (``items``: the per-problem evaluations, which pair it over problems in a one-seed profile)."""
     rows = mechanism_rows(pathways, design) + recovery_claim_rows(pathways, design)
     if design is None or "headline" not in design.exploratory:
         for model in sorted({c["model"] for c in cells}):
-            rec = recovery_row(cells, model, problems, "gsm8k_strict_accuracy", items)
+            rec = recovery_row(cells, model, problems, "gsm8k_strict_accuracy", items, replicates)
             rows += [rec] if rec else []
     decide_family(rows)
     for r in rows:
@@ -537,11 +539,12 @@ def primary_summary(layouts: list[Layout]) -> str:
         if not Path(cells_csv).is_file():
             raise ValueError(f"profile {name!r} has no stored baselines ({cells_csv}); store them first "
                              "(snakemake --cores 2 store_baselines --config profile=...)")
-        settings = load_profile(name).pathways
+        loaded = load_profile(name)
+        settings = loaded.pathways
         items_csv = Path(cells_csv).with_name("items.csv")
         rows = primary_family(read_table(cells_csv, "cells"), read_pathways(pathways_csv), eval_problems(name),
                               settings.claims if settings is not None else None,
-                              read_table(items_csv, "items") if items_csv.is_file() else [])
+                              read_table(items_csv, "items") if items_csv.is_file() else [], seed_replicates(loaded))
         cols.append(name)
         for r in rows:
             ci = "" if r["ci_low"] is None else f" [{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]"
@@ -653,11 +656,19 @@ def eval_problems(profile: str) -> int | None:
     return p.eval.limit or (p.data.n_eval if p.data.source == "embedded" else 1319)
 
 
+def seed_replicates(profile) -> str:
+    """What a profile's seeds replicate: ``networks`` where each seed trains its own warm start (seed i from warm
+    start i), else ``seeds of one network`` (a hub checkpoint, or fewer warm starts than seeds): the RL outcome's
+    replicate, its claim about that network."""
+    return "networks" if profile.warm_starts >= len(profile.seeds) else "seeds of one network"
+
+
 def run_claims(cells_csv, proofs_json, corrections_json, out_md, profile: str, pathways_csv=None) -> list[dict]:
     """The claims table of a profile; the per-problem evaluations (``items.csv``, written by aggregate
     beside ``cells.csv``) give the precondition rows."""
     items_csv = Path(cells_csv).with_name("items.csv")
-    settings = load_profile(profile).pathways
+    loaded = load_profile(profile)
+    settings = loaded.pathways
     rows = build_claims(
         read_table(cells_csv, "cells"),
         read_report(proofs_json, "proofs"),
@@ -666,6 +677,7 @@ def run_claims(cells_csv, proofs_json, corrections_json, out_md, profile: str, p
         eval_problems(profile),
         read_table(items_csv, "items") if items_csv.is_file() else [],
         settings.claims if settings is not None else None,
+        seed_replicates(loaded),
     )
     write_text_atomic(out_md, markdown(rows, profile, read_report(corrections_json, "corrections")))
     return rows

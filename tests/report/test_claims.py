@@ -266,6 +266,8 @@ def test_the_headline_states_its_mde_and_the_networks_the_papers_margin_needs():
     assert many["mde80"] < few["mde80"] and few["design"]["networks"] == 3 and many["design"]["networks"] == 40
     assert "needs" in few["method"] and "networks" in few["method"]
     assert any(r["claim"].startswith("Combined corrections") for r in primary_family(cells, [], 400, None, items))
+    one_network = recovery_row(cells, "tiny-moe", 400, "gsm8k_strict_accuracy", items, "seeds of one network")
+    assert "x 3 seeds of one network" in one_network["method"] and "networks;" not in one_network["method"]
     design = ClaimDesign(margins={"gradient": 0.02, "rollout": 0.1, "entropy": 0.0025}, exploratory=["headline"])
     assert not any(r["claim"].startswith("Combined") for r in primary_family(cells, [], 400, design, items))
     rows = build_claims(cells, PROOFS, [], [], 400, items, design)
@@ -290,3 +292,13 @@ def test_the_claims_table_says_what_each_correction_removes_from_each_component(
            "20 -> 15 (-25%) |" in rows
     assert "| macro_block(blocks=4) | gaussian | 10 -> 5 (-50%) | 4 -> 4 (+0%) | — | — |" in rows
     assert removal_table([]) == []
+
+
+def test_a_profile_names_its_seeds_networks_only_where_each_trains_its_own_warm_start():
+    """embedded-large's seed i trains from warm start i (three networks); real-small's seeds are GRPO seeds of the
+    one pretrained network, which its recovery rows must not call networks."""
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.report.claims import seed_replicates
+
+    assert seed_replicates(load_profile("embedded-large")) == "networks"
+    assert seed_replicates(load_profile("real-small")) == "seeds of one network"
