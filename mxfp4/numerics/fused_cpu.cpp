@@ -384,8 +384,9 @@ inline V load_vector(const T* p) {
 
 // Whether macro-block scaling beats plain MX on a group: its error energy against x, summed in float64 element by
 // element in order, below plain's (the reference's sequential cumulative sums; plain wins ties). The terms are
-// exact float64 squares of float32 differences, non-negative and never subnormal, so any order of summing n of
-// them is within (n - 1) u / (1 - (n - 1) u) of the exact sum, relative (u = 2^-53). Partial sums in vector
+// the same float64 values in every order (each difference and square computed alike), non-negative and never
+// subnormal (a non-zero difference of float32 values is at least 2^-149), so any order of summing n of them is
+// within (n - 1) u / (1 - (n - 1) u) of the exact sum of those terms, relative (u = 2^-53). Partial sums in vector
 // lanes decide wherever the two energies differ by more than both summations' error (the margin 2^-40 >
 // 4 (n - 1) u for n <= kMaxGroup, with room for the comparison's own rounding); near a tie, the sequential
 // sums do.
@@ -958,9 +959,9 @@ struct StochasticGrid {
 inline void stochastic_block(const float* __restrict t, const float* __restrict u, float* __restrict r, int n,
                              float scale, float inverse, const StochasticGrid g) {
   int j = 0;
-  // eight elements a time in vector registers (the compiler leaves the selects below as branches), the same
-  // operations lane by lane (a vector cast reinterprets the bits; a truncating conversion is floor for the
-  // non-negative values below 2^24 it sees)
+  // eight elements a time as explicit vector selects (the compiler keeps the scalar loop's selects as branches),
+  // the same operations lane by lane (a vector cast reinterprets the bits; a truncating conversion is floor for
+  // the non-negative values below 2^24 it sees)
   const v8u sign = v8u{} + 0x80000000u, low = v8u{} + g.low_bits;
   const v8i zero_i = v8i{};
   for (; j + 8 <= n; j += 8) {
