@@ -636,8 +636,8 @@ bool corrected_lanes(const float* const* lane, int64_t sk, float* const* olane, 
     v8i pick = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int c = 0; c < kLanes; ++c) pick[c] = use_macro[c] ? -1 : 0;
     for (int j = 0; j < n; ++j) {
-      const v8f p = load_vector<v8f>(plain[j]);
-      const v8f v = kMacro ? (pick != 0 ? load_vector<v8f>(macro[kMacro ? j : 0]) : p) : p;
+      v8f v = load_vector<v8f>(plain[j]);
+      if constexpr (kMacro) v = pick != 0 ? load_vector<v8f>(macro[j]) : v;
       std::memcpy(olane[0] + j * ok, &v, sizeof(v));
     }
     if constexpr (kSplit) {

@@ -70,6 +70,15 @@ def _reward(completions, **kw):
     return [float(len(c) % 2) for c in completions]  # not all equal: advantages are non-zero
 
 
+def _tiny_trainer(model, tok, steps: int, **trainer_kwargs) -> MXGRPOTrainer:
+    """A trainer of ``steps`` GRPO steps on eight one-line prompts, four completions of at most 8 tokens each."""
+    args = GRPOConfig(max_steps=steps, learning_rate=1e-4, per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=8, top_k=0, beta=0.0, logging_steps=1, **common_args(0))
+    data = Dataset.from_list([{"prompt": f"Question: {i}+1\nAnswer:"} for i in range(8)])
+    return MXGRPOTrainer(model=model, reward_funcs=[_reward], args=args, train_dataset=data, processing_class=tok,
+                         **trainer_kwargs)
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grpo")
@@ -77,11 +86,7 @@ def trained(tmp_path_factory):
     rec = Recorder()
     rec.bind(2, 7)
     patch_model(model, Recipe.named("mxfp4").quantizer([rec]))
-    args = GRPOConfig(max_steps=2, learning_rate=1e-4, per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=8, top_k=0, beta=0.0, logging_steps=1, **common_args(0))
-    data = Dataset.from_list([{"prompt": f"Question: {i}+1\nAnswer:"} for i in range(8)])
-    trainer = MXGRPOTrainer(model=model, reward_funcs=[_reward], args=args, train_dataset=data, processing_class=tok,
-                            corrections=[rec], probe_every=1)
+    trainer = _tiny_trainer(model, tok, 2, corrections=[rec], probe_every=1)
     trainer.add_callback(StepLogger(trainer, tmp / "log.jsonl"))
     trainer.train()
     return trainer, rec, tmp / "log.jsonl"
@@ -177,11 +182,7 @@ def test_the_ledgers_scoring_passes_are_timed_apart_from_the_step(tmp_path, monk
     monkeypatch.setattr(MXGRPOTrainer, "_completion_logps", slow)
     model, tok = build_tiny("tiny-dense", seed=0)
     patch_model(model, Recipe.named("mxfp4").quantizer())
-    args = GRPOConfig(max_steps=2, learning_rate=1e-4, per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=8, top_k=0, beta=0.0, logging_steps=1, **common_args(0))
-    data = Dataset.from_list([{"prompt": f"Question: {i}+1\nAnswer:"} for i in range(8)])
-    trainer = MXGRPOTrainer(model=model, reward_funcs=[_reward], args=args, train_dataset=data, processing_class=tok,
-                            corrections=[Perturber()])
+    trainer = _tiny_trainer(model, tok, 2, corrections=[Perturber()])
     clock = StepClock()
     trainer.add_callback(StepLogger(trainer, tmp_path / "log.jsonl"))
     trainer.add_callback(clock)
@@ -199,10 +200,7 @@ def test_a_step_whose_gradient_is_not_finite_stops_the_run_with_its_row_logged(t
     rollout would then stop on a sampling assert far from the cause. The run stops at that step, saying so."""
     model, tok = build_tiny("tiny-dense", seed=0)
     model.lm_head.weight.register_hook(lambda g: g * float("nan"))
-    args = GRPOConfig(max_steps=3, learning_rate=1e-4, per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=8, top_k=0, beta=0.0, logging_steps=1, **common_args(0))
-    data = Dataset.from_list([{"prompt": f"Question: {i}+1\nAnswer:"} for i in range(8)])
-    trainer = MXGRPOTrainer(model=model, reward_funcs=[_reward], args=args, train_dataset=data, processing_class=tok)
+    trainer = _tiny_trainer(model, tok, 3)
     trainer.add_callback(StepLogger(trainer, tmp_path / "log.jsonl"))
     with pytest.raises(FloatingPointError, match="step 1: the gradient norm is nan"):
         trainer.train()
