@@ -228,17 +228,27 @@ class MXGRPOTrainer(GRPOTrainer):
         self.mx_probe_rows = probe_rows
         self.mx_probe_layers = probe_layers(self.model)
         self.mx_step_metrics: dict = {}
-        self.mx_probe_seconds = self.mx_rollout_seconds = self.mx_ledger_seconds = 0.0
-        self.mx_probe_autotune = self.mx_rollout_autotune = self.mx_ledger_autotune = 0.0  # the autotuning inside each
+        self.begin_step()
         self._mx_probed_step = None
         self.add_callback(WeightCacheReset(self))
         if self.uses_vllm and self.mx_quantizer is not None:
             self._push_quantized_weights_to_vllm()
 
+    TIMED_PARTS = ("probe", "rollout", "ledger")
+
     def begin_step(self) -> None:
-        """Start a step's accounting: probe, rollout and ledger seconds, and the autotuning inside each, from zero."""
-        self.mx_probe_seconds = self.mx_rollout_seconds = self.mx_ledger_seconds = 0.0
-        self.mx_probe_autotune = self.mx_rollout_autotune = self.mx_ledger_autotune = 0.0
+        """Start a step's accounting: the seconds of each timed part (``mx_seconds``) and the Triton autotuning
+        inside each (``mx_autotune``), from zero."""
+        self.mx_seconds = dict.fromkeys(self.TIMED_PARTS, 0.0)
+        self.mx_autotune = dict.fromkeys(self.TIMED_PARTS, 0.0)
+
+    @contextlib.contextmanager
+    def timed(self, part: str):
+        """Adds the block's seconds and the autotuning inside it to ``part``'s accounts."""
+        t0, tuned0 = synced_clock(), autotune_spent()[0]
+        yield
+        self.mx_seconds[part] += synced_clock() - t0
+        self.mx_autotune[part] += autotune_spent()[0] - tuned0
 
     def take_step_metrics(self) -> dict:
         """The metrics the probes and the ledger gathered since the last call (then forgotten)."""
@@ -300,19 +310,17 @@ class MXGRPOTrainer(GRPOTrainer):
             for c in self.mx_corrections:
                 stack.enter_context(lifecycle(c.rollout_context, self.model, step))
             stack.enter_context(self.generation_weight_cache())
-            t0, tuned0 = synced_clock(), autotune_spent()[0]
-            output = super()._generate_and_score_completions(inputs)
-            self.mx_rollout_seconds += synced_clock() - t0
-            self.mx_rollout_autotune += autotune_spent()[0] - tuned0
-            # the ledger's scoring passes are an instrument, like the probe: timed apart from the step
-            t0, tuned0 = synced_clock(), autotune_spent()[0]
-            rollout = output.get("sampling_per_token_logps")  # vLLM's own log-probs of what it sampled
-            if rollout is None and perturbed:
-                rollout = self._completion_logps(output)  # the policy that sampled: under the rollout context
-        train = self._completion_logps(output) if rollout is not None else None
-        self.mx_step_metrics.update(self._gathered_ledger(train, rollout, output["completion_mask"]))
-        self.mx_ledger_seconds += synced_clock() - t0
-        self.mx_ledger_autotune += autotune_spent()[0] - tuned0
+            with self.timed("rollout"):
+                output = super()._generate_and_score_completions(inputs)
+            # the ledger's scoring passes are an instrument, like the probe: timed apart from the step (the
+            # rollout context's exit, the recipe's own work, stays in the step)
+            with self.timed("ledger"):
+                rollout = output.get("sampling_per_token_logps")  # vLLM's own log-probs of what it sampled
+                if rollout is None and perturbed:
+                    rollout = self._completion_logps(output)  # the policy that sampled: under the rollout context
+        with self.timed("ledger"):
+            train = self._completion_logps(output) if rollout is not None else None
+            self.mx_step_metrics.update(self._gathered_ledger(train, rollout, output["completion_mask"]))
         return output
 
     def generation_weight_cache(self):
@@ -377,16 +385,14 @@ class MXGRPOTrainer(GRPOTrainer):
         if not probing:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         self._mx_probed_step = step
-        t0, tuned0 = synced_clock(), autotune_spent()[0]
-        probed = inputs
-        if self.mx_probe_batch is not None:
-            device = self.accelerator.device
-            probed = {k: v.to(device) if torch.is_tensor(v) else v for k, v in self.mx_probe_batch.items()}
-        with observer_rng():
-            self._probe(model, probed, num_items_in_batch)
-        self.mx_step_metrics["probe/batch"] = batch_digest(probed)  # which batch this probe scored
-        self.mx_probe_seconds += synced_clock() - t0  # the probe's time is not the step's
-        self.mx_probe_autotune += autotune_spent()[0] - tuned0
+        with self.timed("probe"):  # the probe's time is not the step's
+            probed = inputs
+            if self.mx_probe_batch is not None:
+                device = self.accelerator.device
+                probed = {k: v.to(device) if torch.is_tensor(v) else v for k, v in self.mx_probe_batch.items()}
+            with observer_rng():
+                self._probe(model, probed, num_items_in_batch)
+            self.mx_step_metrics["probe/batch"] = batch_digest(probed)  # which batch this probe scored
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def _probe(self, model, inputs, num_items_in_batch):
@@ -482,15 +488,13 @@ class StepLogger(TrainerCallback):
             torch.cuda.reset_peak_memory_stats()
 
     def on_step_end(self, args, state, control, **kw):
-        self.probe_time = self.trainer.mx_probe_seconds
-        self.rollout_time = self.trainer.mx_rollout_seconds
-        self.ledger_time = self.trainer.mx_ledger_seconds
+        spent, tuned = self.trainer.mx_seconds, self.trainer.mx_autotune
+        self.probe_time, self.rollout_time, self.ledger_time = spent["probe"], spent["rollout"], spent["ledger"]
         self.step_time = synced_clock() - self.t0 - self.probe_time - self.ledger_time
         seconds, keys = autotune_spent()
         self.autotune = {
-            "autotune_time": (seconds - self.tuned0[0] - self.trainer.mx_probe_autotune
-                              - self.trainer.mx_ledger_autotune),
-            "rollout_autotune_time": self.trainer.mx_rollout_autotune,
+            "autotune_time": seconds - self.tuned0[0] - tuned["probe"] - tuned["ledger"],
+            "rollout_autotune_time": tuned["rollout"],
             "autotune_keys": keys - self.tuned0[1],
         }
         if torch.cuda.is_available():

@@ -115,7 +115,7 @@ def test_probes_observe_without_changing_the_run():
         trainer = _one_step(model, tok, compute="float32", lr=1e-4, steps=2, probe_every=probe_every)
         final.append({n: p.detach().clone() for n, p in model.named_parameters()})
         if probe_every:
-            assert trainer.mx_probe_seconds > 0  # the last step was probed
+            assert trainer.mx_seconds["probe"] > 0  # the last step was probed
     for n in final[0]:
         assert torch.equal(final[0][n], final[1][n]), n
 
