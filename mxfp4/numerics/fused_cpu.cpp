@@ -936,13 +936,6 @@ bool macro_block_into(const at::Tensor& x, at::Tensor out, int64_t block_size, i
   return finite;
 }
 
-// Stochastic rounding (reference.fake_quantize_stochastic) of a float32 [O, K, I] view x into out, blocks of
-// block_size along K, with the reference's uniform draws u: contiguous [O, I, blocks along K, block_size], its
-// blocks' layout. Per block: the E8M0 scale 2^e of its max, y = x / 2^e (a division, as the reference), |y|
-// clamped at max_value between the grid values lo <= |y| < hi (lo: |y| with the mantissa bits below the
-// element's cleared, or a multiple of the subnormal step; hi = lo + step, lo at max_value), up with
-// probability (|y| - lo) / (hi - lo) when u is below it, the sign of y kept, times 2^e. False (out unspecified)
-// where x holds a non-finite element.
 // The element grid of stochastic rounding: the low mantissa bits below a binade's step, the step and its inverse
 // below emin, the largest value, emin and the mantissa bits (by value: nothing the loop below stores aliases them).
 struct StochasticGrid {
@@ -1007,6 +1000,13 @@ inline void stochastic_block(const float* __restrict t, const float* __restrict 
   }
 }
 
+// Stochastic rounding (reference.fake_quantize_stochastic) of a float32 [O, K, I] view x into out, blocks of
+// block_size along K, with the reference's uniform draws u: contiguous [O, I, blocks along K, block_size], its
+// blocks' layout. Per block: the E8M0 scale 2^e of its max, y = x / 2^e (the product with the exact 2^-e: the
+// reference's division, rounded alike), |y| clamped at max_value between the grid values lo <= |y| < hi (lo: |y|
+// with the mantissa bits below the element's cleared, or a multiple of the subnormal step; hi = lo + step, lo at
+// max_value), up with probability (|y| - lo) / (hi - lo) when u is below it, the sign of y kept, times 2^e. False
+// (out unspecified) where x holds a non-finite element (stochastic_block: one block).
 bool stochastic_into(const at::Tensor& x, const at::Tensor& u, at::Tensor out, int64_t block_size, int64_t emin,
                      int64_t emax, int64_t mbits, double max_value, int64_t rule) {
   TORCH_CHECK(x.dim() == 3 && out.sizes() == x.sizes(), "fused_cpu: x and out must be [O, K, I] views of one shape");
@@ -1100,7 +1100,6 @@ void fake_quantize_into(const at::Tensor& x, at::Tensor out, int64_t block_size,
   }
 }
 
-// Registered as torch.ops.mxfp4_fused_cpu.<name> (schemas inferred from the signatures).
 // macro_beats_plain on one group given as contiguous float32 vectors (the rule the kernels decide by, exposed to
 // be checked against the reference's sequential sums on constructed near-ties).
 bool macro_rule(const at::Tensor& x, const at::Tensor& plain, const at::Tensor& macro) {
@@ -1112,6 +1111,7 @@ bool macro_rule(const at::Tensor& x, const at::Tensor& plain, const at::Tensor& 
   return macro_beats_plain(x.data_ptr<float>(), plain.data_ptr<float>(), macro.data_ptr<float>(), int(x.size(0)));
 }
 
+// Registered as torch.ops.mxfp4_fused_cpu.<name> (schemas inferred from the signatures).
 TORCH_LIBRARY(mxfp4_fused_cpu, m) {
   m.def("fake_quantize_into", &fake_quantize_into);
   m.def("macro_block_into", &macro_block_into);
