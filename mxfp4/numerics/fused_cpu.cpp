@@ -353,8 +353,8 @@ inline float macro_candidate(float amax, float max_value) {
   return down >= mant ? down : from_bits(uint32_t(b + 1) << 16);
 }
 
-// One block of y (float32, finite) quantized as the reference's block path does with an extra factor m on
-// the scale: grid(y * 2^-e) * (2^e * m).
+// One block of y (float32, finite) quantized into v (y itself allowed) as the reference's block path does with an
+// extra factor m on the scale: grid(y * 2^-e) * (2^e * m).
 inline void block_times(const float* y, float* v, int n, float m, const Format& f) {
   uint32_t a = 0;
   for (int j = 0; j < n; ++j) {
@@ -694,14 +694,7 @@ bool corrected_row(const float* x, float* out, int n, int span, int bs, const Fo
     for (int j = 0; j < span; ++j) g = std::max(g, bits_of(t[j]) & 0x7FFFFFFFu);
     const float m = macro_candidate(from_bits(g), f.max_value);
     for (int j = 0; j < span; ++j) macro[j] = t[j] / m;
-    for (int b = 0; b < nb; ++b) {
-      float* y = macro + b * bs;
-      uint32_t a = 0;
-      for (int j = 0; j < bs; ++j) a = std::max(a, bits_of(y[j]) & 0x7FFFFFFFu);
-      const int byte = shared_exponent(from_bits(a), f) + 127;
-      const float eff = e8m0_value(byte) * m, inverse = e8m0_value(std::min(254, std::max(0, 254 - byte)));
-      for (int j = 0; j < bs; ++j) y[j] = round_to_grid(y[j] * inverse, f.emin, f.mbits, f.max_value) * eff;
-    }
+    for (int b = 0; b < nb; ++b) block_times(macro + b * bs, macro + b * bs, bs, m, f);
     if (macro_beats_plain(t, plain, macro, span)) pick = macro;
   }
   for (int j = 0; j < n; ++j) out[j] = pick[j];
