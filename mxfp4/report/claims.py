@@ -539,12 +539,8 @@ def primary_summary(layouts: list[Layout]) -> str:
         if not Path(cells_csv).is_file():
             raise ValueError(f"profile {name!r} has no stored baselines ({cells_csv}); store them first "
                              "(snakemake --cores 2 store_baselines --config profile=...)")
-        loaded = load_profile(name)
-        settings = loaded.pathways
-        items_csv = Path(cells_csv).with_name("items.csv")
-        rows = primary_family(read_table(cells_csv, "cells"), read_pathways(pathways_csv), eval_problems(name),
-                              settings.claims if settings is not None else None,
-                              read_table(items_csv, "items") if items_csv.is_file() else [], seed_replicates(loaded))
+        rows = primary_family(read_table(cells_csv, "cells"), read_pathways(pathways_csv),
+                              **decided_with(name, cells_csv))
         cols.append(name)
         for r in rows:
             ci = "" if r["ci_low"] is None else f" [{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]"
@@ -649,11 +645,10 @@ def read_pathways(path) -> list[dict]:
     return read_rows(path) if path and Path(path).exists() else []
 
 
-def eval_problems(profile: str) -> int | None:
-    """GSM8K problems a cell of the profile evaluates (per seed): the eval limit, else the embedded
+def eval_problems(profile) -> int | None:
+    """GSM8K problems a cell of the (loaded) profile evaluates (per seed): the eval limit, else the embedded
     set's size, else GSM8K test's 1319."""
-    p = load_profile(profile)
-    return p.eval.limit or (p.data.n_eval if p.data.source == "embedded" else 1319)
+    return profile.eval.limit or (profile.data.n_eval if profile.data.source == "embedded" else 1319)
 
 
 def seed_replicates(profile) -> str:
@@ -663,21 +658,27 @@ def seed_replicates(profile) -> str:
     return "networks" if profile.warm_starts >= len(profile.seeds) else "seeds of one network"
 
 
+def decided_with(profile: str, cells_csv) -> dict:
+    """What a profile's claim tests take beside its tables, as ``build_claims`` and ``primary_family`` name them:
+    the problems a cell evaluates, the per-problem evaluations (``items.csv``, written by aggregate beside
+    ``cells.csv``), the design the profile fixes (``pathways.claims``) and what its seeds replicate."""
+    loaded = load_profile(profile)
+    items_csv = Path(cells_csv).with_name("items.csv")
+    return {"problems": eval_problems(loaded),
+            "items": read_table(items_csv, "items") if items_csv.is_file() else [],
+            "design": loaded.pathways.claims if loaded.pathways is not None else None,
+            "replicates": seed_replicates(loaded)}
+
+
 def run_claims(cells_csv, proofs_json, corrections_json, out_md, profile: str, pathways_csv=None) -> list[dict]:
     """The claims table of a profile; the per-problem evaluations (``items.csv``, written by aggregate
     beside ``cells.csv``) give the precondition rows."""
-    items_csv = Path(cells_csv).with_name("items.csv")
-    loaded = load_profile(profile)
-    settings = loaded.pathways
     rows = build_claims(
         read_table(cells_csv, "cells"),
         read_report(proofs_json, "proofs"),
         read_report(corrections_json, "corrections"),
         read_pathways(pathways_csv),
-        eval_problems(profile),
-        read_table(items_csv, "items") if items_csv.is_file() else [],
-        settings.claims if settings is not None else None,
-        seed_replicates(loaded),
+        **decided_with(profile, cells_csv),
     )
     write_text_atomic(out_md, markdown(rows, profile, read_report(corrections_json, "corrections")))
     return rows
