@@ -91,6 +91,10 @@ inline uint16_t bf16_bits(float v) {
   return uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+// A finite float32 rounded to bfloat16 and back: outlier fallback's kept element, as the quantizer keeps a
+// float32 x's (x.to(torch.bfloat16).to(x.dtype)).
+inline float bf16_rounded(float v) { return from_bits(uint32_t(bf16_bits(v)) << 16); }
+
 // A finite float32 output stored as Out (bfloat16 through the integer-lane rounding above).
 template <typename Out>
 inline void store_finite(Out* o, float v) {
@@ -643,7 +647,7 @@ bool corrected_lanes(const float* const* lane, int64_t sk, float* const* olane, 
     if constexpr (kSplit) {
       for (int b = 0; b < nb; ++b)
         for (int c = 0; c < kLanes; ++c)
-          if (top[b][c] < n) olane[c][top[b][c] * ok] = from_bits(uint32_t(bf16_bits(kept[b][c])) << 16);
+          if (top[b][c] < n) olane[c][top[b][c] * ok] = bf16_rounded(kept[b][c]);
     }
     return true;
   }
@@ -653,7 +657,7 @@ bool corrected_lanes(const float* const* lane, int64_t sk, float* const* olane, 
     if constexpr (kSplit) {
       for (int b = 0; b < nb; ++b) {  // the kept elements, rounded to bfloat16 (finite: no NaN case)
         float* src = pick_macro ? &macro[0][0] : &plain[0][0];
-        src[top[b][c] * kLanes + c] = from_bits(uint32_t(bf16_bits(kept[b][c])) << 16);
+        src[top[b][c] * kLanes + c] = bf16_rounded(kept[b][c]);
       }
     }
     const float* src = pick_macro ? &macro[0][c] : &plain[0][c];
@@ -700,7 +704,7 @@ bool corrected_row(const float* x, float* out, int n, int span, int bs, const Fo
   for (int j = 0; j < n; ++j) out[j] = pick[j];
   if constexpr (kSplit) {
     for (int b = 0; b < nb; ++b)
-      if (top[b] < n) out[top[b]] = from_bits(uint32_t(bf16_bits(kept[b])) << 16);
+      if (top[b] < n) out[top[b]] = bf16_rounded(kept[b]);
   }
   return true;
 }
