@@ -50,6 +50,10 @@ inline uint32_t bits_of(float f) {
 // formats.e8m0_decode of a biased exponent byte in [0, 254]: byte 0 is the subnormal 2^-127.
 inline float e8m0_value(int byte) { return byte == 0 ? from_bits(0x00400000u) : from_bits(uint32_t(byte) << 23); }
 
+// 2^-e for the scale 2^e of a byte from shared_exponent (e in [-127, 127], so byte and 254 - byte are in
+// [0, 254]): exact, the reference's division by the scale as a product.
+inline float e8m0_inverse(int byte) { return e8m0_value(254 - byte); }
+
 // formats.e8m0_exponent for a finite amax >= 0.
 __attribute__((always_inline)) inline int shared_exponent(float amax, const Format& f) {
   const int32_t b = int32_t(bits_of(amax));
@@ -197,7 +201,7 @@ __attribute__((always_inline)) inline void quantize_loaded(const float* t, Out* 
     return;
   }
   const int byte = e + 127;
-  quantize_block(t, out, ok, n, e8m0_value(byte), e8m0_value(std::min(254, std::max(0, 254 - byte))), f);
+  quantize_block(t, out, ok, n, e8m0_value(byte), e8m0_inverse(byte), f);
 }
 
 // One block of n elements at stride sk of x (any input dtype: its float32 value is exact) into out.
@@ -366,7 +370,7 @@ inline void block_times(const float* y, float* v, int n, float m, const Format& 
     a = ab > a ? ab : a;
   }
   const int byte = shared_exponent(from_bits(a), f) + 127;
-  const float scale = e8m0_value(byte), inverse = e8m0_value(std::min(254, std::max(0, 254 - byte)));
+  const float scale = e8m0_value(byte), inverse = e8m0_inverse(byte);
   const float eff = scale * m;
   for (int j = 0; j < n; ++j) v[j] = round_to_grid(y[j] * inverse, f.emin, f.mbits, f.max_value) * eff;
 }
@@ -524,6 +528,27 @@ bool split_max_block(const T* x, int64_t sk, bool* mask, int64_t mk, T* rest, in
 constexpr int kLanes = 8;
 constexpr int kMaxLaneSpan = 256;  // elements of one group on the lane path (macro-block groups of up to 8 blocks)
 
+// block_times on eight groups side by side, one lane each: rows j0 .. j0 + n of y quantized into v (y itself
+// allowed), lane c with the factor m[c] (1: plain MX, exactly, since 2^e * 1 is 2^e).
+__attribute__((always_inline)) inline void lane_block_times(const float (*y)[kLanes], float (*v)[kLanes], int j0,
+                                                            int n, const float* m, const Format& f) {
+  uint32_t a[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int j = j0; j < j0 + n; ++j)
+    for (int c = 0; c < kLanes; ++c) {
+      const uint32_t ab = bits_of(y[j][c]) & 0x7FFFFFFFu;
+      a[c] = ab > a[c] ? ab : a[c];
+    }
+  float eff[kLanes], inverse[kLanes];
+  for (int c = 0; c < kLanes; ++c) {
+    const int byte = shared_exponent(from_bits(a[c]), f) + 127;
+    eff[c] = e8m0_value(byte) * m[c];
+    inverse[c] = e8m0_inverse(byte);
+  }
+  for (int j = j0; j < j0 + n; ++j)
+    for (int c = 0; c < kLanes; ++c)
+      v[j][c] = round_to_grid(y[j][c] * inverse[c], f.emin, f.mbits, f.max_value) * eff[c];
+}
+
 // Eight groups of `span` elements side by side, one vector lane a group (element j of group c at
 // lane[c][j * sk]), quantized as the torch path of the quantizer composes the corrections: with `split`,
 // each 32-block's largest magnitude (the first of equal ones) is kept and zeroed in the rest; the rest is
@@ -582,23 +607,8 @@ bool corrected_lanes(const float* const* lane, int64_t sk, float* const* olane, 
     }
   }
   // plain MX of the rest, block by block: grid(y * 2^-e) * 2^e as the reference computes it
-  for (int b = 0; b < nb; ++b) {
-    uint32_t a[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int j = b * bs; j < (b + 1) * bs; ++j)
-      for (int c = 0; c < kLanes; ++c) {
-        const uint32_t ab = bits_of(t[j][c]) & 0x7FFFFFFFu;
-        a[c] = ab > a[c] ? ab : a[c];
-      }
-    float scale[kLanes], inverse[kLanes];
-    for (int c = 0; c < kLanes; ++c) {
-      const int byte = shared_exponent(from_bits(a[c]), f) + 127;
-      scale[c] = e8m0_value(byte);
-      inverse[c] = e8m0_value(std::min(254, std::max(0, 254 - byte)));
-    }
-    for (int j = b * bs; j < (b + 1) * bs; ++j)
-      for (int c = 0; c < kLanes; ++c)
-        plain[j][c] = round_to_grid(t[j][c] * inverse[c], f.emin, f.mbits, f.max_value) * scale[c];
-  }
+  const float one[kLanes] = {1, 1, 1, 1, 1, 1, 1, 1};
+  for (int b = 0; b < nb; ++b) lane_block_times(t, plain, b * bs, bs, one, f);
   bool use_macro[kLanes] = {false, false, false, false, false, false, false, false};
   if constexpr (kMacro) {
     uint32_t g[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -610,22 +620,9 @@ bool corrected_lanes(const float* const* lane, int64_t sk, float* const* olane, 
     float m[kLanes];
     for (int c = 0; c < kLanes; ++c) m[c] = macro_candidate(from_bits(g[c]), f.max_value);
     for (int b = 0; b < nb; ++b) {
-      uint32_t a[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int j = b * bs; j < (b + 1) * bs; ++j)
-        for (int c = 0; c < kLanes; ++c) {
-          macro[j][c] = t[j][c] / m[c];  // y = x / m, as the torch path divides
-          const uint32_t ab = bits_of(macro[j][c]) & 0x7FFFFFFFu;
-          a[c] = ab > a[c] ? ab : a[c];
-        }
-      float eff[kLanes], inverse[kLanes];
-      for (int c = 0; c < kLanes; ++c) {
-        const int byte = shared_exponent(from_bits(a[c]), f) + 127;
-        eff[c] = e8m0_value(byte) * m[c];
-        inverse[c] = e8m0_value(std::min(254, std::max(0, 254 - byte)));
-      }
-      for (int j = b * bs; j < (b + 1) * bs; ++j)
-        for (int c = 0; c < kLanes; ++c)
-          macro[j][c] = round_to_grid(macro[j][c] * inverse[c], f.emin, f.mbits, f.max_value) * eff[c];
+        for (int c = 0; c < kLanes; ++c) macro[j][c] = t[j][c] / m[c];  // y = x / m, as the torch path divides
+      lane_block_times(macro, macro, b * bs, bs, m, f);
     }
     double e_plain[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0}, e_macro[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int j = 0; j < span; ++j)
@@ -1035,7 +1032,7 @@ bool stochastic_into(const at::Tensor& x, const at::Tensor& u, at::Tensor out, i
         break;
       }
       const int byte = shared_exponent(amax, f) + 127;
-      const float scale = e8m0_value(byte), inverse = e8m0_value(254 - byte);  // byte in [0, 254]: 2^-e exact
+      const float scale = e8m0_value(byte), inverse = e8m0_inverse(byte);
       stochastic_block(t, up + idx * bs, r, n, scale, inverse, grid);
       float* ob = op + o * oo + k0 * ok + i * oi;
       for (int j = 0; j < n; ++j) ob[j * ok] = r[j];
