@@ -7,6 +7,7 @@ interval. The power functions give the smallest effect a design detects and the 
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -577,3 +578,37 @@ def upper_sd(sd: float, k: int, confidence: float = 0.80) -> float:
     if k < 2 or not sd > 0:
         raise ValueError(f"upper_sd needs k >= 2 and sd > 0, got k={k}, sd={sd}")
     return float(sd * math.sqrt((k - 1) / stats.chi2.ppf(1 - confidence, k - 1)))
+
+
+def half_splits(k: int, first: int, draws: int = 2000, seed: int = 0) -> np.ndarray:
+    """Boolean rows, each a split of k replicates into a first half of ``first`` and the rest: every split where
+    there are at most ``draws`` of them (C(k, first)), else ``draws`` drawn uniformly (seeded)."""
+    if not 2 <= first <= k - 2:
+        raise ValueError(f"a split-half check needs at least two replicates in each half; got {first} of {k}")
+    if math.comb(k, first) <= draws:
+        rows = []
+        for chosen in itertools.combinations(range(k), first):
+            row = np.zeros(k, dtype=bool)
+            row[list(chosen)] = True
+            rows.append(row)
+        return np.array(rows)
+    rng = np.random.default_rng(seed)
+    out = np.zeros((draws, k), dtype=bool)
+    for row in out:
+        row[rng.choice(k, first, replace=False)] = True
+    return out
+
+
+def split_z(differences: np.ndarray, splits: np.ndarray) -> np.ndarray:
+    """``between_half_z`` of every contrast (rows of ``differences``: one value per replicate) under every split
+    (rows of ``splits``, ``half_splits``): the z of the difference between the two halves' mean contrasts, each
+    with its own t standard error; NaN where both halves have no spread. Shape (splits, contrasts)."""
+    d = np.asarray(differences, dtype=float)
+    s = splits.astype(float)
+    n1, n2 = s.sum(1, keepdims=True), (1 - s).sum(1, keepdims=True)
+    m1, m2 = s @ d.T / n1, (1 - s) @ d.T / n2
+    v1 = np.maximum(s @ (d ** 2).T - n1 * m1 ** 2, 0) / (n1 - 1)
+    v2 = np.maximum((1 - s) @ (d ** 2).T - n2 * m2 ** 2, 0) / (n2 - 1)
+    se = np.sqrt(v1 / n1 + v2 / n2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(se > 0, (m1 - m2) / se, np.nan)

@@ -359,6 +359,15 @@ class HeadlineDesign(_Strict):
         return self
 
 
+class MarginRule(_Strict):
+    """How a design's margins were fixed before its units were measured: a fraction of MXFP4's whole harm on each
+    pathway (its mean harm minus the unquantized arm's) in a pilot's stored per-unit files
+    (``network_claims.scaled_margins``; a test recomputes them)."""
+
+    pilot: str = Field(description="the profile whose stored per-unit files gave MXFP4's harm")
+    fraction: float = Field(gt=0, lt=1, description="each margin as a fraction of the pilot's MXFP4 - BF16 span")
+
+
 class ClaimDesign(_Strict):
     """The claim-level primary tests of the pathway matrix, fixed before the run: at the warm start, in
     decomposition form ``form``, component c dominates pathway p when its harm exceeds each other
@@ -367,7 +376,17 @@ class ClaimDesign(_Strict):
 
     form: Literal["canonical", "gain"] = "gain"
     control: Literal["gaussian", "permuted", "signflip"] = "signflip"
-    margins: dict[Pathway, Annotated[float, Field(ge=0)]]
+    margins: dict[Pathway, Annotated[float, Field(gt=0)]]
+    margin_rule: MarginRule | None = Field(None, description="how the margins were computed from a pilot")
+    premise_margins: float = Field(
+        gt=0, description="the premise of every claim on a pathway: MXFP4's harm there (its one-sided 95% lower "
+        "bound over the replicates) is at least this many margins; where it is not, the claims read 'premise not met'")
+    analysis: Literal["confirmatory", "re-analysis"] = Field(
+        "confirmatory", description="confirmatory: the design (margins, premise, halves) was committed before the "
+        "units were measured; re-analysis: it was applied to units already seen")
+    replicate: Literal["networks", "units"] = Field(
+        "networks", description="what a verdict is about: the model class (networks are the replicates, units nested "
+        "in them) or one named pretrained model (its units: gradient batches, prompts)")
     power: PowerDesign | None = None
     network_power: NetworkPowerDesign | None = Field(
         None, description="the networks each claim needs, the network as the replicate (a network design)")
@@ -427,6 +446,9 @@ class PathwaySettings(_Strict):
         default_factory=list, description="correction arms: recipes of MXFP4 plus one correction each (mxfp4+macro, "
         "mxfp4+fallback, mxfp4+aqn), measured against MXFP4 on every pathway at site both (the recovery rows)")
     claims: ClaimDesign | None = Field(None, description="the claim-level primary tests (none: no claim rows)")
+    held_out_from: str | None = Field(
+        None, description="a pilot profile of the same data whose drawn units this matrix never measures: every "
+        "problem the pilot's draw could have reached is taken out of the pools first (held out means held out)")
     seeds: list[int] | None = Field(
         None, min_length=1, description="the seeds whose batches and prompts the matrix draws (default every seed "
         "of the profile): where every seed starts from one network (a hub checkpoint), more seeds add units nested "

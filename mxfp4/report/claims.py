@@ -10,7 +10,7 @@ from pathlib import Path
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from ..analysis.pathways.spec import HARMS, MAPPING, RECOVERIES, RECOVERY_HARMS
+from ..analysis.pathways.spec import MECHANISMS
 from ..config.profiles import HEADLINE_MAX_MDE, load_profile
 from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE, Layout
@@ -26,22 +26,13 @@ from ..stats import (
 )
 from .aggregate import RL_GAIN_PER_PROBLEM, rl_gain_rows
 from .formatting import MISSING, number
-from .pathway_table import read_rows, warm_claim_rows
+from .network_claims import REPLICATES, claim_rows, decide, profile_networks, read_units, stored_units
+from .pathway_table import read_rows
 from .tables import read_report, read_table
 
 NONINFERIORITY_MARGIN = 0.007  # dense: "BF16 accuracy recovered to within 0.7%"
 MOE_REPORTED_GAIN = 0.010  # MoE: "+1.0% above BF16" (tested as superiority, diff > 0)
 
-MECHANISMS = {  # pathway -> (claimed component, claim text)
-    "gradient": ("scale", "Scale bias dominates gradient accuracy"),
-    "rollout": ("dead", "Deadzone truncation dominates rollout quality"),
-    "entropy": ("grid", "Grid noise dominates policy entropy"),
-}
-RECOVERY_CLAIMS = {  # pathway -> claim text (the correction: pathways.spec.RECOVERIES)
-    "gradient": "Macro-block scaling restores gradient accuracy",
-    "rollout": "Outlier fallback restores rollout quality",
-    "entropy": "AQN restores policy entropy",
-}
 
 
 def is_moe(model: str) -> bool:
@@ -301,7 +292,8 @@ def recovery_row(cells: list[dict], model: str, problems: int | None = None,
         )
     if crossed is not None:
         row.update(diff=crossed["mean"], ci_low=crossed["ci_low"], ci_high=crossed["ci_high"], p=p, mde80=mde,
-                   sd=None, n=crossed["cols"], n_needed=design["networks_needed"], design=design)
+                   sd=None, se=crossed["se"], df=crossed["df"], n=crossed["cols"],
+                   n_needed=design["networks_needed"], design=design)
         if mde > HEADLINE_MAX_MDE:
             row["test"] += (f" (this design detects {mde:.1%} at 80% power, more than {HEADLINE_MAX_MDE:.0%}: a "
                             "design like it belongs in the exploratory rows)")
@@ -362,16 +354,23 @@ def _verdict(r: dict) -> str:
         return "inconclusive (too few units for a test)"
     if r["p_holm"] >= ALPHA:
         return "not shown"
-    if "p_held" in r:  # a claim-level test: the side whose one-sided test rejected
-        return "held" if r["direction"] > 0 else "contradicted (a rival within the margin)"
     return "held" if (r["diff"] - r["shift"]) * r["direction"] > 0 else "contradicted"
 
 
 def _interval_at(r: dict, level: float) -> tuple[float | None, float | None]:
-    """The t interval of a row's paired difference at ``level``."""
-    if r.get("sd") is None or r["n"] < 2 or r["diff"] is None:
+    """The t interval of a row's difference at ``level``: from its standard error and df where it carries them
+    (a crossed problems x networks row), else from its paired sd over n. A row with neither has no test, so its
+    stored interval is the 95% one it was given with."""
+    if r["diff"] is None:
         return r["ci_low"], r["ci_high"]
-    half = stats.t.ppf(0.5 + level / 2, r["n"] - 1) * r["sd"] / math.sqrt(r["n"]) if r["sd"] > 0 else 0.0
+    if r.get("se") is not None and r.get("df"):
+        half = stats.t.ppf(0.5 + level / 2, r["df"]) * r["se"]
+    elif r.get("sd") is not None and r["n"] >= 2:
+        half = stats.t.ppf(0.5 + level / 2, r["n"] - 1) * r["sd"] / math.sqrt(r["n"]) if r["sd"] > 0 else 0.0
+    else:
+        if level != 0.95:
+            raise ValueError(f"row {r['claim']!r} has no standard error to put its interval at {level:.4f}")
+        return r["ci_low"], r["ci_high"]
     return r["diff"] - half, r["diff"] + half
 
 
@@ -404,63 +403,35 @@ def precondition_rows(items: list[dict]) -> list[dict]:
 STANDARD_RECIPE = "mxfp4+rht-sr"  # the field's MXFP4 training recipe: Hadamard rotation + stochastic rounding
 
 
-def _claim_level_row(r: dict, claim: str, test: str, measure: str) -> dict:
-    """A primary row from a pathway matrix's claim-level row (``<pathway>_claim`` or ``_recovery_claim``):
-    one hypothesis decided both ways, its p Bonferroni over the two one-sided tests (held: the claimed arm
-    beats every rival; contradicted: a rival comes within the margin), ``direction`` the side with the
-    smaller p."""
-    held, contra = (None if r.get(k) in ("", None) else float(r[k]) for k in ("p", "p_contradicted"))
-    lo, hi = (None if r[k] in ("", None) else float(r[k]) for k in ("ci_low", "ci_high"))
-    sd = None if r.get("sd") in ("", None) else float(r["sd"])
-    p = None if held is None or contra is None else min(1.0, 2 * min(held, contra))
-    return {
-        "claim": claim, "model": r["model"], "test": test, "measure": measure,
-        "diff": float(r["mean"]), "ci_low": lo, "ci_high": hi, "n": int(r["n"]), "sd": sd, "p": p,
-        "p_held": held, "p_contradicted": contra, "method": r["method"], "shift": 0.0,
-        "direction": +1 if held is None or contra is None or held <= contra else -1,
-        "mde80": min_detectable_effect(sd, int(r["n"])), "n_needed": None, "claimed_effect": None,
-    }
-
-
-def _warm_claim_rows(pathways: list[dict], design, suffix: str, exploratory: bool = False):
-    """``warm_claim_rows`` in ``design``'s form, of the primary family or (``exploratory``) of the tests the
-    design took out of it."""
-    for pathway, r in warm_claim_rows(pathways, design.form, suffix):
-        if (r["metric"] in design.exploratory) == exploratory:
-            yield pathway, r
-
-
 def _family(exploratory: bool) -> str:
     return "exploratory (out of the primary family before the run: underpowered at the budget)" if exploratory \
         else "primary"
 
 
-def mechanism_rows(pathways: list[dict], design=None, exploratory: bool = False) -> list[dict]:
-    """The claim-level test of each mechanism claim per model (the pathway matrix's ``<pathway>_claim``
-    rows at the warm start, in the decomposition form of ``design``, the profile's ``pathways.claims``;
-    none: no rows), of the primary family or of those the design made ``exploratory``."""
-    if design is None:
-        return []
-    return [_claim_level_row(
-        r, MECHANISMS[pathway][1],
-        f"{_family(exploratory)}: dominance over each rival and its {design.control} control ({design.form} form, "
-        f"warm start; contradicted below margin {design.margins[pathway]:g})",
-        f"harm(+{MAPPING[pathway]}) minus its closest rival's, per unit ({HARMS[pathway]})")
-        for pathway, r in _warm_claim_rows(pathways, design, "_claim", exploratory)]
+def outcome_row(r: dict) -> dict:
+    """A claims-table row from a three-outcome claim row (``network_claims.claim_rows``): the verdict, the deciding
+    contrast with its interval at the verdict's level, n and the scope (about this model or about the class)."""
+    noun = "units" if r.get("replicate") == "units" else "networks"
+    p = r.get("p_adjusted") or {}
+    outcome = r["verdict"].split(" (")[0]
+    return {
+        "claim": r["claim"], "model": r["model"], "family": r["family"],
+        "test": (f"{r['family']}, {r['scope']}: three outcomes over {r['networks']} {noun} (held / contradicted / no "
+                 f"dominance within {r['margin']:g}), decided by {r['decided_by'] or MISSING}"),
+        "measure": r["measure"], "diff": r["diff"], "ci_low": r["ci_low"], "ci_high": r["ci_high"],
+        "level": r.get("level", 0.95), "n": r["networks"], "p": None, "p_holm": p.get(outcome),
+        "p_outcomes": p, "method": r["method"], "mde80": None, "n_needed": None, "verdict": r["verdict"],
+        "scope": r["scope"], "premise": r.get("premise"),
+    }
 
 
-def recovery_claim_rows(pathways: list[dict], design=None, exploratory: bool = False) -> list[dict]:
-    """The claim-level test of each recovery claim per model (the pathway matrix's ``<pathway>_recovery_claim``
-    rows at the warm start: the correction arm's harm below plain MXFP4's and each other correction arm's), of
-    the primary family or of those the design made ``exploratory``."""
-    if design is None:
+def unit_claim_rows(units: list[dict], design, network_of=None) -> list[dict]:
+    """The mechanism and recovery claims decided on the run's per-unit files with the replicate the design names
+    (``network_claims.claim_rows``), undecided: ``primary_family`` and ``build_claims`` decide them with the rest
+    of their family."""
+    if design is None or not units:
         return []
-    return [_claim_level_row(
-        r, RECOVERY_CLAIMS[pathway],
-        f"{_family(exploratory)}: {RECOVERIES[pathway]} recovers more than plain MXFP4 and each other correction "
-        f"arm (warm start; contradicted below margin {design.margins[pathway]:g})",
-        f"closest rival's harm minus the {RECOVERIES[pathway]} arm's, per unit ({RECOVERY_HARMS[pathway]})")
-        for pathway, r in _warm_claim_rows(pathways, design, "_recovery_claim", exploratory)]
+    return claim_rows(units, design, network_of=network_of)
 
 
 def standard_recipe_rows(cells: list[dict], model: str) -> list[dict]:
@@ -476,28 +447,44 @@ def standard_recipe_rows(cells: list[dict], model: str) -> list[dict]:
     return out
 
 
-def decide_family(rows: list[dict]) -> None:
-    """Holm over ``rows`` (one family), then each row's verdict and its interval at the verdict's level."""
+def decide_family(rows: list[dict], outcome_rows: list[dict] = (), family: str = "primary") -> list[dict]:
+    """Holm over one family: ``rows``' p values and the three outcome hypotheses of each of ``outcome_rows``
+    (``unit_claim_rows``) together; then each row's verdict with its interval at the verdict's level. Returns the
+    family's rows, the outcome rows first, as table rows (``outcome_row``)."""
+    for r in outcome_rows:
+        r["family"] = family
     ps = [r["p"] for r in rows if r["p"] is not None]
-    adjusted = iter(multipletests(ps, alpha=ALPHA, method="holm")[1]) if ps else iter(())
+    adjusted = iter(decide(list(outcome_rows), also={family: ps})[family] if outcome_rows else
+                    (multipletests(ps, alpha=ALPHA, method="holm")[1] if ps else ()))
     for r in rows:
         r["p_holm"] = float(next(adjusted)) if r["p"] is not None else None
         r["level"] = verdict_level(r["p"], r["p_holm"])
         if r["level"] != 0.95:
             r["ci_low"], r["ci_high"] = _interval_at(r, r["level"])
         r["verdict"] = _verdict(r)
+    return [outcome_row(r) for r in outcome_rows] + list(rows)
+
+
+def headline_scope(replicates: str) -> str:
+    """What a headline over seeds is about: one named model where every seed starts from it, else the class."""
+    return REPLICATES["units"] if replicates == "seeds of one network" else REPLICATES["networks"]
 
 
 def build_claims(cells: list[dict], proofs: dict, corrections: list[dict], pathways: list[dict],
                  problems: int | None = None, items: list[dict] = (), design=None,
-                 replicates: str = "networks") -> list[dict]:
-    """Every row of the claims table. The primary family (``family`` "primary", Holm over it alone): each
-    claim-level test as ``design`` (the profile's ``pathways.claims``) fixes it and the headline recovery on
-    final accuracy, per model. Every other tested row is secondary (the claim-level tests the design made
-    exploratory first), Holm over its own family. ``replicates``: what the cells' seeds are (``seed_replicates``)."""
-    primary = primary_family(cells, pathways, problems, design, items, replicates)
-    secondary = mechanism_rows(pathways, design, True) + recovery_claim_rows(pathways, design, True)
-    secondary += direct_rows(pathways)
+                 replicates: str = "networks", units: list[dict] = (), network_of=None) -> list[dict]:
+    """Every row of the claims table. The primary family (Holm over it alone): each mechanism and recovery claim
+    decided three ways on the run's per-unit files (``units``) with the replicate ``design`` names (the profile's
+    ``pathways.claims``), and the headline recovery on final accuracy, per model. Every other tested row is
+    secondary (the claims the design made exploratory first, then each claim beyond its own control), Holm over
+    its own family. ``replicates``: what the cells' seeds are (``seed_replicates``)."""
+    outcome = unit_claim_rows(list(units), design, network_of)
+    primary = primary_family(cells, pathways, problems, design, items, replicates, outcome)
+    later = [r for r in outcome if r["family"] != "primary"]
+    for r in later:
+        if r["family"] == "exploratory":
+            r["claim"] = f"{r['claim']} ({_family(True)})"
+    secondary = direct_rows(pathways)
     for model in sorted({c["model"] for c in cells}):
         headline = recovery_row(cells, model, problems, "gsm8k_strict_accuracy", items, replicates)
         if headline and design is not None and "headline" in design.exploratory:  # out of the family by design
@@ -507,51 +494,75 @@ def build_claims(cells: list[dict], proofs: dict, corrections: list[dict], pathw
         rec = recovery_row(cells, model, problems, "gsm8k_rl_gain", items, replicates)
         secondary += [rec] if rec else []
         secondary += standard_recipe_rows(cells, model)
-    decide_family(secondary)
+    secondary = decide_family(secondary, later, "secondary")
     for r in secondary:
         r["family"] = "secondary"
     return primary + construction_rows(proofs, corrections) + precondition_rows(list(items)) + secondary
 
 
 def primary_family(cells: list[dict], pathways: list[dict], problems: int | None = None, design=None,
-                   items: list[dict] = (), replicates: str = "networks") -> list[dict]:
-    """The primary family alone, decided (Holm over it): per model each mechanism claim's claim-level test,
-    each recovery claim's where the profile measures correction arms, and the headline recovery on final
-    accuracy (``items``: the per-problem evaluations, which pair it over problems in a one-seed profile)."""
-    rows = mechanism_rows(pathways, design) + recovery_claim_rows(pathways, design)
+                   items: list[dict] = (), replicates: str = "networks", outcome: list[dict] = ()) -> list[dict]:
+    """The primary family alone, decided (Holm over it): per model each mechanism and recovery claim's
+    three-outcome row (``outcome``: ``unit_claim_rows``, those of the primary family taken) and the headline
+    recovery on final accuracy (``items``: the per-problem evaluations, which pair it over problems in a one-seed
+    profile)."""
+    rows = []
     if design is None or "headline" not in design.exploratory:
         for model in sorted({c["model"] for c in cells}):
             rec = recovery_row(cells, model, problems, "gsm8k_strict_accuracy", items, replicates)
-            rows += [rec] if rec else []
-    decide_family(rows)
+            if rec:
+                rec["scope"] = headline_scope(replicates)
+                rows.append(rec)
+    rows = decide_family(rows, [r for r in outcome if r["family"] == "primary"], "primary")
     for r in rows:
         r["family"] = "primary"
     return rows
 
 
-def primary_summary(layouts: list[Layout]) -> str:
-    """The primary family of the stored baselines of each profile of ``layouts`` side by side, one line per claim
-    and model: the verdict with its effect and interval in each profile (its own Holm family)."""
+def headline_summary(layouts: list[Layout]) -> str:
+    """The headline recovery after RL of each profile of ``layouts`` with RL cells, from its stored cells and
+    per-problem items, one line per model: its verdict, effect and interval at the verdict's level, n and scope
+    (its own primary family's Holm, with the mechanism claims that the summary's first table shows)."""
     cols, lines = [], {}
     for layout in layouts:
         name = layout.profile
-        cells_csv, pathways_csv = layout.stored(layout.table("cells")), layout.stored(layout.pathways())
+        cells_csv = layout.stored(layout.table("cells"))
         if not Path(cells_csv).is_file():
-            raise ValueError(f"profile {name!r} has no stored baselines ({cells_csv}); store them first "
-                             "(snakemake --cores 2 store_baselines --config profile=...)")
-        rows = primary_family(read_table(cells_csv, "cells"), read_pathways(pathways_csv),
+            continue
+        with_units = stored_claim_inputs(layout)
+        rows = primary_family(read_table(cells_csv, "cells"), [], outcome=with_units,
                               **decided_with(name, cells_csv))
+        heads = [r for r in rows if r.get("test", "").startswith("recovery")]
+        if not heads:
+            continue
         cols.append(name)
-        for r in rows:
-            ci = "" if r["ci_low"] is None else f" [{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]"
-            lines.setdefault((r["claim"], r["model"]), {})[name] = (
+        for r in heads:
+            ci = "" if r["ci_low"] is None else f" [{r['ci_low']:+.3g}, {r['ci_high']:+.3g}] ({100 * r['level']:.2f}%)"
+            lines.setdefault((r["claim"], r["model"], r["scope"]), {})[name] = (
                 f"**{r['verdict']}** {number(r['diff'])}{ci} (n {r['n']}, p_Holm {number(r.get('p_holm'), '{:.2g}')})")
-    out = ["| claim | model | " + " | ".join(f"`{c}`" for c in cols) + " |",
-           "| --- | --- | " + " | ".join("---" for _ in cols) + " |"]
-    for (claim, model), by in lines.items():
-        out.append(f"| {claim} | {model} | " + " | ".join(by.get(c, "not in this profile") for c in cols) + " |")
+    out = ["| claim | model | scope | " + " | ".join(f"`{c}`" for c in cols) + " |",
+           "| --- | --- | --- | " + " | ".join("---" for _ in cols) + " |"]
+    for (claim, model, scope), by in lines.items():
+        out.append(f"| {claim} | {model} | {scope} | " + " | ".join(by.get(c, "not in this profile") for c in cols)
+                   + " |")
     return "\n".join(out) + "\n"
 
+
+def stored_claim_inputs(layout: Layout) -> list[dict]:
+    """The stored per-unit files' three-outcome rows of a profile (none where it stores none), undecided."""
+    files = stored_units(layout)
+    profile = load_profile(layout.profile)
+    design = profile.pathways.claims if profile.pathways is not None else None
+    if not files or design is None:
+        return []
+    return unit_claim_rows(read_units(files), design, profile_networks(profile))
+
+
+def _p_text(r: dict) -> str:
+    """A row's p and its Holm-adjusted p; a three-outcome row's adjusted p of each outcome."""
+    if r.get("p_outcomes"):
+        return "Holm: " + " / ".join(f"{k} {number(v, '{:.3g}')}" for k, v in r["p_outcomes"].items())
+    return MISSING if r.get("p") is None else f"{r['p']:.3g} ({r['p_holm']:.3g})"
 
 
 def primary_table(rows: list[dict]) -> list[str]:
@@ -561,7 +572,7 @@ def primary_table(rows: list[dict]) -> list[str]:
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         ci = MISSING if r["ci_low"] is None else f"[{r['ci_low']:+.3g}, {r['ci_high']:+.3g}] ({100 * r['level']:.2f}%)"
-        p = MISSING if r.get("p") is None else f"{r['p']:.3g} ({r['p_holm']:.3g})"
+        p = _p_text(r)
         lines.append(f"| {r['claim']} | {r['model']} | **{r['verdict']}** | {number(r['diff'])} | {ci} | {r['n']} | "
                      f"{number(r.get('mde80'), '{:.3g}')} | {p} | {r['test']}: {r['measure']} |")
     return lines
@@ -599,15 +610,16 @@ def markdown(rows: list[dict], profile: str, corrections: list[dict] = ()) -> st
         "",
         "## Primary family",
         "",
-        "Fixed in the profile before the run: per model, each mechanism claim as one claim-level test (the",
-        "claimed component's harm against each other component's and its own sign-flip control's on the same units,",
-        "at the warm start, on the teacher-forced and gradient measures; held = it beats every rival, contradicted =",
-        "a rival comes within the profile's margin; Bonferroni over the two sides); where the profile measures",
-        "correction arms, each recovery claim as one such test (the correction's arm against plain MXFP4 and each",
-        "other correction's arm: it recovers its pathway most); and the headline recovery on final accuracy.",
-        "Holm over this family alone; each interval is at the level its verdict uses. Effect = the weakest",
-        "contrast (claim-level rows) or the accuracy difference (headline rows); MDE80 = the smallest true",
-        "effect a two-sided 0.05 test of this n detects with 80% power.",
+        "Fixed in the profile before the run: per model, each mechanism claim decided three ways on the per-unit",
+        "files at the warm start (the claimed component's harm against each other component's on the same units;",
+        "held: it harms more than every rival; contradicted: a rival harms significantly more; no dominance: within",
+        "the profile's margin of a rival; else not shown; premise not met: MXFP4's own harm on the pathway is not",
+        "several margins large), with the replicate the design names (networks: about the class; units: about this",
+        "model); each recovery claim the same way (the correction's arm against plain MXFP4 and each other",
+        "correction's arm); and the headline recovery on final accuracy. Holm over this family's hypotheses (three",
+        "outcomes a claim); each interval is at the level its verdict uses. Effect = the contrast that decided the",
+        "verdict, or the accuracy difference (headline rows); MDE80 = the smallest true effect a two-sided 0.05 test",
+        "of this n detects with 80% power. Each claim beyond its own sign-flip control is a secondary row.",
         "",
         *(primary_table(primary) if primary else ["No primary test was measured in this run."]),
         "",
@@ -631,7 +643,7 @@ def markdown(rows: list[dict], profile: str, corrections: list[dict] = ()) -> st
     for r in (r for r in rows if r.get("family") != "primary"):
         level = f" ({100 * r.get('level', 0.95):.2f}%)"
         ci = MISSING if r["ci_low"] is None else f"[{r['ci_low']:+.3g}, {r['ci_high']:+.3g}]{level}"
-        p = MISSING if r.get("p") is None else f"{r['p']:.3g} ({r['p_holm']:.3g})"
+        p = _p_text(r)
         need = MISSING if r.get("n_needed") is None or r["verdict"] == "held" else str(r["n_needed"])
         lines.append(
             f"| {r['claim']} | {r['model']} | {r['test']} | {r['measure']} | {number(r['diff'])} | {ci} | {r['n']} | "
@@ -670,15 +682,19 @@ def decided_with(profile: str, cells_csv) -> dict:
             "replicates": seed_replicates(loaded)}
 
 
-def run_claims(cells_csv, proofs_json, corrections_json, out_md, profile: str, pathways_csv=None) -> list[dict]:
+def run_claims(cells_csv, proofs_json, corrections_json, out_md, profile: str, pathways_csv=None,
+               unit_files=()) -> list[dict]:
     """The claims table of a profile; the per-problem evaluations (``items.csv``, written by aggregate
-    beside ``cells.csv``) give the precondition rows."""
+    beside ``cells.csv``) give the precondition rows, the per-unit files (``unit_files``) the mechanism and
+    recovery claims."""
     rows = build_claims(
         read_table(cells_csv, "cells"),
         read_report(proofs_json, "proofs"),
         read_report(corrections_json, "corrections"),
         read_pathways(pathways_csv),
         **decided_with(profile, cells_csv),
+        units=read_units(unit_files) if unit_files else [],
+        network_of=profile_networks(load_profile(profile)),
     )
     write_text_atomic(out_md, markdown(rows, profile, read_report(corrections_json, "corrections")))
     return rows

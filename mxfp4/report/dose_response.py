@@ -10,14 +10,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from statsmodels.stats.multitest import multipletests
+
+from ..analysis.pathways.spec import HARMS, MAPPING, MECHANISMS, RECOVERIES, RECOVERY_CLAIMS, RECOVERY_HARMS
 from ..config.profiles import Profile, dose
 from ..io import write_text_atomic
 from ..layout import Layout
 from ..numerics.decompose import COMPONENTS
+from ..stats import ALPHA, min_detectable_effect, verdict_level
 from .aggregate import write_csv
-from .claims import decide_family, mechanism_rows, recovery_claim_rows
+from .claims import _family, _interval_at
 from .formatting import MISSING
-from .pathway_table import CLAIM_PATHWAYS, checkpoint_label, estimate, read_rows
+from .pathway_table import CLAIM_PATHWAYS, checkpoint_label, estimate, read_rows, warm_claim_rows
 from .plots import COLORS, error_bars, plt, save
 
 OUTLIER_METRIC = "activation_outlier_block_fraction"
@@ -29,6 +33,88 @@ def read_doses(layout: Layout, profile: Profile) -> dict[str, list[dict]]:
     for d in profile.dose_response.doses:
         out[d] = [r for m in profile.models for r in read_rows(layout.dose_pathways(m, d))]
     return out
+
+
+# The dose-response reads the pathway matrix's claim-level rows per dose (no per-unit file per dose): each claim
+# one hypothesis decided on two one-sided sides, held (the claimed arm beats every rival) or below the margin (a
+# rival comes within the claim's margin), Bonferroni over the two.
+def _claim_level_row(r: dict, claim: str, test: str, measure: str) -> dict:
+    """A primary row from a pathway matrix's claim-level row (``<pathway>_claim`` or ``_recovery_claim``):
+    one hypothesis decided both ways, its p Bonferroni over the two one-sided tests (held: the claimed arm
+    beats every rival; contradicted: a rival comes within the margin), ``direction`` the side with the
+    smaller p."""
+    held, contra = (None if r.get(k) in ("", None) else float(r[k]) for k in ("p", "p_contradicted"))
+    lo, hi = (None if r[k] in ("", None) else float(r[k]) for k in ("ci_low", "ci_high"))
+    sd = None if r.get("sd") in ("", None) else float(r["sd"])
+    p = None if held is None or contra is None else min(1.0, 2 * min(held, contra))
+    return {
+        "claim": claim, "model": r["model"], "test": test, "measure": measure,
+        "diff": float(r["mean"]), "ci_low": lo, "ci_high": hi, "n": int(r["n"]), "sd": sd, "p": p,
+        "p_held": held, "p_contradicted": contra, "method": r["method"], "shift": 0.0,
+        "direction": +1 if held is None or contra is None or held <= contra else -1,
+        "mde80": min_detectable_effect(sd, int(r["n"])), "n_needed": None, "claimed_effect": None,
+    }
+
+
+def _warm_claim_rows(pathways: list[dict], design, suffix: str, exploratory: bool = False):
+    """``warm_claim_rows`` in ``design``'s form, of the primary family or (``exploratory``) of the tests the
+    design took out of it."""
+    for pathway, r in warm_claim_rows(pathways, design.form, suffix):
+        if (r["metric"] in design.exploratory) == exploratory:
+            yield pathway, r
+
+
+def mechanism_rows(pathways: list[dict], design=None, exploratory: bool = False) -> list[dict]:
+    """The claim-level test of each mechanism claim per model (the pathway matrix's ``<pathway>_claim``
+    rows at the warm start, in the decomposition form of ``design``, the profile's ``pathways.claims``;
+    none: no rows), of the primary family or of those the design made ``exploratory``."""
+    if design is None:
+        return []
+    return [_claim_level_row(
+        r, MECHANISMS[pathway][1],
+        f"{_family(exploratory)}: dominance over each rival and its {design.control} control ({design.form} form, "
+        f"warm start; contradicted below margin {design.margins[pathway]:g})",
+        f"harm(+{MAPPING[pathway]}) minus its closest rival's, per unit ({HARMS[pathway]})")
+        for pathway, r in _warm_claim_rows(pathways, design, "_claim", exploratory)]
+
+
+def recovery_claim_rows(pathways: list[dict], design=None, exploratory: bool = False) -> list[dict]:
+    """The claim-level test of each recovery claim per model (the pathway matrix's ``<pathway>_recovery_claim``
+    rows at the warm start: the correction arm's harm below plain MXFP4's and each other correction arm's), of
+    the primary family or of those the design made ``exploratory``."""
+    if design is None:
+        return []
+    return [_claim_level_row(
+        r, RECOVERY_CLAIMS[pathway],
+        f"{_family(exploratory)}: {RECOVERIES[pathway]} recovers more than plain MXFP4 and each other correction "
+        f"arm (warm start; contradicted below margin {design.margins[pathway]:g})",
+        f"closest rival's harm minus the {RECOVERIES[pathway]} arm's, per unit ({RECOVERY_HARMS[pathway]})")
+        for pathway, r in _warm_claim_rows(pathways, design, "_recovery_claim", exploratory)]
+
+
+def _margin_verdict(r: dict) -> str:
+    """held (the claimed arm beats every rival) or a rival within the margin, on the side whose one-sided test
+    rejected at the Holm-adjusted p < 0.05; otherwise not shown."""
+    if r["diff"] is None:
+        return "not measured"
+    if r["p"] is None:
+        return "inconclusive (too few units for a test)"
+    if r["p_holm"] >= ALPHA:
+        return "not shown"
+    return "held" if r["direction"] > 0 else "contradicted (a rival within the margin)"
+
+
+
+def decide_family(rows: list[dict]) -> None:
+    """Holm over ``rows`` (one family), then each row's verdict and its interval at the verdict's level."""
+    ps = [r["p"] for r in rows if r["p"] is not None]
+    adjusted = iter(multipletests(ps, alpha=ALPHA, method="holm")[1]) if ps else iter(())
+    for r in rows:
+        r["p_holm"] = float(next(adjusted)) if r["p"] is not None else None
+        r["level"] = verdict_level(r["p"], r["p_holm"])
+        if r["level"] != 0.95:
+            r["ci_low"], r["ci_high"] = _interval_at(r, r["level"])
+        r["verdict"] = _margin_verdict(r)
 
 
 def claim_rows(by_dose: dict[str, list[dict]], design) -> list[dict]:

@@ -132,3 +132,35 @@ def network_design(units: list[dict], design, alpha: float = 0.05, family: int =
              for r in rows}
     return {"alpha": alpha, "family": family, "power": power, "level": level,
             "networks": max(s["networks"] for s in sizes.values()), "claims": sizes}
+
+
+def own_effect_size(contrasts: dict, alpha: float, power: float) -> dict:
+    """The replicates one claim needs at the pilot's own effect (a named model's design: its effect sizes are what
+    the claim is about), the side the pilot points to, the sd at its upper 80% limit: held where the claimed arm led
+    every rival there (each of the R one-sided tests at power ``power ** (1 / R)``, effect its lead over that rival);
+    else contradicted by the rival that harmed most (one one-sided test at ``alpha / R``, effect that deficit)."""
+    rivals = len(contrasts)
+    if any(c["sd"] is None or c["networks"] < 2 for c in contrasts.values()):
+        raise ValueError("the pilot's contrasts need at least two replicates each for a spread")
+    if all(c["diff"] > 0 for c in contrasts.values()):
+        n, rival = max((units_for_power(c["diff"], upper_sd(max(c["sd"], 1e-12), c["networks"]), alpha, power,
+                                        comparisons=rivals), name) for name, c in contrasts.items())
+        side = "held"
+    else:
+        rival = min(contrasts, key=lambda name: contrasts[name]["diff"])
+        c = contrasts[rival]
+        n = units_for_power(-c["diff"], upper_sd(max(c["sd"], 1e-12), c["networks"]), alpha / rivals, power)
+        side = "contradicted"
+    return {"networks": max(n, 2), "sides": {side: {"networks": max(n, 2), "rival": rival}}}
+
+
+def unit_design(units: list[dict], design, alpha: float = 0.05, family: int = 6, power: float = 0.8) -> dict:
+    """Per claim, the units a design about one named model needs (``own_effect_size``), from a pilot of the same
+    design on the same model (its per-unit files, the unit as the replicate), each claim at ``alpha / family / 3``."""
+    rows = [r for r in claim_rows(units, design) if r["family"] == "primary"]
+    if not rows:
+        raise ValueError("the pilot's per-unit files hold no claim-level test (warm start, the design's form)")
+    level = alpha / family / 3
+    sizes = {f"{r['model']}: {r['claim']}": own_effect_size(r["test"]["contrasts"], level, power) for r in rows}
+    return {"pilot": None, "alpha": alpha, "family": family, "power": power, "level": level,
+            "networks": max(s["networks"] for s in sizes.values()), "claims": sizes}

@@ -312,7 +312,7 @@ def test_a_claim_holds_where_its_component_dominates_and_is_contradicted_where_a
     harms = {"+grid": base + 0.3, "+grid~signflip": base + 0.1, "+dead": base + 0.05, "+dead~signflip": base,
              "+scale": base, "+scale~signflip": base}
     harms = {arm: h + rng.normal(0, 0.05, h.size) for arm, h in harms.items()}
-    design = ClaimDesign(margins={"gradient": 0.01, "rollout": 0.02, "entropy": 0.02})
+    design = ClaimDesign(margins={"gradient": 0.01, "rollout": 0.02, "entropy": 0.02}, premise_margins=3)
     rows = {r["metric"]: r for r in claim_rows("tiny-dense", "warm", _teacher_measured(harms), design)}
     assert set(rows) == {"rollout_claim", "entropy_claim"}  # no gradient batches measured
     entropy = rows["entropy_claim"]
@@ -348,7 +348,7 @@ def test_a_recovery_claim_holds_where_its_correction_recovers_most_on_the_entrop
     m = _teacher_measured(entropy)
     for arm, h in rollout.items():
         m.teacher[arm]["tf_solution_loglik"] = list(-h)
-    design = ClaimDesign(margins={"gradient": 0.01, "rollout": 0.1, "entropy": 0.1})
+    design = ClaimDesign(margins={"gradient": 0.01, "rollout": 0.1, "entropy": 0.1}, premise_margins=3)
     arms = ["mxfp4+macro", "mxfp4+fallback", "mxfp4+aqn"]
     claims = {r["metric"]: r for r in recovery_claim_rows("tiny-dense", "warm", m, arms, design)}
     assert set(claims) == {"rollout_recovery_claim", "entropy_recovery_claim"}  # no gradient batches

@@ -185,30 +185,35 @@ def test_the_precondition_row_says_whether_bf16_rl_trains_and_stays_outside_holm
 
 
 def test_the_stored_primary_summary_is_what_the_stored_baselines_make():
-    """results/baselines/PRIMARY.md (linked from the README) is the claims with the network as the replicate from
-    each named profile's stored per-unit files, then each profile with RL cells: its primary family as its stored
-    tables give it now."""
+    """results/baselines/PRIMARY.md (linked from the README) is each named profile's claims from its stored per-unit
+    files under the one three-outcome rule, each row with its scope, then the headline after RL of each profile with
+    RL cells; no row carries the retired one-sided wording."""
     import re
     from pathlib import Path
 
-    from mxfp4.report.claims import primary_summary
+    from mxfp4.report.claims import headline_summary
     from mxfp4.report.network_claims import network_summary
 
     results = Path(__file__).resolve().parents[2] / "results"
     text = (results / "baselines" / "PRIMARY.md").read_text()
     profiles = re.search(r"`mxfp4 primary-summary ([^`]+)`", text).group(1).split()
-    assert "embedded" in profiles and "networks" in profiles
+    assert {"embedded", "networks", "real-small-claims"} <= set(profiles)
     with_cells = [p for p in profiles if (results / "baselines" / p / "cells.csv").is_file()]
     assert network_summary([Layout(results, p) for p in profiles]) in text
-    assert text.endswith(primary_summary([Layout(results, p) for p in with_cells]))
-    assert text.index("the network as the replicate") < text.index("About the networks that were trained")
+    assert text.endswith(headline_summary([Layout(results, p) for p in with_cells]))
+    assert "| smollm2-135m | about this model |" in text and "| tiny-dense | about the class |" in text
 
 
-def test_a_profile_without_stored_baselines_is_named_in_the_error(tmp_path):
-    from mxfp4.report.claims import primary_summary
+def test_no_stored_report_prints_the_retired_one_sided_verdict():
+    """Every stored claims report decides under one rule: no "contradicted (a rival within the margin)" (a margin
+    test that called a lead smaller than the margin a contradiction) outside the dose-response study, which names
+    its own margin test."""
+    from pathlib import Path
 
-    with pytest.raises(ValueError, match="profile 'embedded' has no stored baselines"):
-        primary_summary([Layout(tmp_path, "embedded")])
+    baselines = Path(__file__).resolve().parents[2] / "results" / "baselines"
+    reports = [p for p in baselines.rglob("*.md") if "dose-response" not in p.parts]
+    assert len(reports) > 10
+    assert [str(p) for p in reports if "a rival within the margin" in p.read_text()] == []
 
 
 def _headline_items(rng, seeds: int, problems: int, network_sd: float, shift: float = 0.0):
@@ -268,7 +273,8 @@ def test_the_headline_states_its_mde_and_the_networks_the_papers_margin_needs():
     assert any(r["claim"].startswith("Combined corrections") for r in primary_family(cells, [], 400, None, items))
     one_network = recovery_row(cells, "tiny-moe", 400, "gsm8k_strict_accuracy", items, "seeds of one network")
     assert "x 3 seeds of one network" in one_network["method"] and "networks;" not in one_network["method"]
-    design = ClaimDesign(margins={"gradient": 0.02, "rollout": 0.1, "entropy": 0.0025}, exploratory=["headline"])
+    design = ClaimDesign(margins={"gradient": 0.02, "rollout": 0.1, "entropy": 0.0025}, premise_margins=3,
+                         exploratory=["headline"])
     assert not any(r["claim"].startswith("Combined") for r in primary_family(cells, [], 400, design, items))
     rows = build_claims(cells, PROOFS, [], [], 400, items, design)
     moved = [r for r in rows if r["claim"].startswith("Combined") and r["test"].startswith("exploratory")]

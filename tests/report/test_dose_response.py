@@ -3,11 +3,12 @@ adjustment computed here by hand; the figure's points are the excess harms over 
 
 import pytest
 
+from mxfp4.analysis.pathways.spec import MECHANISMS
 from mxfp4.config.profiles import ClaimDesign, dose
-from mxfp4.report.claims import MECHANISMS
 from mxfp4.report.dose_response import claim_rows, excess_series, markdown
 
-DESIGN = ClaimDesign(form="gain", control="signflip", margins={"gradient": 0.02, "rollout": 0.1, "entropy": 0.0025})
+DESIGN = ClaimDesign(form="gain", control="signflip", margins={"gradient": 0.02, "rollout": 0.1, "entropy": 0.0025},
+                     premise_margins=3)
 
 
 def _claim(pathway: str, mean: float, p_held: float, p_contradicted: float) -> dict:

@@ -11,7 +11,8 @@ from mxfp4.analysis.pathways.spec import UNIT_FIELDS
 from mxfp4.config.profiles import ClaimDesign
 from mxfp4.report.network_claims import claim_rows, markdown, read_units, run
 
-DESIGN = ClaimDesign(margins={"gradient": 0.02, "rollout": 0.1, "entropy": 0.0025})
+DESIGN = ClaimDesign(margins={"gradient": 0.02, "rollout": 0.1, "entropy": 0.0025},
+                     premise_margins=3)
 
 
 def _units(networks, arm_means, pathway="gradient", units=6, noise=0.01, seed=0, model="tiny-dense"):
@@ -120,3 +121,127 @@ def test_seeds_that_share_a_warm_start_are_one_network():
     assert {one(s) for s in (0, 1, 2)} == {0}
     single = claim_rows(_units(3, {"+scale": 0.5, "+dead": 0.2, "+grid": 0.3}), DESIGN, network_of=lambda g: 0)
     assert single[0]["networks"] == 1 and single[0]["verdict"].startswith("inconclusive")
+
+
+def _with_mxfp4(networks, arm_means, mxfp4=1.0, **kw):
+    """``_units`` with plain MXFP4 (``all``) and the unquantized arm (``none``), MXFP4 harming by ``mxfp4``."""
+    return _units(networks, {**arm_means, "all": mxfp4, "none": 0.0}, **kw)
+
+
+def test_the_split_half_flag_fires_at_its_level_under_one_truth_and_catches_halves_that_differ():
+    """200 sets of 8 networks whose halves share one truth: "halves differ" fires on at most 5% of rows (plus two
+    standard errors of the simulation), where a verdict-disagreement rule fired on 40-54%; halves given truths
+    three between-network sds apart are flagged on most rows. The mean z² under one truth is above 1 (four networks a
+    half: each SE on 3 df), and the reference of ``mean_z2_reference`` tracks the simulated mean."""
+    from mxfp4.report.network_claims import mean_z2, mean_z2_reference
+
+    same, shifted, z2, expected = [], [], [], []
+    for seed in range(200):
+        units = _units(8, {"+scale": 0.31, "+dead": 0.3, "+grid": 0.29}, seed=seed, noise=0.05)
+        r = claim_rows(units, DESIGN)[0]
+        same.append(r["replicates"] is False)
+        z2.append(mean_z2([r])[0])
+        expected.append(mean_z2_reference([r], draws=400)["mean"])
+        for u in units:  # half A (networks 10, 12, 14, 16) given another truth for +scale
+            if u["arm"] == "+scale" and u["group"] % 2 == 0:
+                u["harm"] += 0.3
+        shifted.append(claim_rows(units, DESIGN)[0]["replicates"] is False)
+    assert np.mean(same) <= 0.05 + 2 * np.sqrt(0.05 * 0.95 / 200)
+    assert np.mean(shifted) > 0.6
+    assert np.mean(z2) > 1.2 and abs(np.mean(z2) - np.mean(expected)) < 0.25
+
+
+def test_a_named_models_units_are_its_replicates_and_too_few_for_halves_is_one_line(tmp_path):
+    """One pretrained model, 40 gradient batches all from one seed: under the class design it is one network
+    (inconclusive); under the named-model design each batch is a replicate and the lead is held over 40 units,
+    with halves of 20 fixed by index. A file of 3 units cannot be split into two halves of two: one line."""
+    units = [dict(u, group="warm", seed=0) for u in _units(1, {"+scale": 0.5, "+dead": 0.2, "+grid": 0.3},
+                                                            units=40)]
+    assert claim_rows(units, DESIGN)[0]["verdict"].startswith("inconclusive")
+    named = DESIGN.model_copy(update={"replicate": "units"})
+    r = claim_rows(units, named)[0]
+    assert (r["verdict"], r["networks"], r["scope"]) == ("held", 40, "about this model")
+    assert [len(h) for h in r["half_networks"]] == [20, 20] and r["half_networks"][0][:2] == ["0/u00000", "0/u00002"]
+    path = tmp_path / "few_units.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, UNIT_FIELDS)
+        w.writeheader()
+        w.writerows(units[:3 * 3])
+    with pytest.raises(ValueError, match=r"too few units for two halves of at least two on gradient \(3 units\)"):
+        run([path], "real-small-claims", tmp_path / "out.md")
+
+
+def test_a_pathway_mxfp4_barely_harms_reads_premise_not_met():
+    """MXFP4's own harm under three margins: its claims read "premise not met", whatever their contrasts; ten
+    margins: the verdict stands. Without plain MXFP4's arm the premise is not measured and the verdict stands."""
+    lead = {"+scale": 0.5, "+dead": 0.2, "+grid": 0.3}
+    weak = claim_rows(_with_mxfp4(8, lead, mxfp4=0.03), DESIGN)[0]
+    assert weak["verdict"] == "premise not met" and weak["premise"]["met"] is False
+    assert weak["premise"]["needed"] == pytest.approx(3 * 0.02)
+    strong = claim_rows(_with_mxfp4(8, lead, mxfp4=0.2), DESIGN)[0]
+    assert strong["verdict"] == "held" and strong["premise"]["met"] is True
+    assert claim_rows(_units(8, lead), DESIGN)[0]["premise"]["met"] is None
+    text = markdown(claim_rows(_with_mxfp4(8, lead, mxfp4=0.03), DESIGN), "x")
+    assert "## Premise per pathway" in text and "**not met**" in text
+
+
+def test_every_stored_verdict_agrees_with_its_printed_interval():
+    """Every profile's stored claims: held excludes 0 from below, contradicted from above, no dominance lies inside
+    the margin, not shown covers 0, each interval at the level its verdict uses (Holm and the rivals' Bonferroni);
+    a pathway whose premise is not met keeps its test's interval."""
+    from pathlib import Path
+
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.layout import Layout
+    from mxfp4.report.network_claims import profile_networks, stored_units
+
+    results = Path(__file__).resolve().parents[2] / "results"
+    checked = 0
+    for name in ("networks", "networks-moe", "networks-outliers", "networks-pilot", "real-small",
+                 "real-small-claims"):
+        profile = load_profile(name)
+        for r in claim_rows(read_units(stored_units(Layout(results, name))), profile.pathways.claims,
+                            network_of=profile_networks(profile)):
+            if r["ci_low"] is None:
+                continue
+            checked += 1
+            verdict = r["outcome"].split(" (")[0]  # a premise not met withholds the verdict, not the test
+            if verdict == "held":
+                assert r["ci_low"] > 0, r
+            elif verdict == "contradicted":
+                assert r["ci_high"] < 0, r
+            elif verdict == "no dominance":
+                assert -r["margin"] < r["ci_low"] and r["ci_high"] < r["margin"], r
+            else:
+                assert r["ci_low"] <= 0 <= r["ci_high"], r
+    assert checked >= 54
+
+
+def test_the_named_model_profile_took_its_margins_and_n_from_its_pilot():
+    """real-small-claims' margins are a tenth of MXFP4's harm on each pathway in the pilot's stored units, and its
+    power block is the pilot's own-effect sizing of each claim, both recomputed here."""
+    from pathlib import Path
+
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.report.network_claims import scaled_margins
+    from mxfp4.report.power_design import unit_design
+
+    design = load_profile("real-small-claims").pathways.claims
+    rule = design.margin_rule
+    pilot = Path(__file__).resolve().parents[2] / "results" / "baselines" / rule.pilot / "units"
+    units = read_units(sorted(pilot.glob("*_warm_units.csv")))
+    assert scaled_margins(units, rule.fraction) == design.margins
+    block = unit_design(units, design)
+    assert {k: v.networks for k, v in design.network_power.claims.items()} == \
+        {k: v["networks"] for k, v in block["claims"].items()}
+    with pytest.raises(ValueError, match="margin fraction 1.5; accepted"):
+        scaled_margins(units, 1.5)
+
+
+def test_a_design_without_a_premise_or_with_a_margin_of_zero_is_one_line():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="premise_margins"):
+        ClaimDesign(margins={"gradient": 0.02, "rollout": 0.1, "entropy": 0.0025})
+    with pytest.raises(ValidationError, match="greater than 0"):
+        ClaimDesign(margins={"gradient": 0.0, "rollout": 0.1, "entropy": 0.0025}, premise_margins=3)

@@ -79,7 +79,8 @@ def test_recovery_claims_are_sized_with_their_own_rivals_and_a_pilot_without_the
     assert block["claims"]["rollout"]["units"] == mxstats.units_for_power(0.1, 0.2, level, comparisons=RIVALS)
 
 
-NETWORK_SIZED = [p for p in available() if (s := load_profile(p).pathways) and s.claims and s.claims.network_power]
+NETWORK_SIZED = [p for p in available() if (s := load_profile(p).pathways) and s.claims and s.claims.network_power
+                 and s.claims.replicate == "networks"]  # a named model's own-effect sizing: test_network_claims
 
 
 def test_at_least_one_network_design_states_its_networks():

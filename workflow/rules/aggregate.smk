@@ -38,13 +38,16 @@ rule claims:
         proofs=str(L.proofs),
         corrections=str(L.corrections),
         pathways=str(L.pathways()),
+        # the mechanism and recovery claims: three outcomes on the per-unit files, the design's replicate
+        units=[str(L.pathway_units(m, "warm")) for m in MODELS] if NETWORK_CLAIMS else [],
     output:
         report(str(L.claims), caption="../report/claims.rst", category="Claims"),
     log:
         str(L.log("claims")),
     shell:
         "{MXFP4} claims --profile {PROFILE} --cells {input.cells} --proofs {input.proofs} "
-        "--corrections {input.corrections} --pathways {input.pathways} --out {output} > {log} 2>&1"
+        "--corrections {input.corrections} --pathways {input.pathways} --units {input.units:q} "
+        "--out {output} > {log} 2>&1"
 
 
 rule network_claims:

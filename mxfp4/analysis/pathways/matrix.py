@@ -18,7 +18,7 @@ from ...config.profiles import dose as parse_dose
 from ...config.run import Run
 from ...io import write_csv_atomic
 from ...rl import data as gsm
-from ...rl.batches import gradient_batches, probe_trainer
+from ...rl.batches import batch_prompts, gradient_batches, probe_trainer
 from ...rl.models import load, warm_start_folder
 from ...rl.outlier_channels import add_outlier_channels
 from ..regime import regime_rows
@@ -83,6 +83,47 @@ def seed_problems(train: list[dict], settings, seed: int, held_out: list[dict] |
     return rng.sample(train[:half], half), rng.sample(train[half:], min(settings.prompts, len(train) - half))
 
 
+def pilot_problems(profile, train: list[dict], held_out: list[dict] | None, skipped: int) -> set[str]:
+    """The questions a pilot profile's pathway draw could have reached: per measured seed, its rollout prompts and
+    the first (batches + ``skipped``) x batch-size gradient problems of its order (``skipped``: the all-zero-advantage
+    batches the pilot passed over, from its stored rows; their problems were drawn too)."""
+    settings, size = profile.pathways, batch_prompts(profile)
+    reached: set[str] = set()
+    for seed in profile.pathway_seeds:
+        grad, roll = seed_problems(train, settings, seed, held_out)
+        reached |= {r["question"] for r in grad[: (settings.batches + skipped) * size]}
+        reached |= {r["question"] for r in roll}
+    return reached
+
+
+def without_pilot(profile, model_name: str, train: list[dict], held_out: list[dict] | None, layout_of
+                  ) -> tuple[list[dict], list[dict] | None, int]:
+    """``train`` and ``held_out`` without every problem the profile's ``pathways.held_out_from`` pilot could have
+    measured (``pilot_problems``), and how many were taken out. The pilot must draw from the same data, and its
+    stored rows must say how many gradient batches it skipped."""
+    from ...config.profiles import load_profile
+    from ...report.tables import read_text_table
+
+    pilot = load_profile(profile.pathways.held_out_from)
+    same = pilot.pathways is not None and pilot.pathways.prompts_from == profile.pathways.prompts_from
+    if pilot.data != profile.data or not same:
+        raise ValueError(f"pathways.held_out_from: {pilot.name!r} draws from other data or prompts than "
+                         f"{profile.name!r}; accepted: a pilot with the same data and pathways.prompts_from")
+    stored = layout_of(pilot).stored(layout_of(pilot).pathways())
+    if not stored.is_file():
+        raise ValueError(f"pathways.held_out_from: {pilot.name!r} has no stored pathway rows ({stored}): its draw "
+                         "cannot be reconstructed; store its baselines first")
+    skips = [r for r in read_text_table(stored, "pathways") if r["model"] == model_name and r["checkpoint"] == "warm"
+             and r["metric"] == "skipped_zero_advantage_batches"]
+    if not skips:
+        raise ValueError(f"pathways.held_out_from: {stored} has no skipped_zero_advantage_batches row of "
+                         f"{model_name!r} at the warm start")
+    reached = pilot_problems(pilot, train, held_out, int(round(float(skips[0]["mean"]))))
+    kept = [r for r in train if r["question"] not in reached]
+    kept_out = None if held_out is None else [r for r in held_out if r["question"] not in reached]
+    return kept, kept_out, len(train) - len(kept) + (0 if held_out is None else len(held_out) - len(kept_out))
+
+
 def run_pathways(run: Run, model_name: str, out_csv=None, progress=print, checkpoint: str | None = None,
                  out_units=None, dose: str | None = None) -> list[dict]:
     """The pathway matrix of one model on every seed it measures (``Profile.pathway_seeds``): per checkpoint,
@@ -125,6 +166,10 @@ def run_pathways(run: Run, model_name: str, out_csv=None, progress=print, checkp
             warm_start_folder(run, model_name, seed)
     train, _ = gsm.cell_data(run)
     held_out = gsm.load_gsm8k("test", gsm8k_folder(profile)) if settings.prompts_from == "gsm8k-test" else None
+    if settings.held_out_from:
+        train, held_out, removed = without_pilot(profile, model_name, train, held_out,
+                                                 lambda p: run.layout.sibling(p.name))
+        progress(f"{removed} problems the pilot {settings.held_out_from!r} could have measured taken out of the pools")
     rows: list[dict] = []
     units: list[dict] = []
     t0 = time.time()

@@ -54,6 +54,16 @@ CLAIM_METHOD = ("intersection-union test at the warm start, paired over {unit}: 
                 "rival r ({rivals}), one-sided paired t each; p held = the largest; p contradicted = Bonferroni over "
                 "the rivals of mean(harm(+{c}) - harm(r)) < {margin:g} (the margin); harm = {harm}; the value is "
                 "the weakest contrast ({weakest}) with its 95% t interval")
+MECHANISMS = {  # pathway -> (claimed component, claim text)
+    "gradient": ("scale", "Scale bias dominates gradient accuracy"),
+    "rollout": ("dead", "Deadzone truncation dominates rollout quality"),
+    "entropy": ("grid", "Grid noise dominates policy entropy"),
+}
+RECOVERY_CLAIMS = {  # pathway -> claim text (the correction: RECOVERIES)
+    "gradient": "Macro-block scaling restores gradient accuracy",
+    "rollout": "Outlier fallback restores rollout quality",
+    "entropy": "AQN restores policy entropy",
+}
 UNITS = {"gradient": "gradient batches", "rollout": "prompts", "entropy": "prompts"}
 SHAPLEY_METHOD = ("per {unit}: Shapley value over the 8 arms none/+c/all/-c (harm = {harm}), mean with a 95% "
                   "percentile bootstrap interval (seeds outer, {unit} within; 2000 draws)")
