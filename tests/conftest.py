@@ -38,6 +38,13 @@ def pytest_configure(config):
         raise pytest.UsageError("MXFP4_TEST_CUDA=1 runs the compiled CUDA kernels, but torch sees no CUDA device")
 
 
+# Fixtures whose tests belong to the slow tier wherever they are: they train or load a real model.
+SLOW_FIXTURES = {
+    "smoke_results",  # pretrains the smoke profile's tiny models
+    "smollm2",  # loads SmolLM2-135M-Instruct from its GGUF file
+}
+
+
 def pytest_collection_modifyitems(config, items):
     if CUDA_TESTS:
         skip = pytest.mark.skip(reason="MXFP4_TEST_CUDA=1 runs only the tests marked gpu (the rest of the suite "
@@ -49,6 +56,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if wanted(item):
             item.add_marker(skip)
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -49,6 +49,7 @@ def test_the_network_interval_covers_at_95_percent_where_pooled_units_do_not():
     assert pooled_hits / runs < 0.6
 
 
+@pytest.mark.slow
 def test_an_aa_comparison_gives_at_most_five_percent_false_verdicts():
     """Own and three rivals drawn alike (no true difference, margin 0): held or contradicted in at most 5% of runs (the
     observed rate of 4000 runs within its Monte Carlo error, 1.96 standard errors, of 5%)."""

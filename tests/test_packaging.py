@@ -9,6 +9,10 @@ import textwrap
 import tomllib
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # builds a wheel
+
 REPO = Path(__file__).resolve().parent.parent
 
 

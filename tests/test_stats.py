@@ -49,6 +49,7 @@ def test_constant_and_missing_values():
         nested_mean([1.0, 2.0], [0])
 
 
+@pytest.mark.slow
 def test_seed_effects_keep_their_coverage_where_pooled_units_lose_it():
     """Seeds with their own offsets (the policies after GRPO differ): the nested interval covers the
     true mean about 95% of the time; a t interval over the pooled units covers far less."""

@@ -357,7 +357,7 @@ def _verdict(r: dict) -> str:
     return "held" if (r["diff"] - r["shift"]) * r["direction"] > 0 else "contradicted"
 
 
-def _interval_at(r: dict, level: float) -> tuple[float | None, float | None]:
+def interval_at(r: dict, level: float) -> tuple[float | None, float | None]:
     """The t interval of a row's difference at ``level``: from its standard error and df where it carries them
     (a crossed problems x networks row), else from its paired sd over n. A row with neither has no test, so its
     stored interval is the 95% one it was given with."""
@@ -403,7 +403,7 @@ def precondition_rows(items: list[dict]) -> list[dict]:
 STANDARD_RECIPE = "mxfp4+rht-sr"  # the field's MXFP4 training recipe: Hadamard rotation + stochastic rounding
 
 
-def _family(exploratory: bool) -> str:
+def family_label(exploratory: bool) -> str:
     return "exploratory (out of the primary family before the run: underpowered at the budget)" if exploratory \
         else "primary"
 
@@ -460,7 +460,7 @@ def decide_family(rows: list[dict], outcome_rows: list[dict] = (), family: str =
         r["p_holm"] = float(next(adjusted)) if r["p"] is not None else None
         r["level"] = verdict_level(r["p"], r["p_holm"])
         if r["level"] != 0.95:
-            r["ci_low"], r["ci_high"] = _interval_at(r, r["level"])
+            r["ci_low"], r["ci_high"] = interval_at(r, r["level"])
         r["verdict"] = _verdict(r)
     return [outcome_row(r) for r in outcome_rows] + list(rows)
 
@@ -483,12 +483,12 @@ def build_claims(cells: list[dict], proofs: dict, corrections: list[dict], pathw
     later = [r for r in outcome if r["family"] != "primary"]
     for r in later:
         if r["family"] == "exploratory":
-            r["claim"] = f"{r['claim']} ({_family(True)})"
+            r["claim"] = f"{r['claim']} ({family_label(True)})"
     secondary = direct_rows(pathways)
     for model in sorted({c["model"] for c in cells}):
         headline = recovery_row(cells, model, problems, "gsm8k_strict_accuracy", items, replicates)
         if headline and design is not None and "headline" in design.exploratory:  # out of the family by design
-            headline["test"] = f"{_family(True)}: {headline['test']}"
+            headline["test"] = f"{family_label(True)}: {headline['test']}"
             secondary.append(headline)
         secondary += indirect_rows(cells, model)
         rec = recovery_row(cells, model, problems, "gsm8k_rl_gain", items, replicates)

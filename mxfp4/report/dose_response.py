@@ -19,7 +19,7 @@ from ..layout import Layout
 from ..numerics.decompose import COMPONENTS
 from ..stats import ALPHA, min_detectable_effect, verdict_level
 from .aggregate import write_csv
-from .claims import _family, _interval_at
+from .claims import family_label, interval_at
 from .formatting import MISSING
 from .pathway_table import CLAIM_PATHWAYS, checkpoint_label, estimate, read_rows, warm_claim_rows
 from .plots import COLORS, error_bars, plt, save
@@ -72,7 +72,7 @@ def mechanism_rows(pathways: list[dict], design=None, exploratory: bool = False)
         return []
     return [_claim_level_row(
         r, MECHANISMS[pathway][1],
-        f"{_family(exploratory)}: dominance over each rival and its {design.control} control ({design.form} form, "
+        f"{family_label(exploratory)}: dominance over each rival and its {design.control} control ({design.form} form, "
         f"warm start; contradicted below margin {design.margins[pathway]:g})",
         f"harm(+{MAPPING[pathway]}) minus its closest rival's, per unit ({HARMS[pathway]})")
         for pathway, r in _warm_claim_rows(pathways, design, "_claim", exploratory)]
@@ -86,7 +86,7 @@ def recovery_claim_rows(pathways: list[dict], design=None, exploratory: bool = F
         return []
     return [_claim_level_row(
         r, RECOVERY_CLAIMS[pathway],
-        f"{_family(exploratory)}: {RECOVERIES[pathway]} recovers more than plain MXFP4 and each other correction "
+        f"{family_label(exploratory)}: {RECOVERIES[pathway]} recovers more than plain MXFP4 and each other correction "
         f"arm (warm start; contradicted below margin {design.margins[pathway]:g})",
         f"closest rival's harm minus the {RECOVERIES[pathway]} arm's, per unit ({RECOVERY_HARMS[pathway]})")
         for pathway, r in _warm_claim_rows(pathways, design, "_recovery_claim", exploratory)]
@@ -113,7 +113,7 @@ def decide_family(rows: list[dict]) -> None:
         r["p_holm"] = float(next(adjusted)) if r["p"] is not None else None
         r["level"] = verdict_level(r["p"], r["p_holm"])
         if r["level"] != 0.95:
-            r["ci_low"], r["ci_high"] = _interval_at(r, r["level"])
+            r["ci_low"], r["ci_high"] = interval_at(r, r["level"])
         r["verdict"] = _margin_verdict(r)
 
 

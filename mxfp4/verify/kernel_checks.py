@@ -80,12 +80,18 @@ def check_one(kernel: str, x: torch.Tensor, axis: int, rule: str) -> tuple[bool,
 AXES = {2: (-1, 0), 3: (-1, 1, 0)}
 
 
-def check_cases(device: str = "cpu", k: int = 96, kernels=KERNELS, dtypes=DTYPES):
-    """Yield one result dict per (kernel, case, dtype, rule, axis)."""
+def kernel_cases(k: int = 96) -> dict[str, torch.Tensor]:
+    """The inputs every kernel is checked on: the adversarial rows, two 3D tensors and a transposed view."""
     cases = adversarial_rows(k)
     cases["ragged_3d"] = torch.randn(3, 5, 45, generator=torch.Generator().manual_seed(5))
     cases["experts_3d"] = torch.randn(40, 3, 64, generator=torch.Generator().manual_seed(6))  # blocked along 0 too
     cases["transposed"] = torch.randn(64, 72, generator=torch.Generator().manual_seed(7)).t()  # read without a copy
+    return cases
+
+
+def check_cases(device: str = "cpu", k: int = 96, kernels=KERNELS, dtypes=DTYPES):
+    """Yield one result dict per (kernel, case, dtype, rule, axis)."""
+    cases = kernel_cases(k)
     for (name, x), dtype, rule, kernel in itertools.product(cases.items(), dtypes, SCALE_RULES_E8M0, kernels):
         x_dev = x.to(device=device, dtype=dtype)
         if name == "transposed":
@@ -300,7 +306,7 @@ def checks_per_autotune_space(device: str = "cpu", seed: int = 0) -> list[tuple[
     return [(name, tuned, checks[name]) for name, tuned in spaces.items()]
 
 
-def check_every_config(device: str = "cpu", seed: int = 0):
+def check_every_config(device: str = "cpu", seed: int = 0, pick=None):
     """Yield one result per (autotune space, config, check): each config of each space forced
     (``triton_kernels.forced_config``) and checked against the reference as the other checks are
     (memory kernels bit for bit, GEMMs within the float32 accumulation bound). On CUDA the autotuner
@@ -308,14 +314,17 @@ def check_every_config(device: str = "cpu", seed: int = 0):
     or, under the interpreter, the interpreter's own tiles. A check that launches no kernel of its
     space fails (it would check nothing); one that raises fails with the error, and the rest still run.
     A config this device cannot run (out of shared memory or registers, refused by the compiler) is
-    skipped, not failed: Triton's autotuner skips it for the same errors, so it is never picked."""
+    skipped, not failed: Triton's autotuner skips it for the same errors, so it is never picked. ``pick``: the
+    (space, config index) pairs to check (default every one)."""
     from triton.compiler.errors import CompileTimeAssertionFailure
     from triton.runtime.errors import OutOfResources, PTXASError
 
     from ..numerics import triton_kernels as tk
 
     for space, tuned, checks in checks_per_autotune_space(device, seed):
-        for config in tuned.configs:
+        for index, config in enumerate(tuned.configs):
+            if pick is not None and (space, index) not in pick:
+                continue
             row = {"space": space, "config": {**config.kwargs, "num_warps": config.num_warps,
                                               "num_stages": config.num_stages}}
             for what, check in checks:

@@ -87,6 +87,7 @@ def test_a_slope_needs_two_layers_and_positive_ratios():
     assert log_slope({0: 2.0, 1: 4.0, 2: 8.0}) == pytest.approx(math.log(2))
 
 
+@pytest.mark.slow
 def test_the_depth_study_measures_every_arm_site_batch_and_layer_of_a_warm_start(smoke_results, monkeypatch):
     """Each arm (components, their sign-flip controls, full MXFP4) at each site has one row per gradient batch
     and decoder layer, distances 0 (last layer) to L - 1; with MXFP4 in the backward GEMMs only, the

@@ -19,6 +19,7 @@ def _harms(path):
         return {(u["pathway"], u["arm"], int(u["unit"])): u["harm"] for u in csv.DictReader(f)}
 
 
+@pytest.mark.slow
 def test_the_mechanism_arms_are_the_pathway_matrix_arms_unit_for_unit(smoke_results, tmp_path):
     """MXFP4, BF16 and each correction arm measured by the mechanism run equal the pathway matrix's on the same
     batches and prompts, bit for bit; the recipe's arm is added; a recipe without numerics (AQN acts on the

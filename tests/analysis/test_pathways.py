@@ -29,6 +29,7 @@ def pathway_rows(smoke_results):
     return rows, out
 
 
+@pytest.mark.slow
 def test_both_checkpoints_every_arm_and_a_tidy_csv(pathway_rows):
     rows, out = pathway_rows
     with out.open() as f:
@@ -217,6 +218,7 @@ def test_control_arms_excess_harm_and_shapley_rows_come_with_every_checkpoint(pa
         assert phi == pytest.approx(full, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_every_seed_measures_its_own_data_and_the_rows_pool_the_seeds(smoke_results, monkeypatch):
     from mxfp4.analysis.pathways.matrix import seed_problems
     from mxfp4.rl import data
@@ -320,11 +322,17 @@ def test_a_claim_holds_where_its_component_dominates_and_is_contradicted_where_a
     assert "+grid vs +grid~signflip" in entropy["method"]  # the weakest rival: its own control (+0.2)
     assert abs(entropy["mean"] - 0.2) < 0.05 and entropy["ci_low"] < entropy["mean"] < entropy["ci_high"]
     assert rows["rollout_claim"]["p"] > 0.5 and rows["rollout_claim"]["p_contradicted"] < 1e-6
+    # the claims table decides the same harms, as per-unit rows, three ways with the unit as the replicate
     proofs = {"max_identity_residual_rel": 0.0, "passed": True, "cases": [1]}
-    claims = build_claims([], proofs, [], [{**r, "checkpoint": "warm (gain)"} for r in rows.values()], design=design)
-    verdicts = {r["claim"]: r["verdict"] for r in claims if r.get("family") == "primary"}
-    assert verdicts == {"Grid noise dominates policy entropy": "held",
-                        "Deadzone truncation dominates rollout quality": "contradicted (a rival within the margin)"}
+    units = [{"model": "tiny-dense", "checkpoint": "warm", "form": "gain", "pathway": pathway, "arm": arm, "unit": i,
+              "group": "warm", "seed": 0, "key": "", "harm": float(h[i])}
+             for pathway in ("rollout", "entropy") for arm, h in harms.items() for i in range(h.size)]
+    named = design.model_copy(update={"replicate": "units"})
+    claims = build_claims([], proofs, [], [], design=named, units=units)
+    verdicts = {r["claim"]: (r["verdict"], r["test"].split("decided by ")[-1]) for r in claims
+                if r.get("family") == "primary"}
+    assert verdicts == {"Grid noise dominates policy entropy": ("held", "+dead"),
+                        "Deadzone truncation dominates rollout quality": ("contradicted", "+grid")}
 
 
 def test_a_recovery_claim_holds_where_its_correction_recovers_most_on_the_entropy_gap():
@@ -363,6 +371,7 @@ def test_a_recovery_claim_holds_where_its_correction_recovers_most_on_the_entrop
     assert recovered[("rollout_recovery", "mxfp4+fallback")] == pytest.approx(0.6, abs=0.02)
 
 
+@pytest.mark.slow
 def test_correction_arms_run_every_pathway_and_aqn_leaves_the_training_gradient_alone(smoke_results):
     """The correction arms at the warm start: a recovery row per pathway and arm; AQN perturbs only the
     rollout policy, so its gradient equals plain MXFP4's bit for bit while its teacher-forced measures do
@@ -405,6 +414,7 @@ def test_correction_arms_run_every_pathway_and_aqn_leaves_the_training_gradient_
     assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
 
 
+@pytest.mark.slow
 def test_an_outlier_dose_measures_the_same_policy_and_data_and_moves_only_the_operands(smoke_results, tmp_path,
                                                                                      monkeypatch):
     """At dose c2x32 the warm start computes what it computed without outliers: the same gradient batches and

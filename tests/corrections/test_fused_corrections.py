@@ -42,6 +42,7 @@ def _quantizer(kind: str, fmt: str = "mxfp4", rule: str = "floor", blocks: int =
                                          "both": [OutlierFallback(k=1), macro]}[kind])
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(shape=st.lists(st.sampled_from([1, 2, 3, 31, 32, 33, 64, 70, 130]), min_size=1, max_size=3), data=st.data(),
        kind=st.sampled_from(["macro", "fallback", "both"]), fmt=st.sampled_from(E8M0_FORMATS),

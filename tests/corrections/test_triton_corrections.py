@@ -61,6 +61,7 @@ def _check(make, x, axis):
     return fused, ref, launched
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None)  # the interpreter runs each group's column loop in Python
 @given(shape=st.lists(st.sampled_from([1, 2, 3, 31, 32, 33, 70, 130]), min_size=1, max_size=3), data=st.data(),
        kind=st.sampled_from(["macro", "fallback", "both", "all"]), rule=st.sampled_from(SCALE_RULES_E8M0),
@@ -79,6 +80,7 @@ def test_the_triton_corrections_equal_the_torch_path(shape, data, kind, rule, bl
     assert launched == [finite]  # the kernel ran (bfloat16 macro-block inputs are widened to float32 first)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["macro", "fallback", "both"])
 @pytest.mark.parametrize("rule", ["floor", "rceil"])
 def test_every_adversarial_row_equals_the_torch_path(kind, rule):

@@ -83,6 +83,7 @@ def test_the_carried_wheels_and_the_gpu_image_meet_every_requirement_of_the_harn
         bundle.read_packages(tmp_path / "bad.txt")
 
 
+@pytest.mark.slow
 def test_the_carried_wheels_are_installed_once_and_shadow_the_images_own_packages(tmp_path):
     """On the device the carried wheels must win over the image's copies (transformers 5.23 over its 5.17), and a
     warm machine's next call must not install them again. A carried torchao 99.0 over this environment's own: the

@@ -81,6 +81,7 @@ def test_bench_calls_of_one_device_merge_with_every_target_met_or_missed(tmp_pat
         bench.merge([one, call([], device="NVIDIA H200")], ["a.json", "c.json"])
 
 
+@pytest.mark.slow
 def test_a_session_over_the_device_tools_file_limit_still_brings_back_its_reports_and_logs(tmp_path):
     """Past 16 MiB packed, session.tgz keeps the reports and logs only: the tests step's JUnit XML, the
     steps' stdout and stderr and the device's CSV among them (kernels/gpu/collect_gpu_session.py reads them)."""
@@ -287,6 +288,7 @@ def test_the_gpu_session_runs_every_gpu_smoke_recipe_each_half_against_its_own_b
     assert sorted(named.split()) == sorted(load_profile("gpu-smoke-quick").recipes)
 
 
+@pytest.mark.slow
 def test_the_gpu_session_returns_what_the_device_tool_can_bring_back(tmp_path):
     """The device tool brings back at most 8 files of $OUT, 16 MiB each, two folders deep, named in letters,
     digits, '.', '_' and '-': the session keeps its work apart and publishes flat files and one archive."""
@@ -385,6 +387,7 @@ def test_the_collector_neither_decides_a_moe_target_against_fp32_masters_nor_dro
     assert got["met"] is False and got["value"] == "stopped before its summary: 75 passed, 1 failed, 1 errors so far"
 
 
+@pytest.mark.slow
 def test_a_killed_verbose_test_step_names_its_failures_and_the_tests_that_never_finished(tmp_path):
     """Under pytest -v (xdist's form and the plain one) each finished test is named; the row lists the
     failed ones and, against the suite's collected CUDA tests, the ones the cut left unfinished."""
@@ -402,6 +405,7 @@ def test_a_killed_verbose_test_step_names_its_failures_and_the_tests_that_never_
     assert got["failed"] == sorted(ids[-3:-1]) and got["not_finished"] == [ids[-1]] and got["met"] is False
 
 
+@pytest.mark.slow
 def test_the_layer_bench_reports_host_device_quantizer_calls_and_launches_per_recipe_and_phase(tmp_path):
     """On CPU, the dense layer (the real shape) at 8 tokens: each recipe has both phases with positive times, the
     quantizer's calls counted (none for bf16) and the reference's ratio 1; the fused corrections' and the shared

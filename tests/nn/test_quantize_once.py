@@ -81,6 +81,7 @@ def test_recomputation_under_checkpointing_shares_inputs_and_equals_the_unshared
     assert same(shared, alone)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(rows=st.integers(1, 6), cols=st.sampled_from([32, 48, 64]), seed=st.integers(0, 2**16),
        ops=st.lists(st.tuples(st.sampled_from(["full", "head", "tail", "t"]), st.sampled_from([-1, 0]),

@@ -93,6 +93,7 @@ def test_the_fused_kernel_equals_the_reference_on_random_tensors(rows, cols, log
                         reference.fake_quantize(x, fmt, axis, rule))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(shape=st.lists(st.sampled_from([1, 2, 3, 31, 32, 33, 64, 70, 96]), min_size=1, max_size=4),
        data=st.data(), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))

@@ -6,6 +6,8 @@ import functools
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import mxfp4
 from mxfp4.numerics import dispatch, reference
@@ -22,6 +24,7 @@ def results(device: str, kernel: str) -> list[dict]:
     return list(kernel_checks.check_cases(device, kernels=(kernel,)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kernel", kernel_checks.KERNELS)
 def test_kernel_is_bit_exact_with_reference_on_every_case(kernel, device):
@@ -33,6 +36,19 @@ def test_kernel_is_bit_exact_with_reference_on_every_case(kernel, device):
     assert not failed, failed[:5]
     skipped = [r for r in mine if r["detail"].startswith("skipped")]
     assert len(skipped) < len(mine) / 2  # most cases really ran
+
+
+@settings(max_examples=12)  # the edit loop's share of the sweep above (marked slow): a sample of its cases
+@given(kernel=st.sampled_from(kernel_checks.KERNELS), case=st.sampled_from(sorted(kernel_checks.kernel_cases())),
+       dtype=st.sampled_from(kernel_checks.DTYPES), rule=st.sampled_from(kernel_checks.SCALE_RULES_E8M0),
+       axis_index=st.integers(0, 2))
+def test_a_sampled_kernel_case_is_bit_exact_with_reference(kernel, case, dtype, rule, axis_index):
+    x = kernel_checks.kernel_cases()[case].to(dtype=dtype)
+    if case == "transposed":
+        x = x.t().contiguous().t()
+    axes = kernel_checks.AXES[x.dim()]
+    ok, detail = kernel_checks.check_one(kernel, x, axes[axis_index % len(axes)], rule)
+    assert ok, detail
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -158,6 +174,7 @@ def test_the_stats_of_a_call_that_autotunes_count_only_the_chosen_configs_progra
     assert_stats_match_the_float64_reference(stats, x, axis)
 
 
+@pytest.mark.slow
 def test_every_config_the_autotuner_may_pick_is_bit_exact(monkeypatch):
     """Under the interpreter a kernel runs the interpreter's tiles, and the device's checks run each space's
     first config: the other configs of an autotune space (other tiles, so other masks and program
@@ -172,6 +189,23 @@ def test_every_config_the_autotuner_may_pick_is_bit_exact(monkeypatch):
     assert {r["space"] for r in results} == set(tg.autotune_spaces()) and len(results) == sum(
         len(tuned.configs) * len(checks) for _, tuned, checks in kernel_checks.checks_per_autotune_space()
     )
+    assert [r for r in results if not r["passed"]] == []
+
+
+CONFIGS = [(space, i) for space, tuned, _ in kernel_checks.checks_per_autotune_space()
+           for i in range(len(tuned.configs))]
+
+
+@settings(max_examples=3)  # the edit loop's share of the every-config sweep above (marked slow)
+@given(picked=st.sampled_from(CONFIGS))
+def test_a_sampled_config_the_autotuner_may_pick_is_bit_exact(picked):
+    from unittest import mock
+
+    from mxfp4.numerics import triton_gemm as tg
+
+    with mock.patch.object(tg, "DIRECT_MIN_TILES", 2):
+        results = list(kernel_checks.check_every_config(pick={picked}))
+    assert results and {(r["space"]) for r in results} == {picked[0]}
     assert [r for r in results if not r["passed"]] == []
 
 
@@ -382,6 +416,7 @@ def test_w4a16_direct_path_stores_the_output_dtype_exactly_as_split_k_adds_float
     assert got[:2].tolist() == [1.515625, 1.53125] and got[2].isnan()
 
 
+@pytest.mark.slow
 def test_device_check_of_the_w4a16_direct_path_runs_and_passes_under_the_interpreter():
     """check_matmul adds it on CUDA only (6144 weight rows); here it runs once so that the device's
     check is itself checked (it fails a truncating bfloat16 store: max error over bound 1.9)."""
@@ -411,6 +446,7 @@ def test_probe_uses_the_fused_stats_kernel_where_triton_runs_and_agrees_with_flo
         assert abs(fused[f"decomp/activation/{key}"] - ref[f"decomp/activation/{key}"]) < 1e-5, key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule", ["floor", "ceil", "even", "rceil"])
 def test_every_bfloat16_value_rounds_and_decomposes_as_the_reference(rule):
     """All finite bfloat16 values below the block max, in blocks whose max is 7.9375 (one scale for
@@ -434,6 +470,7 @@ def test_every_bfloat16_value_rounds_and_decomposes_as_the_reference(rule):
             assert_stats_match_the_float64_reference(stats, xx, axis, rule, label=(anchor, axis))
 
 
+@pytest.mark.slow
 def test_every_kernel_variant_compiles_for_hopper_without_a_gpu(tmp_path):
     """kernels/bench/inspect_sass.py --compile-all (a subprocess, the interpreter flag off): the memory kernels'
     bfloat16 launches under every scale rule and layout, the corrections kernel's variants, the W4A16 decode spaces
@@ -462,6 +499,7 @@ def test_every_kernel_variant_compiles_for_hopper_without_a_gpu(tmp_path):
     assert report["compiled"] >= 20, report
 
 
+@pytest.mark.slow
 def test_hopper_compile_report_keeps_the_quantize_under_the_issue_budget_and_w4a16_loads_pipelined(tmp_path):
     """kernels/bench/inspect_sass.py compiles for sm_90a without a GPU (a subprocess: it must not see the
     interpreter flag). The row quantize must stay under the issue budget (24.8 SASS instructions a

@@ -234,6 +234,7 @@ def _headline_items(rng, seeds: int, problems: int, network_sd: float, shift: fl
     return cells, items
 
 
+@pytest.mark.slow
 def test_the_headline_on_the_crossed_model_gives_at_most_five_percent_false_verdicts_in_an_aa_simulation():
     """bf16 against an mxfp4+all that is bf16 on average (networks differ around it): the crossed model (problems x
     networks) rejects the superiority null in at most 5% of 300 runs (within Monte Carlo error); pairing the 800

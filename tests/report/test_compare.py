@@ -162,6 +162,7 @@ def test_per_problem_comparison_counts_a_repeated_measurement_once_and_crosses_s
     assert item_difference(other_problems, base) is None  # a different test set pairs nothing
 
 
+@pytest.mark.slow
 @given(st.floats(0.01, 10), st.floats(0.05, 5), st.booleans())
 def test_n_needed_is_the_smallest_n_whose_design_power_detects_the_effect(sd, effect, one_sided):
     """The bisection against a direct scan (design power falls with n)."""

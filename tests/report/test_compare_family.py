@@ -82,6 +82,7 @@ def test_a_null_primary_contrast_states_its_mde_and_the_seeds_the_papers_effects
     assert bf16["verdict"] == "worse" and "mde80" not in bf16  # a resolved contrast needs no power figures
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.floats(-0.2, 0.2), min_size=3, max_size=5), st.floats(0.0, 0.1), st.sampled_from(["holm", "fdr_bh"]))
 def test_every_interval_excludes_zero_exactly_when_its_adjusted_verdict_fires(noise, shift, adjust):
@@ -128,6 +129,7 @@ def test_the_per_problem_interval_is_clopper_pearson_dual_to_the_central_exact_p
             assert d["ci_low"] <= d["diff"] <= d["ci_high"]
 
 
+@pytest.mark.slow
 def test_the_seeds_and_pairs_needed_have_the_power_they_promise_in_simulation():
     """n_needed (paired t over seeds) and mcnemar_pairs_needed (Connor's approximation) against Monte
     Carlo power of the test the report runs."""
@@ -149,6 +151,7 @@ def test_the_seeds_and_pairs_needed_have_the_power_they_promise_in_simulation():
     assert 0.72 <= np.mean(np.array(p) < alpha) <= 0.88, pairs  # the exact test is a little conservative
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not STORED.exists(), reason="needs the stored embedded baselines (results/baselines/embedded)")
 def test_a_over_a_by_seed_keeps_the_familywise_rate_of_false_verdicts_at_the_stated_level(monkeypatch):
     """A recipe compared with itself on disjoint seeds (simulated cells drawn with the stored
@@ -199,6 +202,7 @@ def test_the_figure_draws_the_primary_contrasts_and_says_when_there_are_none(tmp
     assert all(p.exists() for p in compare_figure(alone, "bf16", tmp_path / "none"))
 
 
+@pytest.mark.slow
 def test_the_rl_gain_is_a_primary_contrast_where_the_cells_record_it():
     cells = [dict(c, gsm8k_rl_gain=0.05 + 0.01 * c["seed"] + (0.03 if c["recipe"] == "mine" else 0.0))
              for c in _setting()]

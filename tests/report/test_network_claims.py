@@ -128,27 +128,47 @@ def _with_mxfp4(networks, arm_means, mxfp4=1.0, **kw):
     return _units(networks, {**arm_means, "all": mxfp4, "none": 0.0}, **kw)
 
 
-def test_the_split_half_flag_fires_at_its_level_under_one_truth_and_catches_halves_that_differ():
-    """200 sets of 8 networks whose halves share one truth: "halves differ" fires on at most 5% of rows (plus two
-    standard errors of the simulation), where a verdict-disagreement rule fired on 40-54%; halves given truths
-    three between-network sds apart are flagged on most rows. The mean z² under one truth is above 1 (four networks a
-    half: each SE on 3 df), and the reference of ``mean_z2_reference`` tracks the simulated mean."""
-    from mxfp4.report.network_claims import mean_z2, mean_z2_reference
+def _split_row(diffs: dict[str, np.ndarray]) -> dict:
+    """A claim row as ``claim_rows`` leaves it for the split-half check: per rival each network's contrast, the
+    halves fixed by order (networks 10, 12, ... against 11, 13, ...) and each contrast's between-half z computed
+    the production way (``network_contrast`` on each half, ``between_half_z``)."""
+    from mxfp4.stats import between_half_z, network_contrast
 
-    same, shifted, z2, expected = [], [], [], []
-    for seed in range(200):
-        units = _units(8, {"+scale": 0.31, "+dead": 0.3, "+grid": 0.29}, seed=seed, noise=0.05)
-        r = claim_rows(units, DESIGN)[0]
-        same.append(r["replicates"] is False)
-        z2.append(mean_z2([r])[0])
-        expected.append(mean_z2_reference([r], draws=400)["mean"])
-        for u in units:  # half A (networks 10, 12, 14, 16) given another truth for +scale
-            if u["arm"] == "+scale" and u["group"] % 2 == 0:
-                u["harm"] += 0.3
-        shifted.append(claim_rows(units, DESIGN)[0]["replicates"] is False)
-    assert np.mean(same) <= 0.05 + 2 * np.sqrt(0.05 * 0.95 / 200)
-    assert np.mean(shifted) > 0.6
-    assert np.mean(z2) > 1.2 and abs(np.mean(z2) - np.mean(expected)) < 0.25
+    nets = list(range(10, 10 + len(next(iter(diffs.values())))))
+    halves = [nets[0::2], nets[1::2]]
+    contrasts, zs = {}, {}
+    for rival, d in diffs.items():
+        own = dict(zip(nets, map(float, d)))
+        zero = dict.fromkeys(nets, 0.0)
+        parts = [network_contrast({g: own[g] for g in h}, zero, 0.1) for h in halves]
+        zs[rival] = between_half_z(*parts)
+        contrasts[rival] = {"per_network": {str(g): v for g, v in own.items()}}
+    return {"test": {"contrasts": contrasts}, "half_networks": halves, "z": zs}
+
+
+def test_the_split_half_flag_fires_at_its_level_under_one_truth_and_catches_halves_that_differ():
+    """1,000 rows of 8 networks and 3 correlated rival contrasts whose halves share one truth: "halves differ" fires
+    on at most 5% of them (plus two standard errors of the simulation), where a verdict-disagreement rule fired on
+    40-54%; halves whose truths are three between-network sds apart are flagged on most rows. The mean z² under one
+    truth is above 1 (four networks a half: each SE on 3 df), and ``mean_z2_reference`` gives its mean."""
+    from mxfp4.report.network_claims import mean_z2, mean_z2_reference, split_half_check
+
+    rng = np.random.default_rng(0)
+    same, shifted = [], []
+    for _ in range(1000):
+        shared = rng.normal(0, 1, 8)  # a network's own level, shared by its three contrasts
+        diffs = {r: 0.2 + shared + rng.normal(0, 0.5, 8) for r in ("a", "b", "c")}
+        same.append(_split_row(diffs))
+        moved = {r: d + np.where(np.arange(8) % 2 == 0, 3.0, 0.0) for r, d in diffs.items()}  # half A moved
+        shifted.append(_split_row(moved))
+    split_half_check(same)
+    split_half_check(shifted)
+    assert np.mean([r["replicates"] is False for r in same]) <= 0.05 + 2 * np.sqrt(0.05 * 0.95 / 1000)
+    assert np.mean([r["replicates"] is False for r in shifted]) > 0.6
+    observed = [mean_z2([r])[0] for r in same]
+    reference = mean_z2_reference(same[:40], draws=400)
+    assert np.mean(observed) > 1.2 and abs(reference["mean"] - np.mean(observed)) < 0.25
+    assert reference["low"] < np.mean(observed[:40]) < reference["high"]
 
 
 def test_a_named_models_units_are_its_replicates_and_too_few_for_halves_is_one_line(tmp_path):

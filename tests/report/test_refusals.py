@@ -102,6 +102,7 @@ AGGREGATE = [  # (case, how the run is changed, the profile aggregate is given, 
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case,damage,profile,refusal", AGGREGATE, ids=[c[0] for c in AGGREGATE])
 def test_aggregate_refuses_a_partial_edited_or_stale_cell(run, case, damage, profile, refusal):
     aggregate(Layout(run, "smoke"), run / "before", load_profile("smoke"), allow_missing=True)  # untouched: passes
@@ -168,6 +169,7 @@ COMPARE = [  # (case, how the stored baselines are changed, compare's options, t
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case,damage,options,refusal", COMPARE, ids=[c[0] for c in COMPARE])
 def test_compare_refuses_missing_partial_or_foreign_references(run, case, damage, options, refusal):
     stored = run / "stored" / TABLES["cells"]

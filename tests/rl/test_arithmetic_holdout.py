@@ -94,6 +94,7 @@ def test_holding_out_questions_alone_records_the_settings_it_always_did():
     assert arithmetic.warm_start_setting("tiny-dense")["holdout"] == "arithmetic"
 
 
+@pytest.mark.slow
 def test_a_cell_evaluates_the_held_out_arithmetic_before_and_after_rl(tmp_path):
     """A frozen cell (learning rate 0) of the smoke profile holding out arithmetic: both evaluations score the same
     problems, each needing a held-out fact, with the same answers (gain exactly 0); aggregate writes them apart."""

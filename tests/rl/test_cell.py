@@ -57,6 +57,7 @@ def test_saved_tiny_model_loads_like_a_checkpoint(results, model):
     assert 0 <= meta["embedded_test_greedy_accuracy"] <= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny-dense", "tiny-moe"])
 @pytest.mark.parametrize("recipe", ["bf16", "mxfp4+all"])
 def test_smoke_cell_writes_every_promised_field(results, model, recipe):
@@ -86,6 +87,7 @@ def test_smoke_cell_writes_every_promised_field(results, model, recipe):
         assert set(m["correction_costs"]) == {"outlier_fallback", "macro_block", "aqn"}
 
 
+@pytest.mark.slow
 def test_a_cell_that_never_updates_its_weights_gains_exactly_nothing(results, tmp_path, monkeypatch):
     """Learning rate 0: the before- and after-RL evaluations score the same problems (lm-eval's doc
     hashes, read from the files) with the same weights, so the RL gain is exactly 0 for every problem;
@@ -113,6 +115,7 @@ def test_a_cell_that_never_updates_its_weights_gains_exactly_nothing(results, tm
     assert all("strict_unquantized" in r for r in items)
 
 
+@pytest.mark.slow
 def test_a_frozen_bf16_compute_cell_evaluates_every_stage_in_the_precision_it_trains_in(results, tmp_path, monkeypatch):
     """Learning rate 0 under bf16 compute (the GPU profiles' setting): accelerate wraps the model's forward in
     bf16 autocast when training starts, so an evaluation before training would run in float32 and the RL
@@ -189,6 +192,7 @@ def test_the_evaluation_before_training_leaves_the_random_streams_as_they_were()
     assert draws() == expected
 
 
+@pytest.mark.slow
 def test_same_seed_gives_identical_metrics(results):
     first = run_cell(Run.of("smoke", results), "tiny-dense", "mxfp4+all", 1)
     second = run_cell(Run.of("smoke", results), "tiny-dense", "mxfp4+all", 1)
@@ -202,6 +206,7 @@ def _readme_block(header: str) -> str:
     return readme[start : readme.index("```", start)]
 
 
+@pytest.mark.slow
 def test_the_readme_plugin_correction_gets_the_step_count_in_a_real_cell(results, tmp_path, monkeypatch):
     """The README's example, verbatim: bind() gives it the run's length, observe() the step, and its
     metrics() land in the log; its split hook switches on halfway through the run."""
@@ -225,6 +230,7 @@ def test_the_readme_plugin_correction_gets_the_step_count_in_a_real_cell(results
     assert m["correction_costs"] == {"clip_outliers": {"extra_bits_per_element": 0.0, "bf16_fraction": 0.0}}
 
 
+@pytest.mark.slow
 def test_rl_processes_do_not_import_torchao_through_transformers():
     """torchao (the kernel benchmark's peer) costs 4.6 s to import; transformers imports it with its
     model classes whenever it is installed. A model command of the CLI must not pay that."""
@@ -285,6 +291,7 @@ def test_cached_problems_are_remade_when_the_settings_that_made_them_change(tmp_
     assert json.loads((folder / "settings.json").read_text())["max_problem_steps"] == 2
 
 
+@pytest.mark.slow
 def test_recipes_are_probed_on_one_common_batch(results):
     """Every quantized recipe of a model and seed takes its gradient probes on the same stored batch
     (made by the first cell that needs it); making it leaves the cell's own random stream untouched."""
@@ -303,6 +310,7 @@ def test_recipes_are_probed_on_one_common_batch(results):
     assert run_cell(Run.of("smoke", results), "tiny-dense", "bf16", 2)["probe_batches"] == []  # no probes
 
 
+@pytest.mark.slow
 def test_a_policy_that_never_solves_still_gets_a_probe_batch(results, monkeypatch):
     """Random weights (the GPU smoke runs) earn no reward: no group has non-zero advantages. The probe
     batch is then the first batch, said so, never an error that would stop every quantized cell."""
@@ -376,6 +384,7 @@ def test_weight_digests_are_sha256_of_names_and_float32_bytes_in_name_order():
     assert weight_digests(trainer) == [h.hexdigest()]
 
 
+@pytest.mark.slow
 def test_probe_batches_of_several_seeds_in_one_process_match_one_process_each(results, tmp_path):
     """The probe-batch rule makes all of a model's seeds in one process, in any order: each batch must be the
     bytes a process of its own makes (each seeded and loaded on its own, nothing carried between them)."""

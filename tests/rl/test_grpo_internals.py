@@ -169,6 +169,7 @@ class StepClock(TrainerCallback):
         self.walls.append(time.perf_counter() - self.t0)
 
 
+@pytest.mark.slow
 def test_the_ledgers_scoring_passes_are_timed_apart_from_the_step(tmp_path, monkeypatch):
     """The mismatch ledger's two scoring passes measure the run, as the probe does: a slow pass shows in
     ``ledger_time`` and not in ``step_time``, and the two add up to the step's wall time."""
@@ -208,6 +209,7 @@ def test_a_step_whose_gradient_is_not_finite_stops_the_run_with_its_row_logged(t
     assert len(rows) == 1 and math.isnan(rows[0]["grad_norm"])
 
 
+@pytest.mark.slow
 def test_a_trainer_that_saves_nothing_leaves_no_folder_behind(tmp_path):
     """The throwaway output folder of a probe trainer exists while the process runs and is gone when it exits."""
     import os

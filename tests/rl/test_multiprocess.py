@@ -14,6 +14,8 @@ import yaml
 from mxfp4.config import EXPERIMENTS
 from mxfp4.config.profiles import launch_prefix, load_profile
 
+pytestmark = pytest.mark.slow  # trains cells in two processes
+
 PROMISED = ["gsm8k_strict_accuracy", "mean_entropy", "mean_grad_cosine", "decomposition_weights", "mean_step_time",
             "rollout", "precision", "world_size", "weight_digests", "config_hash"]
 

@@ -51,6 +51,7 @@ def test_chat_prompts_belong_to_models_with_a_chat_template():
     assert "chat" not in ModelSpec(hub="x").setting()  # a plain-prompt model's setting names no prompt style
 
 
+@pytest.mark.slow
 @needs_wheel
 def test_the_weights_are_the_files_blocks_dequantized_by_the_gguf_reader(smollm2):
     """An independent path: the gguf package's own Q4_1 dequantization of two tensors of the file (the
@@ -91,6 +92,7 @@ def test_the_chat_template_renders_a_gsm8k_prompt(smollm2):
     assert gsm.prompt(question, tokenizer) == f"Question: {question}\nAnswer:"
 
 
+@pytest.mark.slow
 @needs_wheel
 def test_a_recipe_quantizes_every_decoder_linear_and_trains(smollm2):
     """30 layers x 7 GEMMs (q, k, v, o, gate, up, down) become MXLinear; the tied embedding and head stay;

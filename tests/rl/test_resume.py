@@ -16,6 +16,8 @@ import torch
 from mxfp4.config.run import Run
 from mxfp4.rl.cell import run_cell
 
+pytestmark = pytest.mark.slow  # trains, kills and resumes cells
+
 TIMING = {"wall_time_seconds", "train_seconds", "mean_step_time", "mean_probe_time", "mean_ledger_time",
           "resumed_from_step", "git_commit", "train_log_sha256"}  # the log holds its step times
 ROW_TIMING = {"step_time", "probe_time", "rollout_time", "ledger_time", "peak_memory_gib", "peak_reserved_gib",

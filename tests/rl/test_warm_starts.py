@@ -93,6 +93,7 @@ def test_each_seed_starts_from_its_own_warm_start_and_a_profile_of_one_keeps_its
     assert len({warm_start_hash(two, "tiny-dense", k) for k in (0, 1)} | {warm_start_hash(one, "tiny-dense")}) == 3
 
 
+@pytest.mark.slow
 def test_a_second_warm_start_is_its_own_pretraining_seed_and_is_checked_against_its_settings(tmp_path):
     from safetensors.torch import load_file
 
@@ -115,6 +116,7 @@ def test_a_second_warm_start_is_its_own_pretraining_seed_and_is_checked_against_
         warm_start_folder(Run.of(other, tmp_path), "tiny-dense", seed=1)
 
 
+@pytest.mark.slow
 def test_outlier_channels_added_to_a_stored_sft_are_bit_for_bit_the_warm_start_pretrain_makes(tmp_path):
     """The outlier profile's warm start made from the same SFT without outlier channels equals the one its own
     SFT run makes, tensor for tensor; an SFT of other settings is refused, naming what differs."""

@@ -121,6 +121,7 @@ def test_aqn_noise_lands_on_the_weights_device():
 # --- macro-block through the Triton path --------------------------------------------------------
 
 
+@pytest.mark.slow
 @given(
     st.integers(0, 2**16),
     st.sampled_from(

@@ -5,6 +5,7 @@ The method in full: docs/methods.md."""
 
 from __future__ import annotations
 
+import csv
 import random
 import time
 from dataclasses import replace
@@ -102,7 +103,6 @@ def without_pilot(profile, model_name: str, train: list[dict], held_out: list[di
     measured (``pilot_problems``), and how many were taken out. The pilot must draw from the same data, and its
     stored rows must say how many gradient batches it skipped."""
     from ...config.profiles import load_profile
-    from ...report.tables import read_text_table
 
     pilot = load_profile(profile.pathways.held_out_from)
     same = pilot.pathways is not None and pilot.pathways.prompts_from == profile.pathways.prompts_from
@@ -113,8 +113,9 @@ def without_pilot(profile, model_name: str, train: list[dict], held_out: list[di
     if not stored.is_file():
         raise ValueError(f"pathways.held_out_from: {pilot.name!r} has no stored pathway rows ({stored}): its draw "
                          "cannot be reconstructed; store its baselines first")
-    skips = [r for r in read_text_table(stored, "pathways") if r["model"] == model_name and r["checkpoint"] == "warm"
-             and r["metric"] == "skipped_zero_advantage_batches"]
+    with open(stored, newline="") as f:  # this module's own rows (FIELDS)
+        skips = [r for r in csv.DictReader(f) if r.get("model") == model_name and r.get("checkpoint") == "warm"
+                 and r.get("metric") == "skipped_zero_advantage_batches"]
     if not skips:
         raise ValueError(f"pathways.held_out_from: {stored} has no skipped_zero_advantage_batches row of "
                          f"{model_name!r} at the warm start")
