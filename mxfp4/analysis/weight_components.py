@@ -12,7 +12,7 @@ import torch
 
 from ..config.recipes import Recipe
 from ..config.run import Run
-from ..nn import gemm_weights, patch_model, patched_modules
+from ..nn import gemm_weights, patch_model, patched_modules, unpatch_model
 from ..numerics.decompose import COMPONENTS, FORMS, PAIRS, decompose
 from ..rl.models import load, warm_start_folder
 
@@ -103,3 +103,54 @@ def run_weight_components(run: Run) -> list[dict]:
         model, _ = load(str(path), dtype=torch.float32)
         rows += tensor_rows(model, model_name)
     return rows
+
+
+Q41_BLOCK = 32  # GGUF's Q4_1 block: 32 consecutive weights of a row share a step d and an offset m, w = m + d q
+
+
+def q41_dithered(weight: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """A Q4_1-dequantized weight moved off its 16-level grid: each value plus a uniform draw within its own grid
+    cell (+-d/2, d = the block's (max - min) / 15, the step Q4_1 gives a block whose extremes are codes 0 and 15).
+    What the Q4_1 source changes in a weight's MXFP4 decomposition is then the difference between the two: the
+    dithered tensor has the block's continuous spread, as a BF16 checkpoint's would, with the same coarse shape.
+    Blocks run along the last axis, as GGUF stores a row; a row whose length is not a multiple of 32 is an error."""
+    if weight.shape[-1] % Q41_BLOCK:
+        raise ValueError(f"a Q4_1 weight's rows are whole blocks of {Q41_BLOCK}; got a last axis of {weight.shape[-1]}")
+    w = weight.detach().double().reshape(*weight.shape[:-1], -1, Q41_BLOCK)
+    step = (w.amax(-1, keepdim=True) - w.amin(-1, keepdim=True)) / 15
+    noise = torch.rand(w.shape, generator=generator, dtype=torch.float64) - 0.5
+    return (w + noise * step).reshape(weight.shape).to(weight.dtype)
+
+
+def q41_sensitivity(model, quantizer, seed: int = 0) -> dict:
+    """The pooled MXFP4 weight decomposition of ``model`` (``grpo.weight_decomposition``) as loaded and with every
+    quantized weight moved off its Q4_1 grid (``q41_dithered``, in place on a copy of the values, restored after),
+    with each component's share and the change."""
+    from ..rl.grpo import weight_decomposition
+
+    def shares(d):
+        return {c: d[f"energy_{c}"] / d["energy_total"] for c in COMPONENTS}
+
+    patch_model(model, quantizer)
+    try:
+        before = shares(weight_decomposition(model, quantizer))
+        g = torch.Generator().manual_seed(seed)
+        saved = {}
+        with torch.no_grad():
+            for name, module, _ in patched_modules(model):
+                for key, p in gemm_weights(module).items():
+                    saved[(name, key)] = p.detach().clone()
+                    p.copy_(q41_dithered(p, g))
+        try:
+            after = shares(weight_decomposition(model, quantizer))
+        finally:
+            with torch.no_grad():
+                for name, module, _ in patched_modules(model):
+                    for key, p in gemm_weights(module).items():
+                        p.copy_(saved[(name, key)])
+    finally:
+        unpatch_model(model)
+    return {"method": "pooled MXFP4 energy shares of every decoder weight, as loaded (Q4_1-dequantized) and each "
+                      "value moved uniformly within its Q4_1 grid cell (seeded)",
+            "seed": seed, "tensors": len(saved), "as_loaded": before, "off_grid": after,
+            "change": {c: after[c] - before[c] for c in COMPONENTS}}

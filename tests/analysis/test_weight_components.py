@@ -46,3 +46,23 @@ def test_a_tiny_models_table_has_both_forms_of_every_tensor():
     assert any(t.endswith(".0.gate_proj") for t in tensors) and any(t.endswith(".0.up_proj") for t in tensors)
     for r in rows:
         assert abs(r["share_scale"] + r["share_dead"] + r["share_grid"] + r["cross_share"] - 1) < 1e-9
+
+
+def test_a_q41_weight_moves_off_its_grid_within_its_own_cells():
+    """A tensor built as Q4_1 builds it (per 32-block: w = m + d q, codes 0 and 15 used): the dithered values stay
+    within half a step of their grid point and leave the grid, and a row
+    that is not whole blocks is refused."""
+    from mxfp4.analysis.weight_components import q41_dithered
+
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (8, 4, 32), generator=g).double()
+    codes[..., 0], codes[..., 1] = 0, 15
+    step = torch.rand(8, 4, 1, generator=g, dtype=torch.float64) * 0.1 + 0.01
+    offset = torch.randn(8, 4, 1, generator=g, dtype=torch.float64)
+    w = (offset + step * codes).reshape(8, 128)
+    moved = q41_dithered(w, torch.Generator().manual_seed(1)).reshape(8, 4, 32)
+    cell = (moved - offset) / step  # in grid steps from the block's offset
+    assert (cell - codes).abs().max() <= 0.5 + 1e-9
+    assert ((cell - codes).abs() > 1e-6).float().mean() > 0.99
+    with pytest.raises(ValueError, match="whole blocks of 32; got a last axis of 40"):
+        q41_dithered(torch.zeros(2, 40), g)
