@@ -10,6 +10,7 @@ A recipe may start from a ``base`` recipe and override fields (the base's fields
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Literal
@@ -25,6 +26,35 @@ from .names import SAFE_NAME, SAFE_NAME_HELP
 from .validation import parse
 
 RECIPES_YAML = EXPERIMENTS / "recipes.yaml"
+
+
+class BF16Layers(BaseModel):
+    """Decoder layers a recipe leaves unquantized (the field's edge-layer practice for 4-bit RL: verl keeps the
+    first 2 and last 4 decoder layers in BF16, SkyRL the last ~15%). ``last_fraction`` keeps the last
+    ceil(fraction x layers) of the model's decoder layers."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    first: int = Field(0, ge=0, description="the first k decoder layers kept unquantized")
+    last: int = Field(0, ge=0, description="the last m decoder layers kept unquantized")
+    last_fraction: float | None = Field(None, gt=0, lt=1, description="the last ceil(f x layers) instead of last")
+
+    @model_validator(mode="after")
+    def _some(self):
+        if self.last and self.last_fraction is not None:
+            raise ValueError("bf16_layers: give last or last_fraction, not both")
+        if not (self.first or self.last or self.last_fraction):
+            raise ValueError("bf16_layers keeps no layer; accepted: first, last or last_fraction above 0")
+        return self
+
+    def kept(self, layers: int) -> set[int]:
+        """The indices kept unquantized in a model of ``layers`` decoder layers; a ValueError where they would be
+        every layer (nothing left to quantize)."""
+        last = math.ceil(self.last_fraction * layers) if self.last_fraction is not None else self.last
+        if self.first + last >= layers:
+            raise ValueError(f"bf16_layers keeps the first {self.first} and last {last} of {layers} decoder layers: "
+                             f"nothing left to quantize; accepted: first + last below {layers}")
+        return set(range(self.first)) | set(range(layers - last, layers))
 
 
 class Recipe(BaseModel):
@@ -46,6 +76,7 @@ class Recipe(BaseModel):
         control: with inject/remove, the component's energy-matched control instead.
         form: the decomposition whose components inject/remove use (``canonical`` or ``gain``).
         truncated_is_cap: vLLM rollouts' truncated importance-sampling cap (TRL's; None: none).
+        bf16_layers: decoder layers left unquantized (``BF16Layers``: the first k, the last m or fraction).
     """
 
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
@@ -81,6 +112,9 @@ class Recipe(BaseModel):
         "pi_train / pi_vllm clipped at this cap C (None: no correction; HF rollouts are on-policy and ignore it)",
     )
 
+    bf16_layers: BF16Layers | None = Field(
+        None, description="decoder layers kept unquantized: {first: k, last: m} or {first: k, last_fraction: f}")
+
     @field_validator("gemms")
     @classmethod
     def _gemms(cls, v):
@@ -110,6 +144,13 @@ class Recipe(BaseModel):
                 f"recipe {self.name!r}: quantize: false with corrections ({names}); a correction acts on quantized "
                 "operands, so it would be ignored. Accepted: quantize: true (a base such as mxfp4), or no corrections"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _edges_need_quantization(self):
+        if self.bf16_layers is not None and (not self.quantize or self.inject or self.remove):
+            raise ValueError(f"recipe {self.name!r}: bf16_layers keeps layers out of a quantized recipe; accepted: "
+                             "quantize: true without inject or remove")
         return self
 
     @model_validator(mode="after")
@@ -163,10 +204,16 @@ class Recipe(BaseModel):
             modules=self.modules,
             name=self.name,
             activations=self.activations,
+            bf16_layers=self.bf16_layers,
         )
 
     def to_dict(self) -> dict:
-        return self.model_dump()
+        """The recipe's fields; ``bf16_layers`` only where set, so a recipe without it keeps its cells' config
+        hash."""
+        out = self.model_dump()
+        if out["bf16_layers"] is None:
+            del out["bf16_layers"]
+        return out
 
     @classmethod
     def from_dict(cls, name: str, spec: dict) -> Recipe:

@@ -11,6 +11,7 @@ quantized module with its recipe; ``patch_state(model)`` gives the quantizer and
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +65,27 @@ def targets(model, modules=("linear", "experts")) -> list[tuple[str, torch.nn.Mo
                 f"quantizing the router {name} ({type(module).__name__}) is not supported; drop 'router' from modules"
             )
     return out
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def decoder_layer(name: str) -> int | None:
+    """The decoder layer a module belongs to, from its name (transformers' ``model.layers.<i>.``); None outside."""
+    m = _LAYER.search(name)
+    return int(m.group(1)) if m else None
+
+
+def kept_layers(model, spec) -> set[int]:
+    """The decoder layers a recipe's ``bf16_layers`` keeps unquantized in ``model`` (none without one); a
+    ValueError where the model names no decoder layers or the kept ones would be all of them."""
+    if spec is None:
+        return set()
+    layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    if not layers:
+        raise ValueError("bf16_layers needs the model's decoder layer count (config.num_hidden_layers); this model "
+                         "has none")
+    return spec.kept(int(layers))
 
 
 @dataclass
@@ -182,7 +204,10 @@ def patch_model(model, quantizer: Quantizer | None, probe=None, cache_weights: b
         raise ValueError(f"patch_model takes a Quantizer (Recipe.quantizer()) or None, got {type(quantizer).__name__}")
     patched = []
     inputs = InputMemo()  # one for the model: the layers that read one input share its quantization
+    kept = kept_layers(model, quantizer.bf16_layers) if quantizer is not None else set()
     for name, module, kind in targets(model, quantizer.modules) if quantizer is not None else []:
+        if decoder_layer(name) in kept:
+            continue
         if kind == "lm_head" and getattr(model.config, "tie_word_embeddings", False):
             raise ValueError("lm_head is tied to the input embeddings; quantizing it would quantize both")
         setattr(module, GEMM_ATTR, GemmContext(quantizer, name=name, probe=probe, cache=cache_weights, inputs=inputs))

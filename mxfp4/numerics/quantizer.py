@@ -86,8 +86,10 @@ class Quantizer:
     """
 
     def __init__(self, fmt="mxfp4", scale_rule=None, corrections=(), gemms=None, modules=DEFAULT_MODULES, name=None,
-                 activations=True):
+                 activations=True, bf16_layers=None):
         self.fmt = get_format(fmt)
+        # decoder layers ``patch_model`` leaves unquantized: anything with ``kept(layers) -> set of indices``
+        self.bf16_layers = bf16_layers
         self.activations = bool(activations)  # False: weight-only (W4A16), activations and gradients unquantized
         self.scale_rule = self.fmt.check_scale_rule(scale_rule)
         self.corrections = list(corrections)

@@ -334,3 +334,34 @@ def test_a_rollout_quantizes_each_weight_once_for_a_model_without_a_weight_cache
     with torch.no_grad(), rollout_weight_cache(model, sharded=True):  # FSDP2 / ZeRO-3: nothing cached
         model.generate(**batch, **settings)
     assert roles.count("weight") == per_token
+
+
+@pytest.mark.parametrize("recipe, kept", [("mxfp4+bf16-edges", {0, 1, 4, 5, 6, 7}), ("mxfp4+bf16-last15", {6, 7})])
+def test_edge_layers_stay_unquantized_and_the_first_ones_compute_as_the_unpatched_model(recipe, kept):
+    """An 8-layer model: verl's edges keep layers 0-1 and 4-7, SkyRL's last 15% keeps ceil(1.2) = 2 layers. The
+    patched modules are exactly the decoder Linears outside the kept layers (found from the module names here); the
+    hidden states after each kept leading layer equal the unpatched model's bit for bit, the first quantized layer's
+    differ; corrections compose with the setting; keeping every layer is one line."""
+    model, tok = build_tiny("tiny-dense", seed=0, layers=8)
+    batch = tok(["Q: 12+7=? A: 19 #### 19"], return_tensors="pt")
+    with torch.no_grad():
+        plain = model(**batch, output_hidden_states=True).hidden_states
+    quantizer = Recipe.named(recipe).quantizer()
+    patched = patch_model(model, quantizer)
+    expected = [n for n, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear) and ".layers." in n and int(n.split(".layers.")[1].split(".")[0])
+                not in kept]
+    assert sorted(patched) == sorted(expected) and expected
+    with torch.no_grad():
+        mine = model(**batch, output_hidden_states=True).hidden_states
+    first_quantized = min(set(range(8)) - kept)
+    for i in range(first_quantized):  # hidden_states[i + 1]: after layer i
+        assert torch.equal(mine[i + 1], plain[i + 1]), i
+    assert not torch.equal(mine[first_quantized + 1], plain[first_quantized + 1])
+    unpatch_model(model)
+    with_all = Recipe.named("mxfp4+all").model_copy(update={"bf16_layers": Recipe.named(recipe).bf16_layers})
+    assert sorted(patch_model(model, with_all.quantizer())) == sorted(expected)
+    unpatch_model(model)
+    every = Recipe.from_dict("all-kept", {"bf16_layers": {"first": 4, "last": 4}})
+    with pytest.raises(ValueError, match="keeps the first 4 and last 4 of 8 decoder layers: nothing left to quantize"):
+        patch_model(model, every.quantizer())
