@@ -365,3 +365,22 @@ def test_edge_layers_stay_unquantized_and_the_first_ones_compute_as_the_unpatche
     every = Recipe.from_dict("all-kept", {"bf16_layers": {"first": 4, "last": 4}})
     with pytest.raises(ValueError, match="keeps the first 4 and last 4 of 8 decoder layers: nothing left to quantize"):
         patch_model(model, every.quantizer())
+
+
+def test_a_bf16_backward_quantizes_the_forward_alone():
+    """mxfp4+bf16-backward on one Linear, against the products written out with the reference quantizer: the output
+    is Q(x) Q(W)^T, the input gradient g W and the weight gradient g^T x, both on unquantized operands."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 32, bias=False)
+    model = torch.nn.Sequential(layer)
+    model.config = type("Config", (), {})()
+    x = torch.randn(4, 64, requires_grad=True)
+    g = torch.randn(4, 32)
+    patch_model(model, Recipe.named("mxfp4+bf16-backward").quantizer())
+    y = model(x)
+    y.backward(g)
+    qx, qw = reference.fake_quantize(x.detach(), "mxfp4", -1), reference.fake_quantize(layer.weight.detach(), "mxfp4", -1)
+    assert torch.allclose(y, qx @ qw.T, rtol=0, atol=1e-5)
+    assert torch.allclose(x.grad, g @ layer.weight.detach(), rtol=0, atol=1e-5)
+    assert torch.allclose(layer.weight.grad, g.T @ x.detach(), rtol=0, atol=1e-5)
+    unpatch_model(model)
