@@ -22,12 +22,15 @@ build fails, the reference runs instead, with the same values, and one warning s
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import math
 import os
 import platform
 import shutil
+import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -69,11 +72,44 @@ def _extension():
     flags = _flags()
     # the build folder is named after the extension: one per source path and flags, so that two checkouts
     # (or two flag sets) each keep their build instead of recompiling whenever the other one loads
-    key = hashlib.sha256(repr((str(SOURCE.resolve()), flags)).encode()).hexdigest()[:10]
-    # a plain shared library whose ops register themselves (no Python module: see the source's includes)
-    cpp_extension.load(name=f"mxfp4_fused_cpu_{key}", sources=[str(SOURCE)], extra_cflags=flags,
-                       extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+    key = hashlib.sha256(repr((str(SOURCE.resolve()), flags, sys.version_info[:2])).encode()).hexdigest()[:10]
+    name = f"mxfp4_fused_cpu_{key}"
+    build = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()) / name
+    build.mkdir(parents=True, exist_ok=True)
+    with build_lock(build):
+        # a plain shared library whose ops register themselves (no Python module: see the source's includes)
+        cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=flags, extra_ldflags=["-fopenmp"],
+                           is_python_module=False, verbose=False, build_directory=str(build))
     return torch.ops.mxfp4_fused_cpu
+
+
+BUILD_WAIT = 900  # seconds to wait for another live process's build of the same kernel before giving up
+
+
+@contextlib.contextmanager
+def build_lock(build: Path, wait: float = BUILD_WAIT):
+    """Hold the build folder's own lock while torch builds or loads the kernel. It is an flock, which the kernel
+    drops when its holder dies, so a killed build never blocks the next one; holding it, a ``lock`` file of torch's
+    in the folder can only be a killed build's (torch's own lock names no process and is waited on forever), and is
+    removed with one line saying so. Another live build is waited for up to ``wait`` seconds, then an error."""
+    import fcntl
+
+    with open(build / "mxfp4_build.lock", "w") as held:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"another process has been building the fused CPU kernel for {wait:.0f} s "
+                                       f"(it holds {build / 'mxfp4_build.lock'})") from None
+                time.sleep(0.2)
+        stale = build / "lock"
+        if stale.exists():
+            stale.unlink()
+            print(f"mxfp4: removed the lock a killed build of the fused CPU kernel left ({stale})", file=sys.stderr)
+        yield
 
 
 def available() -> bool:

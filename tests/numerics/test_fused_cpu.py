@@ -236,3 +236,32 @@ def test_the_fused_components_equal_the_torch_paths_on_random_tensors(shape, dat
     assert fused == 1
     for key in want:
         assert _same_layout(got[key], want[key]), key
+
+
+@pytest.mark.slow
+def test_a_build_killed_midway_leaves_no_lock_that_stops_the_next_one(tmp_path):
+    """SIGKILL to a process while it builds the kernel (in a fresh extensions folder) leaves torch's lock file
+    behind, which torch alone would wait on forever; the next build removes it, says so in one line, and loads."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    code = "from mxfp4.numerics import fused_cpu; print(fused_cpu.available())"
+    first = subprocess.Popen([sys.executable, "-c", code], env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    try:
+        while not list(tmp_path.glob("*/lock")):
+            assert first.poll() is None and time.time() < deadline, "the build ended before its lock was seen"
+            time.sleep(0.05)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    assert list(tmp_path.glob("*/lock")), "the killed build left torch's lock"
+    again = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert again.stdout.strip() == "True", again.stderr[-2000:]
+    assert "removed the lock a killed build of the fused CPU kernel left" in again.stderr
+    assert not list(tmp_path.glob("*/lock"))
