@@ -425,3 +425,60 @@ def test_compare_refuses_stored_cells_of_a_recipe_redefined_since(tmp_path, monk
     with pytest.raises(ValueError, match=r"stored: cell tiny-dense/mxfp4/seed0 was made under another definition of "
                                          r"recipe 'mxfp4' \(config hash recorded \w+ -> now \w+\)"):
         check_definitions(cells, "embedded", "stored")
+
+
+# the per-unit files every claims command reads ------------------------------------------------------------------
+
+UNITS = Path(__file__).resolve().parents[1] / "results" / "baselines" / "real-small" / "units" / \
+    "smollm2-135m_warm_units.csv"
+
+
+def units_file(tmp, broken, edit):
+    """A copy of real-small's stored per-unit file, ``edit(rows)`` applied where ``broken``; the reader over it
+    (and over any second file ``edit`` returns)."""
+    from mxfp4.report.network_claims import read_units
+
+    with UNITS.open(newline="") as f:
+        reader = csv.DictReader(f)
+        fields, rows = reader.fieldnames, list(reader)
+    extra = edit(rows) if broken else None
+    path = tmp / "units.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fields)
+        w.writeheader()
+        w.writerows(rows)
+    return lambda: read_units([path, *([extra] if extra else [])])
+
+
+def _second_copy(rows):
+    """The same units again in a second file (another run's, merged)."""
+    return UNITS
+
+
+def _set(i, **values):
+    def edit(rows):
+        rows[i].update(values)
+    return edit
+
+
+UNIT_CASES = [
+    ("an empty harm", _set(0, harm=""), r"units.csv: row 2: gradient harm '' of arm 'none'; accepted: a finite"),
+    ("a gradient harm of -5", _set(0, harm="-5"), r"row 2: gradient harm '-5' of arm 'none'; accepted: a finite "
+                                                   r"number in \[0, 2\]"),
+    ("a misspelt pathway", _set(0, pathway="gradiant"), r"row 2: pathway 'gradiant'; accepted: gradient, rollout"),
+    ("an arm on fewer units", lambda rows: rows.pop(0) and None,
+     r"smollm2-135m warm gain gradient: arm 'none' has 7 units where another has 8; accepted: every arm"),
+    ("a second file of the same units", _second_copy, r"unit \('smollm2-135m', 'warm', 'gain', 'gradient', 'none', 0, "
+                                                      r"'0'\) is also in .*units.csv row 2; accepted: each unit in one"),
+    ("another model's rows in the file", _set(5, model="other"), r"units.csv: rows of 2 models \(other, smollm2-135m\)"),
+]
+
+
+@pytest.mark.parametrize("case,edit,refusal", UNIT_CASES, ids=[c[0] for c in UNIT_CASES])
+def test_each_units_file_edge_passes_untouched_and_refuses_broken(case, edit, refusal, tmp_path):
+    (tmp_path / "good").mkdir()
+    (tmp_path / "bad").mkdir()
+    assert units_file(tmp_path / "good", False, edit)()
+    with pytest.raises(ValueError, match=refusal) as err:
+        units_file(tmp_path / "bad", True, edit)()
+    assert "\n" not in str(err.value), "one line"

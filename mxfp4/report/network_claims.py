@@ -45,7 +45,7 @@ from ..stats import (
     three_outcome_verdict,
 )
 from .formatting import MISSING, number
-from .tables import read_text_table
+from .tables import read_unit_files
 
 # What a verdict is about: the model class (independently pretrained networks are the replicates, the units
 # measured in one are nested in it) or one named pretrained model (its own units are the replicates).
@@ -57,15 +57,10 @@ METHOD = ("per network, the mean over its {unit} of each arm's harm ({harm}); ow
           "(TOST, x {r}); Holm over the family's outcome hypotheses")
 
 
-def read_units(paths) -> list[dict]:
-    """The per-unit files (``pathways.spec.UNIT_FIELDS``), rows with ``harm`` a float or None; a missing column
-    is a ValueError naming the file."""
-    rows = []
-    for path in paths:
-        for r in read_text_table(path, "units"):
-            r["harm"] = None if r["harm"] in ("", None) else float(r["harm"])
-            rows.append(r)
-    return rows
+def read_units(paths, models: list[str] | None = None) -> list[dict]:
+    """The per-unit files (``pathways.spec.UNIT_FIELDS``), validated as one run's (``tables.read_unit_files``:
+    every harm finite and in range, no unit twice, every arm on the same units), ``harm`` a float."""
+    return read_unit_files(paths, models)
 
 
 def unit_harms(units: list[dict], model: str, checkpoint: str, form: str, replicate: str = "networks"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -227,6 +228,67 @@ def read_text_table(path: Path | str, kind: str) -> list[dict]:
     path = Path(path)
     read_table(path, kind)
     return _csv_text(path)[1]
+
+
+# Each pathway's harm per unit, the range a measured one lies in (pathways.spec.HARMS): 1 - a cosine, a negative
+# log-likelihood, an entropy.
+HARM_RANGES = {"gradient": (0.0, 2.0), "rollout": (0.0, math.inf), "entropy": (0.0, math.inf)}
+
+
+def read_unit_files(paths, models: list[str] | None = None) -> list[dict]:
+    """The per-unit files of the pathway matrix (``pathways.spec.UNIT_FIELDS``) as one list, ``harm`` a float,
+    each file validated (``read_table``'s schema and key) and then, across the files:
+
+    - every harm present, finite and in its pathway's range (``HARM_RANGES``), every pathway a known one;
+    - one model a file, and one of ``models`` where given;
+    - no unit twice across the files (a unit: model, checkpoint, form, pathway, arm, unit, seed), so that files of
+      one run are never merged with another's;
+    - every arm of a (model, checkpoint, form, pathway) on the same units, so that no contrast is taken over
+      fewer units than the others.
+    Anything else is a TableError naming the file, the row or the arm and what is accepted."""
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise TableError("no per-unit file given; accepted: one or more <model>_<checkpoint>_units.csv files")
+    rows, origin = [], {}
+    for path in paths:
+        if not path.is_file():
+            raise TableError(f"{path}: no such per-unit file")
+        text = read_text_table(path, "units")
+        file_models = sorted({r["model"] for r in text})
+        if len(file_models) > 1:
+            raise TableError(f"{path}: rows of {len(file_models)} models ({', '.join(file_models)}); accepted: one "
+                             "model a file, as the pathway matrix writes it")
+        if models is not None and file_models and file_models[0] not in models:
+            raise TableError(f"{path}: units of model {file_models[0]!r}; accepted: {', '.join(models)}")
+        for line, r in enumerate(text, start=2):
+            if r["pathway"] not in HARM_RANGES:
+                raise TableError(f"{path}: row {line}: pathway {r['pathway']!r}; accepted: {', '.join(HARM_RANGES)}")
+            try:
+                harm = float(r["harm"])
+            except (TypeError, ValueError):
+                harm = math.nan
+            low, high = HARM_RANGES[r["pathway"]]
+            if not (math.isfinite(harm) and low <= harm <= high):
+                raise TableError(f"{path}: row {line}: {r['pathway']} harm {r['harm']!r} of arm {r['arm']!r}; "
+                                 f"accepted: a finite number in [{low:g}, {high:g}]")
+            unit = (r["model"], r["checkpoint"], r["form"], r["pathway"], r["arm"], int(r["unit"]), r.get("seed"))
+            if unit in origin:
+                raise TableError(f"{path}: row {line}: unit {unit} is also in {origin[unit]}; accepted: each unit in "
+                                 "one file (files of one run, never two runs merged)")
+            origin[unit] = f"{path} row {line}"
+            rows.append({**r, "harm": harm})
+    arms: dict = {}
+    for r in rows:
+        arms.setdefault((r["model"], r["checkpoint"], r["form"], r["pathway"]), {}).setdefault(r["arm"], set()).add(
+            (r.get("seed"), int(r["unit"])))
+    for (model, checkpoint, form, pathway), by_arm in arms.items():
+        most = max(by_arm.values(), key=len)
+        short = {a: len(u) for a, u in by_arm.items() if u != most}
+        if short:
+            arm, n = next(iter(short.items()))
+            raise TableError(f"{model} {checkpoint} {form} {pathway}: arm {arm!r} has {n} units where another has "
+                             f"{len(most)}; accepted: every arm measured on the same units")
+    return rows
 
 
 # the JSON reports -----------------------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ def _units(profile, harm: dict[str, float], per_network_sd=0.002, n=6, seed=0):
                 shift = rng.normal(0, per_network_sd)
                 for i in range(n):
                     value = 0.0 if arm == "none" and pathway != "entropy" else mean + shift + rng.normal(0, 1e-4)
+                    value += 1.0 if pathway == "entropy" else 0.0  # an entropy's level (>= 0); the gaps are the same
                     rows.append({"model": "tiny-dense", "checkpoint": "warm", "form": profile.pathways.claims.form,
                                  "pathway": pathway, "arm": arm, "unit": s * 100 + i, "group": "warm", "seed": s,
                                  "key": "", "harm": value})

@@ -66,7 +66,7 @@ def test_the_network_not_the_unit_is_the_replicate():
 def test_the_table_recomputes_from_the_stored_files_and_refuses_a_file_that_is_not_one(tmp_path):
     path = tmp_path / "warm_units.csv"
     units = _units(3, {"+scale": 0.5, "+dead": 0.2, "+grid": 0.3}, noise=0.001) + _units(  # embedded-large's
-        3, {"+dead": 0.9, "+scale": 0.2, "+grid": 0.3, "none": 0.0}, pathway="rollout", seed=1, noise=0.001)
+        3, {"+dead": 0.9, "+scale": 0.2, "+grid": 0.3, "none": 0.3}, pathway="rollout", seed=1, noise=0.001)
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, UNIT_FIELDS)
         w.writeheader()
@@ -220,7 +220,9 @@ def test_every_stored_verdict_agrees_with_its_printed_interval():
     for name in ("networks", "networks-moe", "networks-outliers", "networks-pilot", "real-small",
                  "real-small-claims"):
         profile = load_profile(name)
-        for r in claim_rows(read_units(stored_units(Layout(results, name))), profile.pathways.claims,
+        files = stored_units(Layout(results, name))
+        assert files, f"{name} stores no per-unit file"
+        for r in claim_rows(read_units(files), profile.pathways.claims,
                             network_of=profile_networks(profile)):
             if r["ci_low"] is None:
                 continue
