@@ -468,9 +468,10 @@ UNIT_CASES = [
     ("a misspelt pathway", _set(0, pathway="gradiant"), r"row 2: pathway 'gradiant'; accepted: gradient, rollout"),
     ("an arm on fewer units", lambda rows: rows.pop(0) and None,
      r"smollm2-135m warm gain gradient: arm 'none' has 7 units where another has 8; accepted: every arm"),
-    ("a second file of the same units", _second_copy, r"unit \('smollm2-135m', 'warm', 'gain', 'gradient', 'none', 0, "
-                                                      r"'0'\) is also in .*units.csv row 2; accepted: each unit in one"),
-    ("another model's rows in the file", _set(5, model="other"), r"units.csv: rows of 2 models \(other, smollm2-135m\)"),
+    ("a second file of the same units", _second_copy,
+     r"unit \('smollm2-135m', 'warm', 'gain', 'gradient', 'none', 0, '0'\) is also in .*units.csv row 2; accepted"),
+    ("another model's rows in the file", _set(5, model="other"),
+     r"units.csv: rows of 2 models \(other, smollm2-135m\)"),
 ]
 
 
