@@ -502,9 +502,9 @@ def test_every_kernel_variant_compiles_for_hopper_without_a_gpu(tmp_path):
 @pytest.mark.slow
 def test_hopper_compile_report_keeps_the_quantize_under_the_issue_budget_and_w4a16_loads_pipelined(tmp_path):
     """kernels/bench/inspect_sass.py compiles for sm_90a without a GPU (a subprocess: it must not see the
-    interpreter flag). The row quantize must stay under the issue budget (24.8 SASS instructions a
-    bf16 element at 3 TB/s; version 2 took 40), and the W4A16 decode loop must load nothing outside
-    its cp.async pipeline (version 2 loaded scale bytes there) and run on tensor cores."""
+    interpreter flag). The row quantize must stay under its budget (24.8 SASS instructions a bf16 element
+    at 3 TB/s), and the W4A16 decode loop must load nothing outside its cp.async pipeline (scale bytes
+    included) and run on tensor cores."""
     import json
     import os
     import subprocess
