@@ -539,7 +539,7 @@ def network_summary(layouts: list[Layout]) -> str:
     """The primary claims of each profile of ``layouts`` decided with the replicate its design names (networks:
     about the class; units: about one named model), recomputed from its stored per-unit files, side by side, each
     row saying its scope (a profile that stores none says so)."""
-    cols, lines, missing = [], {}, []
+    cols, lines, missing, analysis = [], {}, [], {}
     for layout in layouts:
         name = layout.profile
         files = stored_units(layout)
@@ -548,13 +548,14 @@ def network_summary(layouts: list[Layout]) -> str:
             missing.append(name)
             continue
         cols.append(name)
+        analysis[name] = design.claims.analysis
         needed = needed_by_claim(design.claims)
         for r in claim_rows(read_units(files), design.claims, network_of=profile_networks(load_profile(name))):
             if r["family"] == "primary":
                 lines.setdefault((r["claim"], r["model"], r["scope"]), {})[name] = summary_cell(r, needed)
     out = []
     if cols:
-        out += ["| claim | model | scope | " + " | ".join(f"`{c}`" for c in cols) + " |",
+        out += ["| claim | model | scope | " + " | ".join(f"`{c}` ({analysis[c]})" for c in cols) + " |",
                 "| --- | --- | --- | " + " | ".join("---" for _ in cols) + " |"]
         out += [f"| {claim} | {model} | {scope} | " + " | ".join(by.get(c, "not in this profile") for c in cols)
                 + " |" for (claim, model, scope), by in sorted(lines.items(), key=lambda kv: (kv[0][2], kv[0][1]))]

@@ -309,3 +309,32 @@ def test_a_profile_names_its_seeds_networks_only_where_each_trains_its_own_warm_
 
     assert seed_replicates(load_profile("embedded-large")) == "networks"
     assert seed_replicates(load_profile("real-small")) == "seeds of one network"
+
+
+def test_a_crossed_headline_prints_its_interval_at_its_printed_level():
+    """real-small's headline (problems x seeds crossed): the interval the claims table prints equals the t interval
+    recomputed at the printed level from the stored items' crossed estimate (its mean, SE and df), not the 95% one
+    under a stricter label."""
+    from pathlib import Path
+
+    from scipy import stats as sps
+
+    from mxfp4.report.claims import ITEM_VALUES, decided_with, primary_family, stored_claim_inputs
+    from mxfp4.report.tables import read_table
+    from mxfp4.stats import crossed_differences
+
+    stored = Path(__file__).resolve().parents[2] / "results" / "baselines" / "real-small"
+    cells = read_table(stored / "cells.csv", "cells")
+    with_units = stored_claim_inputs(Layout(stored.parents[1], "real-small"))  # its family: the units' claims too
+    rows = primary_family(cells, [], outcome=with_units, **decided_with("real-small", stored / "cells.csv"))
+    head = next(r for r in rows if r["claim"].startswith("Combined corrections"))
+    assert head["level"] > 0.95
+    value = ITEM_VALUES["gsm8k_strict_accuracy"]
+    by: dict = {}
+    for r in read_table(stored / "items.csv", "items"):
+        if r["recipe"] in ("mxfp4+all", "bf16") and r.get("strict") is not None and r.get("strict_before") is not None:
+            by.setdefault(((r["doc_id"], r["doc_hash"]), int(r["seed"])), {})[r["recipe"]] = value(r)
+    est = crossed_differences({k: v["mxfp4+all"] - v["bf16"] for k, v in by.items() if len(v) == 2})
+    half = sps.t.ppf(0.5 + head["level"] / 2, est["df"]) * est["se"]
+    assert head["ci_low"] == pytest.approx(est["mean"] - half) and head["ci_high"] == pytest.approx(est["mean"] + half)
+    assert head["ci_low"] < est["ci_low"]  # wider than the stored 95% interval
