@@ -51,7 +51,7 @@ from .tables import read_unit_files
 # measured in one are nested in it) or one named pretrained model (its own units are the replicates).
 REPLICATES = {"networks": "about the class", "units": "about this model"}
 CORRECTION_ARMS = {"macro_block": "mxfp4+macro", "outlier_fallback": "mxfp4+fallback", "aqn": "mxfp4+aqn"}
-METHOD = ("per network, the mean over its {unit} of each arm's harm ({harm}); own - rival over the {k} networks, "
+METHOD = ("{per}; own - rival over the {k} {replicates}, "
           "t on {df} df; held: every rival beaten (intersection-union, the largest one-sided p); contradicted: a "
           "rival harms more (smallest one-sided p x {r} rival(s)); no dominance: within +-{margin:g} of a rival "
           "(TOST, x {r}); Holm over the family's outcome hypotheses")
@@ -194,6 +194,12 @@ def claim_rows(units: list[dict], design, checkpoint: str = "warm", halves=fixed
     replicate = design.replicate
     network_of = None if replicate == "units" else network_of  # a unit is its own replicate
 
+    def method_of(pathway: str, harm: str, k: int, rivals: int, margin: float) -> str:
+        per = (f"per {UNITS[pathway][:-1]}, each arm's harm ({harm})" if replicate == "units" else
+               f"per network, the mean over its {UNITS[pathway]} of each arm's harm ({harm})")
+        return METHOD.format(per=per, k=k, replicates=UNITS[pathway] if replicate == "units" else "networks",
+                             df=k - 1, r=rivals, margin=margin)
+
     def family_of(key: str) -> str:
         """Primary, or exploratory where the design took the claim out of the primary family before the run."""
         return "exploratory" if key in design.exploratory else "primary"
@@ -211,13 +217,12 @@ def claim_rows(units: list[dict], design, checkpoint: str = "warm", halves=fixed
                 continue
             margin = design.margins[pathway]
             k = len(arms[f"+{top}"])
-            method = METHOD.format(unit=UNITS[pathway], harm=HARMS[pathway], k=k, df=k - 1, r=len(rivals),
-                                   margin=margin)
+            method = method_of(pathway, HARMS[pathway], k, len(rivals), margin)
             rows.append(_decided(claim, model, pathway, family_of(f"{pathway}_claim"), arms[f"+{top}"],
                                  {r: arms[r] for r in rivals},
                                  margin, f"harm(+{top}) minus each other component's", method, halves))
             if control in arms:
-                energy = METHOD.format(unit=UNITS[pathway], harm=HARMS[pathway], k=k, df=k - 1, r=1, margin=margin)
+                energy = method_of(pathway, HARMS[pathway], k, 1, margin)
                 rows.append(_decided(f"{claim}: beyond its own {design.control} control (the energy question)",
                                      model, pathway, "secondary", arms[f"+{top}"], {control: arms[control]}, margin,
                                      f"harm(+{top}) minus harm({control})", energy, halves))
@@ -229,8 +234,7 @@ def claim_rows(units: list[dict], design, checkpoint: str = "warm", halves=fixed
                 continue
             margin = design.margins[pathway]
             k = len(arms[claimed])
-            method = METHOD.format(unit=UNITS[pathway], harm=RECOVERY_HARMS[pathway], k=k, df=k - 1,
-                                   r=len(rivals), margin=margin)
+            method = method_of(pathway, RECOVERY_HARMS[pathway], k, len(rivals), margin)
             rows.append(_decided(claim, model, pathway, family_of(f"{pathway}_recovery_claim"), _negated(arms[claimed]),
                                  {r: _negated(arms[r]) for r in rivals}, margin,
                                  f"each rival's harm minus {claimed}'s (all: plain MXFP4)", method, halves))
@@ -418,11 +422,13 @@ def needed_text(r: dict, needed: dict | None) -> str:
     need = (needed or {}).get(f"{r['model']}: {r['claim']}")
     if need is None:
         return f"{r['networks']} {noun} (no power calculation)"
+    if need <= r["networks"]:
+        return f"{r['networks']} {noun} (needs {need})"
+    if r["verdict"].split(" (")[0] in OUTCOMES:  # decided with fewer than its calculation asked for
+        return f"{r['networks']} {noun} (its calculation asked for {need})"
     if need > PRACTICAL.get(noun, 0):
         return f"{r['networks']} {noun}; undecidable at this scale, needs about {need} {noun}"
-    if need > r["networks"]:
-        return f"{r['networks']} {noun}; needs about {need}"
-    return f"{r['networks']} {noun} (needs {need})"
+    return f"{r['networks']} {noun}; needs about {need}"
 
 
 def markdown(rows: list[dict], profile: str, needed: dict[str, int] | None = None) -> str:
