@@ -45,7 +45,16 @@ SLOW_FIXTURES = {
 }
 
 
+# The files whose tests take the longest, run first: pytest-xdist hands out whole files (--dist loadfile) in
+# collection order, so a long file collected last would leave the other workers idle while it runs alone.
+LONGEST_FIRST = ("tests/analysis/test_pathways.py", "tests/rl/test_cell.py", "tests/test_workflow.py",
+                 "tests/numerics/test_kernels.py", "tests/corrections/test_triton_corrections.py",
+                 "tests/numerics/test_fused_cpu.py", "tests/report/test_refusals.py", "tests/rl/test_resume.py")
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
     if CUDA_TESTS:
         skip = pytest.mark.skip(reason="MXFP4_TEST_CUDA=1 runs only the tests marked gpu (the rest of the suite "
                                        "runs the Triton kernels under the interpreter: run it without MXFP4_TEST_CUDA)")
@@ -63,13 +72,25 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def smoke_results(tmp_path_factory):
     """A results folder with the smoke profile's tiny models warm-started (shared by the cell and
-    pathway tests)."""
+    pathway tests). The pretraining runs once per pytest run: under pytest-xdist the first worker makes
+    it under a file lock in the run's shared folder and every worker copies it into a folder of its own
+    (pretraining is deterministic: the copy is what the worker would have made)."""
+    import shutil
+
+    from filelock import FileLock
+
     from mxfp4.config.profiles import load_profile
     from mxfp4.config.run import Run
     from mxfp4.rl.pretrain import pretrain_model
 
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "smoke_pretrained"
+    with FileLock(f"{shared}.lock"):
+        if not (shared / "complete").exists():
+            profile = load_profile("smoke")
+            for model in profile.models:
+                pretrain_model(Run.of(profile, shared), model)
+            (shared / "complete").write_text("")
     root = tmp_path_factory.mktemp("results")
-    profile = load_profile("smoke")
-    for model in profile.models:
-        pretrain_model(Run.of(profile, root), model)
+    shutil.copytree(shared / "smoke", root / "smoke")
     return root

@@ -83,12 +83,13 @@ class Quantizer:
         modules: the module kinds a patched model quantizes (``MODULE_KINDS``).
         name: the recipe it came from, shown in the repr of patched modules.
         activations: False quantizes the weights only (W4A16).
+        bf16_layers: decoder layers ``patch_model`` leaves unquantized: an object with ``kept(layers)`` returning
+            their indices (``config.recipes.BF16Layers``); None: every layer quantized.
     """
 
     def __init__(self, fmt="mxfp4", scale_rule=None, corrections=(), gemms=None, modules=DEFAULT_MODULES, name=None,
                  activations=True, bf16_layers=None):
         self.fmt = get_format(fmt)
-        # decoder layers ``patch_model`` leaves unquantized: anything with ``kept(layers) -> set of indices``
         self.bf16_layers = bf16_layers
         self.activations = bool(activations)  # False: weight-only (W4A16), activations and gradients unquantized
         self.scale_rule = self.fmt.check_scale_rule(scale_rule)
