@@ -25,7 +25,9 @@ settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True
 settings.register_profile("dev", max_examples=25, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# One torch thread a pytest-xdist worker (the workers already fill the cores: two threads each doubled the CPU
+# time of the suite on 2 cores); two in a single process.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, os.cpu_count() or 1)))
 
 # What the CLI's model commands do (mxfp4.cli): transformers need not import torchao with every model class.
 from mxfp4.cli import hide_torchao_from_transformers  # noqa: E402
@@ -45,16 +47,7 @@ SLOW_FIXTURES = {
 }
 
 
-# The files whose tests take the longest, run first: pytest-xdist hands out whole files (--dist loadfile) in
-# collection order, so a long file collected last would leave the other workers idle while it runs alone.
-LONGEST_FIRST = ("tests/analysis/test_pathways.py", "tests/rl/test_cell.py", "tests/test_workflow.py",
-                 "tests/numerics/test_kernels.py", "tests/corrections/test_triton_corrections.py",
-                 "tests/numerics/test_fused_cpu.py", "tests/report/test_refusals.py", "tests/rl/test_resume.py")
-
-
 def pytest_collection_modifyitems(config, items):
-    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: the rest keep their order
     if CUDA_TESTS:
         skip = pytest.mark.skip(reason="MXFP4_TEST_CUDA=1 runs only the tests marked gpu (the rest of the suite "
                                        "runs the Triton kernels under the interpreter: run it without MXFP4_TEST_CUDA)")
