@@ -8,7 +8,6 @@ import torch
 from mxfp4.config.profiles import load_profile
 
 
-@pytest.mark.slow
 def test_the_memory_plan_accounts_weights_and_adam_state_exactly_and_writes_each_recipe(tmp_path):
     """One layer of the real Qwen2.5-3B configuration under FakeTensorMode (nothing allocated): the
     parameter bytes equal the model's parameter count (counted on the meta device, an independent path)
