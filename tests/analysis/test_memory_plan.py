@@ -2,7 +2,6 @@
 
 import json
 
-import pytest
 import torch
 
 from mxfp4.config.profiles import load_profile
