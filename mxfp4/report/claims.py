@@ -345,16 +345,22 @@ def construction_rows(proofs: dict, corrections: list[dict]) -> list[dict]:
     return rows
 
 
-def _verdict(r: dict) -> str:
-    """held / contradicted: the Holm-adjusted two-sided p < 0.05, with the estimate on the claimed /
-    the opposite side of its null value; otherwise not shown."""
+def undecided(r: dict) -> str | None:
+    """A tested row's verdict where it reached none: not measured, no test, or a Holm-adjusted p of at least
+    0.05 (not shown); None where the adjusted p decides it."""
     if r["diff"] is None:
         return "not measured"
     if r["p"] is None:
         return "inconclusive (too few units for a test)"
     if r["p_holm"] >= ALPHA:
         return "not shown"
-    return "held" if (r["diff"] - r["shift"]) * r["direction"] > 0 else "contradicted"
+    return None
+
+
+def _verdict(r: dict) -> str:
+    """held / contradicted: the Holm-adjusted two-sided p < 0.05, with the estimate on the claimed /
+    the opposite side of its null value; otherwise not shown."""
+    return undecided(r) or ("held" if (r["diff"] - r["shift"]) * r["direction"] > 0 else "contradicted")
 
 
 def interval_at(r: dict, level: float) -> tuple[float | None, float | None]:
@@ -454,15 +460,26 @@ def decide_family(rows: list[dict], outcome_rows: list[dict] = (), family: str =
     for r in outcome_rows:
         r["family"] = family
     ps = [r["p"] for r in rows if r["p"] is not None]
-    adjusted = iter(decide(list(outcome_rows), also={family: ps})[family] if outcome_rows else
-                    (multipletests(ps, alpha=ALPHA, method="holm")[1] if ps else ()))
+    adjusted = decide(list(outcome_rows), also={family: ps})[family] if outcome_rows else holm(ps)
+    settle(rows, adjusted)
+    return [outcome_row(r) for r in outcome_rows] + list(rows)
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm-adjusted p values of one family (``statsmodels``)."""
+    return [float(p) for p in multipletests(ps, alpha=ALPHA, method="holm")[1]] if ps else []
+
+
+def settle(rows: list[dict], adjusted: list[float], verdict=_verdict) -> None:
+    """Each row with a p its adjusted p (``adjusted``, in the rows' order), its interval at the level its verdict
+    uses, and its verdict (``verdict`` of the row)."""
+    adjusted = iter(adjusted)
     for r in rows:
         r["p_holm"] = float(next(adjusted)) if r["p"] is not None else None
         r["level"] = verdict_level(r["p"], r["p_holm"])
         if r["level"] != 0.95:
             r["ci_low"], r["ci_high"] = interval_at(r, r["level"])
-        r["verdict"] = _verdict(r)
-    return [outcome_row(r) for r in outcome_rows] + list(rows)
+        r["verdict"] = verdict(r)
 
 
 def headline_scope(replicates: str) -> str:

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from statsmodels.stats.multitest import multipletests
-
 from ..analysis.pathways.spec import HARMS, MAPPING, MECHANISMS, RECOVERIES, RECOVERY_CLAIMS, RECOVERY_HARMS
 from ..config.profiles import Profile, dose
 from ..io import write_text_atomic
 from ..layout import Layout
 from ..numerics.decompose import COMPONENTS
-from ..stats import ALPHA, min_detectable_effect, verdict_level
+from ..stats import min_detectable_effect
 from .aggregate import write_csv
-from .claims import family_label, interval_at
+from .claims import family_label, holm, settle, undecided
 from .formatting import MISSING
 from .pathway_table import CLAIM_PATHWAYS, checkpoint_label, estimate, read_rows, warm_claim_rows
 from .plots import COLORS, error_bars, plt, save
@@ -95,26 +93,7 @@ def recovery_claim_rows(pathways: list[dict], design=None, exploratory: bool = F
 def _margin_verdict(r: dict) -> str:
     """held (the claimed arm beats every rival) or a rival within the margin, on the side whose one-sided test
     rejected at the Holm-adjusted p < 0.05; otherwise not shown."""
-    if r["diff"] is None:
-        return "not measured"
-    if r["p"] is None:
-        return "inconclusive (too few units for a test)"
-    if r["p_holm"] >= ALPHA:
-        return "not shown"
-    return "held" if r["direction"] > 0 else "contradicted (a rival within the margin)"
-
-
-
-def decide_family(rows: list[dict]) -> None:
-    """Holm over ``rows`` (one family), then each row's verdict and its interval at the verdict's level."""
-    ps = [r["p"] for r in rows if r["p"] is not None]
-    adjusted = iter(multipletests(ps, alpha=ALPHA, method="holm")[1]) if ps else iter(())
-    for r in rows:
-        r["p_holm"] = float(next(adjusted)) if r["p"] is not None else None
-        r["level"] = verdict_level(r["p"], r["p_holm"])
-        if r["level"] != 0.95:
-            r["ci_low"], r["ci_high"] = interval_at(r, r["level"])
-        r["verdict"] = _margin_verdict(r)
+    return undecided(r) or ("held" if r["direction"] > 0 else "contradicted (a rival within the margin)")
 
 
 def claim_rows(by_dose: dict[str, list[dict]], design) -> list[dict]:
@@ -126,7 +105,7 @@ def claim_rows(by_dose: dict[str, list[dict]], design) -> list[dict]:
         channels, factor = dose(d)
         for r in mechanism_rows(pathways, design) + recovery_claim_rows(pathways, design):
             rows.append({**r, "dose": d, "channels": channels, "factor": factor})
-    decide_family(rows)
+    settle(rows, holm([r["p"] for r in rows if r["p"] is not None]), _margin_verdict)
     return rows
 
 
