@@ -95,14 +95,6 @@ def unit_harms(units: list[dict], model: str, checkpoint: str, form: str, replic
     return out
 
 
-def harms_by_network(units: list[dict], model: str, checkpoint: str, form: str,
-                     network_of=None, replicate: str = "networks") -> dict[str, dict[str, dict]]:
-    """{pathway: {arm: {network: mean harm over its units}}} of one model, checkpoint and form (``unit_harms``), a
-    unit's network ``network_of(its origin)``, e.g. the seed's warm start (seeds that share one pool their units in
-    it; None: the origin itself)."""
-    return by_network(unit_harms(units, model, checkpoint, form, replicate), network_of)
-
-
 def by_network(per_unit: dict[str, dict[str, tuple[list, list]]], network_of=None) -> dict[str, dict[str, dict]]:
     """``unit_harms``' harms as {pathway: {arm: {network: mean harm over its units}}}, a unit's network
     ``network_of(its origin)`` (None: the origin itself)."""

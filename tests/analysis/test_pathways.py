@@ -465,3 +465,29 @@ def test_the_matrix_measures_only_the_seeds_its_pathways_name(tmp_path):
     with pytest.raises(ValueError, match=r"pathways.seeds \[3\] are not all seeds of the profile; accepted: some of "
                                          r"\[0, 7\]"):
         Profile.model_validate({**profile.model_dump(), "pathways": {**one.model_dump(), "seeds": [3]}})
+
+
+@pytest.mark.skipif(__import__("mxfp4.config.data_files", fromlist=["x"]).default_gsm8k_dir() is None,
+                    reason="the real GSM8K files (../shared/data/gsm8k) are not here")
+def test_a_held_out_design_draws_nothing_its_pilot_could_have_measured():
+    """real-small-claims against its pilot real-small: every problem of the pilot's rollout draw and of its gradient
+    draw up to the batches it used and skipped is out of the pools, and the confirmatory seed's draw then shares
+    no question with the pilot's."""
+    from pathlib import Path
+
+    from mxfp4.analysis.pathways.matrix import pilot_problems, seed_problems, without_pilot
+    from mxfp4.config.data_files import gsm8k_folder
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.config.run import Run
+    from mxfp4.rl import data as gsm
+
+    results = Path(__file__).resolve().parents[2] / "results"
+    profile, pilot = load_profile("real-small-claims"), load_profile("real-small")
+    run = Run.of(profile, results)
+    train, _ = gsm.cell_data(run)
+    test = gsm.load_gsm8k("test", gsm8k_folder(profile))
+    kept, kept_test, removed = without_pilot(profile, "smollm2-135m", train, test, run.layout)
+    reached = pilot_problems(pilot, train, test, skipped=0)
+    assert removed >= len(reached) and not reached & {r["question"] for r in kept + kept_test}
+    grad, roll = seed_problems(kept, profile.pathways, 1, kept_test)
+    assert not {r["question"] for r in roll} & {r["question"] for r in seed_problems(train, pilot.pathways, 0, test)[1]}

@@ -97,7 +97,7 @@ def pilot_problems(profile, train: list[dict], held_out: list[dict] | None, skip
     return reached
 
 
-def without_pilot(profile, model_name: str, train: list[dict], held_out: list[dict] | None, layout_of
+def without_pilot(profile, model_name: str, train: list[dict], held_out: list[dict] | None, layout
                   ) -> tuple[list[dict], list[dict] | None, int]:
     """``train`` and ``held_out`` without every problem the profile's ``pathways.held_out_from`` pilot could have
     measured (``pilot_problems``), and how many were taken out. The pilot must draw from the same data, and its
@@ -109,7 +109,8 @@ def without_pilot(profile, model_name: str, train: list[dict], held_out: list[di
     if pilot.data != profile.data or not same:
         raise ValueError(f"pathways.held_out_from: {pilot.name!r} draws from other data or prompts than "
                          f"{profile.name!r}; accepted: a pilot with the same data and pathways.prompts_from")
-    stored = layout_of(pilot).stored(layout_of(pilot).pathways())
+    pilot_files = layout.sibling(pilot.name)  # the run's layout: the pilot's stored baselines beside it
+    stored = pilot_files.stored(pilot_files.pathways())
     if not stored.is_file():
         raise ValueError(f"pathways.held_out_from: {pilot.name!r} has no stored pathway rows ({stored}): its draw "
                          "cannot be reconstructed; store its baselines first")
@@ -168,8 +169,7 @@ def run_pathways(run: Run, model_name: str, out_csv=None, progress=print, checkp
     train, _ = gsm.cell_data(run)
     held_out = gsm.load_gsm8k("test", gsm8k_folder(profile)) if settings.prompts_from == "gsm8k-test" else None
     if settings.held_out_from:
-        train, held_out, removed = without_pilot(profile, model_name, train, held_out,
-                                                 lambda p: run.layout.sibling(p.name))
+        train, held_out, removed = without_pilot(profile, model_name, train, held_out, run.layout)
         progress(f"{removed} problems the pilot {settings.held_out_from!r} could have measured taken out of the pools")
     rows: list[dict] = []
     units: list[dict] = []
