@@ -77,6 +77,9 @@ class Recipe(BaseModel):
         form: the decomposition whose components inject/remove use (``canonical`` or ``gain``).
         truncated_is_cap: vLLM rollouts' truncated importance-sampling cap (TRL's; None: none).
         bf16_layers: decoder layers left unquantized (``BF16Layers``: the first k, the last m or fraction).
+        rollout_precision: the policy's precision when it generates (rollouts and evaluations): ``w4a16``
+            quantizes the weights only while training stays W4A4 (verl's W4A16 rollouts); None: the rollout
+            engine's own (hf: the training forward; vllm: the recipe's quantized weights, W4A16).
     """
 
     model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
@@ -115,6 +118,10 @@ class Recipe(BaseModel):
     bf16_layers: BF16Layers | None = Field(
         None, description="decoder layers kept unquantized: {first: k, last: m} or {first: k, last_fraction: f}")
 
+    rollout_precision: Literal["w4a4", "w4a16"] | None = Field(
+        None, description="w4a16: rollouts and evaluations quantize weights only, training stays W4A4; "
+        "None: the rollout engine's own")
+
     @field_validator("gemms")
     @classmethod
     def _gemms(cls, v):
@@ -152,6 +159,19 @@ class Recipe(BaseModel):
             raise ValueError(f"recipe {self.name!r}: bf16_layers keeps layers out of a quantized recipe; accepted: "
                              "quantize: true without inject or remove")
         return self
+
+    @model_validator(mode="after")
+    def _rollout_precision_needs_w4a4(self):
+        if self.rollout_precision is not None and (not self.quantize or not self.activations or self.inject
+                                                   or self.remove):
+            raise ValueError(f"recipe {self.name!r}: rollout_precision sets how a W4A4 recipe generates; accepted "
+                             "only with quantize: true, activations: true and no inject or remove")
+        return self
+
+    @property
+    def rollouts_weights_only(self) -> bool:
+        """Whether the policy generates with its weights alone quantized while it trains W4A4."""
+        return self.rollout_precision == "w4a16"
 
     @model_validator(mode="after")
     def _injection(self):
@@ -205,14 +225,16 @@ class Recipe(BaseModel):
             name=self.name,
             activations=self.activations,
             bf16_layers=self.bf16_layers,
+            rollout_activations=not self.rollouts_weights_only,
         )
 
     def to_dict(self) -> dict:
-        """The recipe's fields; ``bf16_layers`` only where set, so a recipe without it keeps its cells' config
-        hash."""
+        """The recipe's fields; ``bf16_layers`` and ``rollout_precision`` only where set, so a recipe without them
+        keeps its cells' config hash."""
         out = self.model_dump()
-        if out["bf16_layers"] is None:
-            del out["bf16_layers"]
+        for optional in ("bf16_layers", "rollout_precision"):
+            if out[optional] is None:
+                del out[optional]
         return out
 
     @classmethod

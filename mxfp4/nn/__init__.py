@@ -28,6 +28,7 @@ from .patch import (
     targets,
     unpatch_model,
     weight_cache_pays,
+    weights_only,
 )
 
 __all__ = [
@@ -57,4 +58,5 @@ __all__ = [
     "unpatch_model",
     "use_shared_inputs",
     "weight_cache_pays",
+    "weights_only",
 ]

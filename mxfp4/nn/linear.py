@@ -81,6 +81,7 @@ class GemmContext:
     probe: object = None  # called as probe(layer_name, kind, tensor, axis) when set
     cache: bool = True  # False under FSDP / ZeRO-3: a cache would hold every layer's gathered weights
     bypassed: bool = False  # True: the layer computes as its unpatched class (``patch.bypassed``)
+    weights_only: bool = False  # True: activations and gradients pass unquantized (``patch.weights_only``: W4A16)
     inputs: InputMemo | None = None  # the patched model's: an input several layers read, quantized once
     _cache: dict = field(default_factory=dict)
     _operands: dict = field(default_factory=dict)
@@ -162,7 +163,7 @@ class GemmContext:
     def w4a16_applies(self, x: torch.Tensor, weight: torch.Tensor) -> bool:
         """Weight-only MXFP4 without corrections, a bf16 input, Triton dispatch, no autograd."""
         q = self.quantizer
-        return (not q.activations and q.plain and self.gemms["forward"]
+        return ((self.weights_only or not q.activations) and q.plain and self.gemms["forward"]
                 and x.dtype == torch.bfloat16 and weight.dim() == 2 and not torch.is_grad_enabled()
                 and dispatch.fast_path(weight, q.fmt))
 
@@ -180,7 +181,7 @@ class GemmContext:
     def act(self, x: torch.Tensor, axis: int, kind: str, enabled: bool, valid=None) -> torch.Tensor:
         """x fake-quantized along ``axis`` (``valid``: the real rows of a zero-padded x); x itself
         for a weight-only recipe."""
-        if not enabled or not self.quantizer.activations:
+        if not enabled or self.weights_only or not self.quantizer.activations:
             return x
         if self.probe is not None:
             self.probe(self.name, kind, x.detach(), axis, valid)

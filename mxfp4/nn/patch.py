@@ -292,6 +292,20 @@ class bypassed:
         return False
 
 
+@contextlib.contextmanager
+def weights_only(model):
+    """Inside: every patched layer quantizes its weights only, its activations pass as they come (W4A16), as a
+    recipe's weight-only rollouts generate; the weights' quantization (and its cache) is the training forward's."""
+    switched = [gemm for _, _, gemm in patched_modules(model) if not gemm.weights_only]
+    for gemm in switched:
+        gemm.weights_only = True
+    try:
+        yield model
+    finally:
+        for gemm in switched:
+            gemm.weights_only = False
+
+
 def quantized_weights(model):
     """Context manager: inside it the patched weights hold their forward-quantized values (same names,
     shapes and dtypes), so a weight sync (TRL's push to vLLM) ships the recipe's quantized weights."""

@@ -85,11 +85,14 @@ class Quantizer:
         activations: False quantizes the weights only (W4A16).
         bf16_layers: decoder layers ``patch_model`` leaves unquantized: an object with ``kept(layers)`` returning
             their indices (``config.recipes.BF16Layers``); None: every layer quantized.
+        rollout_activations: False: the policy generates (rollouts, evaluations) with its weights alone quantized
+            (``nn.weights_only``) while it trains with activations and gradients quantized too.
     """
 
     def __init__(self, fmt="mxfp4", scale_rule=None, corrections=(), gemms=None, modules=DEFAULT_MODULES, name=None,
-                 activations=True, bf16_layers=None):
+                 activations=True, bf16_layers=None, rollout_activations=True):
         self.fmt = get_format(fmt)
+        self.rollout_activations = bool(rollout_activations) and bool(activations)
         self.bf16_layers = bf16_layers
         self.activations = bool(activations)  # False: weight-only (W4A16), activations and gradients unquantized
         self.scale_rule = self.fmt.check_scale_rule(scale_rule)
@@ -169,6 +172,7 @@ class Quantizer:
         on = ",".join(g for g, v in self.gemms.items() if v) or "none"
         label = f"recipe={self.name}, " if self.name else ""
         weights_only = "" if self.activations else ", weights only"
+        weights_only += "" if self.rollout_activations or not self.activations else ", W4A16 rollouts"
         return (f"Quantizer({label}format={self.fmt.name}, scale_rule={self.scale_rule}, corrections=[{corr}], "
                 f"gemms={on}{weights_only})")
 

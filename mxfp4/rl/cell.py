@@ -44,11 +44,15 @@ from .training import checkpoint_disk, grpo_config, preserved_rng
 
 def rollout_settings(grpo, recipe) -> dict:
     """GRPOConfig arguments of the profile's rollout backend. ``hf``: generate through the patched
-    model (W4A4, exact to the training forward). ``vllm``: TRL's colocated vLLM engine fed the
-    recipe's quantized weights (W4A16), with the recipe's truncated importance sampling if it sets a
+    model (W4A4, exact to the training forward; W4A16 where the recipe's ``rollout_precision`` says). ``vllm``:
+    TRL's colocated vLLM engine fed the recipe's quantized weights (W4A16; W4A4 is refused), with the recipe's truncated importance sampling if it sets a
     cap. A requested backend that cannot run is an error, never a fallback."""
     if grpo.rollout == "hf":
         return {"use_vllm": False}
+    if recipe.rollout_precision == "w4a4":
+        raise ValueError(f"recipe {recipe.name!r} asks for W4A4 rollouts (rollout_precision: w4a4), which the vLLM "
+                         "engine cannot run (it generates from the quantized weights with BF16 activations); "
+                         "accepted: rollout_precision w4a16 or unset, or grpo.rollout: hf")
     try:
         import vllm  # noqa: F401
     except ImportError:
@@ -80,7 +84,7 @@ def rollout_record(trainer, recipe) -> dict:
     vllm = trainer.uses_vllm
     if not recipe.quantize:
         precision = "full precision"
-    elif vllm or not recipe.activations:
+    elif vllm or not recipe.activations or recipe.rollouts_weights_only:
         precision = "W4A16 (the recipe's quantized weights)"
     else:
         precision = "W4A4 (the training forward)"
@@ -358,7 +362,8 @@ def evaluate(run: CellRun, stage: str, arithmetic: bool = False) -> dict | None:
     lm = hf_lm(run.model, run.tokenizer, batch_size=ev.batch_size, compute_dtype=compute_dtype(run))
     full_precision = bypassed(run.model) if stage == "unquantized" else contextlib.nullcontext()
     keep_rng = preserved_rng() if stage == "before" else contextlib.nullcontext()
-    with full_precision, keep_rng, run.trainer.generation_weight_cache():
+    generating = run.trainer.generation_precision() if stage != "unquantized" else contextlib.nullcontext()
+    with full_precision, keep_rng, generating, run.trainer.generation_weight_cache():
         return evaluate_gsm8k(lm, data, num_fewshot=ev.num_fewshot, limit=ev.limit,
                               max_gen_toks=ev.max_gen_toks, output_dir=out, seed=run.plan.seed,
                               chat=run.plan.spec.chat)

@@ -34,6 +34,7 @@ from ..nn import (
     patched_modules,
     quantized_weights,
     rollout_weight_cache,
+    weights_only,
     set_probe,
 )
 from ..nn.linear import KIND_OPERANDS
@@ -305,10 +306,12 @@ class MXGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         step = self.state.global_step
-        perturbed = any(lifecycle(c.perturbs_rollout, step) for c in self.mx_corrections)
+        perturbed = (self.rollouts_weights_only and not self.uses_vllm
+                     or any(lifecycle(c.perturbs_rollout, step) for c in self.mx_corrections))
         with contextlib.ExitStack() as stack:
             for c in self.mx_corrections:
                 stack.enter_context(lifecycle(c.rollout_context, self.model, step))
+            stack.enter_context(self.generation_precision())
             stack.enter_context(self.generation_weight_cache())
             with self.timed("rollout"):
                 output = super()._generate_and_score_completions(inputs)
@@ -322,6 +325,16 @@ class MXGRPOTrainer(GRPOTrainer):
             train = self._completion_logps(output) if rollout is not None else None
             self.mx_step_metrics.update(self._gathered_ledger(train, rollout, output["completion_mask"]))
         return output
+
+    @property
+    def rollouts_weights_only(self) -> bool:
+        """Whether the recipe generates with its weights alone quantized while it trains W4A4."""
+        return self.mx_quantizer is not None and not self.mx_quantizer.rollout_activations
+
+    def generation_precision(self):
+        """The precision the policy generates in, for a rollout or an evaluation: weights only (W4A16) where the
+        recipe says so, else the training forward's."""
+        return weights_only(self.model) if self.rollouts_weights_only else contextlib.nullcontext()
 
     def generation_weight_cache(self):
         """``rollout_weight_cache`` of the policy, for a rollout or an evaluation: nothing cached where

@@ -5,7 +5,16 @@ import torch
 import torch.nn.functional as F
 
 from mxfp4.config.recipes import Recipe
-from mxfp4.nn import MXGroupedExperts, MXLinear, bypassed, clear_weight_caches, patch_model, targets, unpatch_model
+from mxfp4.nn import (
+    MXGroupedExperts,
+    MXLinear,
+    bypassed,
+    clear_weight_caches,
+    patch_model,
+    targets,
+    unpatch_model,
+    weights_only,
+)
 from mxfp4.numerics import reference
 from mxfp4.rl.grad_accuracy import gradient_accuracy
 from mxfp4.rl.models import build_tiny
@@ -385,3 +394,48 @@ def test_a_bf16_backward_quantizes_the_forward_alone():
     assert torch.allclose(x.grad, g @ layer.weight.detach(), rtol=0, atol=1e-5)
     assert torch.allclose(layer.weight.grad, g.T @ x.detach(), rtol=0, atol=1e-5)
     unpatch_model(model)
+
+
+def test_w4a16_rollouts_generate_from_the_quantized_weights_alone_and_train_w4a4():
+    """mxfp4+w4a16-rollouts: inside ``weights_only`` the patched model's logits equal, bit for bit, the unpatched
+    model's with every decoder Linear's weight replaced by its reference MXFP4 fake-quantization (activations as
+    they come); outside it, the plain mxfp4 recipe's W4A4 forward, exactly; a W4A16 recipe or a full-precision one
+    cannot ask for it."""
+    model, tok = build_tiny("tiny-dense", seed=0)
+    batch = tok(["Q: 12+7=? A: 19 #### 19", "Tom has 3 apples and buys 4."], return_tensors="pt", padding=True)
+    fresh, _ = build_tiny("tiny-dense", seed=0)
+    with torch.no_grad():
+        for name, module in fresh.named_modules():
+            if isinstance(module, torch.nn.Linear) and ".layers." in name:
+                module.weight.copy_(reference.fake_quantize(module.weight, "mxfp4", -1))
+        reference_logits = fresh(**batch).logits
+    recipe = Recipe.named("mxfp4+w4a16-rollouts")
+    assert not recipe.quantizer().rollout_activations and recipe.quantizer().activations
+    patch_model(model, recipe.quantizer())
+    with torch.no_grad():
+        with weights_only(model):
+            rollout = model(**batch).logits
+        training = model(**batch).logits
+    unpatch_model(model)
+    patch_model(model, Recipe.named("mxfp4").quantizer())
+    with torch.no_grad():
+        w4a4 = model(**batch).logits
+    unpatch_model(model)
+    assert torch.equal(rollout, reference_logits)
+    assert torch.equal(training, w4a4) and not torch.equal(training, rollout)
+    for bad in ({"activations": False}, {"quantize": False}):
+        with pytest.raises(ValueError, match="rollout_precision sets how a W4A4 recipe generates"):
+            Recipe.from_dict("bad", {**bad, "rollout_precision": "w4a16"})
+
+
+def test_a_w4a4_rollout_on_vllm_is_refused_and_the_record_says_what_generated():
+    from types import SimpleNamespace
+
+    from mxfp4.rl.cell import rollout_record, rollout_settings
+
+    asked = Recipe.from_dict("w4a4-rollouts", {"rollout_precision": "w4a4"})
+    with pytest.raises(ValueError, match="which the vLLM engine cannot run"):
+        rollout_settings(SimpleNamespace(rollout="vllm"), asked)
+    hf = SimpleNamespace(uses_vllm=False, truncated_is_applied=False)
+    assert rollout_record(hf, Recipe.named("mxfp4+w4a16-rollouts"))["precision"].startswith("W4A16")
+    assert rollout_record(hf, Recipe.named("mxfp4"))["precision"].startswith("W4A4")

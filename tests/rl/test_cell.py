@@ -88,6 +88,17 @@ def test_smoke_cell_writes_every_promised_field(results, model, recipe):
 
 
 @pytest.mark.slow
+def test_w4a16_rollouts_open_a_gap_the_ledger_measures_on_every_step(results):
+    """W4A16 rollouts with W4A4 training: every step's rollouts come from another policy than the one trained,
+    so the mismatch ledger measures a positive KL on each, and the record says what generated them."""
+    m = run_cell(Run.of("smoke", results), "tiny-dense", "mxfp4+w4a16-rollouts", 0)
+    cell = results / "smoke" / "cells" / "tiny-dense" / "mxfp4+w4a16-rollouts" / "seed0"
+    rows = [json.loads(line) for line in (cell / "train_log.jsonl").read_text().splitlines()]
+    assert rows and all(r["mismatch/measured"] == 1.0 and r["mismatch/kl"] > 0 for r in rows)
+    assert m["rollout"]["precision"].startswith("W4A16")
+
+
+@pytest.mark.slow
 def test_a_cell_that_never_updates_its_weights_gains_exactly_nothing(results, tmp_path, monkeypatch):
     """Learning rate 0: the before- and after-RL evaluations score the same problems (lm-eval's doc
     hashes, read from the files) with the same weights, so the RL gain is exactly 0 for every problem;
