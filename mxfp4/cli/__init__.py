@@ -14,7 +14,7 @@ from . import numerics, reports, runs
 
 # Commands that load transformers models (the RL processes).
 MODEL_COMMANDS = ("pretrain", "cell", "probe-batch", "pathways", "depth", "depth-optimizers",
-                  "corrections-table", "weight-components", "recipe-cost", "mechanism")
+                  "corrections-table", "weight-components", "recipe-cost", "mechanism", "real-board")
 
 
 def hide_torchao_from_transformers() -> None:

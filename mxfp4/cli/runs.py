@@ -154,6 +154,16 @@ def _cmd_mechanism(args) -> int:
     return 0
 
 
+def _cmd_real_board(args) -> int:
+    from ..analysis.real_board import measure
+
+    out = Path(args.out)
+    writable(out / "recipes.json")
+    measure(run_of(args), args.model, args.recipe, out, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(f"wrote {out / 'items.csv'} and {out / 'recipes.json'}")
+    return 0
+
+
 def _cmd_recipe_cost(args) -> int:
     from ..config.recipes import recipe_base
     from ..layout import REFERENCE_RECIPE
@@ -270,6 +280,13 @@ def add_commands(sub) -> None:
     p.add_argument("--out", type=out_file, default=None,
                    help="the per-unit file (default results/<profile>/mechanism/<recipe>/<model>_units.csv)")
     p.set_defaults(func=_cmd_mechanism)
+
+    p = sub.add_parser("real-board", help="the real-model board's measures before RL: per recipe, GSM8K through lm-eval "
+                                          "per held-out problem, error completions, a training pass's time")
+    model_args(p)
+    p.add_argument("--recipe", nargs="+", required=True, help="the recipes measured (bf16 always, first)")
+    p.add_argument("--out", required=True, help="the folder written: items.csv, recipes.json, eval/<recipe>/")
+    p.set_defaults(func=_cmd_real_board)
 
     p = sub.add_parser("recipe-cost", help="a recipe's measured step against its base on the stored warm start, "
                                            "and the hooks that force the host's reference path")
