@@ -221,6 +221,17 @@ class Layout:
         return self.root / "recovery_networks.md"
 
     @property
+    def headline(self) -> Path:
+        """A named model's headline against BF16's seed band (``mxfp4 headline``; its rows beside it as ``.csv``,
+        every seed's curves as ``headline_curves.png``)."""
+        return self.root / "headline.md"
+
+    def real_board(self, model: str) -> Path:
+        """The real-model board's measures before RL of one named model (``mxfp4 real-board``): a folder with
+        ``items.csv``, ``recipes.json`` and lm-eval's output per evaluated recipe."""
+        return self.root / "real_board" / model
+
+    @property
     def report(self) -> Path:
         """The run's results in one page (``mxfp4 report``); the stored baselines have their own."""
         return self.root / "REPORT.md"

@@ -254,6 +254,26 @@ def _cmd_entropy_trajectory(args) -> int:
     return 0
 
 
+def _cmd_headline(args) -> int:
+    from ..layout import REFERENCE_RECIPE
+    from ..report.headline import run
+
+    profile = profile_of(args)
+    tested = [r for r in profile.recipes if r not in (REFERENCE_RECIPE, args.premise)]
+    if args.recipe is None and len(tested) != 1:
+        raise ValueError(f"profile {args.profile!r} runs {len(tested)} recipes besides {REFERENCE_RECIPE} and "
+                         f"{args.premise} ({', '.join(tested) or 'none'}); name the one tested with --recipe")
+    recipe = args.recipe or tested[0]
+    model = args.model or next(iter(profile.models))
+    out = Path(args.out or args.layout.headline)
+    result = run(args.aggregate or args.layout.aggregate, model, recipe, args.profile, out,
+                 out.with_name("headline_curves.png"), args.premise)
+    for r in result["rows"]:
+        print(f"{r['contrast']} {r['part']}: {r['verdict']}")
+    print(f"wrote {out}, {out.with_suffix('.csv').name} and headline_curves.png")
+    return 0
+
+
 def _cmd_network_recovery(args) -> int:
     import yaml
 
@@ -418,6 +438,19 @@ def add_commands(sub) -> None:
     p.add_argument("--out", type=out_file, default=None,
                    help="the markdown report (default results/<profile>/entropy_trajectory.md; the .csv beside it)")
     p.set_defaults(func=_cmd_entropy_trajectory)
+
+    p = sub.add_parser("headline", help="a named model's W4A4 recipe against BF16's seed-to-seed band after GRPO, "
+                                        "over its seeds x held-out problems")
+    profile_args(p)
+    p.add_argument("--model", default=None, help="the model (default: the profile's first)")
+    p.add_argument("--recipe", default=None, help="the recipe tested (default: the profile's one besides bf16 and "
+                                                   "the premise)")
+    p.add_argument("--premise", default="mxfp4", help="the recipe whose harm is the premise (default mxfp4)")
+    p.add_argument("--aggregate", default=None, help="the folder of cells.csv, items.csv and steps.csv (default: "
+                                                      "the profile's aggregate/)")
+    p.add_argument("--out", type=out_file, default=None,
+                   help="the markdown report (default results/<profile>/headline.md; the .csv and curves beside it)")
+    p.set_defaults(func=_cmd_headline)
 
     p = sub.add_parser("network-recovery",
                        help="mxfp4+all against BF16's held-out accuracy over networks x problems (the headline)")

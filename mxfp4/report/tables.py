@@ -152,6 +152,22 @@ class UnitRow(_Row):
     harm: Number = None
 
 
+class BoardItemRow(_Row):
+    """A row of the real-model board's ``items.csv`` (``mxfp4 real-board``): one recipe's completion of one held-out
+    problem before RL."""
+
+    model: Text
+    recipe: Text
+    doc_id: int = Field(ge=0)
+    doc_hash: Text
+    strict: float = Field(ge=0, le=1, multiple_of=1)
+    flexible: float = Field(ge=0, le=1, multiple_of=1)
+    repetitive: bool
+    garbled: bool
+    error: bool
+    same_as: Opt = None
+
+
 CSV_SCHEMAS: dict[str, tuple[type[_Row], tuple[str, ...]]] = {  # table -> (row schema, the columns that key a row)
     "cells": (CellRow, ("model", "recipe", "seed")),
     "steps": (StepRow, ("model", "recipe", "seed", "step")),
@@ -159,6 +175,7 @@ CSV_SCHEMAS: dict[str, tuple[type[_Row], tuple[str, ...]]] = {  # table -> (row 
     "summary": (SummaryRow, ("model", "recipe", "metric")),
     "pathways": (PathwayRow, ("model", "checkpoint", "injection", "site", "layer", "metric", "form")),
     "units": (UnitRow, ("model", "checkpoint", "form", "pathway", "arm", "unit")),
+    "board_items": (BoardItemRow, ("model", "recipe", "doc_id")),
 }
 
 
@@ -288,6 +305,32 @@ def read_unit_files(paths, models: list[str] | None = None) -> list[dict]:
             arm, n = next(iter(short.items()))
             raise TableError(f"{model} {checkpoint} {form} {pathway}: arm {arm!r} has {n} units where another has "
                              f"{len(most)}; accepted: every arm measured on the same units")
+    return rows
+
+
+def read_board_items(path: Path | str, model: str | None = None) -> list[dict]:
+    """The real-model board's per-problem file (``mxfp4 real-board``'s ``items.csv``), validated (``read_table``:
+    columns, types, 0/1 scores, one row per recipe and problem), then: one model (``model`` where given), a bf16 row
+    set, and every recipe scored on exactly bf16's problems (the same doc ids and hashes), so that every paired
+    difference is over the same problems. Anything else is a TableError naming the file and what is accepted."""
+    path = Path(path)
+    if not path.is_file():
+        raise TableError(f"{path}: no such board file; accepted: the items.csv that mxfp4 real-board writes")
+    rows = read_table(path, "board_items")
+    models = sorted({r["model"] for r in rows})
+    if len(models) != 1 or (model is not None and models != [model]):
+        raise TableError(f"{path}: rows of model(s) {', '.join(models) or 'none'}; accepted: one model"
+                         + (f", {model!r}" if model is not None else ""))
+    problems: dict[str, set] = {}
+    for r in rows:
+        problems.setdefault(r["recipe"], set()).add((int(r["doc_id"]), r["doc_hash"]))
+    if "bf16" not in problems:
+        raise TableError(f"{path}: no bf16 rows; accepted: a board measured beside bf16 (mxfp4 real-board does)")
+    for recipe, got in problems.items():
+        if got != problems["bf16"]:
+            raise TableError(f"{path}: recipe {recipe!r} scored {len(got)} problems, {len(got ^ problems['bf16'])} "
+                             f"of them or of bf16's {len(problems['bf16'])} not in both; accepted: every recipe on "
+                             "bf16's problems")
     return rows
 
 

@@ -138,3 +138,37 @@ rule store_network_recovery:
         touch(str(L.root / "network_recovery_stored.flag")),
     run:
         store_with_baselines(input)
+
+
+rule headline:
+    """A named model's headline (real-small-headline): the tested W4A4 recipe and plain MXFP4 against BF16's own
+    seed-to-seed band, over its GRPO seeds x held-out problems, on all seeds and each fixed half; every seed's
+    curves."""
+    input:
+        cells=str(L.table("cells")),
+        problems=str(L.table("items")),
+        steps=str(L.table("steps")),
+    output:
+        md=str(L.headline),
+        csv=str(L.headline.with_suffix(".csv")),
+        fig=str(L.headline.with_name("headline_curves.png")),
+    log:
+        str(L.log("headline")),
+    shell:
+        "{MXFP4} headline --profile {PROFILE} --aggregate {L.aggregate} --out {output.md} > {log} 2>&1"
+
+
+rule store_headline:
+    """Store the headline with the baselines: the cells, steps and per-problem tables, the test and the curves
+    (recomputable from the stored tables by `mxfp4 headline --aggregate results/baselines/<profile>`)."""
+    input:
+        str(L.table("cells")),
+        str(L.table("steps")),
+        str(L.table("items")),
+        str(L.headline),
+        str(L.headline.with_suffix(".csv")),
+        str(L.headline.with_name("headline_curves.png")),
+    output:
+        touch(str(L.root / "headline_stored.flag")),
+    run:
+        store_with_baselines(input)
