@@ -1,7 +1,8 @@
 """The real-model board's measures before RL, on one named pretrained model: per recipe, GSM8K through lm-eval on
 every held-out problem the profile evaluates (strict correctness per problem, to pair with BF16's), each
 completion's error class (``error_tokens``), the time of one training pass over BF16's, and the share of weight
-elements the recipe keeps in BF16 (its edge layers). The pathway harms come from ``mxfp4 mechanism`` on the same profile; ``report.real_board`` ranks.
+elements the recipe keeps in BF16 (its edge layers). The pathway harms come from ``mxfp4 mechanism`` on the same
+profile; ``report.real_board`` ranks.
 
 A recipe generates as it would in its rollouts (``Recipe.rollout_precision``). Recipes whose generation is the same
 computation give the same evaluation: where a recipe's logits on the check batch (the first ``CHECK_PROMPTS``
@@ -119,7 +120,8 @@ def measure(run: Run, model_name: str, recipes: list[str], out_dir: Path | str, 
         kept_fraction = 0.0
         if quantizer is not None:
             patched = set(patch_model(model, quantizer))
-            sizes = {n: sum(p.numel() for p in gemm_weights(m).values()) for n, m, _ in targets(model, quantizer.modules)}
+            sizes = {n: sum(p.numel() for p in gemm_weights(m).values())
+                     for n, m, _ in targets(model, quantizer.modules)}
             kept_fraction = sum(v for n, v in sizes.items() if n not in patched) / sum(sizes.values())
         try:
             digest = logits_digest(model, check, recipe)

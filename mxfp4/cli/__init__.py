@@ -14,7 +14,7 @@ from . import numerics, reports, runs
 
 # Commands that load transformers models (the RL processes).
 MODEL_COMMANDS = ("pretrain", "cell", "probe-batch", "pathways", "depth", "depth-optimizers",
-                  "corrections-table", "weight-components", "recipe-cost", "mechanism", "real-board")
+                  "corrections-table", "weight-components", "recipe-cost", "mechanism", "real-board", "collapse-map")
 
 
 def hide_torchao_from_transformers() -> None:

@@ -164,6 +164,17 @@ def _cmd_real_board(args) -> int:
     return 0
 
 
+def _cmd_collapse_map(args) -> int:
+    from ..analysis.collapse_map import measure
+
+    out = Path(args.out)
+    writable(out)
+    measure(run_of(args), args.model, out, args.problems, args.prompts,
+            progress=lambda line: print(line, file=sys.stderr, flush=True))
+    print(f"wrote {out}")
+    return 0
+
+
 def _cmd_recipe_cost(args) -> int:
     from ..config.recipes import recipe_base
     from ..layout import REFERENCE_RECIPE
@@ -281,12 +292,21 @@ def add_commands(sub) -> None:
                    help="the per-unit file (default results/<profile>/mechanism/<recipe>/<model>_units.csv)")
     p.set_defaults(func=_cmd_mechanism)
 
-    p = sub.add_parser("real-board", help="the real-model board's measures before RL: per recipe, GSM8K through lm-eval "
-                                          "per held-out problem, error completions, a training pass's time")
+    p = sub.add_parser("real-board", help="the real-model board's measures before RL: per recipe, GSM8K through "
+                                          "lm-eval per held-out problem, error completions, a training pass's time")
     model_args(p)
     p.add_argument("--recipe", nargs="+", required=True, help="the recipes measured (bf16 always, first)")
     p.add_argument("--out", required=True, help="the folder written: items.csv, recipes.json, eval/<recipe>/")
     p.set_defaults(func=_cmd_real_board)
+
+    p = sub.add_parser("collapse-map", help="where W4A4 breaks a named model before RL: one decoder layer at a time in "
+                                            "BF16, each operand role alone quantized")
+    model_args(p)
+    p.add_argument("--problems", type=positive_int, default=None,
+                   help="held-out problems evaluated (default: the profile's evaluation limit)")
+    p.add_argument("--prompts", type=positive_int, default=16, help="GSM8K test solutions teacher-forced (default 16)")
+    p.add_argument("--out", type=out_file, required=True, help="the CSV written")
+    p.set_defaults(func=_cmd_collapse_map)
 
     p = sub.add_parser("recipe-cost", help="a recipe's measured step against its base on the stored warm start, "
                                            "and the hooks that force the host's reference path")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -38,23 +38,31 @@ class BF16Layers(BaseModel):
     first: int = Field(0, ge=0, description="the first k decoder layers kept unquantized")
     last: int = Field(0, ge=0, description="the last m decoder layers kept unquantized")
     last_fraction: float | None = Field(None, gt=0, lt=1, description="the last ceil(f x layers) instead of last")
+    layers: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list,
+                                                      description="these decoder layers (indices) kept too")
 
     @model_validator(mode="after")
     def _some(self):
         if self.last and self.last_fraction is not None:
             raise ValueError("bf16_layers: give last or last_fraction, not both")
-        if not (self.first or self.last or self.last_fraction):
-            raise ValueError("bf16_layers keeps no layer; accepted: first, last or last_fraction above 0")
+        if not (self.first or self.last or self.last_fraction or self.layers):
+            raise ValueError("bf16_layers keeps no layer; accepted: first, last or last_fraction above 0, or layers")
         return self
 
     def kept(self, layers: int) -> set[int]:
         """The indices kept unquantized in a model of ``layers`` decoder layers; a ValueError where they would be
         every layer (nothing left to quantize)."""
         last = math.ceil(self.last_fraction * layers) if self.last_fraction is not None else self.last
-        if self.first + last >= layers:
-            raise ValueError(f"bf16_layers keeps the first {self.first} and last {last} of {layers} decoder layers: "
-                             f"nothing left to quantize; accepted: first + last below {layers}")
-        return set(range(self.first)) | set(range(layers - last, layers))
+        outside = [i for i in self.layers if i >= layers]
+        if outside:
+            raise ValueError(f"bf16_layers keeps layer(s) {outside} of a model of {layers} decoder layers; accepted: "
+                             f"indices below {layers}")
+        kept = set(range(self.first)) | set(range(layers - last, layers)) | set(self.layers)
+        if self.first + last >= layers or len(kept) == layers:
+            raise ValueError(f"bf16_layers keeps the first {self.first} and last {last} of {layers} decoder layers"
+                             + (f" and layers {sorted(self.layers)}" if self.layers else "")
+                             + f": nothing left to quantize; accepted: fewer than {layers} kept")
+        return kept
 
 
 class Recipe(BaseModel):

@@ -21,6 +21,7 @@ from ..numerics.reference import from_blocks, quantize_blocks, to_blocks
 from .aqn import AdaptiveQuantizationNoise
 from .base import Correction
 from .four_over_six import FourOverSix
+from .full_precision_roles import FullPrecisionRoles
 from .hadamard import RandomHadamard, stable_seed
 from .macro_block import MacroBlockScaling
 from .ms_eden import MSEden
@@ -34,6 +35,7 @@ __all__ = [
     "AdaptiveQuantizationNoise",
     "Correction",
     "FourOverSix",
+    "FullPrecisionRoles",
     "HookError",
     "MacroBlockScaling",
     "MSEden",

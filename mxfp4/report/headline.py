@@ -80,8 +80,8 @@ def analyse(cells: list[dict], items: list[dict], model: str, recipe: str, premi
     for name in (REFERENCE_RECIPE, premise, recipe):
         got = {int(c["seed"]): c for c in cells if c["model"] == model and c["recipe"] == name}
         if sorted(got) != seeds:
-            raise ValueError(f"{model}: {name} has seeds {sorted(got)}, the band's {REFERENCE_RECIPE} seeds are {seeds}; "
-                             "accepted: every recipe at every seed (a seed without learning signal is kept)")
+            raise ValueError(f"{model}: {name} has seeds {sorted(got)}, the band's {REFERENCE_RECIPE} seeds are "
+                             f"{seeds}; accepted: every recipe at every seed (a seed without learning signal is kept)")
         per_seed[name] = got
     inside = {}
     for name in (premise, recipe):
@@ -98,7 +98,7 @@ def analyse(cells: list[dict], items: list[dict], model: str, recipe: str, premi
 
 def markdown(result: dict, profile: str) -> str:
     f = formatter("{:+.3f}")
-    b, recipe, premise = result["band"], result["recipe"], result["premise"]
+    b, recipe = result["band"], result["recipe"]
     lines = [f"# The headline on {result['model']} (`{profile}`): {recipe} against BF16's seed-to-seed band", "",
              "About this model: its GRPO seeds and held-out problems are the replicates (crossed). The test was fixed "
              "before the run (mxfp4/report/headline.py).", "",

@@ -34,8 +34,8 @@ from ..nn import (
     patched_modules,
     quantized_weights,
     rollout_weight_cache,
-    weights_only,
     set_probe,
+    weights_only,
 )
 from ..nn.linear import KIND_OPERANDS
 from ..numerics.decompose import COMPONENTS, SUMMARY_KEYS, pool_stats
