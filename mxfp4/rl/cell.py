@@ -46,7 +46,8 @@ def rollout_settings(grpo, recipe) -> dict:
     """GRPOConfig arguments of the profile's rollout backend. ``hf``: generate through the patched
     model (W4A4, exact to the training forward; W4A16 where the recipe's ``rollout_precision`` says). ``vllm``:
     TRL's colocated vLLM engine fed the recipe's quantized weights (W4A16; W4A4 is refused), with the recipe's
-    truncated importance sampling if it sets a cap. A requested backend that cannot run is an error, never a fallback."""
+    truncated importance sampling if it sets a cap. A requested backend that cannot run is an error, never a
+    fallback."""
     if grpo.rollout == "hf":
         return {"use_vllm": False}
     if recipe.rollout_precision == "w4a4":
