@@ -141,7 +141,8 @@ def markdown(rows: list[dict], model: str, profile: str, record: dict, highlight
         apart = ", ".join(map(str, sorted(r["apart_from"]))) or MISSING
         out.append(f"| {r['rank']} | {name} | {r['precision']} | {r['accuracy']:.3f} | {f(r['diff'])} "
                    f"[{f(r['ci_low'])}, {f(r['ci_high'])}] | {apart} | {r['error_rate']:.3f} "
-                   f"({r['repetitive_rate']:.3f}; {r['garbled_rate']:.3f}) | {f(r['gradient_harm'], '{:.4f}')} | {f(r['rollout_harm'], '{:.2f}')} "
+                   f"({r['repetitive_rate']:.3f}; {r['garbled_rate']:.3f}) | {f(r['gradient_harm'], '{:.4f}')} "
+                   f"| {f(r['rollout_harm'], '{:.2f}')} "
                    f"| {f(r['entropy_harm'], '{:.4f}')} | {r['extra_bits_per_element']:.3g} | {r['pass_ratio']:.2f}x "
                    f"| {r['same_as'] or MISSING} |")
     out += ["", "Pathway harms: " + (", ".join(f"{p} over {k} units" for p, k in n_units.items())
