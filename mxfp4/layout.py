@@ -226,10 +226,19 @@ class Layout:
         every seed's curves as ``headline_curves.png``)."""
         return self.root / "headline.md"
 
-    def real_board(self, model: str) -> Path:
+    def real_board(self, model: str, recipe: str | None = None) -> Path:
         """The real-model board's measures before RL of one named model (``mxfp4 real-board``): a folder with
-        ``items.csv``, ``recipes.json`` and lm-eval's output per evaluated recipe."""
-        return self.root / "real_board" / model
+        ``items.csv``, ``recipes.json`` and lm-eval's output per evaluated recipe; with ``recipe``, a placed recipe's
+        own (it and bf16)."""
+        return self.root / "real_board" / (f"{model}_{recipe}" if recipe else model)
+
+    def real_leaderboard(self, recipe: str | None = None) -> Path:
+        """The real-model board (``mxfp4 leaderboard --real``; its rows as ``.json``), or a user recipe's place."""
+        return self.root / "real_board" / (f"LEADERBOARD_{recipe}.md" if recipe else "LEADERBOARD.md")
+
+    def collapse_map(self, model: str) -> Path:
+        """Where W4A4 breaks a named model before RL (``mxfp4 collapse-map``; its report beside it as ``.md``)."""
+        return self.root / "collapse_map" / f"{model}.csv"
 
     @property
     def report(self) -> Path:

@@ -118,10 +118,30 @@ def _cmd_mechanism_report(args) -> int:
     return 0
 
 
+def _cmd_real_leaderboard(args) -> int:
+    from ..report.network_claims import read_units
+    from ..report.real_board import run
+
+    units = read_units(args.units) if args.units else None
+    if args.recipe and not args.recipe_board:
+        raise ValueError(f"--recipe {args.recipe} on the real board needs --recipe-board: its folder of mxfp4 "
+                         "real-board --recipe <recipe>")
+    out = args.out or args.layout.leaderboard(args.recipe)
+    rows = run(args.real, args.profile, writable(out), units, args.recipe, args.recipe_board)
+    for r in rows:
+        print(f"{r['rank']:2d}. {r['recipe']:22s} strict before RL {r['accuracy']:.3f} (- bf16 {r['diff']:+.3f})")
+    print(f"wrote {out}")
+    return 0
+
+
 def _cmd_leaderboard(args) -> int:
     from ..report.leaderboard import merged, run
     from ..report.network_claims import read_units
 
+    if args.real:
+        return _cmd_real_leaderboard(args)
+    if not args.units:
+        raise ValueError("leaderboard needs per-unit files of mxfp4 mechanism (or --real <a real-board folder>)")
     profile = profile_of(args)
     if not profile.leaderboard:
         raise ValueError(f"profile {args.profile!r} ranks no recipes (leaderboard: [...]); accepted: e.g. networks")
@@ -348,7 +368,12 @@ def add_commands(sub) -> None:
     p = sub.add_parser("leaderboard", help="the profile's MXFP4 recipes ranked at its warm starts by the share of "
                        "MXFP4's harm each removes, the network as the replicate (and a user's recipe beside them)")
     profile_args(p)
-    p.add_argument("units", nargs="+", help="per-unit files of mxfp4 mechanism --recipe <the profile's leaderboard>")
+    p.add_argument("units", nargs="*", help="per-unit files of mxfp4 mechanism --recipe <the profile's leaderboard>")
+    p.add_argument("--real", default=None,
+                   help="the real-model form: a folder of mxfp4 real-board (a named model, its problems the replicate);"
+                        " the units then give its pathway harms")
+    p.add_argument("--recipe-board", default=None,
+                   help="with --real and --recipe: the recipe's folder of mxfp4 real-board (its bf16 must reproduce)")
     p.add_argument("--recipe", default=None, help="a recipe to place on the board (its arm from --recipe-units)")
     p.add_argument("--recipe-units", nargs="+", default=None,
                    help="per-unit files of mxfp4 mechanism --recipe <recipe> on the same warm starts")

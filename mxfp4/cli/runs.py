@@ -169,9 +169,12 @@ def _cmd_collapse_map(args) -> int:
 
     out = Path(args.out)
     writable(out)
-    measure(run_of(args), args.model, out, args.problems, args.prompts,
-            progress=lambda line: print(line, file=sys.stderr, flush=True))
-    print(f"wrote {out}")
+    from ..report.collapse_map import write
+
+    rows = measure(run_of(args), args.model, out, args.problems, args.prompts,
+                   progress=lambda line: print(line, file=sys.stderr, flush=True))
+    write(rows, args.profile, out.with_suffix(".md"))
+    print(f"wrote {out} and {out.with_suffix('.md').name}")
     return 0
 
 

@@ -151,18 +151,67 @@ def markdown(rows: list[dict], model: str, profile: str, record: dict, highlight
     return "\n".join(out)
 
 
-def run(board_dir: Path | str, profile: str, out_md: Path | str, units: list[dict] | None = None,
-        highlight: str | None = None) -> list[dict]:
-    """The board from a ``mxfp4 real-board`` folder (and per-unit rows), written to ``out_md`` with its rows as JSON
-    beside it."""
+def read_board(board_dir: Path | str) -> tuple[list[dict], dict]:
+    """(validated items, record) of a ``mxfp4 real-board`` folder."""
     board_dir = Path(board_dir)
     record_path = board_dir / "recipes.json"
     if not record_path.is_file():
         raise TableError(f"{record_path}: no board record; accepted: a folder mxfp4 real-board wrote")
     record = json.loads(record_path.read_text())
-    items = read_board_items(board_dir / "items.csv", record.get("model"))
+    return read_board_items(board_dir / "items.csv", record.get("model")), record
+
+
+REPRODUCED = ("doc_hash", "strict", "flexible", "repetitive", "garbled")
+
+
+def placed(stored: tuple[list[dict], dict], new: tuple[list[dict], dict], recipe: str) -> tuple[list[dict], dict]:
+    """The stored board with ``recipe``'s rows from a new measurement, once the new run's bf16 reproduces the stored
+    bf16 problem by problem (the first problem that differs is named) and ``recipe`` is not a stored recipe's name
+    (a user's recipe never shadows one)."""
+    (items, record), (new_items, new_record) = stored, new
+    if recipe in record["recipes"]:
+        raise ValueError(f"recipe {recipe!r} is already on the stored board; a placed recipe needs a name of its own "
+                         "(rename it in your recipe file)")
+    if recipe not in new_record["recipes"]:
+        raise ValueError(f"the new board folder measured no {recipe!r}; accepted: mxfp4 real-board --recipe {recipe}")
+    if new_record["model"] != record["model"]:
+        raise ValueError(f"the new board is of {new_record['model']!r}, the stored one of {record['model']!r}")
+    old = {int(r["doc_id"]): r for r in items if r["recipe"] == REFERENCE_RECIPE}
+    again = {int(r["doc_id"]): r for r in new_items if r["recipe"] == REFERENCE_RECIPE}
+    for doc in sorted(old.keys() | again.keys()):
+        a, b = old.get(doc), again.get(doc)
+        if a is None or b is None or any(a[k] != b[k] for k in REPRODUCED):
+            raise ValueError(f"the new run's bf16 does not reproduce the stored board's at problem {doc} "
+                             f"({'missing' if a is None or b is None else 'scores differ'}); the two are not one "
+                             "measurement: rerun the board here, or place the recipe where the board was made")
+    ratio = new_record["recipes"][recipe]["training_pass_seconds"] / new_record["recipes"][REFERENCE_RECIPE][
+        "training_pass_seconds"]
+    merged = {**record, "recipes": {**record["recipes"], recipe: {**new_record["recipes"][recipe],
+                                                                    "training_pass_ratio": ratio}}}
+    return items + [r for r in new_items if r["recipe"] == recipe], merged
+
+
+def run(board_dir: Path | str, profile: str, out_md: Path | str, units: list[dict] | None = None,
+        highlight: str | None = None, highlight_dir: Path | str | None = None) -> list[dict]:
+    """The board from a ``mxfp4 real-board`` folder (and per-unit rows), with ``highlight``'s rows from its own folder
+    where given (``placed``), written to ``out_md`` with its rows as JSON beside it."""
+    items, record = read_board(board_dir)
+    if highlight_dir is not None:
+        items, record = placed((items, record), read_board(highlight_dir), highlight)
     rows = board(items, record, units)
     write_text_atomic(out_md, markdown(rows, record["model"], profile, record, highlight))
     write_json_atomic(Path(out_md).with_suffix(".json"), {"profile": profile, "model": record["model"],
                                                           "method": METHOD, "board": rows})
     return rows
+
+
+PAGE_MARK = "<!-- the real-model board -->"
+
+
+def attach(page: Path | str, board_md: Path | str) -> None:
+    """Put the real-model board ``board_md`` on the leaderboard page ``page`` below the network board, replacing the
+    one there: one page, two boards, each saying what its ranking is about."""
+    page, board_md = Path(page), Path(board_md)
+    text = page.read_text() if page.is_file() else ""
+    head = text.split(PAGE_MARK)[0].rstrip()
+    write_text_atomic(page, (head + "\n\n" if head else "") + PAGE_MARK + "\n\n" + board_md.read_text())
