@@ -168,18 +168,26 @@ def stored_accuracy(layouts: list[Layout]) -> dict[tuple[str, str], str]:
 
 def merged(stored: list[dict], new: list[dict], recipe: str) -> list[dict]:
     """The stored board's units with ``recipe``'s arm from a run of ``mxfp4 mechanism --recipe`` on the same
-    networks, once that run's mxfp4 and bf16 arms are shown to equal the stored ones unit for unit (the same
-    batches, prompts and numerics): else its arm is not comparable with the board's, and this says so."""
+    networks, once that run's mxfp4 and bf16 arms are shown to equal the stored ones unit for unit, each unit by its
+    full identity (model, checkpoint, form, pathway, arm, seed, unit index; a prompt drawn twice is two units): else
+    its arm is not comparable with the board's, and this names the first unit that differs."""
     def key(r):
-        return (r["model"], r["checkpoint"], r["form"], r["pathway"], r["arm"], str(r["seed"]), r["key"])
+        return (r["model"], r["checkpoint"], r["form"], r["pathway"], r["arm"], str(r["seed"]), int(r["unit"]))
 
-    have = {key(r): r["harm"] for r in stored if r["arm"] in ARM_LABELS}
-    anchors = [r for r in new if r["arm"] in ARM_LABELS and key(r) in have]
-    differ = [r for r in anchors if r["harm"] != have[key(r)]]
-    if not anchors or differ:
-        raise ValueError(f"{recipe}: the run's mxfp4 and bf16 arms do not reproduce the stored board's "
-                         f"({len(differ)} of {len(anchors)} shared units differ): its arm is not comparable; accepted: "
-                         "a run on the board's stored warm starts with the same numerics, or the board rerun here")
+    have = {key(r): r for r in stored if r["arm"] in ARM_LABELS}
+    again = {key(r): r for r in new if r["arm"] in ARM_LABELS}
+    for k in sorted(have.keys() | again.keys(), key=str):
+        a, b = have.get(k), again.get(k)
+        if a is None or b is None or a["harm"] != b["harm"] or a.get("key") != b.get("key"):
+            why = ("missing from the run" if b is None else "not on the stored board" if a is None else
+                   f"harm {b['harm']!r} where the board has {a['harm']!r}" if a["harm"] != b["harm"] else
+                   f"unit key {b.get('key')!r} where the board has {a.get('key')!r}")
+            raise ValueError(f"{recipe}: the run's mxfp4 and bf16 arms do not reproduce the stored board's: the first "
+                             f"unit that differs is {'/'.join(map(str, k))} ({why}); its arm is not comparable. "
+                             "Accepted: a run on the board's stored warm starts with the same numerics, or the board "
+                             "rerun here")
+    if not have:
+        raise ValueError(f"{recipe}: the stored board has no mxfp4 or bf16 arm to check the run against")
     if not any(r["arm"] == recipe for r in new):
         raise ValueError(f"no arm of {recipe} in the run's per-unit files; accepted: mxfp4 mechanism --recipe {recipe}")
     return [r for r in stored if r["arm"] != recipe] + [r for r in new if r["arm"] == recipe]

@@ -89,5 +89,22 @@ def test_a_placed_recipe_joins_only_when_its_run_reproduces_the_board_anchors():
     text = markdown({"tiny-dense": rows}, "networks", highlight="mine")
     assert "**mine** on tiny-dense: rank 2 of 4" in text
     moved = [dict(r, harm=r["harm"] + (1e-9 if r["arm"] == "all" else 0.0)) for r in mine]
-    with pytest.raises(ValueError, match="do not reproduce the stored board"):
+    with pytest.raises(ValueError, match="do not reproduce the stored board's: the first unit that differs is "
+                                         r"tiny-dense/warm/gain/\w+/all/"):
         merged(stored, moved, "mine")
+    short = [r for r in mine if not (r["arm"] == "none" and int(r["unit"]) == 0)]
+    with pytest.raises(ValueError, match=r"/none/.*/0 \(missing from the run\)"):
+        merged(stored, short, "mine")
+
+
+def test_the_stored_board_reproduces_against_itself_with_a_prompt_drawn_twice():
+    """The stored networks board, its own anchors as a placed run's: every unit matches by its full identity, so a
+    prompt drawn twice in one network (the same key, two units) is no mismatch."""
+    from mxfp4.report.network_claims import read_units
+
+    stored = read_units(["results/baselines/networks/leaderboard/tiny-dense_units.csv"])
+    keys = [(r["pathway"], r["arm"], r["seed"], r["key"]) for r in stored if r["arm"] == "none"]
+    assert len(keys) > len(set(keys))  # some prompt is drawn twice in a network
+    again = [dict(r, arm="mine") if r["arm"] == "mxfp4+macro" else r for r in stored]
+    both = merged(stored, again, "mine")
+    assert sum(r["arm"] == "mine" for r in both) == sum(r["arm"] == "mxfp4+macro" for r in stored)
