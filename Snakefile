@@ -68,3 +68,9 @@ rule ablations:
 rule eval:
     input:
         ALL_EVALS,
+
+
+onstart:
+    # the one onstart Snakemake keeps: every rule file's message (ON_START, workflow/rules/common.smk)
+    for message in ON_START:
+        message()

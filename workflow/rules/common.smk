@@ -97,3 +97,14 @@ ALL_EVALS = [str(L.evaluation(m, r, s)) for m in MODELS for r in RECIPES for s i
 
 # every registered figure's files (mxfp4/report/figures.py): what the figures target draws and store_baselines keeps
 FIGURE_FILES = [str(L.figure(f.stem, suffix)) for f in FIGURES.values() for suffix in (".png", ".pdf")]
+
+
+# Each rule file's message before the first job (a cost estimate, a warning): Snakemake keeps only the last
+# `onstart`, so the rule files register theirs here and the Snakefile's one onstart calls every one.
+ON_START = []
+
+
+def on_start(message):
+    """Register ``message`` (a function of no arguments) to run before the first job."""
+    ON_START.append(message)
+    return message

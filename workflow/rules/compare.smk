@@ -155,10 +155,15 @@ def measured_step_ratios():
     return {COMPARE_RECIPE: json.loads(out.read_text())["step_ratio"]}
 
 
-onstart:
-    # The cost of a compare, printed before its first job: the stored cells' wall times, the new recipe's scaled
-    # by its step measured here against its base's.
-    if "compare" in (workflow.dag_settings.targets if workflow.dag_settings else ()):
+def requested_targets():
+    return workflow.dag_settings.targets if workflow.dag_settings else ()
+
+
+@on_start
+def compare_estimate():
+    """The cost of a compare, printed before its first job: the stored cells' wall times, the new recipe's scaled
+    by its step measured here against its base's."""
+    if "compare" in requested_targets():
         from mxfp4.report.compare import cost_estimate
         from mxfp4.report.tables import read_table
 
@@ -167,6 +172,29 @@ onstart:
         print(cost_estimate(read_table(stored, "cells") if stored.is_file() else [], planned_compare_cells(),
                             workflow.cores, ratios)
               + " (if the stored cells do not reproduce here, the references of every seed run as well)")
+
+
+@on_start
+def mechanism_estimate():
+    """The cost of a mechanism run, printed before its first job: the stored leaderboard's measured seconds per arm
+    and network, times the arms this run measures."""
+    if "mechanism" not in requested_targets() or P.pathways is None:
+        return
+    import json
+
+    from mxfp4.analysis.mechanism import mechanism_arms
+
+    arms = 2 + len(mechanism_arms(P, [COMPARE_RECIPE]))
+    for m in COMPARE_MODELS:
+        stored = L.stored(L.leaderboard_units(m).with_suffix(".run.json"))
+        if not stored.is_file():
+            print(f"mechanism: {COMPARE_RECIPE} on {m}: {arms} arms; no stored measure of this profile's arms "
+                  f"({stored}) to estimate the time from")
+            continue
+        run = json.loads(stored.read_text())
+        minutes = run["seconds"] / run["arms"] * arms / 60
+        print(f"mechanism: {COMPARE_RECIPE} on {m}: {arms} arms at {run['networks']} networks, about {minutes:.0f} "
+              f"min on one core (the stored board: {run['arms']} arms in {run['seconds'] / 60:.0f} min)")
 
 
 # The mechanism first, where the profile fixes the pathways' margins (pathways.claims) and has tiny warm starts.

@@ -102,10 +102,11 @@ rule store_leaderboard:
             attach(L.baselines.parent / "LEADERBOARD.md", stored_real)
 
 
-onstart:
-    # The cost of placing a recipe, printed before its first job: the stored board's measured time per arm and
-    # network, times the arms the placed recipe's run measures (it, MXFP4, BF16 and the correction arms).
-    if PLACED and "leaderboard" in (workflow.dag_settings.targets if workflow.dag_settings else ()):
+@on_start
+def leaderboard_estimate():
+    """The cost of placing a recipe, printed before its first job: the stored board's measured time per arm and
+    network, times the arms the placed recipe's run measures (it, MXFP4, BF16 and the correction arms)."""
+    if PLACED and "leaderboard" in requested_targets():
         import json
 
         for m in TINY_MODELS:
