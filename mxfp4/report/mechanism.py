@@ -19,7 +19,7 @@ from pathlib import Path
 from ..analysis.pathways.spec import RECOVERY_HARMS, UNITS
 from ..config.profiles import load_profile
 from ..io import write_json_atomic, write_text_atomic
-from ..stats import nested_paired, three_outcome_test, three_outcome_verdict
+from ..stats import ALPHA, nested_paired, network_contrast, three_outcome_test, three_outcome_verdict
 from .formatting import MISSING, number
 from .network_claims import by_network, profile_networks, read_units, unit_harms
 
@@ -53,6 +53,7 @@ def mechanism_rows(units: list[dict], recipe: str, profile) -> list[dict]:
     for model in sorted({r["model"] for r in units}):
         per_unit = unit_harms(units, model, "warm", form)
         h = by_network(per_unit, network_of)
+        tests = []
         for pathway, key in PATHWAYS.items():
             arms = h.get(key, {})
             if recipe not in arms:
@@ -61,16 +62,23 @@ def mechanism_rows(units: list[dict], recipe: str, profile) -> list[dict]:
             ranked = sorted(mean, key=mean.get)
             for rival in [a for a in ("all", "none") if a in arms] + sorted(a for a in arms
                                                                           if a not in ("all", "none", recipe)):
-                test = three_outcome_test({n: -v for n, v in arms[recipe].items()},
-                                          {rival: {n: -v for n, v in arms[rival].items()}}, design.margins[pathway])
-                verdict, _ = three_outcome_verdict(test)
-                c = test["contrasts"][rival]
-                out.append({"model": model, "pathway": pathway, "recipe": recipe, "rival": arm_label(rival),
-                            "harm_recipe": mean[recipe], "harm_rival": mean[rival], "diff": c["diff"],
-                            "ci_low": c["ci_low"], "ci_high": c["ci_high"], "networks": c["networks"],
-                            "verdict": _verdict_words(verdict, rival), "margin": design.margins[pathway],
-                            "rank": ranked.index(recipe) + 1, "arms": len(ranked),
-                            "within": _within(per_unit.get(key, {}), recipe, rival)})
+                tests.append((pathway, key, rival, mean, ranked, arms))
+        family = len(tests)  # every row of the model: one Bonferroni family, each verdict and interval at its level
+        level = 1 - 2 * ALPHA / family if family else 0.95
+        for pathway, key, rival, mean, ranked, arms in tests:
+            own = {n: -v for n, v in arms[recipe].items()}
+            test = three_outcome_test(own, {rival: {n: -v for n, v in arms[rival].items()}}, design.margins[pathway])
+            adjusted = {outcome: None if p is None else min(1.0, p * family) for outcome, p in
+                        (("held", test["p_held"]), ("contradicted", test["p_contradicted"]),
+                         ("no dominance", test["p_equivalent"]))}
+            verdict, _ = three_outcome_verdict(test, adjusted if adjusted["held"] is not None else None)
+            c = network_contrast(own, {n: -v for n, v in arms[rival].items()}, design.margins[pathway], level)
+            out.append({"model": model, "pathway": pathway, "recipe": recipe, "rival": arm_label(rival),
+                        "harm_recipe": mean[recipe], "harm_rival": mean[rival], "diff": c["diff"],
+                        "ci_low": c["ci_low"], "ci_high": c["ci_high"], "level": level, "family": family,
+                        "networks": c["networks"], "verdict": _verdict_words(verdict, rival),
+                        "margin": design.margins[pathway], "rank": ranked.index(recipe) + 1, "arms": len(ranked),
+                        "within": _within(per_unit.get(key, {}), recipe, rival)})
     return out
 
 
@@ -91,10 +99,14 @@ def markdown(rows: list[dict], recipe: str, profile_name: str, energy: list[dict
     out = [f"# Mechanism of `{recipe}` at the stored warm starts (`{profile_name}`)", "",
            "Each row: the recipe's harm against one rival arm on the pathway, averaged within each network (a warm "
            "start; units nested in it), the rival's harm minus the recipe's over the networks (> 0: the recipe "
-           "harms less) with its 95% t interval, and the three-outcome verdict at the pathway's margin. "
+           "harms less) with its t interval, and the three-outcome verdict at the pathway's margin. The family is "
+           "every row of the model (Bonferroni): each verdict is its one-sided test at 0.05 over the rows, and the "
+           "interval printed is the two-sided one at that level (1 - 2 x 0.05 / rows), so a verdict of lower or "
+           "higher harm is exactly an interval that excludes 0 on that side. "
            "`within one network` is the units' paired mean inside the measured network(s): a statement about "
            "them, not about the model class.", "",
-           "| model | pathway | vs | harm (recipe / rival) | rival minus recipe [95% CI] | networks | verdict "
+           "| model | pathway | vs | harm (recipe / rival) | rival minus recipe [CI at the family's level] | networks "
+           "| verdict "
            "| rank among arms | within the network(s): paired over units |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
@@ -106,7 +118,10 @@ def markdown(rows: list[dict], recipe: str, profile_name: str, energy: list[dict
                    f"[{number(r['ci_low'])}, {number(r['ci_high'])}] | "
                    f"{r['networks']} | {r['verdict']} (margin {r['margin']:g}) | {r['rank']} of {r['arms']} | "
                    f"{within} |")
-    out += ["", "Harms: " + "; ".join(f"{p}: {RECOVERY_HARMS[p]}" for p in PATHWAYS) + ".", ""]
+    levels = {r["model"]: (r["family"], r["level"]) for r in rows}
+    out += ["", "Families: " + "; ".join(f"{m}: {k} rows, intervals at {100 * lv:.2f}%" for m, (k, lv) in
+                                         levels.items()) + ".",
+            "", "Harms: " + "; ".join(f"{p}: {RECOVERY_HARMS[p]}" for p in PATHWAYS) + ".", ""]
     if energy:
         out += ["## What it removes from each error component", "",
                 "Error energy of the warm start's quantized weights under plain MXFP4 -> under the recipe (pooled "

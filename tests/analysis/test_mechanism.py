@@ -90,3 +90,19 @@ def test_one_network_gives_inconclusive_verdicts_and_says_so():
     assert rows and all(r["verdict"] == "inconclusive (fewer than two networks)" for r in rows)
     assert all(r["within"]["diff"] is not None for r in rows if r["rival"] == "mxfp4")
     assert "not about the model class" in markdown(rows, "mine", "x", [])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_verdict_agrees_with_its_printed_interval(seed):
+    """Harms close enough that some contrasts sit near their bound: over the model's rows (one Bonferroni family)
+    a lower-harm verdict is exactly an interval above 0, a higher-harm one an interval below 0, printed at the
+    family's level."""
+    profile = load_profile("embedded-large")
+    rng = np.random.default_rng(seed)
+    harms = {"none": 0.0, "all": 0.3, "mine": 0.2, "mxfp4+macro": 0.2 + rng.normal(0, 0.004),
+             "mxfp4+fallback": 0.2 + rng.normal(0, 0.004)}
+    rows = mechanism_rows(_units(profile, harms, per_network_sd=0.004, seed=seed), "mine", profile)
+    assert {r["family"] for r in rows} == {len(rows)} and rows[0]["level"] == pytest.approx(1 - 0.1 / len(rows))
+    for r in rows:
+        assert r["verdict"].startswith("lower harm") == (r["ci_low"] > 0), r
+        assert r["verdict"].startswith("higher harm") == (r["ci_high"] < 0), r
