@@ -250,7 +250,7 @@ def decompose(
         A ``Decomposition``: the quantized tensor, the three components in ``x``'s shape, the deadzone and
         saturation masks, and ``stats`` (energies, shares, Shapley shares, cosines, fractions).
     """
-    fmt, axis, rule = check_input(x, fmt, axis, scale_rule)
+    fmt, axis, rule = check_input(x, fmt, axis, scale_rule, also=(torch.float64,))  # a correction's own dtype
     n_bad = int((~torch.isfinite(x)).sum())
     if n_bad:
         raise ValueError(f"decompose needs finite input; found {n_bad} NaN or infinite elements")

@@ -89,14 +89,15 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((low, high), dim=-1).reshape(*packed.shape[:-1], 2 * packed.shape[-1])
 
 
-def check_input(x: torch.Tensor, fmt: str | BlockFormat, axis: int, scale_rule: str | None):
-    """Validate the arguments every entry point shares; returns (format, axis >= 0, rule)."""
+def check_input(x: torch.Tensor, fmt: str | BlockFormat, axis: int, scale_rule: str | None, also=()):
+    """Validate the arguments every entry point shares (``also``: dtypes accepted beside ``SUPPORTED_DTYPES``);
+    returns (format, axis >= 0, rule)."""
     fmt = get_format(fmt)
     rule = fmt.check_scale_rule(scale_rule)
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"expected a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in SUPPORTED_DTYPES:
-        names = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES)
+    if x.dtype not in SUPPORTED_DTYPES + tuple(also):
+        names = ", ".join(str(d).removeprefix("torch.") for d in SUPPORTED_DTYPES + tuple(also))
         raise ValueError(f"unsupported dtype {x.dtype}; accepted: {names}")
     if x.dim() == 0:
         raise ValueError("expected a tensor with at least one dimension, got a scalar")

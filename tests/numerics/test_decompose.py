@@ -229,3 +229,16 @@ def test_component_cosines_match_an_independent_computation():
 def test_an_unknown_form_is_refused():
     with pytest.raises(ValueError, match="accepted: canonical, gain"):
         decompose(torch.randn(4, 32), form="projection")
+
+
+@given(st.integers(0, 2**31 - 1))
+@settings(max_examples=20, deadline=None)
+def test_a_float64_operand_decomposes_exactly_as_a_correction_hands_it_over(seed):
+    """docs/corrections.md: operands may arrive in float64. The identity holds exactly in float64, and where the
+    values are float32 numbers the quantized tensor is the float32 path's, value for value."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(8, 96, generator=g) * torch.exp(torch.randn(8, 1, generator=g))).double()
+    d = decompose(x)
+    assert d.quantized.dtype == torch.float64
+    assert torch.equal(d.e_scale + d.e_dead + d.e_grid, d.quantized - x)
+    assert torch.equal(d.quantized, reference.fake_quantize(x.float(), "mxfp4", -1).double())
