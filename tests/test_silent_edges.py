@@ -483,3 +483,29 @@ def test_each_units_file_edge_passes_untouched_and_refuses_broken(case, edit, re
     with pytest.raises(ValueError, match=refusal) as err:
         units_file(tmp_path / "bad", True, edit)()
     assert "\n" not in str(err.value), "one line"
+
+
+def truncated_codes(broken):
+    import dataclasses
+
+    import mxfp4
+
+    q = mxfp4.quantize(torch.randn(4, 64))
+    return lambda: mxfp4.dequantize(dataclasses.replace(q, codes=q.codes[..., :-3]) if broken else q)
+
+
+# edges that need no smoke run: each passes untouched and is one line broken
+FAST_CASES = [
+    ("a QuantizedTensor with truncated codes", truncated_codes,
+     r"QuantizedTensor holds 116 code bytes for 8 blocks of 32 \(128 bytes expected\): its codes are truncated"),
+    ("1.0e9 in a profile reads as text", lambda b: profile_with(grpo__learning_rate="1.0e9" if b else 1e-5),
+     r"grpo.learning_rate: .*\(got '1.0e9'\); YAML reads 1.0e9 as text, not a number: write 1.0e\+9"),
+]
+
+
+@pytest.mark.parametrize("case,make,refusal", FAST_CASES, ids=[c[0] for c in FAST_CASES])
+def test_each_fast_edge_passes_untouched_and_refuses_broken(case, make, refusal):
+    make(False)()
+    with pytest.raises(ValueError, match=refusal) as err:
+        make(True)()
+    assert "\n" not in str(err.value), "one line"

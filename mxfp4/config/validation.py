@@ -31,10 +31,14 @@ def _accepted_keys(model: type[pydantic.BaseModel], loc: tuple) -> list[str]:
 
 
 def _yaml_number_hint(value) -> str:
-    """Why a number came as text: YAML 1.1 reads an exponent without a dot (1e-5) as a string."""
-    if isinstance(value, str) and re.fullmatch(r"[-+]?\d+[eE][-+]?\d+", value.strip()):
-        mantissa, exponent = value.strip().lower().split("e")
-        return f"; YAML reads {value} as text, not a number: write {mantissa}.0e{exponent}"
+    """Why a number came as text: YAML 1.1 reads an exponent without a dot (1e-5) or without a sign (1.0e9) as a
+    string; the advice is the form it reads as a number (a dot in the mantissa, a signed exponent)."""
+    text = value.strip() if isinstance(value, str) else ""
+    match = re.fullmatch(r"([-+]?\d+)(\.\d*)?[eE]([-+]?)(\d+)", text)
+    if match:
+        mantissa, fraction, sign, exponent = match.groups()
+        return (f"; YAML reads {value} as text, not a number: write "
+                f"{mantissa}{fraction if fraction and fraction != '.' else '.0'}e{sign or '+'}{exponent}")
     return ""
 
 

@@ -65,6 +65,12 @@ class QuantizedTensor:
     def element_codes(self) -> torch.Tensor:
         """Unpacked codes, one per element, shaped [..., n_blocks, block_size]."""
         codes = unpack_fp4(self.codes) if self.fmt.packed else self.codes
+        want = self.scales.numel() * self.fmt.block_size
+        if codes.numel() != want:
+            per_byte = 2 if self.fmt.packed else 1
+            raise ValueError(f"QuantizedTensor holds {self.codes.numel()} code bytes for {self.scales.numel()} blocks "
+                             f"of {self.fmt.block_size} ({want // per_byte} bytes expected): its codes are truncated "
+                             "or belong to another tensor")
         return codes.reshape(*self.scales.shape, self.fmt.block_size)
 
     def scale_values(self) -> torch.Tensor:
