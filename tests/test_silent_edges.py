@@ -509,3 +509,27 @@ def test_each_fast_edge_passes_untouched_and_refuses_broken(case, make, refusal)
     with pytest.raises(ValueError, match=refusal) as err:
         make(True)()
     assert "\n" not in str(err.value), "one line"
+
+
+def test_a_users_recipe_never_shadows_a_built_in_on_the_boards_or_in_mechanism(tmp_path, monkeypatch, capsys):
+    """A placed recipe named like a stored one, or a user's file redefining a built-in, is one line at the
+    leaderboard and in mechanism; the definition digest a study's outputs record changes with the redefinition."""
+    from mxfp4.cli import main
+    from mxfp4.config.recipes import definition_digest
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    units = "results/baselines/networks/leaderboard/tiny-dense_units.csv"
+    assert main(["leaderboard", "--profile", "networks", units, "--recipe", "mxfp4+4over6", "--recipe-units", units,
+                 "--out", str(tmp_path / "b.md")]) == 2
+    assert "--recipe mxfp4+4over6 is on the stored board; a recipe placed with its own units needs a name of its " \
+           "own" in capsys.readouterr().err
+    before = definition_digest("mxfp4+4over6")
+    (tmp_path / "mine.yaml").write_text("mxfp4+4over6: {base: mxfp4, scale_rule: ceil}\n")
+    monkeypatch.setenv("MXFP4_RECIPES", str(tmp_path / "mine.yaml"))
+    assert definition_digest("mxfp4+4over6") != before
+    for argv in (["leaderboard", "--profile", "networks", units, "--out", str(tmp_path / "b.md")],
+                 ["mechanism", "--profile", "networks", "--model", "tiny-dense", "--recipe", "mxfp4+4over6",
+                  "--out", str(tmp_path / "u.csv")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "mxfp4+4over6 redefined by a user's recipe file ($MXFP4_RECIPES)" in err and err.count("\n") == 1

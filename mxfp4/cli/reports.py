@@ -119,9 +119,12 @@ def _cmd_mechanism_report(args) -> int:
 
 
 def _cmd_real_leaderboard(args) -> int:
+    from ..config.recipes import refuse_redefined
     from ..report.network_claims import read_units
-    from ..report.real_board import run
+    from ..report.real_board import read_board, run
 
+    refuse_redefined(list(read_board(args.real)[1]["recipes"]) + ([args.recipe] if args.recipe else []),
+                     "the real-model board")
     units = read_units(args.units) if args.units else None
     if args.recipe and not args.recipe_board:
         raise ValueError(f"--recipe {args.recipe} on the real board needs --recipe-board: its folder of mxfp4 "
@@ -142,7 +145,13 @@ def _cmd_leaderboard(args) -> int:
         return _cmd_real_leaderboard(args)
     if not args.units:
         raise ValueError("leaderboard needs per-unit files of mxfp4 mechanism (or --real <a real-board folder>)")
+    from ..config.recipes import refuse_redefined
+
     profile = profile_of(args)
+    refuse_redefined(["mxfp4", *profile.leaderboard, *([args.recipe] if args.recipe else [])], "leaderboard")
+    if args.recipe in (*profile.leaderboard, "mxfp4", "bf16") and args.recipe_units:
+        raise ValueError(f"--recipe {args.recipe} is on the stored board; a recipe placed with its own units needs a "
+                         "name of its own (rename it in your recipe file)")
     if not profile.leaderboard:
         raise ValueError(f"profile {args.profile!r} ranks no recipes (leaderboard: [...]); accepted: e.g. networks")
     units = read_units(args.units)

@@ -136,8 +136,10 @@ def _cmd_regime(args) -> int:
 
 def _cmd_mechanism(args) -> int:
     from ..analysis.mechanism import mechanism_arms, run_mechanism
+    from ..config.recipes import refuse_redefined
 
     run = run_of(args)
+    refuse_redefined(["mxfp4", *mechanism_arms(run.profile, args.recipe)], "mechanism")
     if len(args.recipe) > 1 and args.out is None:
         raise ValueError(f"{len(args.recipe)} recipes measured together need --out (one per-unit file for all)")
     out = Path(args.out or args.layout.mechanism_units(args.recipe[0], args.model))

@@ -257,11 +257,13 @@ class Recipe(BaseModel):
         return cls.from_dict(name, table[name])
 
 
-def recipe_files(path: Path | str | None = None) -> list[Path]:
+def recipe_files(path: Path | str | None = None, built_in: bool = False) -> list[Path]:
     """The named recipes' files: experiments/recipes.yaml, then ``path`` and the files in
-    ``$MXFP4_RECIPES`` (os.pathsep-separated); later files add recipes and may override."""
+    ``$MXFP4_RECIPES`` (os.pathsep-separated); later files add recipes and may override. ``built_in``: the first
+    alone."""
     extra = [path] if path else []
     extra += [p for p in os.environ.get("MXFP4_RECIPES", "").split(os.pathsep) if p]
+    extra = [] if built_in else extra
     files = [RECIPES_YAML] + [Path(p) for p in extra]
     for f in files:
         if not f.exists():
@@ -269,9 +271,9 @@ def recipe_files(path: Path | str | None = None) -> list[Path]:
     return files
 
 
-def _raw_recipes(path: Path | str | None = None) -> dict[str, dict]:
+def _raw_recipes(path: Path | str | None = None, built_in: bool = False) -> dict[str, dict]:
     raw = {}
-    for f in recipe_files(path):
+    for f in recipe_files(path, built_in):
         table = load_yaml(f) or {}
         if not isinstance(table, dict) or not all(isinstance(v, dict) for v in table.values()):
             raise ValueError(f"{f}: expected a mapping of recipe name -> fields")
@@ -287,6 +289,32 @@ def _raw_recipes(path: Path | str | None = None) -> dict[str, dict]:
     return raw
 
 
+def redefined(names, path: Path | str | None = None) -> list[str]:
+    """The recipes of ``names`` that a user's recipe file (``path``, ``$MXFP4_RECIPES``) defines differently from
+    experiments/recipes.yaml: a name the board and the stored studies already hold, now meaning something else."""
+    built_in = load_recipe_table(built_in=True)
+    table = load_recipe_table(path)
+    return [n for n in names if n in built_in and table.get(n) != built_in[n]]
+
+
+def refuse_redefined(names, where: str, path: Path | str | None = None) -> None:
+    """One line naming the built-in recipes of ``names`` a user's file redefines: ``where`` (the leaderboard, the
+    mechanism) compares against stored measurements of the built-in definition."""
+    changed = redefined(names, path)
+    if changed:
+        raise ValueError(f"{where}: {', '.join(changed)} redefined by a user's recipe file ($MXFP4_RECIPES); the "
+                         "stored measurements are of the built-in definition. Accepted: give your recipe a name of "
+                         "its own")
+
+
+def definition_digest(name: str, path: Path | str | None = None) -> str:
+    """A digest of a recipe's resolved definition: what a study's outputs record, so a redefinition reruns them."""
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(Recipe.named(name, path).to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
 def recipe_base(name: str, path: Path | str | None = None) -> str | None:
     """The recipe that ``name`` modifies (its ``base``), or None."""
     raw = _raw_recipes(path)
@@ -295,10 +323,10 @@ def recipe_base(name: str, path: Path | str | None = None) -> str | None:
     return raw[name].get("base")
 
 
-def load_recipe_table(path: Path | str | None = None) -> dict[str, dict]:
+def load_recipe_table(path: Path | str | None = None, built_in: bool = False) -> dict[str, dict]:
     """Resolved recipe specs by name (``base`` chains expanded: the base recipe's fields, overridden
-    by the recipe's own), from every recipe file."""
-    raw = _raw_recipes(path)
+    by the recipe's own), from every recipe file (``built_in``: experiments/recipes.yaml alone)."""
+    raw = _raw_recipes(path, built_in)
 
     def resolve(name, seen=()):
         if name in seen:

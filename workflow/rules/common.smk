@@ -13,6 +13,7 @@ pin_cpu_numerics()  # before torch loads, here and in every rule's process (mxfp
 import torch
 
 from mxfp4.config.profiles import warm_start_hash
+from mxfp4.config.recipes import definition_digest
 from mxfp4.config.run import Run
 from mxfp4.layout import GPU_SMOKE_DENSE, METRICS, REFERENCE_RECIPE, TRAIN_LOG
 from mxfp4.report.figures import FIGURES

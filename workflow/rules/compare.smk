@@ -212,6 +212,8 @@ rule mechanism_units:
         energy=str(L.mechanism_units(COMPARE_RECIPE, "{model}").with_suffix(".energy.json")),
     log:
         str(L.log(f"mechanism_{COMPARE_RECIPE}_{{model}}")),
+    params:
+        definition=lambda wc: definition_digest(COMPARE_RECIPE),  # a redefined recipe reruns its mechanism
     priority: 100
     shell:
         "MXFP4_THREADS=1 {MXFP4} mechanism --profile {PROFILE} --model {wildcards.model} --recipe '{COMPARE_RECIPE}' "

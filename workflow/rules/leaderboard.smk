@@ -19,6 +19,8 @@ rule leaderboard_units:
         run=str(L.leaderboard_units("{model}").with_suffix(".run.json")),
     log:
         str(L.log("leaderboard_{model}")),
+    params:
+        definitions=lambda wc: [definition_digest(r) for r in LEADERBOARD],  # a redefinition reruns the board
     threads: 1
     shell:
         "MXFP4_THREADS={threads} {MXFP4} mechanism --profile {PROFILE} --model {wildcards.model} "
