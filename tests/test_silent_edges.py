@@ -129,6 +129,9 @@ class Lifecycle(Correction):
     def perturbs_rollout(self, step):
         return self.returns.get("perturbs_rollout", False)
 
+    def cost(self):
+        return self.returns.get("cost", {"extra_bits_per_element": 0.0, "bf16_fraction": 0.0})
+
     def bind(self, total_steps, seed):
         if self.returns.get("bind_raises"):
             raise RuntimeError("no schedule for 0 steps")
@@ -498,6 +501,13 @@ def truncated_codes(broken):
 FAST_CASES = [
     ("a QuantizedTensor with truncated codes", truncated_codes,
      r"QuantizedTensor holds 116 code bytes for 8 blocks of 32 \(128 bytes expected\): its codes are truncated"),
+    ("a cost() of None", lambda b: hook("cost", **({"cost": None} if b else {})),
+     r"correction 'lifecycle' .* cost hook: returned NoneType; expected a dict with extra_bits_per_element and "
+     r"bf16_fraction"),
+    ("a cost() with a NaN, through a recipe's quantizer",
+     lambda b: Quantizer("mxfp4", None, [Lifecycle(cost={"extra_bits_per_element": NAN if b else 0.5,
+                                                         "bf16_fraction": 0.0})]).cost,
+     r"cost hook: returned 'extra_bits_per_element' = nan; expected finite numbers"),
     ("1.0e9 in a profile reads as text", lambda b: profile_with(grpo__learning_rate="1.0e9" if b else 1e-5),
      r"grpo.learning_rate: .*\(got '1.0e9'\); YAML reads 1.0e9 as text, not a number: write 1.0e\+9"),
 ]

@@ -8,6 +8,7 @@ from ..config.recipes import Recipe
 from ..corrections import build
 from ..nn import gemm_weights, targets
 from ..numerics.decompose import pool_stats
+from ..numerics.hooks import lifecycle
 from ..numerics.quantizer import Operand, Quantizer
 from ..rl.models import TINY_ARCHS, build_tiny, load
 from ..verify.distributions import sample
@@ -45,7 +46,7 @@ def _arms(recipes) -> list[tuple[str, Quantizer, dict]]:
     for spec in TABLE_CORRECTIONS:
         c = build(spec)
         label = spec["name"] + "(" + ", ".join(f"{k}={v}" for k, v in spec.items() if k != "name") + ")"
-        arms.append((label, Quantizer(corrections=[c]), c.cost()))
+        arms.append((label, Quantizer(corrections=[c]), lifecycle(c.cost)))
     for name in recipes:
         quantizer = Recipe.named(name).quantizer()
         if quantizer is None or quantizer.fmt.name != "mxfp4":

@@ -187,8 +187,16 @@ def _context(value) -> str | None:
     return f"returned {type(value).__name__}; expected a context manager"
 
 
+def _cost(value) -> str | None:
+    if not isinstance(value, dict) or not {"extra_bits_per_element", "bf16_fraction"} <= set(value):
+        return (f"returned {type(value).__name__ if not isinstance(value, dict) else sorted(value)}; expected a dict "
+                "with extra_bits_per_element and bf16_fraction")
+    return _metric_values(value)
+
+
 LIFECYCLE = {"bind": _none, "bind_reference": _none, "observe": _none, "load_state_dict": _none,
-             "metrics": _metric_values, "state_dict": _state, "rollout_context": _context, "perturbs_rollout": _bool}
+             "metrics": _metric_values, "state_dict": _state, "rollout_context": _context, "perturbs_rollout": _bool,
+             "cost": _cost}
 
 
 def predicate(hook, *args):

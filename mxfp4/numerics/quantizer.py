@@ -386,6 +386,6 @@ class Quantizer:
     def cost(self) -> dict:
         total = {"extra_bits_per_element": 0.0, "bf16_fraction": 0.0}
         for c in self.corrections:
-            for k, v in c.cost().items():
+            for k, v in hooks.lifecycle(c.cost).items():
                 total[k] = total.get(k, 0.0) + v
         return total

@@ -30,6 +30,7 @@ from ..config.profiles import load_profile
 from ..config.recipes import Recipe
 from ..io import write_json_atomic, write_text_atomic
 from ..layout import Layout
+from ..numerics.hooks import lifecycle
 from ..stats import mean_ci, no_spread
 from .formatting import MISSING, formatter
 from .mechanism import ARM_LABELS, PATHWAYS, arm_label
@@ -130,7 +131,7 @@ def recipe_costs(recipes: list[str]) -> dict[str, float]:
     out = {"mxfp4": 0.0, "bf16": 0.0}
     for name in recipes:
         corrections = Recipe.named(name).build_corrections()
-        out[name] = float(sum(c.cost().get("extra_bits_per_element", 0.0) for c in corrections))
+        out[name] = float(sum(lifecycle(c.cost)["extra_bits_per_element"] for c in corrections))
     return out
 
 

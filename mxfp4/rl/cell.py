@@ -557,7 +557,7 @@ def summarize(log_path: Path, scores: dict, model, quantizer, corrections, probe
         "probe_batches": sorted({r["probe/batch"] for r in rows if r.get("probe/batch")}),  # digests, from the log
         "mean_mismatch_kl": mean("mismatch/kl"),
         "mean_mismatch_log_ratio": mean("mismatch/log_ratio_mean"),
-        "correction_costs": {c.name: c.cost() for c in corrections},
+        "correction_costs": {c.name: lifecycle(c.cost) for c in corrections},
     }
     out["decomposition_weights"] = weight_decomposition(model, quantizer, probe_rows) if quantizer is not None else None
     return out
