@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -497,8 +498,25 @@ def truncated_codes(broken):
     return lambda: mxfp4.dequantize(dataclasses.replace(q, codes=q.codes[..., :-3]) if broken else q)
 
 
+def pathways_without(column, broken, tmp=Path(tempfile.mkdtemp())):
+    from mxfp4.report.claims import read_pathways
+
+    stored = Path(__file__).resolve().parents[1] / "results/baselines/embedded/pathways.csv"
+    with stored.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    fields = [c for c in rows[0] if not (broken and c == column)]
+    path = tmp / f"pathways_{broken}.csv"
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fields, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    return lambda: read_pathways(path)
+
+
 # edges that need no smoke run: each passes untouched and is one line broken
 FAST_CASES = [
+    ("claims' pathways.csv without its mean column", lambda b: pathways_without("mean", b),
+     r"pathways_True.csv: no mean column\(s\); accepted: a pathways table"),
     ("a QuantizedTensor with truncated codes", truncated_codes,
      r"QuantizedTensor holds 116 code bytes for 8 blocks of 32 \(128 bytes expected\): its codes are truncated"),
     ("a cost() of None", lambda b: hook("cost", **({"cost": None} if b else {})),

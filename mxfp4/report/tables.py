@@ -13,7 +13,7 @@ import csv
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import pandas as pd
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
@@ -47,6 +47,8 @@ Text = Annotated[str, Field(min_length=1)]
 
 class _Row(BaseModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    columns: ClassVar[tuple[str, ...]] = ()  # columns the file must have even where a cell may be blank
 
 
 class CellRow(_Row):
@@ -119,6 +121,8 @@ class SummaryRow(_Row):
 
 class PathwayRow(_Row):
     """A row of ``pathways.csv`` (``mxfp4 pathways``): one measure of one arm at one checkpoint."""
+
+    columns: ClassVar[tuple[str, ...]] = ("mean", "ci_low", "ci_high")  # what every reader takes
 
     model: Text
     checkpoint: Text
@@ -227,7 +231,7 @@ def read_table(path: Path | str, kind: str) -> list[dict]:
     except csv.Error as err:
         raise TableError(f"{path}: not a CSV file ({err}); accepted: a {kind} table") from None
     schema, key = CSV_SCHEMAS[kind]
-    required = [c for c, f in schema.model_fields.items() if f.is_required()]
+    required = [c for c, f in schema.model_fields.items() if f.is_required()] + list(schema.columns)
     missing = [c for c in required if c not in columns]
     if missing:
         raise TableError(f"{path}: no {', '.join(missing)} column(s); accepted: a {kind} table (columns "
