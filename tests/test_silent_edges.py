@@ -498,9 +498,10 @@ def truncated_codes(broken):
     return lambda: mxfp4.dequantize(dataclasses.replace(q, codes=q.codes[..., :-3]) if broken else q)
 
 
-def pathways_without(column, broken, tmp=Path(tempfile.mkdtemp())):
+def pathways_without(column, broken):
     from mxfp4.report.claims import read_pathways
 
+    tmp = Path(tempfile.mkdtemp())
     stored = Path(__file__).resolve().parents[1] / "results/baselines/embedded/pathways.csv"
     with stored.open(newline="") as f:
         rows = list(csv.DictReader(f))
