@@ -7,6 +7,7 @@ import torch
 from ..config.recipes import Recipe
 from ..corrections import build
 from ..nn import gemm_weights, targets
+from ..nn.patch import decoder_layer
 from ..numerics.decompose import pool_stats
 from ..numerics.hooks import lifecycle
 from ..numerics.quantizer import Operand, Quantizer
@@ -34,10 +35,32 @@ def model_weights(source: str) -> dict[str, tuple[torch.Tensor, int, Operand]]:
     return out
 
 
+# what a weight kept in BF16 contributes to the pooled statistics: no error energy, nothing truncated or saturated
+ZERO_WHEN_KEPT = ("energy_", "shapley_", "inner_", "deadzone_fraction", "saturation_fraction", "identity_residual")
+
+
+def _kept(quantizer: Quantizer, tensors: dict[str, tuple]) -> set[int]:
+    """The decoder layers ``quantizer``'s recipe keeps in BF16 among the tensors' layers (none for a sample)."""
+    layers = [decoder_layer(op.layer) for _, _, op in tensors.values() if op is not None]
+    layers = [i for i in layers if i is not None]
+    if quantizer.bf16_layers is None or not layers:
+        return set()
+    return quantizer.bf16_layers.kept(max(layers) + 1)
+
+
 def _stats(quantizer: Quantizer, tensors: dict[str, tuple]) -> dict:
     """Pooled decomposition, each tensor in the basis ``quantizer`` quantizes it in (a distribution's
-    sample has no operand context: a rotating correction rotates it)."""
-    return pool_stats([quantizer.decompose(t, axis, operand=op).stats for t, axis, op in tensors.values()])
+    sample has no operand context: a rotating correction rotates it); a weight of a layer the recipe keeps in BF16
+    has no error (its elements still count)."""
+    kept = _kept(quantizer, tensors)
+
+    def stats(t, axis, op):
+        out = quantizer.decompose(t, axis, operand=op).stats
+        if op is None or decoder_layer(op.layer) not in kept:
+            return out
+        return {k: 0.0 if k.startswith(ZERO_WHEN_KEPT) else v for k, v in out.items()}  # no error: its elements count
+
+    return pool_stats([stats(t, axis, op) for t, axis, op in tensors.values()])
 
 
 def _arms(recipes) -> list[tuple[str, Quantizer, dict]]:
@@ -52,7 +75,7 @@ def _arms(recipes) -> list[tuple[str, Quantizer, dict]]:
         if quantizer is None or quantizer.fmt.name != "mxfp4":
             raise ValueError(f"--recipe {name!r}: the table sets MXFP4 corrections against plain MXFP4; "
                              "accepted: a recipe that quantizes to mxfp4")
-        arms.append((f"recipe {name}", quantizer, quantizer.cost()))
+        arms.append((f"recipe {name}", quantizer, quantizer.cost()))  # BF16 layers' storage: the real board's column
     return arms
 
 
