@@ -23,7 +23,7 @@ import torch
 from ..config.data_files import gsm8k_folder
 from ..config.recipes import Recipe
 from ..config.run import Run
-from ..io import write_csv_atomic, write_json_atomic
+from ..io import jsonl_records, write_csv_atomic, write_json_atomic
 from ..nn import gemm_weights, patch_model, rollout_weight_cache, targets, unpatch_model, weights_only
 from ..rl import data as gsm
 from ..rl.evaluate import evaluate_gsm8k, hf_lm
@@ -65,11 +65,12 @@ def training_pass_seconds(model, batch: dict) -> float:
 
 def completions(output_dir: Path) -> dict[int, dict]:
     """{doc_id: {doc_hash, strict, flexible, completion}} from lm-eval's samples under ``output_dir``."""
-    from ..report.cell_records import read_samples
-
     out: dict[int, dict] = {}
     for path in sorted(output_dir.glob("samples_*.jsonl")):
-        for s in read_samples(path):
+        for _, s in jsonl_records(path, advice="rerun mxfp4 real-board"):
+            missing = [k for k in ("doc_id", "doc_hash", "filter", "exact_match", "resps") if k not in s]
+            if missing:
+                raise ValueError(f"{path}: a sample lacks {', '.join(missing)} (an lm-eval sample line has them)")
             row = out.setdefault(s["doc_id"], {"doc_hash": s["doc_hash"], "completion": s["resps"][0][0]})
             row["strict" if s["filter"] == "strict-match" else "flexible"] = float(s["exact_match"])
     if not out:

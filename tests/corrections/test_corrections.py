@@ -110,8 +110,9 @@ def test_named_recipes_exist_and_resolve_their_base():
 def test_unknown_names_are_errors_that_list_the_known_ones():
     with pytest.raises(ValueError, match="unknown recipe 'nope'; known: bf16, mxfp4"):
         Recipe.named("nope")
-    with pytest.raises(ValueError, match="unknown correction 'magic'; known: aqn, four_over_six, hadamard, "
-                                         r"macro_block, ms_eden, outlier_fallback, stochastic_rounding, two_d_scales "
+    with pytest.raises(ValueError, match="unknown correction 'magic'; known: aqn, four_over_six, "
+                                         r"full_precision_roles, hadamard, macro_block, ms_eden, outlier_fallback, "
+                                         r"stochastic_rounding, two_d_scales "
                                          r"\(a correction of your own: name its module in MXFP4_PLUGINS"):
         Recipe(name="x", corrections=[{"name": "magic"}])
     with pytest.raises(ValueError, match="correction 'macro_block': size: unknown parameter; accepted: blocks, rows"):
