@@ -67,8 +67,9 @@ def _patched(model, recipe: Recipe):
 def measure(run: Run, model_name: str, out_csv: Path | str, problems: int | None, prompts: int,
             top_layers: int = TOP_LAYERS, progress=print) -> list[dict]:
     """Every configuration's measures (``FIELDS``), written to ``out_csv``: the solution NLL for all; the gradient
-    cosine and the accuracy on ``problems`` held-out problems (None: the profile's evaluation limit) for the
-    references, the roles and the ``top_layers`` layers whose BF16 removes most of MXFP4's excess NLL."""
+    cosine for the references, the roles and the ``top_layers`` layers whose BF16 removes most of MXFP4's excess NLL,
+    and for the roles and those layers the accuracy on ``problems`` held-out problems (None: the profile's evaluation
+    limit; the references' is the real board's)."""
     profile = run.profile
     spec = profile.model(model_name)
     model, tokenizer = load(model_reference(run, model_name), dtype=torch.float32)
@@ -91,11 +92,11 @@ def measure(run: Run, model_name: str, out_csv: Path | str, problems: int | None
     for r in rows.values():
         r["nll_gap_removed"] = (high - r["solution_nll"]) / (high - low) if high > low else None
     layers = sorted((r for r in rows.values() if r["kind"] == "layer"), key=lambda r: -(r["nll_gap_removed"] or 0))
-    deep = {r["config"] for r in rows.values() if r["kind"] != "layer"} | {r["config"] for r in layers[:top_layers]}
+    deep = {r["config"] for r in rows.values() if r["kind"] == "role"} | {r["config"] for r in layers[:top_layers]}
     reference = None
     ev = profile.eval
-    for name, _, _, recipe in configs:
-        if name not in deep:
+    for name, kind, _, recipe in configs:
+        if name not in deep and kind != "reference":
             continue
         with _patched(model, recipe):
             model.train()
@@ -106,6 +107,8 @@ def measure(run: Run, model_name: str, out_csv: Path | str, problems: int | None
             reference = grad if name == "bf16" else reference
             rows[name]["grad_cosine"] = compare(grad, reference)["total"]["cosine"]
             model.eval()
+            if name not in deep:  # the references' accuracy is the real board's, on the same problems
+                continue
             with rollout_weight_cache(model):
                 scores = evaluate_gsm8k(hf_lm(model, tokenizer, batch_size=ev.batch_size), eval_folder,
                                         num_fewshot=ev.num_fewshot, limit=problems or ev.limit,

@@ -309,7 +309,7 @@ def add_commands(sub) -> None:
     model_args(p)
     p.add_argument("--problems", type=positive_int, default=None,
                    help="held-out problems evaluated (default: the profile's evaluation limit)")
-    p.add_argument("--prompts", type=positive_int, default=16, help="GSM8K test solutions teacher-forced (default 16)")
+    p.add_argument("--prompts", type=positive_int, default=8, help="GSM8K test solutions teacher-forced (default 8)")
     p.add_argument("--out", type=out_file, required=True, help="the CSV written")
     p.set_defaults(func=_cmd_collapse_map)
 

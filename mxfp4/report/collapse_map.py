@@ -20,14 +20,12 @@ def markdown(rows: list[dict], profile: str) -> str:
     out = [f"# Where W4A4 MXFP4 breaks {model} before RL (`{profile}`)", "",
            "About this model. Measures: the teacher-forced negative log-likelihood per token of the correct worked "
            f"solutions of {rows[0]['prompts']} real GSM8K test problems (the same for every configuration: paired), "
-           "and the share of MXFP4's excess over BF16 each configuration removes; for the references, the roles and "
-           "the layers that remove most, GSM8K strict accuracy before RL over the held-out problems (lm-eval) and the "
-           "cosine of the solutions' loss gradient to BF16's. One measurement each (no interval: a map of where to "
-           "look, not a test).", "",
-           f"BF16: NLL {refs['bf16']['solution_nll']:.4f}, accuracy {_num(refs['bf16']['strict_accuracy'], '{:.3f}')}; "
-           f"MXFP4: NLL {refs['mxfp4']['solution_nll']:.4f}, accuracy "
-           f"{_num(refs['mxfp4']['strict_accuracy'], '{:.3f}')}, gradient cosine "
-           f"{_num(refs['mxfp4']['grad_cosine'], '{:.4f}')}.", "",
+           "and the share of MXFP4's excess over BF16 each configuration removes; for the roles and the layers that "
+           "remove most, GSM8K strict accuracy before RL over the held-out problems (lm-eval; BF16's and MXFP4's are "
+           "the real board's, on the same problems) and the cosine of the solutions' loss gradient to BF16's. One "
+           "measurement each (no interval: a map of where to look, not a test).", "",
+           f"BF16: NLL {refs['bf16']['solution_nll']:.4f}; MXFP4: NLL {refs['mxfp4']['solution_nll']:.4f}, gradient "
+           f"cosine {_num(refs['mxfp4']['grad_cosine'], '{:.4f}')}.", "",
            "## Each operand role alone quantized", "",
            "| role quantized | solution NLL | share of MXFP4's excess | strict accuracy (problems) | gradient cosine |",
            "| --- | --- | --- | --- | --- |"]
