@@ -120,7 +120,14 @@ def item_difference(mine: list[dict], theirs: list[dict], key: str = "strict", l
     both sides (one warm start's evaluation before RL, repeated per seed), that one measurement is counted once;
     with one seed, McNemar's exact test on the discordant problems (``mxfp4.stats.mcnemar_diff``). None when no
     pair is shared."""
-    pairs = [(k, a, b) for k, a, b in _item_pairs(mine, theirs, key) if a is not None and b is not None]
+    raw = _item_pairs(mine, theirs, key)
+    for side, values in (("new", [(k, a) for k, a, _ in raw]), ("baseline", [(k, b) for k, _, b in raw])):
+        empty = [k for k, v in values if v is None]
+        if empty and len(empty) < len(values):  # a column measured for some problems only: a partial file
+            raise ValueError(f"the {side} items hold no {key} for seed {empty[0][0]}, problem {empty[0][1]} while "
+                             f"{len(values) - len(empty)} of {len(values)} problems have one; accepted: a complete "
+                             "items.csv (rerun the cells, or restore the stored one)")
+    pairs = [(k, a, b) for k, a, b in raw if a is not None and b is not None]
     if not pairs:
         return None
     seeds = sorted({k[0] for k, _, _ in pairs})

@@ -160,6 +160,9 @@ def test_per_problem_comparison_counts_a_repeated_measurement_once_and_crosses_s
     assert crossed["ci_high"] - crossed["ci_low"] > pooled["ci_high"] - pooled["ci_low"]
     other_problems = [dict(r, doc_hash="x" + r["doc_hash"]) for r in items("a", [[1] * 40] * 2)]
     assert item_difference(other_problems, base) is None  # a different test set pairs nothing
+    holed = [dict(r, strict=None) if (r["seed"], r["doc_id"]) == (1, 7) else r for r in base]
+    with pytest.raises(ValueError, match="the baseline items hold no strict for seed 1, problem 7 while 79 of 80"):
+        item_difference(items("a", [[1] * 20 + [0] * 20] * 2), holed)
 
 
 @pytest.mark.slow
