@@ -48,19 +48,36 @@ def logits_digest(model, batch: dict, recipe: Recipe) -> str:
     return hashlib.sha256(logits.float().contiguous().numpy().tobytes()).hexdigest()
 
 
-def training_pass_seconds(model, batch: dict) -> float:
-    """Median seconds of one forward and backward of the language-model loss on ``batch``, after one untimed pass."""
+def _pass_seconds(model, batch: dict) -> float:
     model.train()
-    times = []
-    for i in range(TIMED_PASSES + 1):
-        model.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
-        model(**batch, labels=batch["input_ids"]).loss.backward()
-        if i:
-            times.append(time.perf_counter() - t0)
+    model.zero_grad(set_to_none=True)
+    t0 = time.perf_counter()
+    model(**batch, labels=batch["input_ids"]).loss.backward()
+    seconds = time.perf_counter() - t0
     model.zero_grad(set_to_none=True)
     model.eval()
-    return statistics.median(times)
+    return seconds
+
+
+def training_pass_seconds(model, recipes: dict[str, Recipe], batch: dict, rounds: int = TIMED_PASSES
+                          ) -> dict[str, float]:
+    """Per recipe, the median seconds of one forward and backward of the language-model loss on ``batch`` over
+    ``rounds`` rounds, each round timing every recipe once in turn after one untimed pass (interleaved, so that
+    a drift in the machine's speed falls on every recipe alike)."""
+    times: dict[str, list[float]] = {name: [] for name in recipes}
+    for i in range(rounds + 1):
+        for name, recipe in recipes.items():
+            quantizer = recipe.quantizer()
+            if quantizer is not None:
+                patch_model(model, quantizer)
+            try:
+                seconds = _pass_seconds(model, batch)
+            finally:
+                if quantizer is not None:
+                    unpatch_model(model)
+            if i:
+                times[name].append(seconds)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def completions(output_dir: Path) -> dict[int, dict]:
@@ -108,9 +125,6 @@ def measure(run: Run, model_name: str, recipes: list[str], out_dir: Path | str, 
     held_out = gsm.load_gsm8k("test", eval_folder)[:CHECK_PROMPTS]
     check = tokenizer([gsm.prompt(r["question"], tokenizer, spec.chat) for r in held_out], return_tensors="pt",
                       padding=True)
-    texts = [gsm.prompt(r["question"], tokenizer, spec.chat) + r["answer"] for r in held_out[:PASS_TOKENS[0]]]
-    train_batch = tokenizer(texts, return_tensors="pt", padding="max_length", truncation=True,
-                            max_length=PASS_TOKENS[1])
     ev = profile.eval
     digests: dict[str, str] = {}
     items, summary = [], {}
@@ -134,7 +148,6 @@ def measure(run: Run, model_name: str, recipes: list[str], out_dir: Path | str, 
                 with generating(model, recipe), rollout_weight_cache(model):
                     evaluate_gsm8k(lm, eval_folder, num_fewshot=ev.num_fewshot, limit=ev.limit,
                                    max_gen_toks=ev.max_gen_toks, output_dir=folder, seed=0, chat=spec.chat)
-            seconds = training_pass_seconds(model, train_batch)
         finally:
             if quantizer is not None:
                 unpatch_model(model)
@@ -152,22 +165,44 @@ def measure(run: Run, model_name: str, recipes: list[str], out_dir: Path | str, 
             "error_rate": sum(r["error"] for r in rows) / n,
             "repetitive_rate": sum(r["repetitive"] for r in rows) / n,
             "garbled_rate": sum(r["garbled"] for r in rows) / n,
-            "training_pass_seconds": seconds,
             "bf16_element_fraction": kept_fraction,
             "same_as": same_as,
         }
         progress(f"[{time.time() - t0:7.1f}s] {model_name} {name}: strict {summary[name]['strict_accuracy']:.3f} "
                  f"over {n} problems, error completions {summary[name]['error_rate']:.3f}"
                  + (f" (generation bit-identical to {same_as}'s)" if same_as else ""))
-    base = summary["bf16"]["training_pass_seconds"]
-    for s in summary.values():
-        s["training_pass_ratio"] = s["training_pass_seconds"] / base
     out_dir.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(out_dir / "items.csv", items, ITEM_FIELDS)
     record = {"model": model_name, "profile": profile.name, "error_rule": RULE,
-              "training_pass": f"forward and backward of the LM loss on {PASS_TOKENS[0]} x {PASS_TOKENS[1]} tokens of "
-                               f"held-out text, median of {TIMED_PASSES} after one untimed pass, one process",
               "check": f"logits on the first {CHECK_PROMPTS} held-out prompts, bit for bit", "recipes": summary}
-    write_json_atomic(out_dir / "recipes.json", record)
+    return timed(record, model, tokenizer, built, eval_folder, spec.chat, out_dir)
+
+
+def timed(record: dict, model, tokenizer, recipes: dict[str, Recipe], eval_folder, chat: bool, out_dir: Path
+          ) -> dict:
+    """``record`` with every recipe's training-pass seconds and ratio to BF16's (``training_pass_seconds``),
+    written to ``out_dir/recipes.json``."""
+    held_out = gsm.load_gsm8k("test", eval_folder)[:PASS_TOKENS[0]]
+    texts = [gsm.prompt(r["question"], tokenizer, chat) + r["answer"] for r in held_out]
+    batch = tokenizer(texts, return_tensors="pt", padding="max_length", truncation=True, max_length=PASS_TOKENS[1])
+    seconds = training_pass_seconds(model, recipes, batch)
+    for name, s in seconds.items():
+        record["recipes"][name].update(training_pass_seconds=s, training_pass_ratio=s / seconds["bf16"])
+    record["training_pass"] = (f"forward and backward of the LM loss on {PASS_TOKENS[0]} x {PASS_TOKENS[1]} tokens "
+                               f"of held-out text, median of {TIMED_PASSES} rounds that time every recipe in turn "
+                               "after one untimed round, one process")
+    write_json_atomic(Path(out_dir) / "recipes.json", record)
     return record
+
+
+def retime(run: Run, model_name: str, out_dir: Path | str) -> dict:
+    """The training-pass times of a measured board (its ``recipes.json``) taken again, every recipe in turn."""
+    import json
+
+    out_dir = Path(out_dir)
+    record = json.loads((out_dir / "recipes.json").read_text())
+    model, tokenizer = load(model_reference(run, model_name), dtype=torch.float32)
+    _, eval_folder = gsm.cell_data(run)
+    built = {n: Recipe.named(n) for n in record["recipes"]}
+    return timed(record, model, tokenizer, built, eval_folder, run.profile.model(model_name).chat, out_dir)
 

@@ -157,10 +157,16 @@ def _cmd_mechanism(args) -> int:
 
 
 def _cmd_real_board(args) -> int:
-    from ..analysis.real_board import measure
+    from ..analysis.real_board import measure, retime
 
     out = Path(args.out)
     writable(out / "recipes.json")
+    if args.times_only:
+        retime(run_of(args), args.model, out)
+        print(f"rewrote the training-pass times of {out / 'recipes.json'}")
+        return 0
+    if not args.recipe:
+        raise ValueError("real-board needs --recipe R... (the recipes measured beside bf16), or --times-only")
     measure(run_of(args), args.model, args.recipe, out, progress=lambda line: print(line, file=sys.stderr, flush=True))
     print(f"wrote {out / 'items.csv'} and {out / 'recipes.json'}")
     return 0
@@ -300,8 +306,10 @@ def add_commands(sub) -> None:
     p = sub.add_parser("real-board", help="the real-model board's measures before RL: per recipe, GSM8K through "
                                           "lm-eval per held-out problem, error completions, a training pass's time")
     model_args(p)
-    p.add_argument("--recipe", nargs="+", required=True, help="the recipes measured (bf16 always, first)")
+    p.add_argument("--recipe", nargs="+", default=[], help="the recipes measured (bf16 always, first)")
     p.add_argument("--out", required=True, help="the folder written: items.csv, recipes.json, eval/<recipe>/")
+    p.add_argument("--times-only", action="store_true",
+                   help="time the training pass of the folder's recipes again (every recipe in turn), nothing else")
     p.set_defaults(func=_cmd_real_board)
 
     p = sub.add_parser("collapse-map", help="where W4A4 breaks a named model before RL: one decoder layer at a time in "

@@ -68,6 +68,7 @@ def board(items: list[dict], record: dict, units: list[dict] | None = None) -> l
         scores.setdefault(r["recipe"], {})[(int(r["doc_id"]), r["doc_hash"])] = r
     docs = sorted(scores[REFERENCE_RECIPE])
     strict = {k: np.array([float(v[d]["strict"]) for d in docs]) for k, v in scores.items()}
+    flexible = {k: float(np.mean([float(v[d]["flexible"]) for d in docs])) for k, v in scores.items()}
     missing = [k for k in strict if k not in record["recipes"]]
     if missing:
         raise TableError(f"recipes.json has no record of {', '.join(missing)}; accepted: the record written with "
@@ -80,7 +81,8 @@ def board(items: list[dict], record: dict, units: list[dict] | None = None) -> l
         diff = mean_ci(list(s - strict[REFERENCE_RECIPE]))
         errors = [scores[name][d] for d in docs]
         kept = rec.get("bf16_element_fraction") or 0.0
-        rows.append({"recipe": name, "accuracy": float(s.mean()), "problems": len(docs), "diff": diff["mean"],
+        rows.append({"recipe": name, "accuracy": float(s.mean()), "flexible": flexible[name], "problems": len(docs),
+                     "diff": diff["mean"],
                      "ci_low": diff["ci_low"], "ci_high": diff["ci_high"],
                      "error_rate": float(np.mean([r["error"] for r in errors])),
                      "repetitive_rate": float(np.mean([r["repetitive"] for r in errors])),
@@ -130,16 +132,18 @@ def markdown(rows: list[dict], model: str, profile: str, record: dict, highlight
         r = next(r for r in rows if r["recipe"] == highlight)
         out += [f"- **{highlight}**: rank {r['rank']} of {len(rows)}, accuracy {r['accuracy']:.3f}, against BF16 "
                 f"{f(r['diff'])} [{f(r['ci_low'])}, {f(r['ci_high'])}]; told apart from ranks "
-                f"{', '.join(map(str, sorted(r['apart_from']))) or 'none'}.", ""]
+                f"{', '.join(map(str, sorted(set(r['apart_from'])))) or 'none'}.", ""]
     n_units = next((r["units"] for r in rows if r["units"]), None)
-    out += ["| rank | recipe | precision | strict accuracy before RL | - BF16 [95% CI] | told apart from ranks "
+    out += ["| rank | recipe | precision | strict accuracy before RL (flexible) | - BF16 [95% CI] | told apart from "
+            "ranks "
             "| error completions (repetitive; garbled) | gradient 1 - cos | rollout -loglik | entropy gap "
             "| extra bits / element | training pass / bf16 | same as |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         name = f"**{r['recipe']}**" if r["recipe"] == highlight else r["recipe"]
-        apart = ", ".join(map(str, sorted(r["apart_from"]))) or MISSING
-        out.append(f"| {r['rank']} | {name} | {r['precision']} | {r['accuracy']:.3f} | {f(r['diff'])} "
+        apart = ", ".join(map(str, sorted(set(r["apart_from"])))) or MISSING
+        out.append(f"| {r['rank']} | {name} | {r['precision']} | {r['accuracy']:.3f} ({r['flexible']:.3f}) "
+                   f"| {f(r['diff'])} "
                    f"[{f(r['ci_low'])}, {f(r['ci_high'])}] | {apart} | {r['error_rate']:.3f} "
                    f"({r['repetitive_rate']:.3f}; {r['garbled_rate']:.3f}) | {f(r['gradient_harm'], '{:.4f}')} "
                    f"| {f(r['rollout_harm'], '{:.2f}')} "
