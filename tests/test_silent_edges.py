@@ -562,3 +562,19 @@ def test_a_users_recipe_never_shadows_a_built_in_on_the_boards_or_in_mechanism(t
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "mxfp4+4over6 redefined by a user's recipe file ($MXFP4_RECIPES)" in err and err.count("\n") == 1
+
+
+def test_units_of_another_profile_are_refused_not_read_as_its_networks(tmp_path):
+    """networks' per-unit files (8 networks' seeds) handed to embedded's mechanism report: one line naming the seeds
+    the profile does not measure, where they were read as embedded's one network."""
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.report.mechanism import mechanism_rows
+    from mxfp4.report.network_claims import read_units
+
+    units = read_units([Path(__file__).resolve().parents[1] / "results/baselines/networks/leaderboard/"
+                        "tiny-dense_units.csv"])
+    assert mechanism_rows(units, "mxfp4+macro", load_profile("networks"))
+    with pytest.raises(ValueError, match=r"units measured at seed\(s\) \[.*\], which profile 'embedded' does not "
+                                         r"measure \(its pathway seeds: \[0, 1, 2\]\)") as err:
+        mechanism_rows(units, "mxfp4+macro", load_profile("embedded"))
+    assert "\n" not in str(err.value)

@@ -572,7 +572,8 @@ def stored_claim_inputs(layout: Layout) -> list[dict]:
     design = profile.pathways.claims if profile.pathways is not None else None
     if not files or design is None:
         return []
-    return unit_claim_rows(read_units(files), design, profile_networks(profile))
+    units = read_units(files)
+    return unit_claim_rows(units, design, profile_networks(profile, units))
 
 
 def _p_text(r: dict) -> str:

@@ -87,7 +87,7 @@ def board(units: list[dict], profile, recipes: list[str], costs: dict | None = N
     design = profile.pathways.claims if profile.pathways else None
     if design is None:
         raise ValueError(f"profile {profile.name!r} fixes no claim design (pathways.claims): the board reads its form")
-    network_of = profile_networks(profile)
+    network_of = profile_networks(profile, units)
     out = {}
     for model in sorted({r["model"] for r in units}):
         harms = by_network(unit_harms(units, model, "warm", design.form), network_of)

@@ -48,7 +48,7 @@ def mechanism_rows(units: list[dict], recipe: str, profile) -> list[dict]:
         raise ValueError(f"profile {profile.name!r} fixes no margins (pathways.claims); the mechanism verdicts need "
                          "the smallest harm of interest per pathway")
     form = design.form
-    network_of = profile_networks(profile)
+    network_of = profile_networks(profile, units)
     out = []
     for model in sorted({r["model"] for r in units}):
         per_unit = unit_harms(units, model, "warm", form)

@@ -485,8 +485,17 @@ def markdown(rows: list[dict], profile: str, needed: dict[str, int] | None = Non
     return "\n".join(out) + "\n"
 
 
-def profile_networks(profile):
-    """A unit's network in ``profile``: the warm start its seed was measured from."""
+def profile_networks(profile, units: list[dict] | None = None):
+    """A unit's network in ``profile``: the warm start its seed was measured from. Given the ``units``, each is first
+    checked to come from one of the profile's measured seeds: another profile's units would map onto its networks
+    silently (8 networks read as one)."""
+    if units is not None:
+        seeds = {int(r["seed"]) for r in units if r.get("seed") not in (None, "")}
+        foreign = sorted(seeds - set(profile.pathway_seeds))
+        if foreign:
+            raise ValueError(f"units measured at seed(s) {foreign}, which profile {profile.name!r} does not measure "
+                             f"(its pathway seeds: {profile.pathway_seeds}); accepted: the per-unit files of this "
+                             "profile's run (--profile names the profile they were measured under)")
     return lambda seed: profile.warm_start_of(int(seed))
 
 
@@ -503,7 +512,8 @@ def run(unit_files, profile_name: str, out_md) -> list[dict]:
     design = profile.pathways.claims if profile.pathways else None
     if design is None:
         raise ValueError(f"profile {profile_name!r} fixes no claim-level tests (pathways.claims)")
-    rows = claim_rows(read_units(unit_files), design, network_of=profile_networks(profile))
+    units = read_units(unit_files)
+    rows = claim_rows(units, design, network_of=profile_networks(profile, units))
     if not rows:
         raise ValueError(f"no claim could be tested from {', '.join(map(str, unit_files))}: the files hold no "
                          f"warm-start units in the {design.form} form with the claimed and rival arms")
@@ -548,7 +558,8 @@ def network_summary(layouts: list[Layout]) -> str:
         cols.append(name)
         analysis[name] = design.claims.analysis
         needed = needed_by_claim(design.claims)
-        for r in claim_rows(read_units(files), design.claims, network_of=profile_networks(load_profile(name))):
+        units = read_units(files)
+        for r in claim_rows(units, design.claims, network_of=profile_networks(load_profile(name), units)):
             if r["family"] == "primary":
                 lines.setdefault((r["claim"], r["model"], r["scope"]), {})[name] = summary_cell(r, needed)
     out = []

@@ -186,7 +186,7 @@ def test_a_named_models_units_are_its_replicates_and_too_few_for_halves_is_one_l
     with path.open("w", newline="") as f:
         w = csv.DictWriter(f, UNIT_FIELDS)
         w.writeheader()
-        w.writerows(units[:3 * 3])
+        w.writerows([dict(u, seed=1) for u in units[:3 * 3]])  # real-small-claims measures seed 1
     with pytest.raises(ValueError, match=r"too few units for two halves of at least two on gradient \(3 units\)"):
         run([path], "real-small-claims", tmp_path / "out.md")
 
