@@ -578,3 +578,24 @@ def test_units_of_another_profile_are_refused_not_read_as_its_networks(tmp_path)
                                          r"measure \(its pathway seeds: \[0, 1, 2\]\)") as err:
         mechanism_rows(units, "mxfp4+macro", load_profile("embedded"))
     assert "\n" not in str(err.value)
+
+
+def test_mechanism_report_refuses_a_missing_or_nan_energy_file(tmp_path, monkeypatch, capsys):
+    from mxfp4.cli import main
+
+    stored = Path(__file__).resolve().parents[1] / "results/baselines/networks/leaderboard"
+    units = tmp_path / "tiny-dense_units.csv"
+    shutil.copy(stored / "tiny-dense_units.csv", units)
+    argv = ["mechanism-report", "--profile", "networks", "--recipe", "mxfp4+macro", str(units), "--out",
+            str(tmp_path / "m.md")]
+    assert main(argv) == 2
+    assert "tiny-dense_units.energy.json: missing; accepted: the .energy.json mxfp4 mechanism writes" in \
+        capsys.readouterr().err
+    energy = json.loads((stored / "tiny-dense_units.energy.json").read_text())
+    units.with_suffix(".energy.json").write_text(json.dumps(energy))
+    assert main(argv) == 0
+    capsys.readouterr()
+    energy[1]["energy_scale_after"] = float("nan")
+    units.with_suffix(".energy.json").write_text(json.dumps(energy))
+    assert main(argv) == 2
+    assert "1.energy_scale_after is nan, not a finite number" in capsys.readouterr().err

@@ -48,14 +48,32 @@ def _kept(quantizer: Quantizer, tensors: dict[str, tuple]) -> set[int]:
     return quantizer.bf16_layers.kept(max(layers) + 1)
 
 
-def _stats(quantizer: Quantizer, tensors: dict[str, tuple]) -> dict:
+def recorded_activations(model, batch: dict, rows: int = 256) -> dict[str, tuple]:
+    """(input, reduction axis, its forward GEMM operand) of every decoder Linear the mxfp4 recipe quantizes, recorded
+    on one unquantized forward of ``batch`` (the first ``rows`` token rows of each, flattened)."""
+    recorded, handles = {}, []
+    for name, module, _ in targets(model, ("linear",)):
+        def hook(_, args, name=name):
+            x = args[0].detach().reshape(-1, args[0].shape[-1])[:rows].float()
+            recorded[name] = (x, -1, Operand("activation", "forward", name))
+        handles.append(module.register_forward_pre_hook(hook))
+    try:
+        with torch.no_grad():
+            model(**batch)
+    finally:
+        for h in handles:
+            h.remove()
+    return recorded
+
+
+def _stats(quantizer: Quantizer, tensors: dict[str, tuple], form: str = "canonical") -> dict:
     """Pooled decomposition, each tensor in the basis ``quantizer`` quantizes it in (a distribution's
     sample has no operand context: a rotating correction rotates it); a weight of a layer the recipe keeps in BF16
     has no error (its elements still count)."""
     kept = _kept(quantizer, tensors)
 
     def stats(t, axis, op):
-        out = quantizer.decompose(t, axis, operand=op).stats
+        out = quantizer.decompose(t, axis, operand=op, form=form).stats
         if op is None or decoder_layer(op.layer) not in kept:
             return out
         return {k: 0.0 if k.startswith(ZERO_WHEN_KEPT) else v for k, v in out.items()}  # no error: its elements count
@@ -144,10 +162,12 @@ def markdown(table: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def recipe_energy(tensors: dict[str, tuple], recipe: str) -> dict:
+def recipe_energy(tensors: dict[str, tuple], recipe: str, form: str = "canonical") -> dict:
     """The pooled error energy of each component (and the total) of ``tensors`` under plain MXFP4 (``_before``)
-    and under ``recipe`` (``_after``), each tensor in the basis the recipe quantizes it in."""
+    and under ``recipe`` (``_after``), each tensor in the basis the recipe quantizes it in, each operand told to the
+    recipe's hooks as what it is, in the decomposition ``form`` (the gain form is where a block quantizer moves the
+    deadzone and the grid noise; the canonical one holds them at the ideal scale)."""
     quantizer = Recipe.named(recipe).quantizer()
-    before, after = _stats(Quantizer(), tensors), _stats(quantizer, tensors)
+    before, after = _stats(Quantizer(), tensors, form), _stats(quantizer, tensors, form)
     keys = ("energy_scale", "energy_dead", "energy_grid", "energy_total", "deadzone_fraction")
     return {**{f"{k}_before": before[k] for k in keys}, **{f"{k}_after": after[k] for k in keys}}

@@ -24,7 +24,7 @@ from ..rl import data as gsm
 from ..rl.batches import batch_gradient, gradient_batches, probe_trainer
 from ..rl.grad_accuracy import compare
 from ..rl.models import load, warm_start_folder
-from .correction_table import model_weights, recipe_energy
+from .correction_table import model_weights, recipe_energy, recorded_activations
 from .pathways.estimates import unit_rows
 from .pathways.matrix import seed_problems
 from .pathways.measurement import (
@@ -39,7 +39,7 @@ from .pathways.measurement import (
     unit_digest,
 )
 from .pathways.spec import UNIT_FIELDS
-from .teacher_forced import token_pairs
+from .teacher_forced import completion_batch, token_pairs
 
 
 def mechanism_arms(profile: Profile, recipes: list[str]) -> list[str]:
@@ -58,7 +58,8 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
                   progress=print) -> tuple[list[dict], list[dict]]:
     """The per-unit harms of MXFP4, BF16, each of ``recipes`` and the profile's correction arms at the warm start
     of ``model_name`` of every measured seed (``Profile.pathway_seeds``; ``UNIT_FIELDS``, written to
-    ``out_units``), and the error energies of the first warm start's weights under MXFP4 and under each recipe
+    ``out_units``), and the error energies of the first warm start's weights and of the activations recorded on its
+    teacher-forced solutions, under MXFP4 and under each recipe, in the claims' decomposition form
     (``correction_table.recipe_energy``).
 
     Args:
@@ -69,7 +70,7 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
         progress: called with one line per seed.
 
     Returns:
-        (the unit rows, one energy row per recipe).
+        (the unit rows, one energy row per recipe and operand: weights, activations).
     """
     profile = run.profile
     names = mechanism_arms(profile, list(recipes))
@@ -81,6 +82,7 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
     held_out = gsm.load_gsm8k("test", gsm8k_folder(profile)) if settings.prompts_from == "gsm8k-test" else None
     m = Measured()
     t0 = time.time()
+    activations = None
     for seed in profile.pathway_seeds:
         model, tokenizer = load(str(warm_start_folder(run, model_name, seed)), dtype=torch.float32)
         trainer = probe_trainer(model, tokenizer, profile, seed)
@@ -111,10 +113,15 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
         m.roll_keys.extend(unit_digest(r["question"], seed) for r in roll_problems)
         m.roll_seeds.extend([seed] * len(roll_problems))
         measure_corrections([m], model, trainer, batches, reference, fixed, arms_profile, seed)
+        if activations is None:  # the first measured warm start's, on its teacher-forced solutions
+            batch = completion_batch(*solutions, tokenizer.pad_token_id or 0)
+            activations = recorded_activations(model, {k: batch[k] for k in ("input_ids", "attention_mask")})
         progress(f"[{time.time() - t0:6.1f}s] {model_name} seed {seed}: {len(batches)} gradient batches, "
                  f"{len(roll_problems)} prompts x {settings.samples_per_prompt}; arms mxfp4, bf16, {', '.join(names)}")
     units = unit_rows(model_name, "warm", form, m, ["both"])
     if out_units is not None:
         write_csv_atomic(out_units, units, UNIT_FIELDS)
     weights = model_weights(str(warm_start_folder(run, model_name, profile.pathway_seeds[0])))
-    return units, [{"model": model_name, "recipe": r, **recipe_energy(weights, r)} for r in recipes]
+    return units, [{"model": model_name, "recipe": r, "operand": operand, "form": form,
+                    **recipe_energy(tensors, r, form)}
+                   for r in recipes for operand, tensors in (("weights", weights), ("activations", activations))]

@@ -103,12 +103,20 @@ def _cmd_mechanism_report(args) -> int:
     import json
 
     from ..report.mechanism import run
+    from ..stats import first_non_finite
 
     energy = []
     for units in args.units:
         path = Path(units).with_suffix(".energy.json")
-        if path.is_file():
-            energy += json.loads(path.read_text())
+        if not path.is_file():
+            raise ValueError(f"{path}: missing; accepted: the .energy.json mxfp4 mechanism writes beside its units "
+                             "(run it again)")
+        rows = json.loads(path.read_text())
+        bad = first_non_finite(rows)
+        if bad is not None:
+            raise ValueError(f"{path}: {bad[0]} is {bad[1]}, not a finite number; accepted: the energies mxfp4 "
+                             "mechanism writes")
+        energy += rows
     out = args.out or args.layout.mechanism(args.recipe)
     rows = run(args.units, args.recipe, args.profile, writable(out), energy)
     for r in rows:

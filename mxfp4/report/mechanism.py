@@ -123,16 +123,20 @@ def markdown(rows: list[dict], recipe: str, profile_name: str, energy: list[dict
                                          levels.items()) + ".",
             "", "Harms: " + "; ".join(f"{p}: {RECOVERY_HARMS[p]}" for p in PATHWAYS) + ".", ""]
     if energy:
+        form = energy[0].get("form", "canonical")
         out += ["## What it removes from each error component", "",
-                "Error energy of the warm start's quantized weights under plain MXFP4 -> under the recipe (pooled "
-                "over every weight, float64; `mxfp4 corrections-table`'s measure).", "",
-                "| model | scale bias | deadzone | grid noise | total |", "| --- | --- | --- | --- | --- |"]
+                "Error energy under plain MXFP4 -> under the recipe, pooled over the operands (float64), each in the "
+                f"basis the recipe quantizes it in and told to its hooks as what it is, in the {form} form: the first "
+                "warm start's weights, and the activations of every decoder Linear recorded on its teacher-forced "
+                "solutions.", "",
+                "| model | operand | scale bias | deadzone | grid noise | total |",
+                "| --- | --- | --- | --- | --- | --- |"]
         for e in (e for e in energy if e.get("recipe", recipe) == recipe):
             cells = []
             for c in ("scale", "dead", "grid", "total"):
                 before, after = e[f"energy_{c}_before"], e[f"energy_{c}_after"]
                 cells.append(f"{before:.4g} -> {after:.4g} ({(after / before - 1) if before else 0:+.0%})")
-            out.append(f"| {e['model']} | " + " | ".join(cells) + " |")
+            out.append(f"| {e['model']} | {e.get('operand', 'weights')} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)
 

@@ -31,3 +31,35 @@ def test_edge_layers_remove_exactly_their_weights_error_and_generation_settings_
     assert edges["deadzone_fraction_after"] == pytest.approx(sum(s["deadzone_fraction"] * k for s, k in quantized) / n)
     for name in ("recipe mxfp4+w4a16-rollouts", "recipe mxfp4+bf16-backward"):
         assert table[name]["energy_total_after"] == table[name]["energy_total_before"]
+
+
+def test_the_energy_table_measures_each_operand_as_the_recipe_quantizes_it(tmp_path, monkeypatch):
+    """Removals known by construction, on a tiny model's weights and the activations recorded on one forward:
+    weights alone quantized leaves the activations no error and the weights MXFP4's; activations alone the
+    reverse; a forward Hadamard rotation is decomposed in its rotated basis (the correction's own decomposition of
+    each operand, told what it is)."""
+    import torch
+
+    from mxfp4.analysis.correction_table import model_weights, recipe_energy, recorded_activations
+    from mxfp4.config.recipes import Recipe
+
+    (tmp_path / "rot.yaml").write_text("rot: {base: mxfp4, corrections: [{name: hadamard, gemms: [forward]}]}\n")
+    monkeypatch.setenv("MXFP4_RECIPES", str(tmp_path / "rot.yaml"))
+    model, tok = build_tiny("tiny-dense", seed=0)
+    acts = recorded_activations(model, dict(tok(["Q: 12+7=? A: 19 #### 19", "Tom has 3 apples."], return_tensors="pt",
+                                                padding=True)))
+    assert acts and all(op.role == "activation" for _, _, op in acts.values())
+    weights = model_weights("tiny-dense")
+    for operands, recipe, zero in ((acts, "mxfp4-weights-alone", True), (weights, "mxfp4-weights-alone", False),
+                                   (weights, "mxfp4-activations-alone", True), (acts, "mxfp4-activations-alone", False)):
+        e = recipe_energy(operands, recipe, form="gain")
+        if zero:
+            assert e["energy_total_after"] == 0 and e["energy_total_before"] > 0
+        else:
+            assert e["energy_total_after"] == e["energy_total_before"]
+    rot = Recipe.named("rot").quantizer()
+    e = recipe_energy(acts, "rot", form="gain")
+    own = sum(rot.decompose(x, axis, operand=op, form="gain").stats["energy_scale"] for x, axis, op in acts.values())
+    assert e["energy_scale_after"] == pytest.approx(own, rel=1e-12) and e["energy_scale_after"] != e[
+        "energy_scale_before"]
+    assert torch.is_tensor(next(iter(acts.values()))[0])
