@@ -50,8 +50,9 @@ def test_the_energy_table_measures_each_operand_as_the_recipe_quantizes_it(tmp_p
                                                 padding=True)))
     assert acts and all(op.role == "activation" for _, _, op in acts.values())
     weights = model_weights("tiny-dense")
-    for operands, recipe, zero in ((acts, "mxfp4-weights-alone", True), (weights, "mxfp4-weights-alone", False),
-                                   (weights, "mxfp4-activations-alone", True), (acts, "mxfp4-activations-alone", False)):
+    cases = ((acts, "mxfp4-weights-alone", True), (weights, "mxfp4-weights-alone", False),
+             (weights, "mxfp4-activations-alone", True), (acts, "mxfp4-activations-alone", False))
+    for operands, recipe, zero in cases:
         e = recipe_energy(operands, recipe, form="gain")
         if zero:
             assert e["energy_total_after"] == 0 and e["energy_total_before"] > 0
