@@ -55,7 +55,7 @@ def mechanism_arms(profile: Profile, recipes: list[str]) -> list[str]:
 
 
 def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
-                  progress=print) -> tuple[list[dict], list[dict]]:
+                  progress=print, energy: bool = True) -> tuple[list[dict], list[dict]]:
     """The per-unit harms of MXFP4, BF16, each of ``recipes`` and the profile's correction arms at the warm start
     of ``model_name`` of every measured seed (``Profile.pathway_seeds``; ``UNIT_FIELDS``, written to
     ``out_units``), and the error energies of the first warm start's weights and of the activations recorded on its
@@ -68,6 +68,8 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
         recipes: the recipes whose mechanism is measured (MXFP4 and corrections), each an arm of its own.
         out_units: where to write the per-unit file; None writes nothing.
         progress: called with one line per seed.
+        energy: False measures no error energies (a named model's hundred million weights, decomposed per recipe,
+            would take longer than its units).
 
     Returns:
         (the unit rows, one energy row per recipe and operand: weights, activations).
@@ -113,7 +115,7 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
         m.roll_keys.extend(unit_digest(r["question"], seed) for r in roll_problems)
         m.roll_seeds.extend([seed] * len(roll_problems))
         measure_corrections([m], model, trainer, batches, reference, fixed, arms_profile, seed)
-        if activations is None:  # the first measured warm start's, on its teacher-forced solutions
+        if energy and activations is None:  # the first measured warm start's, on its teacher-forced solutions
             batch = completion_batch(*solutions, tokenizer.pad_token_id or 0)
             activations = recorded_activations(model, {k: batch[k] for k in ("input_ids", "attention_mask")})
         progress(f"[{time.time() - t0:6.1f}s] {model_name} seed {seed}: {len(batches)} gradient batches, "
@@ -121,6 +123,8 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
     units = unit_rows(model_name, "warm", form, m, ["both"])
     if out_units is not None:
         write_csv_atomic(out_units, units, UNIT_FIELDS)
+    if not energy:
+        return units, []
     weights = model_weights(str(warm_start_folder(run, model_name, profile.pathway_seeds[0])))
     return units, [{"model": model_name, "recipe": r, "operand": operand, "form": form,
                     **recipe_energy(tensors, r, form)}

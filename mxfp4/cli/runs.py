@@ -146,7 +146,7 @@ def _cmd_mechanism(args) -> int:
     writable(out)
     t0 = time.perf_counter()
     _, energy = run_mechanism(run, args.model, args.recipe, out,
-                              progress=lambda line: print(line, file=sys.stderr, flush=True))
+                              progress=lambda line: print(line, file=sys.stderr, flush=True), energy=not args.no_energy)
     write_json_atomic(out.with_suffix(".energy.json"), energy)
     # what a run of these arms cost here: the leaderboard's estimate for a recipe placed on it
     write_json_atomic(out.with_suffix(".run.json"), {
@@ -301,6 +301,8 @@ def add_commands(sub) -> None:
                    help="the recipe whose mechanism is measured (several: each an arm, one per-unit file, --out)")
     p.add_argument("--out", type=out_file, default=None,
                    help="the per-unit file (default results/<profile>/mechanism/<recipe>/<model>_units.csv)")
+    p.add_argument("--no-energy", action="store_true",
+                   help="measure no error energies (the .energy.json beside the units holds none)")
     p.set_defaults(func=_cmd_mechanism)
 
     p = sub.add_parser("real-board", help="the real-model board's measures before RL: per recipe, GSM8K through "

@@ -119,6 +119,8 @@ def markdown(rows: list[dict], recipe: str, profile_name: str, energy: list[dict
                    f"{r['networks']} | {r['verdict']} (margin {r['margin']:g}) | {r['rank']} of {r['arms']} | "
                    f"{within} |")
     levels = {r["model"]: (r["family"], r["level"]) for r in rows}
+    if not energy:
+        out += ["", "Error energies: not measured (mxfp4 mechanism --no-energy)."]
     out += ["", "Families: " + "; ".join(f"{m}: {k} rows, intervals at {100 * lv:.2f}%" for m, (k, lv) in
                                          levels.items()) + ".",
             "", "Harms: " + "; ".join(f"{p}: {RECOVERY_HARMS[p]}" for p in PATHWAYS) + ".", ""]
