@@ -6,6 +6,7 @@ import torch
 
 from ..config.recipes import Recipe
 from ..corrections import build
+from ..corrections.registry import paper_corrections
 from ..nn import gemm_weights, targets
 from ..nn.patch import decoder_layer
 from ..numerics.decompose import pool_stats
@@ -14,12 +15,10 @@ from ..numerics.quantizer import Operand, Quantizer
 from ..rl.models import TINY_ARCHS, build_tiny, load
 from ..verify.distributions import sample
 
-TABLE_CORRECTIONS = [
-    {"name": "macro_block", "blocks": 4},
-    {"name": "macro_block", "blocks": 1},
-    {"name": "outlier_fallback", "mode": "element", "k": 1},
-    {"name": "outlier_fallback", "mode": "block", "fraction": 0.05},
-]
+# each correction's rows, as its class declares them (``Correction.table_settings``), the paper's in its pathways'
+# order
+TABLE_CORRECTIONS = [{"name": cls.name, **settings} for cls in paper_corrections().values()
+                     for settings in cls.table_settings]
 TABLE_DISTS = ["gaussian", "laplace", "student_t3", "llm_rows"]
 
 

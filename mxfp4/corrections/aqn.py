@@ -38,6 +38,10 @@ class AdaptiveQuantizationNoise(Correction):
         seed: the noise's seed (``bind`` sets the cell's).
     """
 
+    # the paper's ties: the pathway it restores and its correction arm (it lowers no tensor statistic)
+    pathway = "entropy"
+    arm = "mxfp4+aqn"
+
     sigma_start: float = 1e-2
     sigma_end: float = 1e-4
     stages: int = 10

@@ -21,6 +21,13 @@ class Correction:
     """Base class: a correction that changes nothing and costs nothing."""
 
     name = "none"
+    # What the reports read off the class (``registry.paper_corrections``): the RL pathway the paper ties the
+    # correction to (gradient, rollout, entropy), the recipe of its correction arm, the error statistic it is built
+    # to lower with its label (``(stats key, label)``), and its parameter settings in the corrections table.
+    pathway: str | None = None
+    arm: str | None = None
+    lowers: tuple[str, str] | None = None
+    table_settings: tuple[dict, ...] = ()
 
     # numerics hooks -----------------------------------------------------------------------
     def block_quantizer(self, fmt, rule):

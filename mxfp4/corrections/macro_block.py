@@ -42,6 +42,12 @@ class MacroBlockScaling(Correction):
         candidates: ``max`` (the largest block's mantissa) or ``all`` (every block's).
     """
 
+    # the paper's ties: the pathway it restores, its correction arm, the statistic it is built to lower
+    pathway = "gradient"
+    arm = "mxfp4+macro"
+    lowers = ("energy_scale", "scale-bias energy")
+    table_settings = ({"blocks": 4}, {"blocks": 1})  # its rows of the corrections table
+
     blocks: int = 4
     rows: int = 1
     candidates: str = "max"

@@ -27,6 +27,12 @@ class OutlierFallback(Correction):
         fraction: the share of blocks kept in ``block`` mode (0..1).
     """
 
+    # the paper's ties: the pathway it restores, its correction arm, the statistic it is built to lower
+    pathway = "rollout"
+    arm = "mxfp4+fallback"
+    lowers = ("deadzone_fraction", "deadzone fraction")
+    table_settings = ({"mode": "element", "k": 1}, {"mode": "block", "fraction": 0.05})  # its corrections-table rows
+
     mode: str = "element"
     k: int = 1
     fraction: float = 0.05

@@ -131,3 +131,23 @@ def build(spec: dict | str) -> Correction:
     except Exception as err:  # noqa: BLE001 - a plugin's constructor, reported with its name
         raise ValueError(
             f"correction {name!r} ({_qualname(cls)}) failed to build: {type(err).__name__}: {err}") from None
+
+
+PATHWAY_ORDER = ("gradient", "rollout", "entropy")
+
+
+def paper_corrections() -> dict[str, type]:
+    """{pathway: the registered correction the paper ties to it}, in the pathways' order (the built-ins declare
+    ``pathway``; a plugin that claims a pathway another correction holds is an error, not a silent swap)."""
+    out: dict[str, type] = {}
+    for cls in REGISTRY.values():
+        if cls.pathway is None:
+            continue
+        if cls.pathway not in PATHWAY_ORDER:
+            raise ValueError(f"correction {cls.name!r} declares pathway {cls.pathway!r}; accepted: "
+                             f"{', '.join(PATHWAY_ORDER)}")
+        if cls.pathway in out:
+            raise ValueError(f"corrections {out[cls.pathway].name!r} and {cls.name!r} both declare the "
+                             f"{cls.pathway} pathway; accepted: one correction a pathway")
+        out[cls.pathway] = cls
+    return {p: out[p] for p in PATHWAY_ORDER if p in out}

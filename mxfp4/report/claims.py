@@ -12,6 +12,7 @@ from statsmodels.stats.multitest import multipletests
 
 from ..analysis.pathways.spec import MECHANISMS
 from ..config.profiles import HEADLINE_MAX_MDE, load_profile
+from ..corrections.registry import paper_corrections
 from ..io import write_text_atomic
 from ..layout import REFERENCE_RECIPE, Layout
 from ..stats import (
@@ -318,10 +319,7 @@ def construction_rows(proofs: dict, corrections: list[dict]) -> list[dict]:
             "verdict": "held (numerical check)" if proofs["passed"] else "contradicted",
         }
     ]
-    for target, key, label in (
-        ("macro_block", "energy_scale", "scale-bias energy"),
-        ("outlier_fallback", "deadzone_fraction", "deadzone fraction"),
-    ):
+    for target, key, label in ((cls.name, *cls.lowers) for cls in paper_corrections().values() if cls.lowers):
         for r in corrections:
             if r["correction"].startswith(target) and "weights" in r["source"]:
                 before, after = r[f"{key}_before"], r[f"{key}_after"]

@@ -31,6 +31,7 @@ from ..analysis.pathways.spec import (
     UNITS,
 )
 from ..config.profiles import load_profile
+from ..corrections.registry import paper_corrections
 from ..io import write_text_atomic
 from ..layout import Layout
 from ..stats import (
@@ -50,7 +51,7 @@ from .tables import read_unit_files
 # What a verdict is about: the model class (independently pretrained networks are the replicates, the units
 # measured in one are nested in it) or one named pretrained model (its own units are the replicates).
 REPLICATES = {"networks": "about the class", "units": "about this model"}
-CORRECTION_ARMS = {"macro_block": "mxfp4+macro", "outlier_fallback": "mxfp4+fallback", "aqn": "mxfp4+aqn"}
+CORRECTION_ARMS = {cls.name: cls.arm for cls in paper_corrections().values()}
 METHOD = ("{per}; own - rival over the {k} {replicates}, "
           "t on {df} df; held: every rival beaten (intersection-union, the largest one-sided p); contradicted: a "
           "rival harms more (smallest one-sided p x {r} rival(s)); no dominance: within +-{margin:g} of a rival "

@@ -190,3 +190,28 @@ def test_adaptive_aqn_takes_its_target_from_the_bf16_cell():
     assert a.target_entropy == 0.25 and not a.needs_reference
     with pytest.raises(ValueError, match="a number or 'bf16'"):
         AdaptiveQuantizationNoise(adaptive=True, target_entropy="fp32")
+
+
+def test_the_papers_ties_are_declared_on_the_correction_classes(monkeypatch):
+    """The pathway each paper correction restores, its correction arm and what it lowers come from its class: the
+    tables the reports use are read off the registry, and a plugin claiming a held pathway is one line."""
+    from mxfp4 import corrections as corr
+    from mxfp4.analysis.correction_table import TABLE_CORRECTIONS
+    from mxfp4.analysis.pathways.spec import RECOVERIES
+    from mxfp4.corrections.registry import paper_corrections
+    from mxfp4.report.network_claims import CORRECTION_ARMS
+
+    ties = paper_corrections()
+    assert {p: c.name for p, c in ties.items()} == RECOVERIES == {"gradient": "macro_block",
+                                                                  "rollout": "outlier_fallback", "entropy": "aqn"}
+    assert CORRECTION_ARMS == {c.name: c.arm for c in ties.values()}
+    assert all(Recipe.named(arm).build_corrections()[0].name == name for name, arm in CORRECTION_ARMS.items())
+    assert [t["name"] for t in TABLE_CORRECTIONS] == ["macro_block"] * 2 + ["outlier_fallback"] * 2
+    monkeypatch.setattr(corr.registry, "REGISTRY", dict(corr.registry.REGISTRY))
+
+    @corr.register("rival")
+    class Rival(corr.Correction):
+        pathway = "gradient"
+
+    with pytest.raises(ValueError, match="corrections 'macro_block' and 'rival' both declare the gradient pathway"):
+        paper_corrections()

@@ -5,6 +5,7 @@ figures, claims, profile contrasts) all read these names from here."""
 
 from __future__ import annotations
 
+from ...corrections.registry import paper_corrections
 from ...numerics.decompose import COMPONENTS
 
 FIELDS = [
@@ -86,7 +87,7 @@ TEACHER_FORCED = {
 
 # The paper's recoveries: which correction restores which pathway (a correction arm is the recipe MXFP4 plus
 # that correction alone, ``pathways.corrections``).
-RECOVERIES = {"gradient": "macro_block", "rollout": "outlier_fallback", "entropy": "aqn"}
+RECOVERIES = {pathway: cls.name for pathway, cls in paper_corrections().items()}
 # What a correction recovers on each pathway, per unit: MXFP4's harm minus the correction arm's. On the entropy
 # pathway a correction restores the unquantized policy's entropy, from either side: the harm is the entropy gap.
 RECOVERY_HARMS = {**HARMS, "entropy": "|token entropy - the unquantized arm's| on the unquantized policy's sampled "
