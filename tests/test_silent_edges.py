@@ -63,6 +63,16 @@ class Blocks(Correction):
         return lambda b: (b * self.grid, torch.full(b.shape[:-1], self.scale))
 
 
+class WrongShape(Correction):
+    name = "wrong"
+
+    def __init__(self, broken):
+        self.broken = broken
+
+    def block_quantizer(self, fmt, rule):
+        return lambda b: (b[..., :16] if self.broken else b, torch.ones(b.shape[:-1]))
+
+
 class Rotating(Correction):
     name = "rotating"
     rotates = True
@@ -527,6 +537,17 @@ FAST_CASES = [
      lambda b: Quantizer("mxfp4", None, [Lifecycle(cost={"extra_bits_per_element": NAN if b else 0.5,
                                                          "bf16_fraction": 0.0})]).cost,
      r"cost hook: returned 'extra_bits_per_element' = nan; expected finite numbers"),
+    ("decompose under a block quantizer of NaN grid values",
+     lambda b: lambda: Quantizer("mxfp4", None, [Blocks(grid=NAN if b else 1.0)]).decompose(torch.randn(4, 64), -1),
+     r"correction 'blocks' .* block_quantizer hook: returned non-finite grid values or scales for finite blocks"),
+    ("decompose under a block quantizer of the wrong shape",
+     lambda b: lambda: Quantizer("mxfp4", None, [WrongShape(b)]).decompose(torch.randn(4, 64), -1),
+     r"correction 'wrong' .* block_quantizer hook: returned torch.float32 grid values of shape \(4, 2, 16\); "
+     r"expected"),
+    ("a registered class that is no Correction",
+     lambda b: lambda: (corr.register("not_one")(type("Mine", (object,), {})) if b  # nothing registered either way
+                        else corr.register("macro_block")(corr.MacroBlockScaling)),
+     r"correction 'not_one': 'Mine' is not a subclass of mxfp4.corrections.Correction"),
     ("1.0e9 in a profile reads as text", lambda b: profile_with(grpo__learning_rate="1.0e9" if b else 1e-5),
      r"grpo.learning_rate: .*\(got '1.0e9'\); YAML reads 1.0e9 as text, not a number: write 1.0e\+9"),
 ]

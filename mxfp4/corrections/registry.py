@@ -26,6 +26,10 @@ def register(name: str):
     """
 
     def deco(cls):
+        if not (isinstance(cls, type) and issubclass(cls, Correction)):
+            raise ValueError(f"correction {name!r}: {getattr(cls, '__qualname__', cls)!r} is not a subclass of "
+                             "mxfp4.corrections.Correction; accepted: class Mine(Correction) (its hooks' defaults "
+                             "change nothing)")
         held = REGISTRY.get(name)
         if held is not None and _qualname(held) != _qualname(cls):  # the same class imported again is fine
             raise ValueError(
@@ -65,6 +69,9 @@ def available() -> dict[str, type]:
             except Exception as err:  # noqa: BLE001
                 raise ValueError(f"plugin entry point {ep.name!r} ({ep.value}) failed to load: "
                                  f"{type(err).__name__}: {err}") from None
+            if not (isinstance(cls, type) and issubclass(cls, Correction)):
+                raise ValueError(f"plugin entry point {ep.name!r} ({ep.value}) is not a subclass of "
+                                 "mxfp4.corrections.Correction; accepted: class Mine(Correction)")
             REGISTRY.setdefault(ep.name, cls)
             cls.name = ep.name
     return dict(REGISTRY)

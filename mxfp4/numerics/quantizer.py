@@ -341,6 +341,14 @@ class Quantizer:
             if q is not None:
                 return hooks.checked_values(owner, "fake_quantize", q, x)
         blocks = to_blocks(x, axis % x.dim(), self.fmt.block_size)
+        grid, scale = self._checked_blocks(blocks)
+        return from_blocks(grid * scale.unsqueeze(-1), x.shape, axis % x.dim()).to(x.dtype)
+
+    def _checked_blocks(self, blocks: torch.Tensor):
+        """The block-replacing correction's (grid values, scales) of ``blocks``: what it raises, or a return of the
+        wrong kind, shape or with non-finite values, one ``HookError`` naming the correction and the hook (the same
+        check for a quantization and for a decomposition)."""
+        owner = self._block_owner
         try:
             out = self.block_quantizer(blocks)
         except HookError:
@@ -350,8 +358,7 @@ class Quantizer:
         if not isinstance(out, tuple | list) or len(out) != 2:
             raise HookError.says(owner, "block_quantizer", f"returned {type(out).__name__}; expected (grid values, "
                                                            "scales)")
-        grid, scale = hooks.checked_block_values(owner, *out, blocks)
-        return from_blocks(grid * scale.unsqueeze(-1), x.shape, axis % x.dim()).to(x.dtype)
+        return hooks.checked_block_values(owner, *out, blocks)
 
     def decompose(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None,
                   form: str = "canonical", operand: Operand | None = None) -> Decomposition:
@@ -371,7 +378,7 @@ class Quantizer:
             pad = ~valid.expand_as(x)
             mask = pad if mask is None else mask | pad
             rest = torch.where(pad, torch.zeros_like(rest), rest)
-        blocks = self.block_quantizer if self._replaces_blocks(operand) else None
+        blocks = self._checked_blocks if self._replaces_blocks(operand) else None
         return decompose(rest, self.fmt, axis, self.scale_rule, block_quantizer=blocks, exclude=mask,
                          form=form)
 
