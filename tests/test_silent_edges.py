@@ -620,3 +620,24 @@ def test_mechanism_report_refuses_a_missing_or_nan_energy_file(tmp_path, monkeyp
     units.with_suffix(".energy.json").write_text(json.dumps(energy))
     assert main(argv) == 2
     assert "1.energy_scale_after is nan, not a finite number" in capsys.readouterr().err
+
+
+def test_an_edited_stored_warm_start_is_named_not_trained_again(tmp_path):
+    """The stored warm start a warm_starts=stored run asks for, with a byte changed: edited_since names the file
+    (the rule refuses on it), where made_from alone only said no and the run trained a new one in silence."""
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.rl.models import edited_since, made_from
+
+    stored = Path(__file__).resolve().parents[1] / "results/baselines/embedded/models/tiny-dense"
+    copy = tmp_path / "tiny-dense"
+    shutil.copytree(stored, copy)
+    want = load_profile("embedded").warm_start_setting("tiny-dense", 0)
+    assert made_from(copy, want) and edited_since(copy, want) == []
+    data = bytearray((copy / "model.safetensors").read_bytes())
+    data[-1] ^= 1
+    (copy / "model.safetensors").write_bytes(bytes(data))
+    assert not made_from(copy, want) and edited_since(copy, want) == ["model.safetensors"]
+    other = load_profile("embedded-large").warm_start_setting("tiny-dense", 0)
+    assert edited_since(copy, other) == []  # another setting's warm start is not this run's: no refusal
+    rules = (Path(__file__).resolve().parents[1] / "workflow/rules/cells.smk").read_text()
+    assert "edited = edited_since(candidate, want)" in rules and "raise ValueError(f\"warm_starts=stored:" in rules

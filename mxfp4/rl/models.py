@@ -182,6 +182,15 @@ def made_from(folder: Path | str, setting: dict) -> bool:
     return provenance_refusal(folder, setting) is None
 
 
+def edited_since(folder: Path | str, want: dict) -> list[str]:
+    """The files of a whole warm start recorded as made from ``want`` that differ from its recorded digests (edited
+    or damaged since): a stored one that must be refused, not silently trained again."""
+    if missing_warm_start_files(folder) or recorded_setting(folder, "rerun mxfp4 pretrain") != want:
+        return []
+    digests = json.loads((Path(folder) / WARM_START_META).read_text()).get("digests")
+    return changed_files(folder, digests) if isinstance(digests, dict) else []
+
+
 def provenance_refusal(folder: Path | str, want: dict, remake: str = "rerun mxfp4 pretrain") -> str | None:
     """Why ``folder`` is not a whole warm start made from ``want`` (the files it lacks, no recorded settings,
     or the settings that differ, recorded -> wanted), or None when it is; ``remake`` ends the error of a

@@ -37,7 +37,7 @@ def stored_warm_start(wc):
     """With --config warm_starts=stored: a stored warm start of this model made from what the profile gives
     now (its recorded settings), this profile's first, else any profile's (a pilot reuses the networks of the
     profile it shares its SFT with); else a path that does not exist, so that pretrain_model makes it."""
-    from mxfp4.rl.models import made_from
+    from mxfp4.rl.models import edited_since, made_from
 
     warm_start = int(wc.get("warm_start", 0))
     stored = L.stored(L.model(wc.model, warm_start))
@@ -47,6 +47,11 @@ def stored_warm_start(wc):
         for candidate in [stored, *(folder / relative for folder in stored_profiles())]:
             if made_from(candidate, want):
                 return str(candidate)
+            edited = edited_since(candidate, want)
+            if edited:  # the stored warm start this run asks for, changed since: never trained again in silence
+                raise ValueError(f"warm_starts=stored: {candidate} has files that differ from the digests recorded "
+                                 f"when it was made ({', '.join(edited)}); accepted: restore it (git checkout -- "
+                                 f"{candidate}), or warm_starts=train to make a new one")
     return str(stored) + ".not-stored"
 
 
