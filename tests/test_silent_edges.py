@@ -641,3 +641,31 @@ def test_an_edited_stored_warm_start_is_named_not_trained_again(tmp_path):
     assert edited_since(copy, other) == []  # another setting's warm start is not this run's: no refusal
     rules = (Path(__file__).resolve().parents[1] / "workflow/rules/cells.smk").read_text()
     assert "edited = edited_since(candidate, want)" in rules and "raise ValueError(f\"warm_starts=stored:" in rules
+
+
+def test_claims_with_no_primary_test_measured_is_refused_where_the_profile_fixes_one(tmp_path):
+    """embedded fixes its primary family (pathways.claims): its stored pathway table and units give the family;
+    an empty pathway table and no units give none of it, which is one line, not a table saying nothing and exit 0."""
+    import csv as csv_module
+
+    from mxfp4.report.claims import run_claims
+
+    base = Path(__file__).resolve().parents[1] / "results/baselines/embedded"
+    proofs = tmp_path / "proofs.json"
+    proofs.write_text(json.dumps({"max_identity_residual": 0.0, "max_identity_residual_rel": 0.0, "passed": True,
+                                  "cases": [{"format": "mxfp4", "distribution": "gaussian", "scale_rule": "floor",
+                                             "dtype": "float32", "identity_residual": 0.0,
+                                             "identity_residual_rel": 0.0, "passed": True}]}))
+    corrections = tmp_path / "corrections.json"
+    corrections.write_text(json.dumps([GOOD_CORRECTION]))
+    rows = run_claims(base / "cells.csv", proofs, corrections, tmp_path / "claims.md", "embedded",
+                      pathways_csv=base / "pathways.csv", unit_files=sorted((base / "units").glob("*.csv")))
+    assert any(r.get("family") == "primary" for r in rows)
+    empty = tmp_path / "pathways.csv"
+    with (base / "pathways.csv").open(newline="") as f:
+        header = next(csv_module.reader(f))
+    empty.write_text(",".join(header) + "\n")
+    with pytest.raises(ValueError, match="claims: profile 'embedded' fixes a primary family .*, and none of its tests "
+                                         "could be measured") as err:
+        run_claims(base / "cells.csv", proofs, corrections, tmp_path / "claims.md", "embedded", pathways_csv=empty)
+    assert "\n" not in str(err.value)

@@ -712,5 +712,10 @@ def run_claims(cells_csv, proofs_json, corrections_json, out_md, profile: str, p
         units=read_units(unit_files) if unit_files else [],
         network_of=profile_networks(load_profile(profile)),
     )
+    settings = load_profile(profile).pathways
+    if settings is not None and settings.claims is not None and not any(r.get("family") == "primary" for r in rows):
+        raise ValueError(f"claims: profile {profile!r} fixes a primary family (pathways.claims), and none of its tests "
+                         f"could be measured from {pathways_csv or 'no pathways table'} and {len(unit_files or ())} "
+                         "per-unit file(s); accepted: the run's pathways.csv and the per-unit files beside it")
     write_text_atomic(out_md, markdown(rows, profile, read_report(corrections_json, "corrections")))
     return rows
