@@ -25,7 +25,7 @@ from ..rl.batches import batch_gradient, gradient_batches, probe_trainer
 from ..rl.grad_accuracy import compare
 from ..rl.models import load, warm_start_folder
 from .correction_table import model_weights, recipe_energy, recorded_activations
-from .pathways.estimates import unit_rows
+from .pathways.estimates import first_unit_difference, unit_rows
 from .pathways.matrix import seed_problems
 from .pathways.measurement import (
     Arm,
@@ -54,8 +54,8 @@ def mechanism_arms(profile: Profile, recipes: list[str]) -> list[str]:
     return list(dict.fromkeys([*recipes, *profile.pathways.corrections]))
 
 
-def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
-                  progress=print, energy: bool = True) -> tuple[list[dict], list[dict]]:
+def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None, progress=print,
+                  energy: bool = True, against: list[dict] | None = None) -> tuple[list[dict], list[dict]]:
     """The per-unit harms of MXFP4, BF16, each of ``recipes`` and the profile's correction arms at the warm start
     of ``model_name`` of every measured seed (``Profile.pathway_seeds``; ``UNIT_FIELDS``, written to
     ``out_units``), and the error energies of the first warm start's weights and of the activations recorded on its
@@ -68,6 +68,8 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
         recipes: the recipes whose mechanism is measured (MXFP4 and corrections), each an arm of its own.
         out_units: where to write the per-unit file; None writes nothing.
         progress: called with one line per seed.
+        against: a stored board's per-unit rows: each seed's mxfp4 and bf16 arms must equal them unit for unit
+            before any recipe's arm is measured (a run that cannot be placed stops at once, naming the unit).
         energy: False measures no error energies (a named model's hundred million weights, decomposed per recipe,
             would take longer than its units).
 
@@ -114,6 +116,15 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
         m.roll_groups.extend(["warm"] * len(roll_problems))
         m.roll_keys.extend(unit_digest(r["question"], seed) for r in roll_problems)
         m.roll_seeds.extend([seed] * len(roll_problems))
+        if against is not None:  # the anchors first: a run that does not reproduce the board measures no arm
+            here = [r for r in unit_rows(model_name, "warm", form, m, ["both"]) if int(r["seed"]) == seed]
+            stored = [r for r in against if r["model"] == model_name and r["arm"] in ("all", "none")
+                      and str(r["seed"]) == str(seed)]
+            differs = first_unit_difference(stored, here)
+            if differs:
+                raise ValueError(f"{model_name} seed {seed}: the mxfp4 and bf16 arms do not reproduce the stored "
+                                 f"board's, before any recipe was measured: the first unit that differs is {differs}; "
+                                 "accepted: the board's stored warm starts with the same numerics, or the board rerun")
         measure_corrections([m], model, trainer, batches, reference, fixed, arms_profile, seed)
         if energy and activations is None:  # the first measured warm start's, on its teacher-forced solutions
             batch = completion_batch(*solutions, tokenizer.pad_token_id or 0)

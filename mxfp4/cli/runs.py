@@ -145,8 +145,14 @@ def _cmd_mechanism(args) -> int:
     out = Path(args.out or args.layout.mechanism_units(args.recipe[0], args.model))
     writable(out)
     t0 = time.perf_counter()
+    against = None
+    if args.against:
+        from ..report.network_claims import read_units
+
+        against = read_units(args.against)
     _, energy = run_mechanism(run, args.model, args.recipe, out,
-                              progress=lambda line: print(line, file=sys.stderr, flush=True), energy=not args.no_energy)
+                              progress=lambda line: print(line, file=sys.stderr, flush=True), energy=not args.no_energy,
+                              against=against)
     write_json_atomic(out.with_suffix(".energy.json"), energy)
     # what a run of these arms cost here: the leaderboard's estimate for a recipe placed on it
     write_json_atomic(out.with_suffix(".run.json"), {
@@ -301,6 +307,9 @@ def add_commands(sub) -> None:
                    help="the recipe whose mechanism is measured (several: each an arm, one per-unit file, --out)")
     p.add_argument("--out", type=out_file, default=None,
                    help="the per-unit file (default results/<profile>/mechanism/<recipe>/<model>_units.csv)")
+    p.add_argument("--against", nargs="+", default=None,
+                   help="a stored board's per-unit files: the mxfp4 and bf16 arms must reproduce them, checked before "
+                        "any recipe's arm is measured")
     p.add_argument("--no-energy", action="store_true",
                    help="measure no error energies (the .energy.json beside the units holds none)")
     p.set_defaults(func=_cmd_mechanism)

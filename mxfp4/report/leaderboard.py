@@ -25,6 +25,7 @@ import numpy as np
 from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 
+from ..analysis.pathways.estimates import first_unit_difference
 from ..analysis.pathways.spec import RECOVERY_HARMS
 from ..config.profiles import load_profile
 from ..config.recipes import Recipe
@@ -172,21 +173,12 @@ def merged(stored: list[dict], new: list[dict], recipe: str) -> list[dict]:
     networks, once that run's mxfp4 and bf16 arms are shown to equal the stored ones unit for unit, each unit by its
     full identity (model, checkpoint, form, pathway, arm, seed, unit index; a prompt drawn twice is two units): else
     its arm is not comparable with the board's, and this names the first unit that differs."""
-    def key(r):
-        return (r["model"], r["checkpoint"], r["form"], r["pathway"], r["arm"], str(r["seed"]), int(r["unit"]))
-
-    have = {key(r): r for r in stored if r["arm"] in ARM_LABELS}
-    again = {key(r): r for r in new if r["arm"] in ARM_LABELS}
-    for k in sorted(have.keys() | again.keys(), key=str):
-        a, b = have.get(k), again.get(k)
-        if a is None or b is None or a["harm"] != b["harm"] or a.get("key") != b.get("key"):
-            why = ("missing from the run" if b is None else "not on the stored board" if a is None else
-                   f"harm {b['harm']!r} where the board has {a['harm']!r}" if a["harm"] != b["harm"] else
-                   f"unit key {b.get('key')!r} where the board has {a.get('key')!r}")
-            raise ValueError(f"{recipe}: the run's mxfp4 and bf16 arms do not reproduce the stored board's: the first "
-                             f"unit that differs is {'/'.join(map(str, k))} ({why}); its arm is not comparable. "
-                             "Accepted: a run on the board's stored warm starts with the same numerics, or the board "
-                             "rerun here")
+    have = [r for r in stored if r["arm"] in ARM_LABELS]
+    differs = first_unit_difference(have, [r for r in new if r["arm"] in ARM_LABELS])
+    if differs:
+        raise ValueError(f"{recipe}: the run's mxfp4 and bf16 arms do not reproduce the stored board's: the first "
+                         f"unit that differs is {differs}; its arm is not comparable. Accepted: a run on the board's "
+                         "stored warm starts with the same numerics, or the board rerun here")
     if not have:
         raise ValueError(f"{recipe}: the stored board has no mxfp4 or bf16 arm to check the run against")
     if not any(r["arm"] == recipe for r in new):

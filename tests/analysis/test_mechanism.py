@@ -12,6 +12,7 @@ from mxfp4.analysis.pathways.spec import UNIT_FIELDS
 from mxfp4.config.profiles import load_profile
 from mxfp4.config.run import Run
 from mxfp4.report.mechanism import markdown, mechanism_rows, run
+from mxfp4.report.network_claims import read_units
 
 
 def _harms(path):
@@ -31,16 +32,27 @@ def test_the_mechanism_arms_are_the_pathway_matrix_arms_unit_for_unit(smoke_resu
     profile = profile.model_copy(update={"pathways": settings})
     matrix, mech = tmp_path / "matrix.csv", tmp_path / "mech.csv"
     run_pathways(Run.of(profile, smoke_results), "tiny-dense", progress=lambda m: None, out_units=matrix)
-    units, (energy,) = run_mechanism(Run.of(profile, smoke_results), "tiny-dense", ["mxfp4+aqn"], out_units=mech,
-                                     progress=lambda m: None)
+    units, energies = run_mechanism(Run.of(profile, smoke_results), "tiny-dense", ["mxfp4+aqn"], out_units=mech,
+                                    progress=lambda m: None)
+    assert [e["operand"] for e in energies] == ["weights", "activations"]
     a, b = _harms(matrix), _harms(mech)
     assert {arm for _, arm, _ in b} == {"none", "all", "mxfp4+aqn", "mxfp4+macro", "mxfp4+fallback"}
     shared = [k for k in b if k[1] != "mxfp4+aqn"]
     assert shared and all(b[k] == a[k] for k in shared)
     assert {u["seed"] for u in units} == set(profile.seeds)
-    assert energy["recipe"] == "mxfp4+aqn"
-    for c in ("scale", "dead", "grid", "total"):
-        assert energy[f"energy_{c}_after"] == energy[f"energy_{c}_before"] > 0
+    for energy in energies:
+        assert energy["recipe"] == "mxfp4+aqn"
+        for c in ("scale", "dead", "grid", "total"):
+            assert energy[f"energy_{c}_after"] == energy[f"energy_{c}_before"] > 0
+    # placed against a stored board: its own anchors pass; one harm changed stops the run before any recipe's arm
+    stored = read_units([mech])
+    run_mechanism(Run.of(profile, smoke_results), "tiny-dense", ["mxfp4+aqn"], progress=lambda m: None,
+                  energy=False, against=stored)
+    moved = [dict(r, harm=r["harm"] + 1e-6) if r["arm"] == "all" and r["pathway"] == "rollout" else r for r in stored]
+    with pytest.raises(ValueError, match=r"do not reproduce the stored board's, before any recipe was measured: the "
+                                         r"first unit that differs is tiny-dense/warm/canonical/rollout/all/"):
+        run_mechanism(Run.of(profile, smoke_results), "tiny-dense", ["mxfp4+aqn"], progress=lambda m: None,
+                      energy=False, against=moved)
 
 
 def _units(profile, harm: dict[str, float], per_network_sd=0.002, n=6, seed=0):

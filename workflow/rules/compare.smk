@@ -214,10 +214,19 @@ rule mechanism_units:
         str(L.log(f"mechanism_{COMPARE_RECIPE}_{{model}}")),
     params:
         definition=lambda wc: definition_digest(COMPARE_RECIPE),  # a redefined recipe reruns its mechanism
+        against=lambda wc: placed_against(wc.model),
     priority: 100
     shell:
         "MXFP4_THREADS=1 {MXFP4} mechanism --profile {PROFILE} --model {wildcards.model} --recipe '{COMPARE_RECIPE}' "
-        "--out {output.units} > {log} 2>&1"
+        "--out {output.units} {params.against} > {log} 2>&1"
+
+
+def placed_against(model):
+    """A recipe placed on the stored leaderboard: its run's mxfp4 and bf16 arms checked against the board's before
+    its own arm is measured (``mxfp4 mechanism --against``)."""
+    stored = L.stored(L.leaderboard_units(model))
+    placing = "leaderboard" in requested_targets() and COMPARE_RECIPE not in P.leaderboard
+    return f"--against {stored}" if placing and stored.is_file() else ""
 
 
 rule mechanism:
