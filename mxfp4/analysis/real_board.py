@@ -31,7 +31,7 @@ from ..rl.models import load, model_reference
 from .error_tokens import RULE, classify, vocabulary
 
 CHECK_PROMPTS = 8
-TIMED_PASSES = 2  # after one untimed pass; the median is reported
+TIMED_PASSES = 3  # timed rounds over every recipe, after one untimed round; the median is reported
 PASS_TOKENS = (2, 128)  # the timed training pass: 2 sequences of 128 tokens
 ITEM_FIELDS = ["model", "recipe", "doc_id", "doc_hash", "strict", "flexible", "repetitive", "garbled", "error",
                "same_as"]
