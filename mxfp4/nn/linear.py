@@ -295,7 +295,16 @@ class QuantLinearFunction(torch.autograd.Function):
 def quant_linear(x, weight, bias, gemm: GemmContext, w_fwd=None, w_bwd=None):
     """F.linear through the recipe's quantizer (weights taken from the cache unless given). Without
     autograd (rollouts, evaluation) only the forward GEMM runs: no backward-axis weight, no autograd node; with it,
-    the backward-axis weight (unless given) is quantized when the backward runs."""
+    the backward-axis weight (unless given) is quantized when the backward runs.
+
+    Args:
+        x: the input.
+        weight: the master weight.
+        bias: the bias or None.
+        gemm: the layer's ``GemmContext``.
+        w_fwd: the forward's quantized weight (None: from the cache).
+        w_bwd: the input gradient's quantized weight (None: quantized when the backward runs).
+    """
     if w_fwd is None:
         w_fwd = gemm.weight(weight, 1, gemm.gemms["forward"])
     autocast = autocast_dtype(x)
@@ -321,7 +330,12 @@ class ForwardOnly:
 
 def linear_forward(self, x: torch.Tensor) -> torch.Tensor:
     """Drop-in forward of a patched ``nn.Linear``: the packed W4A16 kernel where it applies, else
-    ``quant_linear``."""
+    ``quant_linear``.
+
+    Args:
+        self: a patched ``nn.Linear``.
+        x: its input.
+    """
     gemm = gemm_context(self)
     if gemm.w4a16_applies(x, self.weight):
         y = dispatch.w4a16_matmul(x, gemm.packed(self.weight))
@@ -354,5 +368,9 @@ GEMM_ATTR = "_mxfp4_gemm"
 
 
 def gemm_context(module: torch.nn.Module) -> GemmContext | None:
-    """A patched module's GEMM context (quantizer, weight cache, probe), or None."""
+    """A patched module's GEMM context (quantizer, weight cache, probe), or None.
+
+    Args:
+        module: any module.
+    """
     return module.__dict__.get(GEMM_ATTR)

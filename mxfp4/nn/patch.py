@@ -33,7 +33,11 @@ def _is_experts(module) -> bool:
 
 def gemm_weights(module) -> dict[str, torch.nn.Parameter]:
     """The GEMM weights of a patchable module by attribute name; each reduces along its last axis
-    (in_features of a Linear weight, H of gate_up_proj, I of down_proj)."""
+    (in_features of a Linear weight, H of gate_up_proj, I of down_proj).
+
+    Args:
+        module: a module of ``targets`` (a Linear or a fused MoE experts module).
+    """
     if _is_experts(module):
         return {"gate_up_proj": module.gate_up_proj, "down_proj": module.down_proj}
     return {"weight": module.weight}
@@ -44,7 +48,12 @@ def _is_router(name: str, module) -> bool:
 
 
 def targets(model, modules=("linear", "experts")) -> list[tuple[str, torch.nn.Module, str]]:
-    """(name, module, kind) of every module of the given kinds (a Quantizer's ``modules``)."""
+    """(name, module, kind) of every module of the given kinds (a Quantizer's ``modules``).
+
+    Args:
+        model: a transformers model.
+        modules: the module kinds (``Quantizer.modules``: linear, experts, lm_head, router).
+    """
     out = []
     kinds = set(modules)
     for name, module in model.named_modules():
@@ -101,12 +110,20 @@ _STATE_ATTR = "_mxfp4_patch"
 
 
 def patch_state(model) -> PatchState | None:
-    """The model's patch state, or None when ``patch_model`` never touched it."""
+    """The model's patch state, or None when ``patch_model`` never touched it.
+
+    Args:
+        model: a model, patched or not.
+    """
     return getattr(model, _STATE_ATTR, None)
 
 
 def patched_modules(model):
-    """(name, module, GemmContext) of every patched module."""
+    """(name, module, GemmContext) of every patched module.
+
+    Args:
+        model: a model, patched or not (none yielded).
+    """
     for name, module in model.named_modules():
         gemm = gemm_context(module)
         if gemm is not None:
@@ -118,7 +135,12 @@ _QUANTIZED_CLASSES: dict[type, type] = {torch.nn.Linear: MXLinear}
 
 def quantized_class(cls: type, kind: str) -> type:
     """The class a module of class ``cls`` and kind ``kind`` is swapped to: ``MXLinear`` for an
-    ``nn.Linear``, else ``MX<cls name>`` with the quantized forward first in its MRO (made once per class)."""
+    ``nn.Linear``, else ``MX<cls name>`` with the quantized forward first in its MRO (made once per class).
+
+    Args:
+        cls: the module class swapped (``nn.Linear`` or an experts class, or a subclass).
+        kind: its module kind (linear, experts, lm_head, router).
+    """
     hit = _QUANTIZED_CLASSES.get(cls)
     if hit is None:
         mixin = MXGroupedExperts if kind == "experts" else MXLinear
@@ -149,7 +171,13 @@ def weight_cache_bytes(model, quantizer: Quantizer) -> int:
 def weight_cache_pays(model, quantizer: Quantizer | None, sharded: bool = False) -> bool:
     """Whether to cache quantized weights: not under sharded training (FSDP2, ZeRO-3: the cache would
     hold every layer's gathered weights) and only while the cache stays within
-    ``WEIGHT_CACHE_LIMIT_BYTES``; a full-precision recipe caches nothing."""
+    ``WEIGHT_CACHE_LIMIT_BYTES``; a full-precision recipe caches nothing.
+
+    Args:
+        model: the model to patch.
+        quantizer: the recipe's quantizer (None: full precision, nothing to cache).
+        sharded: whether the parameters are sharded across ranks (FSDP, ZeRO-3).
+    """
     return quantizer is not None and not sharded and weight_cache_bytes(model, quantizer) <= WEIGHT_CACHE_LIMIT_BYTES
 
 
@@ -166,7 +194,12 @@ def rollout_weight_cache(model, sharded: bool = False):
     model whose layers keep no cache across training; on exit those layers forget the weights and cache
     nothing again. The values are the same either way. Not under sharded training (FSDP2, ZeRO-3: the
     cache would hold every layer's gathered weights on every rank), nor where the forward copies would pass
-    ``ROLLOUT_CACHE_LIMIT_BYTES``."""
+    ``ROLLOUT_CACHE_LIMIT_BYTES``.
+
+    Args:
+        model: a patched model.
+        sharded: whether the parameters are sharded across ranks (nothing is cached then).
+    """
     uncached = [(module, gemm) for _, module, gemm in patched_modules(model) if not gemm.cache]
     if sharded or not uncached or 4 * _weight_elements(m for m, _ in uncached) > ROLLOUT_CACHE_LIMIT_BYTES:
         yield
@@ -260,13 +293,22 @@ def unpatch_model(model) -> None:
 
 
 def clear_weight_caches(model) -> None:
-    """Forget every patched layer's quantized weights: the next GEMM quantizes the current values."""
+    """Forget every patched layer's quantized weights: the next GEMM quantizes the current values.
+
+    Args:
+        model: a patched model.
+    """
     for _, _, gemm in patched_modules(model):
         gemm.clear()
 
 
 def set_probe(model, probe) -> None:
-    """Attach (or with None, detach) a statistics probe on every patched module."""
+    """Attach (or with None, detach) a statistics probe on every patched module.
+
+    Args:
+        model: a patched model.
+        probe: called as ``probe(layer_name, kind, tensor, axis, valid)``; None detaches.
+    """
     for _, _, gemm in patched_modules(model):
         gemm.probe = probe
 
@@ -295,7 +337,11 @@ class bypassed:
 @contextlib.contextmanager
 def weights_only(model):
     """Inside: every patched layer quantizes its weights only, its activations pass as they come (W4A16), as a
-    recipe's weight-only rollouts generate; the weights' quantization (and its cache) is the training forward's."""
+    recipe's weight-only rollouts generate; the weights' quantization (and its cache) is the training forward's.
+
+    Args:
+        model: a patched model.
+    """
     switched = [gemm for _, _, gemm in patched_modules(model) if not gemm.weights_only]
     for gemm in switched:
         gemm.weights_only = True
@@ -308,7 +354,11 @@ def weights_only(model):
 
 def quantized_weights(model):
     """Context manager: inside it the patched weights hold their forward-quantized values (same names,
-    shapes and dtypes), so a weight sync (TRL's push to vLLM) ships the recipe's quantized weights."""
+    shapes and dtypes), so a weight sync (TRL's push to vLLM) ships the recipe's quantized weights.
+
+    Args:
+        model: a patched model.
+    """
 
     @contextlib.contextmanager
     def swap():
