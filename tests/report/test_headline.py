@@ -64,3 +64,22 @@ def test_halves_are_the_seeds_alternately_and_a_missing_seed_is_refused():
     assert [r["seeds"] for r in result["rows"]] == [5, 3, 2, 5]
     with pytest.raises(ValueError, match=r"r has seeds \[3, 4, 5, 6\], the band's bf16 seeds are \[3, 4, 5, 6, 7\]"):
         analyse([c for c in cells if not (c["recipe"] == "r" and c["seed"] == 7)], items, "m", "r")
+
+
+def test_the_report_writes_its_table_rows_and_every_seeds_curves(tmp_path):
+    from mxfp4.report.aggregate import write_csv
+    from mxfp4.report.headline import run
+
+    rng = np.random.default_rng(3)
+    bf16 = _bf16(rng)
+    cells, items = _tables({"bf16": bf16, "mxfp4": np.zeros_like(bf16), "r": bf16.copy()})
+    steps = [{"model": "m", "recipe": c["recipe"], "seed": c["seed"], "step": k, "reward": 0.1 * k, "entropy": 0.8,
+              "kl": 0.01 * k, "rewards/accuracy_reward/mean": 0.1, "frac_reward_zero_std": 0.5 if k % 2 else 1.0}
+             for c in cells for k in range(1, 5)]
+    for name, rows in (("cells", cells), ("items", items), ("steps", steps)):
+        write_csv(rows, tmp_path / f"{name}.csv")
+    result = run(tmp_path, "m", "r", "p", tmp_path / "headline.md", tmp_path / "curves.png")
+    text = (tmp_path / "headline.md").read_text()
+    assert "| r - bf16 | all seeds | 5 | 40 |" in text and result["rows"][0]["verdict"].startswith("within")
+    assert (tmp_path / "headline.csv").read_text().count("\n") == 5  # a header and four rows
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
