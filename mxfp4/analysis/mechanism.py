@@ -23,7 +23,7 @@ from ..io import write_csv_atomic
 from ..rl import data as gsm
 from ..rl.batches import batch_gradient, gradient_batches, probe_trainer
 from ..rl.grad_accuracy import compare
-from ..rl.models import load, warm_start_folder
+from ..rl.models import load, model_reference
 from .correction_table import model_weights, recipe_energy, recorded_activations
 from .pathways.estimates import first_unit_difference, unit_rows
 from .pathways.matrix import seed_problems
@@ -88,7 +88,7 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
     t0 = time.time()
     activations = None
     for seed in profile.pathway_seeds:
-        model, tokenizer = load(str(warm_start_folder(run, model_name, seed)), dtype=torch.float32)
+        model, tokenizer = load(model_reference(run, model_name, seed), dtype=torch.float32)
         trainer = probe_trainer(model, tokenizer, profile, seed)
         grad_problems, roll_problems = seed_problems(train, settings, seed, held_out)
         batches, _ = gradient_batches(trainer, grad_problems, profile, settings.batches, seed, chat=spec.chat)
@@ -136,7 +136,7 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
         write_csv_atomic(out_units, units, UNIT_FIELDS)
     if not energy:
         return units, []
-    weights = model_weights(str(warm_start_folder(run, model_name, profile.pathway_seeds[0])))
+    weights = model_weights(model_reference(run, model_name, profile.pathway_seeds[0]))
     return units, [{"model": model_name, "recipe": r, "operand": operand, "form": form,
                     **recipe_energy(tensors, r, form)}
                    for r in recipes for operand, tensors in (("weights", weights), ("activations", activations))]
