@@ -30,6 +30,7 @@ STEP_KEYS = {
     "rollout_accuracy": "rewards/accuracy_reward/mean",
     "entropy": "entropy",
     "kl": "kl",
+    "frac_reward_zero_std": "frac_reward_zero_std",  # below 1: some group's rewards differed (a learning signal)
     "grad_cosine": "grad/cosine",
     "grad_rel_norm_error": "grad/rel_norm_error",
     "step_time": "step_time",

@@ -31,8 +31,8 @@ from .formatting import formatter
 
 FINAL = "gsm8k_strict_accuracy"
 Z_BOUND = 1.959963984540054  # the two-sided 95% bound a between-half z has under replication
-STEP_CURVES = {"reward": "reward", "rollout accuracy": "rewards/accuracy_reward/mean", "entropy": "entropy",
-               "KL to the start": "kl"}
+STEP_CURVES = {"reward": "reward", "rollout accuracy": "rollout_accuracy", "entropy": "entropy",
+               "KL to the reference": "kl"}  # steps.csv's columns
 
 
 def band(cells: list[dict], model: str) -> dict:
@@ -149,17 +149,18 @@ def curves_figure(steps: list[dict], model: str, recipes: list[str], out_png: Pa
     colours = dict(zip(recipes, ["black", "tab:red", "tab:blue", "tab:green"], strict=False))
     for ax, (title, key) in zip(axes, panels, strict=True):
         for recipe in recipes:
-            for seed in sorted({int(s["seed"]) for s in steps if s["recipe"] == recipe and s["model"] == model}):
+            seeds = sorted({int(s["seed"]) for s in steps if s["recipe"] == recipe and s["model"] == model})
+            for seed in seeds:
                 rows = sorted((s for s in steps if s["recipe"] == recipe and s["model"] == model
                                and int(s["seed"]) == seed), key=lambda s: int(s["step"]))
                 x = [int(s["step"]) for s in rows]
                 if key == "frac_reward_zero_std":  # a step with some group's rewards differing (aggregate's rule)
                     y = np.cumsum([1 if s.get(key) is not None and s[key] < 1 else 0 for s in rows])
                 else:
-                    y = [s.get(key) for s in rows]
-                ax.plot(x, y, color=colours.get(recipe), alpha=0.6, lw=1,
-                        label=recipe if seed == min(int(s["seed"]) for s in rows) else None)
-        ax.set_title(title, fontsize=9)
+                    y = [np.nan if s.get(key) is None else s[key] for s in rows]
+                ax.plot(x, y, color=colours.get(recipe), alpha=0.6, lw=1, label=recipe if seed == seeds[0] else None)
+        logged = any(s.get(key) is not None for s in steps)
+        ax.set_title(title if logged else f"{title} (not logged: no KL term, beta 0)", fontsize=9)
         ax.set_xlabel("GRPO step")
     axes[0].legend(fontsize=7)
     fig.tight_layout()

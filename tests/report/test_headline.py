@@ -74,7 +74,7 @@ def test_the_report_writes_its_table_rows_and_every_seeds_curves(tmp_path):
     bf16 = _bf16(rng)
     cells, items = _tables({"bf16": bf16, "mxfp4": np.zeros_like(bf16), "r": bf16.copy()})
     steps = [{"model": "m", "recipe": c["recipe"], "seed": c["seed"], "step": k, "reward": 0.1 * k, "entropy": 0.8,
-              "kl": 0.01 * k, "rewards/accuracy_reward/mean": 0.1, "frac_reward_zero_std": 0.5 if k % 2 else 1.0}
+              "kl": 0.01 * k, "rollout_accuracy": 0.1, "frac_reward_zero_std": 0.5 if k % 2 else 1.0}
              for c in cells for k in range(1, 5)]
     for name, rows in (("cells", cells), ("items", items), ("steps", steps)):
         write_csv(rows, tmp_path / f"{name}.csv")
