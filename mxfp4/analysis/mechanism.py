@@ -25,7 +25,7 @@ from ..rl.batches import batch_gradient, gradient_batches, probe_trainer
 from ..rl.grad_accuracy import compare
 from ..rl.models import load, model_reference
 from .correction_table import model_weights, recipe_energy, recorded_activations
-from .pathways.estimates import first_unit_difference, unit_rows
+from .pathways.estimates import unit_rows
 from .pathways.matrix import seed_problems
 from .pathways.measurement import (
     Arm,
@@ -38,7 +38,7 @@ from .pathways.measurement import (
     row_quantizer,
     unit_digest,
 )
-from .pathways.spec import UNIT_FIELDS
+from .pathways.spec import UNIT_FIELDS, first_unit_difference
 from .teacher_forced import completion_batch, token_pairs
 
 

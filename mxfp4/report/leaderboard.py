@@ -25,8 +25,7 @@ import numpy as np
 from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 
-from ..analysis.pathways.estimates import first_unit_difference
-from ..analysis.pathways.spec import RECOVERY_HARMS
+from ..analysis.pathways.spec import RECOVERY_HARMS, first_unit_difference
 from ..config.profiles import load_profile
 from ..config.recipes import Recipe
 from ..io import write_json_atomic, write_text_atomic

@@ -99,3 +99,25 @@ RECOVERY_CLAIM_METHOD = ("intersection-union test at the warm start, paired over
                          "correction; one-sided paired t each, p held = the largest; p contradicted = Bonferroni over "
                          "the rivals of mean(harm(r) - harm({k})) < {margin:g} (the margin); harm = {harm}; the value "
                          "is the weakest contrast ({weakest}) with its 95% t interval")
+
+
+def unit_identity(r: dict) -> tuple:
+    """What one unit is, whatever file holds it: model, checkpoint, form, pathway, arm, seed and its index (a prompt
+    drawn twice is two units with one key)."""
+    return (r["model"], r["checkpoint"], r["form"], r["pathway"], r["arm"], str(r["seed"]), int(r["unit"]))
+
+
+def first_unit_difference(stored: list[dict], again: list[dict]) -> str | None:
+    """The first unit (by identity) that one set of unit rows has and the other lacks, or whose harm or key differs,
+    with why; None where they agree unit for unit."""
+    have, now = {unit_identity(r): r for r in stored}, {unit_identity(r): r for r in again}
+    for k in sorted(have.keys() | now.keys(), key=str):
+        a, b = have.get(k), now.get(k)
+        same_key = a is not None and b is not None and (a.get("key") or "") == (b.get("key") or "")
+        if a is None or b is None or float(a["harm"]) != float(b["harm"]) or not same_key:
+            why = ("missing from the run" if b is None else "not in the stored rows" if a is None else
+                   f"harm {float(b['harm'])!r} where the stored rows have {float(a['harm'])!r}"
+                   if float(a["harm"]) != float(b["harm"]) else
+                   f"unit key {b.get('key')!r} where the stored rows have {a.get('key')!r}")
+            return f"{'/'.join(map(str, k))} ({why})"
+    return None
