@@ -14,7 +14,7 @@ import torch
 
 from ...config.profiles import Profile
 from ...config.recipes import Recipe
-from ...nn import patch_model, unpatch_model
+from ...nn import patch_model, unpatch_model, weights_only
 from ...numerics.decompose import COMPONENTS
 from ...numerics.hooks import lifecycle
 from ...numerics.injection import ROWS, SITES, row_spec
@@ -70,9 +70,13 @@ class CorrectionArm:
     step: int
 
     def rollout(self, model):
+        """The arm's rollout policy: its corrections' rollout contexts, and weights alone quantized where the recipe
+        generates W4A16 (``rollout_precision``)."""
         stack = contextlib.ExitStack()
         for c in self.corrections:
             stack.enter_context(lifecycle(c.rollout_context, model, self.step))
+        if self.quantizer.activations and not self.quantizer.rollout_activations:
+            stack.enter_context(weights_only(model))
         return stack
 
 
