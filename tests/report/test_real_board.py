@@ -110,3 +110,20 @@ def test_the_page_holds_the_network_board_and_the_real_one_once(tmp_path):
     attach(page, out)
     text = page.read_text()
     assert text.startswith("# Leaderboard: networks") and text.count("# Real-model board") == 1
+
+
+def test_the_stored_board_is_what_its_stored_measures_make(tmp_path):
+    """results/baselines/real-small-board: the board page regenerates byte for byte from the stored items, record
+    and per-unit harms, and the page LEADERBOARD.md holds it below the network board."""
+    from pathlib import Path
+
+    from mxfp4.report.network_claims import read_units
+
+    base = Path(__file__).resolve().parents[2] / "results/baselines"
+    stored = base / "real-small-board"
+    units = read_units([stored / "leaderboard/smollm2-135m_units.csv"])
+    rows = run(stored / "real_board/smollm2-135m", "real-small-board", tmp_path / "board.md", units)
+    assert (tmp_path / "board.md").read_text() == (stored / "real_board/LEADERBOARD.md").read_text()
+    assert rows[0]["recipe"] == "bf16" and len(rows) == 22 and rows[0]["problems"] == 192
+    page = (base / "LEADERBOARD.md").read_text()
+    assert page.index("# Leaderboard: the field's MXFP4 recipes") < page.index("# Real-model board")
