@@ -83,3 +83,18 @@ def test_the_report_writes_its_table_rows_and_every_seeds_curves(tmp_path):
     assert "| r - bf16 | all seeds | 5 | 40 |" in text and result["rows"][0]["verdict"].startswith("within")
     assert (tmp_path / "headline.csv").read_text().count("\n") == 5  # a header and four rows
     assert (tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_the_stored_headline_is_what_its_stored_tables_make(tmp_path):
+    """results/baselines/real-small-headline: the page and rows regenerate byte for byte from the stored cells,
+    items and steps (`mxfp4 headline --aggregate results/baselines/real-small-headline`)."""
+    from pathlib import Path
+
+    from mxfp4.report.headline import run
+
+    stored = Path(__file__).resolve().parents[2] / "results/baselines/real-small-headline"
+    result = run(stored, "smollm2-135m", "mxfp4+fallback", "real-small-headline", tmp_path / "headline.md",
+                 tmp_path / "curves.png")
+    assert (tmp_path / "headline.md").read_text() == (stored / "headline.md").read_text()
+    assert (tmp_path / "headline.csv").read_text() == (stored / "headline.csv").read_text()
+    assert len(result["band"]["seeds"]) == 5 and result["rows"][0]["verdict"].startswith("outside the band")
