@@ -12,7 +12,6 @@ names it (``same_as``).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import statistics
 import time
@@ -24,7 +23,7 @@ from ..config.data_files import gsm8k_folder
 from ..config.recipes import Recipe
 from ..config.run import Run
 from ..io import jsonl_records, write_csv_atomic, write_json_atomic
-from ..nn import gemm_weights, patch_model, rollout_weight_cache, targets, unpatch_model, weights_only
+from ..nn import gemm_weights, generation_precision, patch_model, rollout_weight_cache, targets, unpatch_model
 from ..rl import data as gsm
 from ..rl.evaluate import evaluate_gsm8k, hf_lm
 from ..rl.models import load, model_reference
@@ -37,13 +36,8 @@ ITEM_FIELDS = ["model", "recipe", "doc_id", "doc_hash", "strict", "flexible", "r
                "same_as"]
 
 
-def generating(model, recipe: Recipe):
-    """The precision the recipe's policy generates in: weights only where its rollouts are W4A16."""
-    return weights_only(model) if recipe.rollouts_weights_only else contextlib.nullcontext()
-
-
-def logits_digest(model, batch: dict, recipe: Recipe) -> str:
-    with torch.no_grad(), generating(model, recipe):
+def logits_digest(model, batch: dict, quantizer) -> str:
+    with torch.no_grad(), generation_precision(model, quantizer):
         logits = model(**batch).logits
     return hashlib.sha256(logits.float().contiguous().numpy().tobytes()).hexdigest()
 
@@ -139,13 +133,13 @@ def measure(run: Run, model_name: str, recipes: list[str], out_dir: Path | str, 
                      for n, m, _ in targets(model, quantizer.modules)}
             kept_fraction = sum(v for n, v in sizes.items() if n not in patched) / sum(sizes.values())
         try:
-            digest = logits_digest(model, check, recipe)
+            digest = logits_digest(model, check, quantizer)
             same_as = next((other for other, d in digests.items() if d == digest), None)
             digests.setdefault(name, digest)
             folder = out_dir / "eval" / (same_as or name)
             if same_as is None:
                 lm = hf_lm(model, tokenizer, batch_size=ev.batch_size)
-                with generating(model, recipe), rollout_weight_cache(model):
+                with generation_precision(model, quantizer), rollout_weight_cache(model):
                     evaluate_gsm8k(lm, eval_folder, num_fewshot=ev.num_fewshot, limit=ev.limit,
                                    max_gen_toks=ev.max_gen_toks, output_dir=folder, seed=0, chat=spec.chat)
         finally:

@@ -352,6 +352,18 @@ def weights_only(model):
             gemm.weights_only = False
 
 
+def generation_precision(model, quantizer: Quantizer | None):
+    """The precision a patched model generates in (rollouts, evaluations): ``weights_only`` where its recipe's
+    rollouts are W4A16 while it trains W4A4, else as it trains.
+
+    Args:
+        model: a model patched with ``quantizer`` (or not patched, with None).
+        quantizer: the recipe's quantizer (None: full precision).
+    """
+    switch = quantizer is not None and quantizer.weights_only_rollouts
+    return weights_only(model) if switch else contextlib.nullcontext()
+
+
 def quantized_weights(model):
     """Context manager: inside it the patched weights hold their forward-quantized values (same names,
     shapes and dtypes), so a weight sync (TRL's push to vLLM) ships the recipe's quantized weights.

@@ -92,7 +92,7 @@ class Quantizer:
     def __init__(self, fmt="mxfp4", scale_rule=None, corrections=(), gemms=None, modules=DEFAULT_MODULES, name=None,
                  activations=True, bf16_layers=None, rollout_activations=True):
         self.fmt = get_format(fmt)
-        self.rollout_activations = bool(rollout_activations) and bool(activations)
+        self.rollout_activations = bool(rollout_activations)
         self.bf16_layers = bf16_layers
         self.activations = bool(activations)  # False: weight-only (W4A16), activations and gradients unquantized
         self.scale_rule = self.fmt.check_scale_rule(scale_rule)
@@ -123,6 +123,12 @@ class Quantizer:
         self._kernel_strides: dict = {}
         self._stride_probe: Quantizer | None = None
         self._checked_rotation = hooks.RotationCheck()
+
+    @property
+    def weights_only_rollouts(self) -> bool:
+        """Whether the policy generates with its weights alone quantized while it trains with activations quantized
+        too (a weight-only recipe generates as it trains: nothing to switch)."""
+        return self.activations and not self.rollout_activations
 
     @property
     def plain(self) -> bool:
@@ -172,7 +178,7 @@ class Quantizer:
         on = ",".join(g for g, v in self.gemms.items() if v) or "none"
         label = f"recipe={self.name}, " if self.name else ""
         weights_only = "" if self.activations else ", weights only"
-        weights_only += "" if self.rollout_activations or not self.activations else ", W4A16 rollouts"
+        weights_only += ", W4A16 rollouts" if self.weights_only_rollouts else ""
         return (f"Quantizer({label}format={self.fmt.name}, scale_rule={self.scale_rule}, corrections=[{corr}], "
                 f"gemms={on}{weights_only})")
 

@@ -30,12 +30,12 @@ from ..nn import (
     bypassed,
     clear_weight_caches,
     gemm_weights,
+    generation_precision,
     patch_state,
     patched_modules,
     quantized_weights,
     rollout_weight_cache,
     set_probe,
-    weights_only,
 )
 from ..nn.linear import KIND_OPERANDS
 from ..numerics.decompose import COMPONENTS, SUMMARY_KEYS, pool_stats
@@ -329,12 +329,12 @@ class MXGRPOTrainer(GRPOTrainer):
     @property
     def rollouts_weights_only(self) -> bool:
         """Whether the recipe generates with its weights alone quantized while it trains W4A4."""
-        return self.mx_quantizer is not None and not self.mx_quantizer.rollout_activations
+        return self.mx_quantizer is not None and self.mx_quantizer.weights_only_rollouts
 
     def generation_precision(self):
         """The precision the policy generates in, for a rollout or an evaluation: weights only (W4A16) where the
         recipe says so, else the training forward's."""
-        return weights_only(self.model) if self.rollouts_weights_only else contextlib.nullcontext()
+        return generation_precision(self.model, self.mx_quantizer)
 
     def generation_weight_cache(self):
         """``rollout_weight_cache`` of the policy, for a rollout or an evaluation: nothing cached where

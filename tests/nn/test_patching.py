@@ -411,6 +411,8 @@ def test_w4a16_rollouts_generate_from_the_quantized_weights_alone_and_train_w4a4
         reference_logits = fresh(**batch).logits
     recipe = Recipe.named("mxfp4+w4a16-rollouts")
     assert not recipe.quantizer().rollout_activations and recipe.quantizer().activations
+    assert recipe.quantizer().weights_only_rollouts  # a weight-only recipe generates as it trains: nothing to switch
+    assert not Recipe.named("mxfp4-w4a16").quantizer().weights_only_rollouts
     patch_model(model, recipe.quantizer())
     with torch.no_grad():
         with weights_only(model):

@@ -14,7 +14,7 @@ import torch
 
 from ...config.profiles import Profile
 from ...config.recipes import Recipe
-from ...nn import patch_model, unpatch_model, weights_only
+from ...nn import generation_precision, patch_model, unpatch_model
 from ...numerics.decompose import COMPONENTS
 from ...numerics.hooks import lifecycle
 from ...numerics.injection import ROWS, SITES, row_spec
@@ -75,8 +75,7 @@ class CorrectionArm:
         stack = contextlib.ExitStack()
         for c in self.corrections:
             stack.enter_context(lifecycle(c.rollout_context, model, self.step))
-        if self.quantizer.activations and not self.quantizer.rollout_activations:
-            stack.enter_context(weights_only(model))
+        stack.enter_context(generation_precision(model, self.quantizer))
         return stack
 
 
