@@ -21,11 +21,12 @@ from ..config.data_files import gsm8k_folder
 from ..config.recipes import BF16Layers, Recipe
 from ..config.run import Run
 from ..io import write_csv_atomic
-from ..nn import patch_model, rollout_weight_cache, unpatch_model
+from ..nn import rollout_weight_cache
 from ..rl import data as gsm
 from ..rl.evaluate import evaluate_gsm8k, hf_lm
 from ..rl.grad_accuracy import compare
 from ..rl.models import load, model_reference
+from .pathways.measurement import Arm
 from .teacher_forced import completion_nll, token_pairs
 
 ROLES = {"weights alone": "mxfp4-weights-alone", "activations alone": "mxfp4-activations-alone",
@@ -44,24 +45,6 @@ def configurations(layers: int) -> list[tuple[str, str, int | None, Recipe]]:
             for i in range(layers)]
     out += [(name, "role", None, Recipe.named(recipe)) for name, recipe in ROLES.items()]
     return out
-
-
-def _patched(model, recipe: Recipe):
-    """Context: ``model`` patched with ``recipe`` inside (nothing for a full-precision one), unpatched after."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def patched():
-        quantizer = recipe.quantizer()
-        if quantizer is not None:
-            patch_model(model, quantizer)
-        try:
-            yield model
-        finally:
-            if quantizer is not None:
-                unpatch_model(model)
-
-    return patched()
 
 
 def measure(run: Run, model_name: str, out_csv: Path | str, problems: int | None, prompts: int,
@@ -85,7 +68,7 @@ def measure(run: Run, model_name: str, out_csv: Path | str, problems: int | None
     t0 = time.time()
     model.eval()
     for name, _, _, recipe in configs:
-        with _patched(model, recipe), torch.no_grad():
+        with Arm(model, recipe.quantizer()), torch.no_grad():
             rows[name]["solution_nll"] = float(completion_nll(model, *solutions, pad))
         progress(f"[{time.time() - t0:7.1f}s] {model_name} {name}: solution NLL {rows[name]['solution_nll']:.4f}")
     low, high = rows["bf16"]["solution_nll"], rows["mxfp4"]["solution_nll"]
@@ -98,7 +81,7 @@ def measure(run: Run, model_name: str, out_csv: Path | str, problems: int | None
     for name, kind, _, recipe in configs:
         if name not in deep and kind != "reference":
             continue
-        with _patched(model, recipe):
+        with Arm(model, recipe.quantizer()):
             model.train()
             params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
             grads = torch.autograd.grad(completion_nll(model, *solutions, pad), [p for _, p in params],

@@ -28,6 +28,7 @@ from ..rl import data as gsm
 from ..rl.evaluate import evaluate_gsm8k, hf_lm
 from ..rl.models import load, model_reference
 from .error_tokens import RULE, classify, vocabulary
+from .pathways.measurement import Arm
 
 CHECK_PROMPTS = 8
 TIMED_PASSES = 3  # timed rounds over every recipe, after one untimed round; the median is reported
@@ -61,14 +62,8 @@ def training_pass_seconds(model, recipes: dict[str, Recipe], batch: dict, rounds
     times: dict[str, list[float]] = {name: [] for name in recipes}
     for i in range(rounds + 1):
         for name, recipe in recipes.items():
-            quantizer = recipe.quantizer()
-            if quantizer is not None:
-                patch_model(model, quantizer)
-            try:
+            with Arm(model, recipe.quantizer()):
                 seconds = _pass_seconds(model, batch)
-            finally:
-                if quantizer is not None:
-                    unpatch_model(model)
             if i:
                 times[name].append(seconds)
     return {name: statistics.median(t) for name, t in times.items()}
