@@ -524,6 +524,14 @@ def pathways_without(column, broken):
     return lambda: read_pathways(path)
 
 
+def recipe_file_named(name):
+    from mxfp4.config.recipes import load_recipe_table
+
+    path = Path(tempfile.mkdtemp()) / "mine.yaml"
+    path.write_text(f"{name}: {{base: mxfp4}}\n")
+    return lambda: load_recipe_table(path)
+
+
 # edges that need no smoke run: each passes untouched and is one line broken
 FAST_CASES = [
     ("claims' pathways.csv without its mean column", lambda b: pathways_without("mean", b),
@@ -548,6 +556,8 @@ FAST_CASES = [
      lambda b: lambda: (corr.register("not_one")(type("Mine", (object,), {})) if b  # nothing registered either way
                         else corr.register("macro_block")(corr.MacroBlockScaling)),
      r"correction 'not_one': 'Mine' is not a subclass of mxfp4.corrections.Correction"),
+    ("a recipe name with a slash", lambda b: recipe_file_named("my/recipe" if b else "my-recipe"),
+     r"recipe name 'my/recipe' is not one folder name; accepted: letters, digits"),
     ("1.0e9 in a profile reads as text", lambda b: profile_with(grpo__learning_rate="1.0e9" if b else 1e-5),
      r"grpo.learning_rate: .*\(got '1.0e9'\); YAML reads 1.0e9 as text, not a number: write 1.0e\+9"),
 ]
@@ -668,4 +678,34 @@ def test_claims_with_no_primary_test_measured_is_refused_where_the_profile_fixes
     with pytest.raises(ValueError, match="claims: profile 'embedded' fixes a primary family .*, and none of its tests "
                                          "could be measured") as err:
         run_claims(base / "cells.csv", proofs, corrections, tmp_path / "claims.md", "embedded", pathways_csv=empty)
+    assert "\n" not in str(err.value)
+
+
+def test_compare_of_the_reference_recipe_points_to_the_reproduction_check(tmp_path, monkeypatch, capsys):
+    """compare --recipe bf16 (an A/A check) has no reference to set bf16 against: one line naming the command that
+    checks bf16's cells against the stored ones, not a setting check over an empty set of baselines."""
+    from mxfp4.report.compare import primary_references
+
+    assert primary_references("mxfp4") == ["bf16"] and primary_references("bf16") == []
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "--profile", "embedded", "--recipe", "bf16", "--out", str(tmp_path / "c.md")]) == 2
+    err = capsys.readouterr().err
+    assert "recipe 'bf16' is the reference every contrast is against" in err
+    assert "mxfp4 reproduction --profile embedded --cell MODEL/bf16/seedN" in err and err.count("\n") == 1
+
+
+def test_units_missing_one_of_the_profiles_networks_are_refused_not_tested_on_fewer():
+    """networks' stored per-unit file without one network's seed: one line naming the missing seed, where its claims
+    and its leaderboard place were decided on the networks left."""
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.report.network_claims import profile_networks, read_units
+
+    profile = load_profile("networks")
+    units = read_units([Path(__file__).resolve().parents[1] / "results/baselines/networks/leaderboard/"
+                        "tiny-dense_units.csv"])
+    assert profile_networks(profile, units)
+    dropped = profile.pathway_seeds[-1]
+    with pytest.raises(ValueError, match=rf"the units of tiny-dense lack seed\(s\) \[{dropped}\] of profile "
+                                         r"'networks'.s pathway seeds") as err:
+        profile_networks(profile, [r for r in units if int(r["seed"]) != dropped])
     assert "\n" not in str(err.value)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -281,6 +282,8 @@ def _raw_recipes(path: Path | str | None = None, built_in: bool = False) -> dict
             if not isinstance(name, str):
                 raise ValueError(f"{f}: recipe name {name!r} is not text; accepted: a name (text, "
                                  "e.g. mxfp4+mine)")
+            if not re.match(SAFE_NAME, name):
+                raise ValueError(f"{f}: recipe name {name!r} is not one folder name; accepted: {SAFE_NAME_HELP}")
             base = spec.get("base")
             if base is not None and not isinstance(base, str):
                 raise ValueError(f"{f}: recipe {name!r}: base {base!r} is a {type(base).__name__}; accepted: the name "

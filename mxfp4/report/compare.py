@@ -605,6 +605,10 @@ def run_compare(layout: Layout, recipe: str, baselines_csv, out_md, figure_stem=
     ``mechanism_md``: the recipe's mechanism report (``report.mechanism``), whose table leads the report."""
     if adjust not in ADJUSTMENTS:
         raise ValueError(f"adjust={adjust!r}; accepted: {', '.join(ADJUSTMENTS)}")
+    if recipe == REFERENCE_RECIPE:
+        raise ValueError(f"recipe {recipe!r} is the reference every contrast is against, so compare has nothing to set "
+                         "it against; the A/A check of its cells against the stored baselines is `mxfp4 reproduction "
+                         f"--profile {layout.profile} --cell MODEL/{recipe}/seedN`")
     cells, steps = read_cells(layout)
     cells = with_time_ratio(cells)
     new_items = read_items(layout) if items else []

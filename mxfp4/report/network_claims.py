@@ -497,6 +497,13 @@ def profile_networks(profile, units: list[dict] | None = None):
             raise ValueError(f"units measured at seed(s) {foreign}, which profile {profile.name!r} does not measure "
                              f"(its pathway seeds: {profile.pathway_seeds}); accepted: the per-unit files of this "
                              "profile's run (--profile names the profile they were measured under)")
+        for model in sorted({r["model"] for r in units}):
+            missing = sorted(set(profile.pathway_seeds) - {int(r["seed"]) for r in units
+                                                           if r["model"] == model and r.get("seed") not in (None, "")})
+            if missing and len(missing) < len(profile.pathway_seeds):
+                raise ValueError(f"the units of {model} lack seed(s) {missing} of profile {profile.name!r}'s pathway "
+                                 f"seeds {profile.pathway_seeds}: its claims would be tested on fewer networks than "
+                                 "the design fixes; accepted: every seed's per-unit files")
     return lambda seed: profile.warm_start_of(int(seed))
 
 
