@@ -256,7 +256,8 @@ def test_the_correction_protocol_is_declared_not_inspected():
     from mxfp4.corrections import Correction
     from mxfp4.numerics.quantizer import Quantizer
 
-    hooks = ["block_quantizer", "fake_quantize", "split", "blocks_per_group", "rows_per_group", "bind",
+    hooks = ["block_quantizer", "fake_quantize", "split", "takes_operand", "gemm_transform", "transforms_gemm",
+             "blocks_per_group", "rows_per_group", "bind",
              "needs_reference", "bind_reference", "rollout_context", "perturbs_rollout", "observe", "state_dict",
              "load_state_dict", "metrics", "cost"]
     assert all(h in vars(Correction) for h in hooks)

@@ -65,14 +65,42 @@ def recorded_activations(model, batch: dict, rows: int = 256) -> dict[str, tuple
     return recorded
 
 
-def _stats(quantizer: Quantizer, tensors: dict[str, tuple], form: str = "canonical") -> dict:
+def _gemm_transforms(quantizer: Quantizer, tensors: dict[str, tuple]) -> dict:
+    """{operand: its forward GEMM's transform} where ``quantizer`` transforms each GEMM from its two operands
+    (``gemm_transform``): each layer's weight and recorded activation together give it; an operand without its
+    partner cannot be placed in the basis the recipe quantizes it in, and is refused."""
+    if not quantizer.transforms_gemm:
+        return {}
+    pairs: dict = {}
+    for t, _, op in tensors.values():
+        if op is None or op.gemm != "forward":
+            raise ValueError(f"recipe {quantizer.name!r} transforms each GEMM from its activation and weight together; "
+                             "a tensor without its GEMM (a distribution's sample) has no basis to be quantized in. "
+                             "Accepted: a model's weights with their recorded activations (mxfp4 mechanism)")
+        pairs.setdefault(op.layer, {})[op.role] = (t, op)
+    out = {}
+    for layer, roles in pairs.items():
+        if set(roles) != {"activation", "weight"}:
+            raise ValueError(f"recipe {quantizer.name!r} transforms each GEMM from its activation and weight "
+                             f"together; layer {layer!r} has its {', '.join(roles)} alone. Accepted: a model's "
+                             "weights with their recorded activations (mxfp4 mechanism)")
+        transform = quantizer.gemm_transform(roles["activation"][0], roles["weight"][0], layer)
+        out.update({op: transform for _, op in roles.values()})
+    return out
+
+
+def _stats(quantizer: Quantizer, tensors: dict[str, tuple], form: str = "canonical",
+           alongside: dict[str, tuple] | None = None) -> dict:
     """Pooled decomposition, each tensor in the basis ``quantizer`` quantizes it in (a distribution's
-    sample has no operand context: a rotating correction rotates it); a weight of a layer the recipe keeps in BF16
+    sample has no operand context: a rotating correction rotates it; a GEMM transform is computed from each layer's
+    weight and recorded activation, the partner operand taken from ``alongside`` where ``tensors`` are of one role
+    alone, ``_gemm_transforms``); a weight of a layer the recipe keeps in BF16
     has no error (its elements still count)."""
     kept = _kept(quantizer, tensors)
+    transforms = _gemm_transforms(quantizer, {**tensors, **(alongside or {})})
 
     def stats(t, axis, op):
-        out = quantizer.decompose(t, axis, operand=op, form=form).stats
+        out = quantizer.decompose(t, axis, operand=op, form=form, transform=transforms.get(op)).stats
         if op is None or decoder_layer(op.layer) not in kept:
             return out
         return {k: 0.0 if k.startswith(ZERO_WHEN_KEPT) else v for k, v in out.items()}  # no error: its elements count
@@ -161,12 +189,14 @@ def markdown(table: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def recipe_energy(tensors: dict[str, tuple], recipe: str, form: str = "canonical") -> dict:
+def recipe_energy(tensors: dict[str, tuple], recipe: str, form: str = "canonical",
+                  alongside: dict[str, tuple] | None = None) -> dict:
     """The pooled error energy of each component (and the total) of ``tensors`` under plain MXFP4 (``_before``)
     and under ``recipe`` (``_after``), each tensor in the basis the recipe quantizes it in, each operand told to the
     recipe's hooks as what it is, in the decomposition ``form`` (the gain form is where a block quantizer moves the
-    deadzone and the grid noise; the canonical one holds them at the ideal scale)."""
+    deadzone and the grid noise; the canonical one holds them at the ideal scale). ``alongside``: the other operands
+    of the same GEMMs (the recorded activations of weights), from which a GEMM transform is computed."""
     quantizer = Recipe.named(recipe).quantizer()
-    before, after = _stats(Quantizer(), tensors, form), _stats(quantizer, tensors, form)
+    before, after = _stats(Quantizer(), tensors, form), _stats(quantizer, tensors, form, alongside)
     keys = ("energy_scale", "energy_dead", "energy_grid", "energy_total", "deadzone_fraction")
     return {**{f"{k}_before": before[k] for k in keys}, **{f"{k}_after": after[k] for k in keys}}

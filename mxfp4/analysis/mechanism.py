@@ -137,6 +137,8 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
     if not energy:
         return units, []
     weights = model_weights(model_reference(run, model_name, profile.pathway_seeds[0]))
+    groups = {"weights": weights, "activations": activations}
     return units, [{"model": model_name, "recipe": r, "operand": operand, "form": form,
-                    **recipe_energy(tensors, r, form)}
-                   for r in recipes for operand, tensors in (("weights", weights), ("activations", activations))]
+                    **recipe_energy(tensors, r, form, alongside=groups["activations" if operand == "weights" else
+                                                                        "weights"])}
+                   for r in recipes for operand, tensors in groups.items()]

@@ -12,7 +12,8 @@ scale bytes, scales), ``to_blocks`` / ``from_blocks`` (an operand as ``[..., n_b
 
 Built in: the paper's ``macro_block`` (scale bias), ``outlier_fallback`` (deadzone), ``aqn`` (entropy);
 the field's standard recipe, ``hadamard`` (random-sign block rotation, or the plain Hadamard matrix) and
-``stochastic_rounding``; ``four_over_six`` (4/6 adaptive block scaling).
+``stochastic_rounding``; ``four_over_six`` (4/6 adaptive block scaling); ``smoothquant`` (per-channel smoothing
+of each GEMM's operand pair, through ``gemm_transform``).
 """
 
 from ..numerics.hooks import HookError
@@ -27,6 +28,7 @@ from .macro_block import MacroBlockScaling
 from .ms_eden import MSEden
 from .outlier_fallback import OutlierFallback
 from .registry import ENTRY_POINT_GROUP, REGISTRY, available, build, register
+from .smoothquant import SmoothQuant
 from .stochastic_rounding import StochasticRounding
 from .two_d_scales import TwoDScales
 
@@ -43,6 +45,7 @@ __all__ = [
     "OutlierFallback",
     "REGISTRY",
     "RandomHadamard",
+    "SmoothQuant",
     "StochasticRounding",
     "TwoDScales",
     "available",

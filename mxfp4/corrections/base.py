@@ -1,8 +1,8 @@
 """The correction protocol: every hook the code calls on a correction, each declared on ``Correction``
 with a default that changes nothing.
 
-Numerics hooks (``block_quantizer``, ``fake_quantize``, ``rotation``, ``rounding_generator``, ``split``,
-``blocks_per_group``, ``rows_per_group``) are composed by ``mxfp4.numerics.quantizer.Quantizer`` on every
+Numerics hooks (``block_quantizer``, ``fake_quantize``, ``rotation``, ``gemm_transform``, ``rounding_generator``,
+``split``, ``blocks_per_group``, ``rows_per_group``) are composed by ``mxfp4.numerics.quantizer.Quantizer`` on every
 quantized operand, told which operand (``Operand``: role, GEMM, layer) where the caller knows;
 lifecycle hooks (``bind``, ``needs_reference`` / ``bind_reference``, ``rollout_context``,
 ``perturbs_rollout``, ``observe``, ``metrics``, ``state_dict`` / ``load_state_dict``) are called by the
@@ -30,8 +30,12 @@ class Correction:
     table_settings: tuple[dict, ...] = ()
 
     # numerics hooks -----------------------------------------------------------------------
+    takes_operand = False  # True: the value hooks below are called with ``operand=`` (``Operand`` or None)
+
     def block_quantizer(self, fmt, rule):
-        """``blocks -> (grid values, effective scale per block)``, or None to keep the format's."""
+        """``blocks -> (grid values, effective scale per block)``, or None to keep the format's. With
+        ``takes_operand`` the function is called as ``f(blocks, operand=...)``: told which operand the blocks are
+        of."""
         return None
 
     def quantizes_blocks_of(self, operand) -> bool:
@@ -40,9 +44,9 @@ class Correction:
         others, which the format quantizes as it would without it."""
         return True
 
-    def fake_quantize(self, x: torch.Tensor, axis: int, fmt, rule) -> torch.Tensor | None:
-        """The values of ``block_quantizer`` for all of x, computed through the dispatch's
-        fake-quantizations (used where the dispatch runs Triton); None: use the block path."""
+    def fake_quantize(self, x: torch.Tensor, axis: int, fmt, rule, operand=None) -> torch.Tensor | None:
+        """The values of ``block_quantizer`` for all of x, computed through the dispatch's fake-quantizations (used
+        where the dispatch runs Triton); None: use the block path. ``operand`` only with ``takes_operand``."""
         return None
 
     rotates = False  # True: ``rotation`` may return a matrix (the quantizer's values are then not bf16 numbers)
@@ -54,6 +58,18 @@ class Correction:
         None: no rotation. Only with ``rotates = True``."""
         return None
 
+    transforms_gemm = False  # True: ``gemm_transform`` may return a change of basis
+
+    def gemm_transform(self, activation: torch.Tensor, weight: torch.Tensor, operand) -> torch.Tensor | None:
+        """A change of basis of the forward GEMM ``activation . weight^T`` of the layer ``operand.layer``, along its
+        contracted axis K, that leaves the product unchanged: a positive vector s [K] (the activation quantized as
+        X / s, the weight as W * s) or an invertible [K, K] matrix T (X T^-1 and W T^T); None: none. Called at every
+        forward of a patched Linear, before either operand is quantized, with both as they are now (detached,
+        float32; the activation [..., K], the weight [N, K]); the weight's cached quantization is keyed on what it
+        returns. The backward GEMMs contract other axes and are not transformed. Only with
+        ``transforms_gemm = True``; docs/corrections.md shows the call order."""
+        return None
+
     rounds_stochastically = False  # True: ``rounding_generator`` may return a generator
 
     def rounding_generator(self, operand, device) -> torch.Generator | None:
@@ -62,10 +78,11 @@ class Correction:
         ``rounds_stochastically = True``."""
         return None
 
-    def split(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None):
+    def split(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None, operand=None):
         """(mask of elements kept in high precision, x with them zeroed), or None for none.
         ``valid`` (broadcastable to x) marks the real elements when x holds zero padding (grouped
-        MoE experts), so that what a correction counts covers only those."""
+        MoE experts), so that what a correction counts covers only those. ``operand``: which operand x is
+        (``Operand`` or None), passed only with ``takes_operand``."""
         return None
 
     def kernel_terms(self) -> dict | None:
@@ -128,7 +145,7 @@ class Correction:
         return {"extra_bits_per_element": 0.0, "bf16_fraction": 0.0}
 
 
-NUMERICS_HOOKS = ("split", "block_quantizer", "fake_quantize", "rotation", "rounding_generator")
+NUMERICS_HOOKS = ("split", "block_quantizer", "fake_quantize", "rotation", "gemm_transform", "rounding_generator")
 
 
 def numerics_hooks(correction) -> list[str]:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ..numerics import dispatch
 from ..numerics.quantizer import Operand, Quantizer
+from ..numerics.transform import GemmTransform
 
 # the (role, GEMM) of each kind of operand a patched layer quantizes or probes (weights: their forward copy)
 KIND_OPERANDS = {"activation": ("activation", "forward"), "grad": ("grad", "input_grad"),
@@ -97,12 +98,16 @@ class GemmContext:
     def gemms(self) -> dict:
         return self.quantizer.gemms
 
-    def weight(self, param: torch.Tensor, axis: int, enabled: bool, gemm: str = "forward") -> torch.Tensor:
+    def weight(self, param: torch.Tensor, axis: int, enabled: bool, gemm: str = "forward",
+               transform: GemmTransform | None = None) -> torch.Tensor:
         """The weight as ``gemm`` (forward or input_grad) sees it: fake-quantized along ``axis`` (cached per
-        version) or raw."""
+        version, and per value of the forward GEMM's ``transform``, in whose basis it is quantized and mapped
+        back) or raw."""
         if not enabled:
             return param.detach()
         operand = self.operand("weight", gemm)
+        if transform is not None:
+            return self._transformed_weight(param, axis, operand, transform)
         if not self.cache:
             with torch.no_grad():
                 return self.quantizer(param.detach(), axis, operand=operand)
@@ -116,6 +121,28 @@ class GemmContext:
             return self._held(q, param)
 
         return self._versioned(param, axis, quantized)
+
+    def _transformed_weight(self, param, axis, operand, transform: GemmTransform) -> torch.Tensor:
+        """Q(W T^T) T^-T, cached for this version of the weight and this transform value; probed in the basis it
+        is quantized in (the step's own: the transform depends on the batch)."""
+        if self.probe is not None:
+            self.probe(self.name, "weight", transform.into(param.detach(), "weight"), axis)
+        slot = (param.data_ptr(), ("transformed", axis))
+        hit = self._cache.get(slot) if self.cache else None
+        if hit is not None and hit[0] == param._version and transform.same_as(hit[1]):
+            return hit[2]
+        with torch.no_grad():
+            q = self._held(self.quantizer(param.detach(), axis, operand=operand, transform=transform), param)
+        if self.cache:
+            self._cache[slot] = (param._version, transform, q)
+        return q
+
+    def forward_transform(self, x: torch.Tensor, param: torch.Tensor) -> GemmTransform | None:
+        """The forward GEMM's change of basis from this batch's activation and the weight (``Quantizer.
+        gemm_transform``), where the quantizer has one and the forward GEMM is quantized; else None."""
+        if not self.quantizer.transforms_gemm or not self.gemms["forward"]:
+            return None
+        return self.quantizer.gemm_transform(x, param, self.name)
 
     def _held(self, q: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
         """A cached weight in what the GEMM takes: bf16 under bf16 autocast where every value is a bf16 number
@@ -178,14 +205,19 @@ class GemmContext:
             return dispatch.fake_quantize_both(dy2, q.fmt, q.scale_rule)
         return None
 
-    def act(self, x: torch.Tensor, axis: int, kind: str, enabled: bool, valid=None) -> torch.Tensor:
-        """x fake-quantized along ``axis`` (``valid``: the real rows of a zero-padded x); x itself
-        for a weight-only recipe."""
+    def act(self, x: torch.Tensor, axis: int, kind: str, enabled: bool, valid=None,
+            transform: GemmTransform | None = None) -> torch.Tensor:
+        """x fake-quantized along ``axis`` (``valid``: the real rows of a zero-padded x; ``transform``: the forward
+        GEMM's change of basis, in which it is quantized and mapped back); x itself for a weight-only recipe."""
         if not enabled or self.weights_only or not self.quantizer.activations:
             return x
+        operand = self.operand(*KIND_OPERANDS[kind])
+        if transform is not None:
+            if self.probe is not None:
+                self.probe(self.name, kind, transform.into(x.detach(), operand.role), axis, valid)
+            return self.quantizer(x, axis, valid, operand=operand, transform=transform)
         if self.probe is not None:
             self.probe(self.name, kind, x.detach(), axis, valid)
-        operand = self.operand(*KIND_OPERANDS[kind])
         if valid is None and self.inputs is not None and operand.role == "activation":
             return self.inputs.quantize(self.quantizer, x, axis, operand)
         return self.quantizer(x, axis, valid, operand=operand)
@@ -227,12 +259,13 @@ def tf32_matmuls(enabled: bool):
         torch.backends.cuda.matmul.allow_tf32 = before
 
 
-def forward_gemm(ctx, x, bias, w_fwd, gemm: GemmContext) -> torch.Tensor:
+def forward_gemm(ctx, x, bias, w_fwd, gemm: GemmContext, transform: GemmTransform | None = None) -> torch.Tensor:
     """The forward GEMM ``Q(x) . w_fwd^T + b`` in the precision ``ctx`` records (``autocast``, ``exact``,
-    ``device_type``): what ``QuantLinearFunction`` computes, and all a forward without autograd needs."""
+    ``device_type``): what ``QuantLinearFunction`` computes, and all a forward without autograd needs. ``transform``:
+    the GEMM's change of basis, x quantized in it as ``w_fwd`` was."""
 
     def run(cast):
-        a = gemm.act(x, -1, "activation", gemm.gemms["forward"])
+        a = gemm.act(x, -1, "activation", gemm.gemms["forward"], transform=transform)
         if cast is None:  # x's own precision (no autocast), or bf16 GEMMs on exact bf16 values
             return F.linear(a if ctx.autocast is not None else a.to(x.dtype), w_fwd, bias)
         b = None if bias is None else bias.to(cast)
@@ -250,10 +283,10 @@ class QuantLinearFunction(torch.autograd.Function):
     output is returned in the autocast dtype."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, w_fwd, w_bwd, gemm: GemmContext):
+    def forward(ctx, x, weight, bias, w_fwd, w_bwd, gemm: GemmContext, transform=None):
         ctx.autocast, ctx.device_type = autocast_dtype(x), x.device.type
         ctx.exact, ctx.tf32 = gemm.quantizer.exact_in_bf16, gemm.quantizer.exact_in_tf32
-        y = forward_gemm(ctx, x, bias, w_fwd, gemm)
+        y = forward_gemm(ctx, x, bias, w_fwd, gemm, transform)
         # w_bwd None: the input gradient's weight is quantized by the backward itself (from the cache where one is
         # kept), never by a forward that is only recomputed or never differentiated, nor held between the two
         ctx.save_for_backward(x, weight if w_bwd is None else w_bwd)
@@ -289,7 +322,7 @@ class QuantLinearFunction(torch.autograd.Function):
             dw = g.T @ gemm.act(x2, 0, "activation_t", on)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             db = dy2.sum(0)
-        return dx, dw, db, None, None, None
+        return dx, dw, db, None, None, None, None
 
 
 def quant_linear(x, weight, bias, gemm: GemmContext, w_fwd=None, w_bwd=None):
@@ -305,17 +338,21 @@ def quant_linear(x, weight, bias, gemm: GemmContext, w_fwd=None, w_bwd=None):
         w_fwd: the forward's quantized weight (None: from the cache).
         w_bwd: the input gradient's quantized weight (None: quantized when the backward runs).
     """
+    transform = gemm.forward_transform(x, weight)
     if w_fwd is None:
-        w_fwd = gemm.weight(weight, 1, gemm.gemms["forward"])
+        w_fwd = gemm.weight(weight, 1, gemm.gemms["forward"], transform=transform)
+    elif transform is not None:
+        raise ValueError(f"{gemm.name}: a given forward weight cannot follow this batch's GEMM transform; leave w_fwd "
+                         "None")
     autocast = autocast_dtype(x)
     if autocast is None:  # under autocast the GEMM casts them itself (float32 when not exact in bf16)
         w_fwd = w_fwd.to(x.dtype)
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (x, weight, bias)):
         ctx = ForwardOnly(autocast, x.device.type, gemm.quantizer.exact_in_bf16, gemm.quantizer.exact_in_tf32)
-        return forward_gemm(ctx, x, bias, w_fwd, gemm)
+        return forward_gemm(ctx, x, bias, w_fwd, gemm, transform)
     if w_bwd is not None and autocast is None:
         w_bwd = w_bwd.to(x.dtype)
-    return QuantLinearFunction.apply(x, weight, bias, w_fwd, w_bwd, gemm)
+    return QuantLinearFunction.apply(x, weight, bias, w_fwd, w_bwd, gemm, transform)
 
 
 @dataclass(frozen=True)

@@ -241,6 +241,10 @@ def patch_model(model, quantizer: Quantizer | None, probe=None, cache_weights: b
     for name, module, kind in targets(model, quantizer.modules) if quantizer is not None else []:
         if decoder_layer(name) in kept:
             continue
+        if kind == "experts" and quantizer.transforms_gemm:
+            raise ValueError(f"{name}: recipe {quantizer.name!r} transforms each Linear's GEMM from its two operands "
+                             "(gemm_transform), which the fused experts' grouped GEMMs do not take; accepted: a "
+                             "recipe without it, or modules without experts")
         if kind == "lm_head" and getattr(model.config, "tie_word_embeddings", False):
             raise ValueError("lm_head is tied to the input embeddings; quantizing it would quantize both")
         setattr(module, GEMM_ATTR, GemmContext(quantizer, name=name, probe=probe, cache=cache_weights, inputs=inputs))

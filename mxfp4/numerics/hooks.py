@@ -51,6 +51,13 @@ def call(correction, hook, *args, **kwargs):
         raise HookError.of(correction, _name(hook), err) from err
 
 
+def operand_kwargs(correction, operand) -> dict:
+    """``{"operand": operand}`` for a correction that declares ``takes_operand``, else nothing: its value hooks
+    (``split``, ``fake_quantize``, the function ``block_quantizer`` returns) are told which operand they quantize
+    when they say they take it."""
+    return {"operand": operand} if correction.takes_operand else {}
+
+
 def _name(hook) -> str:
     return getattr(hook, "__name__", "hook")
 

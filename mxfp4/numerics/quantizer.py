@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from .decompose import Decomposition, decompose
 from .formats import get_format
 from .hooks import HookError
 from .reference import from_blocks, to_blocks
+from .transform import GemmTransform, checked_transform
 
 GEMMS = ("forward", "input_grad", "weight_grad")
 MODULE_KINDS = ("linear", "experts", "lm_head", "router")
@@ -111,6 +113,11 @@ class Quantizer:
         self._rotating = [c for c in self.corrections if c.rotates]
         if len(self._rotating) > 1:
             raise ValueError("at most one correction may rotate the blocks (e.g. one hadamard)")
+        transforming = [c for c in self.corrections if c.transforms_gemm]
+        if len(transforming) > 1 or (transforming and self._rotating):
+            raise ValueError("at most one correction may change a GEMM's basis (one gemm_transform, no rotation "
+                             "beside it)")
+        self._transforming = transforming[0] if transforming else None
         rounding = [c for c in self.corrections if c.rounds_stochastically]
         if len(rounding) > 1 or (rounding and self._block_owner is not None):
             raise ValueError("stochastic rounding replaces the element rounding: it takes no second rounding "
@@ -118,7 +125,7 @@ class Quantizer:
         self._rounding = rounding[0] if rounding else None
         self._kernel_terms = self._merged_kernel_terms()
         self._splitters = [c for c in self.corrections if "split" in (c.kernel_terms() or {})]  # told what is kept
-        self._repeatable = self._rounding is None and not self._rotating and all(
+        self._repeatable = self._rounding is None and not self._rotating and self._transforming is None and all(
             c.kernel_terms() is not None for c in self.corrections)
         self._kernel_strides: dict = {}
         self._stride_probe: Quantizer | None = None
@@ -131,6 +138,24 @@ class Quantizer:
         return self.activations and not self.rollout_activations
 
     @property
+    def transforms_gemm(self) -> bool:
+        """Whether a correction changes each forward GEMM's basis from its two operands (``gemm_transform``)."""
+        return self._transforming is not None
+
+    def gemm_transform(self, activation: torch.Tensor, weight: torch.Tensor, layer: str = ""
+                       ) -> GemmTransform | None:
+        """The transforming correction's change of basis for the forward GEMM ``activation . weight^T`` of
+        ``layer`` (checked: ``transform.checked_transform``), computed from both operands as they are now; None
+        without one. The operands are detached float32 copies: a correction's statistics never reach autograd."""
+        c = self._transforming
+        if c is None:
+            return None
+        with torch.no_grad():
+            a, w = activation.detach().float(), weight.detach().float()
+            out = hooks.call(c, c.gemm_transform, a, w, Operand("activation", "forward", layer))
+        return checked_transform(c, out, weight.shape[-1], weight.device)
+
+    @property
     def plain(self) -> bool:
         """Plain MXFP4 (no correction, no component injection): what the fused Triton paths compute."""
         return not self.corrections and self.fmt.name == "mxfp4"
@@ -140,8 +165,10 @@ class Quantizer:
         """Every value this quantizer returns is a bfloat16 number (MX elements times a power-of-two
         scale, high-precision elements rounded to BF16), so a bf16 GEMM on them is exact; not so with
         a per-tensor FP32 scale (NVFP4), a BF16 mantissa on the block scale (macro-block) or a rotation
-        (the rotated-back values). Stochastic rounding lands on the grid: exact."""
-        return not self.fmt.tensor_scale and self.block_quantizer is None and not self._rotating
+        (the rotated-back values) or a GEMM transform (a matrix's mapped-back values). Stochastic rounding lands on
+        the grid: exact."""
+        return (not self.fmt.tensor_scale and self.block_quantizer is None and not self._rotating
+                and self._transforming is None)
 
     @property
     def exact_in_tf32(self) -> bool:
@@ -151,7 +178,7 @@ class Quantizer:
         per-tensor scale or a rotation."""
         if self.exact_in_bf16:
             return True
-        if self.fmt.tensor_scale or self._rotating or self._block_owner is None:
+        if self.fmt.tensor_scale or self._rotating or self._transforming is not None or self._block_owner is None:
             return False
         bits = self._block_owner.value_bits(self.fmt)
         return bits is not None and bits <= 11
@@ -259,10 +286,11 @@ class Quantizer:
                 r.shape, dispatch.plain_output_strides(r, axis, fmt, rule, backend), dtype=r.dtype,
                 device="meta")).stride()
 
-    def _split(self, x, axis, valid=None):
+    def _split(self, x, axis, valid=None, operand=None):
         mask = None
         for c in self.corrections:
-            part = hooks.checked_split(c, hooks.call(c, c.split, x, axis, valid=valid), x)
+            part = hooks.checked_split(c, hooks.call(c, c.split, x, axis, valid=valid,
+                                                     **hooks.operand_kwargs(c, operand)), x)
             if part is not None:
                 mask = part[0] if mask is None else mask | part[0]
         if mask is None:
@@ -270,12 +298,16 @@ class Quantizer:
         return mask, torch.where(mask, torch.zeros_like(x), x)
 
     def __call__(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None,
-                 operand: Operand | None = None) -> torch.Tensor:
+                 operand: Operand | None = None, transform: GemmTransform | None = None) -> torch.Tensor:
         """``valid`` (broadcastable to x): the real elements when x holds padding (grouped experts);
         padding must be zeros and only changes what corrections count. ``operand``: which operand of
-        which GEMM x is (None: no context; a correction then acts as on any operand). The result has
-        x's dtype, or float32 for a 16-bit x when the quantizer's values need it (``widened``)."""
+        which GEMM x is (None: no context; a correction then acts as on any operand). ``transform``: the forward
+        GEMM's change of basis (``gemm_transform``): x is quantized in the transformed basis and mapped back. The
+        result has x's dtype, or float32 for a 16-bit x when the quantizer's values need it (``widened``)."""
         x = self.widened(x)
+        if transform is not None:
+            role = _transform_role(operand, axis, x)
+            return transform.back(self(transform.into(x, role), axis, valid, operand), role)
         rotation = self._rotation(x, operand)
         if rotation is None:
             return self._quantize(x, axis, valid, operand)
@@ -291,12 +323,12 @@ class Quantizer:
     def _compose(self, x: torch.Tensor, axis: int, valid, operand, plain) -> torch.Tensor:
         """The corrections' hooks composed: high-precision elements split off, the rest rounded
         stochastically, by the block-replacing correction or by ``plain``, the split elements put back."""
-        mask, rest = self._split(x, axis, valid)
+        mask, rest = self._split(x, axis, valid, operand)
         generator = self._generator(x, operand)
         if generator is not None:
             q = dispatch.fake_quantize_stochastic(rest, self.fmt, axis, self.scale_rule, generator)
         elif self._replaces_blocks(operand):
-            q = self._block_quantize(rest, axis)
+            q = self._block_quantize(rest, axis, operand)
         else:
             q = plain(rest)
         if mask is None:
@@ -337,26 +369,27 @@ class Quantizer:
             return out
         return from_blocks(out.to(torch.float64).unflatten(-1, (-1, bs)) @ r.T, x.shape, ax).to(x.dtype)
 
-    def _block_quantize(self, x: torch.Tensor, axis: int) -> torch.Tensor:
+    def _block_quantize(self, x: torch.Tensor, axis: int, operand=None) -> torch.Tensor:
         """x through the block-replacing correction: where the dispatch runs a kernel (Triton, the fused
         CPU one) and the correction has a path through it (its ``fake_quantize``), that path; else the
         reference block path (identical values)."""
         owner = self._block_owner
         if dispatch.backend_for(x, self.fmt) != "reference":
-            q = hooks.call(owner, owner.fake_quantize, x, axis, self.fmt, self.scale_rule)
+            q = hooks.call(owner, owner.fake_quantize, x, axis, self.fmt, self.scale_rule,
+                           **hooks.operand_kwargs(owner, operand))
             if q is not None:
                 return hooks.checked_values(owner, "fake_quantize", q, x)
         blocks = to_blocks(x, axis % x.dim(), self.fmt.block_size)
-        grid, scale = self._checked_blocks(blocks)
+        grid, scale = self._checked_blocks(blocks, operand)
         return from_blocks(grid * scale.unsqueeze(-1), x.shape, axis % x.dim()).to(x.dtype)
 
-    def _checked_blocks(self, blocks: torch.Tensor):
+    def _checked_blocks(self, blocks: torch.Tensor, operand=None):
         """The block-replacing correction's (grid values, scales) of ``blocks``: what it raises, or a return of the
         wrong kind, shape or with non-finite values, one ``HookError`` naming the correction and the hook (the same
         check for a quantization and for a decomposition)."""
         owner = self._block_owner
         try:
-            out = self.block_quantizer(blocks)
+            out = self.block_quantizer(blocks, **hooks.operand_kwargs(self._block_owner, operand))
         except HookError:
             raise
         except Exception as err:  # noqa: BLE001 - named, with its cause chained
@@ -367,11 +400,15 @@ class Quantizer:
         return hooks.checked_block_values(owner, *out, blocks)
 
     def decompose(self, x: torch.Tensor, axis: int, valid: torch.Tensor | None = None,
-                  form: str = "canonical", operand: Operand | None = None) -> Decomposition:
+                  form: str = "canonical", operand: Operand | None = None,
+                  transform: GemmTransform | None = None) -> Decomposition:
         """The decomposition (of ``form``) of what this quantizer quantizes, in the basis it quantizes
-        in: a rotating correction's rotated blocks (laid out along the last axis), high-precision
-        elements and, with ``valid``, padding excluded. Stochastic rounding is not decomposed: the
-        grid component is that of round-to-nearest."""
+        in: a rotating correction's rotated blocks (laid out along the last axis), a GEMM transform's transformed
+        operand (``transform``, the one ``gemm_transform`` gave the step), high-precision elements and, with
+        ``valid``, padding excluded. Stochastic rounding is not decomposed: the grid component is that of
+        round-to-nearest."""
+        if transform is not None:
+            x = transform.into(x, _transform_role(operand, axis, x))
         rotation = self._rotation(x, operand)
         if rotation is not None:
             return self._in_rotated_basis(x, axis, valid, rotation,
@@ -379,12 +416,12 @@ class Quantizer:
         return self._decompose(x, axis, valid, form, operand)
 
     def _decompose(self, x: torch.Tensor, axis: int, valid, form: str, operand=None) -> Decomposition:
-        mask, rest = self._split(x, axis, valid)
+        mask, rest = self._split(x, axis, valid, operand)
         if valid is not None:
             pad = ~valid.expand_as(x)
             mask = pad if mask is None else mask | pad
             rest = torch.where(pad, torch.zeros_like(rest), rest)
-        blocks = self._checked_blocks if self._replaces_blocks(operand) else None
+        blocks = functools.partial(self._checked_blocks, operand=operand) if self._replaces_blocks(operand) else None
         return decompose(rest, self.fmt, axis, self.scale_rule, block_quantizer=blocks, exclude=mask,
                          form=form)
 
@@ -402,3 +439,12 @@ class Quantizer:
             for k, v in hooks.lifecycle(c.cost).items():
                 total[k] = total.get(k, 0.0) + v
         return total
+
+
+def _transform_role(operand: Operand | None, axis: int, x: torch.Tensor) -> str:
+    """The side of a GEMM transform x is on: a forward GEMM's activation or weight, blocked along the contracted
+    (last) axis; anything else is refused (the transform is the forward GEMM's)."""
+    if operand is None or operand.gemm != "forward" or operand.role == "grad" or axis % x.dim() != x.dim() - 1:
+        raise ValueError(f"a GEMM transform applies to the forward GEMM's activation and weight along their "
+                         f"contracted (last) axis; got {operand} along axis {axis}")
+    return operand.role

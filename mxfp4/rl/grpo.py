@@ -415,7 +415,7 @@ class MXGRPOTrainer(GRPOTrainer):
         model = self.accelerator.unwrap_model(model)
         probe = DecompositionProbe(self.mx_quantizer, self.mx_probe_layers, self.mx_probe_rows)
         for name, module, _ in patched_modules(model):
-            if name in self.mx_probe_layers:
+            if name in self.mx_probe_layers and not self.mx_quantizer.transforms_gemm:  # else: in each step's basis
                 probe(name, "weight", next(iter(gemm_weights(module).values())).detach(), -1)
         params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 

@@ -112,7 +112,7 @@ def test_unknown_names_are_errors_that_list_the_known_ones():
         Recipe.named("nope")
     with pytest.raises(ValueError, match="unknown correction 'magic'; known: aqn, four_over_six, "
                                          r"full_precision_roles, hadamard, macro_block, ms_eden, outlier_fallback, "
-                                         r"stochastic_rounding, two_d_scales "
+                                         r"smoothquant, stochastic_rounding, two_d_scales "
                                          r"\(a correction of your own: name its module in MXFP4_PLUGINS"):
         Recipe(name="x", corrections=[{"name": "magic"}])
     with pytest.raises(ValueError, match="correction 'macro_block': size: unknown parameter; accepted: blocks, rows"):

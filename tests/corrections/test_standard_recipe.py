@@ -160,7 +160,7 @@ def test_the_worked_example_of_docs_corrections_runs_as_written():
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "corrections.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(blocks) == 4
+    assert len(blocks) == 5
     namespace = {}
     try:
         for block in blocks:
@@ -169,6 +169,7 @@ def test_the_worked_example_of_docs_corrections_runs_as_written():
     finally:
         corr.REGISTRY.pop("late_weight_grad_sr", None)
         corr.REGISTRY.pop("two_level", None)
+        corr.REGISTRY.pop("my_smoothing", None)
 
 
 def test_decompose_and_the_correction_table_take_a_recipe_and_decompose_in_its_basis(tmp_path):
