@@ -117,7 +117,8 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
         m.roll_keys.extend(unit_digest(r["question"], seed) for r in roll_problems)
         m.roll_seeds.extend([seed] * len(roll_problems))
         if against is not None:  # the anchors first: a run that does not reproduce the board measures no arm
-            here = [r for r in unit_rows(model_name, "warm", form, m, ["both"]) if int(r["seed"]) == seed]
+            here = [r for r in unit_rows(model_name, "warm", form, m, ["both"], arms=("all", "none"))
+                    if int(r["seed"]) == seed]
             stored = [r for r in against if r["model"] == model_name and r["arm"] in ("all", "none")
                       and str(r["seed"]) == str(seed)]
             differs = first_unit_difference(stored, here)

@@ -21,7 +21,7 @@ def _harms(path):
 
 
 @pytest.mark.slow
-def test_the_mechanism_arms_are_the_pathway_matrix_arms_unit_for_unit(smoke_results, tmp_path):
+def test_the_mechanism_arms_are_the_pathway_matrix_arms_unit_for_unit(smoke_results, tmp_path, monkeypatch):
     """MXFP4, BF16 and each correction arm measured by the mechanism run equal the pathway matrix's on the same
     batches and prompts, bit for bit; the recipe's arm is added; a recipe without numerics (AQN acts on the
     rollouts only) leaves every weight's error energy as it is."""
@@ -53,6 +53,26 @@ def test_the_mechanism_arms_are_the_pathway_matrix_arms_unit_for_unit(smoke_resu
                                          r"first unit that differs is tiny-dense/warm/canonical/rollout/all/"):
         run_mechanism(Run.of(profile, smoke_results), "tiny-dense", ["mxfp4+aqn"], progress=lambda m: None,
                       energy=False, against=moved)
+    # a plugin's GEMM-level recipe placed on that board: measured after the anchors reproduce, merged by full unit
+    # identity, ranked beside the board's recipe with its energy taken in the basis it quantizes in
+    from mxfp4 import corrections as corr
+    from mxfp4.report.leaderboard import board, merged
+    from plugins import PowerOfTwoSmoothing
+
+    corr.register("test_smoothing")(PowerOfTwoSmoothing)
+    try:
+        (tmp_path / "mine.yaml").write_text("mine-smooth: {base: mxfp4, corrections: [test_smoothing]}\n")
+        monkeypatch.setenv("MXFP4_RECIPES", str(tmp_path / "mine.yaml"))
+        placed, energies = run_mechanism(Run.of(profile, smoke_results), "tiny-dense", ["mine-smooth"],
+                                         out_units=tmp_path / "placed.csv", progress=lambda m: None, against=stored)
+        assert {e["operand"] for e in energies} == {"weights", "activations"}
+        assert any(e["energy_scale_after"] != e["energy_scale_before"] for e in energies)
+        units = merged(stored, read_units([tmp_path / "placed.csv"]), "mine-smooth")
+        ranked = board(units, profile, ["mxfp4+aqn", "mine-smooth"])["tiny-dense"]
+        assert {r["recipe"] for r in ranked} == {"mxfp4+aqn", "mine-smooth", "mxfp4", "bf16"}
+        assert sorted(r["rank"] for r in ranked) == [1, 2, 3, 4]
+    finally:
+        corr.REGISTRY.pop("test_smoothing", None)
 
 
 def _units(profile, harm: dict[str, float], per_network_sd=0.002, n=6, seed=0):
@@ -118,3 +138,22 @@ def test_every_verdict_agrees_with_its_printed_interval(seed):
     for r in rows:
         assert r["verdict"].startswith("lower harm") == (r["ci_low"] > 0), r
         assert r["verdict"].startswith("higher harm") == (r["ci_high"] < 0), r
+
+
+def test_the_anchor_check_reads_the_anchors_of_a_run_part_way_through_its_seeds():
+    """At the second seed's anchor check the first seed's correction arms cover only its own units: the check reads
+    the mxfp4 and bf16 arms alone (every unit), where reading every arm failed on the shorter ones."""
+    from mxfp4.analysis.pathways.estimates import unit_rows
+    from mxfp4.analysis.pathways.measurement import Measured
+
+    m = Measured()
+    cos = lambda c: {"total": {"cosine": c}}  # noqa: E731
+    m.grad[("all", "both")] = [cos(0.9), cos(0.8), cos(0.7), cos(0.6)]  # two seeds' batches
+    m.grad[("mxfp4+macro", "both")] = [cos(0.95), cos(0.85)]  # the first seed's alone so far
+    m.grad_groups, m.grad_seeds, m.grad_keys = ["warm"] * 4, [20, 20, 21, 21], ["a", "b", "c", "d"]
+    with pytest.raises(ValueError, match="shorter"):
+        unit_rows("tiny-dense", "warm", "gain", m, ["both"])
+    rows = unit_rows("tiny-dense", "warm", "gain", m, ["both"], arms=("all", "none"))
+    assert [(r["arm"], r["seed"]) for r in rows if r["seed"] == 21] == [("none", 21), ("none", 21), ("all", 21),
+                                                                       ("all", 21)]
+    assert [r["harm"] for r in rows if r["arm"] == "all"] == pytest.approx([0.1, 0.2, 0.3, 0.4])

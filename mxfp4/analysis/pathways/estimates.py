@@ -61,12 +61,15 @@ def scalar_estimate(value, n: int = 1) -> dict:
     return {"mean": value, "ci_low": None, "ci_high": None, "n": n}
 
 
-def unit_rows(model: str, checkpoint: str, form: str, m: Measured, sites) -> list[dict]:
-    """Every unit's harm, per pathway and arm (``UNIT_FIELDS``), with its outer unit and data digest."""
+def unit_rows(model: str, checkpoint: str, form: str, m: Measured, sites, arms=None) -> list[dict]:
+    """Every unit's harm, per pathway and arm (``UNIT_FIELDS``), with its outer unit and data digest; ``arms``: those
+    arms alone (a run part-way, whose later arms are not measured on every unit yet)."""
     rows = []
     for pathway, per_arm in m.harms(sites).items():
         groups, keys, seeds = m.groups(pathway), m.keys(pathway), m.unit_seeds(pathway)
         for arm, values in per_arm.items():
+            if arms is not None and arm not in arms:
+                continue
             rows += [{"model": model, "checkpoint": checkpoint, "form": form, "pathway": pathway, "arm": arm,
                       "unit": i, "group": g, "seed": s, "key": k, "harm": v}
                      for i, (g, s, k, v) in enumerate(zip(groups, seeds, keys, values, strict=True))]
