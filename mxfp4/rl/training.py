@@ -98,6 +98,29 @@ def common_args(seed: int, *, compute: str = "float32", output_dir: Path | str |
     )
 
 
+# Where each field of a profile's ``grpo`` block (``GRPOSettings``) goes: TRL's ``GRPOConfig`` argument it becomes
+# (``grpo_config``), or the harness's own use of it. A field in neither would be read by nothing.
+TRL_FIELDS = {
+    "max_steps": "max_steps",
+    "learning_rate": "learning_rate",
+    "num_generations": "num_generations",
+    "prompts_per_step": "per_device_train_batch_size x gradient_accumulation_steps (x processes) / num_generations",
+    "micro_batch_size": "per_device_train_batch_size (with accumulation: GRPOSettings.accumulation)",
+    "max_completion_length": "max_completion_length",
+    "temperature": "temperature",
+    "beta": "beta",
+    "loss_type": "loss_type",
+    "router_aux_loss_coef": "router_aux_loss_coef",
+    "gradient_checkpointing": "gradient_checkpointing",
+    "save_steps": "save_steps (and save_strategy)",
+    "rollout": "use_vllm (and the vllm_* arguments: rl.cell.rollout_settings)",
+}
+HARNESS_FIELDS = {
+    "reward": "the reward function handed to the trainer (rl.training.build_trainer)",
+    "checkpoint_disk_gib": "the disk budget checked before a cell starts (rl.cell)",
+}
+
+
 def grpo_config(grpo, seed: int, *, micro_batch: int, accumulation: int = 1, max_steps: int | None = None,
                 beta: float | None = None, rollout: dict | None = None, **common):
     """TRL's ``GRPOConfig`` from a profile's GRPO settings (``GRPOSettings``): the one place a GRPO
