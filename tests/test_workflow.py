@@ -82,6 +82,11 @@ def test_a_network_design_reuses_stored_networks_and_places_a_recipe_on_the_stor
     jobs = planned_jobs(snakemake(workdir, *placed))
     assert jobs["mechanism_units"] == 1 and jobs["leaderboard_bench"] == 1 and jobs["leaderboard"] == 1, jobs
     assert "leaderboard_units" not in jobs and "pretrain_extra_warm_start" not in jobs, jobs
+    jobs = planned_jobs(snakemake(workdir, "-n", "store_placed", *placed[2:]))  # storing it places it first
+    assert jobs["mechanism_units"] == 1 and jobs["leaderboard"] == 1 and jobs["store_placed"] == 1, jobs
+    real = ("-n", "store_real_placed", "--config", "profile=real-small-board", "compare_recipe=mxfp4-weights-alone")
+    jobs = planned_jobs(snakemake(workdir, *real))
+    assert jobs["real_board_measures"] == 1 and jobs["mechanism_units"] == 1 and jobs["real_board"] == 1, jobs
     jobs = planned_jobs(snakemake(workdir, "-n", "store_leaderboard", "--config", "profile=networks"))
     assert jobs["leaderboard_units"] == 1 and jobs["pretrain_extra_warm_start"] == 7, jobs  # made here, stored
 

@@ -185,6 +185,23 @@ def merged(stored: list[dict], new: list[dict], recipe: str) -> list[dict]:
     return [r for r in stored if r["arm"] != recipe] + [r for r in new if r["arm"] == recipe]
 
 
+def placed_on_board(stored: list[dict], new: list[dict], recipe: str) -> list[dict]:
+    """The stored board's units with ``recipe``'s arm (``merged``: its anchors checked first), in the order a run of
+    the whole board with ``recipe`` last on its list writes them: per model, checkpoint, form and pathway as stored,
+    the recipe's units after the stored arms'. What storing a placed recipe writes."""
+    rows = merged(stored, new, recipe)
+    groups: dict = {}
+    for r in rows:
+        if r["arm"] != recipe:
+            groups.setdefault((r["model"], r["checkpoint"], r["form"], r["pathway"]), []).append(r)
+    for r in sorted((r for r in rows if r["arm"] == recipe), key=lambda r: int(r["unit"])):
+        key = (r["model"], r["checkpoint"], r["form"], r["pathway"])
+        if key not in groups:
+            raise ValueError(f"{recipe}: its units of {'/'.join(key)} have no stored board to join")
+        groups[key].append(r)
+    return [r for rows_of in groups.values() for r in rows_of]
+
+
 _g = formatter("{:+.3f}")
 
 

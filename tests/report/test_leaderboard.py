@@ -108,3 +108,27 @@ def test_the_stored_board_reproduces_against_itself_with_a_prompt_drawn_twice():
     again = [dict(r, arm="mine") if r["arm"] == "mxfp4+macro" else r for r in stored]
     both = merged(stored, again, "mine")
     assert sum(r["arm"] == "mine" for r in both) == sum(r["arm"] == "mxfp4+macro" for r in stored)
+
+
+def test_a_placed_recipe_is_stored_in_the_order_a_full_run_writes(tmp_path):
+    """The stored board without its last recipe, that recipe's arm placed back from a run of its own (anchors
+    included): the stored file again, row for row, in a full run's order; a run whose anchors differ is refused."""
+    from pathlib import Path
+
+    from mxfp4.analysis.pathways.spec import UNIT_FIELDS
+    from mxfp4.io import write_csv_atomic
+    from mxfp4.report.leaderboard import placed_on_board
+    from mxfp4.report.network_claims import read_units
+
+    path = Path(__file__).resolve().parents[2] / "results/baselines/networks/leaderboard/tiny-dense_units.csv"
+    units = read_units([path])
+    last = load_profile("networks").leaderboard[-1]
+    without = [r for r in units if r["arm"] != last]
+    run = [r for r in units if r["arm"] in ("all", "none", last)]
+    rows = placed_on_board(without, run, last)
+    assert rows == units
+    write_csv_atomic(tmp_path / "placed.csv", rows, UNIT_FIELDS)
+    assert (tmp_path / "placed.csv").read_bytes() == path.read_bytes()
+    moved = [dict(r, harm=r["harm"] + 1e-9) if r["arm"] == "all" and r["unit"] == "3" else r for r in run]
+    with pytest.raises(ValueError, match="do not reproduce the stored board's: the first unit that differs"):
+        placed_on_board(without, moved, last)

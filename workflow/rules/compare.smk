@@ -225,7 +225,8 @@ def placed_against(model):
     """A recipe placed on the stored leaderboard: its run's mxfp4 and bf16 arms checked against the board's before
     its own arm is measured (``mxfp4 mechanism --against``)."""
     stored = L.stored(L.leaderboard_units(model))
-    placing = "leaderboard" in requested_targets() and COMPARE_RECIPE not in P.leaderboard
+    placing = (bool({"leaderboard", "store_placed", "store_real_placed"} & set(requested_targets()))
+               and COMPARE_RECIPE not in P.leaderboard)
     return f"--against {stored}" if placing and stored.is_file() else ""
 
 

@@ -95,15 +95,59 @@ rule store_leaderboard:
         accuracy=" ".join(BOARD_PROFILES),
     run:
         store_with_baselines([*input.units, *input.energy, *input.run, input.bench])
-        shell("{MXFP4} leaderboard --profile {PROFILE} {params.units} --bench {L.stored(L.leaderboard_bench)} "
-              "--accuracy-from {params.accuracy} --out {L.baselines.parent}/LEADERBOARD.md "
+        shell("{MXFP4} leaderboard --profile {PROFILE} {params.units} --bench " + " ".join(stored_benches())
+              + " --accuracy-from {params.accuracy} --out {L.baselines.parent}/LEADERBOARD.md "
               "--figure {L.baselines}/figures/leaderboard.png")
-        real = L.sibling("real-small-board")
-        stored_real = real.stored(real.real_leaderboard())
-        if stored_real.is_file():  # the page holds both boards
-            from mxfp4.report.real_board import attach
+        attach_real_board()
 
-            attach(L.baselines.parent / "LEADERBOARD.md", stored_real)
+
+rule store_placed:
+    """Store the placed recipe on the stored board, once it placed (rule leaderboard): its arm merged into the stored
+    per-unit files in a full run's order, its energies and its step times (its own benchmark, beside BF16) stored,
+    the page made again from the stored files. Then name it in the profile's leaderboard list:
+        snakemake --cores all store_placed --config profile=networks compare_recipe=R warm_starts=stored"""
+    input:
+        md=str(L.leaderboard(PLACED)) if PLACED else [],
+        units=[str(L.mechanism_units(PLACED, m)) for m in TINY_MODELS] if PLACED else [],
+        bench=rules.leaderboard_bench.output[0] if PLACED else [],
+    output:
+        touch(str(L.root / (f"placed_{PLACED}_stored.flag" if PLACED else "placed_stored.flag"))),
+    run:
+        import json
+
+        from mxfp4.analysis.pathways.spec import UNIT_FIELDS
+        from mxfp4.io import write_csv_atomic
+        from mxfp4.report import leaderboard
+        from mxfp4.report.network_claims import read_units
+
+        if not PLACED:
+            raise ValueError("store_placed stores a placed recipe: --config compare_recipe=R (R not on the board)")
+        stored_units = [L.stored(L.leaderboard_units(m)) for m in TINY_MODELS]
+        for stored, units in zip(stored_units, input.units):
+            rows = leaderboard.placed_on_board(read_units([stored]), read_units([units]), PLACED)
+            write_csv_atomic(stored, rows, UNIT_FIELDS)
+        store_with_baselines([*(str(Path(u).with_suffix(".energy.json")) for u in input.units), input.bench])
+        leaderboard.run(read_units(stored_units), PROFILE, L.baselines.parent / "LEADERBOARD.md", [*LEADERBOARD, PLACED],
+                        {b: json.loads(Path(b).read_text()) for b in stored_benches()},
+                        [L.sibling(p) for p in BOARD_PROFILES], out_png=L.baselines / "figures" / "leaderboard.png")
+        attach_real_board()
+
+
+def stored_benches():
+    """The stored board's step times: its own run's first, then each placed recipe's (beside its own BF16)."""
+    main = L.stored(L.leaderboard_bench)
+    placed = sorted(p for p in main.parent.glob("step_times_*.json"))
+    return [str(main), *map(str, placed)]
+
+
+def attach_real_board():
+    """LEADERBOARD.md holds both boards: the stored real-model board's page appended where it is stored."""
+    real = L.sibling("real-small-board")
+    stored_real = real.stored(real.real_leaderboard())
+    if stored_real.is_file():
+        from mxfp4.report.real_board import attach
+
+        attach(L.baselines.parent / "LEADERBOARD.md", stored_real)
 
 
 @on_start

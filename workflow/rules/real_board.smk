@@ -91,3 +91,38 @@ rule store_real_board:
         store_with_baselines([input.problems, input.record, input.units, input.energy, input.collapse, str(collapse_md),
                               input.md])
         attach(L.baselines.parent / "LEADERBOARD.md", L.stored(Path(input.md)))
+
+
+rule store_real_placed:
+    """Store the placed recipe on the stored real-model board, once it placed (rule real_board): its rows of every
+    held-out problem and its record (its training pass over BF16's of its own run), its pathway units merged into the
+    stored ones after its run's mxfp4 and bf16 arms reproduced them, the page made again from the stored files:
+        snakemake --cores 2 store_real_placed --config profile=real-small-board compare_recipe=R"""
+    input:
+        md=str(L.real_leaderboard(REAL_PLACED)) if REAL_PLACED else [],
+        placed=board_folder(f"{BOARD_MODEL}_{REAL_PLACED}") + "/items.csv" if REAL_PLACED else [],
+        units=str(L.mechanism_units(REAL_PLACED, BOARD_MODEL)) if REAL_PLACED else [],
+    output:
+        touch(str(L.root / (f"real_placed_{REAL_PLACED}_stored.flag" if REAL_PLACED else "real_placed_stored.flag"))),
+    run:
+        from mxfp4.analysis.pathways.spec import UNIT_FIELDS
+        from mxfp4.analysis.real_board import ITEM_FIELDS
+        from mxfp4.io import write_csv_atomic, write_json_atomic
+        from mxfp4.report import real_board
+        from mxfp4.report.leaderboard import placed_on_board
+        from mxfp4.report.network_claims import read_units
+
+        if not REAL_PLACED:
+            raise ValueError("store_real_placed stores a placed recipe: --config compare_recipe=R (R not on the board)")
+        stored_dir = L.stored(Path(board_folder(BOARD_MODEL)))
+        items, record = real_board.placed(real_board.read_board(stored_dir),
+                                          real_board.read_board(Path(input.placed).parent), REAL_PLACED)
+        write_csv_atomic(stored_dir / "items.csv", items, ITEM_FIELDS)
+        write_json_atomic(stored_dir / "recipes.json", record)
+        stored_units = L.stored(L.leaderboard_units(BOARD_MODEL))
+        write_csv_atomic(stored_units, placed_on_board(read_units([stored_units]), read_units([input.units]),
+                                                       REAL_PLACED), UNIT_FIELDS)
+        store_with_baselines([str(Path(input.units).with_suffix(".energy.json"))])
+        page = L.stored(L.real_leaderboard())
+        real_board.run(stored_dir, PROFILE, page, read_units([stored_units]))
+        real_board.attach(L.baselines.parent / "LEADERBOARD.md", page)
