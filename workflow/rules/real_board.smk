@@ -89,7 +89,7 @@ rule store_real_board:
 
         collapse_md = Path(input.collapse).with_suffix(".md")
         store_with_baselines([input.problems, input.record, input.units, input.energy, input.collapse, str(collapse_md),
-                              input.md])
+                              input.md, str(Path(input.md).with_suffix(".json"))])
         attach(L.baselines.parent / "LEADERBOARD.md", L.stored(Path(input.md)))
 
 
