@@ -200,3 +200,33 @@ def recipe_energy(tensors: dict[str, tuple], recipe: str, form: str = "canonical
     before, after = _stats(Quantizer(), tensors, form), _stats(quantizer, tensors, form, alongside)
     keys = ("energy_scale", "energy_dead", "energy_grid", "energy_total", "deadzone_fraction")
     return {**{f"{k}_before": before[k] for k in keys}, **{f"{k}_after": after[k] for k in keys}}
+
+
+def product_error(weights: dict[str, tuple], activations: dict[str, tuple], recipe: str) -> dict:
+    """The forward GEMMs' output error, pooled over every layer with both operands: ||Q(X) Q(W)^T - X W^T||^2 under
+    plain MXFP4 (``energy_total_before``) and under ``recipe`` (``_after``: its operands as the step quantizes them,
+    a GEMM transform's in its basis, a layer it keeps in BF16 exact), float64 products; ``signal``: ||X W^T||^2.
+    The measure every change of basis is judged by: an operand's own energies weigh its channels as the operand
+    does, the product as the GEMM does."""
+    quantizer = Recipe.named(recipe).quantizer()
+    kept = _kept(quantizer, {**weights, **activations})
+    by_layer = {op.layer: (t, op) for t, _, op in activations.values()}
+    before = after = signal = 0.0
+    plain = Quantizer()
+    with torch.no_grad():
+        for w, _, w_op in weights.values():
+            if w_op.layer not in by_layer or w.dim() != 2:
+                continue
+            x, x_op = by_layer[w_op.layer]
+            exact = x.double() @ w.double().T
+            signal += float(exact.pow(2).sum())
+            before += float((plain(x, -1).double() @ plain(w, -1).double().T - exact).pow(2).sum())
+            if decoder_layer(w_op.layer) in kept:
+                continue
+            transform = quantizer.gemm_transform(x, w, w_op.layer)
+            qx = quantizer(x, -1, operand=x_op, transform=transform) if quantizer.activations else x
+            qw = quantizer(w, -1, operand=w_op, transform=transform)
+            after += float((qx.double() @ qw.double().T - exact).pow(2).sum())
+    if not signal:
+        raise ValueError("no layer has both its weight and its recorded activation: no GEMM product to measure")
+    return {"energy_total_before": before, "energy_total_after": after, "signal": signal}

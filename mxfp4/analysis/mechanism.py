@@ -24,7 +24,7 @@ from ..rl import data as gsm
 from ..rl.batches import batch_gradient, gradient_batches, probe_trainer
 from ..rl.grad_accuracy import compare
 from ..rl.models import load, model_reference
-from .correction_table import model_weights, recipe_energy, recorded_activations
+from .correction_table import model_weights, product_error, recipe_energy, recorded_activations
 from .pathways.estimates import unit_rows
 from .pathways.matrix import seed_problems
 from .pathways.measurement import (
@@ -139,7 +139,12 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
         return units, []
     weights = model_weights(model_reference(run, model_name, profile.pathway_seeds[0]))
     groups = {"weights": weights, "activations": activations}
-    return units, [{"model": model_name, "recipe": r, "operand": operand, "form": form,
-                    **recipe_energy(tensors, r, form, alongside=groups["activations" if operand == "weights" else
-                                                                        "weights"])}
-                   for r in recipes for operand, tensors in groups.items()]
+    energies = []
+    for r in recipes:
+        energies += [{"model": model_name, "recipe": r, "operand": operand, "form": form,
+                      **recipe_energy(tensors, r, form, alongside=groups["activations" if operand == "weights" else
+                                                                          "weights"])}
+                     for operand, tensors in groups.items()]
+        energies.append({"model": model_name, "recipe": r, "operand": "product", "form": "output",
+                         **product_error(weights, activations, r)})
+    return units, energies

@@ -296,16 +296,20 @@ def decompose(
     return out
 
 
-def component_stats(d: Decomposition, shap: dict[str, float], counted: torch.Tensor | None = None) -> dict:
+def component_stats(d: Decomposition, shap: dict[str, float] | None, counted: torch.Tensor | None = None,
+                    n: int | None = None) -> dict:
     """Per-tensor statistics of a decomposition (see docs/decomposition.md, 'Statistics per tensor');
-    fractions and means over the ``counted`` elements (all by default)."""
+    fractions and means over the ``counted`` elements (all by default; ``n``: their number where the mask is not
+    at hand). ``shap`` None: no Shapley values (a decomposition mapped back from another basis, whose game was
+    played there), and no Shapley keys."""
     error = d.error
     total = float(error.pow(2).sum())
     components = {"scale": d.e_scale, "dead": d.e_dead, "grid": d.e_grid}
     energies = {c: float(t.pow(2).sum()) for c, t in components.items()}
     residual = (error - (d.e_scale + d.e_dead + d.e_grid)).abs()
     magnitude = torch.maximum(d.x.abs(), d.quantized.abs()).clamp(min=torch.finfo(torch.float64).tiny)
-    n = d.x.numel() if counted is None else int(counted.sum())
+    if n is None:
+        n = d.x.numel() if counted is None else int(counted.sum())
     n_mean = max(n, 1)
     stats = {
         "n": n,
@@ -318,15 +322,17 @@ def component_stats(d: Decomposition, shap: dict[str, float], counted: torch.Ten
         "saturation_fraction": float(d.saturated.sum()) / n_mean,
         "identity_residual": float(residual.max()) if n else 0.0,
         "identity_residual_rel": float((residual / magnitude).max()) if n else 0.0,
-        "shapley_residual": abs(sum(shap.values()) - total),
         "mean_total": float(error.sum()) / n_mean,
     }
+    if shap is not None:
+        stats["shapley_residual"] = abs(sum(shap.values()) - total)
     for c in COMPONENTS:
         stats[f"energy_{c}"] = energies[c]
         stats[f"share_{c}"] = _share(energies[c], total)
         stats[f"mean_{c}"] = float(components[c].sum()) / n_mean
-        stats[f"shapley_{c}"] = shap[c]
-        stats[f"shapley_share_{c}"] = _share(shap[c], total)
+        if shap is not None:
+            stats[f"shapley_{c}"] = shap[c]
+            stats[f"shapley_share_{c}"] = _share(shap[c], total)
     for a, b in PAIRS:  # the paper's Figure 1: how aligned the components are
         stats[f"inner_{a}_{b}"] = float((components[a] * components[b]).sum())
         stats[f"cosine_{a}_{b}"] = _cosine(stats[f"inner_{a}_{b}"], energies[a], energies[b])

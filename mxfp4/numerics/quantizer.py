@@ -24,7 +24,7 @@ from .decompose import Decomposition, decompose
 from .formats import get_format
 from .hooks import HookError
 from .reference import from_blocks, to_blocks
-from .transform import GemmTransform, checked_transform
+from .transform import GemmTransform, checked_transform, decomposition_back
 
 GEMMS = ("forward", "input_grad", "weight_grad")
 MODULE_KINDS = ("linear", "experts", "lm_head", "router")
@@ -403,12 +403,16 @@ class Quantizer:
                   form: str = "canonical", operand: Operand | None = None,
                   transform: GemmTransform | None = None) -> Decomposition:
         """The decomposition (of ``form``) of what this quantizer quantizes, in the basis it quantizes
-        in: a rotating correction's rotated blocks (laid out along the last axis), a GEMM transform's transformed
-        operand (``transform``, the one ``gemm_transform`` gave the step), high-precision elements and, with
+        in: a rotating correction's rotated blocks (laid out along the last axis: a rotation keeps every energy),
+        a GEMM transform's transformed operand (``transform``, the one ``gemm_transform`` gave the step), taken
+        there and mapped back to the operand's own basis (``transform.decomposition_back``: the energies are
+        those of the error the GEMM really sees, without Shapley values), high-precision elements and, with
         ``valid``, padding excluded. Stochastic rounding is not decomposed: the grid component is that of
         round-to-nearest."""
         if transform is not None:
-            x = transform.into(x, _transform_role(operand, axis, x))
+            role = _transform_role(operand, axis, x)
+            return decomposition_back(self.decompose(transform.into(x, role), axis, valid, form, operand), transform,
+                                      role)
         rotation = self._rotation(x, operand)
         if rotation is not None:
             return self._in_rotated_basis(x, axis, valid, rotation,

@@ -67,6 +67,25 @@ class GemmTransform:
         return (q.to(torch.float64) @ m).to(q.dtype)
 
 
+def decomposition_back(d, transform: GemmTransform, role: str):
+    """A decomposition taken in the transformed basis (of X T^-1 or W T^T) mapped back to the operand's own basis:
+    the input, the quantized values and each component through ``back`` (a linear map, so the identity still holds
+    and each component's energy is the error the GEMM's operand really carries), the masks of the transformed
+    elements kept, the statistics recomputed there. The Shapley values are left out: their game was played on the
+    transformed elements' corner energies."""
+    import dataclasses
+
+    from .decompose import component_stats
+
+    back = {f: transform.back(getattr(d, f), role) for f in ("x", "quantized", "e_scale", "e_dead", "e_grid")}
+    out = dataclasses.replace(d, **back, stats={})
+    out.stats = component_stats(out, None, n=d.stats["n"])
+    out.stats.update({k: d.stats[k] for k in ("format", "scale_rule", "axis", "shape", "dtype", "form",
+                                              "mean_abs_gain", "mean_abs_nominal_gain") if k in d.stats})
+    out.stats["basis"] = "mapped back from the GEMM transform's"
+    return out
+
+
 def checked_transform(correction, out, k: int, device) -> GemmTransform | None:
     """``gemm_transform``'s return for a GEMM contracted over ``k``: None, a positive finite vector [k] (a diagonal
     scaling) or an invertible finite [k, k] matrix; anything else one ``HookError`` naming the correction."""

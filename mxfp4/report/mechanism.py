@@ -125,20 +125,32 @@ def markdown(rows: list[dict], recipe: str, profile_name: str, energy: list[dict
                                          levels.items()) + ".",
             "", "Harms: " + "; ".join(f"{p}: {RECOVERY_HARMS[p]}" for p in PATHWAYS) + ".", ""]
     if energy:
-        form = energy[0].get("form", "canonical")
+        form = next((e.get("form", "canonical") for e in energy if e.get("operand") != "product"), "canonical")
         out += ["## What it removes from each error component", "",
-                "Error energy under plain MXFP4 -> under the recipe, pooled over the operands (float64), each in the "
-                f"basis the recipe quantizes it in and told to its hooks as what it is, in the {form} form: the first "
-                "warm start's weights, and the activations of every decoder Linear recorded on its teacher-forced "
-                "solutions.", "",
+                "Error energy under plain MXFP4 -> under the recipe, pooled over the operands (float64), each "
+                "decomposed in the basis the recipe quantizes it in and told to its hooks as what it is (a rotation's "
+                f"energies are its own; a GEMM transform's are mapped back to the operand's own basis), in the {form} "
+                "form: the first warm start's weights, and the activations of every decoder Linear recorded on its "
+                "teacher-forced solutions.", "",
                 "| model | operand | scale bias | deadzone | grid noise | total |",
                 "| --- | --- | --- | --- | --- | --- |"]
         for e in (e for e in energy if e.get("recipe", recipe) == recipe):
             cells = []
             for c in ("scale", "dead", "grid", "total"):
+                if f"energy_{c}_before" not in e:  # the GEMM product: its total alone
+                    cells.append(MISSING)
+                    continue
                 before, after = e[f"energy_{c}_before"], e[f"energy_{c}_after"]
                 cells.append(f"{before:.4g} -> {after:.4g} ({(after / before - 1) if before else 0:+.0%})")
-            out.append(f"| {e['model']} | {e.get('operand', 'weights')} | " + " | ".join(cells) + " |")
+            if "signal" in e:
+                share = [e[f"energy_total_{k}"] / e["signal"] for k in ("before", "after")]
+                cells[-1] += f"; {share[0]:.2%} -> {share[1]:.2%} of the exact product's energy"
+            label = {"product": "GEMM product X W^T"}.get(e.get("operand"), e.get("operand", "weights"))
+            out.append(f"| {e['model']} | {label} | " + " | ".join(cells) + " |")
+        if any(e.get("operand") == "product" for e in energy):
+            out += ["", "The GEMM product row: ||Q(X) Q(W)^T - X W^T||^2 over every decoder Linear with its recorded "
+                        "activations, float64, the recipe's operands as its step quantizes them: what a change of "
+                        "basis is judged by (an operand's own energies weigh its channels as the operand does)."]
         out.append("")
     return "\n".join(out)
 

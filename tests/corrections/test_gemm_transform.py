@@ -121,10 +121,17 @@ def test_the_decomposition_and_the_probe_are_taken_in_the_transformed_basis():
     transform = quantizer.gemm_transform(x, w, "layer")
     s = transform.scale
     act, weight = Operand("activation", "forward", "layer"), Operand("weight", "forward", "layer")
-    for t, op, moved in ((x, act, x / s), (w, weight, w * s)):
-        got = quantizer.decompose(t, -1, operand=op, transform=transform).stats
-        want = PLAIN.decompose(moved, -1).stats
-        assert got["energy_total"] == want["energy_total"] and got["energy_scale"] == want["energy_scale"]
+    for t, op, moved, back in ((x, act, x / s, s), (w, weight, w * s, 1 / s)):
+        got = quantizer.decompose(t, -1, operand=op, transform=transform)
+        there = PLAIN.decompose(moved, -1)  # taken in the transformed basis, each component mapped back by hand
+        assert torch.equal(got.x, t.double()) and torch.equal(got.quantized, there.quantized * back)
+        for c in ("scale", "dead", "grid"):
+            assert torch.equal(getattr(got, f"e_{c}"), getattr(there, f"e_{c}") * back)
+            assert got.stats[f"energy_{c}"] == float((getattr(there, f"e_{c}") * back).pow(2).sum())
+        assert got.stats["energy_total"] == pytest.approx(float((PLAIN(moved, -1) * back - t).double().pow(2).sum()),
+                                                          rel=1e-12)
+        assert got.stats["identity_residual"] < 1e-9 and "shapley_scale" not in got.stats
+        assert got.stats["n"] == t.numel() and got.stats["deadzone_fraction"] == there.stats["deadzone_fraction"]
     seen = {}
     torch.manual_seed(0)
     holder = torch.nn.Sequential(torch.nn.Linear(128, 64, bias=False))
@@ -136,10 +143,12 @@ def test_the_decomposition_and_the_probe_are_taken_in_the_transformed_basis():
     assert torch.equal(seen["activation"], x / s) and torch.equal(seen["weight"], holder[0].weight.detach() * s)
 
 
-def test_smoothing_lowers_the_activations_scale_bias_and_deadzone_on_an_outlier_tensor():
-    """The energy table's path (``recipe_energy`` with the layer's partner operand): on activations with outlier
-    channels, SmoothQuant lowers the activation's scale-bias and deadzone energy and the GEMM output error."""
-    from mxfp4.analysis.correction_table import recipe_energy
+def test_smoothing_on_an_outlier_tensor_what_each_measure_shows():
+    """The energy table's path (``recipe_energy`` with the layer's partner operand, ``product_error``): on activations
+    with outlier channels, SmoothQuant lowers the activation's deadzone (its energy and fraction) and the GEMM
+    output error by more than 4x, against a direct computation; in the operand's own basis the outlier channels'
+    rounding error is multiplied back by s, so its scale-bias energy does not fall."""
+    from mxfp4.analysis.correction_table import product_error, recipe_energy
 
     x = outlier_input(rows=64, k=256)
     w = torch.randn(96, 256, generator=torch.Generator().manual_seed(1)) * 0.05
@@ -148,13 +157,17 @@ def test_smoothing_lowers_the_activations_scale_bias_and_deadzone_on_an_outlier_
     acts = {"l": (x, -1, Operand("activation", "forward", "l"))}
     weights = {"l.weight": (w, -1, Operand("weight", "forward", "l"))}
     energy = recipe_energy(acts, "mxfp4+smooth", "canonical", alongside=weights)
-    assert energy["energy_scale_after"] < 0.5 * energy["energy_scale_before"]
-    assert energy["energy_dead_after"] < 0.5 * energy["energy_dead_before"]
+    assert energy["energy_dead_after"] < 0.8 * energy["energy_dead_before"]
+    assert energy["deadzone_fraction_after"] < 0.5 * energy["deadzone_fraction_before"]
+    assert energy["energy_scale_after"] > energy["energy_scale_before"]
     s = smoothing_scale(x, w, 0.5)
     exact = x.double() @ w.double().T
-    plain_err = ((PLAIN(x, -1) @ PLAIN(w, -1).T).double() - exact).square().sum()
-    smooth_err = ((PLAIN(x / s, -1) @ PLAIN(w * s, -1).T).double() - exact).square().sum()
-    assert smooth_err < 0.25 * plain_err
+    plain_err = float(((PLAIN(x, -1) @ PLAIN(w, -1).T).double() - exact).square().sum())
+    smooth_err = float(((PLAIN(x / s, -1) @ PLAIN(w * s, -1).T).double() - exact).square().sum())
+    product = product_error(weights, acts, "mxfp4+smooth")
+    assert product["energy_total_before"] == pytest.approx(plain_err, rel=1e-9)
+    assert product["energy_total_after"] == pytest.approx(smooth_err, rel=1e-9) and smooth_err < 0.25 * plain_err
+    assert product["signal"] == float(exact.square().sum())
     with pytest.raises(ValueError, match=r"layer 'l' has its activation alone"):
         recipe_energy(acts, "mxfp4+smooth", "canonical")
 
