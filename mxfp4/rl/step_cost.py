@@ -19,7 +19,7 @@ import torch
 from ..config.recipes import Recipe
 from ..config.run import Run
 from ..corrections.base import Correction
-from ..layout import TRAIN_LOG
+from ..layout import REFERENCE_RECIPE, TRAIN_LOG
 from ..numerics.quantizer import Quantizer
 from .models import load, warm_start_folder
 
@@ -78,6 +78,14 @@ def short_run(run: Run, model: str, seed: int, steps: int, folder) -> Run:
     return short
 
 
+# What a measured step is, here and in the leaderboard's benchmark (kernels/bench/bench_step.py): a ratio of two
+# such means taken in one process. A cell's own ``mean_step_time`` is another measure: every step of its run, the
+# first included, beside whatever else the run schedules (docs/methods.md, "Step times").
+STEP_METHOD = ("mean step_time of GRPO steps 2..{last} of the cell's own trainer (TRL's GRPOTrainer on the "
+               "recipe's patched model) from the stored warm start, probes, checkpoints and evaluation off, the "
+               "recipes one after another in one process")
+
+
 def measured_steps(run: Run, model: str, recipes: list[str], seed: int, steps: int = 3) -> dict:
     """Mean step time (seconds, steps 2..``steps``: the first is warm-up) of each recipe's cell run for ``steps``
     GRPO steps from the stored warm start (no probes, checkpoints or evaluation) in a scratch folder."""
@@ -107,8 +115,10 @@ def recipe_cost(run: Run, model: str, recipe: str, base: str, seed: int, steps: 
         q_mine = quantization_ms(mine.quantizer(), w)
         q_base = quantization_ms(theirs.quantizer(), w) if theirs.quantize else None
         out.update(operand=name, operand_shape=list(w.shape), quantize_ms=q_mine, base_quantize_ms=q_base)
-    step = measured_steps(run, model, [recipe, base], seed, steps)
-    out.update(step_s=step[recipe], base_step_s=step[base], step_ratio=step[recipe] / step[base])
+    step = measured_steps(run, model, list(dict.fromkeys([recipe, base, REFERENCE_RECIPE])), seed, steps)
+    out.update(step_s=step[recipe], base_step_s=step[base], step_ratio=step[recipe] / step[base],
+               bf16_step_s=step[REFERENCE_RECIPE], bf16_step_ratio=step[recipe] / step[REFERENCE_RECIPE],
+               method=STEP_METHOD.format(last=steps))
     return out
 
 
@@ -125,7 +135,9 @@ def cost_lines(cost: dict) -> list[str]:
                      f"{'; '.join(cost['reference_hooks'])}. One quantization of {cost['operand']} "
                      f"{'x'.join(map(str, cost['operand_shape']))} takes {q}. Give the correction a fake_quantize "
                      "through the dispatch (docs/corrections.md) to run at kernel speed.")
-    lines.append(f"measured step of {cost['model']} (seed {cost['seed']}, mean of steps 2..{cost['steps']}): "
-                 f"{cost['recipe']} {cost['step_s']:.3f} s, {cost['base']} {cost['base_step_s']:.3f} s "
-                 f"({cost['step_ratio']:.2f}x)")
+    lines.append(f"measured step of {cost['model']} (seed {cost['seed']}, mean of steps 2..{cost['steps']}, one "
+                 f"process): {cost['recipe']} {cost['step_s']:.3f} s, {cost['base']} {cost['base_step_s']:.3f} s "
+                 f"({cost['step_ratio']:.2f}x its base)"
+                 + (f", bf16 {cost['bf16_step_s']:.3f} s ({cost['bf16_step_ratio']:.2f}x bf16)"
+                    if "bf16_step_s" in cost and cost["base"] != REFERENCE_RECIPE else ""))
     return lines

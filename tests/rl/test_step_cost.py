@@ -23,8 +23,10 @@ def test_the_cost_lines_warn_first_and_give_the_step_ratio():
             "base_step_s": 0.4, "step_ratio": 1.5}
     warning, step = cost_lines(cost)
     assert warning.startswith("WARNING: recipe 'mine' runs on the host's reference path") and "(2.0x)" in warning
-    assert step.endswith("mine 0.600 s, mxfp4 0.400 s (1.50x)")
+    assert step.endswith("mine 0.600 s, mxfp4 0.400 s (1.50x its base)")
     assert len(cost_lines({**cost, "reference_hooks": []})) == 1
+    both = cost_lines({**cost, "bf16_step_s": 0.3, "bf16_step_ratio": 2.0})[-1]
+    assert both.endswith("(1.50x its base), bf16 0.300 s (2.00x bf16)")  # the denominator the leaderboard uses
 
 
 def test_python_dash_m_mxfp4_is_the_command_line(monkeypatch, capsys):
