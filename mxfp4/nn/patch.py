@@ -376,6 +376,11 @@ def quantized_weights(model):
         model: a patched model.
     """
 
+    transforming = [name for name, _, gemm in patched_modules(model) if gemm.quantizer.transforms_gemm]
+    if transforming:
+        raise ValueError(f"{transforming[0]}: its recipe changes the GEMM's basis from each batch's activation "
+                         "(gemm_transform): its weight has no quantized values apart from a batch")
+
     @contextlib.contextmanager
     def swap():
         saved = []

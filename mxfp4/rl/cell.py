@@ -50,6 +50,11 @@ def rollout_settings(grpo, recipe) -> dict:
     fallback."""
     if grpo.rollout == "hf":
         return {"use_vllm": False}
+    quantizer = recipe.quantizer()
+    if quantizer is not None and quantizer.transforms_gemm:
+        raise ValueError(f"recipe {recipe.name!r} changes each GEMM's basis from the batch's activation "
+                         "(gemm_transform), so no one set of quantized weights is what its step computes; the vLLM "
+                         "engine takes one. Accepted: grpo.rollout: hf")
     if recipe.rollout_precision == "w4a4":
         raise ValueError(f"recipe {recipe.name!r} asks for W4A4 rollouts (rollout_precision: w4a4), which the vLLM "
                          "engine cannot run (it generates from the quantized weights with BF16 activations); "

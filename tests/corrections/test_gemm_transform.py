@@ -216,8 +216,19 @@ def test_a_transform_is_refused_where_it_cannot_act():
     with pytest.raises(ValueError, match="a GEMM transform applies to the forward GEMM's activation and weight"):
         Quantizer(corrections=[PowerOfTwoSmoothing()])(torch.randn(4, 64), -1, operand=Operand("grad", "input_grad"),
                                                       transform=transform)
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.nn.patch import quantized_weights
+    from mxfp4.rl.cell import rollout_settings
     from mxfp4.rl.models import build_tiny
 
+    holder, _ = patched_linear(PowerOfTwoSmoothing())
+    holder.config = type("C", (), {"tie_word_embeddings": False})()
+    with pytest.raises(ValueError, match="its weight has no quantized values apart from a batch"):
+        quantized_weights(holder)
+    grpo = load_profile("smoke").grpo.model_copy(update={"rollout": "vllm"})
+    with pytest.raises(ValueError, match=r"changes each GEMM's basis .* the vLLM engine takes one. Accepted: "
+                                         "grpo.rollout: hf"):
+        rollout_settings(grpo, Recipe.named("mxfp4+smooth"))
     model = build_tiny("tiny-moe")[0]
     with pytest.raises(ValueError, match=r"transforms each Linear's GEMM from its two operands \(gemm_transform\), "
                                          "which the fused experts' grouped GEMMs do not take"):
