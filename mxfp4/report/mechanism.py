@@ -47,12 +47,14 @@ def mechanism_rows(units: list[dict], recipe: str, profile) -> list[dict]:
     if design is None:
         raise ValueError(f"profile {profile.name!r} fixes no margins (pathways.claims); the mechanism verdicts need "
                          "the smallest harm of interest per pathway")
-    form = design.form
-    network_of = profile_networks(profile, units)
+    form, replicate = design.form, design.replicate
+    network_of = profile_networks(profile, units)  # checks the units' seeds are the profile's either way
     out = []
     for model in sorted({r["model"] for r in units}):
         per_unit = unit_harms(units, model, "warm", form)
-        h = by_network(per_unit, network_of)
+        # a claim about one named model: its units are the replicates (each its own "network"); else the networks
+        h = by_network(unit_harms(units, model, "warm", form, "units"), None) if replicate == "units" else \
+            by_network(per_unit, network_of)
         tests = []
         for pathway, key in PATHWAYS.items():
             arms = h.get(key, {})
@@ -76,7 +78,7 @@ def mechanism_rows(units: list[dict], recipe: str, profile) -> list[dict]:
             out.append({"model": model, "pathway": pathway, "recipe": recipe, "rival": arm_label(rival),
                         "harm_recipe": mean[recipe], "harm_rival": mean[rival], "diff": c["diff"],
                         "ci_low": c["ci_low"], "ci_high": c["ci_high"], "level": level, "family": family,
-                        "networks": c["networks"], "verdict": _verdict_words(verdict, rival),
+                        "networks": c["networks"], "replicate": replicate, "verdict": _verdict_words(verdict, rival),
                         "margin": design.margins[pathway], "rank": ranked.index(recipe) + 1, "arms": len(ranked),
                         "within": _within(per_unit.get(key, {}), recipe, rival)})
     return out
@@ -96,9 +98,14 @@ def _verdict_words(verdict: str, rival: str) -> str:
 
 
 def markdown(rows: list[dict], recipe: str, profile_name: str, energy: list[dict]) -> str:
+    units = bool(rows) and rows[0].get("replicate") == "units"
+    about = ("About this model: its units (gradient batches, prompts) are the replicates, the column `networks` "
+             "counts them. Each row: the recipe's harm against one rival arm on the pathway, the rival's harm minus "
+             "the recipe's paired over the units " if units else
+             "Each row: the recipe's harm against one rival arm on the pathway, averaged within each network (a warm "
+             "start; units nested in it), the rival's harm minus the recipe's over the networks ")
     out = [f"# Mechanism of `{recipe}` at the stored warm starts (`{profile_name}`)", "",
-           "Each row: the recipe's harm against one rival arm on the pathway, averaged within each network (a warm "
-           "start; units nested in it), the rival's harm minus the recipe's over the networks (> 0: the recipe "
+           about + "(> 0: the recipe "
            "harms less) with its t interval, and the three-outcome verdict at the pathway's margin. The family is "
            "every row of the model (Bonferroni): each verdict is its one-sided test at 0.05 over the rows, and the "
            "interval printed is the two-sided one at that level (1 - 2 x 0.05 / rows), so a verdict of lower or "

@@ -157,3 +157,26 @@ def test_the_anchor_check_reads_the_anchors_of_a_run_part_way_through_its_seeds(
     assert [(r["arm"], r["seed"]) for r in rows if r["seed"] == 21] == [("none", 21), ("none", 21), ("all", 21),
                                                                        ("all", 21)]
     assert [r["harm"] for r in rows if r["arm"] == "all"] == pytest.approx([0.1, 0.2, 0.3, 0.4])
+
+
+def test_a_named_models_mechanism_takes_its_units_as_the_replicates():
+    """real-small-board (one pretrained model; its design's replicate is the unit): each row is paired over the
+    model's units, not read as one network and left inconclusive; the interval is the paired t over the units
+    (scipy), at the family's level."""
+    from pathlib import Path
+
+    from scipy import stats
+
+    profile = load_profile("real-small-board")
+    units = read_units([Path(__file__).resolve().parents[2] / "results/baselines/real-small-board/leaderboard/"
+                        "smollm2-135m_units.csv"])
+    rows = {(r["pathway"], r["rival"]): r for r in mechanism_rows(units, "mxfp4+smooth", profile)}
+    rollout = rows[("rollout", "mxfp4")]
+    assert rollout["replicate"] == "units" and rollout["networks"] == 8 and rows[("gradient", "mxfp4")]["networks"] == 2
+    assert not any(r["verdict"].startswith("inconclusive") for r in rows.values() if r["networks"] >= 2)
+    harm = {a: [r["harm"] for r in sorted(units, key=lambda r: int(r["unit"]))
+                if r["pathway"] == "rollout" and r["arm"] == a] for a in ("all", "mxfp4+smooth")}
+    diff = np.subtract(harm["all"], harm["mxfp4+smooth"])
+    half = stats.t.ppf(1 - (1 - rollout["level"]) / 2, len(diff) - 1) * diff.std(ddof=1) / np.sqrt(len(diff))
+    assert rollout["diff"] == pytest.approx(diff.mean()) and rollout["ci_low"] == pytest.approx(diff.mean() - half)
+    assert "About this model: its units" in markdown(list(rows.values()), "mxfp4+smooth", "real-small-board", [])
