@@ -9,6 +9,7 @@ import contextlib
 import csv
 import io
 import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -708,4 +709,22 @@ def test_units_missing_one_of_the_profiles_networks_are_refused_not_tested_on_fe
     with pytest.raises(ValueError, match=rf"the units of tiny-dense lack seed\(s\) \[{dropped}\] of profile "
                                          r"'networks'.s pathway seeds") as err:
         profile_networks(profile, [r for r in units if int(r["seed"]) != dropped])
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("arm,label", [("none", "bf16"), ("all", "mxfp4"), ("mxfp4+macro", "mxfp4+macro")])
+def test_a_mechanism_file_without_an_arm_is_refused_not_read_without_its_rows(arm, label):
+    """The stored smoothing mechanism on networks: whole, every row; without one arm (bf16, mxfp4 or a correction of
+    the profile), one line naming it, where its rows (and with bf16 the entropy pathway) vanished."""
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.report.mechanism import mechanism_rows
+    from mxfp4.report.network_claims import read_units
+
+    units = read_units([Path(__file__).resolve().parents[1] / "results/baselines/networks/mechanism/mxfp4+smooth/"
+                        "tiny-dense_units.csv"])
+    profile = load_profile("networks")
+    assert len(mechanism_rows(units, "mxfp4+smooth", profile)) == 15
+    with pytest.raises(ValueError, match=rf"tiny-dense: the gradient units hold no arm {re.escape(label)}; accepted") \
+            as err:
+        mechanism_rows([r for r in units if r["arm"] != arm], "mxfp4+smooth", profile)
     assert "\n" not in str(err.value)

@@ -50,7 +50,15 @@ def mechanism_rows(units: list[dict], recipe: str, profile) -> list[dict]:
     form, replicate = design.form, design.replicate
     network_of = profile_networks(profile, units)  # checks the units' seeds are the profile's either way
     out = []
+    expected = {"all", "none", recipe, *profile.pathways.corrections}
     for model in sorted({r["model"] for r in units}):
+        for pathway in PATHWAYS:
+            have = {r["arm"] for r in units if r["model"] == model and r["pathway"] == pathway}
+            missing = sorted(expected - have)
+            if have and missing:
+                raise ValueError(f"{model}: the {pathway} units hold no arm {', '.join(map(arm_label, missing))}; "
+                                 f"accepted: the per-unit files of mxfp4 mechanism --recipe {recipe} (each arm of "
+                                 "the run: mxfp4, bf16, the recipe and the profile's corrections)")
         per_unit = unit_harms(units, model, "warm", form)
         # a claim about one named model: its units are the replicates (each its own "network"); else the networks
         h = by_network(unit_harms(units, model, "warm", form, "units"), None) if replicate == "units" else \

@@ -78,6 +78,7 @@ def test_the_mechanism_arms_are_the_pathway_matrix_arms_unit_for_unit(smoke_resu
 def _units(profile, harm: dict[str, float], per_network_sd=0.002, n=6, seed=0):
     """Synthetic per-unit rows of every pathway: arm -> mean harm, each network (seed) shifted a little."""
     rng = np.random.default_rng(seed)
+    harm = {**dict.fromkeys(profile.pathways.corrections, harm["all"]), **harm}  # every arm a mechanism run measures
     rows = []
     for pathway in ("gradient", "rollout", "entropy"):
         for arm, mean in harm.items():
@@ -102,7 +103,7 @@ def test_the_report_decides_each_rival_on_network_means_and_ranks_the_recipe(tmp
     assert rows[("gradient", "bf16")]["verdict"] == "higher harm than bf16"
     assert rows[("gradient", "mxfp4+macro")]["verdict"] == "lower harm than mxfp4+macro"
     assert rows[("gradient", "mxfp4+fallback")]["verdict"].startswith("within the margin of mxfp4+fallback")
-    assert g["rank"] in (2, 3) and g["arms"] == 5  # bf16 first, then mine and fallback within a hair
+    assert g["rank"] in (2, 3) and g["arms"] == 6  # bf16 first, then mine and fallback within a hair (and aqn)
     assert g["within"]["n"] == 18  # the units inside the networks, shown beside
     path = tmp_path / "u.csv"
     with path.open("w", newline="") as f:
