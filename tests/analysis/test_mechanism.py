@@ -34,7 +34,7 @@ def test_the_mechanism_arms_are_the_pathway_matrix_arms_unit_for_unit(smoke_resu
     run_pathways(Run.of(profile, smoke_results), "tiny-dense", progress=lambda m: None, out_units=matrix)
     units, energies = run_mechanism(Run.of(profile, smoke_results), "tiny-dense", ["mxfp4+aqn"], out_units=mech,
                                     progress=lambda m: None)
-    assert [e["operand"] for e in energies] == ["weights", "activations"]
+    assert [e["operand"] for e in energies] == ["weights", "activations", "product"]
     a, b = _harms(matrix), _harms(mech)
     assert {arm for _, arm, _ in b} == {"none", "all", "mxfp4+aqn", "mxfp4+macro", "mxfp4+fallback"}
     shared = [k for k in b if k[1] != "mxfp4+aqn"]
@@ -42,7 +42,7 @@ def test_the_mechanism_arms_are_the_pathway_matrix_arms_unit_for_unit(smoke_resu
     assert {u["seed"] for u in units} == set(profile.seeds)
     for energy in energies:
         assert energy["recipe"] == "mxfp4+aqn"
-        for c in ("scale", "dead", "grid", "total"):
+        for c in ("scale", "dead", "grid", "total") if energy["operand"] != "product" else ("total",):
             assert energy[f"energy_{c}_after"] == energy[f"energy_{c}_before"] > 0
     # placed against a stored board: its own anchors pass; one harm changed stops the run before any recipe's arm
     stored = read_units([mech])
@@ -65,10 +65,12 @@ def test_the_mechanism_arms_are_the_pathway_matrix_arms_unit_for_unit(smoke_resu
         monkeypatch.setenv("MXFP4_RECIPES", str(tmp_path / "mine.yaml"))
         placed, energies = run_mechanism(Run.of(profile, smoke_results), "tiny-dense", ["mine-smooth"],
                                          out_units=tmp_path / "placed.csv", progress=lambda m: None, against=stored)
-        assert {e["operand"] for e in energies} == {"weights", "activations"}
+        assert {e["operand"] for e in energies} == {"weights", "activations", "product"}
         assert any(e["energy_scale_after"] != e["energy_scale_before"] for e in energies)
         units = merged(stored, read_units([tmp_path / "placed.csv"]), "mine-smooth")
-        ranked = board(units, profile, ["mxfp4+aqn", "mine-smooth"])["tiny-dense"]
+        claims = load_profile("networks").pathways.claims.model_copy(update={"form": "canonical"})  # smoke fixes none
+        ranked = board(units, profile.model_copy(update={"pathways": settings.model_copy(update={"claims": claims})}),
+                       ["mxfp4+aqn", "mine-smooth"])["tiny-dense"]
         assert {r["recipe"] for r in ranked} == {"mxfp4+aqn", "mine-smooth", "mxfp4", "bf16"}
         assert sorted(r["rank"] for r in ranked) == [1, 2, 3, 4]
     finally:
