@@ -49,6 +49,8 @@ def smoothing_scale(activation: torch.Tensor, weight: torch.Tensor, alpha: float
     """SmoothQuant's s [K] for ``activation`` [..., K] and ``weight`` [N, K], rounded to the nearest power of two in
     log2 (a tie to the larger power: ``torch.round`` would send it to the even exponent); 1 where either channel
     is all zero."""
+    if not activation.numel():  # no token this call: nothing to smooth by
+        return torch.ones(weight.shape[-1], device=weight.device)
     a = activation.reshape(-1, activation.shape[-1]).abs().amax(0).double()
     w = weight.abs().amax(0).double()
     live = (a > 0) & (w > 0) & torch.isfinite(a) & torch.isfinite(w)

@@ -33,6 +33,11 @@ class GemmTransform:
     scale: torch.Tensor | None = None
     matrix: torch.Tensor | None = None
 
+    def __post_init__(self):
+        if (self.scale is None) == (self.matrix is None):
+            raise ValueError("GemmTransform takes one of scale (a vector) or matrix, not "
+                             + ("both" if self.scale is not None else "neither"))
+
     @property
     def inverse(self) -> torch.Tensor:
         inv = self.__dict__.get("_inverse")

@@ -192,6 +192,14 @@ def test_the_smoothing_scale_matches_its_definition(rows, k, alpha, seed):
         assert s[j] == 2.0 ** math.floor(target + 0.5)
 
 
+def test_the_smoothing_scale_of_an_empty_batch_is_one_and_a_transform_is_one_kind():
+    assert torch.equal(smoothing_scale(torch.empty(0, 8), torch.randn(4, 8), 0.5), torch.ones(8))
+    with pytest.raises(ValueError, match="takes one of scale .* not both"):
+        GemmTransform(scale=torch.ones(4), matrix=torch.eye(4))
+    with pytest.raises(ValueError, match="not neither"):
+        GemmTransform()
+
+
 @pytest.mark.parametrize("returned,message", [
     (torch.zeros(128), r"returned a scale with 128 entries <= 0; expected a positive vector"),
     (torch.ones(64), r"returned a torch.float32 tensor of shape \(64,\); expected None, a positive vector of shape "
