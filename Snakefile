@@ -26,6 +26,7 @@ include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/figures.smk"
 include: "workflow/rules/compare.smk"
 include: "workflow/rules/leaderboard.smk"
+include: "workflow/rules/studies.smk"
 include: "workflow/rules/real_board.smk"
 include: "workflow/rules/gpu.smk"
 

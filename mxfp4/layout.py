@@ -236,10 +236,6 @@ class Layout:
         """The real-model board (``mxfp4 leaderboard --real``; its rows as ``.json``), or a user recipe's place."""
         return self.root / "real_board" / (f"LEADERBOARD_{recipe}.md" if recipe else "LEADERBOARD.md")
 
-    def collapse_map(self, model: str) -> Path:
-        """Where W4A4 breaks a named model before RL (``mxfp4 collapse-map``; its report beside it as ``.md``)."""
-        return self.root / "collapse_map" / f"{model}.csv"
-
     @property
     def report(self) -> Path:
         """The run's results in one page (``mxfp4 report``); the stored baselines have their own."""

@@ -13,8 +13,8 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "mxfp4"
 
 # Each layer may import itself and the layers listed before it; the leaf modules import no mxfp4 layer.
-LAYERS = ["numerics", "verify", "corrections", "config", "nn", "rl", "analysis", "report", "cli"]
-LEAVES = {"io", "stats", "layout", "machine", "problems"}
+LAYERS = ["numerics", "verify", "corrections", "config", "nn", "rl", "analysis", "report", "studies", "cli"]
+LEAVES = {"io", "stats", "layout", "machine", "problems", "plugins"}
 KERNEL_WRAPPERS = {"mxfp4.numerics.triton_kernels", "mxfp4.numerics.triton_gemm"}
 KERNEL_CALLERS = {"mxfp4.numerics.dispatch", "mxfp4.verify.kernel_checks", *KERNEL_WRAPPERS}
 

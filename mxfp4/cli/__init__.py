@@ -10,11 +10,13 @@ import sys
 from pathlib import Path
 
 from ..layout import Layout
-from . import numerics, reports, runs
+from ..studies import registered
+from . import arguments, numerics, reports, runs
+from .arguments import model_args, out_file, run_of, writable
 
 # Commands that load transformers models (the RL processes).
 MODEL_COMMANDS = ("pretrain", "cell", "probe-batch", "pathways", "depth", "depth-optimizers",
-                  "corrections-table", "weight-components", "recipe-cost", "mechanism", "real-board", "collapse-map")
+                  "corrections-table", "weight-components", "recipe-cost", "mechanism", "real-board")
 
 
 def hide_torchao_from_transformers() -> None:
@@ -47,7 +49,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     for group in (numerics, runs, reports):
         group.add_commands(sub)
+    for study in registered().values():  # the study registry: one command a study
+        p = sub.add_parser(study.name, help=study.help)
+        model_args(p)
+        study.options(p, arguments)
+        default = study.output(Layout("results", "PROFILE"), "MODEL")
+        p.add_argument("--out", type=out_file, default=None, help=f"the file written (default: {default})")
+        p.set_defaults(func=_run_study, study=study)
     return parser
+
+
+def _run_study(args) -> int:
+    """A registered study's command: its function on the run, the model and the output it writes."""
+    out = writable(args.out or args.study.output(args.layout, args.model))
+    for line in args.study.function()(run_of(args), args.model, out, args):
+        print(line)
+    return 0
 
 
 TORCH_WRITE_FAILURES = ("unexpected pos", "PytorchStreamWriter failed", "No space left on device")
@@ -97,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"mxfp4: error: MXFP4_THREADS={threads!r}; accepted: a positive integer", file=sys.stderr)
             return 2
         torch.set_num_threads(int(threads))
-    if args.command in MODEL_COMMANDS:
+    if args.command in MODEL_COMMANDS or getattr(getattr(args, "study", None), "loads_models", False):
         hide_torchao_from_transformers()
     if isinstance(getattr(args, "results", None), str) and isinstance(getattr(args, "profile", None), str):
         args.layout = Layout(args.results, args.profile)  # every path of the command's run

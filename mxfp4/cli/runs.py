@@ -178,20 +178,6 @@ def _cmd_real_board(args) -> int:
     return 0
 
 
-def _cmd_collapse_map(args) -> int:
-    from ..analysis.collapse_map import measure
-
-    out = Path(args.out)
-    writable(out)
-    from ..report.collapse_map import write
-
-    rows = measure(run_of(args), args.model, out, args.problems, args.prompts,
-                   progress=lambda line: print(line, file=sys.stderr, flush=True))
-    write(rows, args.profile, out.with_suffix(".md"))
-    print(f"wrote {out} and {out.with_suffix('.md').name}")
-    return 0
-
-
 def _cmd_recipe_cost(args) -> int:
     from ..config.recipes import recipe_base
     from ..layout import REFERENCE_RECIPE
@@ -322,15 +308,6 @@ def add_commands(sub) -> None:
     p.add_argument("--times-only", action="store_true",
                    help="time the training pass of the folder's recipes again (every recipe in turn), nothing else")
     p.set_defaults(func=_cmd_real_board)
-
-    p = sub.add_parser("collapse-map", help="where W4A4 breaks a named model before RL: one decoder layer at a time in "
-                                            "BF16, each operand role alone quantized")
-    model_args(p)
-    p.add_argument("--problems", type=positive_int, default=None,
-                   help="held-out problems evaluated (default: the profile's evaluation limit)")
-    p.add_argument("--prompts", type=positive_int, default=8, help="GSM8K test solutions teacher-forced (default 8)")
-    p.add_argument("--out", type=out_file, required=True, help="the CSV written")
-    p.set_defaults(func=_cmd_collapse_map)
 
     p = sub.add_parser("recipe-cost", help="a recipe's measured step against its base on the stored warm start, "
                                            "and the hooks that force the host's reference path")

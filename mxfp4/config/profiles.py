@@ -610,6 +610,10 @@ class Profile(_Strict):
     def tiny_models(self) -> list[str]:
         return [m for m, s in self.models.items() if s.arch]
 
+    def named_models(self) -> list[str]:
+        """The pretrained models (a hub id or a package's file), not the tiny stand-ins."""
+        return [m for m, s in self.models.items() if not s.arch]
+
     @property
     def keeps_reference_policy(self) -> bool:
         """Whether the bf16 cells save their trained policy: only the pathway matrix's ``grpo`` checkpoint

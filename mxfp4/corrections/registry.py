@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import os
 import typing
 from importlib.metadata import entry_points
 
 import pydantic
 
+from ..plugins import import_plugins
 from ..stats import first_non_finite
 from .base import Correction
 
@@ -51,17 +50,7 @@ def available() -> dict[str, type]:
     """Built-in corrections, those that installed packages declare as entry points (group
     ``mxfp4.corrections``), and those registered by the modules named in ``$MXFP4_PLUGINS``
     (comma-separated import paths, e.g. a local ``my_corrections.py`` with ``PYTHONPATH=.``)."""
-    for module in filter(None, os.environ.get("MXFP4_PLUGINS", "").split(",")):
-        try:
-            importlib.import_module(module.strip())
-        except ImportError as err:
-            raise ValueError(
-                f"MXFP4_PLUGINS names {module.strip()!r}, which does not import ({err}); "
-                "accepted: importable module paths, comma-separated (PYTHONPATH=. for local files)"
-            ) from None
-        except Exception as err:  # noqa: BLE001 - a plugin's own failure, reported with its name
-            raise ValueError(f"plugin {module.strip()!r} (MXFP4_PLUGINS) failed while importing: "
-                             f"{type(err).__name__}: {err}") from None
+    import_plugins()
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name not in REGISTRY:
             try:

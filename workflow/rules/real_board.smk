@@ -31,20 +31,6 @@ rule real_board_measures:
         "--recipe {params.recipes} --out $(dirname {output.problems}) > {log} 2>&1"
 
 
-rule collapse_map:
-    """Where W4A4 breaks the named model before RL: one decoder layer at a time in BF16, each operand role alone."""
-    input:
-        CPU_KERNEL,
-    output:
-        str(L.collapse_map("{model}")),
-    log:
-        str(L.log("collapse_map_{model}")),
-    threads: 1
-    shell:
-        "MXFP4_THREADS={threads} {MXFP4} collapse-map --profile {PROFILE} --model {wildcards.model} --out {output} "
-        "> {log} 2>&1"
-
-
 def real_board_inputs():
     """The board's folder and pathway units: this run's, or the stored ones beside the placed recipe's folder."""
     if BOARD_MODEL is None:
@@ -80,7 +66,7 @@ rule store_real_board:
         record=board_folder(BOARD_MODEL) + "/recipes.json" if BOARD_MODEL else [],
         units=str(L.leaderboard_units(BOARD_MODEL)) if BOARD_MODEL else [],
         energy=str(L.leaderboard_units(BOARD_MODEL).with_suffix(".energy.json")) if BOARD_MODEL else [],
-        collapse=str(L.collapse_map(BOARD_MODEL)) if BOARD_MODEL else [],
+        collapse=str(STUDIES["collapse-map"].output(L, BOARD_MODEL)) if BOARD_MODEL else [],
         md=str(L.real_leaderboard()),
     output:
         touch(str(L.root / "real_board_stored.flag")),

@@ -1,0 +1,103 @@
+"""The study registry: a study of one model of a profile declared in one module, from which the rest derives.
+
+A ``Study`` names its command (``mxfp4 <name>``, with every study's ``--profile``, ``--results``, ``--model`` and
+``--out``, plus its own options), the function the command runs, the file it writes per model under the run's
+results, and its section of docs/methods.md. ``mxfp4.cli`` adds one command per study, and
+``workflow/rules/studies.smk`` makes its rules (``study_<name>`` per model, ``-`` as ``_``, and the target ``<name>``
+over the models it applies to), as the figure registry does for figures. A new study is one module
+(``register_study`` at import; here, or a plugin named in ``$MXFP4_PLUGINS``), its profile YAML and its paragraph in
+docs/methods.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..layout import Layout
+from ..plugins import import_plugins
+
+STUDY_NAME = r"^[a-z][a-z0-9-]*$"  # a command name; its rule is study_<name with - as _>
+BUILT_IN = ("collapse_map",)  # this package's study modules
+
+
+@dataclass(frozen=True)
+class Study:
+    """One study of one model of a profile.
+
+    Args:
+        name: the command (``mxfp4 <name>``) and, with ``-`` as ``_``, the Snakemake target and the output folder.
+        help: the command's one-line help.
+        run: ``module:function`` called as ``function(run, model, out, args)`` (the ``Run``, the model line, the
+            output path, the parsed arguments); it writes ``out`` and returns the lines the command prints.
+        options: ``options(parser, types)`` adds the command's own options to its parser (the common ones are every
+            study's); ``types`` is ``mxfp4.cli.arguments``, whose argparse types (``positive_int``, ...) say in
+            one line what a bad value is.
+        suffix: the output file's suffix under ``<results>/<profile>/<name>/<model>``.
+        loads_models: the command loads transformers models (the CLI then hides torchao from them).
+        models: ``models(profile)``, the profile's model lines the study's target runs on (default: every one).
+        method: the heading of the study's section in docs/methods.md.
+        threads: the cores its rule takes.
+    """
+
+    name: str
+    help: str
+    run: str
+    method: str
+    options: Callable = field(default=lambda parser, types: None)
+    suffix: str = ".csv"
+    loads_models: bool = True
+    threads: int = 1
+    models: Callable = field(default=lambda profile: list(profile.models))
+
+    def __post_init__(self):
+        if not re.match(STUDY_NAME, self.name):
+            raise ValueError(f"study name {self.name!r}; accepted: lowercase letters, digits and -, starting with a "
+                             "letter (it names a command, a rule and a folder)")
+        if ":" not in self.run:
+            raise ValueError(f"study {self.name!r}: run {self.run!r}; accepted: 'module:function'")
+
+    @property
+    def target(self) -> str:
+        """The Snakemake target that runs the study on every model it applies to (``models``)."""
+        return self.name.replace("-", "_")
+
+    @property
+    def rule(self) -> str:
+        """The Snakemake rule that runs the study on one model (``{model}``)."""
+        return f"study_{self.target}"
+
+    def output(self, layout: Layout, model: str) -> Path:
+        """The file the study writes for ``model`` in ``layout``'s run."""
+        return layout.root / self.name.replace("-", "_") / f"{model}{self.suffix}"
+
+    def function(self) -> Callable:
+        module, _, name = self.run.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+STUDIES: dict[str, Study] = {}
+
+
+def register_study(study: Study) -> Study:
+    """Add ``study`` to the registry; a name already taken by another study, or by a built-in command, is an error.
+
+    Args:
+        study: the study.
+    """
+    have = STUDIES.get(study.name)
+    if have is not None and have != study:
+        raise ValueError(f"study {study.name!r} is registered twice ({have.run} and {study.run})")
+    STUDIES[study.name] = study
+    return study
+
+
+def registered() -> dict[str, Study]:
+    """Every study: this package's, then those the ``$MXFP4_PLUGINS`` modules register."""
+    for module in BUILT_IN:
+        importlib.import_module(f"{__name__}.{module}")
+    import_plugins()
+    return dict(STUDIES)

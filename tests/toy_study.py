@@ -1,0 +1,22 @@
+"""A study written outside the package, as a user would (a module named in $MXFP4_PLUGINS): what it registers gets
+its command, its rule and its path with nothing else added (tests/test_studies.py)."""
+
+from __future__ import annotations
+
+import json
+
+from mxfp4.studies import Study, register_study
+
+
+def options(parser, types) -> None:
+    parser.add_argument("--scale", type=types.positive_int, default=1, help="what the seeds are multiplied by")
+
+
+def run(run, model: str, out, args) -> list[str]:
+    seeds = [s * args.scale for s in run.profile.seeds]
+    out.write_text(json.dumps({"model": model, "profile": run.profile.name, "seeds": seeds}))
+    return [f"wrote {out}"]
+
+
+register_study(Study(name="toy-seeds", help="the profile's seeds, scaled (a toy study)", run=f"{__name__}:run",
+                     options=options, suffix=".json", loads_models=False, method="A toy study"))
