@@ -149,10 +149,6 @@ class Layout:
         """Every dose's claim-level tests and excess harms in one CSV (``.md`` beside it)."""
         return self.root / "dose_response" / "dose_response.csv"
 
-    def depth_units(self, model: str) -> Path:
-        """One model's per-layer gradient measures of the depth study, per batch, arm and site."""
-        return self.root / "depth" / f"{model}_units.csv"
-
     @property
     def depth(self) -> Path:
         """The depth study's slopes and per-layer means, every model (``.md`` beside it)."""
@@ -162,10 +158,6 @@ class Layout:
     def depth_shrinkage(self) -> Path:
         """The depth study's norm loss split into shrink and misalignment, and the shrinkage-bias test (``.md``)."""
         return self.root / "depth" / "depth_shrinkage.csv"
-
-    def depth_optimizer_units(self, model: str) -> Path:
-        """One model's short SGD and AdamW runs of the depth study: per run, optimizer, arm and layer."""
-        return self.root / "depth" / "optimizers" / f"{model}_units.csv"
 
     @property
     def depth_optimizers(self) -> Path:

@@ -23,11 +23,18 @@ def test_every_registered_study_has_its_command_its_path_and_its_method():
     methods = (REPO / "docs" / "methods.md").read_text()
     for name, study in studies.items():
         assert name in commands and commands[name].get_default("study") is study
-        assert study.output(Layout("results", "p"), "m") == Path("results/p") / study.target / f"m{study.suffix}"
+        out = study.output(Layout("results", "p"), "m")
+        assert out.is_relative_to("results/p") and "m" in out.name  # under the run's results, one file a model
+        if study.path is None:
+            assert out == Path("results/p") / study.target / f"m{study.suffix}"
         assert f"### {study.method}" in methods or f"## {study.method}" in methods, study.method
         assert callable(study.function())
     assert studies["collapse-map"].output(Layout("results", "real-small-board"), "smollm2-135m") == \
-        Path("results/real-small-board/collapse_map/smollm2-135m.csv")  # where the stored map was made
+        Path("results/real-small-board/collapse_map/smollm2-135m.csv")  # where the stored outputs were made
+    assert studies["depth"].output(Layout("results", "depth"), "tiny-dense-l2") == \
+        Path("results/depth/depth/tiny-dense-l2_units.csv")
+    assert studies["depth-optimizers"].output(Layout("results", "depth"), "tiny-dense-l2") == \
+        Path("results/depth/depth/optimizers/tiny-dense-l2_units.csv")
 
 
 def test_a_study_name_is_one_command_and_one_folder():

@@ -15,8 +15,8 @@ from . import arguments, numerics, reports, runs
 from .arguments import model_args, out_file, run_of, writable
 
 # Commands that load transformers models (the RL processes).
-MODEL_COMMANDS = ("pretrain", "cell", "probe-batch", "pathways", "depth", "depth-optimizers",
-                  "corrections-table", "weight-components", "recipe-cost", "mechanism", "real-board")
+MODEL_COMMANDS = ("pretrain", "cell", "probe-batch", "pathways", "corrections-table", "weight-components",
+                  "recipe-cost", "mechanism", "real-board")
 
 
 def hide_torchao_from_transformers() -> None:

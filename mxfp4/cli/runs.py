@@ -3,7 +3,6 @@ weight statistics, the correction table, a recipe's cost, the memory plan and th
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 import time
@@ -93,18 +92,6 @@ def _cmd_pathways(args) -> int:
         dose=args.dose,
     )
     print(f"wrote {out} ({len(rows)} rows)" + (f" and {units}" if units else ""))
-    return 0
-
-
-def _cmd_depth(args, optimizers: bool = False) -> int:
-    """``mxfp4 depth`` (the gradient rows), or ``mxfp4 depth-optimizers`` (the short runs)."""
-    from ..analysis.depth import run_depth, run_depth_optimizers
-
-    study = run_depth_optimizers if optimizers else run_depth
-    out = args.out or (args.layout.depth_optimizer_units if optimizers else args.layout.depth_units)(args.model)
-    units = study(run_of(args), args.model, out_units=out,
-                progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    print(f"wrote {out} ({len(units)} rows)")
     return 0
 
 
@@ -253,19 +240,6 @@ def add_commands(sub) -> None:
     p.add_argument("--dose", default=None, help="an outlier dose (c<channels>x<factor>, e.g. c2x32) given to the warm "
                                                 "start first (the dose-response; with --checkpoint warm)")
     p.set_defaults(func=_cmd_pathways)
-
-    p = sub.add_parser("depth", help="the depth study: per-layer gradient norm ratio and cosine of each component, "
-                                     "its control and full MXFP4 against the unquantized gradient")
-    model_args(p)
-    p.add_argument("--out", type=out_file, default=None, help="default results/<profile>/depth/<model>_units.csv")
-    p.set_defaults(func=_cmd_depth)
-
-    p = sub.add_parser("depth-optimizers", help="the depth study's short runs: per-layer displacement of SGD and AdamW "
-                                                "with the scale component, its control and no injection")
-    model_args(p)
-    p.add_argument("--out", type=out_file,
-                   default=None, help="default results/<profile>/depth/optimizers/<model>_units.csv")
-    p.set_defaults(func=functools.partial(_cmd_depth, optimizers=True))
 
     p = sub.add_parser("probe-batch", help="the GRPO batch every recipe's gradient probes of a model and seed are "
                                            "taken on (sampled once by the starting policy, unquantized)")

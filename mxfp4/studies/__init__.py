@@ -21,7 +21,7 @@ from ..layout import Layout
 from ..plugins import import_plugins
 
 STUDY_NAME = r"^[a-z][a-z0-9-]*$"  # a command name; its rule is study_<name with - as _>
-BUILT_IN = ("collapse_map",)  # this package's study modules
+BUILT_IN = ("collapse_map", "depth")  # this package's study modules
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,10 @@ class Study:
         suffix: the output file's suffix under ``<results>/<profile>/<name>/<model>``.
         loads_models: the command loads transformers models (the CLI then hides torchao from them).
         models: ``models(profile)``, the profile's model lines the study's target runs on (default: every one).
+        path: ``path(layout, model)``, the output where it is not ``<results>/<profile>/<name>/<model><suffix>``.
+        settings: ``settings(profile)``, the profile's settings the study reads beyond its model (JSON text): the
+            rule reruns when they change.
+        collect: make the target ``<name>`` over ``models`` (False where a rule of its own collects the outputs).
         method: the heading of the study's section in docs/methods.md.
         threads: the cores its rule takes.
     """
@@ -52,6 +56,9 @@ class Study:
     loads_models: bool = True
     threads: int = 1
     models: Callable = field(default=lambda profile: list(profile.models))
+    path: Callable | None = None
+    settings: Callable = field(default=lambda profile: "")
+    collect: bool = True
 
     def __post_init__(self):
         if not re.match(STUDY_NAME, self.name):
@@ -72,7 +79,9 @@ class Study:
 
     def output(self, layout: Layout, model: str) -> Path:
         """The file the study writes for ``model`` in ``layout``'s run."""
-        return layout.root / self.name.replace("-", "_") / f"{model}{self.suffix}"
+        if self.path is not None:
+            return Path(self.path(layout, model))
+        return layout.root / self.target / f"{model}{self.suffix}"
 
     def function(self) -> Callable:
         module, _, name = self.run.partition(":")

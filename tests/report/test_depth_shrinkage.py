@@ -111,9 +111,11 @@ def test_the_table_is_written_from_the_unit_files(tmp_path):
 def test_the_depth_units_are_stored_apart_from_the_tables():
     """Every slope and test is recomputable from the stored per-batch files: they sit under units/, the tables flat."""
     from mxfp4.layout import Layout
+    from mxfp4.studies import registered
 
     layout = Layout("results", "depth")
-    assert layout.stored(layout.depth_units("tiny-moe-l8")).relative_to(layout.baselines).parts == (
+    units = registered()["depth"].output(layout, "tiny-moe-l8")
+    assert layout.stored(units).relative_to(layout.baselines).parts == (
         "units", "tiny-moe-l8_units.csv")
     assert layout.stored(layout.depth_shrinkage).relative_to(layout.baselines).parts == ("depth_shrinkage.csv",)
 
