@@ -63,3 +63,13 @@ def test_a_study_from_outside_gets_its_command_its_rule_and_its_path(tmp_path):
     assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
     assert "results/embedded/toy_seeds/tiny-dense.json" in dry.stdout and "study_toy_seeds" in dry.stdout
     assert "results/embedded/toy_seeds/tiny-moe.json" in dry.stdout
+
+
+def test_a_study_named_like_a_command_is_one_line(monkeypatch, capsys):
+    from mxfp4 import studies
+    from mxfp4.cli import main
+
+    monkeypatch.setitem(studies.STUDIES, "cell", Study(name="cell", help="", run="toy:run", method=""))
+    assert main(["formats"]) == 2
+    assert capsys.readouterr().err == ("mxfp4: error: study 'cell' (toy:run) is named like a command of mxfp4; "
+                                       "accepted: a name of its own\n")

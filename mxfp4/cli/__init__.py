@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     for group in (numerics, runs, reports):
         group.add_commands(sub)
     for study in registered().values():  # the study registry: one command a study
+        if study.name in sub.choices:
+            raise ValueError(f"study {study.name!r} ({study.run}) is named like a command of mxfp4; accepted: a "
+                             "name of its own")
         p = sub.add_parser(study.name, help=study.help)
         model_args(p)
         study.options(p, arguments)
@@ -106,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # a usage error (one line, already printed), --help or --version
         return exit_.code
+    except ValueError as err:  # a plugin that does not import, or registers a study under a taken name
+        print(f"mxfp4: error: {err}", file=sys.stderr)
+        return 2
     threads = os.environ.get("MXFP4_THREADS")
     if threads:
         import torch

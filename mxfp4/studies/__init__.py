@@ -92,7 +92,8 @@ STUDIES: dict[str, Study] = {}
 
 
 def register_study(study: Study) -> Study:
-    """Add ``study`` to the registry; a name already taken by another study, or by a built-in command, is an error.
+    """Add ``study`` to the registry; a name already taken by another study is an error (one taken by a command of
+    ``mxfp4`` is refused when the command line is built).
 
     Args:
         study: the study.
