@@ -10,35 +10,23 @@ import sys
 from . import Study, register_study
 
 
-def gradients(run, model: str, out, args) -> list[str]:
-    """The per-layer gradient rows of ``model`` into ``out``.
+def _measured(measure, run, model: str, out) -> list[str]:
+    units = measure(run, model, out_units=out, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    return [f"wrote {out} ({len(units)} rows)"]
 
-    Args:
-        run: the profile's ``Run``.
-        model: a tiny model line of the profile.
-        out: the per-unit CSV written.
-        args: the command's options (none of its own).
-    """
+
+def gradients(run, model: str, out, args) -> list[str]:
+    """The per-layer gradient rows of ``model`` into ``out`` (called as ``Study.run`` says)."""
     from ..analysis.depth import run_depth
 
-    units = run_depth(run, model, out_units=out, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    return [f"wrote {out} ({len(units)} rows)"]
+    return _measured(run_depth, run, model, out)
 
 
 def optimizers(run, model: str, out, args) -> list[str]:
-    """The short runs' per-layer displacement rows of ``model`` into ``out`` (the profile's ``depth_optimizers``).
-
-    Args:
-        run: the profile's ``Run``.
-        model: a tiny model line of the profile.
-        out: the per-unit CSV written.
-        args: the command's options (none of its own).
-    """
+    """The short runs' per-layer displacement rows of ``model`` into ``out`` (the profile's ``depth_optimizers``)."""
     from ..analysis.depth import run_depth_optimizers
 
-    units = run_depth_optimizers(run, model, out_units=out,
-                                 progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-    return [f"wrote {out} ({len(units)} rows)"]
+    return _measured(run_depth_optimizers, run, model, out)
 
 
 DEPTH = register_study(Study(
