@@ -23,10 +23,14 @@ TABLE_DISTS = ["gaussian", "laplace", "student_t3", "llm_rows"]
 
 
 def model_weights(source: str) -> dict[str, tuple[torch.Tensor, int, Operand]]:
-    """(weight, reduction axis, its forward GEMM operand) of every GEMM weight the mxfp4 recipe quantizes,
-    of a checkpoint folder or hub id, or of a randomly initialised tiny stand-in when ``source`` is its name."""
+    """``weight_operands`` of a checkpoint folder or hub id, or of a randomly initialised tiny stand-in when
+    ``source`` is its name."""
+    return weight_operands(build_tiny(source)[0] if source in TINY_ARCHS else load(source)[0])
 
-    model = build_tiny(source)[0] if source in TINY_ARCHS else load(source)[0]
+
+def weight_operands(model) -> dict[str, tuple[torch.Tensor, int, Operand]]:
+    """(weight, reduction axis, its forward GEMM operand) of every GEMM weight of ``model`` the mxfp4 recipe
+    quantizes."""
     out = {}
     for name, module, _ in targets(model, ("linear", "experts")):
         for attr, p in gemm_weights(module).items():

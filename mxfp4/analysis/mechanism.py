@@ -24,7 +24,7 @@ from ..rl import data as gsm
 from ..rl.batches import batch_gradient, gradient_batches, probe_trainer
 from ..rl.grad_accuracy import compare
 from ..rl.models import load, model_reference
-from .correction_table import model_weights, product_error, recipe_energy, recorded_activations
+from .correction_table import product_error, recipe_energy, recorded_activations, weight_operands
 from .pathways.estimates import unit_rows
 from .pathways.matrix import seed_problems
 from .pathways.measurement import (
@@ -74,7 +74,7 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
             would take longer than its units).
 
     Returns:
-        (the unit rows, one energy row per recipe and operand: weights, activations).
+        (the unit rows, one energy row per recipe and operand: weights, activations, the GEMM product).
     """
     profile = run.profile
     names = mechanism_arms(profile, list(recipes))
@@ -86,7 +86,7 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
     held_out = gsm.load_gsm8k("test", gsm8k_folder(profile)) if settings.prompts_from == "gsm8k-test" else None
     m = Measured()
     t0 = time.time()
-    activations = None
+    activations = weights = None
     for seed in profile.pathway_seeds:
         model, tokenizer = load(model_reference(run, model_name, seed), dtype=torch.float32)
         trainer = probe_trainer(model, tokenizer, profile, seed)
@@ -130,6 +130,7 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
         if energy and activations is None:  # the first measured warm start's, on its teacher-forced solutions
             batch = completion_batch(*solutions, tokenizer.pad_token_id or 0)
             activations = recorded_activations(model, {k: batch[k] for k in ("input_ids", "attention_mask")})
+            weights = weight_operands(model)
         progress(f"[{time.time() - t0:6.1f}s] {model_name} seed {seed}: {len(batches)} gradient batches, "
                  f"{len(roll_problems)} prompts x {settings.samples_per_prompt}; arms mxfp4, bf16, {', '.join(names)}")
     units = unit_rows(model_name, "warm", form, m, ["both"])
@@ -137,14 +138,12 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
         write_csv_atomic(out_units, units, UNIT_FIELDS)
     if not energy:
         return units, []
-    weights = model_weights(model_reference(run, model_name, profile.pathway_seeds[0]))
-    groups = {"weights": weights, "activations": activations}
     energies = []
-    for r in recipes:
+    for r in recipes:  # each operand with the other alongside: a GEMM transform is computed from the pair
         energies += [{"model": model_name, "recipe": r, "operand": operand, "form": form,
-                      **recipe_energy(tensors, r, form, alongside=groups["activations" if operand == "weights" else
-                                                                          "weights"])}
-                     for operand, tensors in groups.items()]
+                      **recipe_energy(tensors, r, form, alongside=other)}
+                     for operand, tensors, other in (("weights", weights, activations),
+                                                     ("activations", activations, weights))]
         energies.append({"model": model_name, "recipe": r, "operand": "product", "form": "output",
                          **product_error(weights, activations, r)})
     return units, energies

@@ -23,7 +23,7 @@ from ..config.data_files import gsm8k_folder
 from ..config.recipes import Recipe
 from ..config.run import Run
 from ..io import jsonl_records, write_csv_atomic, write_json_atomic
-from ..nn import gemm_weights, generation_precision, patch_model, rollout_weight_cache, targets, unpatch_model
+from ..nn import gemm_weights, generation_precision, patch_state, rollout_weight_cache, targets
 from ..rl import data as gsm
 from ..rl.evaluate import evaluate_gsm8k, hf_lm
 from ..rl.models import load, model_reference
@@ -35,6 +35,15 @@ TIMED_PASSES = 3  # timed rounds over every recipe, after one untimed round; the
 PASS_TOKENS = (2, 128)  # the timed training pass: 2 sequences of 128 tokens
 ITEM_FIELDS = ["model", "recipe", "doc_id", "doc_hash", "strict", "flexible", "repetitive", "garbled", "error",
                "same_as"]
+
+
+def bf16_fraction(model, quantizer) -> float:
+    """The share of the recipe's GEMM weight elements its patched ``model`` leaves unquantized (its BF16 layers)."""
+    if quantizer is None:
+        return 0.0
+    patched = set(patch_state(model).modules)
+    sizes = {n: sum(p.numel() for p in gemm_weights(m).values()) for n, m, _ in targets(model, quantizer.modules)}
+    return sum(v for n, v in sizes.items() if n not in patched) / sum(sizes.values())
 
 
 def logits_digest(model, batch: dict, quantizer) -> str:
@@ -119,15 +128,9 @@ def measure(run: Run, model_name: str, recipes: list[str], out_dir: Path | str, 
     items, summary = [], {}
     t0 = time.time()
     for name in names:
-        recipe = built[name]
-        quantizer = recipe.quantizer()
-        kept_fraction = 0.0
-        if quantizer is not None:
-            patched = set(patch_model(model, quantizer))
-            sizes = {n: sum(p.numel() for p in gemm_weights(m).values())
-                     for n, m, _ in targets(model, quantizer.modules)}
-            kept_fraction = sum(v for n, v in sizes.items() if n not in patched) / sum(sizes.values())
-        try:
+        quantizer = built[name].quantizer()
+        with Arm(model, quantizer):
+            kept_fraction = bf16_fraction(model, quantizer)
             digest = logits_digest(model, check, quantizer)
             same_as = next((other for other, d in digests.items() if d == digest), None)
             digests.setdefault(name, digest)
@@ -137,9 +140,6 @@ def measure(run: Run, model_name: str, recipes: list[str], out_dir: Path | str, 
                 with generation_precision(model, quantizer), rollout_weight_cache(model):
                     evaluate_gsm8k(lm, eval_folder, num_fewshot=ev.num_fewshot, limit=ev.limit,
                                    max_gen_toks=ev.max_gen_toks, output_dir=folder, seed=0, chat=spec.chat)
-        finally:
-            if quantizer is not None:
-                unpatch_model(model)
         per_doc = completions(folder)
         rows = []
         for doc_id, d in sorted(per_doc.items()):

@@ -389,7 +389,7 @@ class Quantizer:
         check for a quantization and for a decomposition)."""
         owner = self._block_owner
         try:
-            out = self.block_quantizer(blocks, **hooks.operand_kwargs(self._block_owner, operand))
+            out = self.block_quantizer(blocks, **hooks.operand_kwargs(owner, operand))
         except HookError:
             raise
         except Exception as err:  # noqa: BLE001 - named, with its cause chained

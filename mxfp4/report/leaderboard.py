@@ -25,17 +25,17 @@ import numpy as np
 from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 
-from ..analysis.pathways.spec import RECOVERY_HARMS, first_unit_difference
+from ..analysis.pathways.spec import RECOVERY_HARMS, UNIT_FIELDS, first_unit_difference
 from ..config.profiles import load_profile
 from ..config.recipes import Recipe
-from ..io import write_json_atomic, write_text_atomic
+from ..io import write_csv_atomic, write_json_atomic, write_text_atomic
 from ..layout import Layout
 from ..numerics.hooks import lifecycle
 from ..stats import mean_ci, no_spread
 from .formatting import MISSING, formatter
 from .mechanism import ARM_LABELS, PATHWAYS, arm_label
 from .network_claims import by_network, profile_networks, unit_harms
-from .tables import read_table
+from .tables import read_table, read_unit_files
 
 ALPHA = 0.05
 METHOD = ("harm removed = (harm(mxfp4) - harm(recipe)) per network and pathway (the network's mean harms) over the "
@@ -200,6 +200,12 @@ def placed_on_board(stored: list[dict], new: list[dict], recipe: str) -> list[di
             raise ValueError(f"{recipe}: its units of {'/'.join(key)} have no stored board to join")
         groups[key].append(r)
     return [r for rows_of in groups.values() for r in rows_of]
+
+
+def store_placed_units(stored_file, run_files, recipe: str) -> None:
+    """Rewrite the stored board's per-unit file with ``recipe``'s arm from its run's files (``placed_on_board``)."""
+    rows = placed_on_board(read_unit_files([stored_file]), read_unit_files(run_files), recipe)
+    write_csv_atomic(stored_file, rows, UNIT_FIELDS)
 
 
 _g = formatter("{:+.3f}")

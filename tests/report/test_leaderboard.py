@@ -117,7 +117,7 @@ def test_a_placed_recipe_is_stored_in_the_order_a_full_run_writes(tmp_path):
 
     from mxfp4.analysis.pathways.spec import UNIT_FIELDS
     from mxfp4.io import write_csv_atomic
-    from mxfp4.report.leaderboard import placed_on_board
+    from mxfp4.report.leaderboard import placed_on_board, store_placed_units
     from mxfp4.report.network_claims import read_units
 
     path = Path(__file__).resolve().parents[2] / "results/baselines/networks/leaderboard/tiny-dense_units.csv"
@@ -125,10 +125,11 @@ def test_a_placed_recipe_is_stored_in_the_order_a_full_run_writes(tmp_path):
     last = load_profile("networks").leaderboard[-1]
     without = [r for r in units if r["arm"] != last]
     run = [r for r in units if r["arm"] in ("all", "none", last)]
-    rows = placed_on_board(without, run, last)
-    assert rows == units
-    write_csv_atomic(tmp_path / "placed.csv", rows, UNIT_FIELDS)
-    assert (tmp_path / "placed.csv").read_bytes() == path.read_bytes()
+    assert placed_on_board(without, run, last) == units
+    write_csv_atomic(tmp_path / "stored.csv", without, UNIT_FIELDS)  # what the store_placed rules rewrite
+    write_csv_atomic(tmp_path / "run.csv", run, UNIT_FIELDS)
+    store_placed_units(tmp_path / "stored.csv", [tmp_path / "run.csv"], last)
+    assert (tmp_path / "stored.csv").read_bytes() == path.read_bytes()
     moved = [dict(r, harm=r["harm"] + 1e-9) if r["arm"] == "all" and r["unit"] == "3" else r for r in run]
     with pytest.raises(ValueError, match="do not reproduce the stored board's: the first unit that differs"):
         placed_on_board(without, moved, last)

@@ -115,8 +115,6 @@ rule store_placed:
     run:
         import json
 
-        from mxfp4.analysis.pathways.spec import UNIT_FIELDS
-        from mxfp4.io import write_csv_atomic
         from mxfp4.report import leaderboard
         from mxfp4.report.network_claims import read_units
 
@@ -124,8 +122,7 @@ rule store_placed:
             raise ValueError("store_placed stores a placed recipe: --config compare_recipe=R (R not on the board)")
         stored_units = [L.stored(L.leaderboard_units(m)) for m in TINY_MODELS]
         for stored, units in zip(stored_units, input.units):
-            rows = leaderboard.placed_on_board(read_units([stored]), read_units([units]), PLACED)
-            write_csv_atomic(stored, rows, UNIT_FIELDS)
+            leaderboard.store_placed_units(stored, [units], PLACED)
         store_with_baselines([*(str(Path(u).with_suffix(".energy.json")) for u in input.units), input.bench])
         leaderboard.run(read_units(stored_units), PROFILE, L.baselines.parent / "LEADERBOARD.md", [*LEADERBOARD, PLACED],
                         {b: json.loads(Path(b).read_text()) for b in stored_benches()},

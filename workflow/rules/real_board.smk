@@ -91,11 +91,10 @@ rule store_real_placed:
     output:
         touch(str(L.root / (f"real_placed_{REAL_PLACED}_stored.flag" if REAL_PLACED else "real_placed_stored.flag"))),
     run:
-        from mxfp4.analysis.pathways.spec import UNIT_FIELDS
         from mxfp4.analysis.real_board import ITEM_FIELDS
         from mxfp4.io import write_csv_atomic, write_json_atomic
         from mxfp4.report import real_board
-        from mxfp4.report.leaderboard import placed_on_board
+        from mxfp4.report.leaderboard import store_placed_units
         from mxfp4.report.network_claims import read_units
 
         if not REAL_PLACED:
@@ -106,8 +105,7 @@ rule store_real_placed:
         write_csv_atomic(stored_dir / "items.csv", items, ITEM_FIELDS)
         write_json_atomic(stored_dir / "recipes.json", record)
         stored_units = L.stored(L.leaderboard_units(BOARD_MODEL))
-        write_csv_atomic(stored_units, placed_on_board(read_units([stored_units]), read_units([input.units]),
-                                                       REAL_PLACED), UNIT_FIELDS)
+        store_placed_units(stored_units, [input.units], REAL_PLACED)
         store_with_baselines([str(Path(input.units).with_suffix(".energy.json"))])
         page = L.stored(L.real_leaderboard())
         real_board.run(stored_dir, PROFILE, page, read_units([stored_units]))
