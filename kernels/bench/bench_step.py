@@ -32,7 +32,7 @@ from transformers import TrainerCallback  # noqa: E402
 import mxfp4  # noqa: E402
 from mxfp4.config.profiles import load_profile  # noqa: E402
 from mxfp4.config.recipes import Recipe  # noqa: E402
-from mxfp4.config.run import Run  # noqa: E402
+from mxfp4.config.run import Run, Start  # noqa: E402
 from mxfp4.io import write_json_atomic  # noqa: E402
 from mxfp4.layout import TRAIN_LOG  # noqa: E402
 from mxfp4.numerics.dispatch import BACKENDS, use_backend, use_fused_corrections  # noqa: E402
@@ -53,12 +53,12 @@ class ProfilerSteps(TrainerCallback):
         self.prof.step()
 
 
-def run_recipe(run: Run, model: str, recipe: str, seed: int, steps: int) -> dict:
-    """``steps`` GRPO steps of one recipe's cell in the short ``run`` (``step_cost.short_run``: no probes, no
-    checkpoints, no evaluation): step 1 is warm-up (first-call costs, compilation), steps 2 .. ``steps // 2 + 1``
+def run_recipe(start: Start, recipe: str, steps: int) -> dict:
+    """``steps`` GRPO steps of one recipe's cell from ``start`` in a short run (``step_cost.short_run``: no probes,
+    no checkpoints, no evaluation): step 1 is warm-up (first-call costs, compilation), steps 2 .. ``steps // 2 + 1``
     are timed with the profiler idle, the rest recorded by torch.profiler (whose overhead would inflate the
     timings)."""
-    plan = plan_cell(run, model, recipe, seed)
+    plan = plan_cell(start.run.cell(start.model, recipe, start.seed))
     cell = prepare(plan, PartialState(cpu=True))
     activities = [torch.profiler.ProfilerActivity.CPU]
     timed_steps = steps // 2
@@ -106,7 +106,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     profile = load_profile(args.profile)
     run = Run.of(profile, args.results)
-    warm_start_folder(run, args.model, args.seed)  # checked before the JSON is begun
+    start = run.start(args.model, args.seed)
+    warm_start_folder(start)  # checked before the JSON is begun
     command = ["python", "kernels/bench/bench_step.py", *(argv if argv is not None else sys.argv[1:])]
     out = {"command": " ".join(command),
            "method": "mean over the timed steps (2 .. steps // 2 + 1, profiler idle) of the step log's step_time "
@@ -116,7 +117,7 @@ def main(argv=None) -> int:
                                                                                  "mxfp4": mxfp4.__version__},
            "profile": profile.name, "model": args.model, "seed": args.seed, "recipes": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        scratch = short_run(run, args.model, args.seed, args.steps, tmp)
+        scratch = short_run(start, args.steps, tmp)
         for recipe in args.recipes:
             quantizes = Recipe.named(recipe).quantize
             for backend in args.backends if quantizes else ["auto"]:
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
                     name += " [fused corrections off]" if fused == "off" else ""
                     print(f"{name}: {args.steps} steps", file=sys.stderr, flush=True)
                     with use_backend(backend), use_fused_corrections(fused == "on"):
-                        out["recipes"][name] = run_recipe(scratch, args.model, recipe, args.seed, args.steps)
+                        out["recipes"][name] = run_recipe(scratch, recipe, args.steps)
                     out["recipes"][name].update(backend=backend, fused_corrections=fused)
                     write_json_atomic(args.out, out)
     ref = out["recipes"][args.recipes[0]]

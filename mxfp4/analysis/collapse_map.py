@@ -55,7 +55,7 @@ def measure(run: Run, model_name: str, out_csv: Path | str, problems: int | None
     limit; the references' is the real board's)."""
     profile = run.profile
     spec = profile.model(model_name)
-    model, tokenizer = load(model_reference(run, model_name), dtype=torch.float32)
+    model, tokenizer = load(model_reference(run.start(model_name)), dtype=torch.float32)
     configs = configurations(int(model.config.num_hidden_layers))
     _, eval_folder = gsm.cell_data(run)
     test = gsm.load_gsm8k("test", gsm8k_folder(profile))[:prompts]

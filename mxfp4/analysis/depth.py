@@ -70,7 +70,7 @@ def _seed_batches(run: Run, model_name: str, n_batches: int, skip: int = 0):
     train, _ = gsm.cell_data(run)
     loaded = None
     for seed in profile.seeds:
-        folder = warm_start_folder(run, model_name, seed)
+        folder = warm_start_folder(run.start(model_name, seed))
         if loaded is None or loaded[0] != folder:
             loaded = (folder, *load(str(folder), dtype=torch.float32))
         model, tokenizer = loaded[1], loaded[2]

@@ -88,7 +88,7 @@ def run_mechanism(run: Run, model_name: str, recipes: list[str], out_units=None,
     t0 = time.time()
     activations = weights = None
     for seed in profile.pathway_seeds:
-        model, tokenizer = load(model_reference(run, model_name, seed), dtype=torch.float32)
+        model, tokenizer = load(model_reference(run.start(model_name, seed)), dtype=torch.float32)
         trainer = probe_trainer(model, tokenizer, profile, seed)
         grad_problems, roll_problems = seed_problems(train, settings, seed, held_out)
         batches, _ = gradient_batches(trainer, grad_problems, profile, settings.batches, seed, chat=spec.chat)

@@ -118,7 +118,7 @@ def measure(run: Run, model_name: str, recipes: list[str], out_dir: Path | str, 
     built = {n: Recipe.named(n) for n in names}
     _, eval_folder = gsm.cell_data(run)
     vocab = vocabulary(f"{r['question']} {r['answer']}" for r in gsm.load_gsm8k("train", gsm8k_folder(profile)))
-    model, tokenizer = load(model_reference(run, model_name), dtype=torch.float32)
+    model, tokenizer = load(model_reference(run.start(model_name)), dtype=torch.float32)
     model.eval()
     held_out = gsm.load_gsm8k("test", eval_folder)[:CHECK_PROMPTS]
     check = tokenizer([gsm.prompt(r["question"], tokenizer, spec.chat) for r in held_out], return_tensors="pt",
@@ -190,7 +190,7 @@ def retime(run: Run, model_name: str, out_dir: Path | str) -> dict:
 
     out_dir = Path(out_dir)
     record = json.loads((out_dir / "recipes.json").read_text())
-    model, tokenizer = load(model_reference(run, model_name), dtype=torch.float32)
+    model, tokenizer = load(model_reference(run.start(model_name)), dtype=torch.float32)
     _, eval_folder = gsm.cell_data(run)
     built = {n: Recipe.named(n) for n in record["recipes"]}
     return timed(record, model, tokenizer, built, eval_folder, run.profile.model(model_name).chat, out_dir)

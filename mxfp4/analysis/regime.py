@@ -13,9 +13,8 @@ import torch
 
 from ..config import EXPERIMENTS, load_yaml
 from ..config.data_files import gsm8k_folder
-from ..config.profiles import Profile
 from ..config.recipes import Recipe
-from ..config.run import Run
+from ..config.run import Run, Start
 from ..layout import Layout
 from ..nn import gemm_weights, patch_model, patched_modules, unpatch_model
 from ..numerics.decompose import COMPONENTS, decompose
@@ -175,12 +174,13 @@ def run_regime(run: Run, seed: int | None = None, progress=lambda msg: None) -> 
     out = []
     for model_name in profile.models:
         progress(f"regime statistics of {model_name} (seed {seed}, {profile.regime_batch} batch)")
-        model, tokenizer = load(model_reference(run, model_name, seed), dtype=torch.float32)
+        start = run.start(model_name, seed)
+        model, tokenizer = load(model_reference(start), dtype=torch.float32)
         model.train()
         if profile.regime_batch == "gsm8k-test":
-            loss = gsm8k_loss(profile, model_name, tokenizer, seed)
+            loss = gsm8k_loss(start, tokenizer)
         else:
-            batch = load_probe_batch(ensure_probe_batch(run, model_name, seed), model_name, seed)
+            batch = load_probe_batch(ensure_probe_batch(start), model_name, seed)
             trainer = probe_trainer(model, tokenizer, profile, seed, prompts=profile.grpo.prompts_per_step)
             loss = lambda m, t=trainer, b=batch: t.batch_loss(b)  # noqa: E731
         out += regime_rows(model, model_name, loss, rows=profile.probe_rows, batch=profile.regime_batch)
@@ -189,9 +189,10 @@ def run_regime(run: Run, seed: int | None = None, progress=lambda msg: None) -> 
     return out
 
 
-def gsm8k_loss(profile: Profile, model_name: str, tokenizer, seed: int):
-    """The teacher-forced loss of reference solutions to GSM8K test questions drawn with ``seed``, as many
+def gsm8k_loss(start: Start, tokenizer):
+    """The teacher-forced loss of reference solutions to GSM8K test questions drawn with ``start``'s seed, as many
     as a GRPO batch has sequences, prompted as the model's policy is (``data.prompt``)."""
+    profile, model_name, seed = start.profile, start.model, start.seed
     test = gsm.load_gsm8k("test", gsm8k_folder(profile))
     problems = random.Random(seed).sample(test, profile.grpo.prompts_per_step * profile.grpo.num_generations)
     chat = profile.model(model_name).chat

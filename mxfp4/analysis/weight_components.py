@@ -99,7 +99,7 @@ def run_weight_components(run: Run) -> list[dict]:
     """Rows of every tiny warm-started model (or hub model) of the run's profile."""
     rows = []
     for model_name, spec in run.profile.models.items():
-        path = warm_start_folder(run, model_name) if spec.arch else spec.hub
+        path = warm_start_folder(run.start(model_name)) if spec.arch else spec.hub
         model, _ = load(str(path), dtype=torch.float32)
         rows += tensor_rows(model, model_name)
     return rows

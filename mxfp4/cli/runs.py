@@ -54,7 +54,8 @@ def _cmd_pretrain(args) -> int:
 def _cmd_cell(args) -> int:
     from ..rl.cell import run_cell
 
-    m = run_cell(run_of(args), args.model, args.recipe, args.seed, recipes_file=args.recipes)
+    cell = run_of(args).cell(args.model, args.recipe, args.seed, recipes_file=args.recipes)
+    m = run_cell(cell)
     if m is None:  # a rank other than the main process of a multi-process cell: the main one reports
         return 0
     print(
@@ -101,7 +102,7 @@ def _cmd_probe_batch(args) -> int:
 
     run = run_of(args)
     for seed in dict.fromkeys(args.seed):  # each seeded and loaded on its own: the order does not matter
-        path = ensure_probe_batch(run, args.model, seed)
+        path = ensure_probe_batch(run.start(args.model, seed))
         print(f"{path}: digest {batch_digest(load_probe_batch(path))}", flush=True)
     return 0
 
@@ -172,8 +173,8 @@ def _cmd_recipe_cost(args) -> int:
 
     run = run_of(args)
     base = args.base or recipe_base(args.recipe) or REFERENCE_RECIPE
-    cost = recipe_cost(run, args.model or next(iter(run.profile.models)), args.recipe, base, run.profile.seeds[0],
-                       args.steps)
+    start = run.start(args.model or next(iter(run.profile.models)), run.profile.seeds[0])
+    cost = recipe_cost(start, args.recipe, base, args.steps)
     if args.out:
         write_json_atomic(writable(args.out), cost)
     print("\n".join(cost_lines(cost)))

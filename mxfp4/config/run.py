@@ -68,28 +68,40 @@ class Run:
             seed: the cell's seed (an integer >= 0).
             recipes_file: an extra recipes YAML for a recipe given by name.
         """
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        if seed is None:
+            raise ValueError("a cell needs a seed (an integer >= 0), got None")
+        self.start(model, seed)
+        recipe = recipe if isinstance(recipe, Recipe) else Recipe.named(recipe, recipes_file)
+        return CellSpec(self, model, seed, recipe)
+
+    def start(self, model: str, seed: int | None = None) -> Start:
+        """A model of this run from a seed: what every recipe's cell of that model and seed starts from (an unknown
+        model or a bad seed: a ValueError).
+
+        Args:
+            model: a model line of the profile.
+            seed: the cells' seed (it picks the warm start and the probe batch); None: the model's first warm start.
+        """
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
         self.model(model)
-        recipe = recipe if isinstance(recipe, Recipe) else Recipe.named(recipe, recipes_file)
-        return CellSpec(self, model, recipe, seed)
+        return Start(self, model, seed)
 
 
 @dataclass(frozen=True)
-class CellSpec:
-    """One cell of a run: a model under a recipe from a seed (``Run.cell`` makes it, names checked).
+class Start:
+    """A model of a run from a seed: what every recipe's cell of that model and seed shares (the starting policy,
+    the probe batch). ``Run.start`` makes it, names checked; a cell's is ``CellSpec.start``.
 
     Args:
-        run: the run the cell belongs to.
+        run: the run.
         model: a model line of the run's profile.
-        recipe: the recipe the cell trains under.
-        seed: the cell's seed (initialisation, data order, sampling).
+        seed: the cells' seed; None where only the model matters (its first warm start).
     """
 
     run: Run
     model: str
-    recipe: Recipe
-    seed: int
+    seed: int | None
 
     @property
     def profile(self) -> Profile:
@@ -105,6 +117,31 @@ class CellSpec:
         return self.run.model(self.model)
 
     @property
+    def warm_start(self) -> int:
+        """The index of the warm start it starts from (``Profile.warm_start_of``; the first without a seed)."""
+        return 0 if self.seed is None else self.profile.warm_start_of(self.seed)
+
+
+@dataclass(frozen=True)
+class CellSpec(Start):
+    """One cell of a run: a model under a recipe from a seed (``Run.cell`` makes it, names checked), the one object
+    the command line and the rule hand down to the trainer.
+
+    Args:
+        run: the run the cell belongs to.
+        model: a model line of the run's profile.
+        seed: the cell's seed (initialisation, data order, sampling).
+        recipe: the recipe the cell trains under.
+    """
+
+    recipe: Recipe
+
+    @property
+    def start(self) -> Start:
+        """What the cell starts from, shared with every other recipe's cell of its model and seed."""
+        return Start(self.run, self.model, self.seed)
+
+    @property
     def out(self) -> Path:
         """The cell's folder."""
         return self.layout.cell(self.model, self.recipe.name, self.seed)
@@ -113,8 +150,3 @@ class CellSpec:
     def config_hash(self) -> str:
         """Exactly what determines the cell's result (``config.profiles.config_hash``)."""
         return config_hash(self.profile, self.model, self.recipe, self.seed)
-
-    @property
-    def warm_start(self) -> int:
-        """The warm start the cell starts from (``Profile.warm_start_of``)."""
-        return self.profile.warm_start_of(self.seed)

@@ -1,6 +1,7 @@
 """One ablation cell ``(profile, model, recipe, seed)``: GRPO (TRL) under a recipe, then GSM8K through lm-eval.
 
-``plan_cell`` checks every input before anything is written; ``execute`` runs ``prepare`` (model,
+A cell is one object from the entry point down: ``Run.cell`` makes the ``CellSpec``, ``plan_cell`` checks every
+input before anything is written and returns it as a ``CellPlan``; ``execute`` runs ``prepare`` (model,
 corrections, trainer, resume point), ``train``, ``evaluate`` and ``record`` (``metrics.json``). What
 a cell writes, and where (``mxfp4.layout``), is in docs/design.md ("Outputs", "The cell").
 """
@@ -28,7 +29,7 @@ from transformers import set_seed
 from ..config import REPO_ROOT
 from ..config.data_files import gsm8k_folder
 from ..config.profiles import Profile
-from ..config.run import CellSpec, Run
+from ..config.run import CellSpec
 from ..io import exclusive, writable_folder, write_json_atomic
 from ..layout import ARITHMETIC_EVAL_FOLDERS, EVAL_FOLDERS, EVAL_RESULTS, METRICS, REFERENCE_RECIPE, TRAIN_LOG
 from ..machine import describe
@@ -129,22 +130,34 @@ class CellPlan(CellSpec):
 
     model_ref: str
 
+    @property
+    def log_path(self) -> Path:
+        """The cell's step log (one JSON line per GRPO step)."""
+        return self.out / TRAIN_LOG
 
-def plan_cell(run: Run, model_name: str, recipe_name: str, seed: int, recipes_file: str | None = None) -> CellPlan:
-    """Check every input of a cell of ``run``; a bad one is a ValueError saying what is wrong and what is
-    accepted."""
-    cell = run.cell(model_name, recipe_name, seed, recipes_file)
-    model_ref = model_reference(run, model_name, seed)
-    if run.profile.data.source == "gsm8k":
-        gsm.validate_gsm8k_dir(gsm8k_folder(run.profile))
-    check_checkpoint_disk(run.profile, model_name)
+    @property
+    def checkpoints(self) -> Path:
+        """Where the trainer saves the cell's resumable checkpoints."""
+        return self.out / "checkpoints"
+
+
+def plan_cell(cell: CellSpec) -> CellPlan:
+    """Check every input of a cell; a bad one is a ValueError saying what is wrong and what is accepted.
+
+    Args:
+        cell: the cell (``Run.cell(model, recipe, seed)``).
+    """
+    model_ref = model_reference(cell.start)
+    if cell.profile.data.source == "gsm8k":
+        gsm.validate_gsm8k_dir(gsm8k_folder(cell.profile))
+    check_checkpoint_disk(cell.profile, cell.model)
     try:
         writable_folder(cell.out)  # every input checked: make it
     except OSError as err:
         raise ValueError(
             f"cannot write the cell's folder {cell.out} ({err.strerror}); accepted: a writable results folder"
         ) from None
-    return CellPlan(run, cell.model, cell.recipe, cell.seed, model_ref)
+    return CellPlan(cell.run, cell.model, cell.seed, cell.recipe, model_ref)
 
 
 def check_checkpoint_disk(profile: Profile, model_name: str) -> dict | None:
@@ -163,23 +176,18 @@ def check_checkpoint_disk(profile: Profile, model_name: str) -> dict | None:
     return plan
 
 
-def run_cell(run: Run, model_name: str, recipe_name: str, seed: int, recipes_file: str | None = None) -> dict | None:
+def run_cell(cell: CellSpec) -> dict | None:
     """Run one cell: GRPO under a recipe from the profile's starting policy, then the three lm-eval
     evaluations; every input is checked before any work (``plan_cell``).
 
     Args:
-        run: the run (``Run.of(profile, results)``); the cell writes ``run.layout.cell(...)``.
-        model_name: a model line of the profile.
-        recipe_name: a named recipe (``experiments/recipes.yaml``, ``recipes_file``, ``$MXFP4_RECIPES``).
-        seed: the cell's seed (initialisation, data order, sampling).
-        recipes_file: an extra recipes YAML.
+        cell: the cell (``Run.of(profile, results).cell(model, recipe, seed)``); it writes ``cell.out``.
 
     Returns:
         The cell's metrics (what ``metrics.json`` holds); None on the ranks other than the main process
         of a multi-process cell.
     """
-    plan = plan_cell(run, model_name, recipe_name, seed, recipes_file)
-    return execute(plan)
+    return execute(plan_cell(cell))
 
 
 def grpo_args(plan: CellPlan, checkpoints: Path, processes: int = 1):
@@ -207,14 +215,12 @@ def grpo_args(plan: CellPlan, checkpoints: Path, processes: int = 1):
 
 @dataclass
 class CellRun:
-    """A cell under way: what ``prepare`` set up for ``train``, ``evaluate`` and ``record``."""
+    """A cell under way: what ``prepare`` set up for ``train``, ``evaluate`` and ``record`` beside its plan (the
+    plan's own paths and hash are read from it, never copied)."""
 
     plan: CellPlan
     dist: object  # accelerate's PartialState
     started: float
-    config_hash: str
-    log_path: Path
-    checkpoints: Path
     resume: Path | None
     model: torch.nn.Module
     tokenizer: object
@@ -254,11 +260,10 @@ def prepare(plan: CellPlan, dist) -> CellRun:
             f"{dist.num_processes} were launched; launch it as the cell rule does "
             f"(accelerate launch --config_file experiments/accelerate/{spec.launch} ...) or fix processes"
         )
-    c_hash = plan.config_hash
+    c_hash, log_path, checkpoints = plan.config_hash, plan.log_path, plan.checkpoints
     out.mkdir(parents=True, exist_ok=True)
     if dist.is_main_process:  # the completion marker goes first: a run stopped from here on leaves no finished cell
         (out / METRICS).unlink(missing_ok=True)
-    log_path, checkpoints = out / TRAIN_LOG, out / "checkpoints"
     passed_over = []
     resume = last_checkpoint(checkpoints, c_hash, lambda d, why: passed_over.append((d, why))) \
         if grpo.save_steps else None
@@ -282,7 +287,7 @@ def prepare(plan: CellPlan, dist) -> CellRun:
                 f"it: make it first (mxfp4 probe-batch --profile {profile.name} --model {plan.model} --seed {seed}"
                 f" --results {plan.run.results}; the snakemake rule probe_batch does)"
             )
-        ensure_probe_batch(plan.run, plan.model, seed)  # made by its snakemake rule, or now
+        ensure_probe_batch(plan.start)  # made by its snakemake rule, or now
         probe_batch = load_probe_batch(stored, plan.model, seed)
     set_seed(seed)  # after the probe batch, whose making draws random numbers
 
@@ -301,7 +306,7 @@ def prepare(plan: CellPlan, dist) -> CellRun:
             lifecycle(c.bind_reference, json.loads(reference.read_text()))
     quantizer = recipe.quantizer(corrections)
     patch_model(model, quantizer, cache_weights=weight_cache_pays(model, quantizer, spec.sharded))
-    run = CellRun(plan, dist, started, c_hash, log_path, checkpoints, resume, model, tokenizer, corrections)
+    run = CellRun(plan, dist, started, resume, model, tokenizer, corrections)
 
     train_rows, run.eval_folder = gsm.cell_data(plan.run)
     if profile.data.arithmetic_held_out:
@@ -431,7 +436,7 @@ def record(run: CellRun, trained: dict, scores: dict[str, dict], arithmetic: dic
     metrics = None
     if dist.is_main_process:
         metrics = summarize(
-            run.log_path, scores["after"], run.model, patch_state(run.model).quantizer, run.corrections,
+            run.plan.log_path, scores["after"], run.model, patch_state(run.model).quantizer, run.corrections,
             profile.probe_rows,
         )
         metrics.update(rl_gain(scores, plan.out))
@@ -457,17 +462,17 @@ def record(run: CellRun, trained: dict, scores: dict[str, dict], arithmetic: dic
                 "eval": profile.eval.model_dump(),
                 "model": spec.model_dump(),
             },
-            config_hash=run.config_hash,
+            config_hash=run.plan.config_hash,
             setting_hash=plan.run.setting_hash(plan.model),
             setting=profile.setting(plan.model),
-            train_log_sha256=hashlib.sha256(run.log_path.read_bytes()).hexdigest(),
+            train_log_sha256=hashlib.sha256(run.plan.log_path.read_bytes()).hexdigest(),
             versions=versions(),
             git_commit=git_commit(),
             device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
             machine=describe(),
         )
         write_json_atomic(plan.out / METRICS, metrics)
-        shutil.rmtree(run.checkpoints, ignore_errors=True)  # the cell is complete: nothing to resume
+        shutil.rmtree(run.plan.checkpoints, ignore_errors=True)  # the cell is complete: nothing to resume
     dist.wait_for_everyone()
     return metrics
 

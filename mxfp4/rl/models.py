@@ -19,7 +19,7 @@ import torch
 
 from ..config import model_line, shipped
 from ..config.profiles import differences
-from ..config.run import Run
+from ..config.run import Start
 from ..io import changed_files, file_sha256
 
 PAPER_MODELS = {"qwen2.5-3b": "Qwen/Qwen2.5-3B", "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B-Base"}
@@ -224,13 +224,16 @@ def recorded_setting(folder: Path | str, remake: str = "rerun mxfp4 pretrain") -
         raise ValueError(f"{meta} is not the JSON object pretrain writes; {remake}") from None
 
 
-def warm_start_folder(run: Run, model_name: str, seed: int | None = None) -> Path:
-    """The folder of a tiny model's warm start in ``run`` (the one ``seed`` starts from; the first without a
-    seed), checked whole and made from the profile's current ``warm_start_setting``; a ValueError saying what
-    differs and how to make it again otherwise."""
-    profile = run.profile
-    index = 0 if seed is None else profile.warm_start_of(seed)
-    folder = run.layout.model(model_name, index)
+def warm_start_folder(start: Start) -> Path:
+    """The folder of a tiny model's warm start (the one ``start``'s seed starts from; the first without a seed),
+    checked whole and made from the profile's current ``warm_start_setting``; a ValueError saying what differs and
+    how to make it again otherwise.
+
+    Args:
+        start: the model and seed of a run (``Run.start``).
+    """
+    profile, model_name, index = start.profile, start.model, start.warm_start
+    folder = start.layout.model(model_name, index)
     flag = f" --warm-start {index}" if index else ""
     remake = (f"make it with: mxfp4 pretrain --profile {profile.name} --model {model_name}{flag} (or snakemake "
               f"--cores all pretrain --config profile={profile.name}, which rebuilds a warm start whose settings "
@@ -326,11 +329,15 @@ def load(name_or_path: str, dtype: torch.dtype = torch.float32, device: str | No
     return model, tokenizer
 
 
-def model_reference(run: Run, model_name: str, seed: int | None = None) -> str:
+def model_reference(start: Start) -> str:
     """What ``models.load`` loads as a model's starting policy: the warm-started tiny model's folder
-    (the one ``seed`` starts from, checked whole), a random initialisation of a real configuration, or the
-    hub id."""
-    spec = run.model(model_name)
+    (the one ``start``'s seed starts from, checked whole), a random initialisation of a real configuration, or the
+    hub id.
+
+    Args:
+        start: the model and seed of a run (``Run.start``).
+    """
+    spec = start.spec
     if spec.arch:
-        return str(warm_start_folder(run, model_name, seed))
+        return str(warm_start_folder(start))
     return f"{RANDOM_PREFIX}{spec.config}" if spec.config else spec.hub

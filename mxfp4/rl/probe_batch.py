@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from transformers import set_seed
 
-from ..config.run import Run
+from ..config.run import Start
 from ..io import file_sha256, write_json_atomic
 from .batches import gradient_batches, probe_trainer
 from .data import cell_data
@@ -29,21 +29,33 @@ from .models import load, model_reference
 from .training import preserved_rng
 
 
-def make_probe_batch(run: Run, model_name: str, seed: int) -> dict:
+def make_probe_batch(start: Start) -> dict:
     """One GRPO batch (``grpo.prompts_per_step`` prompts x ``num_generations``, non-zero advantages)
     sampled by the starting policy (the warm start; a random initialisation from the seed), unquantized,
-    from a seed's own order of the training problems. The caller's random streams are left as they were."""
+    from a seed's own order of the training problems. The caller's random streams are left as they were.
+
+    Args:
+        start: the model and seed of a run (``Run.start``, a seed given).
+    """
+    _seeded(start)
     with preserved_rng():
-        set_seed(seed)  # as the cell does before loading its starting policy
-        model, tokenizer = load(model_reference(run, model_name, seed), dtype=torch.float32)
-        return _sample(run, model, tokenizer, seed, model_name)
+        set_seed(start.seed)  # as the cell does before loading its starting policy
+        model, tokenizer = load(model_reference(start), dtype=torch.float32)
+        return _sample(start, model, tokenizer)
 
 
-def _sample(run: Run, model, tokenizer, seed: int, model_name: str) -> dict:
-    profile = run.profile
+def _seeded(start: Start) -> int:
+    if start.seed is None:
+        raise ValueError(f"a probe batch is one seed's, and the start of {start.model!r} names none; accepted: "
+                         "Run.start(model, seed)")
+    return start.seed
+
+
+def _sample(start: Start, model, tokenizer) -> dict:
+    profile, seed, model_name = start.profile, start.seed, start.model
     size = profile.grpo.prompts_per_step
     trainer = probe_trainer(model, tokenizer, profile, seed, prompts=size)
-    train, _ = cell_data(run)
+    train, _ = cell_data(start.run)
     problems = random.Random(seed).sample(train, len(train))
     batches, _ = gradient_batches(trainer, problems, profile, 1, seed, size=size, keep_first=True,
                                   chat=profile.model(model_name).chat)
@@ -60,11 +72,16 @@ def _sample(run: Run, model, tokenizer, seed: int, model_name: str) -> dict:
     return {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-def ensure_probe_batch(run: Run, model_name: str, seed: int) -> Path:
-    """The stored probe batch of a model and seed, made (and saved atomically) if missing."""
-    path = run.layout.probe_batch(model_name, seed)
+def ensure_probe_batch(start: Start) -> Path:
+    """The stored probe batch of a model and seed, made (and saved atomically) if missing.
+
+    Args:
+        start: the model and seed of a run (``Run.start``, a seed given).
+    """
+    model_name, seed = start.model, _seeded(start)
+    path = start.layout.probe_batch(model_name, seed)
     if not path.exists() or not stamp_of(path).exists():
-        batch = make_probe_batch(run, model_name, seed)
+        batch = make_probe_batch(start)
         gc.collect()  # its policy and trainer hold each other (callbacks): free them before the cell's own load
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

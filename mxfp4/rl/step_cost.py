@@ -17,7 +17,7 @@ import time
 import torch
 
 from ..config.recipes import Recipe
-from ..config.run import Run
+from ..config.run import Run, Start
 from ..corrections.base import Correction
 from ..layout import REFERENCE_RECIPE, TRAIN_LOG
 from ..numerics.quantizer import Quantizer
@@ -38,10 +38,10 @@ def reference_hooks(quantizer: Quantizer) -> list[str]:
     return out
 
 
-def real_operand(run: Run, model: str) -> tuple[str, torch.Tensor]:
-    """The largest 2D weight of ``model``'s stored warm start (a real operand of the cells' GEMMs): its name and
-    values in float32."""
-    net, _ = load(str(warm_start_folder(run, model)), dtype=torch.float32)
+def real_operand(start: Start) -> tuple[str, torch.Tensor]:
+    """The largest 2D weight of the stored warm start ``start``'s cells start from (a real operand of the cells'
+    GEMMs): its name and values in float32."""
+    net, _ = load(str(warm_start_folder(start)), dtype=torch.float32)
     name, w = max(((n, p) for n, p in net.named_parameters() if p.dim() == 2 and "embed" not in n),
                   key=lambda item: item[1].numel())
     return name, w.detach().clone()
@@ -58,24 +58,25 @@ def quantization_ms(quantizer: Quantizer, x: torch.Tensor, reps: int = 5) -> flo
     return statistics.median(times)
 
 
-def short_run(run: Run, model: str, seed: int, steps: int, folder) -> Run:
-    """``run`` cut to ``steps`` GRPO steps without probes or checkpoints, under the scratch results root
-    ``folder``, with the stored warm start that ``seed``'s cells start from linked in: what a timed step runs on.
+def short_run(start: Start, steps: int, folder) -> Start:
+    """``start``'s run cut to ``steps`` GRPO steps without probes or checkpoints, under the scratch results root
+    ``folder``, with the stored warm start that its seed's cells start from linked in: what a timed step runs on.
 
     Args:
-        run: the run whose stored warm start and settings the steps use.
-        model: a tiny model line of the profile.
-        seed: the cells' seed (it picks the warm start).
+        start: a tiny model of the run and the cells' seed (it picks the warm start).
         steps: GRPO steps per cell.
         folder: an empty scratch folder (the caller removes it).
+
+    Returns:
+        The same model and seed in the cut run.
     """
-    profile = run.profile
+    profile = start.profile
     grpo = profile.grpo.model_copy(update={"max_steps": steps, "save_steps": None})
     short = Run.of(profile.model_copy(update={"grpo": grpo, "probe_every": 0}), folder)
-    target = short.layout.model(model, profile.warm_start_of(seed))
+    target = short.layout.model(start.model, start.warm_start)
     target.parent.mkdir(parents=True)
-    target.symlink_to(warm_start_folder(run, model, seed).resolve())
-    return short
+    target.symlink_to(warm_start_folder(start).resolve())
+    return short.start(start.model, start.seed)
 
 
 # What a measured step is, here and in the leaderboard's benchmark (kernels/bench/bench_step.py): a ratio of two
@@ -86,7 +87,7 @@ STEP_METHOD = ("mean step_time of GRPO steps 2..{last} of the cell's own trainer
                "recipes one after another in one process")
 
 
-def measured_steps(run: Run, model: str, recipes: list[str], seed: int, steps: int = 3) -> dict:
+def measured_steps(start: Start, recipes: list[str], steps: int = 3) -> dict:
     """Mean step time (seconds, steps 2..``steps``: the first is warm-up) of each recipe's cell run for ``steps``
     GRPO steps from the stored warm start (no probes, checkpoints or evaluation) in a scratch folder."""
     from accelerate import PartialState
@@ -95,27 +96,28 @@ def measured_steps(run: Run, model: str, recipes: list[str], seed: int, steps: i
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
-        scratch = short_run(run, model, seed, steps, tmp)
+        scratch = short_run(start, steps, tmp)
         for recipe in recipes:
-            plan = plan_cell(scratch, model, recipe, seed)
+            plan = plan_cell(scratch.run.cell(scratch.model, recipe, scratch.seed))
             prepare(plan, PartialState(cpu=True)).trainer.train()
             log = [json.loads(line) for line in (plan.out / TRAIN_LOG).read_text().splitlines()]
             out[recipe] = statistics.mean(r["step_time"] for r in log[1:]) if len(log) > 1 else log[0]["step_time"]
     return out
 
 
-def recipe_cost(run: Run, model: str, recipe: str, base: str, seed: int, steps: int = 3) -> dict:
-    """``recipe`` against ``base`` on ``model``'s stored warm start: the hooks on the reference path, one
-    quantization of a real operand under each (ms) and a measured step of each (s), with their ratios."""
+def recipe_cost(start: Start, recipe: str, base: str, steps: int = 3) -> dict:
+    """``recipe`` against ``base`` on the stored warm start of ``start`` (a tiny model of a run and the cells' seed):
+    the hooks on the reference path, one quantization of a real operand under each (ms) and a measured step of each
+    (s), with their ratios."""
     mine, theirs = Recipe.named(recipe), Recipe.named(base)
-    out = {"recipe": recipe, "base": base, "model": model, "seed": seed, "steps": steps,
+    out = {"recipe": recipe, "base": base, "model": start.model, "seed": start.seed, "steps": steps,
            "reference_hooks": reference_hooks(mine.quantizer()) if mine.quantize else []}
     if mine.quantize:
-        name, w = real_operand(run, model)
+        name, w = real_operand(start)
         q_mine = quantization_ms(mine.quantizer(), w)
         q_base = quantization_ms(theirs.quantizer(), w) if theirs.quantize else None
         out.update(operand=name, operand_shape=list(w.shape), quantize_ms=q_mine, base_quantize_ms=q_base)
-    step = measured_steps(run, model, list(dict.fromkeys([recipe, base, REFERENCE_RECIPE])), seed, steps)
+    step = measured_steps(start, list(dict.fromkeys([recipe, base, REFERENCE_RECIPE])), steps)
     out.update(step_s=step[recipe], base_step_s=step[base], step_ratio=step[recipe] / step[base],
                bf16_step_s=step[REFERENCE_RECIPE], bf16_step_ratio=step[recipe] / step[REFERENCE_RECIPE],
                method=STEP_METHOD.format(last=steps))

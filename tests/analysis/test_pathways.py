@@ -22,7 +22,7 @@ from mxfp4.rl.models import build_tiny
 @pytest.fixture(scope="module")
 def pathway_rows(smoke_results):
     if not (Layout(smoke_results, "smoke").policy("tiny-dense", 0) / "config.json").exists():
-        run_cell(Run.of("smoke", smoke_results), "tiny-dense", "bf16", 0)
+        run_cell(Run.of("smoke", smoke_results).cell("tiny-dense", "bf16", 0))
     out = smoke_results / "smoke" / "pathways" / "tiny-dense" / "pathways.csv"
     rows = run_pathways(Run.of("smoke", smoke_results), "tiny-dense", out_csv=out,
                         progress=lambda m: None, out_units=out.with_name("units.csv"))

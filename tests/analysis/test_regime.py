@@ -232,12 +232,13 @@ def test_a_gsm8k_regime_batch_is_real_test_text_under_its_solutions_loss():
     from mxfp4.analysis.regime import BATCHES, gsm8k_loss, summary_markdown
     from mxfp4.analysis.teacher_forced import token_pairs
     from mxfp4.config.profiles import load_profile
+    from mxfp4.config.run import Run
     from mxfp4.rl import data
 
     profile = load_profile("smoke").model_copy(update={"regime_batch": "gsm8k-test"})
     model_name = next(iter(profile.models))
     model, tokenizer = build_tiny("tiny-dense", seed=0)
-    loss = gsm8k_loss(profile, model_name, tokenizer, seed=5)
+    loss = gsm8k_loss(Run.of(profile).start(model_name, 5), tokenizer)
     test = data.load_gsm8k("test", default_gsm8k_dir())
     n = profile.grpo.prompts_per_step * profile.grpo.num_generations
     drawn = random.Random(5).sample(test, n)  # drawn here as the seed draws them, scored by transformers

@@ -125,7 +125,7 @@ def test_config_hash_covers_what_determines_the_result_and_no_path():
 
 def test_an_unpretrained_tiny_model_says_which_command_makes_it(tmp_path):
     with pytest.raises(ValueError, match="mxfp4 pretrain --profile smoke --model tiny-moe"):
-        plan_cell(Run.of("smoke", tmp_path), "tiny-moe", "mxfp4", 0)
+        plan_cell(Run.of("smoke", tmp_path).cell("tiny-moe", "mxfp4", 0))
     assert not (tmp_path / "smoke").exists()  # nothing made before the inputs are valid
 
 
@@ -142,7 +142,7 @@ def test_a_malformed_gsm8k_split_is_caught_before_any_work(tmp_path, monkeypatch
     (folder / "test.jsonl").write_text('{"question": "q", "answer": "a\\n#### 3"}\n{"question": "q"\n')
     monkeypatch.setenv("MXFP4_GSM8K_DIR", str(folder))
     with pytest.raises(ValueError, match=r"test\.jsonl:2: malformed JSON"):
-        plan_cell(Run.of("paper", tmp_path / "results"), "qwen2.5-3b", "mxfp4", 0)
+        plan_cell(Run.of("paper", tmp_path / "results").cell("qwen2.5-3b", "mxfp4", 0))
     assert not (tmp_path / "results").exists()
 
 

@@ -42,3 +42,31 @@ def test_a_cell_spec_resolves_what_the_cell_and_the_snakefile_compute(tmp_path):
 def test_a_bad_cell_is_refused_with_its_reason(tmp_path, model, recipe, seed, message):
     with pytest.raises(ValueError, match=message):
         Run.of("smoke", tmp_path).cell(model, recipe, seed)
+
+
+def test_a_cells_start_is_shared_by_every_recipe_of_its_model_and_seed(tmp_path):
+    """The cell hands its start (model and seed) down: every recipe's cell of a model and seed has the same one,
+    another seed another, and the warm start it names is the profile's for that seed."""
+    run, profile = Run.of("smoke", tmp_path), load_profile("smoke")
+    starts = [run.cell("tiny-dense", recipe, 2).start for recipe in ("bf16", "mxfp4", "mxfp4+all")]
+    assert starts == [run.start("tiny-dense", 2)] * 3
+    assert run.cell("tiny-dense", "mxfp4", 1).start != run.start("tiny-dense", 2)
+    assert run.start("tiny-dense", 2).warm_start == profile.warm_start_of(2)
+    assert run.start("tiny-dense").warm_start == 0 and run.start("tiny-dense").seed is None
+
+
+@pytest.mark.parametrize("model,seed,message", [
+    ("tiny-huge", 0, "model 'tiny-huge' is not in profile 'smoke'"),
+    ("tiny-dense", -1, "seed must be an integer >= 0, got -1"),
+    ("tiny-dense", 1.0, "seed must be an integer >= 0, got 1.0"),
+])
+def test_a_bad_start_is_refused_with_its_reason(tmp_path, model, seed, message):
+    with pytest.raises(ValueError, match=message):
+        Run.of("smoke", tmp_path).start(model, seed)
+
+
+def test_a_probe_batch_of_a_start_without_a_seed_is_refused(tmp_path):
+    from mxfp4.rl.probe_batch import ensure_probe_batch
+
+    with pytest.raises(ValueError, match="a probe batch is one seed's"):
+        ensure_probe_batch(Run.of("smoke", tmp_path).start("tiny-dense"))

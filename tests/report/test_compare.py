@@ -212,7 +212,7 @@ def test_a_over_a_comparisons_fire_no_verdict_on_the_same_machine_or_another_ins
         shutil.copytree(smoke_results / "smoke" / "models", root / "smoke" / "models")
     grid = [(recipe, seed) for recipe in ("bf16", "mxfp4") for seed in (0, 1)]
     for recipe, seed in grid:
-        run_cell(Run.of("smoke", here), "tiny-dense", recipe, seed)
+        run_cell(Run.of("smoke", here).cell("tiny-dense", recipe, seed))
     stored = _store(here, "smoke", tmp_path / "stored")
 
     def report(results, name):
@@ -231,7 +231,7 @@ def test_a_over_a_comparisons_fire_no_verdict_on_the_same_machine_or_another_ins
     assert "References: the stored baselines, which reproduce on this machine" in text
     # a seed the stored baselines lack: its reference cell, run here, extends them (paired over all 3 seeds)
     for recipe in ("bf16", "mxfp4"):
-        run_cell(Run.of("smoke", here), "tiny-dense", recipe, 2)
+        run_cell(Run.of("smoke", here).cell("tiny-dense", recipe, 2))
     _, aa, text = report(here, "extended")
     per_seed = [r for r in report.rows if r["baseline"] == "bf16" and r["unit"] == "seeds"]
     accuracy = next(r for r in per_seed if r["metric"] == "gsm8k_strict_accuracy")
@@ -242,7 +242,8 @@ def test_a_over_a_comparisons_fire_no_verdict_on_the_same_machine_or_another_ins
         shutil.rmtree(here / "smoke" / "cells" / "tiny-dense" / recipe / "seed2")
 
     code = ("from mxfp4.config.run import Run\nfrom mxfp4.rl.cell import run_cell\n"
-            f"for recipe, seed in {grid!r}:\n    run_cell(Run.of('smoke', {str(other)!r}), 'tiny-dense', recipe, seed)")
+            f"for recipe, seed in {grid!r}:\n"
+            f"    run_cell(Run.of('smoke', {str(other)!r}).cell('tiny-dense', recipe, seed))")
     # the libraries' own choice (AVX-512 where the CPU has it) instead of the AVX2 pins
     env = {k: v for k, v in os.environ.items() if k not in PINNED} | {"MXFP4_CPU_ISA": "native"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True)

@@ -23,7 +23,7 @@ def finished(smoke_results, tmp_path_factory):
     root = tmp_path_factory.mktemp("finished")
     shutil.copytree(smoke_results / "smoke" / "models", root / "smoke" / "models")
     for recipe in ("bf16", "mxfp4"):
-        run_cell(Run.of("smoke", root), "tiny-dense", recipe, 0)
+        run_cell(Run.of("smoke", root).cell("tiny-dense", recipe, 0))
     aggregate(Layout(root, "smoke"), root / "stored", load_profile("smoke"), allow_missing=True)
     return root
 

@@ -109,7 +109,7 @@ def test_a_cell_evaluates_the_held_out_arithmetic_before_and_after_rl(tmp_path):
         "grpo": base.grpo.model_copy(update={"learning_rate": 0.0})})
     run = Run.of(profile, tmp_path)
     pretrain_model(run, "tiny-dense")
-    m = run_cell(run, "tiny-dense", "mxfp4", 0)
+    m = run_cell(run.cell("tiny-dense", "mxfp4", 0))
     assert m["gsm8k_rl_gain_arithmetic"] == 0.0
     assert m["gsm8k_strict_accuracy_arithmetic"] == m["gsm8k_strict_accuracy_before_arithmetic"]
     cell = Layout(tmp_path, "smoke").cell("tiny-dense", "mxfp4", 0)

@@ -61,7 +61,7 @@ def test_saved_tiny_model_loads_like_a_checkpoint(results, model):
 @pytest.mark.parametrize("model", ["tiny-dense", "tiny-moe"])
 @pytest.mark.parametrize("recipe", ["bf16", "mxfp4+all"])
 def test_smoke_cell_writes_every_promised_field(results, model, recipe):
-    m = run_cell(Run.of("smoke", results), model, recipe, 0)
+    m = run_cell(Run.of("smoke", results).cell(model, recipe, 0))
     for key in PROMISED_METRICS:
         assert key in m, key
     assert 0 <= m["gsm8k_strict_accuracy"] <= 1 and m["eval_n"] == 16
@@ -91,7 +91,7 @@ def test_smoke_cell_writes_every_promised_field(results, model, recipe):
 def test_w4a16_rollouts_open_a_gap_the_ledger_measures_on_every_step(results):
     """W4A16 rollouts with W4A4 training: every step's rollouts come from another policy than the one trained,
     so the mismatch ledger measures a positive KL on each, and the record says what generated them."""
-    m = run_cell(Run.of("smoke", results), "tiny-dense", "mxfp4+w4a16-rollouts", 0)
+    m = run_cell(Run.of("smoke", results).cell("tiny-dense", "mxfp4+w4a16-rollouts", 0))
     cell = results / "smoke" / "cells" / "tiny-dense" / "mxfp4+w4a16-rollouts" / "seed0"
     rows = [json.loads(line) for line in (cell / "train_log.jsonl").read_text().splitlines()]
     assert rows and all(r["mismatch/measured"] == 1.0 and r["mismatch/kl"] > 0 for r in rows)
@@ -111,7 +111,7 @@ def test_a_cell_that_never_updates_its_weights_gains_exactly_nothing(results, tm
     base = load_profile("smoke")
     frozen = base.model_copy(update={"grpo": base.grpo.model_copy(update={"learning_rate": 0.0})})
     shutil.copytree(Layout(results, "smoke").model("tiny-dense"), Layout(tmp_path, "smoke").model("tiny-dense"))
-    m = run_cell(Run.of(frozen, tmp_path), "tiny-dense", "mxfp4", 0)
+    m = run_cell(Run.of(frozen, tmp_path).cell("tiny-dense", "mxfp4", 0))
     assert m["weight_update"]["norm"] == 0.0
     assert m["gsm8k_rl_gain"] == 0.0 and m["gsm8k_strict_accuracy_before"] == m["gsm8k_strict_accuracy"]
     cell = Layout(tmp_path, "smoke").cell("tiny-dense", "mxfp4", 0)
@@ -158,7 +158,7 @@ def test_a_frozen_bf16_compute_cell_evaluates_every_stage_in_the_precision_it_tr
             hook.remove()
 
     monkeypatch.setattr(cell_module, "evaluate", recording)
-    m = run_cell(Run.of(frozen, tmp_path), "tiny-dense", "mxfp4", 0)
+    m = run_cell(Run.of(frozen, tmp_path).cell("tiny-dense", "mxfp4", 0))
     assert autocast == {stage: {torch.bfloat16} for stage in ("before", "after", "unquantized")}
     cell = Layout(tmp_path, "smoke").cell("tiny-dense", "mxfp4", 0)
     answers = {stage: {r["doc_id"]: r["resps"] for f in (cell / EVAL_FOLDERS[stage]).glob("samples_*.jsonl")
@@ -205,8 +205,8 @@ def test_the_evaluation_before_training_leaves_the_random_streams_as_they_were()
 
 @pytest.mark.slow
 def test_same_seed_gives_identical_metrics(results):
-    first = run_cell(Run.of("smoke", results), "tiny-dense", "mxfp4+all", 1)
-    second = run_cell(Run.of("smoke", results), "tiny-dense", "mxfp4+all", 1)
+    first = run_cell(Run.of("smoke", results).cell("tiny-dense", "mxfp4+all", 1))
+    second = run_cell(Run.of("smoke", results).cell("tiny-dense", "mxfp4+all", 1))
     strip = lambda m: {k: v for k, v in m.items() if k not in TIMING}  # noqa: E731
     assert strip(first) == strip(second)
 
@@ -229,7 +229,7 @@ def test_the_readme_plugin_correction_gets_the_step_count_in_a_real_cell(results
     monkeypatch.setenv("MXFP4_PLUGINS", "my_corrections")
     monkeypatch.setenv("MXFP4_RECIPES", str(tmp_path / "my_recipes.yaml"))
     try:
-        m = run_cell(Run.of("smoke", results), "tiny-dense", "mxfp4+clip", 0)
+        m = run_cell(Run.of("smoke", results).cell("tiny-dense", "mxfp4+clip", 0))
     finally:
         corr.REGISTRY.pop("clip_outliers", None)
         sys.modules.pop("my_corrections", None)  # other tests import their own my_corrections
@@ -265,7 +265,7 @@ def test_a_partial_warm_start_is_refused_before_any_model_loads(tmp_path):
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="lacks model.safetensors, tokenizer.json, mxfp4_meta.json"):
-        plan_cell(Run.of("smoke", tmp_path), "tiny-dense", "mxfp4", 0)
+        plan_cell(Run.of("smoke", tmp_path).cell("tiny-dense", "mxfp4", 0))
 
 
 def test_saving_a_model_is_all_or_nothing(tmp_path, monkeypatch):
@@ -311,14 +311,14 @@ def test_recipes_are_probed_on_one_common_batch(results):
 
     path = Layout(results, "smoke").probe_batch("tiny-dense", 2)
     path.unlink(missing_ok=True)
-    made = run_cell(Run.of("smoke", results), "tiny-dense", "mxfp4", 2)  # makes the batch on the way
+    made = run_cell(Run.of("smoke", results).cell("tiny-dense", "mxfp4", 2))  # makes the batch on the way
     digest = batch_digest(load_probe_batch(path))
-    again = run_cell(Run.of("smoke", results), "tiny-dense", "mxfp4", 2)  # finds it stored
-    other = run_cell(Run.of("smoke", results), "tiny-dense", "mxfp4+all", 2)
+    again = run_cell(Run.of("smoke", results).cell("tiny-dense", "mxfp4", 2))  # finds it stored
+    other = run_cell(Run.of("smoke", results).cell("tiny-dense", "mxfp4+all", 2))
     assert made["probe_batches"] == other["probe_batches"] == [digest]
     strip = lambda m: {k: v for k, v in m.items() if k not in TIMING}  # noqa: E731
     assert strip(made) == strip(again)
-    assert run_cell(Run.of("smoke", results), "tiny-dense", "bf16", 2)["probe_batches"] == []  # no probes
+    assert run_cell(Run.of("smoke", results).cell("tiny-dense", "bf16", 2))["probe_batches"] == []  # no probes
 
 
 @pytest.mark.slow
@@ -329,7 +329,7 @@ def test_a_policy_that_never_solves_still_gets_a_probe_batch(results, monkeypatc
     from mxfp4.rl.probe_batch import make_probe_batch
 
     monkeypatch.setattr(data, "accuracy_reward", lambda completions, **kw: [0.0] * len(completions))
-    batch = make_probe_batch(Run.of("smoke", results), "tiny-dense", 3)
+    batch = make_probe_batch(Run.of("smoke", results).start("tiny-dense", 3))
     assert batch["advantages"].abs().max() == 0 and batch["completion_ids"].shape[0] == 2 * 4
 
 
@@ -340,7 +340,7 @@ def test_the_token_parity_reward_gives_a_random_policy_advantages_that_are_not_a
 
     smoke = load_profile("smoke")
     parity = smoke.model_copy(update={"grpo": smoke.grpo.model_copy(update={"reward": "token_parity"})})
-    batch = make_probe_batch(Run.of(parity, results), "tiny-dense", 3)
+    batch = make_probe_batch(Run.of(parity, results).start("tiny-dense", 3))
     assert batch["advantages"].abs().max() > 0
 
 
@@ -374,7 +374,7 @@ def test_the_probe_batch_frees_its_policy_before_the_cell_loads_its_own(results,
 
     monkeypatch.setattr(probe_batch, "load", tracked)
     Layout(results, "smoke").probe_batch("tiny-dense", 4).unlink(missing_ok=True)
-    ensure_probe_batch(Run.of("smoke", results), "tiny-dense", 4)
+    ensure_probe_batch(Run.of("smoke", results).start("tiny-dense", 4))
     assert len(loaded) == 1 and loaded[0]() is None
 
 

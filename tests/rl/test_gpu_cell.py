@@ -214,7 +214,7 @@ def test_the_gpu_smoke_model_is_the_real_qwen25_3b_configuration():
     assert 3.08e9 < n < 3.10e9  # Qwen2.5-3B: 3.09 B parameters (embeddings tied)
     assert model.config.num_hidden_layers == 36 and model.config.vocab_size == 151936 == len(tok)
     assert model.config.tie_word_embeddings
-    plan = plan_cell(Run.of("gpu-smoke"), "qwen2.5-3b-random", "mxfp4", 0)
+    plan = plan_cell(Run.of("gpu-smoke").cell("qwen2.5-3b-random", "mxfp4", 0))
     assert plan.model_ref == "random:qwen2.5-3b"
 
 

@@ -21,12 +21,12 @@ def test_every_grpo_field_is_declared_once():
 def test_each_trl_field_of_the_profile_reaches_grpo_config(smoke_results):
     plain = load_profile("smoke")
     profile = plain.model_copy(update={"grpo": plain.grpo.model_copy(update=CHANGED)})
-    plan = plan_cell(Run.of(profile, smoke_results), "tiny-dense", "bf16", 0)
+    plan = plan_cell(Run.of(profile, smoke_results).cell("tiny-dense", "bf16", 0))
     args = grpo_args(plan, plan.out / "checkpoints")
     for field in ("max_steps", "learning_rate", "num_generations", "max_completion_length", "temperature", "beta",
                   "loss_type", "router_aux_loss_coef", "gradient_checkpointing", "save_steps"):
         assert getattr(args, field) == CHANGED[field], field
     assert args.per_device_train_batch_size == 6 and args.gradient_accumulation_steps == 2  # 4 prompts x 3 = 12
     assert args.save_strategy == "steps" and args.use_vllm is False  # rollout: hf
-    base = grpo_args(plan_cell(Run.of(plain, smoke_results), "tiny-dense", "bf16", 0), plan.out / "c")
+    base = grpo_args(plan_cell(Run.of(plain, smoke_results).cell("tiny-dense", "bf16", 0)), plan.out / "c")
     assert all(getattr(base, f) != CHANGED[f] for f in ("max_steps", "learning_rate", "temperature", "beta"))

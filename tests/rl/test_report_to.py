@@ -11,9 +11,10 @@ def test_a_profiles_report_to_reaches_trls_config_and_not_the_setting(smoke_resu
     monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", "elsewhere")  # restored after the test
     plain = load_profile("smoke")
     profile = plain.model_copy(update={"report_to": ["tensorboard"]})
-    plan = plan_cell(Run.of(profile, smoke_results), "tiny-dense", "bf16", 0)
+    plan = plan_cell(Run.of(profile, smoke_results).cell("tiny-dense", "bf16", 0))
     args = grpo_args(plan, plan.out / "checkpoints")
     assert args.report_to == ["tensorboard"]
     assert os.environ["TENSORBOARD_LOGGING_DIR"] == str(plan.out / "tensorboard")
-    assert grpo_args(plan_cell(Run.of(plain, smoke_results), "tiny-dense", "bf16", 0), plan.out / "c").report_to == []
+    plain_plan = plan_cell(Run.of(plain, smoke_results).cell("tiny-dense", "bf16", 0))
+    assert grpo_args(plain_plan, plan.out / "c").report_to == []
     assert setting_hash(profile, "tiny-dense") == setting_hash(plain, "tiny-dense")

@@ -55,7 +55,7 @@ def _rows(cell: Path) -> list[dict]:
 def uninterrupted(smoke_results, tmp_path_factory):
     root = tmp_path_factory.mktemp("uninterrupted")
     shutil.copytree(smoke_results / "smoke" / "models", root / "smoke" / "models")
-    metrics = run_cell(Run.of(CELL[0], root), *CELL[1:])
+    metrics = run_cell(Run.of(CELL[0], root).cell(*CELL[1:]))
     return metrics, root / "smoke" / "cells" / "tiny-dense" / "mxfp4+all" / "seed0"
 
 
@@ -71,7 +71,7 @@ def test_a_killed_cell_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_
     )
     (cell / "train_log.jsonl").unlink(missing_ok=True)  # as snakemake --rerun-incomplete deletes the outputs
 
-    resumed = run_cell(Run.of(CELL[0], tmp_path), *CELL[1:])
+    resumed = run_cell(Run.of(CELL[0], tmp_path).cell(*CELL[1:]))
     assert resumed["resumed_from_step"] == saved[-1] and 1 <= saved[-1] < resumed["steps"]
     assert [r["step"] for r in _rows(cell)] == [1, 2, 3]
     for got, want in zip(_rows(cell), _rows(expected_cell)):
@@ -183,7 +183,7 @@ def test_a_cell_killed_after_its_last_checkpoint_evaluates_without_training_anot
     cell = tmp_path / "smoke" / "cells" / "tiny-dense" / "mxfp4+all" / "seed0"
     _kill_after_first_checkpoint(tmp_path, cell, pattern=f"checkpoint-{expected['steps']}")
     assert not (cell / "metrics.json").exists()
-    resumed = run_cell(Run.of(CELL[0], tmp_path), *CELL[1:])
+    resumed = run_cell(Run.of(CELL[0], tmp_path).cell(*CELL[1:]))
     assert resumed["resumed_from_step"] == expected["steps"] == 3
     assert [r["step"] for r in _rows(cell)] == [1, 2, 3]
     strip = lambda m: {k: v for k, v in m.items() if k not in TIMING}  # noqa: E731

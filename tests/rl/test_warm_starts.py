@@ -106,14 +106,14 @@ def test_a_second_warm_start_is_its_own_pretraining_seed_and_is_checked_against_
     metas = [pretrain_model(Run.of(profile, tmp_path), "tiny-dense", warm_start=k) for k in (0, 1)]
     assert [m["seed"] for m in metas] == [0, 1] and metas[1]["provenance"]["warm_start"] == 1
     assert metas[1]["flaws"] == ["subtraction", "multiplication"]
-    folders = [warm_start_folder(Run.of(profile, tmp_path), "tiny-dense", seed) for seed in profile.seeds]
+    folders = [warm_start_folder(Run.of(profile, tmp_path).start("tiny-dense", seed)) for seed in profile.seeds]
     assert folders == [Layout(tmp_path, profile.name).model("tiny-dense", k) for k in (0, 1)]
     assert folders[1] == tmp_path / profile.name / "models" / "ws1" / "tiny-dense"
     w0, w1 = (load_file(f / "model.safetensors") for f in folders)
     assert any(not (w0[k] == w1[k]).all() for k in w0)  # another initialisation and other problems
     other = profile.model_copy(update={"pretrain": profile.pretrain.model_copy(update={"flaws": ["subtraction"]})})
     with pytest.raises(ValueError, match="--warm-start 1"):
-        warm_start_folder(Run.of(other, tmp_path), "tiny-dense", seed=1)
+        warm_start_folder(Run.of(other, tmp_path).start("tiny-dense", 1))
 
 
 @pytest.mark.slow

@@ -165,7 +165,7 @@ def run_pathways(run: Run, model_name: str, out_csv=None, progress=print, checkp
     ckpts = checkpoints(run, model_name)
     if spec.arch:
         for seed in profile.pathway_seeds:
-            warm_start_folder(run, model_name, seed)
+            warm_start_folder(run.start(model_name, seed))
     train, _ = gsm.cell_data(run)
     held_out = gsm.load_gsm8k("test", gsm8k_folder(profile)) if settings.prompts_from == "gsm8k-test" else None
     if settings.held_out_from:
