@@ -200,24 +200,6 @@ class Layout:
         stored = Layout(self.results, pilot)
         return stored.stored(stored.pathways())
 
-    @property
-    def entropy_trajectory(self) -> Path:
-        """The entropy claim during RL with the network as the replicate (``mxfp4 entropy-trajectory``; the
-        per-step gaps beside it as ``.csv``)."""
-        return self.root / "entropy_trajectory.md"
-
-    @property
-    def network_recovery(self) -> Path:
-        """The headline recovery with the network as the replicate (``mxfp4 network-recovery``; its rows beside it
-        as ``.csv``)."""
-        return self.root / "recovery_networks.md"
-
-    @property
-    def headline(self) -> Path:
-        """A named model's headline against BF16's seed band (``mxfp4 headline``; its rows beside it as ``.csv``,
-        every seed's curves as ``headline_curves.png``)."""
-        return self.root / "headline.md"
-
     def real_board(self, model: str, recipe: str | None = None) -> Path:
         """The real-model board's measures before RL of one named model (``mxfp4 real-board``): a folder with
         ``items.csv``, ``recipes.json`` and lm-eval's output per evaluated recipe; with ``recipe``, a placed recipe's

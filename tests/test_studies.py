@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from mxfp4.cli import build_parser
+from mxfp4.config.profiles import load_profile
 from mxfp4.layout import Layout
 from mxfp4.studies import Study, registered
 
@@ -23,8 +24,12 @@ def test_every_registered_study_has_its_command_its_path_and_its_method():
     methods = (REPO / "docs" / "methods.md").read_text()
     for name, study in studies.items():
         assert name in commands and commands[name].get_default("study") is study
-        out = study.output(Layout("results", "p"), "m")
-        assert out.is_relative_to("results/p") and "m" in out.name  # under the run's results, one file a model
+        if study.scope == "model":
+            out = study.output(Layout("results", "p"), "m")
+            assert out.is_relative_to("results/p") and "m" in out.name  # under the run's results, one file a model
+        else:
+            out = study.output(Layout("results", "p"))
+            assert out.is_relative_to("results/p") and commands[name].parse_args([]).profile == "embedded"
         if study.path is None:
             assert out == Path("results/p") / study.target / f"m{study.suffix}"
         assert f"### {study.method}" in methods or f"## {study.method}" in methods, study.method
@@ -35,6 +40,15 @@ def test_every_registered_study_has_its_command_its_path_and_its_method():
         Path("results/depth/depth/tiny-dense-l2_units.csv")
     assert studies["depth-optimizers"].output(Layout("results", "depth"), "tiny-dense-l2") == \
         Path("results/depth/depth/optimizers/tiny-dense-l2_units.csv")
+    # the profile studies write where their stored baselines were made
+    made = {"entropy-trajectory": ("networks-rl", ["entropy_trajectory.md", "entropy_trajectory.csv"]),
+            "network-recovery": ("networks-rl", ["recovery_networks.md", "recovery_networks.csv"]),
+            "headline": ("real-small-headline", ["headline.md", "headline.csv", "headline_curves.png"]),
+            "network-claims": ("embedded", ["claims_networks.md"])}
+    for name, (profile, files) in made.items():
+        outputs = studies[name].outputs(Layout("results", profile))
+        assert outputs == [Path("results") / profile / f for f in files]
+        assert all((REPO / "results" / "baselines" / profile / f).is_file() for f in files)
 
 
 def test_a_study_name_is_one_command_and_one_folder():
@@ -42,6 +56,10 @@ def test_a_study_name_is_one_command_and_one_folder():
         Study(name="Toy/seeds", help="", run="m:f", method="")
     with pytest.raises(ValueError, match="run 'f'; accepted: 'module:function'"):
         Study(name="toy", help="", run="f", method="")
+    with pytest.raises(ValueError, match="scope 'run'; accepted: model, profile"):
+        Study(name="toy", help="", run="m:f", method="", scope="run")
+    with pytest.raises(ValueError, match="a profile study names its output"):
+        Study(name="toy", help="", run="m:f", method="", scope="profile")
 
 
 @pytest.mark.slow
@@ -63,6 +81,26 @@ def test_a_study_from_outside_gets_its_command_its_rule_and_its_path(tmp_path):
     assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
     assert "results/embedded/toy_seeds/tiny-dense.json" in dry.stdout and "study_toy_seeds" in dry.stdout
     assert "results/embedded/toy_seeds/tiny-moe.json" in dry.stdout
+    # the profile study: its command reads the model study's files and writes its page and the file beside it
+    results = ["--profile", "embedded", "--results", str(tmp_path / "results")]
+    assert list(load_profile("embedded").models) == ["tiny-dense", "tiny-moe"]
+    subprocess.run([sys.executable, "-m", "mxfp4", "toy-seeds", "--model", "tiny-moe", *results], env=env, check=True,
+                   capture_output=True, cwd=tmp_path)  # seeds 0, 1, 2 unscaled
+    r = subprocess.run([sys.executable, "-m", "mxfp4", "toy-summary", *results], env=env, capture_output=True,
+                       text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "results/embedded/toy_summary.md").read_text() == "seeds summed over 2 models: 12\n"
+    assert (tmp_path / "results/embedded/toy_summary.csv").read_text() == "total\n12\n"
+    bad = subprocess.run([sys.executable, "-m", "mxfp4", "toy-summary", "--model", "tiny-dense"], env=env,
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert bad.returncode == 2 and "unrecognized arguments: --model" in bad.stderr  # a profile study takes none
+    # its rule waits for every model's file (study_toy_seeds each), and its store rule keeps both outputs
+    dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--cores", "1", "store_toy_summary"], cwd=REPO,
+                         env=env, capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
+    for planned in ("rule toy_summary:", "rule store_toy_summary:", "results/embedded/toy_summary.csv",
+                    "results/embedded/toy_seeds/tiny-moe.json"):
+        assert planned in dry.stdout, planned
 
 
 def test_a_study_named_like_a_command_is_one_line(monkeypatch, capsys):

@@ -20,3 +20,20 @@ def run(run, model: str, out, args) -> list[str]:
 
 register_study(Study(name="toy-seeds", help="the profile's seeds, scaled (a toy study)", run=f"{__name__}:run",
                      options=options, suffix=".json", loads_models=False, method="A toy study"))
+
+
+def summarise(run, model, out, args) -> list[str]:
+    """A profile study: every model's seeds file of the run, summed into one page and a CSV beside it."""
+    total = sum(sum(json.loads(run.layout.root.joinpath("toy_seeds", f"{m}.json").read_text())["seeds"])
+                for m in run.profile.models)
+    out.write_text(f"seeds summed over {len(run.profile.models)} models: {total}\n")
+    out.with_suffix(".csv").write_text(f"total\n{total}\n")
+    return [f"wrote {out}"]
+
+
+register_study(Study(name="toy-summary", help="every model's toy seeds summed (a toy profile study)",
+                     run=f"{__name__}:summarise", scope="profile", loads_models=False, method="A toy study",
+                     path=lambda layout, model: layout.root / "toy_summary.md",
+                     beside=lambda out: [out.with_suffix(".csv")],
+                     inputs=lambda layout, profile: [layout.root / "toy_seeds" / f"{m}.json" for m in profile.models],
+                     stores=lambda layout, profile: []))

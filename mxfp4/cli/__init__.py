@@ -12,7 +12,7 @@ from pathlib import Path
 from ..layout import Layout
 from ..studies import registered
 from . import arguments, numerics, reports, runs
-from .arguments import model_args, out_file, run_of, writable
+from .arguments import model_args, out_file, profile_args, run_of, writable
 
 # Commands that load transformers models (the RL processes).
 MODEL_COMMANDS = ("pretrain", "cell", "probe-batch", "pathways", "corrections-table", "weight-components",
@@ -54,18 +54,20 @@ def build_parser() -> argparse.ArgumentParser:
             raise ValueError(f"study {study.name!r} ({study.run}) is named like a command of mxfp4; accepted: a "
                              "name of its own")
         p = sub.add_parser(study.name, help=study.help)
-        model_args(p)
+        (model_args if study.scope == "model" else profile_args)(p)
         study.options(p, arguments)
-        default = study.output(Layout("results", "PROFILE"), "MODEL")
+        default = study.output(Layout("results", "PROFILE"), "MODEL" if study.scope == "model" else None)
         p.add_argument("--out", type=out_file, default=None, help=f"the file written (default: {default})")
         p.set_defaults(func=_run_study, study=study)
     return parser
 
 
 def _run_study(args) -> int:
-    """A registered study's command: its function on the run, the model and the output it writes."""
-    out = writable(args.out or args.study.output(args.layout, args.model))
-    for line in args.study.function()(run_of(args), args.model, out, args):
+    """A registered study's command: its function on the run, the model (None for a profile study) and the output
+    it writes."""
+    model = args.model if args.study.scope == "model" else None
+    out = writable(args.out or args.study.output(args.layout, model))
+    for line in args.study.function()(run_of(args), model, out, args):
         print(line)
     return 0
 

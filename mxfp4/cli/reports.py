@@ -88,15 +88,6 @@ def _cmd_primary_summary(args) -> int:
     return 0
 
 
-def _cmd_network_claims(args) -> int:
-    from ..report.network_claims import run
-
-    rows = run(args.units, args.profile, args.out)
-    for r in rows:
-        print(f"{r['family']:9s} {r['model']:12s} {r['claim']}: {r['verdict']} (decided by {r['decided_by']}; "
-              f"halves: {' / '.join(r['half_verdicts'])})")
-    print(f"wrote {args.out}")
-    return 0
 
 
 def _cmd_mechanism_report(args) -> int:
@@ -280,60 +271,10 @@ def _cmd_gpu_smoke_report(args) -> int:
     return 0
 
 
-def _cmd_entropy_trajectory(args) -> int:
-    from ..report.entropy_trajectory import run
-
-    out = Path(args.out or args.layout.entropy_trajectory)
-    rows = run(args.steps or args.layout.table("steps"), args.profile, out, out.with_suffix(".csv"))
-    for r in rows:
-        print(f"{r['part']}: {r['verdict']}" + (f" ({r['decided_by']})" if r["decided_by"] else ""))
-    print(f"wrote {out} and {out.with_suffix('.csv')}")
-    return 0
 
 
-def _cmd_headline(args) -> int:
-    from ..layout import REFERENCE_RECIPE
-    from ..report.headline import run
-
-    profile = profile_of(args)
-    tested = [r for r in profile.recipes if r not in (REFERENCE_RECIPE, args.premise)]
-    if args.recipe is None and len(tested) != 1:
-        raise ValueError(f"profile {args.profile!r} runs {len(tested)} recipes besides {REFERENCE_RECIPE} and "
-                         f"{args.premise} ({', '.join(tested) or 'none'}); name the one tested with --recipe")
-    recipe = args.recipe or tested[0]
-    model = args.model or next(iter(profile.models))
-    out = Path(args.out or args.layout.headline)
-    result = run(args.aggregate or args.layout.aggregate, model, recipe, args.profile, out,
-                 out.with_name("headline_curves.png"), args.premise)
-    for r in result["rows"]:
-        print(f"{r['contrast']} {r['part']}: {r['verdict']}")
-    print(f"wrote {out}, {out.with_suffix('.csv').name} and headline_curves.png")
-    return 0
 
 
-def _cmd_network_recovery(args) -> int:
-    import yaml
-
-    from ..report.aggregate import read_csv
-    from ..report.network_recovery import design_from, run
-
-    items = args.items or args.layout.table("items")
-    if args.design:
-        rows = read_csv(items)
-        for model in sorted({r["model"] for r in rows}):
-            print(yaml.safe_dump({"headline": design_from(rows, model, args.stand_in, args.profile)},
-                                 sort_keys=False), end="")
-        return 0
-    profile = profile_of(args)
-    arithmetic = args.items_arithmetic or (args.layout.table("items_arithmetic")
-                                           if profile.data.arithmetic_held_out else None)
-    out = Path(args.out or args.layout.network_recovery)
-    rows = run(args.cells or args.layout.table("cells"), items, args.profile, profile.headline, out,
-               out.with_suffix(".csv"), arithmetic)
-    for r in rows:
-        print(f"{r['model']} {r['split']} {r['metric']} {r['part']}: {r['verdict']}")
-    print(f"wrote {out} and {out.with_suffix('.csv')}")
-    return 0
 
 
 def add_commands(sub) -> None:
@@ -366,13 +307,6 @@ def add_commands(sub) -> None:
     p.add_argument("--out", type=out_file,
                    default="results/baselines/PRIMARY.md", help="default results/baselines/PRIMARY.md")
     p.set_defaults(func=_cmd_primary_summary)
-
-    p = sub.add_parser("network-claims", help="every claim-level test recomputed from the per-unit files with the "
-                       "network (warm start) as the replicate: three outcomes, the deciding rival, both halves")
-    profile_args(p)
-    p.add_argument("units", nargs="+", help="per-unit files of the pathway matrix (<checkpoint>_units.csv)")
-    p.add_argument("--out", type=out_file, required=True, help="the markdown table to write")
-    p.set_defaults(func=_cmd_network_claims)
 
     p = sub.add_parser("mechanism-report", help="a recipe's mechanism decided from its per-unit files, the network "
                        "as the replicate: against MXFP4, BF16 and each correction, per pathway")
@@ -473,37 +407,3 @@ def add_commands(sub) -> None:
     p.add_argument("--out", type=out_file,
                    default=str(GPU_SMOKE_DENSE), help=f"the JSON report (default {GPU_SMOKE_DENSE})")
     p.set_defaults(func=_cmd_gpu_smoke_report)
-
-    p = sub.add_parser("entropy-trajectory", help="AQN against MXFP4's entropy gap to BF16 during RL, over networks")
-    profile_args(p)
-    p.add_argument("--steps", default=None, help="the run's steps.csv (default: the profile's aggregate/steps.csv)")
-    p.add_argument("--out", type=out_file, default=None,
-                   help="the markdown report (default results/<profile>/entropy_trajectory.md; the .csv beside it)")
-    p.set_defaults(func=_cmd_entropy_trajectory)
-
-    p = sub.add_parser("headline", help="a named model's W4A4 recipe against BF16's seed-to-seed band after GRPO, "
-                                        "over its seeds x held-out problems")
-    profile_args(p)
-    p.add_argument("--model", default=None, help="the model (default: the profile's first)")
-    p.add_argument("--recipe", default=None, help="the recipe tested (default: the profile's one besides bf16 and "
-                                                   "the premise)")
-    p.add_argument("--premise", default="mxfp4", help="the recipe whose harm is the premise (default mxfp4)")
-    p.add_argument("--aggregate", default=None, help="the folder of cells.csv, items.csv and steps.csv (default: "
-                                                      "the profile's aggregate/)")
-    p.add_argument("--out", type=out_file, default=None,
-                   help="the markdown report (default results/<profile>/headline.md; the .csv and curves beside it)")
-    p.set_defaults(func=_cmd_headline)
-
-    p = sub.add_parser("network-recovery",
-                       help="mxfp4+all against BF16's held-out accuracy over networks x problems (the headline)")
-    profile_args(p)
-    p.add_argument("--cells", default=None, help="the run's cells.csv (default: the profile's aggregate/cells.csv)")
-    p.add_argument("--items", default=None, help="the run's items.csv (default: the profile's aggregate/items.csv)")
-    p.add_argument("--items-arithmetic", default=None,
-                   help="the run's items_arithmetic.csv (default: the profile's, where it holds out arithmetic)")
-    p.add_argument("--out", type=out_file, default=None,
-                   help="the markdown report (default results/<profile>/recovery_networks.md; the .csv beside it)")
-    p.add_argument("--design", action="store_true",
-                   help="print the headline design (the profile's headline section) from a pilot's items instead")
-    p.add_argument("--stand-in", default="mxfp4", help="with --design: the pilot's recipe against bf16 (default mxfp4)")
-    p.set_defaults(func=_cmd_network_recovery)

@@ -1,12 +1,15 @@
-"""The study registry: a study of one model of a profile declared in one module, from which the rest derives.
+"""The study registry: a study declared in one module, from which its command, its rules and its paths derive.
 
-A ``Study`` names its command (``mxfp4 <name>``, with every study's ``--profile``, ``--results``, ``--model`` and
-``--out``, plus its own options), the function the command runs, the file it writes per model under the run's
-results, and its section of docs/methods.md. ``mxfp4.cli`` adds one command per study, and
-``workflow/rules/studies.smk`` makes its rules (``study_<name>`` per model, ``-`` as ``_``, and the target ``<name>``
-over the models it applies to), as the figure registry does for figures. A new study is one module
-(``register_study`` at import; here, or a plugin named in ``$MXFP4_PLUGINS``), its profile YAML and its paragraph in
-docs/methods.md.
+A study is of one of two kinds. A model study measures one model of a profile (``scope="model"``); a profile study
+reads the run's files, its tables or per-unit files, and decides what they say (``scope="profile"``). A ``Study``
+names its command (``mxfp4 <name>``, with every study's ``--profile``, ``--results`` and ``--out``, a model
+study's ``--model``, plus its own options), the function the command runs, the files it writes under the run's
+results, the run's files it reads, its HTML report caption and its section of docs/methods.md. ``mxfp4.cli`` adds
+one command per study, and ``workflow/rules/studies.smk`` makes its rules, as the figure registry does for figures:
+a model study's ``study_<name>`` per model (``-`` as ``_``) and the target ``<name>`` over the models it applies
+to; a profile study's rule ``<name>``, and ``store_<name>`` where it declares what is stored with the baselines.
+A new study is one module (``register_study`` at import; here, or a plugin named in ``$MXFP4_PLUGINS``), its
+profile YAML and its paragraph in docs/methods.md.
 """
 
 from __future__ import annotations
@@ -21,25 +24,37 @@ from ..layout import Layout
 from ..plugins import import_plugins
 
 STUDY_NAME = r"^[a-z][a-z0-9-]*$"  # a command name; its rule is study_<name with - as _>
-BUILT_IN = ("collapse_map", "depth")  # this package's study modules
+BUILT_IN = ("collapse_map", "depth", "entropy_trajectory", "network_recovery", "headline", "network_claims")
+SCOPES = ("model", "profile")
 
 
 @dataclass(frozen=True)
 class Study:
-    """One study of one model of a profile.
+    """One study: of one model of a profile, or of a profile's run.
 
     Args:
         name: the command (``mxfp4 <name>``) and, with ``-`` as ``_``, the Snakemake target and the output folder.
         help: the command's one-line help.
-        run: ``module:function`` called as ``function(run, model, out, args)`` (the ``Run``, the model line, the
-            output path, the parsed arguments); it writes ``out`` and returns the lines the command prints.
+        run: ``module:function`` called as ``function(run, model, out, args)`` (the ``Run``, the model line or None
+            for a profile study, the output path, the parsed arguments); it writes ``out`` (and ``beside(out)``)
+            and returns the lines the command prints.
         options: ``options(parser, types)`` adds the command's own options to its parser (the common ones are every
             study's); ``types`` is ``mxfp4.cli.arguments``, whose argparse types (``positive_int``, ...) say in
             one line what a bad value is.
-        suffix: the output file's suffix under ``<results>/<profile>/<name>/<model>``.
+        scope: ``model`` (one rule per model, ``--model`` required) or ``profile`` (one rule over the run's files).
+        suffix: a model study's output suffix under ``<results>/<profile>/<name>/<model>``.
         loads_models: the command loads transformers models (the CLI then hides torchao from them).
         models: ``models(profile)``, the profile's model lines the study's target runs on (default: every one).
-        path: ``path(layout, model)``, the output where it is not ``<results>/<profile>/<name>/<model><suffix>``.
+        path: ``path(layout, model)``, the output where it is not ``<results>/<profile>/<name>/<model><suffix>``
+            (a profile study's, with model None, always).
+        beside: ``beside(out)``, the further files the study writes beside its output (its rule declares them).
+        inputs: ``inputs(layout, profile)``, the run's files the study reads (its rule waits for them and reruns when
+            they change), beyond a model study's warm start.
+        stores: ``stores(layout, profile)``, the run's files stored with the baselines beside the outputs by the
+            rule ``store_<name>``, so that the outputs are recomputable from what is stored (None: no such rule).
+        caption: the stem of the output's caption under ``workflow/report/`` (the HTML report shows the output with
+            it); empty: not in the HTML report.
+        category: the HTML report's section.
         settings: ``settings(profile)``, the profile's settings the study reads beyond its model (JSON text): the
             rule reruns when they change.
         collect: make the target ``<name>`` over ``models`` (False where a rule of its own collects the outputs).
@@ -55,8 +70,14 @@ class Study:
     suffix: str = ".csv"
     loads_models: bool = True
     threads: int = 1
+    scope: str = "model"
     models: Callable = field(default=lambda profile: list(profile.models))
     path: Callable | None = None
+    beside: Callable = field(default=lambda out: [])
+    inputs: Callable = field(default=lambda layout, profile: [])
+    stores: Callable | None = None
+    caption: str = ""
+    category: str = "Studies"
     settings: Callable = field(default=lambda profile: "")
     collect: bool = True
 
@@ -66,6 +87,11 @@ class Study:
                              "letter (it names a command, a rule and a folder)")
         if ":" not in self.run:
             raise ValueError(f"study {self.name!r}: run {self.run!r}; accepted: 'module:function'")
+        if self.scope not in SCOPES:
+            raise ValueError(f"study {self.name!r}: scope {self.scope!r}; accepted: {', '.join(SCOPES)}")
+        if self.scope == "profile" and self.path is None:
+            raise ValueError(f"study {self.name!r}: a profile study names its output; accepted: path=lambda layout, "
+                             "model: <a path of the layout>")
 
     @property
     def target(self) -> str:
@@ -74,14 +100,19 @@ class Study:
 
     @property
     def rule(self) -> str:
-        """The Snakemake rule that runs the study on one model (``{model}``)."""
-        return f"study_{self.target}"
+        """The Snakemake rule that runs the study: on one model (``{model}``), or a profile study's target itself."""
+        return self.target if self.scope == "profile" else f"study_{self.target}"
 
-    def output(self, layout: Layout, model: str) -> Path:
-        """The file the study writes for ``model`` in ``layout``'s run."""
+    def output(self, layout: Layout, model: str | None = None) -> Path:
+        """The file the study writes for ``model`` (None for a profile study) in ``layout``'s run."""
         if self.path is not None:
             return Path(self.path(layout, model))
         return layout.root / self.target / f"{model}{self.suffix}"
+
+    def outputs(self, layout: Layout, model: str | None = None) -> list[Path]:
+        """Every file the study writes for ``model``: its output, then those beside it."""
+        out = self.output(layout, model)
+        return [out, *map(Path, self.beside(out))]
 
     def function(self) -> Callable:
         module, _, name = self.run.partition(":")

@@ -1,11 +1,55 @@
-# Two rules a registered study (mxfp4/studies/): study_<name> runs `mxfp4 <name>` on one model of the profile into
-# the file the study declares, and the target <name> on every model the study applies to, e.g.
+# The rules of every registered study (mxfp4/studies/). A model study: study_<name> runs `mxfp4 <name>` on one model
+# of the profile into the file the study declares, and the target <name> on every model the study applies to, e.g.
 #   snakemake --cores 2 collapse_map --config profile=real-small-board
+# A profile study: the rule <name> runs `mxfp4 <name>` on the run's files it declares, and store_<name> keeps its
+# outputs with the baselines beside the files they are recomputable from, e.g.
+#   snakemake --cores 2 entropy_trajectory --config profile=networks-rl
 from mxfp4.studies import registered
 
 STUDIES = registered()
 
+
+def study_outputs(study, model=None):
+    """A study's files for ``model``: its output (in the HTML report where it has a caption), then those beside."""
+    first, *beside = [str(p) for p in study.outputs(L, model)]
+    if study.caption:
+        first = report(first, caption=f"../report/{study.caption}.rst", category=study.category)
+    return [first, *beside]
+
+
 for _study in STUDIES.values():
+    if _study.scope == "profile":
+
+        rule:
+            name:
+                _study.rule
+            input:
+                [str(p) for p in _study.inputs(L, P)],
+            output:
+                study_outputs(_study),
+            log:
+                str(L.log(_study.rule)),
+            params:
+                command=_study.name,  # fixed when the rule is made (the loop moves on before the job runs)
+                made_from=_study.settings(P),
+            threads: _study.threads
+            shell:
+                "MXFP4_THREADS={threads} {MXFP4} {params.command} --profile {PROFILE} --out {output[0]} > {log} 2>&1"
+
+        if _study.stores is not None:
+
+            rule:
+                name:
+                    f"store_{_study.target}"
+                input:
+                    [str(p) for p in _study.stores(L, P)],
+                    [str(p) for p in _study.outputs(L)],
+                output:
+                    touch(str(L.root / f"{_study.target}_stored.flag")),
+                run:
+                    store_with_baselines(input)
+
+        continue
 
     rule:
         name:
@@ -13,8 +57,9 @@ for _study in STUDIES.values():
         input:
             CPU_KERNEL,
             model_input,
+            [str(p) for p in _study.inputs(L, P)],
         output:
-            str(_study.output(L, "{model}")),
+            study_outputs(_study, "{model}"),
         wildcard_constraints:
             model=r"[^/]+",  # a model's name, never a folder beside the outputs
         log:
@@ -27,7 +72,7 @@ for _study in STUDIES.values():
         threads: _study.threads
         shell:
             "MXFP4_THREADS={threads} {MXFP4} {params.command} --profile {PROFILE} --model {wildcards.model} "
-            "--out {output} > {log} 2>&1"
+            "--out {output[0]} > {log} 2>&1"
 
     if _study.collect:
 

@@ -1,0 +1,67 @@
+"""The headline recovery with the network as the replicate (``mxfp4.report.network_recovery``): mxfp4+all against
+BF16 per held-out problem and network on the crossed model, in the family the profile's headline design fixed, on
+all networks and on each fixed half (a profile with a headline design: networks-rl)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import Study, register_study
+
+
+def options(parser, types) -> None:
+    parser.add_argument("--cells", default=None,
+                        help="the run's cells.csv (default: the profile's aggregate/cells.csv)")
+    parser.add_argument("--items", default=None,
+                        help="the run's items.csv (default: the profile's aggregate/items.csv)")
+    parser.add_argument("--items-arithmetic", default=None,
+                        help="the run's items_arithmetic.csv (default: the profile's, where it holds out arithmetic)")
+    parser.add_argument("--design", action="store_true",
+                        help="print the headline design (the profile's headline section) from a pilot's items instead")
+    parser.add_argument("--stand-in", default="mxfp4",
+                        help="with --design: the pilot's recipe against bf16 (default mxfp4)")
+
+
+def _arithmetic(layout, profile) -> list[Path]:
+    return [layout.table("items_arithmetic")] if profile.data.arithmetic_held_out else []
+
+
+def run(run, model, out, args) -> list[str]:
+    """The recovery test into ``out`` (markdown) and its rows beside it (``.csv``); with ``--design``, the headline
+    design from a pilot's items, printed.
+
+    Args:
+        run: the profile's ``Run``.
+        model: None (a profile study).
+        out: the markdown report written.
+        args: the command's options (``--cells``, ``--items``, ``--items-arithmetic``, ``--design``, ``--stand-in``).
+    """
+    import yaml
+
+    from ..report.aggregate import read_csv
+    from ..report.network_recovery import design_from
+    from ..report.network_recovery import run as decide
+
+    items = args.items or run.layout.table("items")
+    if args.design:
+        rows = read_csv(items)
+        return [yaml.safe_dump({"headline": design_from(rows, m, args.stand_in, run.name)}, sort_keys=False).rstrip()
+                for m in sorted({r["model"] for r in rows})]
+    arithmetic = args.items_arithmetic or next(iter(_arithmetic(run.layout, run.profile)), None)
+    rows = decide(args.cells or run.layout.table("cells"), items, run.name, run.profile.headline, out,
+                  out.with_suffix(".csv"), arithmetic)
+    return [*(f"{r['model']} {r['split']} {r['metric']} {r['part']}: {r['verdict']}" for r in rows),
+            f"wrote {out} and {out.with_suffix('.csv')}"]
+
+
+def _tables(layout, profile) -> list[Path]:
+    return [layout.table("cells"), layout.table("items"), *_arithmetic(layout, profile)]
+
+
+NETWORK_RECOVERY = register_study(Study(
+    name="network-recovery", run=f"{__name__}:run", scope="profile", options=options, loads_models=False,
+    help="mxfp4+all against BF16's held-out accuracy over networks x problems (the headline)",
+    method="The headline recovery over networks (profile `networks-rl`, ``report.network_recovery``)",
+    path=lambda layout, model: layout.root / "recovery_networks.md",
+    beside=lambda out: [Path(out).with_suffix(".csv")],
+    inputs=_tables, stores=_tables, caption="network_recovery", category="Claims"))
