@@ -150,6 +150,12 @@ class Layout:
         return self.root / "dose_response" / "dose_response.csv"
 
     @property
+    def dose_response_series(self) -> Path:
+        """Each component's excess harm over its control per model, pathway and dose: the dose-response figure's
+        points."""
+        return self.root / "dose_response" / "dose_response_series.csv"
+
+    @property
     def depth(self) -> Path:
         """The depth study's slopes and per-layer means, every model (``.md`` beside it)."""
         return self.root / "depth" / "depth.csv"

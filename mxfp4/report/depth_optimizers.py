@@ -127,8 +127,9 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
-def run(unit_csvs, out_csv, figure_stem=None) -> list[dict]:
-    """The short runs' table (CSV and markdown beside it) and figure from every model's unit CSV."""
+def run(unit_csvs, out_csv) -> list[dict]:
+    """The short runs' table (CSV and markdown beside it) from every model's unit CSV; its figure is drawn from the
+    CSV (``draw``, the registered figure ``depth-optimizers``)."""
     units = read_units(unit_csvs)
     rows = summary_rows(units)
     out_csv = Path(out_csv)
@@ -138,6 +139,11 @@ def run(unit_csvs, out_csv, figure_stem=None) -> list[dict]:
             f"far as AdamW's (from {min(lr for o, lr in rates if o == 'sgd'):.3g} to "
             f"{max(lr for o, lr in rates if o == 'sgd'):.3g}).\n") if any(o == "sgd" for o, _ in rates) else ""
     write_text_atomic(out_csv.with_suffix(".md"), markdown(rows) + note)
-    if figure_stem is not None:
-        figure(rows, figure_stem, column="optimizer", quantity="displacement")
     return rows
+
+
+def draw(optimizers_csv, out_stem) -> list[Path]:
+    """The short runs' figure from their table (``run``'s CSV): each optimizer's displacement per layer."""
+    from .aggregate import read_csv
+
+    return figure(read_csv(optimizers_csv), out_stem, column="optimizer", quantity="displacement")

@@ -167,12 +167,18 @@ def figure(rows: list[dict], out_stem, arm: str = "+scale", control: str = "+sca
     return save(fig, out_stem)
 
 
-def run(unit_csvs, out_csv, figure_stem=None) -> list[dict]:
-    """The depth table (CSV and markdown beside it) and figure from every model's unit CSV."""
+def run(unit_csvs, out_csv) -> list[dict]:
+    """The depth table (CSV and markdown beside it) from every model's unit CSV; its figure is drawn from the CSV
+    (``draw``, the registered figure ``depth``)."""
     rows = summary_rows(read_units(unit_csvs))
     out_csv = Path(out_csv)
     write_csv_atomic(out_csv, rows, ROW_FIELDS)
     write_text_atomic(out_csv.with_suffix(".md"), markdown(rows))
-    if figure_stem is not None:
-        figure(rows, figure_stem)
     return rows
+
+
+def draw(depth_csv, out_stem) -> list[Path]:
+    """The depth figure from the depth table (``run``'s CSV): every site's norm ratio and cosine per layer."""
+    from .aggregate import read_csv
+
+    return figure(read_csv(depth_csv), out_stem)

@@ -163,9 +163,23 @@ def excess_series(by_dose: dict[str, list[dict]], form: str, control: str) -> li
             c = next((c for c in COMPONENTS if r["injection"] == f"+{c} vs +{c}~{control}"), None)
             if c is not None:
                 mean, lo, hi = estimate(r)
-                out.append({"model": r["model"], "pathway": pathway, "component": c, "dose": d,
+                out.append({"model": r["model"], "pathway": pathway, "component": c, "dose": d, "control": control,
                             "mean": mean, "ci_low": lo, "ci_high": hi, "n": r["n"]})
     return out
+
+
+def draw(series_csv, out_stem) -> list[Path]:
+    """The dose-response figure from its points (``run``'s series CSV: the doses in the order the profile lists them,
+    and the control each component is taken against)."""
+    from .aggregate import read_csv
+
+    series = read_csv(series_csv)
+    controls = {s["control"] for s in series}
+    if len(controls) != 1:
+        raise ValueError(f"{series_csv}: components taken against {len(controls)} controls "
+                         f"({', '.join(map(str, sorted(controls, key=str)))}); accepted: the one control "
+                         "dose_response's run writes")
+    return figure(series, list(dict.fromkeys(s["dose"] for s in series)), controls.pop(), out_stem)
 
 
 def figure(series: list[dict], doses: list[str], control: str, out_stem: Path | str) -> list[Path]:
@@ -196,8 +210,10 @@ def figure(series: list[dict], doses: list[str], control: str, out_stem: Path | 
     return save(fig, out_stem)
 
 
-def run(profile: Profile, layout: Layout, out_csv=None, figure_stem=None) -> list[dict]:
-    """The dose-response table (CSV and markdown beside it) and figure of a profile's dose runs."""
+def run(profile: Profile, layout: Layout, out_csv=None, series_csv=None) -> list[dict]:
+    """The dose-response table (CSV and markdown beside it) and the figure's points (``series_csv``, default
+    ``layout.dose_response_series``) of a profile's dose runs; the figure is drawn from the points (``draw``, the
+    registered figure ``dose-response``)."""
     settings, design = profile.dose_response, profile.pathways.claims if profile.pathways else None
     if settings is None or design is None:
         raise ValueError(f"profile {profile.name!r} needs a dose_response section and pathways.claims (the "
@@ -207,6 +223,10 @@ def run(profile: Profile, layout: Layout, out_csv=None, figure_stem=None) -> lis
     out_csv = Path(out_csv or layout.dose_response)
     write_csv(decided, out_csv)
     write_text_atomic(out_csv.with_suffix(".md"), markdown(by_dose, decided, settings.source))
-    if figure_stem is not None:
-        figure(excess_series(by_dose, design.form, design.control), list(by_dose), design.control, figure_stem)
+    series = excess_series(by_dose, design.form, design.control)
+    missing = [d for d in by_dose if d not in {s["dose"] for s in series}]
+    if missing:
+        raise ValueError(f"doses {', '.join(missing)}: no component's excess harm over ~{design.control} at the warm "
+                         f"start ({design.form} form) in their pathway rows; accepted: dose runs of this profile")
+    write_csv(series, Path(series_csv or layout.dose_response_series))
     return decided

@@ -1,8 +1,9 @@
 """The figure registry: every figure the workflow draws, each in one entry that the rest derives from.
 
 ``mxfp4 plot <name>`` draws a figure from its input file; the workflow makes one rule per entry
-(``figure_<name>``, in ``workflow/rules/figures.smk``), the ``figures`` target asks for every entry's files,
-and ``store_baselines`` keeps them. A new figure is a drawing function (``draw(input, out_stem) -> paths``,
+(``figure_<name>``, in ``workflow/rules/figures.smk``), the ``figures`` target asks for every entry's files that
+belong to no study, and ``store_baselines`` keeps them; a study's figures are asked for by its own target and kept
+by its own store rule. A new figure is a drawing function (``draw(input, out_stem) -> paths``,
 in ``mxfp4.report.plots`` or anywhere importable), its entry here and its caption
 (``workflow/report/<caption>.rst``, what the HTML report shows beside it)."""
 
@@ -30,6 +31,8 @@ class FigureSpec:
         caption: the stem of its caption file under ``workflow/report/`` (default: ``stem``).
         columns: the columns a CSV input must have (a table without them would draw an empty figure).
         beside: further files of the run the drawing reads beside its input (the rule reruns when they change).
+        study: the Snakemake target of the study the figure belongs to (its target asks for it, not ``figures``:
+            the study runs on its own profiles); empty for the figures every run draws.
     """
 
     name: str
@@ -41,6 +44,7 @@ class FigureSpec:
     caption: str = ""
     columns: tuple[str, ...] = ()
     beside: Callable[[Layout], list] = lambda layout: []
+    study: str = ""
 
     def drawing(self) -> Callable:
         """The drawing function ``draw`` names."""
@@ -93,5 +97,16 @@ for _spec in (
     FigureSpec("regime", "regime_statistics", "regime_statistics", lambda lay: lay.regime,
                "regime.csv of mxfp4 regime", "Regime", caption="regime",
                columns=("model", "operand", "depth", "elements")),
+    FigureSpec("depth", "depth", "mxfp4.report.depth_table:draw", lambda lay: lay.depth,
+               "depth/depth.csv of the depth study's table", "Depth", study="depth",
+               columns=("model", "layers", "site", "arm", "measure", "distance", "mean", "ci_low", "ci_high")),
+    FigureSpec("depth-optimizers", "depth_optimizers", "mxfp4.report.depth_optimizers:draw",
+               lambda lay: lay.depth_optimizers, "depth/depth_optimizers.csv of the depth study's short runs", "Depth",
+               study="depth",
+               columns=("model", "layers", "optimizer", "arm", "measure", "distance", "mean", "ci_low", "ci_high")),
+    FigureSpec("dose-response", "dose_response", "mxfp4.report.dose_response:draw",
+               lambda lay: lay.dose_response_series,
+               "dose_response/dose_response_series.csv of the dose-response", "Dose-response", study="dose_response",
+               columns=("model", "pathway", "component", "dose", "control", "mean", "ci_low", "ci_high")),
 ):
     register_figure(_spec)

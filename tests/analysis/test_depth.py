@@ -119,7 +119,7 @@ def test_the_depth_table_reads_the_unit_files_back_into_the_slopes(tmp_path):
     model, shallow to deep, and the figure is written."""
     from mxfp4.analysis.depth import UNIT_FIELDS
     from mxfp4.io import write_csv_atomic
-    from mxfp4.report.depth_table import run
+    from mxfp4.report.depth_table import draw, figure, run
 
     paths = []
     for name, layers in (("chain-l4", 4), ("chain", 2)):
@@ -130,12 +130,16 @@ def test_the_depth_table_reads_the_unit_files_back_into_the_slopes(tmp_path):
             units += unit_rows(name, layers, "gain", "+scale", "both", batch,
                                compare(_grads(chain, x, [2.0] * layers), _grads(chain, x, [1.0] * layers)))
         paths.append(write_csv_atomic(tmp_path / f"{name}.csv", units, UNIT_FIELDS))
-    rows = run(paths, tmp_path / "depth.csv", figure_stem=tmp_path / "depth")
+    rows = run(paths, tmp_path / "depth.csv")
     text = (tmp_path / "depth.md").read_text()
     lines = [line for line in text.splitlines() if line.startswith("| both |")]
     assert [line.split(" | ")[2] for line in lines] == ["chain", "chain-l4"]
     assert all(f"{math.log(2):+.4f}" in line for line in lines)
-    assert (tmp_path / "depth.png").is_file() and len([r for r in rows if r["distance"] is None]) == 2
+    assert len([r for r in rows if r["distance"] is None]) == 2
+    # the registered figure, drawn from the table's CSV, is the figure of the rows in memory, byte for byte
+    draw(tmp_path / "depth.csv", tmp_path / "from_csv")
+    figure(rows, tmp_path / "from_rows")
+    assert (tmp_path / "from_csv.png").read_bytes() == (tmp_path / "from_rows.png").read_bytes()
 
 
 # The short runs: the gain reaches SGD's update and Adam divides it out ------------------------------------
@@ -196,7 +200,8 @@ def test_the_optimizer_table_holds_the_test_where_sgd_keeps_the_gain_and_adamw_d
     the markdown and figure are written."""
     from mxfp4.analysis.depth import OPTIMIZER_FIELDS
     from mxfp4.io import write_csv_atomic
-    from mxfp4.report.depth_optimizers import CONTRAST, run
+    from mxfp4.report.depth_optimizers import CONTRAST, draw, run
+    from mxfp4.report.depth_table import figure
 
     rng = torch.Generator().manual_seed(0)
     units = []
@@ -212,14 +217,16 @@ def test_the_optimizer_table_holds_the_test_where_sgd_keeps_the_gain_and_adamw_d
                                       "site": "backward", "run": r, "layer": layer, "distance": d,
                                       "norm_ratio": arm_gain ** d * noise ** d, "cosine": 1.0})
     path = write_csv_atomic(tmp_path / "units.csv", units, OPTIMIZER_FIELDS)
-    rows = run([path], tmp_path / "depth_optimizers.csv", figure_stem=tmp_path / "depth_optimizers")
+    rows = run([path], tmp_path / "depth_optimizers.csv")
     primary = {r["model"]: r for r in rows if r["measure"] == CONTRAST}
     assert primary["chain"]["mean"] == pytest.approx(math.log(0.5), abs=1e-2)
     assert primary["chain"]["verdict"] == "held" and primary["chain"]["p_holm"] < 0.05
     assert primary["chain-l4"]["verdict"] == "not shown"
     text = (tmp_path / "depth_optimizers.md").read_text()
     assert "| chain | 3 | 5 |" in text and "held" in text
-    assert (tmp_path / "depth_optimizers.png").is_file()
+    draw(tmp_path / "depth_optimizers.csv", tmp_path / "from_csv")  # the registered figure, from the CSV
+    figure(rows, tmp_path / "from_rows", column="optimizer", quantity="displacement")
+    assert (tmp_path / "from_csv.png").read_bytes() == (tmp_path / "from_rows.png").read_bytes()
 
 
 def test_the_short_runs_measure_every_arm_optimizer_run_and_layer_of_a_warm_start(smoke_results, monkeypatch):

@@ -56,6 +56,26 @@ def test_the_figure_reads_each_components_excess_over_the_designs_control_only()
                                                                         ("grid", "rollout", "c2x8")]
 
 
+def test_the_registered_figure_drawn_from_the_points_file_is_the_figure_of_the_points(tmp_path):
+    """The dose-response's figure is drawn from the points its run writes (the registered figure dose-response):
+    byte for byte the figure of the points in memory, the doses in the profile's order; points taken against two
+    controls are refused in one line."""
+    from mxfp4.report.aggregate import write_csv
+    from mxfp4.report.dose_response import draw, figure
+
+    series = [{"model": "m", "pathway": p, "component": c, "dose": d, "control": "signflip", "mean": m,
+               "ci_low": m - 0.1, "ci_high": m + 0.2, "n": 24}
+              for d, m in (("c0x1", 0.013), ("c4x16", 0.21), ("c2x8", 0.1 / 3))
+              for p in ("gradient", "rollout") for c in ("scale", "dead")]
+    write_csv(series, tmp_path / "series.csv")
+    draw(tmp_path / "series.csv", tmp_path / "from_csv")
+    figure(series, ["c0x1", "c4x16", "c2x8"], "signflip", tmp_path / "from_points")
+    assert (tmp_path / "from_csv.png").read_bytes() == (tmp_path / "from_points.png").read_bytes()
+    write_csv([*series, {**series[0], "control": "gaussian"}], tmp_path / "two.csv")
+    with pytest.raises(ValueError, match="components taken against 2 controls .gaussian, signflip.; accepted"):
+        draw(tmp_path / "two.csv", tmp_path / "two")
+
+
 def test_a_dose_name_is_channels_and_a_power_of_two():
     assert dose("c2x32") == (2, 32) and dose("c0x1") == (0, 1)
     with pytest.raises(ValueError, match="accepted: c<channels>x<factor>"):

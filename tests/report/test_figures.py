@@ -57,9 +57,12 @@ def test_every_registered_figure_draws_with_a_function_and_a_caption_that_exist(
 
 
 def test_the_workflow_names_no_figure_of_its_own():
-    """The figure rules, the figures target and the stored baselines all derive from the registry: no rule
-    file spells a figure's stem."""
+    """The figure rules, the figures target, the study targets and the stored baselines all derive from the
+    registry: no rule file names a registered figure's file (``L.figure("<stem>"...)``, ``<stem>.png``), and a
+    figure drawn for a study's target is asked for through its study (``study_figures``)."""
     stems = {spec.stem for spec in FIGURES.values()}
     text = "\n".join(p.read_text() for p in [REPO / "Snakefile", *(REPO / "workflow" / "rules").glob("*.smk")])
-    named = {s for s in stems if re.search(rf"\b{s}\b", text)}
+    named = {s for s in stems if re.search(rf"figure\(\s*f?[\"']{s}\b|\b{s}\.(png|pdf)\b", text)}
     assert not named, named
+    for study in {spec.study for spec in FIGURES.values()} - {""}:
+        assert f'study_figures("{study}"' in text, study

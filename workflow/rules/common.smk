@@ -96,8 +96,15 @@ ALL_CELLS = [cell_path(m, r, s) for m in MODELS for r in RECIPES for s in SEEDS]
 ALL_EVALS = [str(L.evaluation(m, r, s)) for m in MODELS for r in RECIPES for s in SEEDS]
 
 
-# every registered figure's files (mxfp4/report/figures.py): what the figures target draws and store_baselines keeps
-FIGURE_FILES = [str(L.figure(f.stem, suffix)) for f in FIGURES.values() for suffix in (".png", ".pdf")]
+def study_figures(study="", without=()):
+    """The files of the registered figures (mxfp4/report/figures.py) of one study's target (``study``; "" for those
+    every run draws), but the figures named in ``without``."""
+    return [str(L.figure(f.stem, suffix)) for f in FIGURES.values() if f.study == study and f.name not in without
+            for suffix in (".png", ".pdf")]
+
+
+# what the figures target draws and store_baselines keeps: every registered figure that belongs to no study
+FIGURE_FILES = study_figures()
 
 
 # Each rule file's message before the first job (a cost estimate, a warning): Snakemake keeps only the last

@@ -24,28 +24,35 @@ rule dose_pathways:
         "--dose {wildcards.dose} --out {output.rows} --units {output.units} > {log} 2>&1"
 
 
-rule dose_response:
-    """Where each claim holds: its claim-level test at every dose (one Holm family) and each component's
-    excess harm over its control against the dose."""
+rule dose_response_table:
+    """Where each claim holds: its claim-level test at every dose (one Holm family), and each component's excess
+    harm over its control against the dose (the points of the registered figure dose-response)."""
     input:
         dose_runs,
     output:
         csv=str(L.dose_response),
         md=report(str(L.dose_response.with_suffix(".md")), caption="../report/dose_response.rst",
                   category="Dose-response"),
-        png=report(str(L.figure("dose_response", ".png")), caption="../report/dose_response.rst",
-                   category="Dose-response"),
-        pdf=str(L.figure("dose_response", ".pdf")),
+        series=str(L.dose_response_series),
     run:
         from mxfp4.report.dose_response import run as dose_response
 
-        dose_response(P, L, output.csv, figure_stem=output.png.removesuffix(".png"))
+        dose_response(P, L, output.csv, output.series)
+
+
+rule dose_response:
+    """The dose-response: its table and its figure."""
+    input:
+        rules.dose_response_table.output,
+        study_figures("dose_response"),
 
 
 rule store_dose_response:
-    """Store the dose-response's table and figure beside the baselines (results/baselines/<profile>/)."""
+    """Store the dose-response's table, the figure's points and the figure beside the baselines
+    (results/baselines/<profile>/)."""
     input:
-        rules.dose_response.output,
+        rules.dose_response_table.output,
+        study_figures("dose_response"),
     output:
         touch(str(L.root / "dose_response_stored.flag")),
     run:

@@ -30,13 +30,14 @@ rule regime:
         "{MXFP4} regime --profile {PROFILE} --out {output.csv} > {log} 2>&1"
 
 
-# One rule a registered figure (mxfp4/report/figures.py): figure_<name> draws figures/<profile>/<stem>.png and .pdf
-# from its input file with `mxfp4 plot <name>`, its caption from workflow/report/.
+# One rule a registered figure (mxfp4/report/figures.py): figure_<name> (- as _) draws figures/<profile>/<stem>.png
+# and .pdf from its input file with `mxfp4 plot <name>`, its caption from workflow/report/; the figures target asks for
+# those of no study, a study's target for its own.
 for _fig in FIGURES.values():
 
     rule:
         name:
-            f"figure_{_fig.name}"
+            f"figure_{_fig.name.replace('-', '_')}"
         input:
             main=str(_fig.source(L)),
             beside=[str(p) for p in _fig.beside(L)],
@@ -51,7 +52,7 @@ for _fig in FIGURES.values():
             seeds=len(SEEDS),  # read by the captions
             models=", ".join(MODELS),
         log:
-            str(L.log(f"figure_{_fig.name}")),
+            str(L.log(f"figure_{_fig.name.replace('-', '_')}")),
         shell:
             "{MXFP4} plot {params.figure} {input.main} --out {output.png} > {log} 2>&1"
 
