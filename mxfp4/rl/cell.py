@@ -27,7 +27,6 @@ from datasets import Dataset
 from transformers import set_seed
 
 from ..config import REPO_ROOT
-from ..config.data_files import gsm8k_folder
 from ..config.profiles import Profile
 from ..config.run import CellSpec
 from ..io import exclusive, writable_folder, write_json_atomic
@@ -125,10 +124,19 @@ def git_commit() -> str | None:
 
 @dataclass(frozen=True)
 class CellPlan(CellSpec):
-    """A cell whose inputs are every one checked: what ``execute`` needs before it writes anything
-    (``model_ref``: what ``models.load`` loads as its starting policy)."""
+    """A cell whose inputs are every one checked and resolved: what ``execute`` needs before it trains.
+
+    Args:
+        model_ref: what ``models.load`` loads as its starting policy.
+        train: the training problems, in the data source's order.
+        eval_folder: the folder lm-eval reads the held-out problems from.
+        arithmetic_folder: the never-trained arithmetic's problems (``data.holdout: arithmetic``), else None.
+    """
 
     model_ref: str
+    train: tuple[dict, ...]
+    eval_folder: Path
+    arithmetic_folder: Path | None
 
     @property
     def log_path(self) -> Path:
@@ -142,22 +150,24 @@ class CellPlan(CellSpec):
 
 
 def plan_cell(cell: CellSpec) -> CellPlan:
-    """Check every input of a cell; a bad one is a ValueError saying what is wrong and what is accepted.
+    """Check and resolve every input of a cell (the starting policy, the disk its checkpoints take, its data: the
+    GSM8K files checked, an embedded source's made), then make its folder; a bad input is a ValueError saying what
+    is wrong and what is accepted.
 
     Args:
         cell: the cell (``Run.cell(model, recipe, seed)``).
     """
     model_ref = model_reference(cell.start)
-    if cell.profile.data.source == "gsm8k":
-        gsm.validate_gsm8k_dir(gsm8k_folder(cell.profile))
     check_checkpoint_disk(cell.profile, cell.model)
+    train, eval_folder = gsm.cell_data(cell.run)
+    arithmetic = gsm.arithmetic_eval_folder(cell.run) if cell.profile.data.arithmetic_held_out else None
     try:
         writable_folder(cell.out)  # every input checked: make it
     except OSError as err:
         raise ValueError(
             f"cannot write the cell's folder {cell.out} ({err.strerror}); accepted: a writable results folder"
         ) from None
-    return CellPlan(cell.run, cell.model, cell.seed, cell.recipe, model_ref)
+    return CellPlan(cell.run, cell.model, cell.seed, cell.recipe, model_ref, tuple(train), eval_folder, arithmetic)
 
 
 def check_checkpoint_disk(profile: Profile, model_name: str) -> dict | None:
@@ -187,7 +197,8 @@ def run_cell(cell: CellSpec) -> dict | None:
         The cell's metrics (what ``metrics.json`` holds); None on the ranks other than the main process
         of a multi-process cell.
     """
-    return execute(plan_cell(cell))
+    plan = plan_cell(cell)
+    return execute(plan)
 
 
 def grpo_args(plan: CellPlan, checkpoints: Path, processes: int = 1):
@@ -226,8 +237,6 @@ class CellRun:
     tokenizer: object
     corrections: list
     trainer: object = None
-    eval_folder: Path | None = None
-    arithmetic_folder: Path | None = None  # data.holdout arithmetic: the never-trained arithmetic's problems
     resumed_from: int | None = None
 
 
@@ -239,7 +248,7 @@ def execute(plan: CellPlan) -> dict | None:
     with lock:
         run = prepare(plan, dist)
         scores = {"before": evaluate(run, "before")}  # the warm start, under the recipe's quantization
-        arithmetic = {"before": evaluate(run, "before", arithmetic=True)} if run.arithmetic_folder else {}
+        arithmetic = {"before": evaluate(run, "before", arithmetic=True)} if plan.arithmetic_folder else {}
         trained = train(run)
         scores["after"] = evaluate(run, "after")
         scores["unquantized"] = evaluate(run, "unquantized") if plan.recipe.quantize else scores["after"]
@@ -287,7 +296,7 @@ def prepare(plan: CellPlan, dist) -> CellRun:
                 f"it: make it first (mxfp4 probe-batch --profile {profile.name} --model {plan.model} --seed {seed}"
                 f" --results {plan.run.results}; the snakemake rule probe_batch does)"
             )
-        ensure_probe_batch(plan.start)  # made by its snakemake rule, or now
+        ensure_probe_batch(plan.start, plan.train)  # made by its snakemake rule, or now
         probe_batch = load_probe_batch(stored, plan.model, seed)
     set_seed(seed)  # after the probe batch, whose making draws random numbers
 
@@ -308,11 +317,8 @@ def prepare(plan: CellPlan, dist) -> CellRun:
     patch_model(model, quantizer, cache_weights=weight_cache_pays(model, quantizer, spec.sharded))
     run = CellRun(plan, dist, started, resume, model, tokenizer, corrections)
 
-    train_rows, run.eval_folder = gsm.cell_data(plan.run)
-    if profile.data.arithmetic_held_out:
-        run.arithmetic_folder = gsm.arithmetic_eval_folder(plan.run)
     dataset = Dataset.from_list(
-        [{"prompt": gsm.prompt(r["question"], tokenizer, spec.chat), "answer": r["answer"]} for r in train_rows]
+        [{"prompt": gsm.prompt(r["question"], tokenizer, spec.chat), "answer": r["answer"]} for r in plan.train]
     )
     run.trainer = build_trainer(
         model,
@@ -362,7 +368,7 @@ def evaluate(run: CellRun, stage: str, arithmetic: bool = False) -> dict | None:
     folders = ARITHMETIC_EVAL_FOLDERS if arithmetic else EVAL_FOLDERS
     if stage not in folders:
         raise ValueError(f"unknown evaluation stage {stage!r}; accepted: {', '.join(folders)}")
-    data = run.arithmetic_folder if arithmetic else run.eval_folder
+    data = run.plan.arithmetic_folder if arithmetic else run.plan.eval_folder
     if data is None:
         raise ValueError(f"{run.plan.out}: no held-out arithmetic to evaluate (the profile's data.holdout is "
                          f"{run.plan.profile.data.holdout!r}); accepted: data.holdout arithmetic")

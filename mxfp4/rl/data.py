@@ -163,7 +163,8 @@ def _embedded_folder(folder: Path, made_by: dict, pool: list[dict], test: list[d
 
 
 def cell_data(run: Run) -> tuple[list[dict], Path]:
-    """(training problems, folder with train/test jsonl for lm-eval) for the run's data source."""
+    """(training problems, folder with train/test jsonl for lm-eval) for the run's data source, the GSM8K files
+    checked (``validate_gsm8k_dir``)."""
     profile = run.profile
     d = profile.data
     if d.source == "embedded":
@@ -175,6 +176,7 @@ def cell_data(run: Run) -> tuple[list[dict], Path]:
         test = embedded_split("test", d.n_eval, seed=0, max_steps=d.max_problem_steps, holdout=d.holdout)
         return train, _embedded_folder(run.layout.data, made_by, pool, test)
     folder = gsm8k_folder(profile)
+    validate_gsm8k_dir(folder)  # a damaged or foreign file is one line here, not an error inside datasets
     return load_gsm8k("train", folder), folder
 
 

@@ -16,6 +16,7 @@ import gc
 import json
 import random
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -29,19 +30,20 @@ from .models import load, model_reference
 from .training import preserved_rng
 
 
-def make_probe_batch(start: Start) -> dict:
+def make_probe_batch(start: Start, train: Sequence[dict] | None = None) -> dict:
     """One GRPO batch (``grpo.prompts_per_step`` prompts x ``num_generations``, non-zero advantages)
     sampled by the starting policy (the warm start; a random initialisation from the seed), unquantized,
     from a seed's own order of the training problems. The caller's random streams are left as they were.
 
     Args:
         start: the model and seed of a run (``Run.start``, a seed given).
+        train: the run's training problems (``data.cell_data``; read from the run where not given).
     """
     _seeded(start)
     with preserved_rng():
         set_seed(start.seed)  # as the cell does before loading its starting policy
         model, tokenizer = load(model_reference(start), dtype=torch.float32)
-        return _sample(start, model, tokenizer)
+        return _sample(start, model, tokenizer, cell_data(start.run)[0] if train is None else train)
 
 
 def _seeded(start: Start) -> int:
@@ -51,11 +53,10 @@ def _seeded(start: Start) -> int:
     return start.seed
 
 
-def _sample(start: Start, model, tokenizer) -> dict:
+def _sample(start: Start, model, tokenizer, train: Sequence[dict]) -> dict:
     profile, seed, model_name = start.profile, start.seed, start.model
     size = profile.grpo.prompts_per_step
     trainer = probe_trainer(model, tokenizer, profile, seed, prompts=size)
-    train, _ = cell_data(start.run)
     problems = random.Random(seed).sample(train, len(train))
     batches, _ = gradient_batches(trainer, problems, profile, 1, seed, size=size, keep_first=True,
                                   chat=profile.model(model_name).chat)
@@ -72,16 +73,17 @@ def _sample(start: Start, model, tokenizer) -> dict:
     return {k: v.detach().cpu() if torch.is_tensor(v) else v for k, v in batch.items()}
 
 
-def ensure_probe_batch(start: Start) -> Path:
+def ensure_probe_batch(start: Start, train: Sequence[dict] | None = None) -> Path:
     """The stored probe batch of a model and seed, made (and saved atomically) if missing.
 
     Args:
         start: the model and seed of a run (``Run.start``, a seed given).
+        train: the run's training problems, where the caller has them (``make_probe_batch``).
     """
     model_name, seed = start.model, _seeded(start)
     path = start.layout.probe_batch(model_name, seed)
     if not path.exists() or not stamp_of(path).exists():
-        batch = make_probe_batch(start)
+        batch = make_probe_batch(start, train)
         gc.collect()  # its policy and trainer hold each other (callbacks): free them before the cell's own load
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

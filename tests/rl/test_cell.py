@@ -415,3 +415,17 @@ def test_probe_batches_of_several_seeds_in_one_process_match_one_process_each(re
         a, b = apart.probe_batch("tiny-dense", seed), together.probe_batch("tiny-dense", seed)
         assert hashlib.sha256(a.read_bytes()).digest() == hashlib.sha256(b.read_bytes()).digest(), seed
     assert apart.probe_batch("tiny-dense", 5).read_bytes() != apart.probe_batch("tiny-dense", 6).read_bytes()
+
+
+def test_the_plan_resolves_the_data_the_trainer_and_the_evaluations_read(smoke_results):
+    """plan_cell hands the trainer its data resolved once: the training problems and the evaluation folder are the
+    run's own (``cell_data``, computed here again); a profile holding out questions only has no arithmetic folder
+    (tests/rl/test_arithmetic_holdout.py runs one that has)."""
+    from mxfp4.rl import data
+    from mxfp4.rl.cell import plan_cell
+
+    run = Run.of("smoke", smoke_results)
+    plan = plan_cell(run.cell("tiny-dense", "mxfp4", 0))
+    train, folder = data.cell_data(run)
+    assert plan.train == tuple(train) and plan.eval_folder == folder and plan.arithmetic_folder is None
+    assert len(plan.train) == load_profile("smoke").data.n_train
