@@ -29,6 +29,11 @@ TABLES = {"cells": "cells.csv", "steps": "steps.csv", "summary": "summary.csv", 
           "items_arithmetic": "items_arithmetic.csv"}  # the last only where the profile holds out arithmetic
 
 
+def series_of(table: Path | str) -> Path:
+    """The file beside a study's table that holds its figure's points (``<table stem>_series.csv``)."""
+    return Path(table).with_name(f"{Path(table).stem}_series.csv")
+
+
 @dataclass(frozen=True)
 class Layout:
     """The files of one profile's run: ``results`` is the results root, ``profile`` the profile name."""
@@ -152,8 +157,8 @@ class Layout:
     @property
     def dose_response_series(self) -> Path:
         """Each component's excess harm over its control per model, pathway and dose: the dose-response figure's
-        points."""
-        return self.root / "dose_response" / "dose_response_series.csv"
+        points (``series_of`` the table)."""
+        return series_of(self.dose_response)
 
     @property
     def depth(self) -> Path:

@@ -6,8 +6,9 @@ names its command (``mxfp4 <name>``, with every study's ``--profile``, ``--resul
 study's ``--model``, plus its own options), the function the command runs, the files it writes under the run's
 results, the run's files it reads, its HTML report caption and its section of docs/methods.md. ``mxfp4.cli`` adds
 one command per study, and ``workflow/rules/studies.smk`` makes its rules, as the figure registry does for figures:
-a model study's ``study_<name>`` per model (``-`` as ``_``) and the target ``<name>`` over the models it applies
-to; a profile study's rule ``<name>``, and ``store_<name>`` where it declares what is stored with the baselines.
+its rule ``study_<name>`` (``-`` as ``_``; per model for a model study) and the target ``<name>`` over its outputs
+(every model it applies to) and its figures (the figure registry's entries with ``study="<name>"``), and for a
+profile study that declares what is stored with the baselines, ``store_<name>``.
 A new study is one module (``register_study`` at import; here, or a plugin named in ``$MXFP4_PLUGINS``), its
 profile YAML and its paragraph in docs/methods.md.
 """
@@ -24,7 +25,8 @@ from ..layout import Layout
 from ..plugins import import_plugins
 
 STUDY_NAME = r"^[a-z][a-z0-9-]*$"  # a command name; its rule is study_<name with - as _>
-BUILT_IN = ("collapse_map", "depth", "entropy_trajectory", "network_recovery", "headline", "network_claims")
+BUILT_IN = ("collapse_map", "depth", "entropy_trajectory", "network_recovery", "headline", "network_claims",
+            "dose_response")
 SCOPES = ("model", "profile")
 
 
@@ -57,7 +59,8 @@ class Study:
         category: the HTML report's section.
         settings: ``settings(profile)``, the profile's settings the study reads beyond its model (JSON text): the
             rule reruns when they change.
-        collect: make the target ``<name>`` over ``models`` (False where a rule of its own collects the outputs).
+        collect: make the target ``<name>`` over its outputs and figures (False where a rule of its own collects
+            them).
         method: the heading of the study's section in docs/methods.md.
         threads: the cores its rule takes.
     """
@@ -100,8 +103,8 @@ class Study:
 
     @property
     def rule(self) -> str:
-        """The Snakemake rule that runs the study: on one model (``{model}``), or a profile study's target itself."""
-        return self.target if self.scope == "profile" else f"study_{self.target}"
+        """The Snakemake rule that runs the study: on one model (``{model}``), or on the profile's run."""
+        return f"study_{self.target}"
 
     def output(self, layout: Layout, model: str | None = None) -> Path:
         """The file the study writes for ``model`` (None for a profile study) in ``layout``'s run."""

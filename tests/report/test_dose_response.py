@@ -80,3 +80,27 @@ def test_a_dose_name_is_channels_and_a_power_of_two():
     assert dose("c2x32") == (2, 32) and dose("c0x1") == (0, 1)
     with pytest.raises(ValueError, match="accepted: c<channels>x<factor>"):
         dose("2x32")
+
+
+def test_the_registered_study_writes_its_table_page_and_points_and_the_figure_draws_from_them(tmp_path, monkeypatch,
+                                                                                              capsys):
+    """`mxfp4 dose-response` (the registered study; target dose_response) writes the table, its page and the figure's
+    points where the study declares them, from every dose's rows; `mxfp4 plot dose-response` draws from the points."""
+    from mxfp4.cli import main
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.layout import Layout
+    from mxfp4.report import dose_response
+    from mxfp4.studies import registered
+
+    doses = load_profile("dose-response").dose_response.doses
+    excess = [{"model": "tiny-dense", "checkpoint": "warm (gain)", "metric": "rollout_excess_harm", "injection": inj,
+               "mean": "0.5", "ci_low": "0.1", "ci_high": "0.9", "n": "24"}
+              for inj in ("+dead vs +dead~signflip", "+grid vs +grid~signflip")]
+    by_dose = {d: [_claim("gradient", 0.3, 1e-6, 0.9), _claim("rollout", 0.01, 0.3, 0.4), *excess] for d in doses}
+    monkeypatch.setattr(dose_response, "read_doses", lambda layout, profile: by_dose)
+    assert main(["dose-response", "--profile", "dose-response", "--results", str(tmp_path)]) == 0
+    outputs = registered()["dose-response"].outputs(Layout(tmp_path, "dose-response"))
+    assert [p.name for p in outputs] == ["dose_response.csv", "dose_response.md", "dose_response_series.csv"]
+    assert all(p.is_file() for p in outputs) and f"wrote {outputs[0]}" in capsys.readouterr().out
+    assert main(["plot", "dose-response", str(outputs[2]), "--out", str(tmp_path / "fig.png")]) == 0
+    assert (tmp_path / "fig.png").is_file()
