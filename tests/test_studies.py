@@ -114,3 +114,49 @@ def test_a_study_named_like_a_command_is_one_line(monkeypatch, capsys):
     assert main(["formats"]) == 2
     assert capsys.readouterr().err == ("mxfp4: error: study 'cell' (toy:run) is named like a command of mxfp4; "
                                        "accepted: a name of its own\n")
+
+
+@pytest.fixture
+def toy_profiles(tmp_path, monkeypatch):
+    """The profiles of experiments/profiles/ with one more written here (a toy profile that sets the toy study's
+    block), and tests/toy_study.py registered as a plugin, each undone afterwards."""
+    import shutil
+
+    from mxfp4 import studies
+    from mxfp4.config import profiles
+
+    folder = tmp_path / "profiles"
+    shutil.copytree(profiles.PROFILES_DIR, folder)
+    monkeypatch.setattr(profiles, "PROFILES_DIR", folder)
+    monkeypatch.setattr(studies, "STUDIES", dict(studies.STUDIES))
+    monkeypatch.delitem(sys.modules, "toy_study", raising=False)
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    monkeypatch.setenv("MXFP4_PLUGINS", "toy_study")
+    return folder
+
+
+def test_a_toy_study_is_one_module_and_its_block_in_a_profile_yaml(toy_profiles, tmp_path, capsys):
+    """The toy study reads its own block of a profile written here (``studies: {toy-seeds: {scale: 3}}``), validated
+    by its settings model: a bad value or a block naming no study is one line before any work."""
+    from mxfp4.cli import main
+    from mxfp4.config.profiles import load_profile
+    from mxfp4.studies import check_study_settings
+
+    (toy_profiles / "toy.yaml").write_text("base: embedded\nname: toy\nstudies:\n  toy-seeds: {scale: 3}\n")
+    results = ["--results", str(tmp_path / "results")]
+    assert main(["toy-seeds", "--profile", "toy", "--model", "tiny-dense", *results]) == 0
+    out = json.loads((tmp_path / "results/toy/toy_seeds/tiny-dense.json").read_text())
+    assert out == {"model": "tiny-dense", "profile": "toy", "seeds": [0, 3, 6]}
+    check_study_settings(load_profile("toy"))
+
+    (toy_profiles / "toy.yaml").write_text("base: embedded\nname: toy\nstudies:\n  toy-seeds: {scale: 0}\n")
+    capsys.readouterr()
+    assert main(["toy-seeds", "--profile", "toy", "--model", "tiny-dense", *results]) == 2
+    assert capsys.readouterr().err == ("mxfp4 toy-seeds: error: profile 'toy': studies.toy-seeds.scale: Input "
+                                       "should be greater than or equal to 1\n")
+    (toy_profiles / "toy.yaml").write_text("base: embedded\nname: toy\nstudies:\n  toy-sed: {scale: 2}\n")
+    with pytest.raises(ValueError, match="studies.toy-sed: no registered study 'toy-sed'; accepted: .*toy-seeds"):
+        check_study_settings(load_profile("toy"))
+    (toy_profiles / "toy.yaml").write_text("base: embedded\nname: toy\nstudies:\n  headline: {model: x}\n")
+    with pytest.raises(ValueError, match="studies.headline: the study takes no settings"):
+        check_study_settings(load_profile("toy"))

@@ -5,21 +5,33 @@ from __future__ import annotations
 
 import json
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from mxfp4.studies import Study, register_study
 
 
+class ToySettings(BaseModel):
+    """The toy study's block of a profile (``studies: {toy-seeds: {scale: 3}}``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    scale: int = Field(1, ge=1, description="what the seeds are multiplied by")
+
+
 def options(parser, types) -> None:
-    parser.add_argument("--scale", type=types.positive_int, default=1, help="what the seeds are multiplied by")
+    parser.add_argument("--scale", type=types.positive_int, default=None,
+                        help="what the seeds are multiplied by (default: the profile's studies.toy-seeds.scale)")
 
 
 def run(run, model: str, out, args) -> list[str]:
-    seeds = [s * args.scale for s in run.profile.seeds]
+    scale = args.scale or TOY_SEEDS.settings_of(run.profile).scale
+    seeds = [s * scale for s in run.profile.seeds]
     out.write_text(json.dumps({"model": model, "profile": run.profile.name, "seeds": seeds}))
     return [f"wrote {out}"]
 
 
-register_study(Study(name="toy-seeds", help="the profile's seeds, scaled (a toy study)", run=f"{__name__}:run",
-                     options=options, suffix=".json", loads_models=False, method="A toy study"))
+TOY_SEEDS = register_study(Study(name="toy-seeds", help="the profile's seeds, scaled (a toy study)",
+                                 run=f"{__name__}:run", options=options, suffix=".json", loads_models=False,
+                                 method="A toy study", settings_model=ToySettings))
 
 
 def summarise(run, model, out, args) -> list[str]:

@@ -66,8 +66,10 @@ def _run_study(args) -> int:
     """A registered study's command: its function on the run, the model (None for a profile study) and the output
     it writes."""
     model = args.model if args.study.scope == "model" else None
+    run = run_of(args)
+    args.study.settings_of(run.profile)  # its block of the profile, checked before any work
     out = writable(args.out or args.study.output(args.layout, model))
-    for line in args.study.function()(run_of(args), model, out, args):
+    for line in args.study.function()(run, model, out, args):
         print(line)
     return 0
 

@@ -562,6 +562,9 @@ class Profile(_Strict):
     bench_shapes: str = Field("", pattern=r"^(\d+x\d+(,\d+x\d+)*)?$", description="kernel benchmark shapes, RxC,...")
     bench_compile_peer: bool = Field(True, description="the CPU kernel benchmark times torch.compile of the reference "
                                      "beside the fused kernel (Inductor's one-off C++ build: about 90 s)")
+    studies: dict[str, dict] = Field(
+        default_factory=dict, description="settings blocks of registered studies by study name (mxfp4/studies/): "
+        "each validated by its study's settings model when the command line or the workflow starts")
 
     @model_validator(mode="after")
     def _consistent(self):

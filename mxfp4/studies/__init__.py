@@ -9,8 +9,9 @@ one command per study, and ``workflow/rules/studies.smk`` makes its rules, as th
 its rule ``study_<name>`` (``-`` as ``_``; per model for a model study) and the target ``<name>`` over its outputs
 (every model it applies to) and its figures (the figure registry's entries with ``study="<name>"``), and for a
 profile study that declares what is stored with the baselines, ``store_<name>``.
-A new study is one module (``register_study`` at import; here, or a plugin named in ``$MXFP4_PLUGINS``), its
-profile YAML and its paragraph in docs/methods.md.
+A study's own settings are a block of the profile (``studies: {<name>: {...}}``) that its ``settings_model``
+validates. A new study is one module (``register_study`` at import; here, or a plugin named in ``$MXFP4_PLUGINS``),
+its block in a profile YAML and its paragraph in docs/methods.md.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
 
 from ..layout import Layout
 from ..plugins import import_plugins
@@ -57,8 +60,10 @@ class Study:
         caption: the stem of the output's caption under ``workflow/report/`` (the HTML report shows the output with
             it); empty: not in the HTML report.
         category: the HTML report's section.
-        settings: ``settings(profile)``, the profile's settings the study reads beyond its model (JSON text): the
-            rule reruns when they change.
+        settings_model: the pydantic model of the study's own block of the profile (``studies: {<name>: {...}}``),
+            read with ``settings_of``; None: the study takes none.
+        settings: ``settings(profile)``, the profile's settings the study reads beyond its model and its own block
+            (JSON text): the rule reruns when they or the block change.
         collect: make the target ``<name>`` over its outputs and figures (False where a rule of its own collects
             them).
         method: the heading of the study's section in docs/methods.md.
@@ -81,6 +86,7 @@ class Study:
     stores: Callable | None = None
     caption: str = ""
     category: str = "Studies"
+    settings_model: type[BaseModel] | None = None
     settings: Callable = field(default=lambda profile: "")
     collect: bool = True
 
@@ -117,6 +123,27 @@ class Study:
         out = self.output(layout, model)
         return [out, *map(Path, self.beside(out))]
 
+    def settings_of(self, profile) -> BaseModel | None:
+        """The study's block of ``profile`` validated by its ``settings_model`` (its defaults where the profile has
+        none; None for a study that takes none); a bad block is a ValueError naming the key."""
+        block = profile.studies.get(self.name)
+        if self.settings_model is None:
+            if block is not None:
+                raise ValueError(f"profile {profile.name!r}: studies.{self.name}: the study takes no settings; "
+                                 "accepted: no block")
+            return None
+        try:
+            return self.settings_model.model_validate(block or {})
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(map(str, first["loc"]))
+            raise ValueError(f"profile {profile.name!r}: studies.{self.name}.{where}: {first['msg']}") from None
+
+    def made_from(self, profile) -> str:
+        """What the study's rule is made from beyond its inputs (``settings`` and its own block, as JSON text)."""
+        own = self.settings_of(profile)
+        return self.settings(profile) + ("" if own is None else own.model_dump_json())
+
     def function(self) -> Callable:
         module, _, name = self.run.partition(":")
         return getattr(importlib.import_module(module), name)
@@ -137,6 +164,16 @@ def register_study(study: Study) -> Study:
         raise ValueError(f"study {study.name!r} is registered twice ({have.run} and {study.run})")
     STUDIES[study.name] = study
     return study
+
+
+def check_study_settings(profile) -> None:
+    """Every block of ``profile.studies`` names a registered study and validates against its settings model."""
+    studies = registered()
+    for name in profile.studies:
+        if name not in studies:
+            raise ValueError(f"profile {profile.name!r}: studies.{name}: no registered study {name!r}; accepted: "
+                             f"{', '.join(studies)}")
+        studies[name].settings_of(profile)
 
 
 def registered() -> dict[str, Study]:

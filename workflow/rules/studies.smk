@@ -6,9 +6,10 @@
 #   snakemake --cores 2 entropy_trajectory --config profile=networks-rl
 # and store_<name> keeps a profile study's outputs and figures with the baselines beside the files they are
 # recomputable from.
-from mxfp4.studies import registered
+from mxfp4.studies import check_study_settings, registered
 
 STUDIES = registered()
+check_study_settings(P)  # every studies: block of the profile names a study and holds what its model accepts
 
 
 def study_outputs(study, model=None):
@@ -35,7 +36,7 @@ for _study in STUDIES.values():
                 # the shell command is formatted when the job runs, after the loop has moved on: the study's name
                 # travels as a param, fixed when the rule is made
                 command=_study.name,
-                made_from=_study.settings(P),  # the profile's settings it reads: a change reruns it
+                made_from=_study.made_from(P),  # the profile's settings it reads: a change reruns it
             threads: _study.threads
             shell:
                 "MXFP4_THREADS={threads} {MXFP4} {params.command} --profile {PROFILE} --out {output[0]} > {log} 2>&1"
@@ -57,7 +58,7 @@ for _study in STUDIES.values():
                 str(L.log(f"{_study.rule}_{{model}}")),
             params:
                 command=_study.name,
-                made_from=_study.settings(P),
+                made_from=_study.made_from(P),
             threads: _study.threads
             shell:
                 "MXFP4_THREADS={threads} {MXFP4} {params.command} --profile {PROFILE} --model {wildcards.model} "
