@@ -44,7 +44,7 @@ def test_every_registered_study_has_its_command_its_path_and_its_method():
     made = {"entropy-trajectory": ("networks-rl", ["entropy_trajectory.md", "entropy_trajectory.csv"]),
             "network-recovery": ("networks-rl", ["recovery_networks.md", "recovery_networks.csv"]),
             "headline": ("real-small-headline", ["headline.md", "headline.csv", "headline_curves.png"]),
-            "network-claims": ("embedded", ["claims_networks.md"]),
+            "network-claims": ("embedded", ["claims_networks.md"]), "claims": ("embedded", ["claims.md"]),
             "dose-response": ("dose-response", ["dose_response/dose_response.csv", "dose_response/dose_response.md",
                                                 "dose_response/dose_response_series.csv"])}
     for name, (profile, files) in made.items():

@@ -77,7 +77,7 @@ def test_a_network_design_reuses_stored_networks_and_places_a_recipe_on_the_stor
                                   "warm_starts=stored"))
     assert "pretrain_model" not in jobs and "pretrain_extra_warm_start" not in jobs, jobs
     assert jobs["copy_stored_warm_start"] == 2 and jobs["copy_stored_extra_warm_start"] == 4, jobs
-    assert jobs["pathways_checkpoint"] == 2 and jobs["network_claims"] == 1, jobs
+    assert jobs["pathways_checkpoint"] == 2 and jobs["study_network_claims"] == 1, jobs
     placed = ("-n", "leaderboard", "--config", "profile=networks", "compare_recipe=mxfp4+tis", "warm_starts=stored")
     jobs = planned_jobs(snakemake(workdir, *placed))
     assert jobs["mechanism_units"] == 1 and jobs["leaderboard_bench"] == 1 and jobs["leaderboard"] == 1, jobs
@@ -141,10 +141,10 @@ def test_dry_run_resolves_the_full_dag(workdir, profile):
     checkpoints = {"embedded": 1, "smoke": 2, "paper": 2}[profile]  # pathways.checkpoints: a job per model each
     assert jobs["pathways_checkpoint"] == 2 * checkpoints
     assert jobs["probe_batches"] == 2 and "probe_batch" not in jobs  # one per model, for all its seeds
-    for rule in ("aggregate", "claims", "figure_training", "figure_accuracy", "kernel_checks", "prove_decomposition",
-                 "pathways_table", "figure_pathways"):
+    for rule in ("aggregate", "study_claims", "figure_training", "figure_accuracy", "kernel_checks",
+                 "prove_decomposition", "pathways_table", "figure_pathways"):
         assert jobs[rule] == 1, rule
-    assert jobs.get("network_claims", 0) == (1 if profile == "embedded" else 0)  # where the profile fixes claims
+    assert jobs.get("study_network_claims", 0) == (1 if profile == "embedded" else 0)  # where the profile fixes claims
 
 
 def test_each_seeds_cells_start_from_their_own_warm_start(workdir):

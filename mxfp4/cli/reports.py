@@ -25,35 +25,6 @@ def _cmd_aggregate(args) -> int:
     return 0
 
 
-def _cmd_claims(args) -> int:
-    from ..report.claims import run_claims
-
-    layout = args.layout
-    inputs = {
-        "cells": args.cells or layout.table("cells"),
-        "proofs": args.proofs or layout.proofs,
-        "corrections": args.corrections or layout.corrections,
-    }
-    for name, path in inputs.items():
-        if not Path(path).is_file():
-            raise ValueError(
-                f"claims needs --{name} {path}, which does not exist (snakemake --cores all claims makes it)"
-            )
-    pathways = args.pathways or layout.pathways()
-    if args.pathways and not Path(pathways).is_file():
-        raise ValueError(f"claims: --pathways {pathways} does not exist (snakemake --cores all pathways makes it)")
-    rows = run_claims(
-        inputs["cells"],
-        inputs["proofs"],
-        inputs["corrections"],
-        args.out or layout.claims,
-        args.profile,
-        pathways_csv=pathways,
-        unit_files=args.units,
-    )
-    for r in rows:
-        print(f"{r['verdict']:<40} {r['model']:<28} {r['claim']}")
-    return 0
 
 
 def _cmd_primary_summary(args) -> int:
@@ -288,17 +259,6 @@ def add_commands(sub) -> None:
     p.add_argument("--outside-grid", action="store_true",
                    help="keep cells of recipes or seeds the profile no longer lists (default: named, left out)")
     p.set_defaults(func=_cmd_aggregate)
-
-    p = sub.add_parser("claims", help="the paper's claims against a profile's measurements (markdown)")
-    profile_args(p)
-    p.add_argument("--cells", default=None, help="default results/<profile>/aggregate/cells.csv")
-    p.add_argument("--proofs", default=None, help="default results/<profile>/proofs/proofs.json")
-    p.add_argument("--corrections", default=None, help="default results/<profile>/corrections.json")
-    p.add_argument("--pathways", default=None, help="default results/<profile>/pathways/pathways.csv")
-    p.add_argument("--units", nargs="*", default=[], help="the pathway matrix's per-unit files at the warm start "
-                   "(<model>_warm_units.csv): the mechanism and recovery claims, three outcomes each")
-    p.add_argument("--out", type=out_file, default=None, help="default results/<profile>/claims.md")
-    p.set_defaults(func=_cmd_claims)
 
     p = sub.add_parser("primary-summary", help="the primary family of several profiles' stored baselines side by "
                        "side (markdown)")

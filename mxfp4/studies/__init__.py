@@ -29,7 +29,7 @@ from ..plugins import import_plugins
 
 STUDY_NAME = r"^[a-z][a-z0-9-]*$"  # a command name; its rule is study_<name with - as _>
 BUILT_IN = ("collapse_map", "depth", "entropy_trajectory", "network_recovery", "headline", "network_claims",
-            "dose_response")
+            "dose_response", "claims")
 SCOPES = ("model", "profile")
 
 

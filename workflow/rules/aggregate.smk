@@ -30,26 +30,6 @@ rule corrections_table:
         "{MXFP4} corrections-table --out {output.md} --json {output.json} {params.models} > {log} 2>&1"
 
 
-rule claims:
-    """The paper's claims against what this profile measured, with seeds and intervals."""
-    input:
-        cells=str(L.table("cells")),
-        problems=str(L.table("items")),  # the precondition rows (read beside cells.csv)
-        proofs=str(L.proofs),
-        corrections=str(L.corrections),
-        pathways=str(L.pathways()),
-        # the mechanism and recovery claims: three outcomes on the per-unit files, the design's replicate
-        units=[str(L.pathway_units(m, "warm")) for m in MODELS] if NETWORK_CLAIMS else [],
-    output:
-        report(str(L.claims), caption="../report/claims.rst", category="Claims"),
-    log:
-        str(L.log("claims")),
-    shell:
-        "{MXFP4} claims --profile {PROFILE} --cells {input.cells} --proofs {input.proofs} "
-        "--corrections {input.corrections} --pathways {input.pathways} --units {input.units:q} "
-        "--out {output} > {log} 2>&1"
-
-
 
 rule report_md:
     """The run's results in one page: held-out accuracy, the pathway matrix's headline, the claims."""
