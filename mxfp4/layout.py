@@ -166,11 +166,6 @@ class Layout:
         return self.root / "depth" / "depth.csv"
 
     @property
-    def depth_shrinkage(self) -> Path:
-        """The depth study's norm loss split into shrink and misalignment, and the shrinkage-bias test (``.md``)."""
-        return self.root / "depth" / "depth_shrinkage.csv"
-
-    @property
     def depth_optimizers(self) -> Path:
         """The short runs' tests and per-layer means, every model (``.md`` beside it)."""
         return self.root / "depth" / "depth_optimizers.csv"

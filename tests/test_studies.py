@@ -36,15 +36,18 @@ def test_every_registered_study_has_its_command_its_path_and_its_method():
         assert callable(study.function())
     assert studies["collapse-map"].output(Layout("results", "real-small-board"), "smollm2-135m") == \
         Path("results/real-small-board/collapse_map/smollm2-135m.csv")  # where the stored outputs were made
-    assert studies["depth"].output(Layout("results", "depth"), "tiny-dense-l2") == \
+    assert studies["depth-gradients"].output(Layout("results", "depth"), "tiny-dense-l2") == \
         Path("results/depth/depth/tiny-dense-l2_units.csv")
-    assert studies["depth-optimizers"].output(Layout("results", "depth"), "tiny-dense-l2") == \
+    assert studies["depth-runs"].output(Layout("results", "depth"), "tiny-dense-l2") == \
         Path("results/depth/depth/optimizers/tiny-dense-l2_units.csv")
     # the profile studies write where their stored baselines were made
     made = {"entropy-trajectory": ("networks-rl", ["entropy_trajectory.md", "entropy_trajectory.csv"]),
             "network-recovery": ("networks-rl", ["recovery_networks.md", "recovery_networks.csv"]),
             "headline": ("real-small-headline", ["headline.md", "headline.csv", "headline_curves.png"]),
             "network-claims": ("embedded", ["claims_networks.md"]), "claims": ("embedded", ["claims.md"]),
+            "depth": ("depth", ["depth/depth.csv", "depth/depth.md", "depth/depth_shrinkage.csv",
+                                "depth/depth_shrinkage.md"]),
+            "depth-optimizers": ("depth", ["depth/depth_optimizers.csv", "depth/depth_optimizers.md"]),
             "dose-response": ("dose-response", ["dose_response/dose_response.csv", "dose_response/dose_response.md",
                                                 "dose_response/dose_response_series.csv"])}
     for name, (profile, files) in made.items():

@@ -466,7 +466,7 @@ class PathwaySettings(_Strict):
 
 
 class DepthOptimizerSettings(_Strict):
-    """Short training runs of the depth study (``mxfp4 depth-optimizers``): from the warm start, one optimizer
+    """Short training runs of the depth study (``mxfp4 depth-runs``): from the warm start, one optimizer
     step per GRPO batch with the scale component injected alone, its sign-flip control and no injection, each
     run with SGD and with AdamW. A per-layer gain reaches SGD's update unchanged; Adam divides it out."""
 
@@ -551,7 +551,7 @@ class Profile(_Strict):
     dose_response: DoseResponseSettings | None = Field(
         None, description="the outlier dose-response of the pathway matrix (snakemake target dose_response)")
     depth_optimizers: DepthOptimizerSettings | None = Field(
-        None, description="the depth study's short SGD and AdamW runs (snakemake target depth)")
+        None, description="the depth study's short SGD and AdamW runs (snakemake target depth_optimizers)")
     regime_batch: Literal["grpo-probe", "gsm8k-test"] = Field(
         "grpo-probe", description="the batch whose activations and gradients the regime statistics decompose: the "
         "model and seed's GRPO probe batch, or as many sequences of real GSM8K test questions (drawn with the seed) "

@@ -102,7 +102,7 @@ for _spec in (
                columns=("model", "layers", "site", "arm", "measure", "distance", "mean", "ci_low", "ci_high")),
     FigureSpec("depth-optimizers", "depth_optimizers", "mxfp4.report.depth_optimizers:draw",
                lambda lay: lay.depth_optimizers, "depth/depth_optimizers.csv of the depth study's short runs", "Depth",
-               study="depth",
+               study="depth_optimizers",
                columns=("model", "layers", "optimizer", "arm", "measure", "distance", "mean", "ci_low", "ci_high")),
     FigureSpec("dose-response", "dose_response", "mxfp4.report.dose_response:draw",
                lambda lay: lay.dose_response_series,

@@ -1,11 +1,12 @@
-"""The depth study's two measurements of one model at its warm start (``mxfp4.analysis.depth``): the per-layer
-gradient measures of each component, its control and full MXFP4 (``depth``), and the short SGD and AdamW runs'
-per-layer displacement (``depth-optimizers``). The tables, tests and figures over every model are the rules of
-workflow/rules/depth.smk."""
+"""The depth study (``mxfp4.analysis.depth``, profile ``depth``): per model at its warm start, the per-layer gradient
+measures of each component, its control and full MXFP4 (``depth-gradients``) and the short SGD and AdamW runs'
+per-layer displacement (``depth-runs``); over the models, the depth law with its shrinkage split (``depth``) and the
+short runs' test (``depth-optimizers``), each with its figure."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from . import Study, register_study
 
@@ -29,17 +30,83 @@ def optimizers(run, model: str, out, args) -> list[str]:
     return _measured(run_depth_optimizers, run, model, out)
 
 
-DEPTH = register_study(Study(
-    name="depth", run=f"{__name__}:gradients", method="`mxfp4.analysis.depth`", collect=False,
+def shrinkage(out) -> Path:
+    """Where the depth law's shrinkage split goes beside its table."""
+    return Path(out).with_name("depth_shrinkage.csv")
+
+
+def law(run, model, out, args) -> list[str]:
+    """The depth law's table into ``out`` (``.md`` beside it) and its shrinkage split, from every model's rows.
+
+    Args:
+        run: the profile's ``Run``.
+        model: None (a profile study).
+        out: the table written.
+        args: the command's options (none of its own).
+    """
+    from ..report.depth_shrinkage import run as shrinkage_table
+    from ..report.depth_table import run as depth_table
+
+    units = [str(DEPTH_GRADIENTS.output(run.layout, m)) for m in run.profile.tiny_models()]
+    rows = depth_table(units, out)
+    shrinkage_table(units, shrinkage(out))
+    return [f"wrote {out} ({len(rows)} rows), {out.with_suffix('.md').name} and {shrinkage(out).name}"]
+
+
+def optimizer_test(run, model, out, args) -> list[str]:
+    """The short runs' table and test into ``out`` (``.md`` beside it), from every model's rows.
+
+    Args:
+        run: the profile's ``Run`` (its ``depth_optimizers`` section).
+        model: None (a profile study).
+        out: the table written.
+        args: the command's options (none of its own).
+    """
+    from ..report.depth_optimizers import run as optimizer_table
+
+    if run.profile.depth_optimizers is None:
+        raise ValueError(f"profile {run.name!r} has no depth_optimizers section; accepted: a profile with one "
+                         "(experiments/profiles/depth.yaml)")
+    rows = optimizer_table([str(DEPTH_RUNS.output(run.layout, m)) for m in run.profile.tiny_models()], out)
+    return [f"wrote {out} ({len(rows)} rows) and {out.with_suffix('.md').name}"]
+
+
+def _optimizer_settings(profile) -> str:
+    return profile.depth_optimizers.model_dump_json() if profile.depth_optimizers else ""
+
+
+DEPTH_GRADIENTS = register_study(Study(
+    name="depth-gradients", run=f"{__name__}:gradients", method="`mxfp4.analysis.depth`", collect=False,
     help="the depth study: per-layer gradient norm ratio and cosine of each component, its control and full MXFP4 "
          "against the unquantized gradient",
     models=lambda profile: profile.tiny_models(),
     path=lambda layout, model: layout.root / "depth" / f"{model}_units.csv"))
 
-DEPTH_OPTIMIZERS = register_study(Study(
-    name="depth-optimizers", run=f"{__name__}:optimizers", method="`mxfp4.analysis.depth`", collect=False,
+DEPTH_RUNS = register_study(Study(
+    name="depth-runs", run=f"{__name__}:optimizers", method="`mxfp4.analysis.depth`", collect=False,
     help="the depth study's short runs: per-layer displacement of SGD and AdamW with the scale component, its "
          "control and no injection",
     models=lambda profile: profile.tiny_models(),
     path=lambda layout, model: layout.root / "depth" / "optimizers" / f"{model}_units.csv",
-    settings=lambda profile: profile.depth_optimizers.model_dump_json() if profile.depth_optimizers else ""))
+    settings=_optimizer_settings))
+
+DEPTH = register_study(Study(
+    name="depth", run=f"{__name__}:law", scope="profile", loads_models=False, method="`mxfp4.analysis.depth`",
+    help="the depth law: the slope of log(gradient norm ratio) per layer of every model, shallow to deep, and its "
+         "split into shrink and misalignment with the shrinkage-bias test",
+    path=lambda layout, model: layout.depth,
+    beside=lambda out: [Path(out).with_suffix(".md"), shrinkage(out), shrinkage(out).with_suffix(".md")],
+    inputs=lambda layout, profile: [DEPTH_GRADIENTS.output(layout, m) for m in profile.tiny_models()],
+    stores=lambda layout, profile: [DEPTH_GRADIENTS.output(layout, m) for m in profile.tiny_models()],
+    caption="depth", category="Depth"))
+
+DEPTH_OPTIMIZERS = register_study(Study(
+    name="depth-optimizers", run=f"{__name__}:optimizer_test", scope="profile", loads_models=False,
+    method="`mxfp4.analysis.depth`",
+    help="whether the gain reaches the weights: the slope of log(displacement norm ratio) per layer under SGD and "
+         "AdamW, and the test fixed in the profile",
+    path=lambda layout, model: layout.depth_optimizers,
+    beside=lambda out: [Path(out).with_suffix(".md")],
+    inputs=lambda layout, profile: ([DEPTH_RUNS.output(layout, m) for m in profile.tiny_models()]
+                                    if profile.depth_optimizers else []),
+    stores=lambda layout, profile: [], caption="depth_optimizers", category="Depth", settings=_optimizer_settings))

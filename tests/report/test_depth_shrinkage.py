@@ -114,10 +114,12 @@ def test_the_depth_units_are_stored_apart_from_the_tables():
     from mxfp4.studies import registered
 
     layout = Layout("results", "depth")
-    units = registered()["depth"].output(layout, "tiny-moe-l8")
+    units = registered()["depth-gradients"].output(layout, "tiny-moe-l8")
     assert layout.stored(units).relative_to(layout.baselines).parts == (
         "units", "tiny-moe-l8_units.csv")
-    assert layout.stored(layout.depth_shrinkage).relative_to(layout.baselines).parts == ("depth_shrinkage.csv",)
+    tables = registered()["depth"].outputs(layout)
+    assert [layout.stored(t).relative_to(layout.baselines).parts for t in tables] == [
+        ("depth.csv",), ("depth.md",), ("depth_shrinkage.csv",), ("depth_shrinkage.md",)]
 
 
 STORED = Path(__file__).resolve().parents[2] / "results" / "baselines" / "depth"
