@@ -1,9 +1,9 @@
 """One ablation cell ``(profile, model, recipe, seed)``: GRPO (TRL) under a recipe, then GSM8K through lm-eval.
 
-A cell is one object from the entry point down: ``Run.cell`` makes the ``CellSpec``, ``plan_cell`` checks every
-input before anything is written and returns it as a ``CellPlan``; ``execute`` runs ``prepare`` (model,
-corrections, trainer, resume point), ``train``, ``evaluate`` and ``record`` (``metrics.json``). What
-a cell writes, and where (``mxfp4.layout``), is in docs/design.md ("Outputs", "The cell").
+A cell is one object from the entry point down: ``Run.cell`` makes the ``CellSpec``, ``plan_cell`` checks and
+resolves every input before the cell's folder is made and returns it as a ``CellPlan``; ``execute`` runs
+``prepare`` (model, corrections, trainer, resume point), ``train``, ``evaluate`` and ``record``
+(``metrics.json``). What a cell writes, and where (``mxfp4.layout``), is in docs/design.md ("Outputs", "The cell").
 """
 
 from __future__ import annotations

@@ -136,8 +136,8 @@ class Study:
             return self.settings_model.model_validate(block or {})
         except ValidationError as err:
             first = err.errors()[0]
-            where = ".".join(map(str, first["loc"]))
-            raise ValueError(f"profile {profile.name!r}: studies.{self.name}.{where}: {first['msg']}") from None
+            where = "".join(f".{part}" for part in first["loc"])
+            raise ValueError(f"profile {profile.name!r}: studies.{self.name}{where}: {first['msg']}") from None
 
     def made_from(self, profile) -> str:
         """What the study's rule is made from beyond its inputs (``settings`` and its own block, as JSON text)."""

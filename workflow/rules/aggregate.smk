@@ -30,7 +30,6 @@ rule corrections_table:
         "{MXFP4} corrections-table --out {output.md} --json {output.json} {params.models} > {log} 2>&1"
 
 
-
 rule report_md:
     """The run's results in one page: held-out accuracy, the pathway matrix's headline, the claims."""
     input:
