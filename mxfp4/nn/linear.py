@@ -106,36 +106,23 @@ class GemmContext:
         if not enabled:
             return param.detach()
         operand = self.operand("weight", gemm)
-        if transform is not None:
-            return self._transformed_weight(param, axis, operand, transform)
+        # a transform only where there is one: an injection arm's quantizer takes none
+        given = {} if transform is None else {"transform": transform}
+        if transform is not None and self.probe is not None:  # probed in the basis it is quantized in (the step's)
+            self.probe(self.name, "weight", transform.into(param.detach(), "weight"), axis)
         if not self.cache:
             with torch.no_grad():
-                return self.quantizer(param.detach(), axis, operand=operand)
+                return self.quantizer(param.detach(), axis, operand=operand, **given)
 
         if self._both_axes(param, axis, gemm):
             return self._versioned(param, axis, lambda: self._both(param)[axis])
 
         def quantized():
             with torch.no_grad():
-                q = self.quantizer(param.detach(), axis, operand=operand)
+                q = self.quantizer(param.detach(), axis, operand=operand, **given)
             return self._held(q, param)
 
-        return self._versioned(param, axis, quantized)
-
-    def _transformed_weight(self, param, axis, operand, transform: GemmTransform) -> torch.Tensor:
-        """Q(W T^T) T^-T, cached for this version of the weight and this transform value; probed in the basis it
-        is quantized in (the step's own: the transform depends on the batch)."""
-        if self.probe is not None:
-            self.probe(self.name, "weight", transform.into(param.detach(), "weight"), axis)
-        slot = (param.data_ptr(), ("transformed", axis))
-        hit = self._cache.get(slot) if self.cache else None
-        if hit is not None and hit[0] == param._version and transform.same_as(hit[1]):
-            return hit[2]
-        with torch.no_grad():
-            q = self._held(self.quantizer(param.detach(), axis, operand=operand, transform=transform), param)
-        if self.cache:
-            self._cache[slot] = (param._version, transform, q)
-        return q
+        return self._versioned(param, axis, quantized, transform)
 
     def forward_transform(self, x: torch.Tensor, param: torch.Tensor) -> GemmTransform | None:
         """The forward GEMM's change of basis from this batch's activation and the weight (``Quantizer.
@@ -165,15 +152,17 @@ class GemmContext:
         with torch.no_grad():
             along_k, along_n = dispatch.fake_quantize_both(param.detach(), q.fmt, q.scale_rule)
         along_n = self._held(along_n, param)
-        self._cache[(param.data_ptr(), 0)] = (param._version, along_n)
+        self._cache[(param.data_ptr(), 0)] = (param._version, along_n, None)
         return {0: along_n, 1: self._held(along_k, param)}
 
-    def _versioned(self, param: torch.Tensor, kind, make):
-        """``make()``, cached for this version of ``param`` under ``kind``."""
+    def _versioned(self, param: torch.Tensor, kind, make, transform: GemmTransform | None = None):
+        """``make()``, cached for this version of ``param`` under ``kind`` and, with ``transform``, for this value of
+        the forward GEMM's change of basis (the batch's: a hit needs the same values)."""
         slot = (param.data_ptr(), kind)
         hit = self._cache.get(slot)
-        if hit is None or hit[0] != param._version:
-            hit = (param._version, make())
+        if (hit is None or hit[0] != param._version
+                or (hit[2] is not None if transform is None else not transform.same_as(hit[2]))):
+            hit = (param._version, make(), transform)
             self._cache[slot] = hit
         return hit[1]
 

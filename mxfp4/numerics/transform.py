@@ -11,10 +11,12 @@ is exact in floating point).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
+from .decompose import component_stats
 from .hooks import HookError
 
 CONDITION_LIMIT = 1e6  # a matrix transform's largest condition number: beyond it the inverse loses the product
@@ -78,10 +80,6 @@ def decomposition_back(d, transform: GemmTransform, role: str):
     and each component's energy is the error the GEMM's operand really carries), the masks of the transformed
     elements kept, the statistics recomputed there. The Shapley values are left out: their game was played on the
     transformed elements' corner energies."""
-    import dataclasses
-
-    from .decompose import component_stats
-
     back = {f: transform.back(getattr(d, f), role) for f in ("x", "quantized", "e_scale", "e_dead", "e_grid")}
     out = dataclasses.replace(d, **back, stats={})
     out.stats = component_stats(out, None, n=d.stats["n"])
