@@ -90,15 +90,9 @@ rule store_leaderboard:
         md=str(L.leaderboard()),
     output:
         touch(str(L.root / "leaderboard_stored.flag")),
-    params:
-        units=" ".join(str(L.stored(L.leaderboard_units(m))) for m in TINY_MODELS),
-        accuracy=" ".join(BOARD_PROFILES),
     run:
         store_with_baselines([*input.units, *input.energy, *input.run, input.bench])
-        shell("{MXFP4} leaderboard --profile {PROFILE} {params.units} --bench " + " ".join(stored_benches())
-              + " --accuracy-from {params.accuracy} --out {L.baselines.parent}/LEADERBOARD.md "
-              "--figure {L.baselines}/figures/leaderboard.png")
-        attach_real_board()
+        store_board_page(LEADERBOARD)
 
 
 rule store_placed:
@@ -113,38 +107,39 @@ rule store_placed:
     output:
         touch(str(L.root / (f"placed_{PLACED}_stored.flag" if PLACED else "placed_stored.flag"))),
     run:
-        import json
-
-        from mxfp4.report import leaderboard
-        from mxfp4.report.network_claims import read_units
+        from mxfp4.report.leaderboard import store_placed_units
 
         if not PLACED:
             raise ValueError("store_placed stores a placed recipe: --config compare_recipe=R (R not on the board)")
-        stored_units = [L.stored(L.leaderboard_units(m)) for m in TINY_MODELS]
-        for stored, units in zip(stored_units, input.units):
-            leaderboard.store_placed_units(stored, [units], PLACED)
+        for model, units in zip(TINY_MODELS, input.units):
+            store_placed_units(L.stored(L.leaderboard_units(model)), [units], PLACED)
         store_with_baselines([*(str(Path(u).with_suffix(".energy.json")) for u in input.units), input.bench])
-        leaderboard.run(read_units(stored_units), PROFILE, L.baselines.parent / "LEADERBOARD.md", [*LEADERBOARD, PLACED],
-                        {b: json.loads(Path(b).read_text()) for b in stored_benches()},
-                        [L.sibling(p) for p in BOARD_PROFILES], out_png=L.baselines / "figures" / "leaderboard.png")
-        attach_real_board()
+        store_board_page([*LEADERBOARD, PLACED])
 
 
-def stored_benches():
-    """The stored board's step times: its own run's first, then each placed recipe's (beside its own BF16)."""
+def store_board_page(recipes):
+    """LEADERBOARD.md at results/baselines/ and its figure under the profile's stored figures, ranking ``recipes``
+    from the stored board's files alone (its per-unit files; its own run's step times first, then each placed
+    recipe's, beside its own BF16), the stored real-model board's page appended where it is stored."""
+    import json
+
+    from mxfp4.config.recipes import refuse_redefined
+    from mxfp4.report import leaderboard
+    from mxfp4.report.network_claims import read_units
+
+    refuse_redefined(["mxfp4", *recipes], "leaderboard")
     main = L.stored(L.leaderboard_bench)
-    placed = sorted(p for p in main.parent.glob("step_times_*.json"))
-    return [str(main), *map(str, placed)]
-
-
-def attach_real_board():
-    """LEADERBOARD.md holds both boards: the stored real-model board's page appended where it is stored."""
+    benches = [main, *sorted(main.parent.glob("step_times_*.json"))]
+    page = L.baselines.parent / "LEADERBOARD.md"
+    leaderboard.run(read_units([L.stored(L.leaderboard_units(m)) for m in TINY_MODELS]), PROFILE, page, recipes,
+                    {str(b): json.loads(b.read_text()) for b in benches}, [L.sibling(p) for p in BOARD_PROFILES],
+                    out_png=L.baselines / "figures" / "leaderboard.png")
     real = L.sibling("real-small-board")
     stored_real = real.stored(real.real_leaderboard())
-    if stored_real.is_file():
+    if stored_real.is_file():  # the page holds both boards
         from mxfp4.report.real_board import attach
 
-        attach(L.baselines.parent / "LEADERBOARD.md", stored_real)
+        attach(page, stored_real)
 
 
 @on_start
