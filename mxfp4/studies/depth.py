@@ -30,6 +30,16 @@ def optimizers(run, model: str, out, args) -> list[str]:
     return _measured(run_depth_optimizers, run, model, out)
 
 
+def gradient_units(layout, profile) -> list[Path]:
+    """Every tiny model's per-layer gradient rows (``depth-gradients``): what the depth law is computed from."""
+    return [DEPTH_GRADIENTS.output(layout, m) for m in profile.tiny_models()]
+
+
+def run_units(layout, profile) -> list[Path]:
+    """Every tiny model's short-run rows (``depth-runs``), where the profile has a depth_optimizers section."""
+    return [DEPTH_RUNS.output(layout, m) for m in profile.tiny_models()] if profile.depth_optimizers else []
+
+
 def shrinkage(out) -> Path:
     """Where the depth law's shrinkage split goes beside its table."""
     return Path(out).with_name("depth_shrinkage.csv")
@@ -47,7 +57,7 @@ def law(run, model, out, args) -> list[str]:
     from ..report.depth_shrinkage import run as shrinkage_table
     from ..report.depth_table import run as depth_table
 
-    units = [str(DEPTH_GRADIENTS.output(run.layout, m)) for m in run.profile.tiny_models()]
+    units = [str(p) for p in gradient_units(run.layout, run.profile)]
     rows = depth_table(units, out)
     shrinkage_table(units, shrinkage(out))
     return [f"wrote {out} ({len(rows)} rows), {out.with_suffix('.md').name} and {shrinkage(out).name}"]
@@ -67,7 +77,7 @@ def optimizer_test(run, model, out, args) -> list[str]:
     if run.profile.depth_optimizers is None:
         raise ValueError(f"profile {run.name!r} has no depth_optimizers section; accepted: a profile with one "
                          "(experiments/profiles/depth.yaml)")
-    rows = optimizer_table([str(DEPTH_RUNS.output(run.layout, m)) for m in run.profile.tiny_models()], out)
+    rows = optimizer_table([str(p) for p in run_units(run.layout, run.profile)], out)
     return [f"wrote {out} ({len(rows)} rows) and {out.with_suffix('.md').name}"]
 
 
@@ -96,8 +106,7 @@ DEPTH = register_study(Study(
          "split into shrink and misalignment with the shrinkage-bias test",
     path=lambda layout, model: layout.depth,
     beside=lambda out: [Path(out).with_suffix(".md"), shrinkage(out), shrinkage(out).with_suffix(".md")],
-    inputs=lambda layout, profile: [DEPTH_GRADIENTS.output(layout, m) for m in profile.tiny_models()],
-    stores=lambda layout, profile: [DEPTH_GRADIENTS.output(layout, m) for m in profile.tiny_models()],
+    inputs=gradient_units, stores=gradient_units,
     caption="depth", category="Depth"))
 
 DEPTH_OPTIMIZERS = register_study(Study(
@@ -107,6 +116,5 @@ DEPTH_OPTIMIZERS = register_study(Study(
          "AdamW, and the test fixed in the profile",
     path=lambda layout, model: layout.depth_optimizers,
     beside=lambda out: [Path(out).with_suffix(".md")],
-    inputs=lambda layout, profile: ([DEPTH_RUNS.output(layout, m) for m in profile.tiny_models()]
-                                    if profile.depth_optimizers else []),
+    inputs=run_units,
     stores=lambda layout, profile: [], caption="depth_optimizers", category="Depth", settings=_optimizer_settings))
