@@ -24,14 +24,17 @@ def test_every_registered_study_has_its_command_its_path_and_its_method():
     methods = (REPO / "docs" / "methods.md").read_text()
     for name, study in studies.items():
         assert name in commands and commands[name].get_default("study") is study
+        axes = dict.fromkeys(study.axes, "AXIS")
         if study.scope == "model":
-            out = study.output(Layout("results", "p"), "m")
-            assert out.is_relative_to("results/p") and "m" in out.name  # under the run's results, one file a model
+            out = study.output(Layout("results", "p"), "MODEL", **axes)
+            # under the run's results, one file a model (and a value of each axis)
+            assert out.is_relative_to("results/p") and "MODEL" in str(out) and ("AXIS" in str(out)) == bool(axes)
         else:
-            out = study.output(Layout("results", "p"))
-            assert out.is_relative_to("results/p") and commands[name].parse_args([]).profile == "embedded"
+            out = study.output(Layout("results", "p"), **axes)
+            given = [arg for a in study.axes for arg in (f"--{a}", "AXIS")]
+            assert out.is_relative_to("results/p") and commands[name].parse_args(given).profile == "embedded"
         if study.path is None:
-            assert out == Path("results/p") / study.target / f"m{study.suffix}"
+            assert out == Path("results/p") / study.target / f"MODEL{study.suffix}"
         assert f"### {study.method}" in methods or f"## {study.method}" in methods, study.method
         assert callable(study.function())
     assert studies["collapse-map"].output(Layout("results", "real-small-board"), "smollm2-135m") == \
@@ -40,6 +43,12 @@ def test_every_registered_study_has_its_command_its_path_and_its_method():
         Path("results/depth/depth/tiny-dense-l2_units.csv")
     assert studies["depth-runs"].output(Layout("results", "depth"), "tiny-dense-l2") == \
         Path("results/depth/depth/optimizers/tiny-dense-l2_units.csv")
+    assert studies["pathways"].outputs(Layout("results", "embedded"), "tiny-dense", checkpoint="warm") == \
+        [Path("results/embedded/pathways/tiny-dense/warm.csv"),
+         Path("results/embedded/pathways/tiny-dense/warm_units.csv")]
+    assert studies["mechanism"].outputs(Layout("results", "networks"), "tiny-dense", recipe="mxfp4+smooth")[:2] == \
+        [Path("results/networks/mechanism/mxfp4+smooth/tiny-dense_units.csv"),
+         Path("results/networks/mechanism/mxfp4+smooth/tiny-dense_units.energy.json")]
     # the profile studies write where their stored baselines were made
     made = {"entropy-trajectory": ("networks-rl", ["entropy_trajectory.md", "entropy_trajectory.csv"]),
             "network-recovery": ("networks-rl", ["recovery_networks.md", "recovery_networks.csv"]),
@@ -49,11 +58,14 @@ def test_every_registered_study_has_its_command_its_path_and_its_method():
                                 "depth/depth_shrinkage.md"]),
             "depth-optimizers": ("depth", ["depth/depth_optimizers.csv", "depth/depth_optimizers.md"]),
             "dose-response": ("dose-response", ["dose_response/dose_response.csv", "dose_response/dose_response.md",
-                                                "dose_response/dose_response_series.csv"])}
+                                                "dose_response/dose_response_series.csv"]),
+            "pathways-table": ("embedded", ["pathways/pathways.md", "pathways/pathways.csv"]),
+            "mechanism-report": ("networks", ["mechanism/mxfp4+smooth.md", "mechanism/mxfp4+smooth.json"])}
     for name, (profile, files) in made.items():
-        outputs = studies[name].outputs(Layout("results", profile))
+        outputs = studies[name].outputs(Layout("results", profile), **dict.fromkeys(studies[name].axes, "mxfp4+smooth"))
         assert outputs == [Path("results") / profile / f for f in files]
-        assert all((REPO / "results" / "baselines" / profile / Path(f).name).is_file() for f in files
+        layout = Layout(REPO / "results", profile)
+        assert all(layout.stored(REPO / "results" / profile / f).is_file() for f in files
                    if not f.endswith("_series.csv")), name  # the points file is stored from its next run on
 
 
@@ -107,6 +119,33 @@ def test_a_study_from_outside_gets_its_command_its_rule_and_its_path(tmp_path):
     for planned in ("rule study_toy_summary:", "rule store_toy_summary:", "results/embedded/toy_summary.csv",
                     "results/embedded/toy_seeds/tiny-moe.json"):
         assert planned in dry.stdout, planned
+
+
+@pytest.mark.slow
+def test_a_study_with_an_axis_gets_a_wildcard_and_a_profile_study_over_it_gets_its_files(tmp_path):
+    """tests/toy_study.py's toy-powers (an axis, power) and toy-powers-table (over it, at each power): the command
+    writes where the axis puts it, the rule of each model and power is one job, and the table of a power waits for
+    and is given every model's file at that power, not another power's."""
+    env = {**os.environ, "MXFP4_PLUGINS": "toy_study", "PYTHONPATH": str(REPO / "tests")}
+    results = ["--profile", "embedded", "--results", str(tmp_path / "results")]
+    for model in ("tiny-dense", "tiny-moe"):
+        subprocess.run([sys.executable, "-m", "mxfp4", "toy-powers", "--model", model, "--power", "2", *results],
+                       env=env, check=True, capture_output=True, cwd=tmp_path)
+    files = sorted((tmp_path / "results/embedded/toy_powers").glob("*/2.json"))
+    assert [f.parent.name for f in files] == ["tiny-dense", "tiny-moe"]
+    assert json.loads(files[0].read_text()) == [0, 1, 4]  # embedded's seeds 0, 1, 2 squared
+    r = subprocess.run([sys.executable, "-m", "mxfp4", "toy-powers-table", "--power", "2", *map(str, files),
+                        *results], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "results/embedded/toy_powers/table_2.md").read_text() == "power 2: 10\n"
+    dry = subprocess.run([sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "1", "toy_powers_table"],
+                         cwd=REPO, env=env, capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
+    jobs = dry.stdout.splitlines()
+    assert jobs.count("rule study_toy_powers:") == 4 and jobs.count("rule study_toy_powers_table:") == 2  # 2 x 2
+    table = next(line for line in dry.stdout.splitlines() if "toy-powers-table --profile embedded --power '2'" in line)
+    assert "toy_powers/tiny-dense/2.json" in table and "toy_powers/tiny-moe/2.json" in table
+    assert "1.json" not in table
 
 
 def test_a_study_named_like_a_command_is_one_line(monkeypatch, capsys):

@@ -51,7 +51,7 @@ def test_a_compare_on_the_stored_baselines_trains_no_warm_start(workdir):
     jobs = planned_jobs(snakemake(workdir, *args))
     assert jobs["pretrain_model"] == 2 and "copy_stored_warm_start" not in jobs, jobs
     # the mechanism first, one job a model, then the report
-    assert jobs["mechanism_units"] == 2 and jobs["mechanism"] == 1, jobs
+    assert jobs["study_mechanism"] == 2 and jobs["study_mechanism_report"] == 1, jobs
     # the pilot: the recipe and the one stored cell rerun here, on the first model and seed
     jobs = planned_jobs(snakemake(workdir, *args, "warm_starts=stored", "compare_pilot=true"))
     assert jobs["cell"] == 2 and jobs["copy_stored_warm_start"] == 1 and "pretrain_model" not in jobs, jobs
@@ -77,16 +77,16 @@ def test_a_network_design_reuses_stored_networks_and_places_a_recipe_on_the_stor
                                   "warm_starts=stored"))
     assert "pretrain_model" not in jobs and "pretrain_extra_warm_start" not in jobs, jobs
     assert jobs["copy_stored_warm_start"] == 2 and jobs["copy_stored_extra_warm_start"] == 4, jobs
-    assert jobs["pathways_checkpoint"] == 2 and jobs["study_network_claims"] == 1, jobs
+    assert jobs["study_pathways"] == 2 and jobs["study_network_claims"] == 1, jobs
     placed = ("-n", "leaderboard", "--config", "profile=networks", "compare_recipe=mxfp4+tis", "warm_starts=stored")
     jobs = planned_jobs(snakemake(workdir, *placed))
-    assert jobs["mechanism_units"] == 1 and jobs["leaderboard_bench"] == 1 and jobs["leaderboard"] == 1, jobs
+    assert jobs["study_mechanism"] == 1 and jobs["leaderboard_bench"] == 1 and jobs["leaderboard"] == 1, jobs
     assert "leaderboard_units" not in jobs and "pretrain_extra_warm_start" not in jobs, jobs
     jobs = planned_jobs(snakemake(workdir, "-n", "store_placed", *placed[2:]))  # storing it places it first
-    assert jobs["mechanism_units"] == 1 and jobs["leaderboard"] == 1 and jobs["store_placed"] == 1, jobs
+    assert jobs["study_mechanism"] == 1 and jobs["leaderboard"] == 1 and jobs["store_placed"] == 1, jobs
     real = ("-n", "store_real_placed", "--config", "profile=real-small-board", "compare_recipe=mxfp4-weights-alone")
     jobs = planned_jobs(snakemake(workdir, *real))
-    assert jobs["real_board_measures"] == 1 and jobs["mechanism_units"] == 1 and jobs["real_board"] == 1, jobs
+    assert jobs["real_board_measures"] == 1 and jobs["study_mechanism"] == 1 and jobs["real_board"] == 1, jobs
     jobs = planned_jobs(snakemake(workdir, "-n", "store_leaderboard", "--config", "profile=networks"))
     assert jobs["leaderboard_units"] == 1 and jobs["pretrain_extra_warm_start"] == 7, jobs  # made here, stored
 
@@ -139,10 +139,10 @@ def test_dry_run_resolves_the_full_dag(workdir, profile):
     assert jobs["cell"] == n_cells
     assert jobs.get("pretrain_model", 0) == (0 if profile == "paper" else 2)
     checkpoints = {"embedded": 1, "smoke": 2, "paper": 2}[profile]  # pathways.checkpoints: a job per model each
-    assert jobs["pathways_checkpoint"] == 2 * checkpoints
+    assert jobs["study_pathways"] == 2 * checkpoints
     assert jobs["probe_batches"] == 2 and "probe_batch" not in jobs  # one per model, for all its seeds
     for rule in ("aggregate", "study_claims", "figure_training", "figure_accuracy", "kernel_checks",
-                 "prove_decomposition", "pathways_table", "figure_pathways"):
+                 "prove_decomposition", "study_pathways_table", "figure_pathways"):
         assert jobs[rule] == 1, rule
     assert jobs.get("study_network_claims", 0) == (1 if profile == "embedded" else 0)  # where the profile fixes claims
 
@@ -164,7 +164,7 @@ def test_figures_drives_the_kernel_checks_and_benchmark_of_this_run(workdir):
     if tracked:  # in a git checkout: no committed figure under figures/
         assert tracked == ["figures/README.md"], tracked
     jobs = planned_jobs(snakemake(workdir, "-n", "figures", "--config", "profile=embedded"))
-    for rule in ("kernel_checks", "kernel_bench", "figure_kernels", "pathways_table", "figure_pathways"):
+    for rule in ("kernel_checks", "kernel_bench", "figure_kernels", "study_pathways_table", "figure_pathways"):
         assert jobs.get(rule) == 1, rule
 
 
@@ -176,7 +176,7 @@ def test_the_cpu_kernel_is_built_once_before_every_job_that_quantizes(workdir):
     builders = [n for n, rule in labels.items() if rule == "cpu_kernel"]
     assert len(builders) == 1, labels
     waiting = {labels[b] for a, b in re.findall(r"^\s*(\d+) -> (\d+)", dag, re.M) if a == builders[0]}
-    assert {"cell", "pathways_checkpoint", "probe_batches", "kernel_bench", "kernel_checks"} <= waiting, waiting
+    assert {"cell", "study_pathways", "probe_batches", "kernel_bench", "kernel_checks"} <= waiting, waiting
     assert "pretrain_model" not in waiting
 
 

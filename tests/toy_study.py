@@ -49,3 +49,38 @@ register_study(Study(name="toy-summary", help="every model's toy seeds summed (a
                      beside=lambda out: [out.with_suffix(".csv")],
                      inputs=lambda layout, profile: [layout.root / "toy_seeds" / f"{m}.json" for m in profile.models],
                      stores=lambda layout, profile: []))
+
+
+def power_options(parser, types) -> None:
+    parser.add_argument("--power", required=True, help="the power the seeds are raised to (an axis of the study)")
+
+
+def powers(run, model: str, out, args) -> list[str]:
+    """A model study with an axis: the profile's seeds raised to ``--power``, one file a model and power."""
+    out.write_text(json.dumps([s ** int(args.power) for s in run.profile.seeds]))
+    return [f"wrote {out}"]
+
+
+TOY_POWERS = register_study(Study(
+    name="toy-powers", help="the profile's seeds raised to a power (a toy study with an axis)", run=f"{__name__}:powers",
+    options=power_options, loads_models=False, method="A toy study", axes=("power",),
+    axis_values=lambda profile, config: {"power": ["1", "2"]},
+    path=lambda layout, model, power: layout.root / "toy_powers" / model / f"{power}.json"))
+
+
+def table_options(parser, types) -> None:
+    power_options(parser, types)
+    parser.add_argument("files", nargs="+", help="every model's toy-powers file at the power")
+
+
+def power_table(run, model, out, args) -> list[str]:
+    """A profile study over the model study at each of its axis' values: the files it is given, summed."""
+    out.write_text(f"power {args.power}: {sum(sum(json.loads(open(f).read())) for f in args.files)}\n")
+    return [f"wrote {out}"]
+
+
+register_study(Study(
+    name="toy-powers-table", help="every model's toy powers summed, per power (a toy profile study over a model "
+    "study)", run=f"{__name__}:power_table", scope="profile", options=table_options, loads_models=False,
+    method="A toy study", axes=("power",), axis_values=TOY_POWERS.axis_values, over="toy-powers",
+    path=lambda layout, model, power: layout.root / "toy_powers" / f"table_{power}.md"))

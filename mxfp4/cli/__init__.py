@@ -15,8 +15,8 @@ from . import arguments, numerics, reports, runs
 from .arguments import model_args, out_file, profile_args, run_of, writable
 
 # Commands that load transformers models (the RL processes).
-MODEL_COMMANDS = ("pretrain", "cell", "probe-batch", "pathways", "corrections-table", "weight-components",
-                  "recipe-cost", "mechanism", "real-board")
+MODEL_COMMANDS = ("pretrain", "cell", "probe-batch", "corrections-table", "weight-components",
+                  "recipe-cost", "real-board")
 
 
 def hide_torchao_from_transformers() -> None:
@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(study.name, help=study.help)
         (model_args if study.scope == "model" else profile_args)(p)
         study.options(p, arguments)
-        default = study.output(Layout("results", "PROFILE"), "MODEL" if study.scope == "model" else None)
+        default = study.output(Layout("results", "PROFILE"), "MODEL" if study.scope == "model" else None,
+                               **{a: a.upper() for a in study.axes})
         p.add_argument("--out", type=out_file, default=None, help=f"the file written (default: {default})")
         p.set_defaults(func=_run_study, study=study)
     return parser
@@ -68,7 +69,13 @@ def _run_study(args) -> int:
     model = args.model if args.study.scope == "model" else None
     run = run_of(args)
     args.study.settings_of(run.profile)  # its block of the profile, checked before any work
-    out = writable(args.out or args.study.output(args.layout, model))
+    axes = {a: getattr(args, a) for a in args.study.axes}  # its options add them; None where one is left out
+    several = [a for a, v in axes.items() if isinstance(v, list) and len(v) > 1]
+    if several and args.out is None:
+        raise ValueError(f"{len(axes[several[0]])} values of --{several[0]} measured together need --out (one file "
+                         "for all)")
+    axes = {a: v[0] if isinstance(v, list) else v for a, v in axes.items()}
+    out = writable(args.out or args.study.output(args.layout, model, **axes))
     for line in args.study.function()(run, model, out, args):
         print(line)
     return 0

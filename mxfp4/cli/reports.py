@@ -61,33 +61,6 @@ def _cmd_primary_summary(args) -> int:
 
 
 
-def _cmd_mechanism_report(args) -> int:
-    import json
-
-    from ..report.mechanism import run
-    from ..stats import first_non_finite
-
-    energy = []
-    for units in args.units:
-        path = Path(units).with_suffix(".energy.json")
-        if not path.is_file():
-            raise ValueError(f"{path}: missing; accepted: the .energy.json mxfp4 mechanism writes beside its units "
-                             "(run it again)")
-        rows = json.loads(path.read_text())
-        bad = first_non_finite(rows)
-        if bad is not None:
-            raise ValueError(f"{path}: {bad[0]} is {bad[1]}, not a finite number; accepted: the energies mxfp4 "
-                             "mechanism writes")
-        energy += rows
-    out = args.out or args.layout.mechanism(args.recipe)
-    rows = run(args.units, args.recipe, args.profile, writable(out), energy)
-    for r in rows:
-        print(f"{r['model']:12s} {r['pathway']:9s} vs {r['rival']:16s} {r['verdict']} ({r['networks']} networks; "
-              f"rank {r['rank']} of {r['arms']})")
-    print(f"wrote {out}")
-    return 0
-
-
 def _cmd_real_leaderboard(args) -> int:
     from ..config.recipes import refuse_redefined
     from ..report.network_claims import read_units
@@ -267,14 +240,6 @@ def add_commands(sub) -> None:
     p.add_argument("--out", type=out_file,
                    default="results/baselines/PRIMARY.md", help="default results/baselines/PRIMARY.md")
     p.set_defaults(func=_cmd_primary_summary)
-
-    p = sub.add_parser("mechanism-report", help="a recipe's mechanism decided from its per-unit files, the network "
-                       "as the replicate: against MXFP4, BF16 and each correction, per pathway")
-    profile_args(p)
-    p.add_argument("--recipe", required=True, help="the recipe of the per-unit files")
-    p.add_argument("units", nargs="+", help="per-unit files of mxfp4 mechanism (their .energy.json read beside)")
-    p.add_argument("--out", type=out_file, default=None, help="default results/<profile>/mechanism/<recipe>.md")
-    p.set_defaults(func=_cmd_mechanism_report)
 
     p = sub.add_parser("leaderboard", help="the profile's MXFP4 recipes ranked at its warm starts by the share of "
                        "MXFP4's harm each removes, the network as the replicate (and a user's recipe beside them)")

@@ -1,11 +1,10 @@
-"""Commands that load a profile's models: warm starts, RL cells, the pathway matrix, the depth study, regime and
-weight statistics, the correction table, a recipe's cost, the memory plan and the mechanism arms."""
+"""Commands that load a profile's models: warm starts, RL cells, regime and
+weight statistics, the correction table, a recipe's cost, the memory plan."""
 
 from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 from ..io import write_json_atomic, write_text_atomic
@@ -77,25 +76,6 @@ def _cmd_cell(args) -> int:
     return 0
 
 
-def _cmd_pathways(args) -> int:
-    from ..analysis.pathways.matrix import run_pathways
-
-    layout = args.layout
-    out = args.out or layout.pathways(args.model, args.checkpoint)
-    units = args.units or (layout.pathway_units(args.model, args.checkpoint) if args.checkpoint else None)
-    rows = run_pathways(
-        run_of(args),
-        args.model,
-        out_csv=out,
-        progress=lambda msg: print(msg, file=sys.stderr, flush=True),
-        checkpoint=args.checkpoint,
-        out_units=units,
-        dose=args.dose,
-    )
-    print(f"wrote {out} ({len(rows)} rows)" + (f" and {units}" if units else ""))
-    return 0
-
-
 def _cmd_probe_batch(args) -> int:
     from ..rl.grpo import batch_digest
     from ..rl.probe_batch import ensure_probe_batch, load_probe_batch
@@ -120,34 +100,6 @@ def _cmd_regime(args) -> int:
 
     rows = run_regime(run_of(args), progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     return write_table(rows, Path(args.out or args.layout.regime), summary_markdown(rows))
-
-
-def _cmd_mechanism(args) -> int:
-    from ..analysis.mechanism import mechanism_arms, run_mechanism
-    from ..config.recipes import refuse_redefined
-
-    run = run_of(args)
-    refuse_redefined(["mxfp4", *mechanism_arms(run.profile, args.recipe)], "mechanism")
-    if len(args.recipe) > 1 and args.out is None:
-        raise ValueError(f"{len(args.recipe)} recipes measured together need --out (one per-unit file for all)")
-    out = Path(args.out or args.layout.mechanism_units(args.recipe[0], args.model))
-    writable(out)
-    t0 = time.perf_counter()
-    against = None
-    if args.against:
-        from ..report.network_claims import read_units
-
-        against = read_units(args.against)
-    _, energy = run_mechanism(run, args.model, args.recipe, out,
-                              progress=lambda line: print(line, file=sys.stderr, flush=True), energy=not args.no_energy,
-                              against=against)
-    write_json_atomic(out.with_suffix(".energy.json"), energy)
-    # what a run of these arms cost here: the leaderboard's estimate for a recipe placed on it
-    write_json_atomic(out.with_suffix(".run.json"), {
-        "seconds": time.perf_counter() - t0, "arms": 2 + len(mechanism_arms(run.profile, args.recipe)),
-        "networks": len({run.profile.warm_start_of(s) for s in run.profile.seeds})})
-    print(f"wrote {out} and {out.with_suffix('.energy.json').name}")
-    return 0
 
 
 def _cmd_real_board(args) -> int:
@@ -227,21 +179,6 @@ def add_commands(sub) -> None:
     p.add_argument("--recipes", default=None, help="a recipes YAML (default experiments/recipes.yaml)")
     p.set_defaults(func=_cmd_cell)
 
-    p = sub.add_parser(
-        "pathways", help="the pathway matrix: each error component injected alone, on gradients, rollouts, entropy"
-    )
-    model_args(p)
-    p.add_argument("--checkpoint", default=None, choices=["warm", "grpo"],
-                   help="one checkpoint only (default: every one the profile's pathways.checkpoints names)")
-    p.add_argument("--out", type=out_file,
-                   default=None, help="default results/<profile>/pathways/<model>/<checkpoint>.csv, or "
-                                               "pathways.csv for every checkpoint")
-    p.add_argument("--units", default=None, help="every unit's harm per pathway and arm; default, with --checkpoint: "
-                                                 "results/<profile>/pathways/<model>/<checkpoint>_units.csv")
-    p.add_argument("--dose", default=None, help="an outlier dose (c<channels>x<factor>, e.g. c2x32) given to the warm "
-                                                "start first (the dose-response; with --checkpoint warm)")
-    p.set_defaults(func=_cmd_pathways)
-
     p = sub.add_parser("probe-batch", help="the GRPO batch every recipe's gradient probes of a model and seed are "
                                            "taken on (sampled once by the starting policy, unquantized)")
     model_args(p)
@@ -260,20 +197,6 @@ def add_commands(sub) -> None:
     profile_args(p)
     p.add_argument("--out", type=out_file, default=None, help="default results/<profile>/regime.csv")
     p.set_defaults(func=_cmd_regime)
-
-    p = sub.add_parser("mechanism", help="a recipe's arm in the pathway matrix at the warm starts, beside MXFP4, BF16 "
-                       "and the profile's correction arms, unit by unit (minutes: no RL)")
-    model_args(p)
-    p.add_argument("--recipe", required=True, nargs="+",
-                   help="the recipe whose mechanism is measured (several: each an arm, one per-unit file, --out)")
-    p.add_argument("--out", type=out_file, default=None,
-                   help="the per-unit file (default results/<profile>/mechanism/<recipe>/<model>_units.csv)")
-    p.add_argument("--against", nargs="+", default=None,
-                   help="a stored board's per-unit files: the mxfp4 and bf16 arms must reproduce them, checked before "
-                        "any recipe's arm is measured")
-    p.add_argument("--no-energy", action="store_true",
-                   help="measure no error energies (the .energy.json beside the units holds none)")
-    p.set_defaults(func=_cmd_mechanism)
 
     p = sub.add_parser("real-board", help="the real-model board's measures before RL: per recipe, GSM8K through "
                                           "lm-eval per held-out problem, error completions, a training pass's time")

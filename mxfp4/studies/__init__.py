@@ -29,7 +29,7 @@ from ..plugins import import_plugins
 
 STUDY_NAME = r"^[a-z][a-z0-9-]*$"  # a command name; its rule is study_<name with - as _>
 BUILT_IN = ("collapse_map", "depth", "entropy_trajectory", "network_recovery", "headline", "network_claims",
-            "dose_response", "claims")
+            "dose_response", "claims", "pathways", "mechanism")
 SCOPES = ("model", "profile")
 
 
@@ -50,11 +50,24 @@ class Study:
         suffix: a model study's output suffix under ``<results>/<profile>/<name>/<model>``.
         loads_models: the command loads transformers models (the CLI then hides torchao from them).
         models: ``models(profile)``, the profile's model lines the study's target runs on (default: every one).
-        path: ``path(layout, model)``, the output where it is not ``<results>/<profile>/<name>/<model><suffix>``
+        axes: the study's coordinates beyond its model (e.g. ``checkpoint``, ``recipe``): each is a wildcard of its
+            rule, passed to its command as ``--<axis>`` (its ``options`` add them) and to ``path``, ``job_inputs`` and
+            ``job_settings`` by name.
+        axis_values: ``axis_values(profile, config)``, each axis's values the target runs on (``config``: the
+            workflow's, e.g. ``compare_recipe``), and under ``model`` the models where the workflow narrows
+            ``models`` (a pilot).
+        over: a model study this profile study summarises: its rule waits for that study's outputs at its own
+            axes, of every model the workflow runs it on, and passes them to the command as its positional
+            arguments.
+        path: ``path(layout, model, **axes)``, the output where it is not ``<results>/<profile>/<name>/<model><suffix>``
             (a profile study's, with model None, always).
         beside: ``beside(out)``, the further files the study writes beside its output (its rule declares them).
         inputs: ``inputs(layout, profile)``, the run's files the study reads (its rule waits for them and reruns when
             they change), beyond a model study's warm start.
+        job_inputs: ``job_inputs(layout, profile, model, **axes)``, what one job further waits for (e.g. the cells a
+            checkpoint after GRPO is measured on).
+        job_settings: ``job_settings(profile, model, **axes)``, what one job is made from beyond ``settings`` (text;
+            e.g. its recipe's definition): a change reruns it.
         stores: ``stores(layout, profile)``, the run's files stored with the baselines beside the outputs by the
             rule ``store_<name>``, so that the outputs are recomputable from what is stored (None: no such rule).
         caption: the stem of the output's caption under ``workflow/report/`` (the HTML report shows the output with
@@ -68,6 +81,7 @@ class Study:
             them).
         method: the heading of the study's section in docs/methods.md.
         threads: the cores its rule takes.
+        priority: its rule's Snakemake priority (the longest jobs first, so shorter ones fill the other cores).
     """
 
     name: str
@@ -80,15 +94,21 @@ class Study:
     threads: int = 1
     scope: str = "model"
     models: Callable = field(default=lambda profile: list(profile.models))
+    axes: tuple[str, ...] = ()
+    axis_values: Callable = field(default=lambda profile, config: {})
+    over: str = ""
     path: Callable | None = None
     beside: Callable = field(default=lambda out: [])
     inputs: Callable = field(default=lambda layout, profile: [])
+    job_inputs: Callable = field(default=lambda layout, profile, model, **axes: [])
+    job_settings: Callable = field(default=lambda profile, model, **axes: "")
     stores: Callable | None = None
     caption: str = ""
     category: str = "Studies"
     settings_model: type[BaseModel] | None = None
     settings: Callable = field(default=lambda profile: "")
     collect: bool = True
+    priority: int = 0
 
     def __post_init__(self):
         if not re.match(STUDY_NAME, self.name):
@@ -101,6 +121,15 @@ class Study:
         if self.scope == "profile" and self.path is None:
             raise ValueError(f"study {self.name!r}: a profile study names its output; accepted: path=lambda layout, "
                              "model: <a path of the layout>")
+        if self.axes and self.path is None:
+            raise ValueError(f"study {self.name!r}: axes {', '.join(self.axes)} need a named output; accepted: "
+                             "path=lambda layout, model, **axes: <a path of the layout>")
+        if self.over and self.scope != "profile":
+            raise ValueError(f"study {self.name!r}: over={self.over!r} needs a profile study; accepted: "
+                             "scope='profile'")
+        if {"model", "profile", "results", "out"} & set(self.axes):
+            raise ValueError(f"study {self.name!r}: axes {', '.join(self.axes)}; accepted: names other than every "
+                             "study's options (model, profile, results, out)")
 
     @property
     def target(self) -> str:
@@ -112,16 +141,29 @@ class Study:
         """The Snakemake rule that runs the study: on one model (``{model}``), or on the profile's run."""
         return f"study_{self.target}"
 
-    def output(self, layout: Layout, model: str | None = None) -> Path:
-        """The file the study writes for ``model`` (None for a profile study) in ``layout``'s run."""
+    def output(self, layout: Layout, model: str | None = None, **axes) -> Path:
+        """The file the study writes for ``model`` (None for a profile study) at ``axes`` in ``layout``'s run."""
+        if set(axes) != set(self.axes):
+            raise ValueError(f"study {self.name!r}: axes {', '.join(sorted(axes)) or 'none'} given; accepted: "
+                             f"{', '.join(self.axes) or 'none'}")
         if self.path is not None:
-            return Path(self.path(layout, model))
+            return Path(self.path(layout, model, **axes))
         return layout.root / self.target / f"{model}{self.suffix}"
 
-    def outputs(self, layout: Layout, model: str | None = None) -> list[Path]:
-        """Every file the study writes for ``model``: its output, then those beside it."""
-        out = self.output(layout, model)
+    def outputs(self, layout: Layout, model: str | None = None, **axes) -> list[Path]:
+        """Every file the study writes for ``model`` at ``axes``: its output, then those beside it."""
+        out = self.output(layout, model, **axes)
         return [out, *map(Path, self.beside(out))]
+
+    def jobs(self, profile, config: dict) -> list[dict]:
+        """The wildcards of every job its target runs: each model it applies to (None for a profile study) at each
+        combination of its axes' values."""
+        values = self.axis_values(profile, config)
+        models = values.get("model", self.models(profile)) if self.scope == "model" else [None]
+        combos = [{}]
+        for axis in self.axes:
+            combos = [{**c, axis: v} for c in combos for v in values.get(axis, [])]
+        return [{"model": m, **c} for m in models for c in combos]
 
     def settings_of(self, profile) -> BaseModel | None:
         """The study's block of ``profile`` validated by its ``settings_model`` (its defaults where the profile has

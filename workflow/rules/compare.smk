@@ -185,7 +185,7 @@ def mechanism_estimate():
     from mxfp4.analysis.mechanism import mechanism_arms
 
     arms = 2 + len(mechanism_arms(P, [COMPARE_RECIPE]))
-    for m in COMPARE_MODELS:
+    for m in (job["model"] for job in STUDIES["mechanism"].jobs(P, config)):
         stored = L.stored(L.leaderboard_units(m).with_suffix(".run.json"))
         if not stored.is_file():
             print(f"mechanism: {COMPARE_RECIPE} on {m}: {arms} arms; no stored measure of this profile's arms "
@@ -197,52 +197,28 @@ def mechanism_estimate():
               f"min on one core (the stored board: {run['arms']} arms in {run['seconds'] / 60:.0f} min)")
 
 
-# The mechanism first, where the profile fixes the pathways' margins (pathways.claims) and has tiny warm starts.
-MECHANISM = ([str(L.mechanism(COMPARE_RECIPE))] if P.pathways and P.pathways.claims
-             and any(m in TINY_MODELS for m in COMPARE_MODELS) else [])
-
-
-rule mechanism_units:
-    """One model's per-unit harms of the compare recipe's arm beside MXFP4, BF16 and the profile's correction arms
-    at the warm starts (mxfp4 mechanism): the pathway matrix's measures, no RL. Scheduled before any cell."""
-    input:
-        lambda wc: warm_start_paths(wc.model),
-    output:
-        units=str(L.mechanism_units(COMPARE_RECIPE, "{model}")),
-        energy=str(L.mechanism_units(COMPARE_RECIPE, "{model}").with_suffix(".energy.json")),
-    log:
-        str(L.log(f"mechanism_{COMPARE_RECIPE}_{{model}}")),
-    params:
-        definition=lambda wc: definition_digest(COMPARE_RECIPE),  # a redefined recipe reruns its mechanism
-        against=lambda wc: placed_against(wc.model),
-    priority: 100
-    shell:
-        "MXFP4_THREADS=1 {MXFP4} mechanism --profile {PROFILE} --model {wildcards.model} --recipe '{COMPARE_RECIPE}' "
-        "--out {output.units} {params.against} > {log} 2>&1"
-
-
-def placed_against(model):
-    """A recipe placed on the stored leaderboard: its run's mxfp4 and bf16 arms checked against the board's before
-    its own arm is measured (``mxfp4 mechanism --against``)."""
-    stored = L.stored(L.leaderboard_units(model))
-    placing = (bool({"leaderboard", "store_placed", "store_real_placed"} & set(requested_targets()))
-               and COMPARE_RECIPE not in P.leaderboard)
-    return f"--against {stored}" if placing and stored.is_file() else ""
+# The mechanism first (the registered studies mechanism and mechanism-report, mxfp4/studies/mechanism.py), where the
+# profile fixes the pathways' margins (pathways.claims) and has tiny warm starts:
+#   snakemake --cores all mechanism --config compare_recipe=R warm_starts=stored
+MECHANISM = ([str(STUDIES["mechanism-report"].output(L, recipe=COMPARE_RECIPE))] if P.pathways and P.pathways.claims
+             and STUDIES["mechanism"].jobs(P, config) else [])
 
 
 rule mechanism:
-    """The compare recipe's mechanism, first and in minutes: per model and pathway its harm against MXFP4, BF16 and
-    each stored correction, the network (warm start) as the replicate, and the error energy it removes:
-        snakemake --cores all mechanism --config compare_recipe=R warm_starts=stored"""
     input:
-        [str(L.mechanism_units(COMPARE_RECIPE, m)) for m in COMPARE_MODELS if m in TINY_MODELS],
-    output:
-        str(L.mechanism(COMPARE_RECIPE)),
-    log:
-        str(L.log(f"mechanism_{COMPARE_RECIPE}")),
-    priority: 100
-    shell:
-        "{MXFP4} mechanism-report --profile {PROFILE} --recipe '{COMPARE_RECIPE}' {input} --out {output} > {log} 2>&1"
+        MECHANISM,
+
+
+def placed_against(wc):
+    """A recipe placed on the stored leaderboard: its run's mxfp4 and bf16 arms checked against the board's before
+    its own arm is measured (``mxfp4 mechanism --against``)."""
+    stored = L.stored(L.leaderboard_units(wc.model))
+    placing = (bool({"leaderboard", "store_placed", "store_real_placed"} & set(requested_targets()))
+               and wc.recipe not in P.leaderboard)
+    return f"--against {stored}" if placing and stored.is_file() else ""
+
+
+STUDY_ARGS["mechanism"] = placed_against
 
 
 rule compare:

@@ -15,4 +15,4 @@ rule dose_pathways:
     threads: 1
     shell:
         "MXFP4_THREADS={threads} {MXFP4} pathways --profile {PROFILE} --model {wildcards.model} --checkpoint warm "
-        "--dose {wildcards.dose} --out {output.rows} --units {output.units} > {log} 2>&1"
+        "--dose {wildcards.dose} --out {output.rows} > {log} 2>&1"  # its units beside the rows
