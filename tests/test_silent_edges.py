@@ -580,7 +580,7 @@ def test_a_users_recipe_never_shadows_a_built_in_on_the_boards_or_in_mechanism(t
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     units = "results/baselines/networks/leaderboard/tiny-dense_units.csv"
-    assert main(["leaderboard", "--profile", "networks", units, "--recipe", "mxfp4+4over6", "--recipe-units", units,
+    assert main(["leaderboard-place", "--profile", "networks", units, "--recipe", "mxfp4+4over6", "--board", units,
                  "--out", str(tmp_path / "b.md")]) == 2
     assert "--recipe mxfp4+4over6 is on the stored board; a recipe placed with its own units needs a name of its " \
            "own" in capsys.readouterr().err

@@ -78,17 +78,21 @@ def test_a_network_design_reuses_stored_networks_and_places_a_recipe_on_the_stor
     assert "pretrain_model" not in jobs and "pretrain_extra_warm_start" not in jobs, jobs
     assert jobs["copy_stored_warm_start"] == 2 and jobs["copy_stored_extra_warm_start"] == 4, jobs
     assert jobs["study_pathways"] == 2 and jobs["study_network_claims"] == 1, jobs
-    placed = ("-n", "leaderboard", "--config", "profile=networks", "compare_recipe=mxfp4+tis", "warm_starts=stored")
+    placed = ("-n", "leaderboard_place", "--config", "profile=networks", "compare_recipe=mxfp4+tis",
+              "warm_starts=stored")
     jobs = planned_jobs(snakemake(workdir, *placed))
-    assert jobs["study_mechanism"] == 1 and jobs["leaderboard_bench"] == 1 and jobs["leaderboard"] == 1, jobs
-    assert "leaderboard_units" not in jobs and "pretrain_extra_warm_start" not in jobs, jobs
+    assert jobs["study_mechanism"] == 1 and jobs["leaderboard_bench"] == 1, jobs
+    assert jobs["study_leaderboard_place"] == 1, jobs
+    assert "study_leaderboard_units" not in jobs and "pretrain_extra_warm_start" not in jobs, jobs
     jobs = planned_jobs(snakemake(workdir, "-n", "store_placed", *placed[2:]))  # storing it places it first
-    assert jobs["study_mechanism"] == 1 and jobs["leaderboard"] == 1 and jobs["store_placed"] == 1, jobs
+    assert jobs["study_mechanism"] == 1 and jobs["study_leaderboard_place"] == 1 and jobs["store_placed"] == 1, jobs
     real = ("-n", "store_real_placed", "--config", "profile=real-small-board", "compare_recipe=mxfp4-weights-alone")
     jobs = planned_jobs(snakemake(workdir, *real))
-    assert jobs["real_board_measures"] == 1 and jobs["study_mechanism"] == 1 and jobs["real_board"] == 1, jobs
+    assert jobs["study_real_board_place"] == 1 and jobs["study_mechanism"] == 1, jobs
+    assert jobs["study_real_leaderboard_place"] == 1 and "study_real_board" not in jobs, jobs  # the stored board's
     jobs = planned_jobs(snakemake(workdir, "-n", "store_leaderboard", "--config", "profile=networks"))
-    assert jobs["leaderboard_units"] == 1 and jobs["pretrain_extra_warm_start"] == 7, jobs  # made here, stored
+    assert jobs["study_leaderboard_units"] == 1 and jobs["study_leaderboard"] == 1, jobs
+    assert jobs["pretrain_extra_warm_start"] == 7, jobs  # made here, stored
 
 
 def test_an_outlier_profile_adds_its_channels_to_a_stored_sft_instead_of_training_it(tmp_path):

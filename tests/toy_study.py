@@ -62,7 +62,8 @@ def powers(run, model: str, out, args) -> list[str]:
 
 
 TOY_POWERS = register_study(Study(
-    name="toy-powers", help="the profile's seeds raised to a power (a toy study with an axis)", run=f"{__name__}:powers",
+    name="toy-powers", help="the profile's seeds raised to a power (a toy study with an axis)",
+    run=f"{__name__}:powers",
     options=power_options, loads_models=False, method="A toy study", axes=("power",),
     axis_values=lambda profile, config: {"power": ["1", "2"]},
     path=lambda layout, model, power: layout.root / "toy_powers" / model / f"{power}.json"))

@@ -16,7 +16,7 @@ from .arguments import model_args, out_file, profile_args, run_of, writable
 
 # Commands that load transformers models (the RL processes).
 MODEL_COMMANDS = ("pretrain", "cell", "probe-batch", "corrections-table", "weight-components",
-                  "recipe-cost", "real-board")
+                  "recipe-cost")
 
 
 def hide_torchao_from_transformers() -> None:
@@ -76,6 +76,8 @@ def _run_study(args) -> int:
                          "for all)")
     axes = {a: v[0] if isinstance(v, list) else v for a, v in axes.items()}
     out = writable(args.out or args.study.output(args.layout, model, **axes))
+    for figure in args.study.figures(args.layout, model, **axes):  # drawn by the command itself
+        writable(figure)
     for line in args.study.function()(run, model, out, args):
         print(line)
     return 0

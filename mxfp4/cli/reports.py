@@ -4,7 +4,6 @@ leaderboard, the power design and the GPU smoke report."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from ..io import write_json_atomic, write_text_atomic
 from ..layout import GPU_SMOKE_DENSE, Layout
@@ -59,59 +58,6 @@ def _cmd_primary_summary(args) -> int:
     return 0
 
 
-
-
-def _cmd_real_leaderboard(args) -> int:
-    from ..config.recipes import refuse_redefined
-    from ..report.network_claims import read_units
-    from ..report.real_board import read_board, run
-
-    refuse_redefined(list(read_board(args.real)[1]["recipes"]) + ([args.recipe] if args.recipe else []),
-                     "the real-model board")
-    units = read_units(args.units) if args.units else None
-    if args.recipe and not args.recipe_board:
-        raise ValueError(f"--recipe {args.recipe} on the real board needs --recipe-board: its folder of mxfp4 "
-                         "real-board --recipe <recipe>")
-    out = args.out or args.layout.leaderboard(args.recipe)
-    rows = run(args.real, args.profile, writable(out), units, args.recipe, args.recipe_board)
-    for r in rows:
-        print(f"{r['rank']:2d}. {r['recipe']:22s} strict before RL {r['accuracy']:.3f} (- bf16 {r['diff']:+.3f})")
-    print(f"wrote {out}")
-    return 0
-
-
-def _cmd_leaderboard(args) -> int:
-    from ..report.leaderboard import merged, run
-    from ..report.network_claims import read_units
-
-    if args.real:
-        return _cmd_real_leaderboard(args)
-    if not args.units:
-        raise ValueError("leaderboard needs per-unit files of mxfp4 mechanism (or --real <a real-board folder>)")
-    from ..config.recipes import refuse_redefined
-
-    profile = profile_of(args)
-    refuse_redefined(["mxfp4", *profile.leaderboard, *([args.recipe] if args.recipe else [])], "leaderboard")
-    if args.recipe in (*profile.leaderboard, "mxfp4", "bf16") and args.recipe_units:
-        raise ValueError(f"--recipe {args.recipe} is on the stored board; a recipe placed with its own units needs a "
-                         "name of its own (rename it in your recipe file)")
-    if not profile.leaderboard:
-        raise ValueError(f"profile {args.profile!r} ranks no recipes (leaderboard: [...]); accepted: e.g. networks")
-    units = read_units(args.units)
-    if args.recipe:
-        if not args.recipe_units:
-            raise ValueError(f"--recipe {args.recipe} needs --recipe-units: its per-unit files of mxfp4 mechanism")
-        if args.recipe not in profile.leaderboard:
-            units = merged(units, read_units(args.recipe_units), args.recipe)
-    benches = {path: json.loads(Path(path).read_text()) for path in args.bench or []}
-    out = args.out or args.layout.leaderboard(args.recipe if args.recipe not in profile.leaderboard else None)
-    boards = run(units, args.profile, writable(out), profile.leaderboard, benches,
-                 [args.layout.sibling(p) for p in args.accuracy_from or ()], args.recipe, args.figure)
-    for model, rows in boards.items():
-        for r in rows:
-            print(f"{model:12s} {r['rank']:2d}. {r['recipe']:20s} harm removed {r['mean']:+.3f}")
-    print(f"wrote {out}")
-    return 0
 
 
 def _cmd_power_design(args) -> int:
@@ -240,27 +186,6 @@ def add_commands(sub) -> None:
     p.add_argument("--out", type=out_file,
                    default="results/baselines/PRIMARY.md", help="default results/baselines/PRIMARY.md")
     p.set_defaults(func=_cmd_primary_summary)
-
-    p = sub.add_parser("leaderboard", help="the profile's MXFP4 recipes ranked at its warm starts by the share of "
-                       "MXFP4's harm each removes, the network as the replicate (and a user's recipe beside them)")
-    profile_args(p)
-    p.add_argument("units", nargs="*", help="per-unit files of mxfp4 mechanism --recipe <the profile's leaderboard>")
-    p.add_argument("--real", default=None,
-                   help="the real-model form: a folder of mxfp4 real-board (a named model, its problems the replicate);"
-                        " the units then give its pathway harms")
-    p.add_argument("--recipe-board", default=None,
-                   help="with --real and --recipe: the recipe's folder of mxfp4 real-board (its bf16 must reproduce)")
-    p.add_argument("--recipe", default=None, help="a recipe to place on the board (its arm from --recipe-units)")
-    p.add_argument("--recipe-units", nargs="+", default=None,
-                   help="per-unit files of mxfp4 mechanism --recipe <recipe> on the same warm starts")
-    p.add_argument("--bench", nargs="+", default=None,
-                   help="bench_step.py JSON files (each recipe's step over the bf16 step of the same file)")
-    p.add_argument("--accuracy-from", nargs="*", default=[],
-                   help="profiles whose stored RL cells give a recipe's GSM8K accuracy (another set of networks)")
-    p.add_argument("--out", type=out_file, default=None,
-                   help="default results/<profile>/leaderboard/LEADERBOARD.md (LEADERBOARD_<recipe>.md with --recipe)")
-    p.add_argument("--figure", type=out_file, default=None, help="the figure (.png; a .pdf beside it)")
-    p.set_defaults(func=_cmd_leaderboard)
 
     p = sub.add_parser("power-design", help="a confirmatory profile's claim-level sample size from a pilot's stored "
                        "pathway matrix: the pathways.claims.power block to write into the profile")

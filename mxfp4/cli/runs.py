@@ -102,22 +102,6 @@ def _cmd_regime(args) -> int:
     return write_table(rows, Path(args.out or args.layout.regime), summary_markdown(rows))
 
 
-def _cmd_real_board(args) -> int:
-    from ..analysis.real_board import measure, retime
-
-    out = Path(args.out)
-    writable(out / "recipes.json")
-    if args.times_only:
-        retime(run_of(args), args.model, out)
-        print(f"rewrote the training-pass times of {out / 'recipes.json'}")
-        return 0
-    if not args.recipe:
-        raise ValueError("real-board needs --recipe R... (the recipes measured beside bf16), or --times-only")
-    measure(run_of(args), args.model, args.recipe, out, progress=lambda line: print(line, file=sys.stderr, flush=True))
-    print(f"wrote {out / 'items.csv'} and {out / 'recipes.json'}")
-    return 0
-
-
 def _cmd_recipe_cost(args) -> int:
     from ..config.recipes import recipe_base
     from ..layout import REFERENCE_RECIPE
@@ -197,15 +181,6 @@ def add_commands(sub) -> None:
     profile_args(p)
     p.add_argument("--out", type=out_file, default=None, help="default results/<profile>/regime.csv")
     p.set_defaults(func=_cmd_regime)
-
-    p = sub.add_parser("real-board", help="the real-model board's measures before RL: per recipe, GSM8K through "
-                                          "lm-eval per held-out problem, error completions, a training pass's time")
-    model_args(p)
-    p.add_argument("--recipe", nargs="+", default=[], help="the recipes measured (bf16 always, first)")
-    p.add_argument("--out", required=True, help="the folder written: items.csv, recipes.json, eval/<recipe>/")
-    p.add_argument("--times-only", action="store_true",
-                   help="time the training pass of the folder's recipes again (every recipe in turn), nothing else")
-    p.set_defaults(func=_cmd_real_board)
 
     p = sub.add_parser("recipe-cost", help="a recipe's measured step against its base on the stored warm start, "
                                            "and the hooks that force the host's reference path")

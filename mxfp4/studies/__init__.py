@@ -29,7 +29,7 @@ from ..plugins import import_plugins
 
 STUDY_NAME = r"^[a-z][a-z0-9-]*$"  # a command name; its rule is study_<name with - as _>
 BUILT_IN = ("collapse_map", "depth", "entropy_trajectory", "network_recovery", "headline", "network_claims",
-            "dose_response", "claims", "pathways", "mechanism")
+            "dose_response", "claims", "pathways", "mechanism", "leaderboard", "real_board")
 SCOPES = ("model", "profile")
 
 
@@ -62,6 +62,8 @@ class Study:
         path: ``path(layout, model, **axes)``, the output where it is not ``<results>/<profile>/<name>/<model><suffix>``
             (a profile study's, with model None, always).
         beside: ``beside(out)``, the further files the study writes beside its output (its rule declares them).
+        figures: ``figures(layout, model, **axes)``, the figures the command draws itself, beside its output (one
+            named by an axis, which the figure registry's fixed stems cannot name).
         inputs: ``inputs(layout, profile)``, the run's files the study reads (its rule waits for them and reruns when
             they change), beyond a model study's warm start.
         job_inputs: ``job_inputs(layout, profile, model, **axes)``, what one job further waits for (e.g. the cells a
@@ -99,6 +101,7 @@ class Study:
     over: str = ""
     path: Callable | None = None
     beside: Callable = field(default=lambda out: [])
+    figures: Callable = field(default=lambda layout, model, **axes: [])
     inputs: Callable = field(default=lambda layout, profile: [])
     job_inputs: Callable = field(default=lambda layout, profile, model, **axes: [])
     job_settings: Callable = field(default=lambda profile, model, **axes: "")
@@ -151,9 +154,10 @@ class Study:
         return layout.root / self.target / f"{model}{self.suffix}"
 
     def outputs(self, layout: Layout, model: str | None = None, **axes) -> list[Path]:
-        """Every file the study writes for ``model`` at ``axes``: its output, then those beside it."""
+        """Every file the study writes for ``model`` at ``axes``: its output, then those beside it, then the figures
+        it draws."""
         out = self.output(layout, model, **axes)
-        return [out, *map(Path, self.beside(out))]
+        return [out, *map(Path, self.beside(out)), *map(Path, self.figures(layout, model, **axes))]
 
     def jobs(self, profile, config: dict) -> list[dict]:
         """The wildcards of every job its target runs: each model it applies to (None for a profile study) at each

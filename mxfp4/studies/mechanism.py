@@ -34,6 +34,31 @@ def cost_of(units) -> Path:
     return Path(units).with_suffix(".run.json")
 
 
+def measure_arms(run, model: str, recipes: list[str], out, against=None, energy: bool = True) -> list[str]:
+    """The per-unit harms of ``recipes``' arms with MXFP4, BF16 and the profile's correction arms on ``model`` into
+    ``out``, their error energies (none where ``energy`` is False) and the run's cost beside it; with ``against`` (a
+    stored board's per-unit files), MXFP4's and BF16's arms must reproduce the board's before any recipe's arm is
+    measured."""
+    from ..analysis.mechanism import mechanism_arms, run_mechanism
+    from ..config.recipes import refuse_redefined
+    from ..io import write_json_atomic
+
+    refuse_redefined(["mxfp4", *mechanism_arms(run.profile, recipes)], "mechanism")
+    t0 = time.perf_counter()
+    if against:
+        from ..report.network_claims import read_units
+
+        against = read_units(against)
+    _, energies = run_mechanism(run, model, recipes, out,
+                                progress=lambda line: print(line, file=sys.stderr, flush=True), energy=energy,
+                                against=against)
+    write_json_atomic(energy_of(out), energies)
+    write_json_atomic(cost_of(out), {
+        "seconds": time.perf_counter() - t0, "arms": 2 + len(mechanism_arms(run.profile, recipes)),
+        "networks": len({run.profile.warm_start_of(s) for s in run.profile.seeds})})
+    return [f"wrote {out} and {energy_of(out).name}"]
+
+
 def measure(run, model: str, out, args) -> list[str]:
     """The per-unit harms of ``args.recipe``'s arms (with MXFP4, BF16 and the correction arms) into ``out``, their
     error energies and the run's cost beside it.
@@ -44,25 +69,7 @@ def measure(run, model: str, out, args) -> list[str]:
         out: the per-unit file written.
         args: the command's options (``--recipe``, ``--against``, ``--no-energy``).
     """
-    from ..analysis.mechanism import mechanism_arms, run_mechanism
-    from ..config.recipes import refuse_redefined
-    from ..io import write_json_atomic
-
-    refuse_redefined(["mxfp4", *mechanism_arms(run.profile, args.recipe)], "mechanism")
-    t0 = time.perf_counter()
-    against = None
-    if args.against:
-        from ..report.network_claims import read_units
-
-        against = read_units(args.against)
-    _, energy = run_mechanism(run, model, args.recipe, out,
-                              progress=lambda line: print(line, file=sys.stderr, flush=True), energy=not args.no_energy,
-                              against=against)
-    write_json_atomic(energy_of(out), energy)
-    write_json_atomic(cost_of(out), {
-        "seconds": time.perf_counter() - t0, "arms": 2 + len(mechanism_arms(run.profile, args.recipe)),
-        "networks": len({run.profile.warm_start_of(s) for s in run.profile.seeds})})
-    return [f"wrote {out} and {energy_of(out).name}"]
+    return measure_arms(run, model, args.recipe, out, args.against, energy=not args.no_energy)
 
 
 def compared(profile, config) -> dict:

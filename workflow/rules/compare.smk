@@ -213,7 +213,8 @@ def placed_against(wc):
     """A recipe placed on the stored leaderboard: its run's mxfp4 and bf16 arms checked against the board's before
     its own arm is measured (``mxfp4 mechanism --against``)."""
     stored = L.stored(L.leaderboard_units(wc.model))
-    placing = (bool({"leaderboard", "store_placed", "store_real_placed"} & set(requested_targets()))
+    placing = (bool({"leaderboard_place", "real_leaderboard_place", "store_placed", "store_real_placed"}
+                    & set(requested_targets()))
                and wc.recipe not in P.leaderboard)
     return f"--against {stored}" if placing and stored.is_file() else ""
 

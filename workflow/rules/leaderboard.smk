@@ -1,32 +1,13 @@
 # The field's MXFP4 recipes ranked at a network design's warm starts (profile key `leaderboard`), and a user's
-# recipe placed among them from the stored board:
+# recipe placed among them from the stored board: the registered studies leaderboard-units, leaderboard and
+# leaderboard-place (mxfp4/studies/leaderboard.py); here the step times they read and the rules that store them.
 #   snakemake --cores all store_leaderboard --config profile=networks warm_starts=stored      # the board itself
-#   snakemake --cores all leaderboard --config profile=networks compare_recipe=R warm_starts=stored   # R on it
+#   snakemake --cores all leaderboard_place --config profile=networks compare_recipe=R warm_starts=stored   # R on it
+from mxfp4.studies.leaderboard import placed_bench
+
 LEADERBOARD = list(P.leaderboard)
 NEW_RECIPE = config.get("compare_recipe")  # a recipe placed on the stored board (none: the board is made here)
 PLACED = NEW_RECIPE if NEW_RECIPE and NEW_RECIPE not in LEADERBOARD else None
-BOARD_PROFILES = ["embedded-large", "real-small"]  # whose stored RL cells give a recipe's GSM8K accuracy
-
-
-rule leaderboard_units:
-    """One model's per-unit harms of every leaderboard recipe's arm beside MXFP4, BF16 and the correction arms, on
-    the profile's pathway design at every warm start (no RL)."""
-    input:
-        lambda wc: warm_start_paths(wc.model),
-    output:
-        units=str(L.leaderboard_units("{model}")),
-        energy=str(L.leaderboard_units("{model}").with_suffix(".energy.json")),
-        run=str(L.leaderboard_units("{model}").with_suffix(".run.json")),
-    log:
-        str(L.log("leaderboard_{model}")),
-    params:
-        definitions=lambda wc: [definition_digest(r) for r in LEADERBOARD],  # a redefinition reruns the board
-        # a named model's hundred million weights decomposed per recipe would outlast its units
-        energy=lambda wc: "" if wc.model in TINY_MODELS else "--no-energy",
-    threads: 1
-    shell:
-        "MXFP4_THREADS={threads} {MXFP4} mechanism --profile {PROFILE} --model {wildcards.model} "
-        "--recipe {LEADERBOARD} --out {output.units} {params.energy} > {log} 2>&1"
 
 
 def bench_recipes():
@@ -39,7 +20,7 @@ rule leaderboard_bench:
     input:
         warm_start_paths(TINY_MODELS[0]) if TINY_MODELS else [],
     output:
-        str(L.leaderboard_bench if not PLACED else L.root / "leaderboard" / f"step_times_{PLACED}.json"),
+        str(L.leaderboard_bench if not PLACED else placed_bench(L, PLACED)),
     log:
         str(L.log(f"leaderboard_bench{'_' + PLACED if PLACED else ''}")),
     params:
@@ -50,58 +31,28 @@ rule leaderboard_bench:
         "--steps 4 --recipes {params.recipes} --out {output} > {log} 2>&1"
 
 
-def board_inputs():
-    """The board's per-unit files and step times: this run's, or the stored ones beside the placed recipe's."""
-    units = [str(L.leaderboard_units(m)) for m in TINY_MODELS]
-    if not PLACED:
-        return {"units": units, "bench": [str(L.leaderboard_bench)], "recipe_units": []}
-    return {"units": [str(L.stored(Path(u))) for u in units],
-            "bench": [str(L.stored(L.leaderboard_bench)), rules.leaderboard_bench.output[0]],
-            "recipe_units": [str(L.mechanism_units(PLACED, m)) for m in TINY_MODELS]}
-
-
-rule leaderboard:
-    """The leaderboard of the profile's recipes, or the placed recipe's rank on the stored board and which ranks it
-    is told apart from."""
-    input:
-        **board_inputs(),
-    output:
-        md=str(L.leaderboard(PLACED)),
-        fig=str(L.figure(f"leaderboard{'_' + PLACED if PLACED else ''}")),
-    log:
-        str(L.log(f"leaderboard{'_' + PLACED if PLACED else ''}")),
-    params:
-        recipe=f"--recipe '{PLACED}' --recipe-units " + " ".join(board_inputs()["recipe_units"]) if PLACED else "",
-        accuracy=" ".join(BOARD_PROFILES),
-    shell:
-        "{MXFP4} leaderboard --profile {PROFILE} {input.units} {params.recipe} --bench {input.bench} "
-        "--accuracy-from {params.accuracy} --out {output.md} --figure {output.fig} > {log} 2>&1"
-
-
 rule store_leaderboard:
     """Store the board with the baselines: its per-unit files, energies, run times and step times under the
     profile, then LEADERBOARD.md at results/baselines/ and its figure under the profile's stored figures, made from
     the stored files."""
     input:
-        units=[str(L.leaderboard_units(m)) for m in TINY_MODELS],
-        energy=[str(L.leaderboard_units(m).with_suffix(".energy.json")) for m in TINY_MODELS],
-        run=[str(L.leaderboard_units(m).with_suffix(".run.json")) for m in TINY_MODELS],
+        units=[str(p) for m in TINY_MODELS for p in STUDIES["leaderboard-units"].outputs(L, m)],  # energies, run
         bench=str(L.leaderboard_bench),
-        md=str(L.leaderboard()),
+        md=[str(p) for p in STUDIES["leaderboard"].outputs(L)],
     output:
         touch(str(L.root / "leaderboard_stored.flag")),
     run:
-        store_with_baselines([*input.units, *input.energy, *input.run, input.bench])
+        store_with_baselines([*input.units, input.bench])
         store_board_page(LEADERBOARD)
 
 
 rule store_placed:
-    """Store the placed recipe on the stored board, once it placed (rule leaderboard): its arm merged into the stored
+    """Store the placed recipe on the stored board, once it placed (target leaderboard_place): its arm merged into the stored
     per-unit files in a full run's order, its energies and its step times (its own benchmark, beside BF16) stored,
     the page made again from the stored files. Then name it in the profile's leaderboard list:
         snakemake --cores all store_placed --config profile=networks compare_recipe=R warm_starts=stored"""
     input:
-        md=str(L.leaderboard(PLACED)) if PLACED else [],
+        md=[str(p) for p in STUDIES["leaderboard-place"].outputs(L, recipe=PLACED)] if PLACED else [],
         units=[str(L.mechanism_units(PLACED, m)) for m in TINY_MODELS] if PLACED else [],
         bench=rules.leaderboard_bench.output[0] if PLACED else [],
     output:
@@ -128,11 +79,12 @@ def store_board_page(recipes):
     from mxfp4.report.network_claims import read_units
 
     refuse_redefined(["mxfp4", *recipes], "leaderboard")
+    accuracy_from = STUDIES["leaderboard"].settings_of(P).accuracy_from
     main = L.stored(L.leaderboard_bench)
     benches = [main, *sorted(main.parent.glob("step_times_*.json"))]
     page = L.baselines.parent / "LEADERBOARD.md"
     leaderboard.run(read_units([L.stored(L.leaderboard_units(m)) for m in TINY_MODELS]), PROFILE, page, recipes,
-                    {str(b): json.loads(b.read_text()) for b in benches}, [L.sibling(p) for p in BOARD_PROFILES],
+                    {str(b): json.loads(b.read_text()) for b in benches}, [L.sibling(p) for p in accuracy_from],
                     out_png=L.baselines / "figures" / "leaderboard.png")
     real = L.sibling("real-small-board")
     stored_real = real.stored(real.real_leaderboard())
@@ -146,7 +98,7 @@ def store_board_page(recipes):
 def leaderboard_estimate():
     """The cost of placing a recipe, printed before its first job: the stored board's measured time per arm and
     network, times the arms the placed recipe's run measures (it, MXFP4, BF16 and the correction arms)."""
-    if PLACED and "leaderboard" in requested_targets():
+    if PLACED and "leaderboard_place" in requested_targets():
         import json
 
         for m in TINY_MODELS:

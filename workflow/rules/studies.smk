@@ -6,6 +6,7 @@
 #   snakemake --cores 2 entropy_trajectory --config profile=networks-rl
 # and store_<name> keeps a profile study's outputs and figures with the baselines beside the files they are
 # recomputable from.
+import re
 from functools import partial
 
 from mxfp4.studies import check_study_settings, registered
@@ -77,7 +78,9 @@ for _study in STUDIES.values():
         output:
             study_outputs(_study, **{w: f"{{{w}}}" for w in _wildcards}),
         wildcard_constraints:
-            **{w: r"[^/]+" for w in _wildcards},  # a name, never a folder beside the outputs
+            # a name, never a folder beside the outputs; a model, one of the profile's (real_board/<model> is never
+            # real_board/<model>_<recipe>)
+            **{w: "|".join(map(re.escape, MODELS)) if w == "model" else r"[^/]+" for w in _wildcards},
         log:
             str(L.log("_".join([_study.rule, *(f"{{{w}}}" for w in _wildcards)]))),
         params:
