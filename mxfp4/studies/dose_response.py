@@ -1,7 +1,7 @@
 """The outlier dose-response (``mxfp4.report.dose_response``): the claim-level tests of the pathway matrix at every
 outlier dose of the profile's ``dose_response`` section as one Holm family, and each component's excess harm over its
 control against the dose (the points of the figure ``dose-response``). Each model's rows at each dose are the
-pathway matrix's (``mxfp4 pathways --dose``, rule ``dose_pathways``)."""
+pathway matrix's at the warm start given that dose first (``dose-pathways``)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,48 @@ from pathlib import Path
 
 from ..layout import series_of
 from . import Study, register_study
+from .pathways import units_of
+
+
+def doses(profile) -> list[str]:
+    return list(profile.dose_response.doses) if profile.dose_response else []
+
+
+def dose_options(parser, types) -> None:
+    parser.add_argument("--dose", required=True, help="an outlier dose (c<channels>x<factor>, e.g. c2x32) given to the "
+                                                      "warm start first")
+
+
+def measure(run, model: str, out, args) -> list[str]:
+    """One model's warm-start pathway rows at ``args.dose`` into ``out``, every unit's harm beside them: the same
+    policy (the transform keeps the function), batches and prompts as at every other dose.
+
+    Args:
+        run: the profile's ``Run``.
+        model: a model line of the profile.
+        out: the rows written.
+        args: the command's options (``--dose``).
+    """
+    import sys
+
+    from ..analysis.pathways.matrix import run_pathways
+
+    rows = run_pathways(run, model, out_csv=out, progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+                        checkpoint="warm", out_units=units_of(out), dose=args.dose)
+    return [f"wrote {out} ({len(rows)} rows) and {units_of(out)}"]
+
+
+DOSE_PATHWAYS = register_study(Study(
+    name="dose-pathways", run=f"{__name__}:measure", options=dose_options, axes=("dose",),
+    axis_values=lambda profile, config: {"dose": doses(profile)},
+    path=lambda layout, model, dose: layout.dose_pathways(model, dose), beside=lambda out: [units_of(out)],
+    collect=False, method="The dose-response (``report.dose_response``)",
+    help="the warm start's pathway matrix at one outlier dose, every unit's harm beside the rows"))
 
 
 def dose_rows(layout, profile) -> list[Path]:
     """Every model's warm-start pathway rows at every dose (none where the profile has no dose_response section)."""
-    doses = profile.dose_response.doses if profile.dose_response else []
-    return [layout.dose_pathways(m, d) for m in profile.models for d in doses]
+    return [DOSE_PATHWAYS.output(layout, m, dose=d) for m in profile.models for d in doses(profile)]
 
 
 def run(run, model, out, args) -> list[str]:

@@ -15,8 +15,6 @@ def options(parser, types) -> None:
     parser.add_argument("--checkpoint", default=None, choices=["warm", "grpo"],
                         help="one checkpoint only (default: every one the profile's pathways.checkpoints names, "
                              "without unit rows)")
-    parser.add_argument("--dose", default=None, help="an outlier dose (c<channels>x<factor>, e.g. c2x32) given to "
-                                                     "the warm start first (the dose-response; with --checkpoint warm)")
 
 
 def units_of(out) -> Path:
@@ -32,13 +30,13 @@ def measure(run, model: str, out, args) -> list[str]:
         run: the profile's ``Run``.
         model: a model line of the profile.
         out: the rows written.
-        args: the command's options (``--checkpoint``, ``--dose``).
+        args: the command's options (``--checkpoint``).
     """
     from ..analysis.pathways.matrix import run_pathways
 
     units = units_of(out) if args.checkpoint else None
     rows = run_pathways(run, model, out_csv=out, progress=lambda msg: print(msg, file=sys.stderr, flush=True),
-                        checkpoint=args.checkpoint, out_units=units, dose=args.dose)
+                        checkpoint=args.checkpoint, out_units=units)
     return [f"wrote {out} ({len(rows)} rows)" + (f" and {units}" if units else "")]
 
 

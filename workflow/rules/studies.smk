@@ -64,8 +64,12 @@ def further_args(study, wc):
 
 
 for _study in STUDIES.values():
-    # the model (of a model study) and each axis are wildcards of the rule, and options of the command
+    # the model (of a model study) and each axis are wildcards of the rule, and options of the command; each takes
+    # the values the run gives it (the profile's models, an axis's values), so that a file beside an output
+    # (<checkpoint>_units.csv beside <checkpoint>.csv) or a placed recipe's folder (<model>_<recipe>) never reads
+    # as another job's output
     _wildcards = (["model"] if _study.scope == "model" else []) + list(_study.axes)
+    _values = {"model": MODELS, **_study.axis_values(P, config)}
 
     rule:
         name:
@@ -78,9 +82,7 @@ for _study in STUDIES.values():
         output:
             study_outputs(_study, **{w: f"{{{w}}}" for w in _wildcards}),
         wildcard_constraints:
-            # a name, never a folder beside the outputs; a model, one of the profile's (real_board/<model> is never
-            # real_board/<model>_<recipe>)
-            **{w: "|".join(map(re.escape, MODELS)) if w == "model" else r"[^/]+" for w in _wildcards},
+            **{w: "|".join(map(re.escape, _values[w])) if _values.get(w) else r"[^/]+" for w in _wildcards},
         log:
             str(L.log("_".join([_study.rule, *(f"{{{w}}}" for w in _wildcards)]))),
         params:
