@@ -158,6 +158,32 @@ def test_a_study_named_like_a_command_is_one_line(monkeypatch, capsys):
                                        "accepted: a name of its own\n")
 
 
+@pytest.mark.parametrize("argv, refusal", [
+    (["mechanism", "--profile", "networks", "--model", "tiny-dense", "--recipe", "mxfp4+tis", "mxfp4+macro"],
+     "2 values of --recipe measured together need --out (one file for all)"),
+    (["real-leaderboard", "--profile", "networks", "--out", "{out}"],
+     "profile 'networks' has no named pretrained model"),
+    (["real-leaderboard-place", "--profile", "embedded", "--recipe", "mxfp4+tis", "--out", "{out}"],
+     "profile 'embedded' has no named pretrained model"),
+    (["leaderboard", "--profile", "embedded", "--out", "{out}"],
+     "profile 'embedded' ranks no recipes (leaderboard: [...])"),
+    (["leaderboard-place", "--profile", "networks", "--recipe", "mxfp4+macro", "--out", "{out}"],
+     "--recipe mxfp4+macro is on the stored board; a recipe placed with its own units needs a name of its own"),
+    (["pathways-table", "--profile", "gpu-smoke-quick", "--results", "nowhere", "--out", "{out}"],
+     "profile 'gpu-smoke-quick' measures no pathways"),
+])
+def test_the_board_and_axis_studies_refuse_in_one_line_before_any_work(argv, refusal, tmp_path, capsys, monkeypatch):
+    """Several values of an axis without --out, a board of a profile without its model or recipes, a placed recipe
+    named like a board's, a table of no pathways: one line each, nothing written."""
+    from mxfp4.cli import main
+
+    monkeypatch.chdir(REPO)
+    assert main([a.format(out=tmp_path / "out.md") for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert refusal in err and err.count("\n") == 1, err
+    assert not (tmp_path / "out.md").exists()
+
+
 @pytest.fixture
 def toy_profiles(tmp_path, monkeypatch):
     """The profiles of experiments/profiles/ with one more written here (a toy profile that sets the toy study's

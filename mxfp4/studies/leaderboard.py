@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from . import Study, register_study
-from .mechanism import cost_of, energy_of, every_model, measure_arms
+from .mechanism import cost_of, definitions, energy_of, every_model, measure_arms
 
 
 class LeaderboardSettings(BaseModel):
@@ -41,17 +41,10 @@ def measure(run, model: str, out, args) -> list[str]:
     return measure_arms(run, model, recipes, out, energy=model in run.profile.tiny_models())
 
 
-def board_digests(profile, model) -> str:
-    """Every board recipe's definition: redefining one reruns the board."""
-    from ..config.recipes import definition_digest
-
-    return " ".join(definition_digest(r) for r in profile.leaderboard)
-
-
 LEADERBOARD_UNITS = register_study(Study(
     name="leaderboard-units", run=f"{__name__}:measure",
     path=lambda layout, model: layout.leaderboard_units(model), beside=lambda out: [energy_of(out), cost_of(out)],
-    models=lambda profile: profile.tiny_models(), job_settings=board_digests, method="`mxfp4.report.leaderboard`",
+    job_settings=lambda profile, model: definitions(profile.leaderboard), method="`mxfp4.report.leaderboard`",
     help="every leaderboard arm's per-unit harms on one model at its warm starts, beside MXFP4, BF16 and the "
          "correction arms (no RL)"))
 

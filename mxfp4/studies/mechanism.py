@@ -80,18 +80,19 @@ def compared(profile, config) -> dict:
             "model": [m for m in models if m in profile.tiny_models()]}
 
 
-def recipe_digest(profile, model, recipe) -> str:
-    """A recipe's definition: redefining it reruns its mechanism."""
+def definitions(recipes) -> str:
+    """The recipes' definitions (``definition_digest``): a study's job records them, so redefining one reruns it."""
     from ..config.recipes import definition_digest
 
-    return definition_digest(recipe)
+    return " ".join(definition_digest(r) for r in recipes)
 
 
 MECHANISM = register_study(Study(
     name="mechanism", run=f"{__name__}:measure", options=options, axes=("recipe",),
     axis_values=compared, models=lambda profile: profile.tiny_models(),
     path=lambda layout, model, recipe: layout.mechanism_units(recipe, model),
-    beside=lambda out: [energy_of(out), cost_of(out)], job_settings=recipe_digest, collect=False,
+    beside=lambda out: [energy_of(out), cost_of(out)], collect=False,
+    job_settings=lambda profile, model, recipe: definitions([recipe]),
     priority=100,  # minutes, and the first answer a compare gives: before any cell
     method="`mxfp4.report.mechanism`",
     help="a recipe's arm in the pathway matrix at the warm starts, beside MXFP4, BF16 and the profile's correction "

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from . import Study, register_study
 from .leaderboard import LEADERBOARD_UNITS
+from .mechanism import definitions
 
 
 def board_recipes(profile) -> list[str]:
@@ -58,17 +59,11 @@ def measure(run, model: str, out, args) -> list[str]:
     return _measured(run, model, args.recipe or board_recipes(run.profile), out)
 
 
-def board_digests(profile, model) -> str:
-    """Every board recipe's definition: redefining one reruns the board."""
-    from ..config.recipes import definition_digest
-
-    return " ".join(definition_digest(r) for r in board_recipes(profile))
-
-
 REAL_BOARD = register_study(Study(
     name="real-board", run=f"{__name__}:measure", options=options,
     path=lambda layout, model: layout.real_board(model) / "items.csv", beside=lambda out: [recipes_record(out)],
-    models=lambda profile: profile.named_models(), job_settings=board_digests,
+    models=lambda profile: profile.named_models(),
+    job_settings=lambda profile, model: definitions(board_recipes(profile)),
     method="The real-model board (profile `real-small-board`, ``report.real_board``)",
     help="the real-model board's measures before RL: per recipe, GSM8K through lm-eval per held-out problem, error "
          "completions, a training pass's time"))
@@ -99,16 +94,10 @@ REAL_BOARD_PLACE = register_study(Study(
     axis_values=_compared, models=lambda profile: profile.named_models()[:1],
     path=lambda layout, model, recipe: layout.real_board(model, recipe) / "items.csv",
     beside=lambda out: [recipes_record(out)],
-    job_settings=lambda profile, model, recipe: board_digests(profile, model) + " " + _digest(recipe),
+    job_settings=lambda profile, model, recipe: definitions([recipe]),
     method="The real-model board (profile `real-small-board`, ``report.real_board``)",
     help="a user's recipe's measures before RL on the real board's model, beside BF16's (to place it on the stored "
          "board)"))
-
-
-def _digest(recipe: str) -> str:
-    from ..config.recipes import definition_digest
-
-    return definition_digest(recipe)
 
 
 def board_model(profile) -> str:
