@@ -184,6 +184,25 @@ def test_the_board_and_axis_studies_refuse_in_one_line_before_any_work(argv, ref
     assert not (tmp_path / "out.md").exists()
 
 
+def test_the_board_and_mechanism_commands_remake_their_stored_pages_from_the_stored_files(tmp_path, monkeypatch):
+    """The registered commands, given the stored baselines as the run's results, find the files their rules hand them
+    where the stored ones are kept and remake the stored pages byte for byte: the real-model board from its stored
+    measures and pathway units, a recipe's mechanism report from its stored per-unit files and energies."""
+    from mxfp4.cli import main
+
+    monkeypatch.chdir(REPO)
+    stored = REPO / "results" / "baselines"
+    argv = ["--results", str(stored), "--out"]
+    assert main(["real-leaderboard", "--profile", "real-small-board", *argv, str(tmp_path / "real.md")]) == 0
+    assert (tmp_path / "real.md").read_bytes() == (stored / "real-small-board/real_board/LEADERBOARD.md").read_bytes()
+    assert (tmp_path / "real.json").read_bytes() == \
+        (stored / "real-small-board/real_board/LEADERBOARD.json").read_bytes()
+    assert main(["mechanism-report", "--profile", "networks-outliers", "--recipe", "mxfp4+smooth", *argv,
+                 str(tmp_path / "mechanism.md")]) == 0
+    assert (tmp_path / "mechanism.md").read_bytes() == \
+        (stored / "networks-outliers/mechanism/mxfp4+smooth.md").read_bytes()
+
+
 @pytest.fixture
 def toy_profiles(tmp_path, monkeypatch):
     """The profiles of experiments/profiles/ with one more written here (a toy profile that sets the toy study's
