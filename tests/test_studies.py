@@ -78,6 +78,24 @@ def test_a_study_name_is_one_command_and_one_folder():
         Study(name="toy", help="", run="m:f", method="", scope="run")
     with pytest.raises(ValueError, match="a profile study names its output"):
         Study(name="toy", help="", run="m:f", method="", scope="profile")
+    with pytest.raises(ValueError, match="axes checkpoint need a named output"):
+        Study(name="toy", help="", run="m:f", method="", axes=("checkpoint",))
+    with pytest.raises(ValueError, match="over='pathways' needs a profile study"):
+        Study(name="toy", help="", run="m:f", method="", over="pathways")
+    with pytest.raises(ValueError, match="axes model; accepted: names other than every study's options"):
+        Study(name="toy", help="", run="m:f", method="", axes=("model",), path=lambda layout, model, **axes: "x")
+
+
+def test_a_profile_study_is_over_a_registered_model_study_of_its_axes(monkeypatch):
+    from mxfp4 import studies
+
+    monkeypatch.setattr(studies, "STUDIES", dict(studies.registered()))
+    assert studies.registered()["mechanism-report"].over == "mechanism"
+    for over in ("nothing", "claims", "pathways"):  # no study; a profile study; axes (checkpoint) it lacks
+        monkeypatch.setitem(studies.STUDIES, "toy", Study(name="toy", help="", run="m:f", method="", scope="profile",
+                                                          path=lambda layout, model: "x", over=over))
+        with pytest.raises(ValueError, match=f"study 'toy': over='{over}'; accepted: a registered model study"):
+            studies.registered()
 
 
 @pytest.mark.slow

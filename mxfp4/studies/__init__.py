@@ -6,9 +6,11 @@ names its command (``mxfp4 <name>``, with every study's ``--profile``, ``--resul
 study's ``--model``, plus its own options), the function the command runs, the files it writes under the run's
 results, the run's files it reads, its HTML report caption and its section of docs/methods.md. ``mxfp4.cli`` adds
 one command per study, and ``workflow/rules/studies.smk`` makes its rules, as the figure registry does for figures:
-its rule ``study_<name>`` (``-`` as ``_``; per model for a model study) and the target ``<name>`` over its outputs
-(every model it applies to) and its figures (the figure registry's entries with ``study="<name>"``), and for a
-profile study that declares what is stored with the baselines, ``store_<name>``.
+its rule ``study_<name>`` (``-`` as ``_``; per model for a model study, and per value of each of its axes, such as
+a checkpoint or a recipe) and the target ``<name>`` over its outputs (every model and axis value it applies to) and
+its figures (the figure registry's entries with ``study="<name>"``), and for a profile study that declares what is
+stored with the baselines, ``store_<name>``. A profile study may be ``over`` a model study: its rule is handed that
+study's files at its own axes.
 A study's own settings are a block of the profile (``studies: {<name>: {...}}``) that its ``settings_model``
 validates. A new study is one module (``register_study`` at import; here, or a plugin named in ``$MXFP4_PLUGINS``),
 its block in a profile YAML and its paragraph in docs/methods.md.
@@ -227,4 +229,11 @@ def registered() -> dict[str, Study]:
     for module in BUILT_IN:
         importlib.import_module(f"{__name__}.{module}")
     import_plugins()
+    for study in STUDIES.values():
+        if not study.over:
+            continue
+        measured = STUDIES.get(study.over)
+        if measured is None or measured.scope != "model" or not set(measured.axes) <= set(study.axes):
+            raise ValueError(f"study {study.name!r}: over={study.over!r}; accepted: a registered model study whose "
+                             f"axes are among {study.name!r}'s ({', '.join(study.axes) or 'none'})")
     return dict(STUDIES)

@@ -1,7 +1,8 @@
 # The rules of every registered study (mxfp4/studies/): study_<name> runs `mxfp4 <name>` (on one model of the profile
-# for a model study, on the run's files it declares for a profile study) into the files the study declares; the
-# target <name> asks for its outputs (every model it applies to) and its figures (the figure registry's entries with
-# study="<name>"), e.g.
+# for a model study, on the run's files it declares for a profile study; at each value of its axes, e.g. a checkpoint
+# or a recipe, each a wildcard) into the files the study declares; a profile study over a model study is handed that
+# study's files. The target <name> asks for its outputs (every model and axis value the run gives it) and its figures
+# (the figure registry's entries with study="<name>"), e.g.
 #   snakemake --cores 2 collapse_map --config profile=real-small-board
 #   snakemake --cores 2 entropy_trajectory --config profile=networks-rl
 # and store_<name> keeps a profile study's outputs and figures with the baselines beside the files they are
@@ -114,7 +115,7 @@ for _study in STUDIES.values():
                 f"store_{_study.target}"
             input:
                 [str(p) for p in _study.stores(L, P)],
-                [str(p) for p in _study.outputs(L)],
+                [str(p) for job in _study.jobs(P, config) for p in _study.outputs(L, **job)],
                 study_figures(_study.target),
             output:
                 touch(str(L.root / f"{_study.target}_stored.flag")),
