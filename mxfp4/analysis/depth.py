@@ -15,7 +15,7 @@ import functools
 import math
 import re
 
-from ..config.profiles import Profile
+from ..config.profiles import DepthOptimizerSettings, Profile
 from ..config.run import Run
 from ..io import write_csv_atomic
 from ..numerics.decompose import COMPONENTS
@@ -171,18 +171,15 @@ def displacement_rows(model_name: str, layers: int, optimizer: str, lr: float, a
             for index, v in sorted(decoder_layers(result["per_layer"]).items())]
 
 
-def run_depth_optimizers(run: Run, model_name: str, out_units=None, progress=print) -> list[dict]:
-    """Per run (``depth_optimizers.runs_per_seed`` per seed, each on its own ``steps`` GRPO batches of the
-    warm start, drawn as the pathway matrix draws them, after the ``skip_runs`` runs' batches) and optimizer:
-    each arm's per-layer displacement against the unquantized run's (norm ratio and cosine), every arm at the
-    rate the unquantized run's first batch sets. Returns the unit rows."""
+def run_depth_optimizers(run: Run, model_name: str, settings: DepthOptimizerSettings, out_units=None,
+                         progress=print) -> list[dict]:
+    """Per run (``settings.runs_per_seed`` per seed, each on its own ``steps`` GRPO batches of the warm start, drawn
+    as the pathway matrix draws them, after the ``skip_runs`` runs' batches) and optimizer: each arm's per-layer
+    displacement against the unquantized run's (norm ratio and cosine), every arm at the rate the unquantized run's
+    first batch sets. ``settings`` is the profile's depth-optimizers block. Returns the unit rows."""
     import torch
 
     profile = run.profile
-    settings = profile.depth_optimizers
-    if settings is None:
-        raise ValueError(f"profile {profile.name!r} has no depth_optimizers section (see "
-                         "experiments/profiles/depth.yaml)")
     layers = _layers(profile, model_name)
     units, run_index = [], 0
     for seed, model, trainer, batches in _seed_batches(run, model_name, settings.runs_per_seed * settings.steps,

@@ -338,7 +338,8 @@ class HeadlineDesign(_Strict):
     variance components of a stand-in contrast on the same networks and problems (``stand_in`` against BF16), the
     minimum detectable effect they give at this design's size, and so the headline's family: primary where that
     is at most ``HEADLINE_MAX_MDE``, else a secondary row that says how much data the paper's margin needs
-    (``mxfp4 network-recovery --design`` writes it; a test recomputes it from the stored pilot)."""
+    (``mxfp4 network-recovery --design`` writes it; a test recomputes it from the stored pilot). The network-recovery
+    study's block of a profile (``studies: {network-recovery: ...}``)."""
 
     pilot: str = Field(description="the profile whose stored items.csv gave the variance components")
     stand_in: str = Field(description="the recipe whose difference to bf16 the pilot measured")
@@ -354,7 +355,7 @@ class HeadlineDesign(_Strict):
     @model_validator(mode="after")
     def _family(self):
         if self.primary != (self.mde <= HEADLINE_MAX_MDE):
-            raise ValueError(f"headline.primary {self.primary} with mde {self.mde}; accepted: primary exactly where "
+            raise ValueError(f"primary {self.primary} with mde {self.mde}; accepted: primary exactly where "
                              f"the design detects at most {HEADLINE_MAX_MDE}")
         return self
 
@@ -468,7 +469,8 @@ class PathwaySettings(_Strict):
 class DepthOptimizerSettings(_Strict):
     """Short training runs of the depth study (``mxfp4 depth-runs``): from the warm start, one optimizer
     step per GRPO batch with the scale component injected alone, its sign-flip control and no injection, each
-    run with SGD and with AdamW. A per-layer gain reaches SGD's update unchanged; Adam divides it out."""
+    run with SGD and with AdamW. A per-layer gain reaches SGD's update unchanged; Adam divides it out. The
+    depth-optimizers study's block of a profile (``studies: {depth-optimizers: ...}``)."""
 
     optimizers: list[Literal["sgd", "adamw"]] = Field(
         min_length=1, description="optimizers of the runs: sgd (no momentum) and adamw (GRPO's: transformers' "
@@ -484,7 +486,7 @@ class DepthOptimizerSettings(_Strict):
     @model_validator(mode="after")
     def _distinct(self):
         if len(set(self.optimizers)) != len(self.optimizers):
-            raise ValueError(f"depth_optimizers.optimizers {self.optimizers} names an optimizer twice; accepted: "
+            raise ValueError(f"optimizers {self.optimizers} names an optimizer twice; accepted: "
                              "distinct optimizers of sgd, adamw")
         return self
 
@@ -495,7 +497,8 @@ DOSE_PATTERN = r"^c(\d+)x(\d+)$"  # a dose's name: c<outlier channels>x<factor>
 class DoseResponseSettings(_Strict):
     """The outlier dose-response: the warm start's pathway matrix again at each dose of outlier channels
     (``mxfp4.rl.outlier_channels``: the function unchanged, so the policy, its batches and its prompts are
-    the same at every dose and only where the magnitudes sit in the GEMM operands differs)."""
+    the same at every dose and only where the magnitudes sit in the GEMM operands differs). The dose-response
+    study's block of a profile (``studies: {dose-response: ...}``)."""
 
     doses: list[Annotated[str, Field(pattern=DOSE_PATTERN)]] = Field(
         min_length=2, description="doses named c<channels>x<factor> (c2x32: 2 hidden channels of every layer 32 "
@@ -506,11 +509,11 @@ class DoseResponseSettings(_Strict):
     @model_validator(mode="after")
     def _doses(self):
         if len(set(self.doses)) != len(self.doses):
-            raise ValueError(f"dose_response.doses {self.doses} names a dose twice; accepted: distinct doses")
+            raise ValueError(f"doses {self.doses} names a dose twice; accepted: distinct doses")
         for d in self.doses:
             factor = dose(d)[1]
             if factor < 1 or factor & (factor - 1):
-                raise ValueError(f"dose_response.doses: {d!r} has factor {factor}, not a power of two (1, 2, 4, ...): "
+                raise ValueError(f"doses: {d!r} has factor {factor}, not a power of two (1, 2, 4, ...): "
                                  "only then is the transform exact")
         return self
 
@@ -543,15 +546,9 @@ class Profile(_Strict):
         default_factory=list, description="TRL's report_to for the cells (offline TensorBoard under each cell's "
         "tensorboard/; needs the tensorboard package): where to look, not what is made, so no setting records it")
     pathways: PathwaySettings | None = Field(None, description="the pathway matrix (mxfp4 pathways)")
-    headline: HeadlineDesign | None = Field(
-        None, description="the headline recovery over networks (snakemake target network_recovery)")
     leaderboard: list[str] = Field(
         default_factory=list, description="the MXFP4 recipes ranked on the leaderboard (snakemake target leaderboard): "
         "each an arm of the pathway matrix at the warm starts beside MXFP4, BF16 and the correction arms")
-    dose_response: DoseResponseSettings | None = Field(
-        None, description="the outlier dose-response of the pathway matrix (snakemake target dose_response)")
-    depth_optimizers: DepthOptimizerSettings | None = Field(
-        None, description="the depth study's short SGD and AdamW runs (snakemake target depth_optimizers)")
     regime_batch: Literal["grpo-probe", "gsm8k-test"] = Field(
         "grpo-probe", description="the batch whose activations and gradients the regime statistics decompose: the "
         "model and seed's GRPO probe batch, or as many sequences of real GSM8K test questions (drawn with the seed) "
@@ -577,26 +574,9 @@ class Profile(_Strict):
             raise ValueError(f"recipes {self.recipes} name a recipe twice; accepted: distinct recipes")
         if any(m.arch for m in self.models.values()) and self.pretrain is None:
             raise ValueError("tiny stand-in models need a pretrain section")
-        if self.dose_response is not None:
-            if self.pathways is None or "warm" not in self.pathways.checkpoints:
-                raise ValueError("dose_response measures the warm start's pathway matrix at each dose; accepted: a "
-                                 "pathways section whose checkpoints include warm")
-            if self.pretrain is None or self.pretrain.outlier_channels or not all(
-                    m.arch for m in self.models.values()):
-                raise ValueError("dose_response adds outlier channels to tiny stand-ins' warm starts; accepted: tiny "
-                                 "models only and a pretrain section with outlier_channels: 0 (doses do not stack)")
-        if self.headline is not None:
-            needed = {"bf16", "mxfp4+all"} | ({self.headline.stand_in} if self.headline.pilot == self.name else set())
-            if not needed <= set(self.recipes):
-                raise ValueError(f"headline compares mxfp4+all with bf16 (sized here on {self.headline.stand_in} where "
-                                 f"the profile is its own pilot); accepted: recipes that include "
-                                 f"{', '.join(sorted(needed))}, got {self.recipes}")
         if self.pathways is not None and not set(self.pathways.seeds or []) <= set(self.seeds):
             raise ValueError(f"pathways.seeds {self.pathways.seeds} are not all seeds of the profile; accepted: some "
                              f"of {self.seeds}")
-        if self.depth_optimizers is not None and (self.pathways is None or not self.tiny_models()):
-            raise ValueError("depth_optimizers draws its GRPO batches as the pathway matrix does, on tiny stand-ins; "
-                             "accepted: a pathways section and tiny models (see experiments/profiles/depth.yaml)")
         return self
 
     def model(self, name: str) -> ModelSpec:

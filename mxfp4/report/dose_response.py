@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..analysis.pathways.spec import HARMS, MAPPING, MECHANISMS, RECOVERIES, RECOVERY_CLAIMS, RECOVERY_HARMS
-from ..config.profiles import Profile, dose
+from ..config.profiles import DoseResponseSettings, Profile, dose
 from ..io import write_text_atomic
 from ..layout import Layout
 from ..numerics.decompose import COMPONENTS
@@ -25,10 +25,10 @@ from .plots import COLORS, error_bars, plt, save
 OUTLIER_METRIC = "activation_outlier_block_fraction"
 
 
-def read_doses(layout: Layout, profile: Profile) -> dict[str, list[dict]]:
-    """Every model's pathway rows per dose (``dose_response.doses``, in the profile's order)."""
+def read_doses(layout: Layout, profile: Profile, doses: list[str]) -> dict[str, list[dict]]:
+    """Every model's pathway rows per dose (``doses``, in the profile's order)."""
     out = {}
-    for d in profile.dose_response.doses:
+    for d in doses:
         out[d] = [r for m in profile.models for r in read_rows(layout.dose_pathways(m, d))]
     return out
 
@@ -210,15 +210,15 @@ def figure(series: list[dict], doses: list[str], control: str, out_stem: Path | 
     return save(fig, out_stem)
 
 
-def run(profile: Profile, layout: Layout, out_csv=None, series_csv=None) -> list[dict]:
+def run(profile: Profile, settings: DoseResponseSettings, layout: Layout, out_csv=None, series_csv=None) -> list[dict]:
     """The dose-response table (CSV and markdown beside it) and the figure's points (``series_csv``, default
-    ``layout.dose_response_series``) of a profile's dose runs; the figure is drawn from the points (``draw``, the
-    registered figure ``dose-response``)."""
-    settings, design = profile.dose_response, profile.pathways.claims if profile.pathways else None
-    if settings is None or design is None:
-        raise ValueError(f"profile {profile.name!r} needs a dose_response section and pathways.claims (the "
-                         "claim-level tests it repeats at each dose); see experiments/profiles/dose-response.yaml")
-    by_dose = read_doses(layout, profile)
+    ``layout.dose_response_series``) of a profile's dose runs at the doses ``settings`` (its dose-response block)
+    names; the figure is drawn from the points (``draw``, the registered figure ``dose-response``)."""
+    design = profile.pathways.claims if profile.pathways else None
+    if design is None:
+        raise ValueError(f"profile {profile.name!r} needs pathways.claims (the claim-level tests the dose-response "
+                         "repeats at each dose); see experiments/profiles/dose-response.yaml")
+    by_dose = read_doses(layout, profile, settings.doses)
     decided = claim_rows(by_dose, design)
     out_csv = Path(out_csv or layout.dose_response)
     write_csv(decided, out_csv)

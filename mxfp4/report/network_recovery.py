@@ -4,9 +4,9 @@ Per network (a warm start, trained with GRPO from the same seed under every reci
 accuracy after GRPO under mxfp4+all minus under BF16, over problems x networks on the crossed random-effects model
 (``stats.crossed_mean``: problems and networks both random, Satterthwaite df), tested against the paper's claim,
 two-sided so that it can be contradicted: non-inferiority within 0.7 points for a dense model, superiority for an
-MoE one (``claims.recovery_row``'s test). The design fixed before the run (``Profile.headline``) says whether the
-row is primary; every row shows its minimum detectable effect and the networks the paper's margin needs. The same
-test on each half of the networks fixed before the run, with the between-half z, says whether the verdict
+MoE one (``claims.recovery_row``'s test). The design fixed before the run (the profile's network-recovery block) says
+whether the row is primary; every row shows its minimum detectable effect and the networks the paper's margin needs.
+The same test on each half of the networks fixed before the run, with the between-half z, says whether the verdict
 replicates. The RL gain (after minus before GRPO) is a secondary row; a network whose cells had no learning signal
 (every advantage zero) is left out of it and named, never counted as a gain of 0. A profile that holds out arithmetic
 (``data.holdout``) gets every row again on the problems that need a never-trained fact, as secondary rows."""
@@ -39,9 +39,9 @@ def _estimate(items: list[dict], model: str, a: str, b: str, metric: str, networ
 
 
 def design_from(items: list[dict], model: str, stand_in: str, pilot: str) -> dict:
-    """The headline's design from a pilot of the same design (``Profile.headline``): the variance components of
-    ``stand_in`` minus BF16 on final accuracy over the pilot's problems and networks, the minimum detectable effect
-    at that size, the networks the paper's margin needs, and the family it puts the headline in.
+    """The headline's design from a pilot of the same design (the profile's network-recovery block): the variance
+    components of ``stand_in`` minus BF16 on final accuracy over the pilot's problems and networks, the minimum
+    detectable effect at that size, the networks the paper's margin needs, and the family it puts the headline in.
 
     Args:
         items: the pilot's ``items.csv`` rows.

@@ -79,6 +79,10 @@ class Study:
         category: the HTML report's section.
         settings_model: the pydantic model of the study's own block of the profile (``studies: {<name>: {...}}``),
             read with ``settings_of``; None: the study takes none.
+        defaults: a profile without the block takes the model's defaults (False: the study does not apply to it,
+            ``settings_of`` gives None).
+        check: ``check(profile, settings)``, what the block needs of the rest of the profile (a ValueError saying
+            what is accepted), checked with the block.
         settings: ``settings(profile)``, the profile's settings the study reads beyond its model and its own block
             (JSON text): the rule reruns when they or the block change.
         collect: make the target ``<name>`` over its outputs and figures (False where a rule of its own collects
@@ -111,6 +115,8 @@ class Study:
     caption: str = ""
     category: str = "Studies"
     settings_model: type[BaseModel] | None = None
+    defaults: bool = True
+    check: Callable = field(default=lambda profile, settings: None)
     settings: Callable = field(default=lambda profile: "")
     collect: bool = True
     priority: int = 0
@@ -172,20 +178,28 @@ class Study:
         return [{"model": m, **c} for m in models for c in combos]
 
     def settings_of(self, profile) -> BaseModel | None:
-        """The study's block of ``profile`` validated by its ``settings_model`` (its defaults where the profile has
-        none; None for a study that takes none); a bad block is a ValueError naming the key."""
+        """The study's block of ``profile`` validated by its ``settings_model`` and ``check`` (its defaults where the
+        profile has none, or None where ``defaults`` is False; None for a study that takes none); a bad block is a
+        ValueError naming the key."""
         block = profile.studies.get(self.name)
         if self.settings_model is None:
             if block is not None:
                 raise ValueError(f"profile {profile.name!r}: studies.{self.name}: the study takes no settings; "
                                  "accepted: no block")
             return None
+        if block is None and not self.defaults:
+            return None
         try:
-            return self.settings_model.model_validate(block or {})
+            settings = self.settings_model.model_validate(block or {})
         except ValidationError as err:
             first = err.errors()[0]
             where = "".join(f".{part}" for part in first["loc"])
             raise ValueError(f"profile {profile.name!r}: studies.{self.name}{where}: {first['msg']}") from None
+        try:
+            self.check(profile, settings)
+        except ValueError as err:
+            raise ValueError(f"profile {profile.name!r}: studies.{self.name}: {err}") from None
+        return settings
 
     def made_from(self, profile) -> str:
         """What the study's rule is made from beyond its inputs (``settings`` and its own block, as JSON text)."""

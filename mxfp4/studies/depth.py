@@ -5,9 +5,11 @@ short runs' test (``depth-optimizers``), each with its figure."""
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
+from ..config.profiles import DepthOptimizerSettings
 from . import Study, register_study
 
 
@@ -24,10 +26,10 @@ def gradients(run, model: str, out, args) -> list[str]:
 
 
 def optimizers(run, model: str, out, args) -> list[str]:
-    """The short runs' per-layer displacement rows of ``model`` into ``out`` (the profile's ``depth_optimizers``)."""
+    """The short runs' per-layer displacement rows of ``model`` into ``out`` (the profile's depth-optimizers block)."""
     from ..analysis.depth import run_depth_optimizers
 
-    return _measured(run_depth_optimizers, run, model, out)
+    return _measured(functools.partial(run_depth_optimizers, settings=_runs_settings(run)), run, model, out)
 
 
 def gradient_units(layout, profile) -> list[Path]:
@@ -36,8 +38,24 @@ def gradient_units(layout, profile) -> list[Path]:
 
 
 def run_units(layout, profile) -> list[Path]:
-    """Every tiny model's short-run rows (``depth-runs``), where the profile has a depth_optimizers section."""
-    return [DEPTH_RUNS.output(layout, m) for m in profile.tiny_models()] if profile.depth_optimizers else []
+    """Every tiny model's short-run rows (``depth-runs``), where the profile has a depth-optimizers block."""
+    return ([DEPTH_RUNS.output(layout, m) for m in profile.tiny_models()] if DEPTH_OPTIMIZERS.settings_of(profile)
+            else [])
+
+
+def _runs_settings(run):
+    settings = DEPTH_OPTIMIZERS.settings_of(run.profile)
+    if settings is None:
+        raise ValueError(f"profile {run.name!r} has no depth-optimizers block; accepted: studies: {{depth-optimizers: "
+                         "{...}} (see experiments/profiles/depth.yaml)")
+    return settings
+
+
+def needs(profile, settings) -> None:
+    """The short runs draw their GRPO batches as the pathway matrix does, on tiny stand-ins."""
+    if profile.pathways is None or not profile.tiny_models():
+        raise ValueError("the short runs draw their GRPO batches as the pathway matrix does, on tiny stand-ins; "
+                         "accepted: a pathways section and tiny models (see experiments/profiles/depth.yaml)")
 
 
 def shrinkage(out) -> Path:
@@ -67,22 +85,16 @@ def optimizer_test(run, model, out, args) -> list[str]:
     """The short runs' table and test into ``out`` (``.md`` beside it), from every model's rows.
 
     Args:
-        run: the profile's ``Run`` (its ``depth_optimizers`` section).
+        run: the profile's ``Run`` (its depth-optimizers block).
         model: None (a profile study).
         out: the table written.
         args: the command's options (none of its own).
     """
     from ..report.depth_optimizers import run as optimizer_table
 
-    if run.profile.depth_optimizers is None:
-        raise ValueError(f"profile {run.name!r} has no depth_optimizers section; accepted: a profile with one "
-                         "(experiments/profiles/depth.yaml)")
+    _runs_settings(run)
     rows = optimizer_table([str(p) for p in run_units(run.layout, run.profile)], out)
     return [f"wrote {out} ({len(rows)} rows) and {out.with_suffix('.md').name}"]
-
-
-def _optimizer_settings(profile) -> str:
-    return profile.depth_optimizers.model_dump_json() if profile.depth_optimizers else ""
 
 
 DEPTH_GRADIENTS = register_study(Study(
@@ -98,7 +110,7 @@ DEPTH_RUNS = register_study(Study(
          "control and no injection",
     models=lambda profile: profile.tiny_models(),
     path=lambda layout, model: layout.root / "depth" / "optimizers" / f"{model}_units.csv",
-    settings=_optimizer_settings))
+    settings=lambda profile: DEPTH_OPTIMIZERS.made_from(profile)))
 
 DEPTH = register_study(Study(
     name="depth", run=f"{__name__}:law", scope="profile", loads_models=False, method="`mxfp4.analysis.depth`",
@@ -117,4 +129,5 @@ DEPTH_OPTIMIZERS = register_study(Study(
     path=lambda layout, model: layout.depth_optimizers,
     beside=lambda out: [Path(out).with_suffix(".md")],
     inputs=run_units,
-    stores=lambda layout, profile: [], caption="depth_optimizers", category="Depth", settings=_optimizer_settings))
+    stores=lambda layout, profile: [], caption="depth_optimizers", category="Depth",
+    settings_model=DepthOptimizerSettings, defaults=False, check=needs))

@@ -239,9 +239,9 @@ def test_the_short_runs_measure_every_arm_optimizer_run_and_layer_of_a_warm_star
     monkeypatch.setattr(data, "accuracy_reward", lambda completions, **kw: [float(i % 2) for i in
                                                                             range(len(completions))])
     base = load_profile("smoke")
-    profile = base.model_copy(update={"seeds": [0], "depth_optimizers": DepthOptimizerSettings(
-        optimizers=["sgd", "adamw"], runs_per_seed=2, steps=1)})
-    units = run_depth_optimizers(Run.of(profile, smoke_results), "tiny-dense", progress=lambda m: None)
+    profile = base.model_copy(update={"seeds": [0]})
+    settings = DepthOptimizerSettings(optimizers=["sgd", "adamw"], runs_per_seed=2, steps=1)
+    units = run_depth_optimizers(Run.of(profile, smoke_results), "tiny-dense", settings, progress=lambda m: None)
     layers = profile.model("tiny-dense").layers or 2
     for optimizer in ("sgd", "adamw"):
         for arm in OPTIMIZER_ARMS[1:]:
@@ -252,8 +252,7 @@ def test_the_short_runs_measure_every_arm_optimizer_run_and_layer_of_a_warm_star
     assert any(abs(u["norm_ratio"] - 1) > 1e-6 for u in units if u["arm"] == "+scale")
     # skip_runs leaves the first runs' batches to a pilot: the scale arm's one run left is the second run above,
     # bit for bit (the controls' draws are seeded by the run's place among the runs measured)
-    later = run_depth_optimizers(Run.of(profile.model_copy(update={"depth_optimizers": DepthOptimizerSettings(
-        optimizers=["sgd"], runs_per_seed=1, skip_runs=1, steps=1)}), smoke_results), "tiny-dense",
-        progress=lambda m: None)
+    later = run_depth_optimizers(Run.of(profile, smoke_results), "tiny-dense", DepthOptimizerSettings(
+        optimizers=["sgd"], runs_per_seed=1, skip_runs=1, steps=1), progress=lambda m: None)
     second = [{**u, "run": 0} for u in units if (u["run"], u["optimizer"], u["arm"]) == (1, "sgd", "+scale")]
     assert [u for u in later if u["arm"] == "+scale"] == second

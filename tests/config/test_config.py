@@ -32,23 +32,33 @@ def test_every_shipped_profile_validates():
         assert load_profile(name).name == name
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda d: d.update(doses=["c2x8", "c2x8"]), "names a dose twice"),
-    (lambda d: d.update(doses=["c0x1", "c2x12"]), "factor 12, not a power of two"),
-    (lambda d: d.update(doses=["c0x1", "2x8"]), "String should match pattern"),
+def dose_block(block, **profile_changes) -> str:
+    """The one-line refusal of a dose-response block (``studies: {dose-response: block}``) in the embedded profile
+    with ``profile_changes``, checked as the command line and the workflow check it."""
+    from mxfp4.studies import check_study_settings
+
+    spec = {**copy.deepcopy(EMBEDDED), "studies": {"dose-response": block}}
+    for key, value in profile_changes.items():
+        spec[key] = {**spec[key], **value}
+    with pytest.raises(ValueError) as err:
+        check_study_settings(parse(Profile, spec, "profile test.yaml"))
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("doses, message", [
+    (["c2x8", "c2x8"], "names a dose twice"),
+    (["c0x1", "c2x12"], "factor 12, not a power of two"),
+    (["c0x1", "2x8"], "String should match pattern"),
 ])
-def test_a_dose_response_names_distinct_exact_doses(change, message):
-    def mutate(spec):
-        spec["dose_response"] = {"doses": ["c0x1", "c2x8"], "source": "s"}
-        change(spec["dose_response"])
-    assert message in bad(mutate)
+def test_a_dose_response_names_distinct_exact_doses(doses, message):
+    refusal = dose_block({"doses": doses, "source": "s"})
+    assert refusal.startswith("profile 'embedded': studies.dose-response") and message in refusal
 
 
 def test_a_dose_response_needs_warm_starts_without_outliers_of_their_own():
-    def mutate(spec):
-        spec["dose_response"] = {"doses": ["c0x1", "c2x8"], "source": "s"}
-        spec["pretrain"]["outlier_channels"] = 2
-    assert "outlier_channels: 0 (doses do not stack)" in bad(mutate)
+    assert "outlier_channels: 0 (doses do not stack)" in dose_block({"doses": ["c0x1", "c2x8"], "source": "s"},
+                                                                     pretrain={"outlier_channels": 2})
 
 
 def test_a_derived_profile_is_its_base_with_only_the_keys_it_gives_changed(tmp_path, monkeypatch):

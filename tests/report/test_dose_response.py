@@ -92,12 +92,12 @@ def test_the_registered_study_writes_its_table_page_and_points_and_the_figure_dr
     from mxfp4.report import dose_response
     from mxfp4.studies import registered
 
-    doses = load_profile("dose-response").dose_response.doses
+    doses = registered()["dose-response"].settings_of(load_profile("dose-response")).doses
     excess = [{"model": "tiny-dense", "checkpoint": "warm (gain)", "metric": "rollout_excess_harm", "injection": inj,
                "mean": "0.5", "ci_low": "0.1", "ci_high": "0.9", "n": "24"}
               for inj in ("+dead vs +dead~signflip", "+grid vs +grid~signflip")]
     by_dose = {d: [_claim("gradient", 0.3, 1e-6, 0.9), _claim("rollout", 0.01, 0.3, 0.4), *excess] for d in doses}
-    monkeypatch.setattr(dose_response, "read_doses", lambda layout, profile: by_dose)
+    monkeypatch.setattr(dose_response, "read_doses", lambda layout, profile, names: {d: by_dose[d] for d in names})
     assert main(["dose-response", "--profile", "dose-response", "--results", str(tmp_path)]) == 0
     outputs = registered()["dose-response"].outputs(Layout(tmp_path, "dose-response"))
     assert [p.name for p in outputs] == ["dose_response.csv", "dose_response.md", "dose_response_series.csv"]

@@ -13,6 +13,17 @@ from mxfp4.report.claims import NONINFERIORITY_MARGIN
 STORED = Path(__file__).resolve().parents[2] / "results" / "baselines" / "networks-rl"
 
 
+def design_of_profile(profile) -> HeadlineDesign | None:
+    """A profile's headline design: its network-recovery block, checked against the rest of the profile."""
+    from mxfp4.studies import registered
+
+    return registered()["network-recovery"].settings_of(profile)
+
+
+def design_of(name: str) -> HeadlineDesign | None:
+    return design_of_profile(load_profile(name))
+
+
 def grid(shift, networks=8, problems=60, flip=0.05, seed=0, model="tiny-dense", silent=()):
     """cells.csv and items.csv rows: BF16 right on a problem with its network's rate; mxfp4+all the same answers,
     each flipped with probability ``flip``, then ``shift`` of the problems made right (shift > 0) or wrong."""
@@ -80,8 +91,9 @@ def test_too_few_networks_and_a_headline_without_its_recipes_are_refused():
     with pytest.raises(ValueError, match="1 network\\(s\\) with both bf16 and mxfp4\\+all"):
         nr.analyse(cells, items, "tiny-dense", None)
     profile = load_profile("networks-rl")
-    with pytest.raises(ValueError, match="recipes that include bf16, mxfp4, mxfp4\\+all"):
-        type(profile).model_validate({**profile.model_dump(), "recipes": ["bf16", "mxfp4"]})
+    with pytest.raises(ValueError, match="studies.network-recovery: the headline compares mxfp4\\+all with bf16 .*"
+                                         "recipes that include bf16, mxfp4, mxfp4\\+all"):
+        design_of_profile(profile.model_copy(update={"recipes": ["bf16", "mxfp4"]}))
 
 
 def test_the_report_names_method_n_and_every_network(tmp_path):
@@ -97,7 +109,7 @@ def test_the_report_names_method_n_and_every_network(tmp_path):
 @pytest.mark.parametrize(("profile", "model"), [("networks-rl", "tiny-dense"), ("networks-moe-rl", "tiny-moe")])
 def test_the_stored_design_is_what_the_stored_pilot_cells_make(profile, model):
     """A profile's headline design recomputes from its stored bf16 and mxfp4 rows (the pilot contrast)."""
-    design = load_profile(profile).headline
+    design = design_of(profile)
     made = nr.design_from(read_csv(STORED.parent / profile / "items.csv"), model, design.stand_in, design.pilot)
     stored = design.model_dump()
     assert made["components"] == pytest.approx(stored.pop("components"), rel=1e-9)
@@ -109,7 +121,7 @@ def test_the_stored_design_is_what_the_stored_pilot_cells_make(profile, model):
 def test_the_stored_headline_is_what_its_stored_cells_make(tmp_path, profile):
     stored = STORED.parent / profile
     arithmetic = stored / "items_arithmetic.csv"
-    nr.run(stored / "cells.csv", stored / "items.csv", profile, load_profile(profile).headline, tmp_path / "r.md",
+    nr.run(stored / "cells.csv", stored / "items.csv", profile, design_of(profile), tmp_path / "r.md",
            tmp_path / "r.csv", arithmetic if arithmetic.is_file() else None)
     assert (tmp_path / "r.md").read_text() == (stored / "recovery_networks.md").read_text()
     assert (tmp_path / "r.csv").read_text() == (stored / "recovery_networks.csv").read_text()
@@ -126,7 +138,7 @@ def test_the_command_prints_a_design_the_profile_accepts_and_writes_the_report(t
     write_csv(items, tmp_path / "items.csv")
     assert main(["network-recovery", "--profile", "networks-rl", "--design", "--stand-in", "mxfp4+all",
                  "--items", str(tmp_path / "items.csv")]) == 0
-    design = HeadlineDesign(**yaml.safe_load(capsys.readouterr().out)["headline"])
+    design = HeadlineDesign(**yaml.safe_load(capsys.readouterr().out)["studies"]["network-recovery"])
     assert design.problems == 60 and design.networks == 8 and design.pilot == "networks-rl"
     out = tmp_path / "r.md"
     assert main(["network-recovery", "--profile", "networks-rl", "--cells", str(tmp_path / "cells.csv"), "--items",
