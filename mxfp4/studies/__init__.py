@@ -214,6 +214,21 @@ class Study:
 STUDIES: dict[str, Study] = {}
 
 
+def compared_recipe(config: dict) -> str:
+    """The recipe a run compares, places on a board or measures the mechanism of (``--config compare_recipe=R``)."""
+    return config.get("compare_recipe", "mxfp4+all")
+
+
+def compare_pilot(config: dict) -> bool:
+    """A pilot compare (``--config compare_pilot=true``, a string on the command line): the first model and seed."""
+    return config.get("compare_pilot") in (True, "true")
+
+
+def recipe_axis(profile, config: dict) -> dict:
+    """The values of a ``recipe`` axis: the run's compared recipe (``axis_values`` of a study of one recipe)."""
+    return {"recipe": [compared_recipe(config)]}
+
+
 def register_study(study: Study) -> Study:
     """Add ``study`` to the registry; a name already taken by another study is an error (one taken by a command of
     ``mxfp4`` is refused when the command line is built).

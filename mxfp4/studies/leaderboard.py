@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import Study, register_study
+from . import Study, recipe_axis, register_study
 from .mechanism import cost_of, definitions, energy_of, every_model, measure_arms
 
 
@@ -159,7 +159,7 @@ def place(run, model, out, args) -> list[str]:
 
 register_study(Study(
     name="leaderboard-place", run=f"{__name__}:place", scope="profile", options=place_options, loads_models=False,
-    axes=("recipe",), axis_values=lambda profile, config: {"recipe": [config.get("compare_recipe", "mxfp4+all")]},
+    axes=("recipe",), axis_values=recipe_axis,
     over="mechanism", path=lambda layout, model, recipe: layout.leaderboard(recipe),
     beside=lambda out: [Path(out).with_suffix(".json")],
     figures=lambda layout, model, recipe: _figure(layout, f"leaderboard_{recipe}"),

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import Study, register_study
+from . import Study, compare_pilot, recipe_axis, register_study
 
 
 def options(parser, types) -> None:
@@ -74,10 +74,8 @@ def measure(run, model: str, out, args) -> list[str]:
 
 def compared(profile, config) -> dict:
     """The run's compare recipe, on every tiny model (a pilot's: the first model's, where it is tiny)."""
-    pilot = config.get("compare_pilot") in (True, "true")  # --config compare_pilot=true arrives as a string
-    models = list(profile.models)[:1] if pilot else list(profile.models)
-    return {"recipe": [config.get("compare_recipe", "mxfp4+all")],
-            "model": [m for m in models if m in profile.tiny_models()]}
+    models = list(profile.models)[:1] if compare_pilot(config) else list(profile.models)
+    return {**recipe_axis(profile, config), "model": [m for m in models if m in profile.tiny_models()]}
 
 
 def definitions(recipes) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from . import Study, register_study
+from . import Study, recipe_axis, register_study
 from .leaderboard import LEADERBOARD_UNITS
 from .mechanism import definitions
 
@@ -85,13 +85,9 @@ def measure_placed(run, model: str, out, args) -> list[str]:
     return _measured(run, model, [args.recipe], out)
 
 
-def _compared(profile, config) -> dict:
-    return {"recipe": [config.get("compare_recipe", "mxfp4+all")]}
-
-
 REAL_BOARD_PLACE = register_study(Study(
     name="real-board-place", run=f"{__name__}:measure_placed", options=place_options, axes=("recipe",),
-    axis_values=_compared, models=lambda profile: profile.named_models()[:1],
+    axis_values=recipe_axis, models=lambda profile: profile.named_models()[:1],
     path=lambda layout, model, recipe: layout.real_board(model, recipe) / "items.csv",
     beside=lambda out: [recipes_record(out)],
     job_settings=lambda profile, model, recipe: definitions([recipe]),
@@ -179,7 +175,7 @@ def placed(run, model, out, args) -> list[str]:
 register_study(Study(
     name="real-leaderboard-place", run=f"{__name__}:placed", scope="profile", loads_models=False,
     options=lambda parser, types: (place_options(parser, types), page_options(parser, types)),
-    axes=("recipe",), axis_values=_compared, path=lambda layout, model, recipe: layout.real_leaderboard(recipe),
+    axes=("recipe",), axis_values=recipe_axis, path=lambda layout, model, recipe: layout.real_leaderboard(recipe),
     beside=lambda out: [Path(out).with_suffix(".json")], inputs=stored_board,
     job_inputs=lambda layout, profile, model, recipe: [REAL_BOARD_PLACE.output(layout, board_model(profile),
                                                                                recipe=recipe)],

@@ -17,6 +17,7 @@ from mxfp4.config.recipes import definition_digest
 from mxfp4.config.run import Run
 from mxfp4.layout import GPU_SMOKE_DENSE, METRICS, REFERENCE_RECIPE, TRAIN_LOG
 from mxfp4.report.figures import FIGURES
+from mxfp4.studies import compare_pilot, compared_recipe
 
 
 def check_config(config, schema_path):
@@ -46,7 +47,7 @@ MODELS = list(P.models)
 TINY_MODELS = P.tiny_models()
 RECIPES = list(P.recipes)
 SEEDS = list(P.seeds)
-COMPARE_RECIPE = config.get("compare_recipe", "mxfp4+all")
+COMPARE_RECIPE = compared_recipe(config)
 # the claim-level tests with the network as the replicate: where the profile fixes claims at the warm start
 NETWORK_CLAIMS = ([str(L.network_claims)] if P.pathways and P.pathways.claims and "warm" in P.pathways.checkpoints
                   else [])

@@ -62,7 +62,7 @@ rule store_network_claims:
 # references on the same cell: minutes, and a per-problem answer; the full compare adds the other cells.
 # More seeds (--config compare_seeds=N): the profile's seeds, then the next integers; the references of the
 # seeds the stored baselines lack run here too (they extend the stored ones where those reproduce here).
-PILOT = config.get("compare_pilot") in (True, "true")  # --config compare_pilot=true arrives as a string
+PILOT = compare_pilot(config)
 COMPARE_MODELS = MODELS[:1] if PILOT else MODELS
 
 
