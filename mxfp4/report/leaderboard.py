@@ -278,11 +278,22 @@ def figure(boards: dict[str, list[dict]], out_png, highlight: str | None = None)
     plt.close(fig)
 
 
+def draw(board_json, out_stem) -> list[Path]:
+    """The board's figure from its rows (``run``'s JSON beside the page): the registered figure ``leaderboard``."""
+    import json
+
+    out_png = Path(out_stem).with_suffix(".png")
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    figure(json.loads(Path(board_json).read_text())["boards"], out_png)
+    return [out_png, out_png.with_suffix(".pdf")]
+
+
 def run(units: list[dict], profile_name: str, out_md, recipes: list[str], benches: dict[str, dict] | None = None,
-        accuracy_from: list[Layout] = (), highlight: str | None = None, out_png=None) -> dict:
+        accuracy_from: list[Layout] = (), highlight: str | None = None, out_png=None, draw_figure: bool = True) -> dict:
     """The leaderboard of ``recipes`` (and a user's ``highlight``) from the per-unit rows, with the step times of
     ``benches`` (``step_ratios``) and the stored accuracies of the runs ``accuracy_from`` (``stored_accuracy``),
-    written to ``out_md`` (its rows as JSON beside it) and, with ``out_png``, its figure; the boards."""
+    written to ``out_md`` (its rows as JSON beside it) and, with ``out_png``, linked from it and drawn (unless
+    ``draw_figure`` is False: the figure registry draws it from the JSON); the boards."""
     profile = load_profile(profile_name)
     names = list(dict.fromkeys([*recipes, *([highlight] if highlight else [])]))
     boards = board(units, profile, names, recipe_costs(names), step_ratios(benches) if benches else None,
@@ -291,6 +302,6 @@ def run(units: list[dict], profile_name: str, out_md, recipes: list[str], benche
     write_text_atomic(out_md, markdown(boards, profile_name, highlight, link))
     write_json_atomic(Path(out_md).with_suffix(".json"), {"profile": profile_name, "method": METHOD,
                                                           "boards": boards})
-    if out_png is not None:
+    if out_png is not None and draw_figure:
         figure(boards, out_png, highlight)
     return boards

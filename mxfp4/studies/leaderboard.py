@@ -65,20 +65,20 @@ def options(parser, types) -> None:
     _bench_option(parser)
 
 
-def _ranked(run, units: list[dict], out, benches: list, recipe: str | None, figure) -> list[str]:
+def _ranked(run, units: list[dict], out, benches: list, recipe: str | None, figure, draw: bool) -> list[str]:
     from ..report.leaderboard import run as rank
 
     settings = LEADERBOARD.settings_of(run.profile)
     boards = rank(units, run.profile.name, out, run.profile.leaderboard,
                   {str(b): json.loads(Path(b).read_text()) for b in benches},
-                  [run.layout.sibling(p) for p in settings.accuracy_from], recipe, figure)
+                  [run.layout.sibling(p) for p in settings.accuracy_from], recipe, figure, draw_figure=draw)
     return [*(f"{model:12s} {r['rank']:2d}. {r['recipe']:20s} harm removed {r['mean']:+.3f}"
               for model, rows in boards.items() for r in rows), f"wrote {out}"]
 
 
 def board(run, model, out, args) -> list[str]:
     """The board of the profile's recipes from this run's per-unit files and step times into ``out`` (its rows as
-    ``.json`` beside it) and its figure.
+    ``.json`` beside it, from which the registered figure ``leaderboard`` is drawn; the page links it).
 
     Args:
         run: the profile's ``Run``.
@@ -94,7 +94,8 @@ def board(run, model, out, args) -> list[str]:
         raise ValueError(f"profile {profile.name!r} ranks no recipes (leaderboard: [...]); accepted: e.g. networks")
     refuse_redefined(["mxfp4", *profile.leaderboard], "leaderboard")
     units = read_units(args.units or board_units(layout, profile))
-    return _ranked(run, units, out, args.bench or [layout.leaderboard_bench], None, layout.figure("leaderboard"))
+    return _ranked(run, units, out, args.bench or [layout.leaderboard_bench], None, layout.figure("leaderboard"),
+                   draw=False)
 
 
 def _figure(layout, stem: str) -> list[Path]:
@@ -104,7 +105,6 @@ def _figure(layout, stem: str) -> list[Path]:
 LEADERBOARD = register_study(Study(
     name="leaderboard", run=f"{__name__}:board", scope="profile", options=options, loads_models=False,
     path=lambda layout, model: layout.leaderboard(), beside=lambda out: [Path(out).with_suffix(".json")],
-    figures=lambda layout, model: _figure(layout, "leaderboard"),
     inputs=lambda layout, profile: [*board_units(layout, profile), layout.leaderboard_bench],
     settings_model=LeaderboardSettings, settings=lambda profile: json.dumps(profile.leaderboard),
     method="`mxfp4.report.leaderboard`",
@@ -154,7 +154,7 @@ def place(run, model, out, args) -> list[str]:
     units = merged(read_units(args.board or stored_units),
                    read_units(args.units or every_model(layout, profile, recipe)), recipe)
     benches = args.bench or [stored_bench, placed_bench(layout, recipe)]
-    return _ranked(run, units, out, benches, recipe, layout.figure(f"leaderboard_{recipe}"))
+    return _ranked(run, units, out, benches, recipe, layout.figure(f"leaderboard_{recipe}"), draw=True)
 
 
 register_study(Study(

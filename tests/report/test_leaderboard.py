@@ -133,3 +133,26 @@ def test_a_placed_recipe_is_stored_in_the_order_a_full_run_writes(tmp_path):
     moved = [dict(r, harm=r["harm"] + 1e-9) if r["arm"] == "all" and r["unit"] == "3" else r for r in run]
     with pytest.raises(ValueError, match="do not reproduce the stored board's: the first unit that differs"):
         placed_on_board(without, moved, last)
+
+
+def test_the_registered_figure_drawn_from_the_boards_json_is_the_figure_of_its_rows(tmp_path, monkeypatch):
+    """`mxfp4 leaderboard` writes the page and its JSON and links the figure; the registered figure ``leaderboard``,
+    drawn from the JSON by `mxfp4 plot`, is the figure of the rows in memory byte for byte."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from mxfp4.cli import main
+    from mxfp4.report.leaderboard import figure
+
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(repo)
+    results = tmp_path / "results"
+    shutil.copytree(repo / "results/baselines/networks/leaderboard", results / "networks/leaderboard")
+    assert main(["leaderboard", "--profile", "networks", "--results", str(results)]) == 0
+    page = results / "networks/leaderboard/LEADERBOARD.md"
+    assert "](../../../figures/networks/leaderboard.png)" in page.read_text()
+    assert not (tmp_path / "figures").exists()  # drawn by the figure's own rule, not by the page's command
+    assert main(["plot", "leaderboard", str(page.with_suffix(".json")), "--out", str(tmp_path / "a.png")]) == 0
+    figure(json.loads(page.with_suffix(".json").read_text())["boards"], tmp_path / "b.png")
+    assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()

@@ -85,7 +85,7 @@ def store_board_page(recipes):
     page = L.baselines.parent / "LEADERBOARD.md"
     leaderboard.run(read_units([L.stored(L.leaderboard_units(m)) for m in TINY_MODELS]), PROFILE, page, recipes,
                     {str(b): json.loads(b.read_text()) for b in benches}, [L.sibling(p) for p in accuracy_from],
-                    out_png=L.baselines / "figures" / "leaderboard.png")
+                    out_png=L.stored(L.figure(FIGURES["leaderboard"].stem)))
     real = L.sibling("real-small-board")
     stored_real = real.stored(real.real_leaderboard())
     if stored_real.is_file():  # the page holds both boards
