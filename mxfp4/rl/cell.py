@@ -27,8 +27,7 @@ from datasets import Dataset
 from transformers import set_seed
 
 from ..config import REPO_ROOT
-from ..config.profiles import Profile
-from ..config.run import CellSpec
+from ..config.run import CellSpec, Start
 from ..io import exclusive, writable_folder, write_json_atomic
 from ..layout import ARITHMETIC_EVAL_FOLDERS, EVAL_FOLDERS, EVAL_RESULTS, METRICS, REFERENCE_RECIPE, TRAIN_LOG
 from ..machine import describe
@@ -158,7 +157,7 @@ def plan_cell(cell: CellSpec) -> CellPlan:
         cell: the cell (``Run.cell(model, recipe, seed)``).
     """
     model_ref = model_reference(cell.start)
-    check_checkpoint_disk(cell.profile, cell.model)
+    check_checkpoint_disk(cell.start)
     train, eval_folder = gsm.cell_data(cell.run)
     arithmetic = gsm.arithmetic_eval_folder(cell.run) if cell.profile.data.arithmetic_held_out else None
     try:
@@ -170,16 +169,17 @@ def plan_cell(cell: CellSpec) -> CellPlan:
     return CellPlan(cell.run, cell.model, cell.seed, cell.recipe, model_ref, tuple(train), eval_folder, arithmetic)
 
 
-def check_checkpoint_disk(profile: Profile, model_name: str) -> dict | None:
-    """The checkpoints' disk plan of a model of a real configuration, refused when it exceeds the
-    profile's ``grpo.checkpoint_disk_gib``; None when the profile states no budget."""
-    budget, spec = profile.grpo.checkpoint_disk_gib, profile.model(model_name)
-    if budget is None or not spec.config:
+def check_checkpoint_disk(start: Start) -> dict | None:
+    """The checkpoints' disk plan of a model of a real configuration (``start``: the model of a profile), refused
+    when it exceeds the profile's ``grpo.checkpoint_disk_gib``; None when the profile states no budget."""
+    grpo, spec = start.profile.grpo, start.spec
+    if grpo.checkpoint_disk_gib is None or not spec.config:
         return None
-    plan = checkpoint_disk(parameter_count(spec.config), profile.grpo.save_steps)
+    plan = checkpoint_disk(parameter_count(spec.config), grpo.save_steps)
+    budget = grpo.checkpoint_disk_gib
     if plan["gib"] > budget:
         raise ValueError(
-            f"profile {profile.name!r}: the checkpoints of {model_name!r} take {plan['copies']} x "
+            f"profile {start.profile.name!r}: the checkpoints of {start.model!r} take {plan['copies']} x "
             f"{plan['gib_per_checkpoint']:.1f} GiB = {plan['gib']:.1f} GiB, over grpo.checkpoint_disk_gib "
             f"{budget:g}; accepted: a save_steps that writes none (null), or a larger budget on a larger disk"
         )

@@ -238,12 +238,12 @@ def test_the_gpu_smoke_checkpoints_fit_the_stated_disk_budget():
     from mxfp4.rl.cell import check_checkpoint_disk
 
     profile = load_profile("gpu-smoke")
-    plan = check_checkpoint_disk(profile, "qwen2.5-3b-random")
+    plan = check_checkpoint_disk(Run.of(profile).start("qwen2.5-3b-random"))
     assert plan is not None and plan["gib"] <= profile.grpo.checkpoint_disk_gib
     assert plan["gib_per_checkpoint"] == pytest.approx(3_085_938_688 * 12 / 2**30)
     saving = profile.model_copy(update={"grpo": profile.grpo.model_copy(update={"save_steps": 2})})
     with pytest.raises(ValueError, match=r"take 3 x 34.5 GiB = 103.5 GiB, over grpo.checkpoint_disk_gib 40"):
-        check_checkpoint_disk(saving, "qwen2.5-3b-random")
+        check_checkpoint_disk(Run.of(saving).start("qwen2.5-3b-random"))
 
 
 def test_random_weights_are_drawn_on_the_gpu_that_trains_them_and_loaded_weights_on_the_cpu(monkeypatch):
