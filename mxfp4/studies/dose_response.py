@@ -10,7 +10,7 @@ from pathlib import Path
 from ..config.profiles import DoseResponseSettings
 from ..layout import series_of
 from . import Study, register_study
-from .pathways import units_of
+from .pathways import units_of, write_rows
 
 
 def doses(profile) -> list[str]:
@@ -45,13 +45,7 @@ def measure(run, model: str, out, args) -> list[str]:
         out: the rows written.
         args: the command's options (``--dose``).
     """
-    import sys
-
-    from ..analysis.pathways.matrix import run_pathways
-
-    rows = run_pathways(run, model, out_csv=out, progress=lambda msg: print(msg, file=sys.stderr, flush=True),
-                        checkpoint="warm", out_units=units_of(out), dose=args.dose)
-    return [f"wrote {out} ({len(rows)} rows) and {units_of(out)}"]
+    return write_rows(run, model, out, "warm", args.dose)
 
 
 DOSE_PATHWAYS = register_study(Study(

@@ -23,6 +23,17 @@ def units_of(out) -> Path:
     return out.with_name(f"{out.stem}_units.csv")
 
 
+def write_rows(run, model: str, out, checkpoint: str | None = None, dose: str | None = None) -> list[str]:
+    """One model's pathway rows into ``out`` (at ``checkpoint``, every one without; the warm start given ``dose``
+    first) and, at one checkpoint, every unit's harm beside them; the lines the command prints."""
+    from ..analysis.pathways.matrix import run_pathways
+
+    units = units_of(out) if checkpoint else None
+    rows = run_pathways(run, model, out_csv=out, progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+                        checkpoint=checkpoint, out_units=units, dose=dose)
+    return [f"wrote {out} ({len(rows)} rows)" + (f" and {units}" if units else "")]
+
+
 def measure(run, model: str, out, args) -> list[str]:
     """One model's pathway rows into ``out`` and, at one checkpoint, every unit's harm beside them.
 
@@ -32,12 +43,7 @@ def measure(run, model: str, out, args) -> list[str]:
         out: the rows written.
         args: the command's options (``--checkpoint``).
     """
-    from ..analysis.pathways.matrix import run_pathways
-
-    units = units_of(out) if args.checkpoint else None
-    rows = run_pathways(run, model, out_csv=out, progress=lambda msg: print(msg, file=sys.stderr, flush=True),
-                        checkpoint=args.checkpoint, out_units=units)
-    return [f"wrote {out} ({len(rows)} rows)" + (f" and {units}" if units else "")]
+    return write_rows(run, model, out, args.checkpoint)
 
 
 def checkpoints(profile) -> list[str]:
