@@ -47,9 +47,9 @@ rule store_leaderboard:
 
 
 rule store_placed:
-    """Store the placed recipe on the stored board, once it placed (target leaderboard_place): its arm merged into the stored
-    per-unit files in a full run's order, its energies and its step times (its own benchmark, beside BF16) stored,
-    the page made again from the stored files. Then name it in the profile's leaderboard list:
+    """Store the placed recipe on the stored board, once it placed (target leaderboard_place): its arm merged into
+    the stored per-unit files in a full run's order, its energies and its step times (its own benchmark, beside BF16)
+    stored, the page made again from the stored files. Then name it in the profile's leaderboard list:
         snakemake --cores all store_placed --config profile=networks compare_recipe=R warm_starts=stored"""
     input:
         md=[str(p) for p in STUDIES["leaderboard-place"].outputs(L, recipe=PLACED)] if PLACED else [],

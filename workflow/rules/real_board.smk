@@ -33,9 +33,10 @@ rule store_real_board:
 
 
 rule store_real_placed:
-    """Store the placed recipe on the stored real-model board, once it placed (target real_leaderboard_place): its rows of every
-    held-out problem and its record (its training pass over BF16's of its own run), its pathway units merged into the
-    stored ones after its run's mxfp4 and bf16 arms reproduced them, the page made again from the stored files:
+    """Store the placed recipe on the stored real-model board, once it placed (target real_leaderboard_place): its
+    rows of every held-out problem and its record (its training pass over BF16's of its own run), its pathway units
+    merged into the stored ones after its run's mxfp4 and bf16 arms reproduced them, the page made again from the
+    stored files:
         snakemake --cores 2 store_real_placed --config profile=real-small-board compare_recipe=R"""
     input:
         md=str(L.real_leaderboard(REAL_PLACED)) if REAL_PLACED else [],
