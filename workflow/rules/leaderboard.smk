@@ -3,7 +3,7 @@
 # leaderboard-place (mxfp4/studies/leaderboard.py); here the step times they read and the rules that store them.
 #   snakemake --cores all store_leaderboard --config profile=networks warm_starts=stored      # the board itself
 #   snakemake --cores all leaderboard_place --config profile=networks compare_recipe=R warm_starts=stored   # R on it
-from mxfp4.studies.leaderboard import placed_bench
+from mxfp4.studies.leaderboard import placed_bench, stored_board
 
 LEADERBOARD = list(P.leaderboard)
 NEW_RECIPE = config.get("compare_recipe")  # a recipe placed on the stored board (none: the board is made here)
@@ -80,10 +80,10 @@ def store_board_page(recipes):
 
     refuse_redefined(["mxfp4", *recipes], "leaderboard")
     accuracy_from = STUDIES["leaderboard"].settings_of(P).accuracy_from
-    main = L.stored(L.leaderboard_bench)
+    *units, main = stored_board(L, P)
     benches = [main, *sorted(main.parent.glob("step_times_*.json"))]
     page = L.baselines.parent / "LEADERBOARD.md"
-    leaderboard.run(read_units([L.stored(L.leaderboard_units(m)) for m in TINY_MODELS]), PROFILE, page, recipes,
+    leaderboard.run(read_units(units), PROFILE, page, recipes,
                     {str(b): json.loads(b.read_text()) for b in benches}, [L.sibling(p) for p in accuracy_from],
                     out_png=L.stored(L.figure(FIGURES["leaderboard"].stem)))
     real = L.sibling("real-small-board")

@@ -53,10 +53,11 @@ def summarised(study, wc):
     return [str(measured.output(L, m, **axes)) for m in models]
 
 
-def job_made_from(study, wc):
-    """What one job is made from beyond its inputs: a change reruns it (``Study.made_from``, ``job_settings``)."""
+def job_made_from(study, made_from, wc):
+    """What one job is made from beyond its inputs: a change reruns it (the study's ``made_from``, read once per rule,
+    and the job's ``job_settings``)."""
     model, axes = job_of(study, wc)
-    return study.made_from(P) + study.job_settings(P, model, **axes)
+    return made_from + study.job_settings(P, model, **axes)
 
 
 def further_args(study, wc):
@@ -91,7 +92,7 @@ for _study in STUDIES.values():
             # travels as a param, fixed when the rule is made
             command=_study.name,
             wildcards="".join(f"--{w} '{{{w}}}' " for w in _wildcards),  # a params string takes the job's wildcards
-            made_from=partial(job_made_from, _study),
+            made_from=partial(job_made_from, _study, _study.made_from(P)),
             further=partial(further_args, _study),
         threads: _study.threads
         priority: _study.priority
